@@ -1,0 +1,54 @@
+/* The thread-local last error, and the checks every entry point shares. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static _Thread_local char last_error[512];
+
+int lutra_error(int status, const char *fn, const char *fmt, ...) {
+  int n = snprintf(last_error, sizeof last_error, "%s: ", fn);
+  if (n < 0 || (size_t)n >= sizeof last_error) return status;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error + n, sizeof last_error - (size_t)n, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+const char *lutra_last_error(void) { return last_error; }
+
+const char *lutra_status_name(int status) {
+  switch (status) {
+  case LUTRA_OK: return "ok";
+  case LUTRA_EINVAL: return "invalid argument";
+  case LUTRA_ESTATE: return "invalid state";
+  case LUTRA_ENOMEM: return "out of memory";
+  case LUTRA_EUNSUPPORTED: return "unsupported";
+  case LUTRA_EBACKEND: return "backend failure";
+  default: return "unknown status";
+  }
+}
+
+int lutra_version(int *major, int *minor, int *patch) {
+  static const char fn[] = "lutra_version";
+  CHECK_ARG(major && minor && patch, "output pointers must not be NULL");
+  *major = 0;
+  *minor = 1;
+  *patch = 0;
+  return LUTRA_OK;
+}
+
+int lutra_check_object(const void *obj, uint32_t magic, const char *fn, const char *what) {
+  const lutra_object *o = obj;
+  if (!o) return lutra_error(LUTRA_EINVAL, fn, "%s is NULL", what);
+  if (o->magic != magic) return lutra_error(LUTRA_EINVAL, fn, "%s is not a %s", what, what);
+  if (o->flags & LUTRA_OBJ_FREED) return lutra_error(LUTRA_ESTATE, fn, "%s was freed", what);
+  return LUTRA_OK;
+}
+
+int lutra_check_tensor(const lutra_tensor *t, const char *fn, const char *what) {
+  if (!t) return lutra_error(LUTRA_EINVAL, fn, "%s is NULL", what);
+  if (t->flags & LUTRA_TENSOR_FREED) return lutra_error(LUTRA_ESTATE, fn, "%s was freed", what);
+  return LUTRA_OK;
+}

@@ -1,0 +1,142 @@
+/* Shared by the C core: error reporting, argument checks, object headers. Not installed. */
+#ifndef LUTRA_INTERNAL_H
+#define LUTRA_INTERNAL_H
+
+#include "backend.h"
+#include "lutra.h"
+
+#include <stdbool.h>
+
+/* Sets the thread-local last error to "fn: <formatted reason>" and returns status. */
+int lutra_error(int status, const char *fn, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Argument checks: each returns from the calling entry point with a status and a message
+ * naming it. They rely on a local `static const char fn[]` naming the entry point. */
+#define CHECK_ARG(cond, ...)                                                                       \
+  do {                                                                                             \
+    if (!(cond)) return lutra_error(LUTRA_EINVAL, fn, __VA_ARGS__);                                \
+  } while (0)
+#define CHECK_STATE(cond, ...)                                                                     \
+  do {                                                                                             \
+    if (!(cond)) return lutra_error(LUTRA_ESTATE, fn, __VA_ARGS__);                                \
+  } while (0)
+#define TRY(expr)                                                                                  \
+  do {                                                                                             \
+    int st_ = (expr);                                                                              \
+    if (st_ != LUTRA_OK) return st_;                                                               \
+  } while (0)
+
+/* Every opaque object starts with this header, so "was freed" and "is NULL" are reported the
+ * same way everywhere. */
+enum { LUTRA_OBJ_FREED = 1 };
+typedef struct lutra_object {
+  uint32_t magic;
+  uint32_t flags;
+  int32_t refs;
+  int32_t pad;
+} lutra_object;
+
+enum {
+  LUTRA_MAGIC_RECIPE = 0x4c524543u,
+  LUTRA_MAGIC_AUTOCAST = 0x4c415554u,
+  LUTRA_MAGIC_QUANTIZER = 0x4c51554eu,
+  LUTRA_MAGIC_MODULE = 0x4c4d4f44u,
+  LUTRA_MAGIC_LOSS = 0x4c4c4f53u,
+  LUTRA_MAGIC_OPTIM = 0x4c4f5054u
+};
+
+/* LUTRA_OK when obj is a live object of the given magic; else an error naming fn and what. */
+int lutra_check_object(const void *obj, uint32_t magic, const char *fn, const char *what);
+int lutra_check_tensor(const lutra_tensor *t, const char *fn, const char *what);
+
+/* dtype helpers */
+bool lutra_dtype_is_float(int dtype); /* F32, BF16, F16 */
+bool lutra_dtype_is_fp8(int dtype);   /* E4M3, E5M2 */
+static inline int64_t lutra_rows(const lutra_tensor *t) {
+  return t->ndim >= 1 ? t->numel / t->shape[t->ndim - 1] : 1;
+}
+static inline int64_t lutra_cols(const lutra_tensor *t) {
+  return t->ndim >= 1 ? t->shape[t->ndim - 1] : 1;
+}
+
+/* Tensors owned by modules and quantizers: created borrowed (Lua must not free them) and
+ * resized only when the shape changes. *t is replaced only on success. */
+int lutra_tensor_ensure(lutra_tensor **t, int dtype, int ndim, const int64_t *shape, int device,
+                        const char *fn);
+/* Frees a tensor's buffers and shell regardless of flags (for owners). */
+void lutra_tensor_destroy(lutra_tensor *t);
+bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b);
+
+/* Element count of the scale_inv arrays of a quantized [rows, cols] matrix. */
+int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwise);
+
+/* The GEMM front as modules use it (lutra_gemm checks its arguments first). */
+int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                   lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
+                   const char *fn);
+
+/* Quantizer internals used by modules and autocast. */
+typedef struct lutra_quantizer_spec {
+  int32_t kind;  /* LUTRA_QUANT_* */
+  int32_t dtype; /* E4M3 / E5M2 */
+  int32_t power_2_scale;
+  float amax_epsilon;
+  int32_t margin;
+  int32_t amax_history_len;
+  int32_t amax_compute_algo;
+  int32_t block_dim;
+} lutra_quantizer_spec;
+
+struct lutra_recipe {
+  lutra_object obj;
+  int32_t kind;
+  int32_t reduce_amax;
+  lutra_quantizer_spec roles[LUTRA_NUM_ROLES];
+  uint64_t key;
+};
+
+lutra_scale_meta *lutra_quantizer_meta(lutra_quantizer *q);
+int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                       lutra_tensor **out, const char *fn);
+int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int columnwise, int device,
+                           lutra_quantizer **out, const char *fn);
+void lutra_quantizer_destroy(lutra_quantizer *q);
+
+/* Autocast internals (autocast.c): the calling thread's state. */
+typedef struct lutra_tls_state {
+  const lutra_recipe *recipe; /* NULL when no scope with a recipe is active */
+  lutra_group *group;
+  int32_t enabled;
+  int32_t calibrating;
+  int32_t depth;
+  int32_t pad;
+} lutra_tls_state;
+const lutra_tls_state *lutra_autocast_current(void);
+/* Called by modules for each delayed-scaling meta they use in forward / backward. */
+int lutra_autocast_note_forward(lutra_scale_meta *m, const char *fn);
+int lutra_autocast_note_backward(lutra_scale_meta *m, const char *fn);
+/* True for the first module to run forward in the current outermost scope. */
+bool lutra_autocast_claim_backward_trigger(void);
+/* Runs the pending backward update (one backend call); called by the trigger module. */
+int lutra_autocast_backward_done(int device, const char *fn);
+/* Removes a meta from the pending lists (its owner is being freed). */
+void lutra_autocast_forget(lutra_scale_meta *m);
+
+/* Modules: a small vtable, as torch/nn modules have. */
+typedef struct lutra_module_ops {
+  const char *kind;
+  int (*forward)(lutra_module *m, const lutra_tensor *x, int first_microbatch, lutra_tensor **y);
+  int (*backward)(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
+  int (*num_params)(const lutra_module *m);
+  int (*param)(const lutra_module *m, int i, lutra_param *out);
+  void (*release)(lutra_module *m); /* frees buffers and child references */
+} lutra_module_ops;
+
+struct lutra_module {
+  lutra_object obj;
+  const lutra_module_ops *ops;
+};
+void lutra_module_retain(lutra_module *m);
+
+#endif

@@ -1,0 +1,342 @@
+/* lutra: FP8/BF16 training of linear layers, scripted from LuaJIT.
+ *
+ * The one public header. LuaJIT's cdef (lua/lutra/cdef.lua) is generated from it by
+ * running the preprocessor with LUTRA_CDEF defined, so everything below the includes must be
+ * plain C declarations that LuaJIT's FFI parser accepts (no inline functions, no macros that
+ * Lua needs: constants are enums).
+ *
+ * Conventions
+ * - Every entry point returns an int status: LUTRA_OK (0) or a LUTRA_E* code. On failure
+ *   lutra_last_error() returns a thread-local message "call: reason", and every object
+ *   passed in is left as it was.
+ * - Objects are created by lutra_*_new and destroyed by lutra_*_free. lutra_*_release frees
+ *   an object's buffers now and marks it freed while keeping its shell, so that later calls
+ *   report "was freed" instead of touching freed memory (the Lua front uses it for :free()).
+ * - Matrices are row-major. A tensor with more than two dims is used as a matrix of
+ *   shape [product of leading dims, last dim].
+ */
+#ifndef LUTRA_H
+#define LUTRA_H
+
+#ifndef LUTRA_CDEF
+#include <stddef.h>
+#include <stdint.h>
+#define LUTRA_API __attribute__((visibility("default")))
+#else
+#define LUTRA_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  LUTRA_OK = 0,
+  LUTRA_EINVAL = 1,       /* bad argument: NULL, wrong shape, dtype, range */
+  LUTRA_ESTATE = 2,       /* call not valid now: freed object, scope misuse, no forward */
+  LUTRA_ENOMEM = 3,       /* allocation failed */
+  LUTRA_EUNSUPPORTED = 4, /* valid request this build or device cannot run */
+  LUTRA_EBACKEND = 5      /* a library under a backend (BLAS, CUDA) failed */
+};
+
+enum {
+  LUTRA_F32 = 0,
+  LUTRA_BF16 = 1,
+  LUTRA_F16 = 2,
+  LUTRA_E4M3 = 3, /* FP8 E4M3 (fn: no infinities, max 448) */
+  LUTRA_E5M2 = 4, /* FP8 E5M2 (IEEE-like, max 57344) */
+  LUTRA_E8M0 = 5, /* unsigned power-of-two scale, bias 127, 0xFF is NaN */
+  LUTRA_I32 = 6,  /* class labels */
+  LUTRA_NUM_DTYPES = 7
+};
+
+enum { LUTRA_CPU = 0, LUTRA_CUDA = 1 };
+
+/* How the values of an FP8 tensor are scaled: value = fp8 * scale_inv(block). */
+enum {
+  LUTRA_SCALING_NONE = 0,     /* not quantized */
+  LUTRA_SCALING_TENSOR = 1,   /* one f32 scale_inv for the whole tensor */
+  LUTRA_SCALING_MXFP8 = 2,    /* one E8M0 scale per 1x32 block along the row */
+  LUTRA_SCALING_BLOCK_1D = 3, /* one f32 scale_inv per 1x128 block along the row */
+  LUTRA_SCALING_BLOCK_2D = 4  /* one f32 scale_inv per 128x128 tile */
+};
+
+enum { LUTRA_MAX_DIMS = 4 };
+
+enum {
+  LUTRA_TENSOR_OWNS_DATA = 1, /* data and scales were allocated by this tensor */
+  LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: do not free it */
+  LUTRA_TENSOR_FREED = 4      /* released: every call on it fails */
+};
+
+/* A tensor. Lua reads these fields directly (spec/layout_spec.lua checks the offsets).
+ * An FP8 tensor carries its rowwise data and, when asked for, a columnwise copy: the
+ * transpose [cols, rows], quantized along its own rows, which is what Hopper's TN-only FP8
+ * GEMMs need for dgrad and wgrad. Scale layouts (rows x cols = the matrix view):
+ *   TENSOR   scale_inv: 1 f32 (col_scale_inv: 1 f32, same value)
+ *   MXFP8    scale_inv: [rows][cols/32] E8M0; col_scale_inv: [cols][rows/32] E8M0
+ *   BLOCK_1D scale_inv: [rows][ceil(cols/128)] f32; col_scale_inv: [cols][ceil(rows/128)]
+ *   BLOCK_2D scale_inv: [ceil(rows/128)][ceil(cols/128)] f32; col_scale_inv: its transpose */
+typedef struct lutra_tensor {
+  void *data;          /* rowwise values, or NULL when only the columnwise copy exists */
+  void *col_data;      /* columnwise (transposed) copy, or NULL */
+  void *scale_inv;     /* rowwise scale inverses (FP8 only) */
+  void *col_scale_inv; /* columnwise scale inverses (FP8 only) */
+  float *amax;         /* amax observed when this tensor was quantized, or NULL */
+  int64_t shape[4];
+  int64_t numel;
+  int32_t ndim;
+  int32_t dtype;
+  int32_t device;
+  int32_t scaling;
+  uint32_t flags;
+  int32_t refs;
+} lutra_tensor;
+
+/* ---- errors, version, backends -------------------------------------------------------- */
+LUTRA_API const char *lutra_last_error(void);
+LUTRA_API const char *lutra_status_name(int status);
+LUTRA_API int lutra_version(int *major, int *minor, int *patch);
+LUTRA_API int lutra_device_available(int device); /* 1 when the backend can run here */
+
+/* ---- scalar conversions (bit-exact; the reference for every backend) ----------------- */
+LUTRA_API float lutra_decode(int dtype, uint32_t bits);      /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */
+LUTRA_API uint32_t lutra_encode(int dtype, float value);     /* f32 -> bits, RNE, FP8 saturating */
+LUTRA_API float lutra_dtype_max(int dtype);                  /* largest finite value */
+LUTRA_API size_t lutra_dtype_size(int dtype);                /* bytes per element, 0 if unknown */
+LUTRA_API const char *lutra_dtype_name(int dtype);
+
+/* ---- tensors ---------------------------------------------------------------------------- */
+LUTRA_API int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device,
+                               lutra_tensor **out);
+LUTRA_API int lutra_tensor_free(lutra_tensor *t);
+LUTRA_API int lutra_tensor_release(lutra_tensor *t);
+/* Copy n values in or out, converting from/to f32 (FP8 tensors are dequantized on read). */
+LUTRA_API int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n);
+LUTRA_API int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n);
+LUTRA_API int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n);
+/* Raw bytes of the rowwise data (or of the columnwise copy when columnwise != 0). */
+LUTRA_API int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst,
+                                     size_t bytes);
+LUTRA_API int lutra_tensor_fill(lutra_tensor *t, float value);
+/* Deterministic fills (xoshiro256**, Box-Muller), the same on every backend. */
+LUTRA_API int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev);
+LUTRA_API int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi);
+LUTRA_API int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src); /* converts */
+LUTRA_API int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape);
+LUTRA_API int lutra_tensor_amax(const lutra_tensor *t, float *amax); /* host result */
+
+/* ---- recipes ----------------------------------------------------------------------------- */
+typedef struct lutra_recipe lutra_recipe;
+
+enum { LUTRA_FORMAT_E4M3 = 0, LUTRA_FORMAT_HYBRID = 1, LUTRA_FORMAT_E5M2 = 2 };
+enum { LUTRA_AMAX_MAX = 0, LUTRA_AMAX_MOST_RECENT = 1 };
+enum {
+  LUTRA_RECIPE_DELAYED = 0,
+  LUTRA_RECIPE_CURRENT = 1,
+  LUTRA_RECIPE_MXFP8 = 2,
+  LUTRA_RECIPE_BLOCK = 3,
+  LUTRA_RECIPE_CUSTOM = 4
+};
+/* Tensor roles a recipe quantizes. */
+enum { LUTRA_ROLE_INPUT = 0, LUTRA_ROLE_WEIGHT = 1, LUTRA_ROLE_GRAD_OUTPUT = 2, LUTRA_NUM_ROLES = 3 };
+/* Quantizer kinds a custom recipe may name per role. */
+enum {
+  LUTRA_QUANT_NONE = 0, /* keep this role in high precision */
+  LUTRA_QUANT_DELAYED = 1,
+  LUTRA_QUANT_CURRENT = 2,
+  LUTRA_QUANT_MXFP8 = 3,
+  LUTRA_QUANT_BLOCK_1D = 4,
+  LUTRA_QUANT_BLOCK_2D = 5
+};
+
+/* TransformerEngine's DelayedScaling. Defaults: lutra_delayed_defaults(). */
+typedef struct lutra_delayed_desc {
+  int32_t fp8_format;        /* HYBRID (default) or E4M3; E5M2 is refused */
+  int32_t margin;            /* >= 0; scale = fp8_max / amax / 2^margin */
+  int32_t amax_history_len;  /* >= 1, default 1024 */
+  int32_t amax_compute_algo; /* LUTRA_AMAX_MAX (default) or LUTRA_AMAX_MOST_RECENT */
+  int32_t reduce_amax;       /* reduce amaxes across the scope's group (default 1) */
+} lutra_delayed_desc;
+
+/* Float8CurrentScaling: per-tensor scale from the tensor's own amax. */
+typedef struct lutra_current_desc {
+  int32_t fp8_format;            /* HYBRID (default) or E4M3 */
+  int32_t power_2_scale[3];      /* per role, default 0 */
+  float amax_epsilon[3];         /* per role, default 0 */
+} lutra_current_desc;
+
+/* MXFP8BlockScaling: 1x32 blocks, E8M0 scales rounded up. */
+typedef struct lutra_mxfp8_desc {
+  int32_t fp8_format; /* E4M3 (default) or HYBRID */
+  int32_t margin;     /* kept for TE parity; must be 0 */
+} lutra_mxfp8_desc;
+
+/* Float8BlockScaling: 1x128 blocks for inputs and grads, 128x128 tiles for weights. */
+typedef struct lutra_block_desc {
+  int32_t fp8_format;       /* E4M3 (default) or HYBRID */
+  int32_t power_2_scale[3]; /* per role, default 1 */
+  float amax_epsilon[3];    /* per role, default 0 */
+  int32_t block_dim[3];     /* per role: 1 (1x128) or 2 (128x128); default {1, 2, 1} */
+} lutra_block_desc;
+
+/* Custom: one quantizer per role. The delayed fields apply to roles that use DELAYED. */
+typedef struct lutra_custom_desc {
+  int32_t kind[3];   /* LUTRA_QUANT_* per role */
+  int32_t format[3]; /* LUTRA_E4M3 or LUTRA_E5M2 per role */
+  int32_t power_2_scale[3];
+  float amax_epsilon[3];
+  int32_t margin;
+  int32_t amax_history_len;
+  int32_t amax_compute_algo;
+  int32_t reduce_amax;
+} lutra_custom_desc;
+
+LUTRA_API void lutra_delayed_defaults(lutra_delayed_desc *d);
+LUTRA_API void lutra_current_defaults(lutra_current_desc *d);
+LUTRA_API void lutra_mxfp8_defaults(lutra_mxfp8_desc *d);
+LUTRA_API void lutra_block_defaults(lutra_block_desc *d);
+LUTRA_API void lutra_custom_defaults(lutra_custom_desc *d);
+LUTRA_API int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out);
+LUTRA_API int lutra_recipe_current(const lutra_current_desc *d, lutra_recipe **out);
+LUTRA_API int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out);
+LUTRA_API int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out);
+LUTRA_API int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out);
+LUTRA_API int lutra_recipe_free(lutra_recipe *r);
+LUTRA_API int lutra_recipe_release(lutra_recipe *r);
+LUTRA_API int lutra_recipe_kind(const lutra_recipe *r, int *kind);
+/* What the recipe does with a role: LUTRA_QUANT_* kind and FP8 dtype. */
+LUTRA_API int lutra_recipe_role(const lutra_recipe *r, int role, int *quant_kind, int *dtype);
+/* 64-bit key of the recipe's fields, computed once at creation. Equal fields, equal keys. */
+LUTRA_API int lutra_recipe_key(const lutra_recipe *r, uint64_t *key);
+
+/* ---- process groups (amax reduction); NULL is the single-process group ----------------- */
+typedef struct lutra_group lutra_group;
+
+/* ---- autocast scopes --------------------------------------------------------------------- */
+typedef struct lutra_autocast lutra_autocast;
+
+LUTRA_API int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibrating,
+                                 lutra_autocast **out);
+LUTRA_API int lutra_autocast_free(lutra_autocast *a);
+LUTRA_API int lutra_autocast_release(lutra_autocast *a);
+LUTRA_API int lutra_autocast_enter(lutra_autocast *a); /* refuses a scope already entered */
+LUTRA_API int lutra_autocast_exit(lutra_autocast *a);  /* refuses a scope not innermost */
+/* The calling thread's state: depth of nesting, whether FP8 compute is on, calibration. */
+LUTRA_API int lutra_autocast_state(int *depth, int *enabled, int *calibrating);
+/* Number of delayed-scaling updates run on this thread (forward and backward), and the
+ * number of quantizer metas the last one covered: for specs and benchmarks. */
+LUTRA_API int lutra_autocast_update_stats(uint64_t *updates, int *last_count);
+
+/* ---- quantizers -------------------------------------------------------------------------- */
+typedef struct lutra_quantizer lutra_quantizer;
+
+/* A quantizer for one role of a recipe. rowwise/columnwise select the outputs. */
+LUTRA_API int lutra_quantizer_new(const lutra_recipe *r, int role, int rowwise, int columnwise,
+                                  int device, lutra_quantizer **out);
+LUTRA_API int lutra_quantizer_free(lutra_quantizer *q);
+LUTRA_API int lutra_quantizer_release(lutra_quantizer *q);
+/* Quantize x into the quantizer's own output tensor (reused while the shape stays). */
+LUTRA_API int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor **out);
+/* Delayed scaling: roll this quantizer's amax history and update its scale (one backend call). */
+LUTRA_API int lutra_quantizer_update(lutra_quantizer *q);
+/* Delayed/current scaling state, copied to the host. history may be NULL. */
+LUTRA_API int lutra_quantizer_scale(const lutra_quantizer *q, float *scale, float *scale_inv);
+LUTRA_API int lutra_quantizer_history(const lutra_quantizer *q, float *history, int len);
+/* Delayed scaling: overwrite the most recent amax (history[0]), as a cast would record it. */
+LUTRA_API int lutra_quantizer_record_amax(lutra_quantizer *q, float amax);
+LUTRA_API int lutra_dequantize(const lutra_tensor *q, int columnwise, lutra_tensor *out);
+
+/* ---- GEMM -------------------------------------------------------------------------------- */
+/* D = op_b(B) @ op_a(A) (+ bias broadcast over rows) (+ D when accumulate), row-major, with
+ * TransformerEngine's layout names: transa/transb say whether A/B are used transposed.
+ *   "TN" (transa=1, transb=0): D = B @ A^T   fprop: A = weight [out,in], B = input [N,in]
+ *   "NN" (transa=0, transb=0): D = B @ A     dgrad: A = weight, B = grad_output
+ *   "NT" (transa=0, transb=1): D = B^T @ A   wgrad: A = input, B = grad_output
+ * FP8 operands are run as TN through their columnwise copies (Hopper's only FP8 layout). */
+LUTRA_API int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                         lutra_tensor *d, const lutra_tensor *bias, int accumulate);
+/* Plans (one per shape/dtype/layout/epilogue) and workspace bytes held by the caches. */
+LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
+
+/* ---- modules ----------------------------------------------------------------------------- */
+typedef struct lutra_module lutra_module;
+
+enum { LUTRA_FIRST_MICROBATCH_NONE = -1 };
+
+typedef struct lutra_linear_desc {
+  int64_t in_features;
+  int64_t out_features;
+  int32_t bias;                    /* default 1 */
+  int32_t dtype;                   /* parameter and activation dtype: F32 (default) or BF16 */
+  int32_t device;                  /* LUTRA_CPU (default) */
+  int32_t accumulate_main_grad;    /* wgrad accumulates into an f32 main_grad buffer */
+  uint64_t seed;                   /* weight init: uniform(-1/sqrt(in), 1/sqrt(in)) */
+} lutra_linear_desc;
+
+LUTRA_API void lutra_linear_defaults(lutra_linear_desc *d);
+LUTRA_API int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out);
+LUTRA_API int lutra_gelu_new(lutra_module **out);
+/* A chain of modules; it holds a reference to each. */
+LUTRA_API int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out);
+LUTRA_API int lutra_module_free(lutra_module *m);
+LUTRA_API int lutra_module_release(lutra_module *m);
+LUTRA_API const char *lutra_module_kind(const lutra_module *m);
+/* is_first_microbatch: -1 (always quantize weights), 1 (quantize and cache), 0 (reuse). */
+LUTRA_API int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
+                                   lutra_tensor **y);
+LUTRA_API int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
+/* Parameters: weight, bias, their gradients and main grads, by index. NULL where absent. */
+typedef struct lutra_param {
+  lutra_tensor *value;
+  lutra_tensor *grad;      /* written by backward (overwritten each backward) */
+  lutra_tensor *main_grad; /* f32, accumulated by backward when asked for, else NULL */
+} lutra_param;
+LUTRA_API int lutra_module_num_params(const lutra_module *m, int *n);
+LUTRA_API int lutra_module_param(const lutra_module *m, int i, lutra_param *out);
+LUTRA_API int lutra_module_zero_grad(lutra_module *m);
+/* Linear only: the quantizer a role used in the last forward/backward, or NULL. */
+LUTRA_API int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **out);
+
+/* ---- losses ------------------------------------------------------------------------------ */
+typedef struct lutra_loss lutra_loss;
+enum { LUTRA_LOSS_MSE = 0, LUTRA_LOSS_SOFTMAX_XENT = 1 };
+
+LUTRA_API int lutra_loss_new(int kind, lutra_loss **out);
+LUTRA_API int lutra_loss_free(lutra_loss *l);
+LUTRA_API int lutra_loss_release(lutra_loss *l);
+/* MSE: target has pred's shape. Softmax cross-entropy: pred [N, C], target I32 labels [N].
+ * The loss is a mean over rows (MSE: over all elements), written to a 1-element f32 tensor. */
+LUTRA_API int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tensor *target,
+                                 lutra_tensor **loss);
+LUTRA_API int lutra_loss_backward(lutra_loss *l, lutra_tensor **dpred);
+LUTRA_API int lutra_loss_value(const lutra_loss *l, float *value); /* host copy of the loss */
+
+/* ---- optimizers -------------------------------------------------------------------------- */
+typedef struct lutra_optim lutra_optim;
+enum { LUTRA_OPTIM_SGD = 0, LUTRA_OPTIM_ADAMW = 1 };
+
+typedef struct lutra_optim_desc {
+  int32_t kind;
+  float lr;
+  float momentum;     /* SGD */
+  float weight_decay; /* SGD: L2 added to the gradient; AdamW: decoupled */
+  float beta1, beta2, eps;
+} lutra_optim_desc;
+
+LUTRA_API void lutra_optim_defaults(int kind, lutra_optim_desc *d);
+/* Collects the parameters of m (and its children) once. BF16 parameters get f32 masters. */
+LUTRA_API int lutra_optim_new(const lutra_optim_desc *d, lutra_module *m, lutra_optim **out);
+LUTRA_API int lutra_optim_free(lutra_optim *o);
+LUTRA_API int lutra_optim_release(lutra_optim *o);
+LUTRA_API int lutra_optim_step(lutra_optim *o);
+LUTRA_API int lutra_optim_set_lr(lutra_optim *o, float lr);
+
+/* ---- layout check: the C compiler's view of the structs Lua reads ----------------------- */
+LUTRA_API int lutra_layout(int i, const char **type, const char **field, size_t *offset,
+                           size_t *size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
