@@ -62,8 +62,12 @@ static inline int64_t lutra_cols(const lutra_tensor *t) {
 
 /* Tensors owned by modules and quantizers: created borrowed (Lua must not free them) and
  * resized only when the shape changes. *t is replaced only on success. */
-int lutra_tensor_ensure(lutra_tensor **t, int dtype, int ndim, const int64_t *shape, int device,
-                        const char *fn);
+int lutra_tensor_ensure(lutra_tensor **t, int dtype, int scaling, int ndim, const int64_t *shape,
+                        int device, bool rowwise, bool columnwise, const char *fn);
+/* Allocates a tensor (FP8 ones with their scale arrays) with the given flags. */
+int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, int device,
+                      bool rowwise, bool columnwise, uint32_t flags, lutra_tensor **out,
+                      const char *fn);
 /* Frees a tensor's buffers and shell regardless of flags (for owners). */
 void lutra_tensor_destroy(lutra_tensor *t);
 bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b);
@@ -102,6 +106,11 @@ int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_am
 int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int columnwise, int device,
                            lutra_quantizer **out, const char *fn);
 void lutra_quantizer_destroy(lutra_quantizer *q);
+/* Checks dtype and the FP8 dims rule (multiples of 16; 32 for MXFP8) for a spec's input. */
+int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
+                                const char *fn);
+/* Calibration: a delayed quantizer records max|x| without quantizing. */
+int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn);
 
 /* Autocast internals (autocast.c): the calling thread's state. */
 typedef struct lutra_tls_state {
@@ -114,12 +123,12 @@ typedef struct lutra_tls_state {
 } lutra_tls_state;
 const lutra_tls_state *lutra_autocast_current(void);
 /* Called by modules for each delayed-scaling meta they use in forward / backward. */
-int lutra_autocast_note_forward(lutra_scale_meta *m, const char *fn);
-int lutra_autocast_note_backward(lutra_scale_meta *m, const char *fn);
+int lutra_autocast_note_forward(lutra_scale_meta *m, int device, const char *fn);
+int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn);
 /* True for the first module to run forward in the current outermost scope. */
 bool lutra_autocast_claim_backward_trigger(void);
 /* Runs the pending backward update (one backend call); called by the trigger module. */
-int lutra_autocast_backward_done(int device, const char *fn);
+int lutra_autocast_backward_done(const char *fn);
 /* Removes a meta from the pending lists (its owner is being freed). */
 void lutra_autocast_forget(lutra_scale_meta *m);
 

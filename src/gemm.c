@@ -1,0 +1,229 @@
+/* The GEMM front: checks shapes, turns FP8 GEMMs into TN through columnwise copies, finds the
+ * plan for the shape in a hash table (created once per key, where a backend would run its
+ * algorithm heuristic) and hands the backend a workspace that was sized when the plan was
+ * made. A steady loop does one hash lookup and no allocation per GEMM.
+ *
+ * Plans and workspaces are per thread (a thread is the CPU analogue of a stream): two
+ * threads never share scratch memory. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct plan_cache {
+  lutra_gemm_plan **slots; /* open addressing, power-of-two capacity */
+  int cap, count;
+} plan_cache;
+
+typedef struct workspace {
+  void *ptr;
+  size_t bytes;
+} workspace;
+
+enum { NUM_DEVICES = 2 };
+static _Thread_local plan_cache caches[NUM_DEVICES];
+static _Thread_local workspace workspaces[NUM_DEVICES];
+
+static uint64_t key_hash(const lutra_gemm_key *k) {
+  const unsigned char *b = (const unsigned char *)k;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static lutra_gemm_plan *cache_find(const plan_cache *c, const lutra_gemm_key *k, uint64_t h) {
+  if (!c->cap) return NULL;
+  for (int i = (int)(h & (uint64_t)(c->cap - 1));; i = (i + 1) & (c->cap - 1)) {
+    lutra_gemm_plan *p = c->slots[i];
+    if (!p) return NULL;
+    if (memcmp(&p->key, k, sizeof *k) == 0) return p;
+  }
+}
+
+static void cache_put(plan_cache *c, lutra_gemm_plan *p) {
+  int i = (int)(key_hash(&p->key) & (uint64_t)(c->cap - 1));
+  while (c->slots[i]) i = (i + 1) & (c->cap - 1);
+  c->slots[i] = p;
+  c->count++;
+}
+
+static int cache_grow(plan_cache *c, const char *fn) {
+  if (2 * (c->count + 1) <= c->cap) return LUTRA_OK;
+  int cap = c->cap ? 2 * c->cap : 64;
+  lutra_gemm_plan **slots = calloc((size_t)cap, sizeof *slots);
+  if (!slots) return lutra_error(LUTRA_ENOMEM, fn, "cannot grow the GEMM plan cache");
+  plan_cache bigger = {slots, cap, 0};
+  for (int i = 0; i < c->cap; i++)
+    if (c->slots[i]) cache_put(&bigger, c->slots[i]);
+  free(c->slots);
+  *c = bigger;
+  return LUTRA_OK;
+}
+
+static int ensure_workspace(const lutra_backend *be, size_t bytes, const char *fn) {
+  workspace *w = &workspaces[be->device];
+  if (w->bytes >= bytes) return LUTRA_OK;
+  void *p;
+  if (be->alloc(bytes, &p) != LUTRA_OK)
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a %zu-byte GEMM workspace", bytes);
+  if (w->ptr) be->free(w->ptr);
+  w->ptr = p;
+  w->bytes = bytes;
+  return LUTRA_OK;
+}
+
+static int plan_for(const lutra_backend *be, const lutra_gemm_key *k, const lutra_gemm_plan **out,
+                    const char *fn) {
+  plan_cache *c = &caches[be->device];
+  uint64_t h = key_hash(k);
+  lutra_gemm_plan *p = cache_find(c, k, h);
+  if (p) {
+    *out = p;
+    return LUTRA_OK;
+  }
+  TRY(cache_grow(c, fn));
+  p = calloc(1, sizeof *p);
+  if (!p) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
+  p->key = *k;
+  int st = be->gemm_plan(p);
+  if (st == LUTRA_OK) st = ensure_workspace(be, p->workspace_bytes, fn);
+  if (st != LUTRA_OK) {
+    if (be->gemm_plan_free) be->gemm_plan_free(p);
+    free(p);
+    return st;
+  }
+  cache_put(c, p);
+  *out = p;
+  return LUTRA_OK;
+}
+
+static void operand_of(const lutra_tensor *t, int trans, lutra_gemm_operand *o) {
+  o->data = t->data;
+  o->scale_inv = t->scale_inv;
+  o->dtype = t->dtype;
+  o->scaling = t->scaling;
+  o->rows = lutra_rows(t);
+  o->cols = lutra_cols(t);
+  o->trans = trans;
+}
+
+/* Hopper runs FP8 GEMMs only as TN: an FP8 operand used the other way is replaced by its
+ * columnwise copy (the transpose), used the TN way. */
+static int to_tn(const lutra_tensor *t, int want_trans, lutra_gemm_operand *o, const char *name,
+                 const char *fn) {
+  if (o->trans == want_trans) {
+    CHECK_ARG(o->data, "operand %s has no rowwise data for this layout", name);
+    return LUTRA_OK;
+  }
+  CHECK_ARG(t->col_data, "FP8 operand %s needs its columnwise copy for this layout", name);
+  o->data = t->col_data;
+  o->scale_inv = t->col_scale_inv;
+  o->rows = lutra_cols(t);
+  o->cols = lutra_rows(t);
+  o->trans = want_trans;
+  return LUTRA_OK;
+}
+
+static const char *layout_name(int transa, int transb) {
+  static const char *const names[4] = {"NN", "NT", "TN", "TT"};
+  return names[(transa ? 2 : 0) + (transb ? 1 : 0)];
+}
+
+int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                   lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
+                   const char *fn) {
+  transa = transa != 0;
+  transb = transb != 0;
+  int64_t ra = lutra_rows(a), ca = lutra_cols(a), rb = lutra_rows(b), cb = lutra_cols(b);
+  int64_t n = transa ? ra : ca, ka = transa ? ca : ra;
+  int64_t m = transb ? cb : rb, kb = transb ? rb : cb;
+  CHECK_ARG(ka == kb, "inner dims differ: A is %lldx%lld, B is %lldx%lld in layout %s",
+            (long long)ra, (long long)ca, (long long)rb, (long long)cb,
+            layout_name(transa, transb));
+  CHECK_ARG(lutra_rows(d) == m && lutra_cols(d) == n,
+            "D is %lldx%lld, expected %lldx%lld for layout %s", (long long)lutra_rows(d),
+            (long long)lutra_cols(d), (long long)m, (long long)n, layout_name(transa, transb));
+  CHECK_ARG(lutra_dtype_is_float(d->dtype), "D dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(d->dtype));
+  bool fp8a = lutra_dtype_is_fp8(a->dtype), fp8b = lutra_dtype_is_fp8(b->dtype);
+  CHECK_ARG(fp8a || lutra_dtype_is_float(a->dtype), "A dtype %s cannot be a GEMM operand",
+            lutra_dtype_name(a->dtype));
+  CHECK_ARG(fp8b || lutra_dtype_is_float(b->dtype), "B dtype %s cannot be a GEMM operand",
+            lutra_dtype_name(b->dtype));
+  CHECK_ARG(fp8a == fp8b, "A is %s and B is %s: both operands must be FP8 or neither",
+            lutra_dtype_name(a->dtype), lutra_dtype_name(b->dtype));
+  CHECK_ARG(!(a->dtype == LUTRA_E5M2 && b->dtype == LUTRA_E5M2),
+            "E5M2 x E5M2 GEMMs are not supported");
+  CHECK_ARG(a->device == d->device && b->device == d->device, "operands on different devices");
+  if (bias) {
+    CHECK_ARG(lutra_dtype_is_float(bias->dtype), "bias dtype %s is not f32, bf16 or f16",
+              lutra_dtype_name(bias->dtype));
+    CHECK_ARG(bias->numel == n, "bias has %lld elements, D has %lld columns",
+              (long long)bias->numel, (long long)n);
+    CHECK_ARG(bias->device == d->device, "bias is on another device");
+  }
+  const lutra_backend *be = lutra_backend_get(d->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+
+  lutra_gemm_args g = {0};
+  operand_of(a, transa, &g.a);
+  operand_of(b, transb, &g.b);
+  if (fp8a) {
+    TRY(to_tn(a, 1, &g.a, "A", fn));
+    TRY(to_tn(b, 0, &g.b, "B", fn));
+  } else {
+    CHECK_ARG(a->data && b->data, "operands have no data");
+  }
+  g.d = d->data;
+  g.d_dtype = d->dtype;
+  g.accumulate = accumulate != 0;
+  g.m = m;
+  g.n = n;
+  g.k = ka;
+  g.bias = bias ? bias->data : NULL;
+  g.bias_dtype = bias ? bias->dtype : -1;
+
+  lutra_gemm_key k;
+  memset(&k, 0, sizeof k);
+  k.m = m;
+  k.n = n;
+  k.k = ka;
+  k.a_dtype = a->dtype;
+  k.b_dtype = b->dtype;
+  k.d_dtype = d->dtype;
+  k.bias_dtype = g.bias_dtype;
+  k.a_scaling = a->scaling;
+  k.b_scaling = b->scaling;
+  k.transa = g.a.trans;
+  k.transb = g.b.trans;
+  k.accumulate = g.accumulate;
+  k.fast_accum = fast_accum != 0;
+  k.device = d->device;
+  TRY(plan_for(be, &k, &g.plan, fn));
+  workspace *w = &workspaces[be->device];
+  g.workspace = w->ptr;
+  g.workspace_bytes = w->bytes;
+  return be->gemm(&g);
+}
+
+int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+               lutra_tensor *d, const lutra_tensor *bias, int accumulate) {
+  static const char fn[] = "lutra_gemm";
+  TRY(lutra_check_tensor(a, fn, "A"));
+  TRY(lutra_check_tensor(b, fn, "B"));
+  TRY(lutra_check_tensor(d, fn, "D"));
+  if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
+  return lutra_gemm_run(a, transa, b, transb, d, bias, accumulate, 0, fn);
+}
+
+int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {
+  static const char fn[] = "lutra_gemm_cache_stats";
+  CHECK_ARG(plans && workspace_bytes, "output pointers must not be NULL");
+  *plans = 0;
+  *workspace_bytes = 0;
+  for (int i = 0; i < NUM_DEVICES; i++) {
+    *plans += caches[i].count;
+    *workspace_bytes += workspaces[i].bytes;
+  }
+  return LUTRA_OK;
+}

@@ -1,0 +1,292 @@
+/* Linear: y = x W^T + b, with W [out, in] as torch stores it.
+ *
+ * Under an enabled autocast scope the GEMMs run in FP8 as TransformerEngine runs them:
+ *   forward  y  = q(x) q(W)^T        TN, fast accumulation, bias in the epilogue
+ *   dgrad    dx = q(dy) q(W)         NN -> TN through W's columnwise copy
+ *   wgrad    dW = q(dy)^T q(x)       NT -> TN through the columnwise copies of dy and x
+ * The quantizers are built once per recipe (key compared per call, rebuilt only when the
+ * recipe changes), and every buffer is reused while the input shape stays, so a steady loop
+ * allocates nothing. The input x is borrowed until backward: keep it alive and unchanged. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct linear {
+  lutra_module base;
+  int64_t in, out;
+  int32_t dtype, device;
+  bool has_bias, accumulate_main_grad;
+  const lutra_backend *be;
+  lutra_tensor *weight, *bias, *wgrad, *bgrad, *weight_main_grad, *bias_main_grad;
+  lutra_tensor *y, *dx;
+  lutra_quantizer *q[LUTRA_NUM_ROLES];
+  bool quantized_for_recipe; /* q[] were built for qkey */
+  uint64_t qkey;
+  /* what the last forward did, for backward */
+  const lutra_tensor *x;
+  lutra_tensor *xq, *wq;
+  bool forward_done, forward_fp8, weight_cached, backward_trigger;
+} linear;
+
+static const lutra_module_ops linear_ops;
+
+static linear *as_linear(lutra_module *m) { return (linear *)m; }
+
+static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    lutra_quantizer_destroy(q[i]);
+    q[i] = NULL;
+  }
+}
+
+/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
+static int ensure_quantizers(linear *l, const lutra_recipe *r, const char *fn) {
+  if (l->quantized_for_recipe && l->qkey == r->key) return LUTRA_OK;
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (r->roles[i].kind == LUTRA_QUANT_NONE) continue;
+    int st = lutra_quantizer_create(&r->roles[i], 1, 1, l->device, &fresh[i], fn);
+    if (st != LUTRA_OK) {
+      free_quantizers(fresh);
+      return st;
+    }
+  }
+  free_quantizers(l->q);
+  memcpy(l->q, fresh, sizeof fresh);
+  l->qkey = r->key;
+  l->quantized_for_recipe = true;
+  l->weight_cached = false;
+  l->xq = l->wq = NULL;
+  return LUTRA_OK;
+}
+
+static int check_input(const linear *l, const lutra_tensor *x, const char *fn) {
+  CHECK_ARG(x->dtype == l->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(x->dtype), lutra_dtype_name(l->dtype));
+  CHECK_ARG(lutra_cols(x) == l->in, "input has %lld features, the module expects %lld",
+            (long long)lutra_cols(x), (long long)l->in);
+  CHECK_ARG(x->device == l->device, "input is on another device than the module");
+  return LUTRA_OK;
+}
+
+static int check_fp8_dims(const lutra_recipe *r, const lutra_tensor *x, const linear *l,
+                          const char *fn) {
+  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_INPUT], x, fn));
+  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_WEIGHT], l->weight, fn));
+  return LUTRA_OK;
+}
+
+static int note_forward(lutra_quantizer *q, const linear *l, const char *fn) {
+  lutra_scale_meta *meta = q ? lutra_quantizer_meta(q) : NULL;
+  return meta ? lutra_autocast_note_forward(meta, l->device, fn) : LUTRA_OK;
+}
+
+static int forward_fp8(linear *l, const lutra_tensor *x, int first_microbatch, const char *fn) {
+  lutra_quantizer *qi = l->q[LUTRA_ROLE_INPUT], *qw = l->q[LUTRA_ROLE_WEIGHT];
+  TRY(lutra_quantize_run(qi, x, true, &l->xq, fn));
+  TRY(note_forward(qi, l, fn));
+  bool reuse = first_microbatch == 0 && l->weight_cached;
+  if (!reuse) {
+    TRY(lutra_quantize_run(qw, l->weight, true, &l->wq, fn));
+    TRY(note_forward(qw, l, fn));
+    l->weight_cached = true;
+  }
+  return lutra_gemm_run(l->wq, 1, l->xq, 0, l->y, l->bias, 0, 1, fn);
+}
+
+/* Calibration: record amaxes for delayed scaling, compute in high precision. */
+static int observe(linear *l, const lutra_tensor *x, const char *fn) {
+  lutra_quantizer *qi = l->q[LUTRA_ROLE_INPUT], *qw = l->q[LUTRA_ROLE_WEIGHT];
+  if (qi) {
+    TRY(lutra_quantize_observe(qi, x, fn));
+    TRY(note_forward(qi, l, fn));
+  }
+  if (qw) {
+    TRY(lutra_quantize_observe(qw, l->weight, fn));
+    TRY(note_forward(qw, l, fn));
+  }
+  return LUTRA_OK;
+}
+
+static bool uses_delayed(const lutra_recipe *r) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    if (r->roles[i].kind == LUTRA_QUANT_DELAYED) return true;
+  return false;
+}
+
+static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+                          lutra_tensor **y) {
+  static const char fn[] = "lutra_linear_forward";
+  linear *l = as_linear(m);
+  TRY(check_input(l, x, fn));
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  bool calibrate = r && !s->enabled && s->calibrating;
+  if (fp8) TRY(check_fp8_dims(r, x, l, fn));
+  if (fp8 || calibrate) TRY(ensure_quantizers(l, r, fn));
+
+  int64_t shape[LUTRA_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = l->out;
+  TRY(lutra_tensor_ensure(&l->y, l->dtype, LUTRA_SCALING_NONE, x->ndim, shape, l->device, true,
+                          false, fn));
+  if (fp8) {
+    TRY(forward_fp8(l, x, first_microbatch, fn));
+  } else {
+    if (calibrate) TRY(observe(l, x, fn));
+    TRY(lutra_gemm_run(l->weight, 1, x, 0, l->y, l->bias, 0, 0, fn));
+  }
+  l->x = x;
+  l->forward_fp8 = fp8;
+  l->forward_done = true;
+  l->backward_trigger = (fp8 || calibrate) && uses_delayed(r) &&
+                        lutra_autocast_claim_backward_trigger();
+  *y = l->y;
+  return LUTRA_OK;
+}
+
+static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  static const char fn[] = "lutra_linear_backward";
+  linear *l = as_linear(m);
+  CHECK_STATE(l->forward_done, "backward called before forward");
+  CHECK_ARG(dy->dtype == l->dtype, "grad_output dtype %s does not match the module's %s",
+            lutra_dtype_name(dy->dtype), lutra_dtype_name(l->dtype));
+  CHECK_ARG(lutra_same_shape(dy, l->y), "grad_output shape does not match the forward output");
+  CHECK_ARG(dy->device == l->device, "grad_output is on another device than the module");
+  TRY(lutra_tensor_ensure(&l->dx, l->dtype, LUTRA_SCALING_NONE, l->x->ndim, l->x->shape,
+                          l->device, true, false, fn));
+  lutra_tensor *wgrad_out = l->accumulate_main_grad ? l->weight_main_grad : l->wgrad;
+  int accumulate = l->accumulate_main_grad;
+  lutra_quantizer *qg = l->q[LUTRA_ROLE_GRAD_OUTPUT];
+  if (l->forward_fp8 && qg) {
+    lutra_tensor *dyq;
+    TRY(lutra_quantize_run(qg, dy, true, &dyq, fn));
+    lutra_scale_meta *meta = lutra_quantizer_meta(qg);
+    if (meta) TRY(lutra_autocast_note_backward(meta, l->device, fn));
+    TRY(lutra_gemm_run(l->wq, 0, dyq, 0, l->dx, NULL, 0, 0, fn));
+    TRY(lutra_gemm_run(l->xq, 0, dyq, 1, wgrad_out, NULL, accumulate, 0, fn));
+  } else {
+    TRY(lutra_gemm_run(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fn));
+    TRY(lutra_gemm_run(l->x, 0, dy, 1, wgrad_out, NULL, accumulate, 0, fn));
+  }
+  if (l->has_bias) {
+    lutra_tensor *bg = l->accumulate_main_grad ? l->bias_main_grad : l->bgrad;
+    TRY(l->be->bias_grad(dy->data, dy->dtype, lutra_rows(dy), l->out, bg->data, bg->dtype,
+                         accumulate));
+  }
+  if (l->backward_trigger) {
+    TRY(lutra_autocast_backward_done(fn));
+    l->backward_trigger = false;
+  }
+  *dx = l->dx;
+  return LUTRA_OK;
+}
+
+static int linear_num_params(const lutra_module *m) {
+  return ((const linear *)m)->has_bias ? 2 : 1;
+}
+
+static int linear_param(const lutra_module *m, int i, lutra_param *out) {
+  const linear *l = (const linear *)m;
+  if (i == 0) {
+    *out = (lutra_param){l->weight, l->wgrad, l->weight_main_grad};
+  } else {
+    *out = (lutra_param){l->bias, l->bgrad, l->bias_main_grad};
+  }
+  return LUTRA_OK;
+}
+
+static void linear_release(lutra_module *m) {
+  linear *l = as_linear(m);
+  free_quantizers(l->q);
+  lutra_tensor *owned[] = {l->weight, l->bias, l->wgrad, l->bgrad, l->weight_main_grad,
+                           l->bias_main_grad, l->y, l->dx};
+  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) lutra_tensor_destroy(owned[i]);
+  l->weight = l->bias = l->wgrad = l->bgrad = NULL;
+  l->weight_main_grad = l->bias_main_grad = l->y = l->dx = NULL;
+}
+
+static const lutra_module_ops linear_ops = {
+    .kind = "linear",
+    .forward = linear_forward,
+    .backward = linear_backward,
+    .num_params = linear_num_params,
+    .param = linear_param,
+    .release = linear_release,
+};
+
+void lutra_linear_defaults(lutra_linear_desc *d) {
+  if (!d) return;
+  memset(d, 0, sizeof *d);
+  d->bias = 1;
+  d->dtype = LUTRA_F32;
+  d->device = LUTRA_CPU;
+  d->seed = 1;
+}
+
+static int make_param(linear *l, int64_t n0, int64_t n1, int dtype, lutra_tensor **t,
+                      const char *fn) {
+  int64_t shape[2] = {n0, n1};
+  return lutra_tensor_make(dtype, LUTRA_SCALING_NONE, n1 ? 2 : 1, shape, l->device, true, false,
+                           LUTRA_TENSOR_BORROWED, t, fn);
+}
+
+int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out) {
+  static const char fn[] = "lutra_linear_new";
+  CHECK_ARG(d, "desc is NULL");
+  CHECK_ARG(out, "out is NULL");
+  CHECK_ARG(d->in_features > 0 && d->out_features > 0,
+            "in_features and out_features must be positive (got %lld, %lld)",
+            (long long)d->in_features, (long long)d->out_features);
+  CHECK_ARG(d->dtype == LUTRA_F32 || d->dtype == LUTRA_BF16, "dtype must be f32 or bf16, got %s",
+            lutra_dtype_name(d->dtype));
+  const lutra_backend *be = lutra_backend_get(d->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  linear *l = calloc(1, sizeof *l);
+  if (!l) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  l->base.obj.magic = LUTRA_MAGIC_MODULE;
+  l->base.obj.refs = 1;
+  l->base.ops = &linear_ops;
+  l->in = d->in_features;
+  l->out = d->out_features;
+  l->dtype = d->dtype;
+  l->device = d->device;
+  l->has_bias = d->bias != 0;
+  l->accumulate_main_grad = d->accumulate_main_grad != 0;
+  l->be = be;
+  int st = make_param(l, l->out, l->in, l->dtype, &l->weight, fn);
+  if (st == LUTRA_OK) st = make_param(l, l->out, l->in, l->dtype, &l->wgrad, fn);
+  if (st == LUTRA_OK && l->has_bias) st = make_param(l, l->out, 0, l->dtype, &l->bias, fn);
+  if (st == LUTRA_OK && l->has_bias) st = make_param(l, l->out, 0, l->dtype, &l->bgrad, fn);
+  if (st == LUTRA_OK && l->accumulate_main_grad) {
+    st = make_param(l, l->out, l->in, LUTRA_F32, &l->weight_main_grad, fn);
+    if (st == LUTRA_OK && l->has_bias)
+      st = make_param(l, l->out, 0, LUTRA_F32, &l->bias_main_grad, fn);
+  }
+  /* torch's default: uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias */
+  float bound = (float)(1.0 / sqrt((double)l->in));
+  if (st == LUTRA_OK) st = lutra_tensor_uniform(l->weight, d->seed, -bound, bound);
+  if (st == LUTRA_OK && l->has_bias)
+    st = lutra_tensor_uniform(l->bias, d->seed ^ 0x5bd1e995u, -bound, bound);
+  if (st == LUTRA_OK) st = lutra_module_zero_grad(&l->base);
+  if (st != LUTRA_OK) {
+    linear_release(&l->base);
+    free(l);
+    return st;
+  }
+  *out = &l->base;
+  return LUTRA_OK;
+}
+
+int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **out) {
+  static const char fn[] = "lutra_linear_quantizer";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &linear_ops, "module is a %s, not a linear", m->ops->kind);
+  CHECK_ARG(role >= 0 && role < LUTRA_NUM_ROLES, "unknown role %d", role);
+  CHECK_ARG(out, "out is NULL");
+  *out = ((const linear *)m)->q[role];
+  return LUTRA_OK;
+}
