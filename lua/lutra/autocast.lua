@@ -1,0 +1,62 @@
+-- Autocast scopes: reusable objects with :enter() and :exit(), plus :run(fn, ...) which always
+-- exits, also when fn raises. enter/exit are single FFI calls: nothing else happens in Lua.
+local core = require("lutra.core")
+local ffi, C, check = core.ffi, core.C, core.check
+
+local M = {}
+local Scope = {}
+Scope.__index = Scope
+
+-- lutra.autocast{recipe=r, enabled=true, calibrating=false}
+-- enabled defaults to true when a recipe is given and calibrating is not asked for.
+function M.new(opts)
+  opts = core.check_options(opts, { recipe = true, enabled = true, calibrating = true, group = true },
+                            "lutra.autocast")
+  local calibrating = opts.calibrating and true or false
+  local enabled = opts.enabled
+  if enabled == nil then enabled = opts.recipe ~= nil and not calibrating end
+  local box = ffi.new("lutra_autocast*[1]")
+  check(C.lutra_autocast_new(opts.recipe, opts.group, enabled and 1 or 0, calibrating and 1 or 0, box))
+  return ffi.gc(box[0], C.lutra_autocast_free)
+end
+
+function Scope:enter()
+  if C.lutra_autocast_enter(self) ~= 0 then core.fail() end
+end
+
+function Scope:exit()
+  if C.lutra_autocast_exit(self) ~= 0 then core.fail() end
+end
+
+local function finish(scope, ok, ...)
+  local st = C.lutra_autocast_exit(scope)
+  if not ok then error((...), 0) end
+  if st ~= 0 then error(ffi.string(C.lutra_last_error()), 2) end
+  return ...
+end
+
+-- Runs fn(...) inside the scope and returns its results; the scope is exited on error too.
+function Scope:run(fn, ...)
+  self:enter()
+  return finish(self, pcall(fn, ...))
+end
+
+function Scope:free() check(C.lutra_autocast_release(self)) end
+
+ffi.metatype("struct lutra_autocast", { __index = Scope })
+
+-- depth, enabled, calibrating of the calling thread
+function M.state()
+  local b = core.int_box
+  check(C.lutra_autocast_state(b, b + 1, b + 2))
+  return b[0], b[1] ~= 0, b[2] ~= 0
+end
+
+local updates_box, count_box = ffi.new("uint64_t[1]"), ffi.new("int[1]")
+-- number of delayed-scaling updates run on this thread, and how many quantizers the last covered
+function M.update_stats()
+  check(C.lutra_autocast_update_stats(updates_box, count_box))
+  return tonumber(updates_box[0]), count_box[0]
+end
+
+return M

@@ -1,0 +1,47 @@
+-- lutra: FP8/BF16 training of linear layers from LuaJIT. See README.md for the API by example.
+local core = require("lutra.core")
+local tensor = require("lutra.tensor")
+local autocast = require("lutra.autocast")
+local quantizer = require("lutra.quantizer")
+
+local C = core.C
+local M = {
+  C = C,
+  ffi = core.ffi,
+  tensor = tensor.new,
+  from_table = tensor.from_table,
+  recipe = require("lutra.recipe"),
+  autocast = autocast.new,
+  autocast_state = autocast.state,
+  update_stats = autocast.update_stats,
+  quantizer = quantizer.new,
+  dequantize = quantizer.dequantize,
+  nn = require("lutra.nn"),
+  optim = require("lutra.optim"),
+  default_device = core.default_device_name,
+}
+
+-- D = op(B) @ op(A) (+ bias) (+ D): TransformerEngine's layout naming, see lutra.h.
+function M.gemm(a, transa, b, transb, d, bias, accumulate)
+  core.check(C.lutra_gemm(a, transa and 1 or 0, b, transb and 1 or 0, d, bias,
+                          accumulate and 1 or 0))
+  return d
+end
+
+function M.gemm_cache_stats()
+  local plans, bytes = core.ffi.new("int[1]"), core.ffi.new("size_t[1]")
+  core.check(C.lutra_gemm_cache_stats(plans, bytes))
+  return plans[0], tonumber(bytes[0])
+end
+
+function M.device_available(name)
+  return C.lutra_device_available(core.code(core.devices, name, "device", "lutra.device_available")) == 1
+end
+
+function M.version()
+  local b = core.int_box
+  core.check(C.lutra_version(b, b + 1, b + 2))
+  return string.format("%d.%d.%d", b[0], b[1], b[2])
+end
+
+return M

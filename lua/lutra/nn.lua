@@ -1,0 +1,126 @@
+-- Modules (C objects with a forward/backward protocol, as torch/nn's) and losses.
+--   local net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10))
+--   local y = net:forward(x)          -- output buffer owned by the module, reused
+--   local dx = net:backward(dy)
+-- Forward saves a reference to its input for backward: keep x alive and unchanged until then.
+local core = require("lutra.core")
+local ffi, C, check = core.ffi, core.C, core.check
+
+local M = {}
+local Module = {}
+Module.__index = Module
+
+local module_box = ffi.new("lutra_module*[1]")
+
+local function own(m) return ffi.gc(m, C.lutra_module_free) end
+
+-- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=1,
+--                                        accumulate_main_grad=false})
+function M.Linear(in_features, out_features, opts)
+  local where = "lutra.nn.Linear"
+  opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
+                                    accumulate_main_grad = true }, where)
+  local d = ffi.new("lutra_linear_desc")
+  C.lutra_linear_defaults(d)
+  d.in_features = in_features
+  d.out_features = out_features
+  if opts.bias ~= nil then d.bias = opts.bias and 1 or 0 end
+  if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  d.device = core.device(opts.device, where)
+  if opts.seed ~= nil then d.seed = opts.seed end
+  if opts.accumulate_main_grad then d.accumulate_main_grad = 1 end
+  check(C.lutra_linear_new(d, module_box))
+  return own(module_box[0])
+end
+
+function M.GELU()
+  check(C.lutra_gelu_new(module_box))
+  return own(module_box[0])
+end
+
+function M.Sequential(...)
+  local mods = { ... }
+  local n = select("#", ...)
+  local arr = ffi.new("lutra_module*[?]", math.max(n, 1))
+  for i = 1, n do arr[i - 1] = mods[i] end
+  check(C.lutra_sequential_new(arr, n, module_box))
+  return own(module_box[0])
+end
+
+-- is_first_microbatch: nil (always quantize weights), true (quantize and cache), false (reuse)
+function Module:forward(x, is_first_microbatch)
+  local flag = -1
+  if is_first_microbatch == true then flag = 1 elseif is_first_microbatch == false then flag = 0 end
+  if C.lutra_module_forward(self, x, flag, core.tensor_box) ~= 0 then core.fail() end
+  return core.tensor_box[0]
+end
+
+function Module:backward(dy)
+  if C.lutra_module_backward(self, dy, core.tensor_box) ~= 0 then core.fail() end
+  return core.tensor_box[0]
+end
+
+function Module:zero_grad()
+  if C.lutra_module_zero_grad(self) ~= 0 then core.fail() end
+end
+
+-- {{value=, grad=, main_grad=}, ...}: tensors owned by the module
+function Module:parameters()
+  check(C.lutra_module_num_params(self, core.int_box))
+  local out, p = {}, ffi.new("lutra_param")
+  for i = 0, core.int_box[0] - 1 do
+    check(C.lutra_module_param(self, i, p))
+    out[i + 1] = { value = p.value, grad = p.grad,
+                   main_grad = p.main_grad ~= nil and p.main_grad or nil }
+  end
+  return out
+end
+
+function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
+
+-- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
+function Module:quantizer(role)
+  local box = ffi.new("lutra_quantizer*[1]")
+  check(C.lutra_linear_quantizer(self, core.code(core.roles, role, "role", "module:quantizer"), box))
+  if box[0] == nil then return nil end
+  return box[0]
+end
+
+function Module:free() check(C.lutra_module_release(self)) end
+
+ffi.metatype("struct lutra_module", { __index = Module,
+  __tostring = function(m) return "lutra.nn." .. m:kind() end })
+
+-- Losses: forward(pred, target) -> loss tensor [1]; backward() -> dpred; value() -> number
+local Loss = {}
+Loss.__index = Loss
+local loss_box = ffi.new("lutra_loss*[1]")
+
+local function new_loss(kind)
+  check(C.lutra_loss_new(kind, loss_box))
+  return ffi.gc(loss_box[0], C.lutra_loss_free)
+end
+
+function M.MSELoss() return new_loss(C.LUTRA_LOSS_MSE) end
+function M.CrossEntropyLoss() return new_loss(C.LUTRA_LOSS_SOFTMAX_XENT) end
+
+function Loss:forward(pred, target)
+  if C.lutra_loss_forward(self, pred, target, core.tensor_box) ~= 0 then core.fail() end
+  return core.tensor_box[0]
+end
+
+function Loss:backward()
+  if C.lutra_loss_backward(self, core.tensor_box) ~= 0 then core.fail() end
+  return core.tensor_box[0]
+end
+
+function Loss:value()
+  if C.lutra_loss_value(self, core.float_box) ~= 0 then core.fail() end
+  return core.float_box[0]
+end
+
+function Loss:free() check(C.lutra_loss_release(self)) end
+
+ffi.metatype("struct lutra_loss", { __index = Loss })
+
+return M

@@ -1,0 +1,41 @@
+-- Optimizers in C over all parameters of a module in one call per step.
+--   local opt = lutra.optim.AdamW(net, {lr=1e-3, weight_decay=0.01})
+--   opt:step()
+local core = require("lutra.core")
+local ffi, C, check = core.ffi, core.C, core.check
+
+local M = {}
+local Optim = {}
+Optim.__index = Optim
+
+local function new(kind, module, opts, allowed, where)
+  opts = core.check_options(opts, allowed, where)
+  local d = ffi.new("lutra_optim_desc")
+  C.lutra_optim_defaults(kind, d)
+  for k, v in pairs(opts) do d[k] = v end
+  local box = ffi.new("lutra_optim*[1]")
+  check(C.lutra_optim_new(d, module, box))
+  return ffi.gc(box[0], C.lutra_optim_free)
+end
+
+function M.SGD(module, opts)
+  return new(C.LUTRA_OPTIM_SGD, module, opts,
+             { lr = true, momentum = true, weight_decay = true }, "lutra.optim.SGD")
+end
+
+function M.AdamW(module, opts)
+  return new(C.LUTRA_OPTIM_ADAMW, module, opts,
+             { lr = true, weight_decay = true, beta1 = true, beta2 = true, eps = true },
+             "lutra.optim.AdamW")
+end
+
+function Optim:step()
+  if C.lutra_optim_step(self) ~= 0 then core.fail() end
+end
+
+function Optim:set_lr(lr) check(C.lutra_optim_set_lr(self, lr)) end
+function Optim:free() check(C.lutra_optim_release(self)) end
+
+ffi.metatype("struct lutra_optim", { __index = Optim })
+
+return M

@@ -1,0 +1,169 @@
+-- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
+--   lutra.recipe.delayed{margin=0, fp8_format="hybrid", amax_history_len=1024,
+--                        amax_compute_algo="max", reduce_amax=true}
+--   lutra.recipe.current{fp8_format="hybrid", power_2_scale=false, amax_epsilon=0}
+--   lutra.recipe.mxfp8{fp8_format="e4m3"}
+--   lutra.recipe.block{fp8_format="e4m3", power_2_scale=true, amax_epsilon=0,
+--                      block_dim={input=1, weight=2, grad_output=1}}
+--   lutra.recipe.custom{input={kind="current", format="e4m3"}, weight={...},
+--                       grad_output={kind="delayed", format="e5m2"}, margin=0, ...}
+-- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
+-- table {input=..., weight=..., grad_output=...}.
+local core = require("lutra.core")
+local ffi, C, check = core.ffi, core.C, core.check
+
+local M = {}
+
+local formats = { e4m3 = C.LUTRA_FORMAT_E4M3, hybrid = C.LUTRA_FORMAT_HYBRID,
+                  e5m2 = C.LUTRA_FORMAT_E5M2 }
+local algos = { max = C.LUTRA_AMAX_MAX, most_recent = C.LUTRA_AMAX_MOST_RECENT }
+local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
+                      current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
+                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D }
+local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom" }
+local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
+
+local Recipe = {}
+Recipe.__index = Recipe
+
+local function own(r) return ffi.gc(r, C.lutra_recipe_free) end
+
+local function bool(v) return (v and v ~= 0) and 1 or 0 end
+
+-- Writes a per-role option into arr[0..2].
+local function per_role(arr, value, where, name, convert)
+  if value == nil then return end
+  if type(value) == "table" then
+    for k in pairs(value) do
+      if core.roles[k] == nil then
+        error(string.format("%s: %s has unknown role '%s'", where, name, tostring(k)), 4)
+      end
+    end
+    for i, role in ipairs(core.role_list) do
+      if value[role] ~= nil then arr[i - 1] = convert(value[role]) end
+    end
+  else
+    for i = 0, 2 do arr[i] = convert(value) end
+  end
+end
+
+local function make(ctor, desc_type, defaults, opts, allowed, where, fill)
+  opts = core.check_options(opts, allowed, where)
+  local d = ffi.new(desc_type)
+  defaults(d)
+  fill(d, opts)
+  local box = ffi.new("lutra_recipe*[1]")
+  check(ctor(d, box))
+  return own(box[0])
+end
+
+function M.delayed(opts)
+  local where = "lutra.recipe.delayed"
+  return make(C.lutra_recipe_delayed, "lutra_delayed_desc", C.lutra_delayed_defaults, opts,
+    { margin = true, fp8_format = true, amax_history_len = true, amax_compute_algo = true,
+      reduce_amax = true }, where, function(d, o)
+      if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
+      if o.margin ~= nil then d.margin = o.margin end
+      if o.amax_history_len ~= nil then d.amax_history_len = o.amax_history_len end
+      if o.amax_compute_algo ~= nil then
+        d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
+      end
+      if o.reduce_amax ~= nil then d.reduce_amax = bool(o.reduce_amax) end
+    end)
+end
+
+function M.current(opts)
+  local where = "lutra.recipe.current"
+  return make(C.lutra_recipe_current, "lutra_current_desc", C.lutra_current_defaults, opts,
+    { fp8_format = true, power_2_scale = true, amax_epsilon = true }, where, function(d, o)
+      if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
+      per_role(d.power_2_scale, o.power_2_scale, where, "power_2_scale", bool)
+      per_role(d.amax_epsilon, o.amax_epsilon, where, "amax_epsilon", tonumber)
+    end)
+end
+
+function M.mxfp8(opts)
+  local where = "lutra.recipe.mxfp8"
+  return make(C.lutra_recipe_mxfp8, "lutra_mxfp8_desc", C.lutra_mxfp8_defaults, opts,
+    { fp8_format = true, margin = true }, where, function(d, o)
+      if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
+      if o.margin ~= nil then d.margin = o.margin end
+    end)
+end
+
+function M.block(opts)
+  local where = "lutra.recipe.block"
+  return make(C.lutra_recipe_block, "lutra_block_desc", C.lutra_block_defaults, opts,
+    { fp8_format = true, power_2_scale = true, amax_epsilon = true, block_dim = true }, where,
+    function(d, o)
+      if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
+      per_role(d.power_2_scale, o.power_2_scale, where, "power_2_scale", bool)
+      per_role(d.amax_epsilon, o.amax_epsilon, where, "amax_epsilon", tonumber)
+      per_role(d.block_dim, o.block_dim, where, "block_dim", tonumber)
+    end)
+end
+
+function M.custom(opts)
+  local where = "lutra.recipe.custom"
+  return make(C.lutra_recipe_custom, "lutra_custom_desc", C.lutra_custom_defaults, opts,
+    { input = true, weight = true, grad_output = true, margin = true, amax_history_len = true,
+      amax_compute_algo = true, reduce_amax = true }, where, function(d, o)
+      for i, role in ipairs(core.role_list) do
+        local r = o[role]
+        if r ~= nil then
+          core.check_options(r, { kind = true, format = true, power_2_scale = true,
+                                  amax_epsilon = true }, where .. " " .. role)
+          if r.kind ~= nil then d.kind[i - 1] = core.code(quant_kinds, r.kind, "kind", where) end
+          if r.format ~= nil then d.format[i - 1] = core.code(fp8_dtypes, r.format, "format", where) end
+          if r.power_2_scale ~= nil then d.power_2_scale[i - 1] = bool(r.power_2_scale) end
+          if r.amax_epsilon ~= nil then d.amax_epsilon[i - 1] = r.amax_epsilon end
+        end
+      end
+      if o.margin ~= nil then d.margin = o.margin end
+      if o.amax_history_len ~= nil then d.amax_history_len = o.amax_history_len end
+      if o.amax_compute_algo ~= nil then
+        d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
+      end
+      if o.reduce_amax ~= nil then d.reduce_amax = bool(o.reduce_amax) end
+    end)
+end
+
+-- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
+function M.named(name, opts)
+  if name == nil or name == "none" then return nil end
+  local ctor = M[name]
+  if type(ctor) ~= "function" or name == "named" then
+    error("lutra.recipe.named: unknown recipe '" .. tostring(name) ..
+          "' (expected none, delayed, current, mxfp8, block or custom)", 2)
+  end
+  return ctor(opts)
+end
+
+function Recipe:kind()
+  check(C.lutra_recipe_kind(self, core.int_box))
+  return kind_names[core.int_box[0]]
+end
+
+local key_box = ffi.new("uint64_t[1]")
+function Recipe:key()
+  check(C.lutra_recipe_key(self, key_box))
+  return key_box[0]
+end
+
+local quant_kind_names = {}
+for k, v in pairs(quant_kinds) do quant_kind_names[tonumber(v)] = k end
+
+-- What the recipe does with a role: quantizer kind name and FP8 dtype name.
+function Recipe:role(role)
+  local r = core.code(core.roles, role, "role", "recipe:role")
+  check(C.lutra_recipe_role(self, r, core.int_box, core.int_box + 1))
+  local dtype_names = require("lutra.tensor").dtype_names
+  return quant_kind_names[core.int_box[0]], dtype_names[core.int_box[1]]
+end
+
+function Recipe:free() check(C.lutra_recipe_release(self)) end
+
+ffi.metatype("struct lutra_recipe", { __index = Recipe,
+  __tostring = function(r) return "lutra.recipe(" .. r:kind() .. ")" end })
+
+return M
