@@ -80,6 +80,18 @@ function M.device(value, where)
   return M.code(M.devices, value, "device", where)
 end
 
+-- Wall-clock seconds (CLOCK_MONOTONIC) for progress lines and benchmarks: os.clock counts CPU
+-- time of all threads, which BLAS threads inflate.
+ffi.cdef [[
+struct lutra_timespec { long tv_sec; long tv_nsec; };
+int clock_gettime(int clk_id, struct lutra_timespec *tp);
+]]
+local timespec = ffi.new("struct lutra_timespec")
+function M.now()
+  ffi.C.clock_gettime(1, timespec)
+  return tonumber(timespec.tv_sec) + tonumber(timespec.tv_nsec) * 1e-9
+end
+
 M.tensor_box = ffi.new("lutra_tensor*[1]")
 M.float_box = ffi.new("float[2]")
 M.int_box = ffi.new("int[3]")

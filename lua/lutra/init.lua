@@ -19,6 +19,7 @@ local M = {
   nn = require("lutra.nn"),
   optim = require("lutra.optim"),
   default_device = core.default_device_name,
+  now = core.now, -- monotonic wall clock in seconds
 }
 
 -- D = op(B) @ op(A) (+ bias) (+ D): TransformerEngine's layout naming, see lutra.h.

@@ -1,0 +1,104 @@
+-- Trains a 4-layer MLP on a generated task with the FP8 recipe of your choice.
+--   luajit examples/train_mlp.lua [--recipe none|delayed|current|mxfp8|block]
+--          [--task regression|classification] [--steps 300] [--batch 128] [--hidden 256]
+--          [--lr 0.003] [--dtype f32|bf16] [--device cpu|cuda] [--every 50]
+-- The task: targets come from a fixed random "teacher" MLP, so the student can fit them.
+local lutra = require("lutra")
+local nn = lutra.nn
+
+local function parse(argv)
+  local o = { recipe = "delayed", task = "regression", steps = 300, batch = 128, hidden = 256,
+              lr = 3e-3, dtype = "f32", device = lutra.default_device, every = 50 }
+  local i = 1
+  while i <= #argv do
+    local key = argv[i]:match("^%-%-(.+)$")
+    if not key or o[key] == nil or argv[i + 1] == nil then
+      io.stderr:write("usage: train_mlp.lua [--recipe R] [--task T] [--steps N] [--batch N] ",
+                      "[--hidden N] [--lr X] [--dtype f32|bf16] [--device cpu|cuda] [--every N]\n")
+      os.exit(2)
+    end
+    local v = argv[i + 1]
+    o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
+    i = i + 2
+  end
+  return o
+end
+
+local opt = parse(arg)
+local features, classes = 64, 32
+local out_features = opt.task == "classification" and classes or 32
+
+local function mlp(seed, dtype)
+  local h = opt.hidden
+  return nn.Sequential(
+    nn.Linear(features, h, { seed = seed, dtype = dtype, device = opt.device }), nn.GELU(),
+    nn.Linear(h, h, { seed = seed + 1, dtype = dtype, device = opt.device }), nn.GELU(),
+    nn.Linear(h, h, { seed = seed + 2, dtype = dtype, device = opt.device }), nn.GELU(),
+    nn.Linear(h, out_features, { seed = seed + 3, dtype = dtype, device = opt.device }))
+end
+
+-- data: inputs x, and the teacher's outputs as targets (argmax for classification)
+local x = lutra.tensor({ opt.batch, features }, opt.dtype, opt.device):randn(42)
+local teacher = mlp(1000, opt.dtype)
+local teacher_out = lutra.tensor({ opt.batch, out_features }, opt.dtype, opt.device)
+  :copy(teacher:forward(x))
+local target, loss
+if opt.task == "classification" then
+  local values, labels = teacher_out:to_table(), {}
+  for r = 0, opt.batch - 1 do
+    local best = 1
+    for c = 2, classes do
+      if values[r * classes + c] > values[r * classes + best] then best = c end
+    end
+    labels[r + 1] = best - 1
+  end
+  target = lutra.from_table(labels, { opt.batch }, "i32", opt.device)
+  loss = nn.CrossEntropyLoss()
+elseif opt.task == "regression" then
+  -- normalize the teacher's outputs to zero mean and unit variance: a loss of 1 is "knows nothing"
+  local values, sum, sq = teacher_out:to_table(), 0, 0
+  for _, v in ipairs(values) do sum, sq = sum + v, sq + v * v end
+  local mean = sum / #values
+  local std = math.sqrt(math.max(sq / #values - mean * mean, 1e-12))
+  for i, v in ipairs(values) do values[i] = (v - mean) / std end
+  target = lutra.from_table(values, { opt.batch, out_features }, opt.dtype, opt.device)
+  loss = nn.MSELoss()
+else
+  error("--task must be regression or classification")
+end
+
+local net = mlp(1, opt.dtype)
+local optimizer = lutra.optim.AdamW(net, { lr = opt.lr, weight_decay = 0 })
+local recipe = lutra.recipe.named(opt.recipe, opt.recipe == "delayed" and { amax_history_len = 16 } or nil)
+local fp8 = lutra.autocast { recipe = recipe }
+
+print(string.format("lutra %s: %s, recipe %s, %d steps, batch %d, hidden %d, %s on %s",
+                    lutra.version(), opt.task, opt.recipe, opt.steps, opt.batch, opt.hidden,
+                    opt.dtype, opt.device))
+local first, last
+local clock = lutra.now
+local window_start, window_steps = clock(), 0
+for step = 1, opt.steps do
+  fp8:enter()
+  local y = net:forward(x)
+  fp8:exit()
+  loss:forward(y, target)
+  net:backward(loss:backward())
+  optimizer:step()
+  window_steps = window_steps + 1
+  if step == 1 or step % opt.every == 0 or step == opt.steps then
+    last = loss:value()
+    first = first or last
+    local now = clock()
+    print(string.format("step %5d  loss %.6f  %.1f steps/s", step, last,
+                        window_steps / math.max(now - window_start, 1e-9)))
+    window_start, window_steps = now, 0
+  end
+end
+
+local ratio = last / first
+print(string.format("final loss %.6f = %.4f x the first (%.6f)", last, ratio, first))
+if not (ratio < 0.1) then
+  io.stderr:write("training did not converge: the final loss is not below 0.1 x the first\n")
+  os.exit(1)
+end
