@@ -19,7 +19,7 @@ SRC  = $(sort $(wildcard src/*.c src/cpu/*.c))
 OBJ  = $(SRC:%.c=build/%.o)
 LIB  = liblutra.so
 CDEF = lua/lutra/cdef.lua
-LUA_FILES = $(sort $(wildcard lua/lutra/*.lua))
+LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;"
 
 .PHONY: all test run bench install clean format
