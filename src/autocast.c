@@ -40,9 +40,13 @@ typedef struct thread_state {
 
 static _Thread_local thread_state tls;
 
-const lutra_tls_state *lutra_autocast_current(void) { return &tls.st; }
+const lutra_tls_state *lutra_autocast_current(void) {
+  return &tls.st;
+}
 
-static uint64_t new_epoch(void) { return ++tls.next_epoch; }
+static uint64_t new_epoch(void) {
+  return ++tls.next_epoch;
+}
 
 static void ensure_epochs(void) {
   if (!tls.fwd.epoch) tls.fwd.epoch = new_epoch();
@@ -95,7 +99,9 @@ bool lutra_autocast_claim_backward_trigger(void) {
   return true;
 }
 
-int lutra_autocast_backward_done(const char *fn) { return flush(&tls.bwd, fn); }
+int lutra_autocast_backward_done(const char *fn) {
+  return flush(&tls.bwd, fn);
+}
 
 static void forget_in(meta_list *l, lutra_scale_meta *m) {
   for (int i = 0; i < l->count; i++)
@@ -136,7 +142,8 @@ int lutra_autocast_free(lutra_autocast *a) {
   if (a->active) {
     /* still entered: keep it (the thread state points at it); release marks it instead */
     a->obj.flags |= LUTRA_OBJ_FREED;
-    return lutra_error(LUTRA_ESTATE, "lutra_autocast_free", "scope is still entered; exit it first");
+    return lutra_error(LUTRA_ESTATE, "lutra_autocast_free",
+                       "scope is still entered; exit it first");
   }
   if (a->recipe) lutra_recipe_free(a->recipe);
   free(a);

@@ -16,17 +16,26 @@ int lutra_error(int status, const char *fn, const char *fmt, ...) {
   return status;
 }
 
-const char *lutra_last_error(void) { return last_error; }
+const char *lutra_last_error(void) {
+  return last_error;
+}
 
 const char *lutra_status_name(int status) {
   switch (status) {
-  case LUTRA_OK: return "ok";
-  case LUTRA_EINVAL: return "invalid argument";
-  case LUTRA_ESTATE: return "invalid state";
-  case LUTRA_ENOMEM: return "out of memory";
-  case LUTRA_EUNSUPPORTED: return "unsupported";
-  case LUTRA_EBACKEND: return "backend failure";
-  default: return "unknown status";
+  case LUTRA_OK:
+    return "ok";
+  case LUTRA_EINVAL:
+    return "invalid argument";
+  case LUTRA_ESTATE:
+    return "invalid state";
+  case LUTRA_ENOMEM:
+    return "out of memory";
+  case LUTRA_EUNSUPPORTED:
+    return "unsupported";
+  case LUTRA_EBACKEND:
+    return "backend failure";
+  default:
+    return "unknown status";
   }
 }
 

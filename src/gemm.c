@@ -27,7 +27,8 @@ static _Thread_local workspace workspaces[NUM_DEVICES];
 static uint64_t key_hash(const lutra_gemm_key *k) {
   const unsigned char *b = (const unsigned char *)k;
   uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < sizeof *k; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  for (size_t i = 0; i < sizeof *k; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -42,7 +43,8 @@ static lutra_gemm_plan *cache_find(const plan_cache *c, const lutra_gemm_key *k,
 
 static void cache_put(plan_cache *c, lutra_gemm_plan *p) {
   int i = (int)(key_hash(&p->key) & (uint64_t)(c->cap - 1));
-  while (c->slots[i]) i = (i + 1) & (c->cap - 1);
+  while (c->slots[i])
+    i = (i + 1) & (c->cap - 1);
   c->slots[i] = p;
   c->count++;
 }

@@ -32,7 +32,9 @@ typedef struct linear {
 
 static const lutra_module_ops linear_ops;
 
-static linear *as_linear(lutra_module *m) { return (linear *)m; }
+static linear *as_linear(lutra_module *m) {
+  return (linear *)m;
+}
 
 static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
@@ -142,8 +144,8 @@ static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_micr
   l->x = x;
   l->forward_fp8 = fp8;
   l->forward_done = true;
-  l->backward_trigger = (fp8 || calibrate) && uses_delayed(r) &&
-                        lutra_autocast_claim_backward_trigger();
+  l->backward_trigger =
+      (fp8 || calibrate) && uses_delayed(r) && lutra_autocast_claim_backward_trigger();
   *y = l->y;
   return LUTRA_OK;
 }
@@ -156,8 +158,8 @@ static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor
             lutra_dtype_name(dy->dtype), lutra_dtype_name(l->dtype));
   CHECK_ARG(lutra_same_shape(dy, l->y), "grad_output shape does not match the forward output");
   CHECK_ARG(dy->device == l->device, "grad_output is on another device than the module");
-  TRY(lutra_tensor_ensure(&l->dx, l->dtype, LUTRA_SCALING_NONE, l->x->ndim, l->x->shape,
-                          l->device, true, false, fn));
+  TRY(lutra_tensor_ensure(&l->dx, l->dtype, LUTRA_SCALING_NONE, l->x->ndim, l->x->shape, l->device,
+                          true, false, fn));
   lutra_tensor *wgrad_out = l->accumulate_main_grad ? l->weight_main_grad : l->wgrad;
   int accumulate = l->accumulate_main_grad;
   lutra_quantizer *qg = l->q[LUTRA_ROLE_GRAD_OUTPUT];
@@ -202,9 +204,10 @@ static int linear_param(const lutra_module *m, int i, lutra_param *out) {
 static void linear_release(lutra_module *m) {
   linear *l = as_linear(m);
   free_quantizers(l->q);
-  lutra_tensor *owned[] = {l->weight, l->bias, l->wgrad, l->bgrad, l->weight_main_grad,
-                           l->bias_main_grad, l->y, l->dx};
-  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) lutra_tensor_destroy(owned[i]);
+  lutra_tensor *owned[] = {l->weight,           l->bias,           l->wgrad, l->bgrad,
+                           l->weight_main_grad, l->bias_main_grad, l->y,     l->dx};
+  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
+    lutra_tensor_destroy(owned[i]);
   l->weight = l->bias = l->wgrad = l->bgrad = NULL;
   l->weight_main_grad = l->bias_main_grad = l->y = l->dx = NULL;
 }

@@ -81,11 +81,10 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   TRY(lutra_tensor_ensure(&l->dpred, pred->dtype, LUTRA_SCALING_NONE, pred->ndim, pred->shape,
                           pred->device, true, false, fn));
   if (l->kind == LUTRA_LOSS_MSE)
-    TRY(be->mse(pred->data, target->data, pred->dtype, pred->numel, l->loss->data,
-                l->dpred->data));
+    TRY(be->mse(pred->data, target->data, pred->dtype, pred->numel, l->loss->data, l->dpred->data));
   else
-    TRY(be->softmax_xent(pred->data, pred->dtype, target->data, lutra_rows(pred),
-                         lutra_cols(pred), l->loss->data, l->dpred->data));
+    TRY(be->softmax_xent(pred->data, pred->dtype, target->data, lutra_rows(pred), lutra_cols(pred),
+                         l->loss->data, l->dpred->data));
   l->forward_done = true;
   *loss = l->loss;
   return LUTRA_OK;

@@ -100,10 +100,10 @@ LUTRA_API int lutra_version(int *major, int *minor, int *patch);
 LUTRA_API int lutra_device_available(int device); /* 1 when the backend can run here */
 
 /* ---- scalar conversions (bit-exact; the reference for every backend) ----------------- */
-LUTRA_API float lutra_decode(int dtype, uint32_t bits);      /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */
-LUTRA_API uint32_t lutra_encode(int dtype, float value);     /* f32 -> bits, RNE, FP8 saturating */
-LUTRA_API float lutra_dtype_max(int dtype);                  /* largest finite value */
-LUTRA_API size_t lutra_dtype_size(int dtype);                /* bytes per element, 0 if unknown */
+LUTRA_API float lutra_decode(int dtype, uint32_t bits);  /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */
+LUTRA_API uint32_t lutra_encode(int dtype, float value); /* f32 -> bits, RNE, FP8 saturating */
+LUTRA_API float lutra_dtype_max(int dtype);              /* largest finite value */
+LUTRA_API size_t lutra_dtype_size(int dtype);            /* bytes per element, 0 if unknown */
 LUTRA_API const char *lutra_dtype_name(int dtype);
 
 /* ---- tensors ---------------------------------------------------------------------------- */
@@ -139,7 +139,12 @@ enum {
   LUTRA_RECIPE_CUSTOM = 4
 };
 /* Tensor roles a recipe quantizes. */
-enum { LUTRA_ROLE_INPUT = 0, LUTRA_ROLE_WEIGHT = 1, LUTRA_ROLE_GRAD_OUTPUT = 2, LUTRA_NUM_ROLES = 3 };
+enum {
+  LUTRA_ROLE_INPUT = 0,
+  LUTRA_ROLE_WEIGHT = 1,
+  LUTRA_ROLE_GRAD_OUTPUT = 2,
+  LUTRA_NUM_ROLES = 3
+};
 /* Quantizer kinds a custom recipe may name per role. */
 enum {
   LUTRA_QUANT_NONE = 0, /* keep this role in high precision */
@@ -161,9 +166,9 @@ typedef struct lutra_delayed_desc {
 
 /* Float8CurrentScaling: per-tensor scale from the tensor's own amax. */
 typedef struct lutra_current_desc {
-  int32_t fp8_format;            /* HYBRID (default) or E4M3 */
-  int32_t power_2_scale[3];      /* per role, default 0 */
-  float amax_epsilon[3];         /* per role, default 0 */
+  int32_t fp8_format;       /* HYBRID (default) or E4M3 */
+  int32_t power_2_scale[3]; /* per role, default 0 */
+  float amax_epsilon[3];    /* per role, default 0 */
 } lutra_current_desc;
 
 /* MXFP8BlockScaling: 1x32 blocks, E8M0 scales rounded up. */
@@ -267,11 +272,11 @@ enum { LUTRA_FIRST_MICROBATCH_NONE = -1 };
 typedef struct lutra_linear_desc {
   int64_t in_features;
   int64_t out_features;
-  int32_t bias;                    /* default 1 */
-  int32_t dtype;                   /* parameter and activation dtype: F32 (default) or BF16 */
-  int32_t device;                  /* LUTRA_CPU (default) */
-  int32_t accumulate_main_grad;    /* wgrad accumulates into an f32 main_grad buffer */
-  uint64_t seed;                   /* weight init: uniform(-1/sqrt(in), 1/sqrt(in)) */
+  int32_t bias;                 /* default 1 */
+  int32_t dtype;                /* parameter and activation dtype: F32 (default) or BF16 */
+  int32_t device;               /* LUTRA_CPU (default) */
+  int32_t accumulate_main_grad; /* wgrad accumulates into an f32 main_grad buffer */
+  uint64_t seed;                /* weight init: uniform(-1/sqrt(in), 1/sqrt(in)) */
 } lutra_linear_desc;
 
 LUTRA_API void lutra_linear_defaults(lutra_linear_desc *d);
@@ -307,8 +312,8 @@ LUTRA_API int lutra_loss_free(lutra_loss *l);
 LUTRA_API int lutra_loss_release(lutra_loss *l);
 /* MSE: target has pred's shape. Softmax cross-entropy: pred [N, C], target I32 labels [N].
  * The loss is a mean over rows (MSE: over all elements), written to a 1-element f32 tensor. */
-LUTRA_API int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tensor *target,
-                                 lutra_tensor **loss);
+LUTRA_API int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred,
+                                 const lutra_tensor *target, lutra_tensor **loss);
 LUTRA_API int lutra_loss_backward(lutra_loss *l, lutra_tensor **dpred);
 LUTRA_API int lutra_loss_value(const lutra_loss *l, float *value); /* host copy of the loss */
 

@@ -3,7 +3,9 @@
 
 #include <stdlib.h>
 
-void lutra_module_retain(lutra_module *m) { m->obj.refs++; }
+void lutra_module_retain(lutra_module *m) {
+  m->obj.refs++;
+}
 
 int lutra_module_free(lutra_module *m) {
   if (!m) return LUTRA_OK;

@@ -41,7 +41,8 @@ static int check_desc(const lutra_optim_desc *d, const char *fn) {
 }
 
 static void optim_buffers_free(lutra_optim *o) {
-  for (int i = 0; i < o->nbuffers; i++) o->be->free(o->buffers[i]);
+  for (int i = 0; i < o->nbuffers; i++)
+    o->be->free(o->buffers[i]);
   free(o->buffers);
   free(o->args.value);
   free(o->args.value_dtype);
@@ -96,7 +97,8 @@ static int gather(lutra_optim *o, int count, const char *fn) {
     a->grad[i] = g->data;
     a->grad_dtype[i] = g->dtype;
     a->numel[i] = p.value->numel;
-    if (p.value->dtype != LUTRA_F32) TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
+    if (p.value->dtype != LUTRA_F32)
+      TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
     if (adamw || o->desc.momentum != 0) TRY(state_buffer(o, p.value->numel, NULL, &a->m[i], fn));
     if (adamw) TRY(state_buffer(o, p.value->numel, NULL, &a->v[i], fn));
   }

@@ -21,11 +21,16 @@ struct lutra_quantizer {
 static int scaling_of(int kind) {
   switch (kind) {
   case LUTRA_QUANT_DELAYED:
-  case LUTRA_QUANT_CURRENT: return LUTRA_SCALING_TENSOR;
-  case LUTRA_QUANT_MXFP8: return LUTRA_SCALING_MXFP8;
-  case LUTRA_QUANT_BLOCK_1D: return LUTRA_SCALING_BLOCK_1D;
-  case LUTRA_QUANT_BLOCK_2D: return LUTRA_SCALING_BLOCK_2D;
-  default: return LUTRA_SCALING_NONE;
+  case LUTRA_QUANT_CURRENT:
+    return LUTRA_SCALING_TENSOR;
+  case LUTRA_QUANT_MXFP8:
+    return LUTRA_SCALING_MXFP8;
+  case LUTRA_QUANT_BLOCK_1D:
+    return LUTRA_SCALING_BLOCK_1D;
+  case LUTRA_QUANT_BLOCK_2D:
+    return LUTRA_SCALING_BLOCK_2D;
+  default:
+    return LUTRA_SCALING_NONE;
   }
 }
 
@@ -52,7 +57,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   float *init = calloc(nfloats, sizeof(float));
   int st = init ? be->alloc(nfloats * sizeof(float), &q->state) : LUTRA_ENOMEM;
   if (st == LUTRA_OK) {
-    init[0] = 1.0f; /* scale */
+    init[0] = 1.0f;    /* scale */
     init[SLOT] = 1.0f; /* scale_inv */
     st = be->from_host(q->state, init, nfloats * sizeof(float));
   }
@@ -138,8 +143,12 @@ int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_am
     o->amax = q->amax;
     TRY(be->cast(&a));
     break;
-  case LUTRA_QUANT_MXFP8: TRY(be->quantize_mxfp8(&a)); break;
-  default: TRY(be->quantize_block(&a)); break;
+  case LUTRA_QUANT_MXFP8:
+    TRY(be->quantize_mxfp8(&a));
+    break;
+  default:
+    TRY(be->quantize_block(&a));
+    break;
   }
   *out = o;
   return LUTRA_OK;

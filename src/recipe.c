@@ -32,7 +32,8 @@ void lutra_block_defaults(lutra_block_desc *d) {
   if (!d) return;
   memset(d, 0, sizeof *d);
   d->fp8_format = LUTRA_FORMAT_E4M3;
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) d->power_2_scale[i] = 1;
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    d->power_2_scale[i] = 1;
   d->block_dim[LUTRA_ROLE_INPUT] = 1;
   d->block_dim[LUTRA_ROLE_WEIGHT] = 2;
   d->block_dim[LUTRA_ROLE_GRAD_OUTPUT] = 1;
@@ -83,7 +84,8 @@ static int check_epsilon(const float eps[LUTRA_NUM_ROLES], const char *fn) {
 
 static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
   const unsigned char *b = p;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
   return h;
 }
 
@@ -194,8 +196,8 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
   r.reduce_amax = d->reduce_amax != 0;
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     int k = d->kind[i];
-    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_BLOCK_2D, "unknown quantizer kind %d for %s",
-              k, role_names[i]);
+    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_BLOCK_2D,
+              "unknown quantizer kind %d for %s", k, role_names[i]);
     CHECK_ARG(k == LUTRA_QUANT_NONE || d->format[i] == LUTRA_E4M3 || d->format[i] == LUTRA_E5M2,
               "format for %s must be e4m3 or e5m2", role_names[i]);
     if (k == LUTRA_QUANT_DELAYED)

@@ -39,7 +39,8 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
 static int seq_num_params(const lutra_module *m) {
   const sequential *s = (const sequential *)m;
   int n = 0;
-  for (int i = 0; i < s->count; i++) n += s->mods[i]->ops->num_params(s->mods[i]);
+  for (int i = 0; i < s->count; i++)
+    n += s->mods[i]->ops->num_params(s->mods[i]);
   return n;
 }
 
@@ -55,7 +56,8 @@ static int seq_param(const lutra_module *m, int i, lutra_param *out) {
 
 static void seq_release(lutra_module *m) {
   sequential *s = (sequential *)m;
-  for (int i = 0; i < s->count; i++) lutra_module_free(s->mods[i]);
+  for (int i = 0; i < s->count; i++)
+    lutra_module_free(s->mods[i]);
   free(s->mods);
   s->mods = NULL;
   s->count = 0;
@@ -88,7 +90,8 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   }
   memcpy(copy, mods, (size_t)n * sizeof *copy);
-  for (int i = 0; i < n; i++) lutra_module_retain(copy[i]);
+  for (int i = 0; i < n; i++)
+    lutra_module_retain(copy[i]);
   s->base.obj.magic = LUTRA_MAGIC_MODULE;
   s->base.obj.refs = 1;
   s->base.ops = &seq_ops;

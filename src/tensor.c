@@ -8,7 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t scale_elem_size(int scaling) { return scaling == LUTRA_SCALING_MXFP8 ? 1 : 4; }
+static size_t scale_elem_size(int scaling) {
+  return scaling == LUTRA_SCALING_MXFP8 ? 1 : 4;
+}
 
 int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwise) {
   if (columnwise) {
@@ -17,11 +19,16 @@ int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwi
     cols = t;
   }
   switch (scaling) {
-  case LUTRA_SCALING_TENSOR: return 1;
-  case LUTRA_SCALING_MXFP8: return rows * ((cols + 31) / 32);
-  case LUTRA_SCALING_BLOCK_1D: return rows * ((cols + 127) / 128);
-  case LUTRA_SCALING_BLOCK_2D: return ((rows + 127) / 128) * ((cols + 127) / 128);
-  default: return 0;
+  case LUTRA_SCALING_TENSOR:
+    return 1;
+  case LUTRA_SCALING_MXFP8:
+    return rows * ((cols + 31) / 32);
+  case LUTRA_SCALING_BLOCK_1D:
+    return rows * ((cols + 127) / 128);
+  case LUTRA_SCALING_BLOCK_2D:
+    return ((rows + 127) / 128) * ((cols + 127) / 128);
+  default:
+    return 0;
   }
 }
 
@@ -76,8 +83,7 @@ int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, in
   if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && rowwise)
     st = be->alloc((size_t)lutra_scale_count(scaling, rows, cols, false) * ssize, &t->scale_inv);
   if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && columnwise)
-    st = be->alloc((size_t)lutra_scale_count(scaling, rows, cols, true) * ssize,
-                   &t->col_scale_inv);
+    st = be->alloc((size_t)lutra_scale_count(scaling, rows, cols, true) * ssize, &t->col_scale_inv);
   if (st != LUTRA_OK) {
     lutra_tensor_destroy(t);
     return lutra_error(st, fn, "cannot allocate %lld elements of %s", (long long)numel,
@@ -230,7 +236,8 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
       if (st == LUTRA_OK) st = be->to_host(host, tmp.data, (size_t)n * 4);
       int64_t rows = lutra_rows(t), cols = lutra_cols(t);
       for (int64_t r = 0; st == LUTRA_OK && r < rows; r++)
-        for (int64_t c = 0; c < cols; c++) dst[r * cols + c] = host[c * rows + r];
+        for (int64_t c = 0; c < cols; c++)
+          dst[r * cols + c] = host[c * rows + r];
       free(host);
     } else if (st == LUTRA_OK) {
       st = be->to_host(dst, tmp.data, (size_t)n * 4);
@@ -281,9 +288,12 @@ static uint64_t splitmix64(uint64_t *x) {
   return z ^ (z >> 31);
 }
 static void rng_seed(rng *r, uint64_t seed) {
-  for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+  for (int i = 0; i < 4; i++)
+    r->s[i] = splitmix64(&seed);
 }
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
 static uint64_t rng_next(rng *r) {
   uint64_t *s = r->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
   s[2] ^= s[0];
@@ -294,7 +304,9 @@ static uint64_t rng_next(rng *r) {
   s[3] = rotl(s[3], 45);
   return result;
 }
-static double rng_unit(rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; } /* [0,1) */
+static double rng_unit(rng *r) {
+  return (double)(rng_next(r) >> 11) * 0x1.0p-53;
+} /* [0,1) */
 
 static int fill_random(lutra_tensor *t, uint64_t seed, float a, float b, bool normal,
                        const char *fn) {

@@ -16,8 +16,8 @@
 enum { WS_ALIGN = 64 };
 
 static bool operand_dtype_ok(int dtype) {
-  return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16 ||
-         dtype == LUTRA_E4M3 || dtype == LUTRA_E5M2;
+  return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16 || dtype == LUTRA_E4M3 ||
+         dtype == LUTRA_E5M2;
 }
 
 static bool float_dtype_ok(int dtype) {
@@ -39,8 +39,8 @@ static bool f32_region(int64_t rows, int64_t cols, size_t *bytes) {
 }
 
 /* Workspace bytes for a GEMM of this shape and these dtypes; false on overflow. */
-static bool workspace_need(int64_t m, int64_t n, int64_t k, int a_dtype, int b_dtype,
-                           int d_dtype, size_t *need) {
+static bool workspace_need(int64_t m, int64_t n, int64_t k, int a_dtype, int b_dtype, int d_dtype,
+                           size_t *need) {
   size_t a = 0, b = 0, d = 0;
   if (a_dtype != LUTRA_F32 && !f32_region(k, n, &a)) return false;
   if (b_dtype != LUTRA_F32 && !f32_region(m, k, &b)) return false;
@@ -67,8 +67,7 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p) {
             "unsupported bias dtype %d (expected F32, BF16, F16, or -1 for no bias)",
             (int)key->bias_dtype);
   size_t need;
-  CHECK_ARG(workspace_need(key->m, key->n, key->k, key->a_dtype, key->b_dtype, key->d_dtype,
-                           &need),
+  CHECK_ARG(workspace_need(key->m, key->n, key->k, key->a_dtype, key->b_dtype, key->d_dtype, &need),
             "workspace size overflows for m=%lld, n=%lld, k=%lld", (long long)key->m,
             (long long)key->n, (long long)key->k);
   p->workspace_bytes = need;
@@ -89,11 +88,12 @@ static int check_operand(const lutra_gemm_operand *x, const char *name, int64_t 
                        (int)x->dtype, name);
   int64_t r = x->trans ? x->cols : x->rows, c = x->trans ? x->rows : x->cols;
   if (r != want_r || c != want_c)
-    return lutra_error(LUTRA_EINVAL, fn,
-                       "operand %s is stored [%lld, %lld] with trans=%d, so op(%s) is [%lld, %lld]; "
-                       "expected [%lld, %lld]",
-                       name, (long long)x->rows, (long long)x->cols, (int)(x->trans != 0), name,
-                       (long long)r, (long long)c, (long long)want_r, (long long)want_c);
+    return lutra_error(
+        LUTRA_EINVAL, fn,
+        "operand %s is stored [%lld, %lld] with trans=%d, so op(%s) is [%lld, %lld]; "
+        "expected [%lld, %lld]",
+        name, (long long)x->rows, (long long)x->cols, (int)(x->trans != 0), name, (long long)r,
+        (long long)c, (long long)want_r, (long long)want_c);
   if (x->rows > 0 && x->cols > 0 && x->data == NULL)
     return lutra_error(LUTRA_EINVAL, fn, "operand %s has no data", name);
   if ((x->dtype == LUTRA_E4M3 || x->dtype == LUTRA_E5M2) && x->rows > 0 && x->cols > 0) {
@@ -125,7 +125,8 @@ static int upcast(const lutra_gemm_operand *x, float *dst, const float **out) {
     d.out_dtype = LUTRA_F32;
     TRY(lutra_cpu_dequantize(&d));
   } else {
-    for (int64_t i = 0; i < count; i++) dst[i] = lutra_cpu_load(x->data, x->dtype, i);
+    for (int64_t i = 0; i < count; i++)
+      dst[i] = lutra_cpu_load(x->data, x->dtype, i);
   }
   *out = dst;
   return LUTRA_OK;
@@ -161,8 +162,8 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
                   key->b_dtype == g->b.dtype && key->d_dtype == g->d_dtype,
               "plan (m=%lld, n=%lld, k=%lld) does not match the arguments (m=%lld, n=%lld, "
               "k=%lld) or their dtypes",
-              (long long)key->m, (long long)key->n, (long long)key->k, (long long)m,
-              (long long)n, (long long)k);
+              (long long)key->m, (long long)key->n, (long long)key->k, (long long)m, (long long)n,
+              (long long)k);
     if (g->plan->workspace_bytes > need) need = g->plan->workspace_bytes;
   }
   CHECK_ARG(g->workspace_bytes >= need, "workspace of %zu bytes is smaller than the %zu needed",
@@ -199,7 +200,8 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
   float *df = g->d_dtype == LUTRA_F32 ? (float *)g->d : d_ws;
   const int64_t mn = m * n;
   if (g->accumulate && g->d_dtype != LUTRA_F32)
-    for (int64_t i = 0; i < mn; i++) df[i] = lutra_cpu_load(g->d, g->d_dtype, i);
+    for (int64_t i = 0; i < mn; i++)
+      df[i] = lutra_cpu_load(g->d, g->d_dtype, i);
 
   if (k > 0) {
     const int lda = g->a.cols > 1 ? (int)g->a.cols : 1;
@@ -208,17 +210,20 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
                 g->a.trans ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, bf, ldb, af,
                 lda, g->accumulate ? 1.0f : 0.0f, df, (int)n);
   } else if (!g->accumulate) {
-    for (int64_t i = 0; i < mn; i++) df[i] = 0.0f;
+    for (int64_t i = 0; i < mn; i++)
+      df[i] = 0.0f;
   }
 
   if (g->bias) {
     for (int64_t i = 0; i < m; i++) {
       float *row = df + i * n;
-      for (int64_t j = 0; j < n; j++) row[j] += lutra_cpu_load(g->bias, g->bias_dtype, j);
+      for (int64_t j = 0; j < n; j++)
+        row[j] += lutra_cpu_load(g->bias, g->bias_dtype, j);
     }
   }
 
   if (g->d_dtype != LUTRA_F32)
-    for (int64_t i = 0; i < mn; i++) lutra_cpu_store(g->d, g->d_dtype, i, df[i]);
+    for (int64_t i = 0; i < mn; i++)
+      lutra_cpu_store(g->d, g->d_dtype, i, df[i]);
   return LUTRA_OK;
 }

@@ -13,7 +13,9 @@ int lutra_cpu_alloc(size_t bytes, void **out) {
   return LUTRA_OK;
 }
 
-void lutra_cpu_free(void *p) { free(p); }
+void lutra_cpu_free(void *p) {
+  free(p);
+}
 
 int lutra_cpu_memcpy(void *dst, const void *src, size_t bytes) {
   if (bytes) memmove(dst, src, bytes);

@@ -23,7 +23,9 @@ static inline float gelu_exp(float x) {
   return expf(-2.0f * GELU_C * (x + GELU_A * x * x * x));
 }
 
-static inline float gelu(float x) { return x / (1.0f + gelu_exp(x)); }
+static inline float gelu(float x) {
+  return x / (1.0f + gelu_exp(x));
+}
 
 /* d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3), t = tanh(u):
  *   0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
@@ -42,7 +44,8 @@ int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n) {
   CHECK_DTYPE(dtype, "tensor");
   CHECK_ARG(n >= 0, "negative element count %lld", (long long)n);
   CHECK_ARG(n == 0 || (x && y), "x and y must not be NULL");
-  for (int64_t i = 0; i < n; i++) lutra_cpu_store(y, dtype, i, gelu(lutra_cpu_load(x, dtype, i)));
+  for (int64_t i = 0; i < n; i++)
+    lutra_cpu_store(y, dtype, i, gelu(lutra_cpu_load(x, dtype, i)));
   return LUTRA_OK;
 }
 
@@ -75,12 +78,15 @@ int lutra_cpu_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, v
   double acc[BIAS_CHUNK];
   for (int64_t c0 = 0; c0 < cols; c0 += BIAS_CHUNK) {
     int64_t w = cols - c0 < BIAS_CHUNK ? cols - c0 : BIAS_CHUNK;
-    for (int64_t j = 0; j < w; j++) acc[j] = accumulate ? lutra_cpu_load(db, db_dtype, c0 + j) : 0.0;
+    for (int64_t j = 0; j < w; j++)
+      acc[j] = accumulate ? lutra_cpu_load(db, db_dtype, c0 + j) : 0.0;
     for (int64_t r = 0; r < rows; r++) {
       int64_t base = r * cols + c0;
-      for (int64_t j = 0; j < w; j++) acc[j] += lutra_cpu_load(dy, dtype, base + j);
+      for (int64_t j = 0; j < w; j++)
+        acc[j] += lutra_cpu_load(dy, dtype, base + j);
     }
-    for (int64_t j = 0; j < w; j++) lutra_cpu_store(db, db_dtype, c0 + j, (float)acc[j]);
+    for (int64_t j = 0; j < w; j++)
+      lutra_cpu_store(db, db_dtype, c0 + j, (float)acc[j]);
   }
   return LUTRA_OK;
 }
