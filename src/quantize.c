@@ -221,6 +221,11 @@ int lutra_quantizer_scale(const lutra_quantizer *q, float *scale, float *scale_i
   CHECK_ARG(q->spec.kind == LUTRA_QUANT_DELAYED || q->spec.kind == LUTRA_QUANT_CURRENT,
             "quantizer has per-block scales, not one scale");
   TRY(q->be->to_host(scale, q->meta.scale, sizeof(float)));
+  /* current scaling writes 1/scale only into each output tensor; the value is the same */
+  if (q->spec.kind == LUTRA_QUANT_CURRENT) {
+    *scale_inv = 1.0f / *scale;
+    return LUTRA_OK;
+  }
   return q->be->to_host(scale_inv, q->meta.scale_inv, sizeof(float));
 }
 

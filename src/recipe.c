@@ -154,7 +154,8 @@ int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out) {
   CHECK_ARG(d, "desc is NULL");
   int dt[LUTRA_NUM_ROLES];
   TRY(format_dtypes(d->fp8_format, dt, fn));
-  CHECK_ARG(d->margin >= 0, "margin must be >= 0 (got %d)", d->margin);
+  /* TE keeps the field but MXFP8 scales ignore it: refuse what would be silently dropped */
+  CHECK_ARG(d->margin == 0, "margin must be 0 for MXFP8 (got %d)", d->margin);
   lutra_recipe r;
   init(&r, LUTRA_RECIPE_MXFP8);
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {

@@ -3,6 +3,7 @@
 --   local y = net:forward(x)          -- output buffer owned by the module, reused
 --   local dx = net:backward(dy)
 -- Forward saves a reference to its input for backward: keep x alive and unchanged until then.
+-- Returned tensors belong to the module (or loss): keep it referenced while using them.
 local core = require("lutra.core")
 local ffi, C, check = core.ffi, core.C, core.check
 

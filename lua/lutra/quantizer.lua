@@ -3,6 +3,7 @@
 --   local q = lutra.quantizer(recipe, "input", {rowwise=true, columnwise=true})
 --   local xq = q:quantize(x)          -- FP8 tensor owned by q, reused while x's shape stays
 --   local scale, scale_inv = q:scale() -- delayed and current scaling
+-- The FP8 tensor belongs to q: keep q referenced while using it (the GC frees it with q).
 local core = require("lutra.core")
 local ffi, C, check = core.ffi, core.C, core.check
 
