@@ -30,6 +30,7 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   static const char fn[] = "lutra_gelu_backward";
   gelu *g = (gelu *)m;
   CHECK_STATE(g->x, "backward called before forward");
+  CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
   CHECK_ARG(lutra_same_shape(dy, g->y) && dy->dtype == g->y->dtype && dy->device == g->y->device,
             "grad_output does not match the forward output's shape, dtype or device");
   const lutra_backend *be = lutra_backend_get(dy->device, fn);

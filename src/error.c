@@ -3,6 +3,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[512];
 
@@ -18,6 +19,12 @@ int lutra_error(int status, const char *fn, const char *fmt, ...) {
 
 const char *lutra_last_error(void) {
   return last_error;
+}
+
+int lutra_error_wrap(int status, const char *fn) {
+  char inner[sizeof last_error];
+  memcpy(inner, last_error, sizeof inner);
+  return lutra_error(status, fn, "%s", inner);
 }
 
 const char *lutra_status_name(int status) {

@@ -64,6 +64,16 @@ static inline int64_t lutra_cols(const lutra_tensor *t) {
  * resized only when the shape changes. *t is replaced only on success. */
 int lutra_tensor_ensure(lutra_tensor **t, int dtype, int scaling, int ndim, const int64_t *shape,
                         int device, bool rowwise, bool columnwise, const char *fn);
+/* The same in two steps, for calls that must change nothing when a later step fails:
+ * prepare gives the current tensor when it fits, else a new one (the current one untouched);
+ * commit installs it (destroying the old), discard drops it. */
+int lutra_tensor_prepare(lutra_tensor *cur, int dtype, int scaling, int ndim, const int64_t *shape,
+                         int device, bool rowwise, bool columnwise, lutra_tensor **out,
+                         const char *fn);
+void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t);
+void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t);
+/* Re-raises the current error under the entry point fn: "fn: <the inner message>". */
+int lutra_error_wrap(int status, const char *fn);
 /* Allocates a tensor (FP8 ones with their scale arrays) with the given flags. */
 int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, int device,
                       bool rowwise, bool columnwise, uint32_t flags, lutra_tensor **out,

@@ -154,6 +154,7 @@ static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor
   static const char fn[] = "lutra_linear_backward";
   linear *l = as_linear(m);
   CHECK_STATE(l->forward_done, "backward called before forward");
+  CHECK_STATE(!(l->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
   CHECK_ARG(dy->dtype == l->dtype, "grad_output dtype %s does not match the module's %s",
             lutra_dtype_name(dy->dtype), lutra_dtype_name(l->dtype));
   CHECK_ARG(lutra_same_shape(dy, l->y), "grad_output shape does not match the forward output");

@@ -75,16 +75,30 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   TRY(check_target(l, pred, target, fn));
   const lutra_backend *be = lutra_backend_get(pred->device, fn);
   if (!be) return LUTRA_EUNSUPPORTED;
+  /* new buffers (a new shape) are installed only once the backend has accepted the call */
   int64_t one = 1;
-  TRY(lutra_tensor_ensure(&l->loss, LUTRA_F32, LUTRA_SCALING_NONE, 1, &one, pred->device, true,
-                          false, fn));
-  TRY(lutra_tensor_ensure(&l->dpred, pred->dtype, LUTRA_SCALING_NONE, pred->ndim, pred->shape,
-                          pred->device, true, false, fn));
-  if (l->kind == LUTRA_LOSS_MSE)
-    TRY(be->mse(pred->data, target->data, pred->dtype, pred->numel, l->loss->data, l->dpred->data));
-  else
-    TRY(be->softmax_xent(pred->data, pred->dtype, target->data, lutra_rows(pred), lutra_cols(pred),
-                         l->loss->data, l->dpred->data));
+  lutra_tensor *loss_t, *dpred;
+  TRY(lutra_tensor_prepare(l->loss, LUTRA_F32, LUTRA_SCALING_NONE, 1, &one, pred->device, true,
+                           false, &loss_t, fn));
+  int st = lutra_tensor_prepare(l->dpred, pred->dtype, LUTRA_SCALING_NONE, pred->ndim, pred->shape,
+                                pred->device, true, false, &dpred, fn);
+  if (st == LUTRA_OK) {
+    if (l->kind == LUTRA_LOSS_MSE)
+      st = be->mse(pred->data, target->data, pred->dtype, pred->numel, loss_t->data, dpred->data);
+    else
+      st = be->softmax_xent(pred->data, pred->dtype, target->data, lutra_rows(pred),
+                            lutra_cols(pred), loss_t->data, dpred->data);
+    if (st != LUTRA_OK) {
+      lutra_error_wrap(st, fn);
+      lutra_tensor_discard(l->dpred, dpred);
+    }
+  }
+  if (st != LUTRA_OK) {
+    lutra_tensor_discard(l->loss, loss_t);
+    return st;
+  }
+  lutra_tensor_commit(&l->loss, loss_t);
+  lutra_tensor_commit(&l->dpred, dpred);
   l->forward_done = true;
   *loss = l->loss;
   return LUTRA_OK;

@@ -18,7 +18,8 @@ int lutra_module_free(lutra_module *m) {
 int lutra_module_release(lutra_module *m) {
   static const char fn[] = "lutra_module_release";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
-  CHECK_STATE(m->obj.refs <= 1, "module is still used by a Sequential; free that first");
+  CHECK_STATE(m->obj.refs <= 1,
+              "module is still used by a Sequential or an optimizer; free those first");
   m->ops->release(m);
   m->obj.flags |= LUTRA_OBJ_FREED;
   return LUTRA_OK;

@@ -100,19 +100,36 @@ bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b) {
   return true;
 }
 
+int lutra_tensor_prepare(lutra_tensor *cur, int dtype, int scaling, int ndim, const int64_t *shape,
+                         int device, bool rowwise, bool columnwise, lutra_tensor **out,
+                         const char *fn) {
+  if (cur && cur->dtype == dtype && cur->scaling == scaling && cur->device == device &&
+      cur->ndim == ndim && (cur->data != NULL) == rowwise &&
+      (cur->col_data != NULL) == columnwise &&
+      memcmp(cur->shape, shape, (size_t)ndim * sizeof *shape) == 0) {
+    *out = cur;
+    return LUTRA_OK;
+  }
+  return lutra_tensor_make(dtype, scaling, ndim, shape, device, rowwise, columnwise,
+                           LUTRA_TENSOR_BORROWED, out, fn);
+}
+
+void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t) {
+  if (*slot == t) return;
+  lutra_tensor_destroy(*slot);
+  *slot = t;
+}
+
+void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t) {
+  if (t != slot) lutra_tensor_destroy(t);
+}
+
 int lutra_tensor_ensure(lutra_tensor **t, int dtype, int scaling, int ndim, const int64_t *shape,
                         int device, bool rowwise, bool columnwise, const char *fn) {
-  lutra_tensor *old = *t;
-  if (old && old->dtype == dtype && old->scaling == scaling && old->device == device &&
-      old->ndim == ndim && (old->data != NULL) == rowwise &&
-      (old->col_data != NULL) == columnwise &&
-      memcmp(old->shape, shape, (size_t)ndim * sizeof *shape) == 0)
-    return LUTRA_OK;
   lutra_tensor *fresh;
-  TRY(lutra_tensor_make(dtype, scaling, ndim, shape, device, rowwise, columnwise,
-                        LUTRA_TENSOR_BORROWED, &fresh, fn));
-  lutra_tensor_destroy(old);
-  *t = fresh;
+  TRY(lutra_tensor_prepare(*t, dtype, scaling, ndim, shape, device, rowwise, columnwise, &fresh,
+                           fn));
+  lutra_tensor_commit(t, fresh);
   return LUTRA_OK;
 }
 

@@ -46,14 +46,20 @@ function M.new(shape, dtype, device)
 end
 
 -- lutra.from_table(values, shape?, dtype?, device?): values is a flat Lua array.
-function M.from_table(values, shape, dtype, device)
-  shape = shape or { #values }
-  local t = M.new(shape, dtype, device)
+local function build(values, shape, dtype, device)
+  local t = M.new(shape or { #values }, dtype, device)
   t:set(values)
   return t
 end
 
+function M.from_table(values, shape, dtype, device)
+  local ok, t = pcall(build, values, shape, dtype, device)
+  if not ok then error((tostring(t):gsub("^[^:]*:%d+: ", "")), 2) end
+  return t
+end
+
 function Tensor:set(values)
+  if bit.band(self.flags, C.LUTRA_TENSOR_FREED) ~= 0 then error("tensor:set: tensor was freed", 2) end
   local n = tonumber(self.numel)
   if type(values) == "table" then
     if #values ~= n then
@@ -88,7 +94,8 @@ end
 
 function Tensor:to_table()
   local n = tonumber(self.numel)
-  local buf = self:read()
+  local buf = ffi.new("float[?]", math.max(n, 1))
+  check(C.lutra_tensor_get_f32(self, buf, n))
   local t = {}
   for i = 1, n do t[i] = buf[i - 1] end
   return t
