@@ -427,7 +427,7 @@ end)
 -- A Lua model of one delayed-scaling update (TransformerEngine's): last = h[0]; roll so that
 -- new[i] = h[i+1] (i < L-1), new[L-1] = last, then new[0] = 0; amax = max over the whole old
 -- history ("max") or last ("most_recent"); if amax is finite and > 0,
--- scale = (fp8_max / amax) / 2^margin (f32), else the old scale; inf -> FLT_MAX.
+-- scale = (fp8_max / 2^margin) / amax (f32, TE's order), else the old scale; inf -> FLT_MAX.
 local function model_update(st, algo, margin, fmax)
   local h, L = st.h, #st.h
   local last = h[1]
@@ -440,7 +440,7 @@ local function model_update(st, algo, margin, fmax)
   new[1] = 0
   st.h = new
   local scale = st.scale
-  if amax > 0 and amax < math.huge then scale = f32(f32(fmax / amax) / 2 ^ margin) end
+  if amax > 0 and amax < math.huge then scale = f32(f32(fmax / 2 ^ margin) / amax) end
   if scale == math.huge then scale = FLT_MAX end
   st.scale = scale
   st.scale_inv = f32(1 / scale)
@@ -574,6 +574,16 @@ describe("delayed scaling", function()
     q2:record_amax(math.huge)
     q2:update()
     assert.are.equal(112, (q2:scale()))
+  end)
+
+  it("applies the margin before dividing by amax, as TE does", function()
+    -- amax = 1e-36: 448 / amax overflows f32 but (448 / 2) / amax = 2.24e38 does not
+    local q = lutra.quantizer(R.delayed { amax_history_len = 1, margin = 1 }, "input")
+    q:record_amax(1e-36)
+    q:update()
+    local expected = f32(224 / f32(1e-36))
+    assert.is_true(expected < FLT_MAX)
+    assert.are.equal(expected, (q:scale()))
   end)
 
   it("update is refused for quantizers that are not delayed", function()

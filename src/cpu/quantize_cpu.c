@@ -430,8 +430,10 @@ int lutra_cpu_delayed_update(lutra_scale_meta *const *metas, int n) {
 
     const float amax = m->amax_compute_algo == LUTRA_AMAX_MOST_RECENT ? last : amax_max;
     float scale;
+    /* TE's order: the margin divides fp8_max first (they differ only when fp8_max / amax
+     * overflows f32) */
     if (isfinite(amax) && amax > 0.0f)
-      scale = (m->fp8_max / amax) / exp2f((float)m->margin);
+      scale = (m->fp8_max / exp2f((float)m->margin)) / amax;
     else
       scale = *m->scale;
     if (isinf(scale)) scale = FLT_MAX;
