@@ -1,6 +1,8 @@
 -- Host time per call of lutra's Lua entry points beside the raw C calls they wrap, measured
 -- side by side in one run. Run: make bench   (or: luajit bench/overhead.lua [--out FILE])
--- Each figure is the median over 15 batches of the per-call time of a batch, after warm-up.
+-- Each figure is the median over 15 batches of the per-call time of a batch, after warm-up;
+-- batches of a figure and of the raw call beside it alternate.
+-- OpenBLAS threads dominate tiny GEMMs: run with OPENBLAS_NUM_THREADS=1 for stable figures.
 local lutra = require("lutra")
 local ffi, C, nn = lutra.ffi, lutra.C, lutra.nn
 
@@ -16,21 +18,33 @@ for i = 1, #arg do if arg[i] == "--out" then out_file = arg[i + 1] end end
 
 local BATCHES = 15
 
--- median per-call microseconds of fn() run `calls` times per batch
-local function measure(calls, fn)
-  for _ = 1, calls do fn() end -- warm-up (and JIT compilation)
-  local times = {}
+local function median(t)
+  table.sort(t)
+  return t[(#t + 1) / 2]
+end
+
+-- Median per-call microseconds of fn and of base, `calls` calls per batch, after warm-up.
+-- Batches of the two alternate, so both see the same machine state (turbo, neighbours).
+local function measure_pair(calls, fn, base)
+  for _ = 1, calls do fn() end
+  if base then for _ = 1, calls do base() end end
+  local tf, tb = {}, {}
   for b = 1, BATCHES do
     local t0 = lutra.now()
     for _ = 1, calls do fn() end
-    times[b] = (lutra.now() - t0) / calls * 1e6
+    local t1 = lutra.now()
+    tf[b] = (t1 - t0) / calls * 1e6
+    if base then
+      for _ = 1, calls do base() end
+      tb[b] = (lutra.now() - t1) / calls * 1e6
+    end
   end
-  table.sort(times)
-  return times[(BATCHES + 1) / 2]
+  return median(tf), base and median(tb)
 end
 
 local rows = {}
-local function report(name, us, base_name, base_us)
+local function report(name, calls, fn, base_name, base)
+  local us, base_us = measure_pair(calls, fn, base)
   rows[#rows + 1] = { name = name, us = us, base = base_name, base_us = base_us }
 end
 
@@ -38,11 +52,10 @@ end
 local recipe = lutra.recipe.delayed { amax_history_len = 16 }
 local scope = lutra.autocast { recipe = recipe }
 local raw_enter, raw_exit = C.lutra_autocast_enter, C.lutra_autocast_exit
-local n_scope = 1000000
-report("autocast enter+exit (Lua methods)", measure(n_scope, function() scope:enter() scope:exit() end),
-  "lutra_autocast_enter+exit (FFI)", measure(n_scope, function() raw_enter(scope) raw_exit(scope) end))
+report("autocast enter+exit (Lua methods)", 1000000, function() scope:enter() scope:exit() end,
+  "lutra_autocast_enter+exit (FFI)", function() raw_enter(scope) raw_exit(scope) end)
 
--- Linear at small sizes (batch 16, 64 -> 64), beside the OpenBLAS GEMMs it issues
+-- Linear at small sizes (batch 16, 64 -> 64, no bias), beside the OpenBLAS GEMMs it issues
 local N, IN, OUT = 16, 64, 64
 local lin = nn.Linear(IN, OUT, { bias = false })
 local x = lutra.tensor({ N, IN }):randn(1)
@@ -63,24 +76,21 @@ local function raw_fwd_bwd()
 end
 
 local n_gemm = 20000
-local raw_fwd_us = measure(n_gemm, raw_fprop)
-report("Linear forward f32 16x64x64", measure(n_gemm, function() lin:forward(x) end),
-  "cblas_sgemm (FFI)", raw_fwd_us)
-local raw_fb_us = measure(n_gemm, raw_fwd_bwd)
-report("Linear forward+backward f32", measure(n_gemm, function() lin:forward(x) lin:backward(dy) end),
-  "3x cblas_sgemm (FFI)", raw_fb_us)
+report("Linear forward f32 16x64x64", n_gemm, function() lin:forward(x) end,
+  "cblas_sgemm (FFI)", raw_fprop)
+report("Linear forward+backward f32", n_gemm, function() lin:forward(x) lin:backward(dy) end,
+  "3x cblas_sgemm (FFI)", raw_fwd_bwd)
 
 -- FP8 forward: the quantizer casts and the dequantize+GEMM emulation are real work on the CPU,
 -- so this ratio shows emulation cost, not front overhead; it is here to track it.
 for _, name in ipairs { "delayed", "current" } do
   local fp8 = lutra.autocast { recipe = lutra.recipe.named(name, name == "delayed" and { amax_history_len = 16 } or nil) }
-  report("Linear forward FP8 " .. name .. " (CPU emulation)",
-    measure(n_gemm / 4, function() fp8:enter() lin:forward(x) fp8:exit() end),
-    "cblas_sgemm (FFI)", raw_fwd_us)
+  report("Linear forward FP8 " .. name .. " (CPU emulation)", n_gemm / 4,
+    function() fp8:enter() lin:forward(x) fp8:exit() end, "cblas_sgemm (FFI)", raw_fprop)
 end
 
 local opt = lutra.optim.AdamW(lin, { lr = 1e-3 })
-report("AdamW step (64x64 params)", measure(n_gemm, function() opt:step() end), nil, nil)
+report("AdamW step (64x64 params)", n_gemm, function() opt:step() end)
 
 local lines = {}
 local function emit(s) lines[#lines + 1] = s print(s) end
