@@ -20,7 +20,7 @@ OBJ  = $(SRC:%.c=build/%.o)
 LIB  = liblutra.so
 CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
-RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;"
+RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
 .PHONY: all test run bench install clean format
 

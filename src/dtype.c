@@ -16,18 +16,6 @@
 #include <math.h>
 #include <string.h>
 
-static inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 /* ---- bf16 ------------------------------------------------------------------------------ */
 
 static inline uint16_t f32_to_bf16(float f) {

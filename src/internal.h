@@ -6,6 +6,7 @@
 #include "lutra.h"
 
 #include <stdbool.h>
+#include <string.h>
 
 /* Sets the thread-local last error to "fn: <formatted reason>" and returns status. */
 int lutra_error(int status, const char *fn, const char *fmt, ...)
@@ -49,6 +50,18 @@ enum {
 /* LUTRA_OK when obj is a live object of the given magic; else an error naming fn and what. */
 int lutra_check_object(const void *obj, uint32_t magic, const char *fn, const char *what);
 int lutra_check_tensor(const lutra_tensor *t, const char *fn, const char *what);
+
+/* f32 bit patterns, for the exact conversions */
+static inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static inline float bits_f32(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 
 /* dtype helpers */
 bool lutra_dtype_is_float(int dtype); /* F32, BF16, F16 */

@@ -57,18 +57,23 @@ local function make(ctor, desc_type, defaults, opts, allowed, where, fill)
   return own(box[0])
 end
 
+-- The delayed-scaling fields shared by the delayed and custom recipes.
+local function fill_delayed(d, o, where)
+  if o.margin ~= nil then d.margin = o.margin end
+  if o.amax_history_len ~= nil then d.amax_history_len = o.amax_history_len end
+  if o.amax_compute_algo ~= nil then
+    d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
+  end
+  if o.reduce_amax ~= nil then d.reduce_amax = bool(o.reduce_amax) end
+end
+
 function M.delayed(opts)
   local where = "lutra.recipe.delayed"
   return make(C.lutra_recipe_delayed, "lutra_delayed_desc", C.lutra_delayed_defaults, opts,
     { margin = true, fp8_format = true, amax_history_len = true, amax_compute_algo = true,
       reduce_amax = true }, where, function(d, o)
       if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
-      if o.margin ~= nil then d.margin = o.margin end
-      if o.amax_history_len ~= nil then d.amax_history_len = o.amax_history_len end
-      if o.amax_compute_algo ~= nil then
-        d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
-      end
-      if o.reduce_amax ~= nil then d.reduce_amax = bool(o.reduce_amax) end
+      fill_delayed(d, o, where)
     end)
 end
 
@@ -119,12 +124,7 @@ function M.custom(opts)
           if r.amax_epsilon ~= nil then d.amax_epsilon[i - 1] = r.amax_epsilon end
         end
       end
-      if o.margin ~= nil then d.margin = o.margin end
-      if o.amax_history_len ~= nil then d.amax_history_len = o.amax_history_len end
-      if o.amax_compute_algo ~= nil then
-        d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
-      end
-      if o.reduce_amax ~= nil then d.reduce_amax = bool(o.reduce_amax) end
+      fill_delayed(d, o, where)
     end)
 end
 

@@ -24,18 +24,6 @@ static inline void store_y(void *y, int dtype, int64_t i, float v) {
 
 static inline uint8_t fp8(int dtype, float v) { return (uint8_t)lutra_encode(dtype, v); }
 
-static inline uint32_t f32_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-static inline float bits_f32(uint32_t u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
 static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX). */

@@ -1,0 +1,33 @@
+-- A training loop for spec/jit_spec.lua, run in its own LuaJIT process with -jv on:
+--   luajit -jv=LOG spec/support/jit_loop.lua RECIPE [closure]
+-- "closure" makes each step create a closure (bytecode FNEW, which LuaJIT 2.1 cannot compile),
+-- so the spec can check that it notices an abort.
+local lutra = require("lutra")
+local nn = lutra.nn
+
+local recipe_name, variant = arg[1] or "none", arg[2]
+local recipe = lutra.recipe.named(recipe_name, recipe_name == "delayed" and { amax_history_len = 16 } or nil)
+local net = nn.Sequential(nn.Linear(32, 64, { seed = 3 }), nn.GELU(), nn.Linear(64, 32, { seed = 4 }))
+local x = lutra.tensor({ 32, 32 }):randn(11)
+local target = lutra.tensor({ 32, 32 }):randn(12)
+local loss = nn.MSELoss()
+local opt = lutra.optim.AdamW(net, { lr = 1e-3 })
+local scope = lutra.autocast { recipe = recipe }
+
+local total = 0
+for _ = 1, 500 do -- TRAINING LOOP
+  scope:enter()
+  local y = net:forward(x)
+  scope:exit()
+  loss:forward(y, target)
+  net:backward(loss:backward())
+  if variant == "closure" then
+    local step = function() opt:step() end
+    step()
+  else
+    opt:step()
+  end
+  total = total + loss:value()
+end
+assert(total == total, "loss is NaN")
+print(string.format("total loss %.6f", total))
