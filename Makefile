@@ -16,22 +16,49 @@ BLAS_LIBS   ?= -lopenblas
 LUTRA_CFLAGS = -std=c11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_SOURCE \
                -Isrc $(BLAS_CFLAGS)
 SRC  = $(sort $(wildcard src/*.c src/cpu/*.c))
-OBJ  = $(SRC:%.c=build/%.o)
+LIBS = $(BLAS_LIBS) -lm -lpthread
+
+# CUDA: on when nvcc and cuBLASLt's header are found (CUDA=0 or CUDA=1 overrides). The kernels
+# are built for sm_90 (Hopper) and, where this nvcc knows it, sm_100.
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+ifeq ($(origin CUDA),undefined)
+  CUDA := $(if $(NVCC),$(if $(wildcard $(CUDA_HOME)/include/cublasLt.h),1,0),0)
+endif
+ifeq ($(CUDA),1)
+  CUDA_ARCHS  ?= -gencode arch=compute_90,code=sm_90 \
+                 $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),-gencode arch=compute_100,code=sm_100)
+  NVCCFLAGS   ?= -O3 -lineinfo
+  SRC         += $(sort $(wildcard src/cuda/*.c))
+  CU_SRC       = $(sort $(wildcard kernels/*.cu))
+  LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -I$(CUDA_HOME)/include
+  LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt
+endif
+# objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
+BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)
+OBJ  = $(SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o)
+# build/config changes when the configuration does, so switching CUDA=0/1 relinks the library
+$(shell mkdir -p build && (echo 'CUDA=$(CUDA)' | cmp -s - build/config || echo 'CUDA=$(CUDA)' > build/config))
 LIB  = liblutra.so
 CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test run bench install clean format
+.PHONY: all test test-gpu run bench install clean format
 
 all: $(LIB) $(CDEF)
 
-$(LIB): $(OBJ)
-	$(CC) -shared -o $@ $(OBJ) $(LDFLAGS) $(BLAS_LIBS) -lm -lpthread
+$(LIB): $(OBJ) build/config
+	$(CC) -shared -o $@ $(OBJ) $(LDFLAGS) $(LIBS)
 
-build/%.o: %.c $(wildcard src/*.h)
+$(BUILD)/%.o: %.c $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(LUTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh src/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
+	  -Werror all-warnings -Ikernels -c -o $@ $<
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h tools/gen_cdef.sh
@@ -39,6 +66,11 @@ $(CDEF): src/lutra.h tools/gen_cdef.sh
 
 test: all
 	$(RUN_ENV) $(BUSTED) --lpath="lua/?.lua;lua/?/init.lua" spec
+
+# The GPU specs (spec/gpu/*_gpu.lua, which `make test` does not pick up): every op on cuda
+# against the CPU backend. Needs a CUDA device.
+test-gpu: all
+	$(RUN_ENV) $(BUSTED) --lpath="lua/?.lua;lua/?/init.lua" --pattern=_gpu spec/gpu
 
 run: all
 	$(RUN_ENV) $(LUAJIT) examples/train_mlp.lua $(ARGS)

@@ -85,7 +85,10 @@ static int flush(meta_list *l, const char *fn) {
   if (!l->count) return LUTRA_OK;
   const lutra_backend *be = lutra_backend_get(l->device, fn);
   if (!be) return LUTRA_EUNSUPPORTED;
-  TRY(be->delayed_update(l->items, l->count));
+  RANGE_PUSH("lutra.scale_update");
+  int st = be->delayed_update(l->items, l->count);
+  RANGE_POP();
+  TRY(st);
   tls.updates++;
   tls.last_count = l->count;
   l->count = 0;

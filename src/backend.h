@@ -159,6 +159,8 @@ typedef struct lutra_backend {
                       int64_t cols, float *loss, void *dlogits);
   int (*sgd_step)(const lutra_optim_args *a);
   int (*adamw_step)(const lutra_optim_args *a);
+  /* waits for the device's queued work (NULL: nothing is ever queued) */
+  int (*synchronize)(void);
 } lutra_backend;
 
 /* The backend for a device, or NULL with the error set (names the calling function). */

@@ -205,7 +205,10 @@ int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int
   workspace *w = &workspaces[be->device];
   g.workspace = w->ptr;
   g.workspace_bytes = w->bytes;
-  return be->gemm(&g);
+  RANGE_PUSH("lutra.gemm");
+  int st = be->gemm(&g);
+  RANGE_POP();
+  return st;
 }
 
 int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,

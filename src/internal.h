@@ -28,6 +28,19 @@ int lutra_error(int status, const char *fn, const char *fmt, ...)
     if (st_ != LUTRA_OK) return st_;                                                               \
   } while (0)
 
+/* NVTX ranges (trace.c): LUTRA_NVTX=1 at load turns them on. */
+extern int lutra_nvtx_enabled;
+void lutra_range_push(const char *name);
+void lutra_range_pop(void);
+#define RANGE_PUSH(name)                                                                           \
+  do {                                                                                             \
+    if (lutra_nvtx_enabled) lutra_range_push(name);                                                \
+  } while (0)
+#define RANGE_POP()                                                                                \
+  do {                                                                                             \
+    if (lutra_nvtx_enabled) lutra_range_pop();                                                     \
+  } while (0)
+
 /* Every opaque object starts with this header, so "was freed" and "is NULL" are reported the
  * same way everywhere. */
 enum { LUTRA_OBJ_FREED = 1 };

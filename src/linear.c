@@ -118,8 +118,8 @@ static bool uses_delayed(const lutra_recipe *r) {
   return false;
 }
 
-static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
-                          lutra_tensor **y) {
+static int linear_forward_impl(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+                               lutra_tensor **y) {
   static const char fn[] = "lutra_linear_forward";
   linear *l = as_linear(m);
   TRY(check_input(l, x, fn));
@@ -150,7 +150,7 @@ static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_micr
   return LUTRA_OK;
 }
 
-static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
   static const char fn[] = "lutra_linear_backward";
   linear *l = as_linear(m);
   CHECK_STATE(l->forward_done, "backward called before forward");
@@ -186,6 +186,21 @@ static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor
   }
   *dx = l->dx;
   return LUTRA_OK;
+}
+
+static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+                          lutra_tensor **y) {
+  RANGE_PUSH("lutra.linear.forward");
+  int st = linear_forward_impl(m, x, first_microbatch, y);
+  RANGE_POP();
+  return st;
+}
+
+static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  RANGE_PUSH("lutra.linear.backward");
+  int st = linear_backward_impl(m, dy, dx);
+  RANGE_POP();
+  return st;
 }
 
 static int linear_num_params(const lutra_module *m) {

@@ -98,6 +98,13 @@ LUTRA_API const char *lutra_last_error(void);
 LUTRA_API const char *lutra_status_name(int status);
 LUTRA_API int lutra_version(int *major, int *minor, int *patch);
 LUTRA_API int lutra_device_available(int device); /* 1 when the backend can run here */
+/* Waits until the device has finished all work lutra queued on it (results read by the host
+ * are synchronized already; this is for timing and for sharing buffers with other code). */
+LUTRA_API int lutra_device_synchronize(int device);
+/* CUDA: run lutra's work on this cudaStream_t (NULL: lutra's own stream). Call it between
+ * steps: work already queued stays on the old stream. */
+LUTRA_API int lutra_cuda_set_stream(void *stream);
+LUTRA_API int lutra_nvtx_active(void); /* 1 when LUTRA_NVTX=1 was set at load */
 
 /* ---- scalar conversions (bit-exact; the reference for every backend) ----------------- */
 LUTRA_API float lutra_decode(int dtype, uint32_t bits);  /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */

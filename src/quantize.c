@@ -104,8 +104,8 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
   return LUTRA_OK;
 }
 
-int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                       lutra_tensor **out, const char *fn) {
+static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                         lutra_tensor **out, const char *fn) {
   const lutra_quantizer_spec *s = &q->spec;
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
   TRY(lutra_quantizer_check_input(s, x, fn));
@@ -152,6 +152,14 @@ int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_am
   }
   *out = o;
   return LUTRA_OK;
+}
+
+int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                       lutra_tensor **out, const char *fn) {
+  RANGE_PUSH("lutra.quantize");
+  int st = quantize_impl(q, x, record_amax, out, fn);
+  RANGE_POP();
+  return st;
 }
 
 int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn) {

@@ -30,18 +30,3 @@ const lutra_backend lutra_cpu_backend = {
     .sgd_step = lutra_cpu_sgd_step,
     .adamw_step = lutra_cpu_adamw_step,
 };
-
-const lutra_backend *lutra_backend_get(int device, const char *fn) {
-  if (device == LUTRA_CPU) return &lutra_cpu_backend;
-  if (device == LUTRA_CUDA) {
-    lutra_error(LUTRA_EUNSUPPORTED, fn,
-                "device 'cuda' is not available: this liblutra was built without the CUDA backend");
-    return NULL;
-  }
-  lutra_error(LUTRA_EINVAL, fn, "unknown device %d (expected LUTRA_CPU or LUTRA_CUDA)", device);
-  return NULL;
-}
-
-int lutra_device_available(int device) {
-  return device == LUTRA_CPU;
-}

@@ -1,0 +1,55 @@
+/* Host launchers of lutra's CUDA kernels, callable from C (src/cuda/). Each launches on the
+ * given stream, checks the launch (cudaGetLastError) and returns the CUDA status; none
+ * synchronizes, allocates or prints. Argument structs are the backend interface's
+ * (src/backend.h); every pointer in them is device memory. Numerics match the CPU backend
+ * (src/cpu/) bit for bit where the CPU comments say "exact": FP8 casts are RNE and saturating,
+ * scales are computed in f32 in the same order. */
+#ifndef LUTRA_KERNELS_H
+#define LUTRA_KERNELS_H
+
+#include <cuda_runtime.h>
+
+#include "../src/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* element-wise */
+cudaError_t lk_convert(const void *src, int src_dtype, void *dst, int dst_dtype, int64_t n,
+                       cudaStream_t s);
+cudaError_t lk_fill(void *dst, int dtype, int64_t n, float value, cudaStream_t s);
+
+/* quantization family (kernels/quantize*.cu) */
+cudaError_t lk_amax(const void *x, int dtype, int64_t n, float *amax, cudaStream_t s);
+cudaError_t lk_scale_from_amax(const float *amax, float fp8_max, int power_2_scale,
+                               float epsilon, float *scale, cudaStream_t s);
+cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s);
+cudaError_t lk_quantize_mxfp8(const lutra_quant_args *a, cudaStream_t s);
+cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
+cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
+/* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
+cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
+
+/* activations, losses, bias, optimizers (kernels/ops*.cu) */
+cudaError_t lk_gelu_forward(const void *x, void *y, int dtype, int64_t n, cudaStream_t s);
+cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n,
+                             cudaStream_t s);
+cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
+                         int db_dtype, int accumulate, cudaStream_t s);
+/* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
+cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
+                        int64_t cols, cudaStream_t s);
+cudaError_t lk_mse(const void *pred, const void *target, int dtype, int64_t n, float *loss,
+                   void *dpred, cudaStream_t s);
+/* labels outside [0, cols) make the loss NaN (a device kernel cannot return an error) */
+cudaError_t lk_softmax_xent(const void *logits, int dtype, const int32_t *labels, int64_t rows,
+                            int64_t cols, float *loss, void *dlogits, cudaStream_t s);
+/* many tensors per launch (multi-tensor apply) */
+cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
+cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,47 @@
+/* Which backend runs a device. The CUDA backend exists only in builds with CUDA, and even
+ * there only when a CUDA device answers (checked once, at first use). */
+#include "internal.h"
+
+#ifdef LUTRA_WITH_CUDA
+#include "cuda/cuda_backend.h"
+#endif
+
+const lutra_backend *lutra_backend_get(int device, const char *fn) {
+  if (device == LUTRA_CPU) return &lutra_cpu_backend;
+  if (device == LUTRA_CUDA) {
+#ifdef LUTRA_WITH_CUDA
+    return lutra_cuda_backend(fn);
+#else
+    lutra_error(LUTRA_EUNSUPPORTED, fn,
+                "device 'cuda' is not available: this liblutra was built without CUDA");
+    return NULL;
+#endif
+  }
+  lutra_error(LUTRA_EINVAL, fn, "unknown device %d (expected LUTRA_CPU or LUTRA_CUDA)", device);
+  return NULL;
+}
+
+int lutra_device_available(int device) {
+  if (device == LUTRA_CPU) return 1;
+#ifdef LUTRA_WITH_CUDA
+  if (device == LUTRA_CUDA) return lutra_cuda_backend("lutra_device_available") != NULL;
+#endif
+  return 0;
+}
+
+int lutra_device_synchronize(int device) {
+  static const char fn[] = "lutra_device_synchronize";
+  const lutra_backend *be = lutra_backend_get(device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  return be->synchronize ? be->synchronize() : LUTRA_OK;
+}
+
+int lutra_cuda_set_stream(void *stream) {
+#ifdef LUTRA_WITH_CUDA
+  return lutra_cuda_use_stream(stream);
+#else
+  (void)stream;
+  return lutra_error(LUTRA_EUNSUPPORTED, "lutra_cuda_set_stream",
+                     "this liblutra was built without CUDA");
+#endif
+}

@@ -1,0 +1,31 @@
+/* The CUDA backend's host side (built only with LUTRA_WITH_CUDA). */
+#ifndef LUTRA_CUDA_BACKEND_H
+#define LUTRA_CUDA_BACKEND_H
+
+#include "../internal.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+/* The backend table, after the one-time device check; NULL with the error set for fn. */
+const lutra_backend *lutra_cuda_backend(const char *fn);
+int lutra_cuda_use_stream(void *stream);
+
+/* The stream and cuBLASLt handle every CUDA call of lutra uses. */
+cudaStream_t lutra_cuda_stream(void);
+cublasLtHandle_t lutra_cuda_lt(void);
+
+/* CUDA / cuBLAS status to a lutra status, with the library's message. */
+int lutra_cuda_status(cudaError_t e, const char *fn, const char *what);
+int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what);
+
+/* gemm_cuda.c */
+int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
+void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
+int lutra_cuda_gemm(const lutra_gemm_args *g);
+
+/* One GEMM workspace per device and stream: cuBLASLt's 32 MiB on Hopper and newer, with
+ * 256 bytes for alignment, as TransformerEngine sizes it. */
+enum { LUTRA_CUDA_WORKSPACE = 32 * 1024 * 1024 + 256 };
+
+#endif

@@ -1,0 +1,192 @@
+/* cuBLASLt GEMMs. A plan holds the matmul descriptor, the three matrix layouts and the
+ * algorithm the heuristic chose, made once per key (shape, dtypes, layout, epilogue,
+ * fast-accumulate); a call only sets the per-call pointers (FP8 scales, bias) and runs.
+ *
+ * Row-major D [m, n] = op(B) @ op(A) is column-major D^T [n, m] = op(A)^T... which is what
+ * cuBLAS computes when handed A and B as they are stored, with the same transpose flags:
+ * TransformerEngine's convention, so "TN" here is cuBLAS's TN, Hopper's only FP8 layout.
+ *
+ * Per-tensor FP8 runs natively (A/B scale pointers = the operands' scale_inv, 16-byte
+ * aligned: cuBLASLt 13.1 refuses 4-byte-aligned ones on the H200). MXFP8 and 128-block
+ * scaled operands have no Hopper kernel in this cuBLASLt: they are dequantized to BF16 in the
+ * workspace (exact for MXFP8's power-of-two scales) and run as a BF16 GEMM. */
+#include "cuda_backend.h"
+
+#include "../../kernels/kernels.h"
+
+#include <stdlib.h>
+
+typedef struct cuda_plan {
+  cublasLtMatmulDesc_t op;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+  bool fp8_scales;    /* per-tensor FP8: set the scale pointers per call */
+  bool dequantize;    /* block-scaled operands: dequantize to BF16 first */
+  bool bias_epilogue; /* else the bias is added by a kernel after the GEMM */
+  size_t a_bytes, b_bytes;
+} cuda_plan;
+
+static cudaDataType_t cuda_type(int dtype) {
+  switch (dtype) {
+  case LUTRA_F32: return CUDA_R_32F;
+  case LUTRA_BF16: return CUDA_R_16BF;
+  case LUTRA_F16: return CUDA_R_16F;
+  case LUTRA_E4M3: return CUDA_R_8F_E4M3;
+  default: return CUDA_R_8F_E5M2;
+  }
+}
+
+static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+static void destroy(cuda_plan *c) {
+  if (!c) return;
+  if (c->op) cublasLtMatmulDescDestroy(c->op);
+  if (c->la) cublasLtMatrixLayoutDestroy(c->la);
+  if (c->lb) cublasLtMatrixLayoutDestroy(c->lb);
+  if (c->ld) cublasLtMatrixLayoutDestroy(c->ld);
+  free(c);
+}
+
+void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p) {
+  destroy(p->backend_plan);
+  p->backend_plan = NULL;
+}
+
+#define LT(call, what)                                                                             \
+  do {                                                                                             \
+    int st_ = lutra_cublas_status((call), fn, what);                                               \
+    if (st_ != LUTRA_OK) {                                                                         \
+      destroy(c);                                                                                  \
+      return st_;                                                                                  \
+    }                                                                                              \
+  } while (0)
+
+static int set_attr(cuda_plan *c, cublasLtMatmulDescAttributes_t attr, const void *v, size_t size) {
+  return cublasLtMatmulDescSetAttribute(c->op, attr, v, size) == CUBLAS_STATUS_SUCCESS ? LUTRA_OK
+                                                                                      : LUTRA_EBACKEND;
+}
+
+/* The heuristic's best algorithm for the current descriptor, or false when it has none. */
+static bool pick_algo(cuda_plan *c) {
+  cublasLtMatmulPreference_t pref;
+  if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
+  uint64_t ws = LUTRA_CUDA_WORKSPACE - 256;
+  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                       sizeof ws);
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lutra_cuda_lt(), c->op, c->la, c->lb, c->ld,
+                                                    c->ld, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (s != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  c->algo = result.algo;
+  return true;
+}
+
+int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
+  static const char fn[] = "lutra_cuda_gemm_plan";
+  const lutra_gemm_key *k = &p->key;
+  cuda_plan *c = calloc(1, sizeof *c);
+  if (!c) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
+  bool fp8 = lutra_dtype_is_fp8(k->a_dtype);
+  c->dequantize = fp8 && (k->a_scaling != LUTRA_SCALING_TENSOR || k->b_scaling != LUTRA_SCALING_TENSOR);
+  c->fp8_scales = fp8 && !c->dequantize;
+  cudaDataType_t ta = c->dequantize ? CUDA_R_16BF : cuda_type(k->a_dtype);
+  cudaDataType_t tb = c->dequantize ? CUDA_R_16BF : cuda_type(k->b_dtype);
+  /* stored (row-major) shapes of A and B */
+  int64_t ra = k->transa ? k->n : k->k, ca = k->transa ? k->k : k->n;
+  int64_t rb = k->transb ? k->k : k->m, cb = k->transb ? k->m : k->k;
+  c->a_bytes = round256((size_t)(ra * ca) * 2);
+  c->b_bytes = round256((size_t)(rb * cb) * 2);
+  LT(cublasLtMatrixLayoutCreate(&c->la, ta, (uint64_t)ca, (uint64_t)ra, ca), "A layout");
+  LT(cublasLtMatrixLayoutCreate(&c->lb, tb, (uint64_t)cb, (uint64_t)rb, cb), "B layout");
+  LT(cublasLtMatrixLayoutCreate(&c->ld, cuda_type(k->d_dtype), (uint64_t)k->n, (uint64_t)k->m,
+                                k->n),
+     "D layout");
+  LT(cublasLtMatmulDescCreate(&c->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+  cublasOperation_t opa = k->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
+  cublasOperation_t opb = k->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  set_attr(c, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+  set_attr(c, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+  if (c->fp8_scales) {
+    int8_t fast = (int8_t)(k->fast_accum != 0);
+    set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
+  }
+  bool found = false;
+  if (k->bias_dtype >= 0) {
+    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cudaDataType_t bt = cuda_type(k->bias_dtype);
+    set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    set_attr(c, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    found = pick_algo(c);
+    c->bias_epilogue = found;
+    if (!found) {
+      epi = CUBLASLT_EPILOGUE_DEFAULT;
+      set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+    }
+  }
+  if (!found) found = pick_algo(c);
+  if (!found) {
+    destroy(c);
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c",
+                       lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype),
+                       lutra_dtype_name(k->d_dtype), (long long)k->m, (long long)k->n,
+                       (long long)k->k, k->transa ? 'T' : 'N', k->transb ? 'T' : 'N');
+  }
+  p->backend_plan = c;
+  p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0);
+  return LUTRA_OK;
+}
+
+static int dequantize_to_bf16(const lutra_gemm_operand *o, void *out) {
+  lutra_dequant_args d = {
+      .data = o->data,
+      .scale_inv = o->scale_inv,
+      .dtype = o->dtype,
+      .scaling = o->scaling,
+      .rows = o->rows,
+      .cols = o->cols,
+      .out = out,
+      .out_dtype = LUTRA_BF16,
+  };
+  return lutra_cuda_status(lk_dequantize(&d, lutra_cuda_stream()), "lutra_cuda_gemm",
+                           "dequantize for the BF16 fallback");
+}
+
+int lutra_cuda_gemm(const lutra_gemm_args *g) {
+  static const char fn[] = "lutra_cuda_gemm";
+  cuda_plan *c = g->plan->backend_plan;
+  const void *a = g->a.data, *b = g->b.data;
+  char *ws = g->workspace;
+  if (g->workspace_bytes < g->plan->workspace_bytes)
+    return lutra_error(LUTRA_EINVAL, fn, "workspace of %zu bytes is smaller than the plan's %zu",
+                       g->workspace_bytes, g->plan->workspace_bytes);
+  if (c->dequantize) {
+    void *wa = ws + LUTRA_CUDA_WORKSPACE, *wb = ws + LUTRA_CUDA_WORKSPACE + c->a_bytes;
+    TRY(dequantize_to_bf16(&g->a, wa));
+    TRY(dequantize_to_bf16(&g->b, wb));
+    a = wa;
+    b = wb;
+  } else if (c->fp8_scales) {
+    if (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)
+      return lutra_error(LUTRA_EINVAL, fn, "FP8 scale pointers must be 16-byte aligned");
+    cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a.scale_inv,
+                                   sizeof g->a.scale_inv);
+    cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b.scale_inv,
+                                   sizeof g->b.scale_inv);
+  }
+  if (g->bias && c->bias_epilogue)
+    cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
+                                   sizeof g->bias);
+  const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
+  TRY(lutra_cublas_status(cublasLtMatmul(lutra_cuda_lt(), c->op, &alpha, a, c->la, b, c->lb, &beta,
+                                         g->d, c->ld, g->d, c->ld, &c->algo, ws,
+                                         LUTRA_CUDA_WORKSPACE - 256, lutra_cuda_stream()),
+                          fn, "cublasLtMatmul"));
+  if (g->bias && !c->bias_epilogue)
+    return lutra_cuda_status(lk_add_bias(g->d, g->d_dtype, g->bias, g->bias_dtype, g->m, g->n,
+                                         lutra_cuda_stream()),
+                             fn, "bias kernel");
+  return LUTRA_OK;
+}

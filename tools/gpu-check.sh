@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
+#   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
+# steps: build cpu-specs gpu-specs sanitizer example bench (default: all). Logs go to $OUT.
+set -uo pipefail
+OUT=${OUT:-/tmp/lutra-out}
+mkdir -p "$OUT"
+steps=${*:-build cpu-specs gpu-specs sanitizer example bench}
+export LUA_PATH="lua/?.lua;lua/?/init.lua;${LUA_PATH:-;}"
+summary=()
+note() { summary+=("$1"); echo "== $1"; }
+has() { [[ " $steps " == *" $1 "* ]]; }
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+if has build; then
+  make -j16 CUDA=1 > "$OUT/build.log" 2>&1 && note "build ok" || { note "build FAILED"; tail -40 "$OUT/build.log"; exit 1; }
+fi
+if has cpu-specs; then
+  luajit /tmp/devkit/usr/bin/busted spec > "$OUT/cpu-specs.log" 2>&1
+  note "cpu specs: $(grep -E 'successes' "$OUT/cpu-specs.log" | tail -1)"
+fi
+if has gpu-specs; then
+  timeout 300 luajit /tmp/devkit/usr/bin/busted --pattern=_gpu spec/gpu > "$OUT/gpu-specs.log" 2>&1
+  note "gpu specs: $(grep -E 'successes' "$OUT/gpu-specs.log" | tail -1)"
+fi
+if has sanitizer; then
+  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    luajit /tmp/devkit/usr/bin/busted --pattern=_gpu spec/gpu/ops_gpu.lua > "$OUT/memcheck.log" 2>&1
+  note "memcheck exit $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+fi
+if has example; then
+  for r in none delayed current mxfp8 block; do
+    LUTRA_DEVICE=cuda luajit examples/train_mlp.lua --recipe $r --steps 300 --every 100 > "$OUT/example-$r.log" 2>&1
+    note "example $r: exit $? $(tail -1 "$OUT/example-$r.log")"
+  done
+fi
+if has bench; then
+  gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include bench/cuda_throughput.c \
+    -o build/cuda_throughput -L. -llutra -L/usr/local/cuda/lib64 -lcudart -lcublasLt \
+    -Wl,-rpath,"$PWD" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/bench-build.log" 2>&1 &&
+    timeout 240 ./build/cuda_throughput "$OUT/throughput.md" > "$OUT/bench.log" 2>&1
+  note "throughput bench exit $?"
+fi
+printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
