@@ -18,6 +18,7 @@ LUTRA_CFLAGS = -std=c11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_S
 SRC  = $(sort $(wildcard src/*.c src/cpu/*.c))
 LIBS = $(BLAS_LIBS) -lm -lpthread
 
+comma := ,
 # CUDA: on when nvcc and cuBLASLt's header are found (CUDA=0 or CUDA=1 overrides). The kernels
 # are built for sm_90 (Hopper) and, where this nvcc knows it, sm_100.
 CUDA_HOME ?= /usr/local/cuda
@@ -26,8 +27,9 @@ ifeq ($(origin CUDA),undefined)
   CUDA := $(if $(NVCC),$(if $(wildcard $(CUDA_HOME)/include/cublasLt.h),1,0),0)
 endif
 ifeq ($(CUDA),1)
+  SM100       := $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),1)
   CUDA_ARCHS  ?= -gencode arch=compute_90,code=sm_90 \
-                 $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),-gencode arch=compute_100,code=sm_100)
+                 $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100)
   NVCCFLAGS   ?= -O3 -lineinfo
   SRC         += $(sort $(wildcard src/cuda/*.c))
   CU_SRC       = $(sort $(wildcard kernels/*.cu))
@@ -49,7 +51,7 @@ RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 all: $(LIB) $(CDEF)
 
 $(LIB): $(OBJ) build/config
-	$(CC) -shared -o $@ $(OBJ) $(LDFLAGS) $(LIBS)
+	$(CC) -shared -Wl,--no-undefined -o $@ $(OBJ) $(LDFLAGS) $(LIBS)
 
 $(BUILD)/%.o: %.c $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)

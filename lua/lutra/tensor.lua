@@ -130,7 +130,8 @@ function Tensor:reshape(shape)
   check(C.lutra_tensor_reshape(self, n, shape_buf))
   return self
 end
-function Tensor:amax()
+-- (not :amax(): the struct's amax field would hide a method of that name)
+function Tensor:absmax()
   check(C.lutra_tensor_amax(self, core.float_box))
   return core.float_box[0]
 end

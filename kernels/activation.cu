@@ -1,0 +1,264 @@
+/* GELU forward/backward, bias gradient and bias add (kernels.h). Semantics: the lutra_cpu_*
+ * functions of the same names in src/cpu/ops_cpu.c; lk_add_bias is the bias step of
+ * lutra_cpu_gemm done on an already stored D: d = round(d + bias) in f32. */
+#include "ops_common.cuh"
+
+using namespace lkops;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 8192; /* grid-stride beyond this */
+
+/* ---- GELU ------------------------------------------------------------------------------ */
+
+/* out = gelu(x) (BWD false) or dy * gelu'(x) (BWD true), N-element vectors for the first
+ * nvec * N elements, scalars for the rest. In-place use (out == x or out == dy) is fine: each
+ * element is read and written by one thread. */
+template <int DT, int N, bool BWD>
+__global__ void __launch_bounds__(kThreads)
+    gelu_kernel(const void *x, const void *dy, void *out, int64_t n) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t nvec = n / N;
+  for (int64_t v = tid; v < nvec; v += stride) {
+    float xv[N], r[N];
+    ldv<DT, N>(x, v * N, xv);
+    if constexpr (BWD) {
+      float g[N];
+      ldv<DT, N>(dy, v * N, g);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        r[k] = gelu_backward(xv[k], g[k]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        r[k] = gelu(xv[k]);
+    }
+    stv<DT, N>(out, v * N, r);
+  }
+  for (int64_t i = nvec * N + tid; i < n; i += stride) {
+    const float xi = ld<DT>(x, i);
+    st<DT>(out, i, BWD ? gelu_backward(xi, ld<DT>(dy, i)) : gelu(xi));
+  }
+}
+
+template <bool BWD>
+cudaError_t gelu_launch(const void *x, const void *dy, void *out, int dtype, int64_t n,
+                        cudaStream_t s) {
+  if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!x || !out || (BWD && !dy)) return cudaErrorInvalidValue;
+  return with_dtype(dtype, [&](auto tag) {
+    constexpr int DT = decltype(tag)::value;
+    constexpr int V = vec16<DT>();
+    const bool vec = aligned(x, 16) && aligned(out, 16) && (!BWD || aligned(dy, 16));
+    const int64_t work = vec ? cdiv<int64_t>(n, V) : n;
+    const unsigned blocks =
+        static_cast<unsigned>(imin<int64_t>(cdiv<int64_t>(work, kThreads), kMaxBlocks));
+    if (vec)
+      gelu_kernel<DT, V, BWD><<<blocks, kThreads, 0, s>>>(x, dy, out, n);
+    else
+      gelu_kernel<DT, 1, BWD><<<blocks, kThreads, 0, s>>>(x, dy, out, n);
+    return cudaGetLastError();
+  });
+}
+
+/* ---- bias gradient ----------------------------------------------------------------------
+ * db[c] (+)= sum_r dy[r, c], summed in double as the CPU does, deterministically:
+ *   pass 1: block (bx, by) sums rows [by * rpb, (by + 1) * rpb) of a tile of 32 * N columns;
+ *           threadIdx.x picks N consecutive columns (16-byte loads, coalesced across the warp),
+ *           threadIdx.y (8) strides the rows; the 8 row partials are added in order in shared
+ *           memory. With one row block it writes db directly; otherwise it writes double
+ *           partials [by][c] into a static scratch and
+ *   pass 2: block of 32 columns x 8 threads: thread (tx, ty) adds partials ty, ty + 8, ... of
+ *           its column in order, then the 8 sums are added in order (plus db when
+ *           accumulating) and db is stored.
+ * The split depends only on (rows, cols), so results repeat bit for bit. The scratch is shared
+ * by all calls on a device: calls on different streams must not overlap. */
+
+constexpr int kBgTx = 32, kBgTy = 8;
+constexpr int64_t kBgScratch = 1 << 18; /* doubles (2 MiB) */
+constexpr int64_t kBgTargetBlocks = 1024;
+constexpr int64_t kBgMaxRowBlocks = 256;
+constexpr int64_t kBgMinRowsPerBlock = 64;
+
+__device__ double g_bias_partial[kBgScratch];
+
+template <int DT, int N>
+__global__ void __launch_bounds__(kBgTx *kBgTy)
+    bias_grad_partial(const void *__restrict__ dy, int64_t rows, int64_t cols,
+                      int64_t rows_per_block, bool to_scratch, void *db, int db_dtype,
+                      int accumulate) {
+  /* slot k * 32 + tx holds column tx * N + k of the tile: conflict-free both ways */
+  __shared__ double sm[kBgTy][kBgTx * N];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * (kBgTx * N);
+  const int64_t c = tile0 + static_cast<int64_t>(tx) * N; /* cols % N == 0 when N > 1 */
+  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * rows_per_block;
+  const int64_t r1 = imin<int64_t>(rows, r0 + rows_per_block);
+
+  double acc[N];
+#pragma unroll
+  for (int k = 0; k < N; k++)
+    acc[k] = 0.0;
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t r = r0 + ty; r < r1; r += kBgTy) {
+      float f[N];
+      ldv<DT, N>(dy, r * cols + c, f);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        acc[k] += static_cast<double>(f[k]);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < N; k++)
+    sm[ty][k * kBgTx + tx] = acc[k];
+  __syncthreads();
+
+  const int t = ty * kBgTx + tx;
+  if (t < kBgTx * N) {
+    const int col_in_tile = (t % kBgTx) * N + t / kBgTx;
+    const int64_t col = tile0 + col_in_tile;
+    if (col < cols) {
+      double sum = 0.0;
+#pragma unroll
+      for (int y = 0; y < kBgTy; y++)
+        sum += sm[y][t];
+      if (to_scratch) {
+        g_bias_partial[static_cast<int64_t>(blockIdx.y) * cols + col] = sum;
+      } else {
+        if (accumulate) sum = static_cast<double>(ld_rt(db, db_dtype, col)) + sum;
+        st_rt(db, db_dtype, col, static_cast<float>(sum));
+      }
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kBgTx *kBgTy)
+    bias_grad_final(int ny, int64_t cols, void *db, int db_dtype, int accumulate) {
+  __shared__ double sm[kBgTy][kBgTx];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
+  double sum = 0.0;
+  if (c < cols) {
+#pragma unroll 4
+    for (int y = ty; y < ny; y += kBgTy)
+      sum += g_bias_partial[static_cast<int64_t>(y) * cols + c];
+  }
+  sm[ty][tx] = sum;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    double total = accumulate ? static_cast<double>(ld_rt(db, db_dtype, c)) : 0.0;
+#pragma unroll
+    for (int y = 0; y < kBgTy; y++)
+      total += sm[y][tx];
+    st_rt(db, db_dtype, c, static_cast<float>(total));
+  }
+}
+
+/* ---- bias add ---------------------------------------------------------------------------
+ * thread: N consecutive columns (bias kept in registers), looping over the rows
+ * blockIdx.y, + gridDim.y, ... */
+
+constexpr int kAbThreads = 128;
+
+template <int DD, int DB, int N>
+__global__ void __launch_bounds__(kAbThreads)
+    add_bias_kernel(void *d, const void *__restrict__ bias, int64_t rows, int64_t cols) {
+  const int64_t c = (static_cast<int64_t>(blockIdx.x) * kAbThreads + threadIdx.x) * N;
+  if (c >= cols) return; /* cols % N == 0 when N > 1 */
+  float b[N];
+  ldv<DB, N>(bias, c, b);
+#pragma unroll 4
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    float v[N];
+    ldv<DD, N>(d, r * cols + c, v);
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      v[k] = fadd(v[k], b[k]);
+    stv<DD, N>(d, r * cols + c, v);
+  }
+}
+
+} // namespace
+
+extern "C" cudaError_t lk_gelu_forward(const void *x, void *y, int dtype, int64_t n,
+                                       cudaStream_t s) {
+  return gelu_launch<false>(x, nullptr, y, dtype, n, s);
+}
+
+extern "C" cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx, int dtype,
+                                        int64_t n, cudaStream_t s) {
+  return gelu_launch<true>(x, dy, dx, dtype, n, s);
+}
+
+extern "C" cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
+                                    int db_dtype, int accumulate, cudaStream_t s) {
+  if (rows < 0 || cols < 0 || !float_dtype(dtype) || !float_dtype(db_dtype))
+    return cudaErrorInvalidValue;
+  if (cols == 0) return cudaSuccess;
+  /* rows == 0 still writes db (zeros, or db itself when accumulating), as the CPU does */
+  if (!db || (rows > 0 && !dy)) return cudaErrorInvalidValue;
+  return with_dtype(dtype, [&](auto tag) {
+    constexpr int DT = decltype(tag)::value;
+    constexpr int V = vec16<DT>();
+    const bool vec = cols % V == 0 && aligned(dy, 16);
+    const int n = vec ? V : 1;
+    const int64_t tiles = cdiv<int64_t>(cols, kBgTx * n);
+    if (tiles > 0x7FFFFFFF) return cudaErrorInvalidValue;
+    int64_t ny = cdiv<int64_t>(kBgTargetBlocks, tiles);
+    ny = imin<int64_t>(ny, kBgMaxRowBlocks);
+    ny = imin<int64_t>(ny, cdiv<int64_t>(rows, kBgMinRowsPerBlock));
+    ny = imin<int64_t>(ny, kBgScratch / cols);
+    ny = imax<int64_t>(ny, 1);
+    const int64_t rpb = cdiv<int64_t>(rows, ny);
+    if (rpb > 0) ny = cdiv<int64_t>(rows, rpb); /* no empty row blocks */
+    const bool to_scratch = ny > 1;
+    const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ny));
+    const dim3 block(kBgTx, kBgTy);
+    if (vec)
+      bias_grad_partial<DT, V>
+          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate);
+    else
+      bias_grad_partial<DT, 1>
+          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate);
+    if (to_scratch) {
+      const cudaError_t e = cudaGetLastError();
+      if (e != cudaSuccess) return e;
+      /* ny > 1 means cols <= kBgScratch / 2: the grid fits */
+      bias_grad_final<<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
+          static_cast<int>(ny), cols, db, db_dtype, accumulate);
+    }
+    return cudaGetLastError();
+  });
+}
+
+extern "C" cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype,
+                                   int64_t rows, int64_t cols, cudaStream_t s) {
+  if (rows < 0 || cols < 0 || !float_dtype(d_dtype) || !float_dtype(bias_dtype))
+    return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (!d || !bias) return cudaErrorInvalidValue;
+  return with_dtype(d_dtype, [&](auto dtag) {
+    constexpr int DD = decltype(dtag)::value;
+    return with_dtype(bias_dtype, [&](auto btag) {
+      constexpr int DB = decltype(btag)::value;
+      constexpr int V = vec16<DD>();
+      const bool vec = cols % V == 0 && aligned(d, 16) &&
+                       aligned(bias, imin<uintptr_t>(16, V * elem_size<DB>()));
+      const int n = vec ? V : 1;
+      const int64_t tiles = cdiv<int64_t>(cols, static_cast<int64_t>(kAbThreads) * n);
+      if (tiles > 0x7FFFFFFF) return cudaErrorInvalidValue;
+      int64_t ny = imax<int64_t>(1, kMaxBlocks / tiles);
+      ny = imin<int64_t>(imin<int64_t>(ny, rows), 65535);
+      const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ny));
+      if (vec)
+        add_bias_kernel<DD, DB, V><<<grid, kAbThreads, 0, s>>>(d, bias, rows, cols);
+      else
+        add_bias_kernel<DD, DB, 1><<<grid, kAbThreads, 0, s>>>(d, bias, rows, cols);
+      return cudaGetLastError();
+    });
+  });
+}

@@ -1,0 +1,230 @@
+/* MSE and softmax cross-entropy (kernels.h). Semantics: lutra_cpu_mse and
+ * lutra_cpu_softmax_xent (src/cpu/ops_cpu.c): f32 element math, double accumulation of the
+ * loss, loss = (float)(sum / count).
+ *
+ * The mean is deterministic: pass 1 writes one double partial per block (each block's share of
+ * the work depends only on the shape, and every sum inside a block is a fixed tree) into a
+ * static scratch; pass 2, one block, adds the partials in a fixed order and writes *loss. No
+ * host synchronization, no allocation. The scratch is shared by all calls of a loss on a device:
+ * calls on different streams must not overlap. */
+#include "ops_common.cuh"
+
+using namespace lkops;
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxPartials = 1024; /* pass-1 grid cap */
+
+__device__ double g_mse_partial[kMaxPartials];
+__device__ double g_xent_partial[kMaxPartials];
+
+/* *loss = (float)(sum(partials[0 .. np)) / divisor), partials: XENT ? xent's : mse's */
+template <bool XENT>
+__global__ void __launch_bounds__(kThreads) mean_final(int np, double divisor, float *loss) {
+  __shared__ double red[kWarps];
+  const double *partial = XENT ? g_xent_partial : g_mse_partial;
+  double s = 0.0;
+  for (int i = threadIdx.x; i < np; i += kThreads)
+    s += partial[i];
+  s = block_sum<kThreads>(s, red);
+  if (threadIdx.x == 0) *loss = static_cast<float>(s / divisor);
+}
+
+/* ---- MSE ------------------------------------------------------------------------------- */
+
+/* sum (pred - target)^2 over this block's elements into g_mse_partial[blockIdx.x];
+ * dpred = scale * (pred - target) when not NULL (scale = 2 / n, f32, from the host) */
+template <int DT, int N>
+__global__ void __launch_bounds__(kThreads)
+    mse_kernel(const void *pred, const void *target, void *dpred, int64_t n, float scale) {
+  __shared__ double red[kWarps];
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t nvec = n / N;
+  double acc = 0.0;
+  for (int64_t v = tid; v < nvec; v += stride) {
+    float p[N], t[N];
+    ldv<DT, N>(pred, v * N, p);
+    ldv<DT, N>(target, v * N, t);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      const float diff = fsub(p[k], t[k]);
+      acc += static_cast<double>(diff) * static_cast<double>(diff); /* exact product */
+      p[k] = fmul(scale, diff);
+    }
+    if (dpred) stv<DT, N>(dpred, v * N, p);
+  }
+  for (int64_t i = nvec * N + tid; i < n; i += stride) {
+    const float diff = fsub(ld<DT>(pred, i), ld<DT>(target, i));
+    acc += static_cast<double>(diff) * static_cast<double>(diff);
+    if (dpred) st<DT>(dpred, i, fmul(scale, diff));
+  }
+  acc = block_sum<kThreads>(acc, red);
+  if (threadIdx.x == 0) g_mse_partial[blockIdx.x] = acc;
+}
+
+/* ---- softmax cross-entropy ----------------------------------------------------------------
+ * One row per warp (cols <= kWarpColsMax; 8 rows per block at a time) or one row per block.
+ * Per row, as the CPU: mx = max; sum = sum (double) expf(x - mx); loss_r = (double)(mx - x[label])
+ * + (double)(float)log(sum); dlogits = (expf(x - mx) * (float)(1 / sum) - onehot) * (1 / rows).
+ * Each thread reads and writes the same elements in every pass; the label's logit is read
+ * before a barrier that precedes the first write, so dlogits may alias logits. A label outside
+ * [0, cols) makes the row's loss (so the mean) NaN and fills the row of dlogits with NaN. */
+
+constexpr int64_t kWarpColsMax = 2048;
+
+template <bool BLOCK> __device__ __forceinline__ void group_sync() {
+  if constexpr (BLOCK)
+    __syncthreads();
+  else
+    __syncwarp();
+}
+
+template <int DT, int N, bool BLOCK>
+__global__ void __launch_bounds__(kThreads)
+    xent_kernel(const void *logits, const int32_t *__restrict__ labels, int64_t rows, int64_t cols,
+                void *dlogits, float inv_rows) {
+  constexpr int G = BLOCK ? kThreads : 32; /* threads per row */
+  __shared__ double red_d[kWarps];
+  __shared__ float red_f[kWarps];
+  __shared__ double warp_acc[kWarps];
+  const int lane = BLOCK ? static_cast<int>(threadIdx.x) : static_cast<int>(threadIdx.x & 31);
+  const int64_t r_first = BLOCK ? static_cast<int64_t>(blockIdx.x)
+                                : static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int64_t r_step = static_cast<int64_t>(gridDim.x) * (BLOCK ? 1 : kWarps);
+  const int64_t j_first = static_cast<int64_t>(lane) * N, j_step = static_cast<int64_t>(G) * N;
+
+  double acc = 0.0; /* this group's rows, valid in lane 0 */
+  for (int64_t r = r_first; r < rows; r += r_step) {
+    const int64_t base = r * cols;
+    float mx = -INFINITY;
+    for (int64_t j = j_first; j < cols; j += j_step) {
+      float x[N];
+      ldv<DT, N>(logits, base + j, x);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        mx = x[k] > mx ? x[k] : mx; /* NaNs ignored, as the CPU's v > mx */
+    }
+    if constexpr (BLOCK)
+      mx = block_max<kThreads>(mx, red_f);
+    else
+      mx = warp_max(mx);
+
+    const int32_t label = labels[r];
+    const bool ok = label >= 0 && static_cast<int64_t>(label) < cols;
+    const float target = ok ? ld<DT>(logits, base + label) : NAN;
+
+    double sum = 0.0;
+    for (int64_t j = j_first; j < cols; j += j_step) {
+      float x[N];
+      ldv<DT, N>(logits, base + j, x);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        sum += static_cast<double>(expf(fsub(x[k], mx)));
+    }
+    if constexpr (BLOCK)
+      sum = block_sum<kThreads>(sum, red_d);
+    else
+      sum = warp_sum(sum);
+
+    if (lane == 0) {
+      const float log_sum = static_cast<float>(log(sum));
+      const double row_loss = static_cast<double>(fsub(mx, target)) + static_cast<double>(log_sum);
+      acc += ok ? row_loss : static_cast<double>(NAN);
+    }
+
+    if (dlogits) {
+      group_sync<BLOCK>(); /* every read of the label's logit is done */
+      const float inv_sum = static_cast<float>(1.0 / sum);
+      for (int64_t j = j_first; j < cols; j += j_step) {
+        float x[N];
+        ldv<DT, N>(logits, base + j, x);
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+          float p = fmul(expf(fsub(x[k], mx)), inv_sum);
+          if (j + k == label) p = fsub(p, 1.0f);
+          x[k] = ok ? fmul(p, inv_rows) : NAN;
+        }
+        stv<DT, N>(dlogits, base + j, x);
+      }
+    }
+  }
+
+  if constexpr (BLOCK) {
+    if (threadIdx.x == 0) g_xent_partial[blockIdx.x] = acc;
+  } else {
+    if (lane == 0) warp_acc[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double s = 0.0;
+#pragma unroll
+      for (int w = 0; w < kWarps; w++)
+        s += warp_acc[w];
+      g_xent_partial[blockIdx.x] = s;
+    }
+  }
+}
+
+template <bool XENT> cudaError_t launch_final(int np, double divisor, float *loss, cudaStream_t s) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  mean_final<XENT><<<1, kThreads, 0, s>>>(np, divisor, loss);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" cudaError_t lk_mse(const void *pred, const void *target, int dtype, int64_t n,
+                              float *loss, void *dpred, cudaStream_t s) {
+  if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (!pred || !target || !loss) return cudaErrorInvalidValue;
+  return with_dtype(dtype, [&](auto tag) {
+    constexpr int DT = decltype(tag)::value;
+    constexpr int V = vec16<DT>();
+    const float scale = 2.0f / static_cast<float>(n); /* the CPU's f32 scale */
+    const bool vec = aligned(pred, 16) && aligned(target, 16) && (!dpred || aligned(dpred, 16));
+    const int64_t work = vec ? cdiv<int64_t>(n, V) : n;
+    const int blocks = static_cast<int>(imin<int64_t>(cdiv<int64_t>(work, kThreads), kMaxPartials));
+    if (vec)
+      mse_kernel<DT, V><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale);
+    else
+      mse_kernel<DT, 1><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale);
+    return launch_final<false>(blocks, static_cast<double>(n), loss, s);
+  });
+}
+
+extern "C" cudaError_t lk_softmax_xent(const void *logits, int dtype, const int32_t *labels,
+                                       int64_t rows, int64_t cols, float *loss, void *dlogits,
+                                       cudaStream_t s) {
+  if (rows < 0 || cols < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  if (!logits || !labels || !loss) return cudaErrorInvalidValue;
+  return with_dtype(dtype, [&](auto tag) {
+    constexpr int DT = decltype(tag)::value;
+    constexpr int V = vec16<DT>();
+    const float inv_rows = 1.0f / static_cast<float>(rows); /* the CPU's f32 1 / rows */
+    const bool vec = cols % V == 0 && aligned(logits, 16) && (!dlogits || aligned(dlogits, 16));
+    const bool block_rows = cols > kWarpColsMax;
+    const int blocks = static_cast<int>(
+        imin<int64_t>(block_rows ? rows : cdiv<int64_t>(rows, kWarps), kMaxPartials));
+    if (block_rows) {
+      if (vec)
+        xent_kernel<DT, V, true>
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+      else
+        xent_kernel<DT, 1, true>
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+    } else {
+      if (vec)
+        xent_kernel<DT, V, false>
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+      else
+        xent_kernel<DT, 1, false>
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+    }
+    return launch_final<true>(blocks, static_cast<double>(rows), loss, s);
+  });
+}

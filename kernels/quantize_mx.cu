@@ -1,0 +1,422 @@
+/* Tiled quantizers: MXFP8 (1x32 blocks, E8M0 scales), Float8BlockScaling (1x128 blocks or
+ * 128x128 tiles, f32 scales) and the per-tensor cast with a columnwise output. Each matches
+ * src/cpu/quantize_cpu.c bit for bit (see common.cuh).
+ *
+ * A block reads a tile of x once, with 16-byte loads (each thread holds 16 consecutive values of
+ * a row per unit), and writes the rowwise codes straight from registers with 16-byte stores.
+ * For the columnwise output (the transpose, quantized along its own rows) the tile goes through
+ * shared memory as f32; a thread then takes 32 consecutive rows of one column, reduces its
+ * block amax where one is needed, and writes 32 codes of the transposed row with two 16-byte
+ * stores. Shared-memory rows are padded to 68 (64-tiles) or 132 (128-tiles) floats: a multiple
+ * of 4 keeps the 16-byte stores aligned, and the 4-word skew puts the 8 rows written by each
+ * quarter-warp (tile64) or 4 rows x 2 units (tile128) in distinct banks; the column reads are
+ * 32 consecutive words.
+ *
+ * The vector path needs cols % 16 == 0, rows % 16 == 0 when a columnwise output is written, and
+ * 16-byte aligned x, data and col_data; other shapes take the same kernels with per-element
+ * loads and stores. */
+#include "common.cuh"
+
+#include <math.h>
+
+using namespace lkc;
+
+namespace {
+
+struct TileArgs {
+  const void *x;
+  uint8_t *data;    /* rowwise codes, or NULL */
+  void *scale_inv;  /* rowwise scales (MXFP8: E8M0 bytes; block: f32) */
+  uint8_t *col_data; /* columnwise codes, or NULL */
+  void *col_scale_inv;
+  int64_t rows, cols;
+  int64_t tiles_r, tiles_c, ntiles;
+  /* per-tensor cast */
+  const float *scale;
+  float *amax;
+  float *cast_scale_inv, *cast_col_scale_inv;
+  /* MXFP8 */
+  float max_rcp;
+  /* block scaling */
+  float fp8_max, eps;
+  int power_2_scale;
+};
+
+/* the 16 values of row r from column c (zeros outside the matrix) */
+template <int XD, bool VEC>
+__device__ __forceinline__ void load_unit(const TileArgs &a, int64_t r, int64_t c, float (&v)[16]) {
+  if (VEC) {
+    if (r < a.rows && c < a.cols) {
+      load16<XD>(a.x, r * a.cols + c, v);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 16; k++) v[k] = 0.0f;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      v[k] = (r < a.rows && c + k < a.cols) ? load1<XD>(a.x, r * a.cols + c + k) : 0.0f;
+  }
+}
+
+/* 16 codes of row r from column c */
+template <bool VEC>
+__device__ __forceinline__ void store_row(const TileArgs &a, int64_t r, int64_t c, const uint4 &w) {
+  if (r >= a.rows) return;
+  if (VEC) {
+    if (c < a.cols) *reinterpret_cast<uint4 *>(a.data + r * a.cols + c) = w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      if (c + k < a.cols) a.data[r * a.cols + c + k] = (uint8_t)byte_of(w, k);
+  }
+}
+
+/* 32 codes of column col from row r (row `col` of the transpose) */
+template <bool VEC>
+__device__ __forceinline__ void store_col(const TileArgs &a, int64_t col, int64_t r, const uint4 &lo,
+                                          const uint4 &hi) {
+  if (col >= a.cols) return;
+  uint8_t *d = a.col_data + col * a.rows + r;
+  if (VEC) {
+    if (r < a.rows) *reinterpret_cast<uint4 *>(d) = lo;
+    if (r + 16 < a.rows) *reinterpret_cast<uint4 *>(d + 16) = hi;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      if (r + k < a.rows) d[k] = (uint8_t)byte_of(lo, k);
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      if (r + 16 + k < a.rows) d[16 + k] = (uint8_t)byte_of(hi, k);
+  }
+}
+
+/* ---- 64x64 tiles: per-tensor cast with transpose, MXFP8 ------------------------------------- */
+
+constexpr int T64_THREADS = 128;
+constexpr int T64_LD = 68; /* shared-memory row stride (floats) */
+constexpr int T64_SMEM = 64 * T64_LD * 4;
+enum { MODE_CAST = 0, MODE_MX = 1 };
+
+/* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15
+ * (lr = (lane & 7) + 8 warp, cq = lane >> 3: a warp loads 8 rows x 64 columns, and the two
+ * halves of an MXFP8 block sit in lanes l and l ^ 8). In the column phase it takes column
+ * t & 63, rows 32 (t >> 6) .. + 31. */
+template <int XD, int OD, int MODE, bool VEC>
+__global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
+  float *sm = reinterpret_cast<float *>(dyn_smem());
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int lr = (lane & 7) + 8 * warp, cq = lane >> 3;
+  const int cc = t & 63, rb = t >> 6;
+  const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
+  const float s = MODE == MODE_CAST ? *a.scale : 1.0f;
+  float m_loc = -INFINITY; /* per-tensor amax of this thread's elements */
+
+  for (int64_t tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+    const int64_t tr = tile / a.tiles_c, tc = tile - tr * a.tiles_c;
+    const int64_t r0 = tr * 64, c0 = tc * 64, c = c0 + 16 * cq;
+    float v[2][16];
+#pragma unroll
+    for (int q = 0; q < 2; q++) load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
+
+    /* rowwise */
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+      const int64_t r = r0 + lr + 32 * q;
+      if (MODE == MODE_CAST) {
+        if (a.amax) {
+#pragma unroll
+          for (int k = 0; k < 16; k++)
+            if (r < a.rows && c + k < a.cols) m_loc = fmaxf(m_loc, fabsf(v[q][k]));
+        }
+        if (row_out) store_row<VEC>(a, r, c, encode16<OD>(v[q], s));
+      } else if (row_out) {
+        float m = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(v[q][k]));
+        m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 8));
+        const uint32_t e = e8m0_bits(m * a.max_rcp);
+        store_row<VEC>(a, r, c, encode16<OD>(v[q], mx_scale_rcp(e)));
+        if ((cq & 1) == 0 && r < a.rows && c < a.cols)
+          static_cast<uint8_t *>(a.scale_inv)[r * (a.cols / 32) + c / 32] = (uint8_t)e;
+      }
+    }
+
+    /* columnwise */
+    if (col_out) {
+      __syncthreads(); /* the previous tile's column phase is done with sm */
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        float4 *d = reinterpret_cast<float4 *>(sm + (lr + 32 * q) * T64_LD + 16 * cq);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          d[k] = make_float4(v[q][4 * k], v[q][4 * k + 1], v[q][4 * k + 2], v[q][4 * k + 3]);
+      }
+      __syncthreads();
+      float u[2][16];
+#pragma unroll
+      for (int h = 0; h < 2; h++)
+#pragma unroll
+        for (int k = 0; k < 16; k++) u[h][k] = sm[(32 * rb + 16 * h + k) * T64_LD + cc];
+      const int64_t col = c0 + cc, rbase = r0 + 32 * rb;
+      float sc = s;
+      if (MODE == MODE_MX) {
+        float m = 0.0f;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(u[h][k]));
+        const uint32_t e = e8m0_bits(m * a.max_rcp);
+        sc = mx_scale_rcp(e);
+        if (col < a.cols && rbase < a.rows)
+          static_cast<uint8_t *>(a.col_scale_inv)[col * (a.rows / 32) + rbase / 32] = (uint8_t)e;
+      }
+      store_col<VEC>(a, col, rbase, encode16<OD>(u[0], sc), encode16<OD>(u[1], sc));
+    }
+  }
+
+  if (MODE == MODE_CAST) {
+    if (a.amax) {
+      __shared__ float red[32];
+      const float m = block_max(m_loc, red);
+      if (t == 0 && m >= 0.0f) atomic_fmax(a.amax, m);
+    }
+    if (blockIdx.x == 0 && t == 0) {
+      const float inv = div_x86(1.0f, s);
+      if (a.cast_scale_inv) *a.cast_scale_inv = inv;
+      if (a.cast_col_scale_inv) *a.cast_col_scale_inv = inv;
+    }
+  }
+}
+
+/* ---- 128x128 tiles: Float8BlockScaling --------------------------------------------------------- */
+
+constexpr int T128_THREADS = 256;
+constexpr int T128_LD = 132; /* shared-memory row stride (floats) */
+constexpr int T128_SMEM = (128 * T128_LD + 2 * 4 * 128) * 4;
+
+/* Thread t holds rows lr + 32 q (q = 0..3) of the tile, columns 16 cq .. + 15 (lr = (lane & 3)
+ * + 4 warp, cq = lane >> 2: the 8 units of a 128-column row are 8 lanes of one warp). In the
+ * column phase warp w takes rows 32 (w & 3) .. + 31 of columns 32 (w >> 2) + lane and that + 64;
+ * a 1x128 block of the transpose spans 4 warps, which combine their amaxes in shared memory. */
+template <int XD, int OD, int DIM, bool VEC>
+__global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
+  float *sm = reinterpret_cast<float *>(dyn_smem());
+  float *col_red = sm + 128 * T128_LD; /* [2][4][128]: partial column amaxes */
+  __shared__ float red[32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int lr = (lane & 3) + 4 * warp, cq = lane >> 2;
+  const int quarter = warp & 3;
+  const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
+  float *sc = static_cast<float *>(a.scale_inv), *csc = static_cast<float *>(a.col_scale_inv);
+
+  for (int64_t tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
+    const int64_t tr = tile / a.tiles_c, tc = tile - tr * a.tiles_c;
+    const int64_t r0 = tr * 128, c0 = tc * 128, c = c0 + 16 * cq;
+    float v[4][16];
+#pragma unroll
+    for (int q = 0; q < 4; q++) load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
+
+    /* 128x128: one scale for the tile (zeros outside the matrix do not change the amax) */
+    float s2 = 1.0f;
+    if (DIM == 2) {
+      float m = 0.0f;
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+#pragma unroll
+        for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(v[q][k]));
+      m = block_max(m, red);
+      s2 = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
+      if (t == 0) {
+        const float inv = div_x86(1.0f, s2);
+        if (row_out) sc[tr * a.tiles_c + tc] = inv;
+        if (col_out) csc[tc * a.tiles_r + tr] = inv;
+      }
+    }
+
+    /* rowwise */
+    if (row_out) {
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        const int64_t r = r0 + lr + 32 * q;
+        float sq = s2;
+        if (DIM == 1) {
+          float m = 0.0f;
+#pragma unroll
+          for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(v[q][k]));
+          m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 4));
+          m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 8));
+          m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 16));
+          sq = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
+          if (cq == 0 && r < a.rows) sc[r * a.tiles_c + tc] = div_x86(1.0f, sq);
+        }
+        store_row<VEC>(a, r, c, encode16<OD>(v[q], sq));
+      }
+    }
+
+    /* columnwise */
+    if (col_out) {
+      __syncthreads(); /* the previous tile's column phase is done with sm and col_red */
+#pragma unroll
+      for (int q = 0; q < 4; q++) {
+        float4 *d = reinterpret_cast<float4 *>(sm + (lr + 32 * q) * T128_LD + 16 * cq);
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          d[k] = make_float4(v[q][4 * k], v[q][4 * k + 1], v[q][4 * k + 2], v[q][4 * k + 3]);
+      }
+      __syncthreads();
+      if (DIM == 1) {
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+          const int cc = 64 * p + 32 * (warp >> 2) + lane;
+          float m = 0.0f;
+#pragma unroll
+          for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(sm[(32 * quarter + i) * T128_LD + cc]));
+          col_red[(4 * p + quarter) * 128 + cc] = m;
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int p = 0; p < 2; p++) {
+        const int cc = 64 * p + 32 * (warp >> 2) + lane;
+        const int64_t col = c0 + cc, rbase = r0 + 32 * quarter;
+        float sq = s2;
+        if (DIM == 1) {
+          float m = col_red[(4 * p) * 128 + cc];
+#pragma unroll
+          for (int k = 1; k < 4; k++) m = fmaxf(m, col_red[(4 * p + k) * 128 + cc]);
+          sq = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
+          if (quarter == 0 && col < a.cols) csc[col * a.tiles_r + tr] = div_x86(1.0f, sq);
+        }
+        float u[2][16];
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int k = 0; k < 16; k++) u[h][k] = sm[(32 * quarter + 16 * h + k) * T128_LD + cc];
+        store_col<VEC>(a, col, rbase, encode16<OD>(u[0], sq), encode16<OD>(u[1], sq));
+      }
+    }
+  }
+}
+
+/* ---- launch helpers ---------------------------------------------------------------------------- */
+
+bool vec_ok(const TileArgs &a) {
+  return a.cols % 16 == 0 && (!a.col_data || a.rows % 16 == 0) && aligned16(a.x) &&
+         aligned16(a.data) && aligned16(a.col_data);
+}
+
+TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
+  TileArgs a;
+  memset(&a, 0, sizeof a);
+  a.x = q->x;
+  a.rows = q->rows;
+  a.cols = q->cols;
+  a.tiles_r = (q->rows + tile - 1) / tile;
+  a.tiles_c = (q->cols + tile - 1) / tile;
+  a.ntiles = a.tiles_r * a.tiles_c;
+  return a;
+}
+
+cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mode, cudaStream_t s) {
+  const bool vec = vec_ok(a);
+  const unsigned grid = grid_for(a.ntiles, 1, (int64_t)num_sms() * (2048 / T64_THREADS));
+  const int smem = a.col_data ? T64_SMEM : 0;
+  return with_float_dtype(x_dtype, [&](auto xd) {
+    return with_fp8_dtype(out_dtype, [&](auto od) {
+      return with_bool(vec, [&](auto v) {
+        constexpr int XD = decltype(xd)::value, OD = decltype(od)::value;
+        constexpr bool V = decltype(v)::value;
+        if (mode == MODE_CAST)
+          LKC_LAUNCH((k_tile64<XD, OD, MODE_CAST, V>), grid, T64_THREADS, smem, s, a);
+        else
+          LKC_LAUNCH((k_tile64<XD, OD, MODE_MX, V>), grid, T64_THREADS, smem, s, a);
+        return cudaGetLastError();
+      });
+    });
+  });
+}
+
+template <int XD, int OD, int DIM, bool V>
+cudaError_t launch_block(const TileArgs &a, unsigned grid, cudaStream_t s) {
+  static std::atomic<uint64_t> smem_set{0};
+  int smem = 0;
+  if (a.col_data) {
+    smem = T128_SMEM;
+    const cudaError_t e = allow_smem(k_block<XD, OD, DIM, V>, smem, smem_set);
+    if (e != cudaSuccess) return e;
+  }
+  LKC_LAUNCH((k_block<XD, OD, DIM, V>), grid, T128_THREADS, smem, s, a);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+/* ---- launchers --------------------------------------------------------------------------------- */
+
+cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
+  TileArgs a = tile_args(q, 64);
+  a.data = static_cast<uint8_t *>(q->data);
+  a.col_data = static_cast<uint8_t *>(q->col_data);
+  a.scale = q->scale;
+  a.amax = q->amax;
+  a.cast_scale_inv = static_cast<float *>(q->scale_inv);
+  a.cast_col_scale_inv = static_cast<float *>(q->col_scale_inv);
+  return launch_tile64(a, q->x_dtype, q->out_dtype, MODE_CAST, s);
+}
+
+extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t s) {
+  if (!q || !is_float_dtype(q->x_dtype) || !is_fp8_dtype(q->out_dtype) || q->rows < 0 ||
+      q->cols < 0)
+    return cudaErrorInvalidValue;
+  if ((q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv)) return cudaErrorInvalidValue;
+  const bool row_out = q->data && q->scale_inv, col_out = q->col_data && q->col_scale_inv;
+  if ((row_out && q->cols % 32 != 0) || (col_out && q->rows % 32 != 0)) return cudaErrorInvalidValue;
+  if ((!row_out && !col_out) || q->rows == 0 || q->cols == 0) return cudaSuccess;
+  if (!q->x) return cudaErrorInvalidValue;
+  TileArgs a = tile_args(q, 64);
+  if (row_out) {
+    a.data = static_cast<uint8_t *>(q->data);
+    a.scale_inv = q->scale_inv;
+  }
+  if (col_out) {
+    a.col_data = static_cast<uint8_t *>(q->col_data);
+    a.col_scale_inv = q->col_scale_inv;
+  }
+  a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
+  return launch_tile64(a, q->x_dtype, q->out_dtype, MODE_MX, s);
+}
+
+extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t s) {
+  if (!q || !is_float_dtype(q->x_dtype) || !is_fp8_dtype(q->out_dtype) || q->rows < 0 ||
+      q->cols < 0 || (q->block_dim != 1 && q->block_dim != 2))
+    return cudaErrorInvalidValue;
+  if ((q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv)) return cudaErrorInvalidValue;
+  const bool row_out = q->data && q->scale_inv, col_out = q->col_data && q->col_scale_inv;
+  if ((!row_out && !col_out) || q->rows == 0 || q->cols == 0) return cudaSuccess;
+  if (!q->x) return cudaErrorInvalidValue;
+  TileArgs a = tile_args(q, 128);
+  if (row_out) {
+    a.data = static_cast<uint8_t *>(q->data);
+    a.scale_inv = q->scale_inv;
+  }
+  if (col_out) {
+    a.col_data = static_cast<uint8_t *>(q->col_data);
+    a.col_scale_inv = q->col_scale_inv;
+  }
+  a.fp8_max = q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f;
+  a.eps = q->amax_epsilon;
+  a.power_2_scale = q->power_2_scale;
+  const bool vec = vec_ok(a);
+  const unsigned grid = grid_for(a.ntiles, 1, (int64_t)num_sms() * 4);
+  const int dim = q->block_dim;
+  return with_float_dtype(q->x_dtype, [&](auto xd) {
+    return with_fp8_dtype(q->out_dtype, [&](auto od) {
+      return with_bool(vec, [&](auto v) {
+        constexpr int XD = decltype(xd)::value, OD = decltype(od)::value;
+        constexpr bool V = decltype(v)::value;
+        return dim == 1 ? launch_block<XD, OD, 1, V>(a, grid, s) : launch_block<XD, OD, 2, V>(a, grid, s);
+      });
+    });
+  });
+}
