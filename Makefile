@@ -34,7 +34,7 @@ ifeq ($(CUDA),1)
   SRC         += $(sort $(wildcard src/cuda/*.c))
   CU_SRC       = $(sort $(wildcard kernels/*.cu))
   LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -I$(CUDA_HOME)/include
-  LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt
+  LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
 # objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
 BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)

@@ -32,7 +32,7 @@ int lutra_cuda_status(cudaError_t e, const char *fn, const char *what) {
 int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return LUTRA_OK;
   return lutra_error(s == CUBLAS_STATUS_NOT_SUPPORTED ? LUTRA_EUNSUPPORTED : LUTRA_EBACKEND, fn,
-                     "%s failed: cuBLASLt status %d (%s)", what, (int)s, cublasGetStatusString(s));
+                     "%s failed: cuBLASLt status %d (%s)", what, (int)s, cublasLtGetStatusString(s));
 }
 
 cudaStream_t lutra_cuda_stream(void) { return cuda.stream; }
@@ -72,7 +72,7 @@ static void init_once(void) {
   cublasStatus_t s = cublasLtCreate(&cuda.lt);
   if (s != CUBLAS_STATUS_SUCCESS) {
     snprintf(cuda.message, sizeof cuda.message, "cublasLtCreate failed: %s",
-             cublasGetStatusString(s));
+             cublasLtGetStatusString(s));
     cuda.status = LUTRA_EBACKEND;
     return;
   }
