@@ -6,7 +6,8 @@ set -uo pipefail
 OUT=${OUT:-/tmp/lutra-out}
 mkdir -p "$OUT"
 steps=${*:-build cpu-specs gpu-specs sanitizer example bench}
-export LUA_PATH="lua/?.lua;lua/?/init.lua;${LUA_PATH:-;}"
+# the devkit's LuaJIT keeps its jit.* modules (for -jv) under its own prefix
+export LUA_PATH="lua/?.lua;lua/?/init.lua;/tmp/devkit/usr/share/luajit-2.1.0-beta3/?.lua;${LUA_PATH:-;}"
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 has() { [[ " $steps " == *" $1 "* ]]; }

@@ -2,9 +2,10 @@
  * algorithm the heuristic chose, made once per key (shape, dtypes, layout, epilogue,
  * fast-accumulate); a call only sets the per-call pointers (FP8 scales, bias) and runs.
  *
- * Row-major D [m, n] = op(B) @ op(A) is column-major D^T [n, m] = op(A)^T... which is what
- * cuBLAS computes when handed A and B as they are stored, with the same transpose flags:
- * TransformerEngine's convention, so "TN" here is cuBLAS's TN, Hopper's only FP8 layout.
+ * A row-major matrix is its transpose in column-major, so row-major D = op(B) op(A) is
+ * column-major D^T = op(A)^T op(B)^T, and cuBLAS computes exactly that when handed A and B
+ * as they are stored with the same transpose flags: TransformerEngine's convention, so "TN"
+ * here is cuBLAS's TN, Hopper's only FP8 layout.
  *
  * Per-tensor FP8 runs natively (A/B scale pointers = the operands' scale_inv, 16-byte
  * aligned: cuBLASLt 13.1 refuses 4-byte-aligned ones on the H200). MXFP8 and 128-block
@@ -23,7 +24,9 @@ typedef struct cuda_plan {
   bool fp8_scales;    /* per-tensor FP8: set the scale pointers per call */
   bool dequantize;    /* block-scaled operands: dequantize to BF16 first */
   bool bias_epilogue; /* else the bias is added by a kernel after the GEMM */
-  size_t a_bytes, b_bytes;
+  bool stage_d;       /* no kernel writes D's dtype from these operands: run into an f32
+                         scratch and convert (one rounding, as the CPU backend does) */
+  size_t a_bytes, b_bytes, d_bytes;
 } cuda_plan;
 
 static cudaDataType_t cuda_type(int dtype) {
@@ -83,27 +86,16 @@ static bool pick_algo(cuda_plan *c) {
   return true;
 }
 
-int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
-  static const char fn[] = "lutra_cuda_gemm_plan";
-  const lutra_gemm_key *k = &p->key;
-  cuda_plan *c = calloc(1, sizeof *c);
-  if (!c) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
-  bool fp8 = lutra_dtype_is_fp8(k->a_dtype);
-  c->dequantize = fp8 && (k->a_scaling != LUTRA_SCALING_TENSOR || k->b_scaling != LUTRA_SCALING_TENSOR);
-  c->fp8_scales = fp8 && !c->dequantize;
-  cudaDataType_t ta = c->dequantize ? CUDA_R_16BF : cuda_type(k->a_dtype);
-  cudaDataType_t tb = c->dequantize ? CUDA_R_16BF : cuda_type(k->b_dtype);
-  /* stored (row-major) shapes of A and B */
-  int64_t ra = k->transa ? k->n : k->k, ca = k->transa ? k->k : k->n;
-  int64_t rb = k->transb ? k->k : k->m, cb = k->transb ? k->m : k->k;
-  c->a_bytes = round256((size_t)(ra * ca) * 2);
-  c->b_bytes = round256((size_t)(rb * cb) * 2);
-  LT(cublasLtMatrixLayoutCreate(&c->la, ta, (uint64_t)ca, (uint64_t)ra, ca), "A layout");
-  LT(cublasLtMatrixLayoutCreate(&c->lb, tb, (uint64_t)cb, (uint64_t)rb, cb), "B layout");
-  LT(cublasLtMatrixLayoutCreate(&c->ld, cuda_type(k->d_dtype), (uint64_t)k->n, (uint64_t)k->m,
-                                k->n),
-     "D layout");
-  LT(cublasLtMatmulDescCreate(&c->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul descriptor");
+/* (Re)builds the descriptor and D's layout for one configuration and asks the heuristic. */
+static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool bias_epilogue) {
+  if (c->op) cublasLtMatmulDescDestroy(c->op);
+  if (c->ld) cublasLtMatrixLayoutDestroy(c->ld);
+  c->op = NULL;
+  c->ld = NULL;
+  if (cublasLtMatrixLayoutCreate(&c->ld, cuda_type(d_dtype), (uint64_t)k->n, (uint64_t)k->m,
+                                 k->n) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulDescCreate(&c->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS)
+    return false;
   cublasOperation_t opa = k->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opb = k->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
   set_attr(c, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
@@ -112,30 +104,55 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
     int8_t fast = (int8_t)(k->fast_accum != 0);
     set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
   }
-  bool found = false;
-  if (k->bias_dtype >= 0) {
+  if (bias_epilogue) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cudaDataType_t bt = cuda_type(k->bias_dtype);
     set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
     set_attr(c, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
-    found = pick_algo(c);
-    c->bias_epilogue = found;
-    if (!found) {
-      epi = CUBLASLT_EPILOGUE_DEFAULT;
-      set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    }
   }
-  if (!found) found = pick_algo(c);
+  c->bias_epilogue = bias_epilogue;
+  return pick_algo(c);
+}
+
+int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
+  static const char fn[] = "lutra_cuda_gemm_plan";
+  const lutra_gemm_key *k = &p->key;
+  cuda_plan *c = calloc(1, sizeof *c);
+  if (!c) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
+  bool fp8 = lutra_dtype_is_fp8(k->a_dtype);
+  c->dequantize =
+      fp8 && (k->a_scaling != LUTRA_SCALING_TENSOR || k->b_scaling != LUTRA_SCALING_TENSOR);
+  c->fp8_scales = fp8 && !c->dequantize;
+  cudaDataType_t ta = c->dequantize ? CUDA_R_16BF : cuda_type(k->a_dtype);
+  cudaDataType_t tb = c->dequantize ? CUDA_R_16BF : cuda_type(k->b_dtype);
+  /* stored (row-major) shapes of A and B */
+  int64_t ra = k->transa ? k->n : k->k, ca = k->transa ? k->k : k->n;
+  int64_t rb = k->transb ? k->k : k->m, cb = k->transb ? k->m : k->k;
+  c->a_bytes = round256((size_t)(ra * ca) * 2);
+  c->b_bytes = round256((size_t)(rb * cb) * 2);
+  c->d_bytes = round256((size_t)(k->m * k->n) * 4);
+  LT(cublasLtMatrixLayoutCreate(&c->la, ta, (uint64_t)ca, (uint64_t)ra, ca), "A layout");
+  LT(cublasLtMatrixLayoutCreate(&c->lb, tb, (uint64_t)cb, (uint64_t)rb, cb), "B layout");
+  /* the bias in the epilogue where cuBLASLt takes it, else a kernel; D's own dtype where a
+   * kernel writes it, else an f32 scratch */
+  bool bias = k->bias_dtype >= 0;
+  bool found = (bias && try_config(c, k, k->d_dtype, true)) || try_config(c, k, k->d_dtype, false);
+  if (!found && k->d_dtype != LUTRA_F32) {
+    c->stage_d = true;
+    found = (bias && try_config(c, k, LUTRA_F32, true)) || try_config(c, k, LUTRA_F32, false);
+  }
   if (!found) {
     destroy(c);
-    return lutra_error(LUTRA_EUNSUPPORTED, fn,
-                       "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c",
-                       lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype),
-                       lutra_dtype_name(k->d_dtype), (long long)k->m, (long long)k->n,
-                       (long long)k->k, k->transa ? 'T' : 'N', k->transb ? 'T' : 'N');
+    return lutra_error(
+        LUTRA_EUNSUPPORTED, fn,
+        "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c",
+        lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype), lutra_dtype_name(k->d_dtype),
+        (long long)k->m, (long long)k->n, (long long)k->k, k->transa ? 'T' : 'N',
+        k->transb ? 'T' : 'N');
   }
   p->backend_plan = c;
-  p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0);
+  p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0) +
+                       (c->stage_d ? c->d_bytes : 0);
   return LUTRA_OK;
 }
 
@@ -179,14 +196,26 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
   if (g->bias && c->bias_epilogue)
     cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
                                    sizeof g->bias);
+  cudaStream_t s = lutra_cuda_stream();
+  void *d = g->d;
+  int d_dtype = g->d_dtype;
+  if (c->stage_d) {
+    d = ws + LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0);
+    d_dtype = LUTRA_F32;
+    if (g->accumulate)
+      TRY(lutra_cuda_status(lk_convert(g->d, g->d_dtype, d, LUTRA_F32, g->m * g->n, s), fn,
+                            "staging D"));
+  }
   const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
   TRY(lutra_cublas_status(cublasLtMatmul(lutra_cuda_lt(), c->op, &alpha, a, c->la, b, c->lb, &beta,
-                                         g->d, c->ld, g->d, c->ld, &c->algo, ws,
-                                         LUTRA_CUDA_WORKSPACE - 256, lutra_cuda_stream()),
+                                         d, c->ld, d, c->ld, &c->algo, ws,
+                                         LUTRA_CUDA_WORKSPACE - 256, s),
                           fn, "cublasLtMatmul"));
   if (g->bias && !c->bias_epilogue)
-    return lutra_cuda_status(lk_add_bias(g->d, g->d_dtype, g->bias, g->bias_dtype, g->m, g->n,
-                                         lutra_cuda_stream()),
-                             fn, "bias kernel");
+    TRY(lutra_cuda_status(lk_add_bias(d, d_dtype, g->bias, g->bias_dtype, g->m, g->n, s), fn,
+                          "bias kernel"));
+  if (c->stage_d)
+    TRY(lutra_cuda_status(lk_convert(d, LUTRA_F32, g->d, g->d_dtype, g->m * g->n, s), fn,
+                          "rounding the staged D"));
   return LUTRA_OK;
 }
