@@ -25,8 +25,8 @@ if has gpu-specs; then
   note "gpu specs: $(grep -E 'successes' "$OUT/gpu-specs.log" | tail -1)"
 fi
 if has sanitizer; then
-  timeout 400 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    luajit /tmp/devkit/usr/bin/busted --pattern=_gpu spec/gpu/ops_gpu.lua > "$OUT/memcheck.log" 2>&1
+  timeout 420 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    luajit /tmp/devkit/usr/bin/busted --pattern=_gpu spec/gpu > "$OUT/memcheck.log" 2>&1
   note "memcheck exit $?: $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
 fi
 if has example; then
