@@ -754,7 +754,7 @@ describe("GEMM on " .. DEV .. " (high precision)", function()
         local epi = { name = "bias", bias = true, bias_dtype = c.bdt, acc = acc }
         local Da = gemm_on(REF, Aa, true, Ba, false, m, n, c.ddt, epi, 33)
         local Db = gemm_on(DEV, Ab, true, Bb, false, m, n, c.ddt, epi, 33)
-        assert_nmse(Db, Da, c.ddt == "f32" and 1e-10 or 1e-5,
+        assert_nmse(Db, Da, c.ddt == "f32" and 1e-10 or 2e-5, -- bf16 D: one-ulp rounding-order flips
                     string.format("TN %s bias, %s D, accumulate %s", c.bdt, c.ddt, tostring(acc)))
       end
     end
