@@ -390,8 +390,11 @@ LKC_UNROLL
 LKC_UNROLL
   for (int j = 0; j < 4; j++)
     w[j] = fp8x2<OD>(p[4 * j], p[4 * j + 1]) | (fp8x2<OD>(p[4 * j + 2], p[4 * j + 3]) << 16);
-  const uint32_t any = fp8_nan_bytes<OD>(w[0]) | fp8_nan_bytes<OD>(w[1]) |
-                       fp8_nan_bytes<OD>(w[2]) | fp8_nan_bytes<OD>(w[3]);
+  /* NaN products are found from the products, not the codes: that does not depend on which
+   * NaN code the hardware returns */
+  bool any = false;
+LKC_UNROLL
+  for (int k = 0; k < 16; k += 2) any |= !(p[k] == p[k] && p[k + 1] == p[k + 1]);
   if (any) {
 LKC_UNROLL
     for (int k = 0; k < 16; k++) {

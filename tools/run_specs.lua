@@ -3,6 +3,8 @@
 --   compute-sanitizer --tool memcheck luajit tools/run_specs.lua spec/gpu/*_gpu.lua
 -- Prints each failure and "N passed, N failed"; exits non-zero when a test fails.
 local assert = require("luassert")
+io.stdout:setvbuf("line") -- a crash must not swallow what ran before it
+local verbose = os.getenv("RUN_SPECS_VERBOSE") == "1"
 local passed, failed, path = 0, 0, {}
 
 local env = setmetatable({ assert = assert }, { __index = _G })
@@ -12,6 +14,7 @@ function env.describe(name, body)
   path[#path] = nil
 end
 function env.it(name, body)
+  if verbose then io.write("RUN  ", table.concat(path, " "), " ", name, "\n") end
   local ok, err = xpcall(body, debug.traceback)
   if ok then
     passed = passed + 1
