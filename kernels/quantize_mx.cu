@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int k = 0; k < 16; k++) u[h][k] = sm[(32 * rb + 16 * h + k) * T64_LD + cc];
+        for (int k = 0; k < 16; k++) u[h][k] = sm[(32 * rb + 16 * h + k) * T64_LD + (cc ^ (k == 5))];
       const int64_t col = c0 + cc, rbase = r0 + 32 * rb;
       float sc = s;
       if (MODE == MODE_MX) {

@@ -39,6 +39,19 @@ function M.device_available(name)
   return C.lutra_device_available(core.code(core.devices, name, "device", "lutra.device_available")) == 1
 end
 
+-- Waits for the device's queued work (for timing; host reads synchronize already).
+function M.synchronize(name)
+  core.check(C.lutra_device_synchronize(core.device(name, "lutra.synchronize")))
+end
+
+-- CUDA: run lutra's work on this cudaStream_t (a cdata pointer; nil: lutra's own stream).
+function M.cuda_set_stream(stream)
+  core.check(C.lutra_cuda_set_stream(stream))
+end
+
+-- true when LUTRA_NVTX=1 was set when the library loaded (NVTX ranges are emitted)
+function M.nvtx_active() return C.lutra_nvtx_active() == 1 end
+
 function M.version()
   local b = core.int_box
   core.check(C.lutra_version(b, b + 1, b + 2))
