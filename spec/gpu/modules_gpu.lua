@@ -14,7 +14,7 @@
 -- The device is LUTRA_GPU_SPEC_DEVICE (default "cuda"); LUTRA_GPU_SPEC_DEVICE=cpu dry-runs the
 -- suite CPU against CPU. When the device is not available, every test fails saying so.
 
--- ---- helpers (each spec/gpu file carries its own copy) ---------------------------------------
+-- ---- helpers (the device choice and test wrapper are shared: spec/gpu/support.lua) ---------
 -- (globals are read through busted's sandbox environment, which is slow in hot loops: keep
 -- local copies)
 local math, string, table, type, tostring, ipairs, pairs, pcall, error =
@@ -26,53 +26,10 @@ local C = lutra.C
 local R = lutra.recipe
 local nn = lutra.nn
 
-local DEV = os.getenv("LUTRA_GPU_SPEC_DEVICE")
-if DEV == nil or DEV == "" then DEV = "cuda" end
-local REF = "cpu"
--- LUTRA_GPU_SPEC_VERBOSE=1 prints every measured NMSE (or loss) to stderr, to see the margins
-local VERBOSE = (os.getenv("LUTRA_GPU_SPEC_VERBOSE") or "") ~= "" and os.getenv("LUTRA_GPU_SPEC_VERBOSE") ~= "0"
-local function note(fmt, ...)
-  if VERBOSE then io.stderr:write(string.format(fmt, ...), "\n") end
-end
-
-local DEV_OK, DEV_WHY
-do
-  local ok, avail = pcall(lutra.device_available, DEV)
-  if not ok then
-    DEV_OK, DEV_WHY = false, tostring(avail)
-  elseif avail then
-    DEV_OK = true
-  else
-    local ok2, err = pcall(lutra.tensor, { 1 }, "f32", DEV)
-    DEV_OK = false
-    DEV_WHY = ok2 and "lutra.device_available returned false" or tostring(err)
-  end
-end
-
--- Owners (quantizers, modules, losses) of tensors that are read later are held here until the
--- test ends, so that the GC cannot free an owner (and its outputs) while a result is compared.
-local held = {}
-local function hold(obj)
-  held[#held + 1] = obj
-  return obj
-end
-
--- it() that fails at once, saying why, when the device under test cannot run.
-local function test(name, fn)
-  it(name, function()
-    if not DEV_OK then
-      error(string.format("GPU spec device '%s' is not available: %s (set LUTRA_GPU_SPEC_DEVICE=cpu "
-                          .. "to dry-run this suite on the CPU)", DEV, DEV_WHY), 0)
-    end
-    held = {}
-    fn()
-    held = {}
-  end)
-end
-
-local function fail(fmt, ...) error(string.format(fmt, ...), 2) end
-
-local function isfinite(v) return v == v and v ~= HUGE and v ~= -HUGE end
+local S = require("spec.gpu.support")
+local DEV, REF, note, hold, fail, isfinite = S.DEV, S.REF, S.note, S.hold, S.fail, S.isfinite
+-- it() that fails at once, saying why, when the device under test cannot run
+local function test(name, fn) S.test(it, name, fn) end
 
 -- the same random tensor on both devices (generated on the host from the seed)
 local function randn_pair(shape, dtype, seed, std, mean)
