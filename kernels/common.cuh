@@ -33,7 +33,7 @@
 #include "kernels.h"
 
 #define LKC_HD __host__ __device__ __forceinline__
-#define LKC_D __device__ __forceinline__
+#define LKC_D  __device__ __forceinline__
 
 /* #pragma unroll for __host__ __device__ code (the host compiler does not know it) */
 #ifdef __CUDA_ARCH__
@@ -53,7 +53,7 @@ namespace lkc {
 constexpr unsigned FULL_MASK = 0xFFFFFFFFu;
 constexpr float FLT_MAX_F = 3.40282346638528859812e+38f;
 
-/* ---- f32 bit patterns ------------------------------------------------------------------ */
+/* ---- f32 bit patterns ------------------------------------------------------------------------ */
 
 LKC_HD uint32_t f32_bits(float f) {
 #ifdef __CUDA_ARCH__
@@ -75,13 +75,21 @@ LKC_HD float bits_f32(uint32_t u) {
 #endif
 }
 
-LKC_HD bool is_nan(float f) { return f != f; }
-LKC_HD bool is_inf(float f) { return (f32_bits(f) & 0x7FFFFFFFu) == 0x7F800000u; }
-LKC_HD bool is_finite(float f) { return (f32_bits(f) & 0x7F800000u) != 0x7F800000u; }
+LKC_HD bool is_nan(float f) {
+  return f != f;
+}
+LKC_HD bool is_inf(float f) {
+  return (f32_bits(f) & 0x7FFFFFFFu) == 0x7F800000u;
+}
+LKC_HD bool is_finite(float f) {
+  return (f32_bits(f) & 0x7F800000u) != 0x7F800000u;
+}
 
-/* ---- what x86-64 (the CPU backend) computes when a product or quotient is NaN ------------ */
+/* ---- what x86-64 (the CPU backend) computes when a product or quotient is NaN ---------------- */
 
-LKC_HD float quiet(float a) { return bits_f32(f32_bits(a) | 0x00400000u); }
+LKC_HD float quiet(float a) {
+  return bits_f32(f32_bits(a) | 0x00400000u);
+}
 
 /* a NaN result of a op b: the first NaN operand, quieted; else the default NaN */
 LKC_HD float nan_result(float a, float b) {
@@ -100,7 +108,7 @@ LKC_HD float div_x86(float a, float b) {
   return is_nan(r) ? nan_result(a, b) : r;
 }
 
-/* ---- bf16 / f16 (src/dtype.c) ------------------------------------------------------------ */
+/* ---- bf16 / f16 (src/dtype.c) ---------------------------------------------------------------- */
 
 LKC_HD uint32_t bf16_bits(float f) {
   uint32_t u = f32_bits(f);
@@ -109,7 +117,9 @@ LKC_HD uint32_t bf16_bits(float f) {
   return u >> 16;
 }
 
-LKC_HD float bf16_value(uint32_t h) { return bits_f32((h & 0xFFFFu) << 16); }
+LKC_HD float bf16_value(uint32_t h) {
+  return bits_f32((h & 0xFFFFu) << 16);
+}
 
 LKC_HD uint32_t f16_nan_bits(uint32_t u) {
   return ((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu);
@@ -132,7 +142,7 @@ LKC_HD float f16_value(uint32_t h) {
   return bits_f32(f32_bits(v) | sign);
 }
 
-/* ---- FP8 (src/dtype.c) ------------------------------------------------------------------- */
+/* ---- FP8 (src/dtype.c) ----------------------------------------------------------------------- */
 
 /* the integer mirror of src/dtype.c's narrow_rne (finite |x| only, sign cleared) */
 LKC_HD uint32_t narrow_rne(uint32_t mag, int mbits, int bias) {
@@ -193,7 +203,7 @@ template <int OD> LKC_HD uint32_t fp8_nan_code(float nan_value) {
 }
 
 /* Two FP8 codes (lo in bits 0..7, hi in bits 8..15). Exact for non-NaN inputs; a NaN input
- * gives some NaN code, which callers patch (see fp8_nan_bytes). */
+ * gives some NaN code, which callers replace (encode16, encode1). */
 template <int OD> LKC_HD uint32_t fp8x2(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && !defined(LKC_SOFT_FP8)
   unsigned short r;
@@ -205,12 +215,6 @@ template <int OD> LKC_HD uint32_t fp8x2(float lo, float hi) {
 #else
   return fp8_soft<OD>(lo) | (fp8_soft<OD>(hi) << 8);
 #endif
-}
-
-/* Nonzero when some byte of w is a NaN code. Saturating encodes give |code| <= 0x7E (E4M3) or
- * <= 0x7B (E5M2) for every non-NaN input, so a larger magnitude byte can only be a NaN. */
-template <int OD> LKC_HD uint32_t fp8_nan_bytes(uint32_t w) {
-  return ((w & 0x7F7F7F7Fu) + (OD == LUTRA_E4M3 ? 0x01010101u : 0x04040404u)) & 0x80808080u;
 }
 
 /* FP8 code -> f32, exact, as lutra_decode (NaN codes give +NaN 0x7FC00000) */
@@ -257,7 +261,7 @@ template <int DT> LKC_HD float2 fp8x2_values(uint32_t c2) {
 #endif
 }
 
-/* ---- E8M0 (TransformerEngine's float_to_e8m0 and exp2f_rcp) ------------------------------ */
+/* ---- E8M0 (TransformerEngine's float_to_e8m0 and exp2f_rcp) ---------------------------------- */
 
 LKC_HD uint32_t e8m0_bits(float f) {
   if (is_nan(f)) return 0xFFu;
@@ -284,7 +288,7 @@ LKC_HD float mx_scale_rcp(uint32_t e) {
   return bits_f32((254u - e) << 23);
 }
 
-/* ---- f32 scale rules (src/cpu/quantize_cpu.c) --------------------------------------------- */
+/* ---- f32 scale rules (src/cpu/quantize_cpu.c) ------------------------------------------------ */
 
 /* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX) */
 LKC_HD float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {
@@ -306,7 +310,7 @@ LKC_HD float exp2_int(int32_t e) {
   return 0.0f;
 }
 
-/* ---- element access by dtype -------------------------------------------------------------- */
+/* ---- element access by dtype ----------------------------------------------------------------- */
 
 template <int DT> struct elem_size { static constexpr int value = DT == LUTRA_F32 ? 4 : 2; };
 
@@ -336,7 +340,7 @@ template <int DT> LKC_HD void store1(void *p, int64_t i, float v) {
 template <int DT> LKC_HD void load16(const void *p, int64_t i, float (&v)[16]) {
   if (DT == LUTRA_F32) {
     const float4 *q = reinterpret_cast<const float4 *>(static_cast<const float *>(p) + i);
-LKC_UNROLL
+    LKC_UNROLL
     for (int k = 0; k < 4; k++) {
       const float4 f = q[k];
       v[4 * k] = f.x;
@@ -346,11 +350,11 @@ LKC_UNROLL
     }
   } else {
     const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(p) + i);
-LKC_UNROLL
+    LKC_UNROLL
     for (int k = 0; k < 2; k++) {
       const uint4 w = q[k];
       const uint32_t a[4] = {w.x, w.y, w.z, w.w};
-LKC_UNROLL
+      LKC_UNROLL
       for (int j = 0; j < 4; j++) {
         v[8 * k + 2 * j] = half_value<DT>(a[j] & 0xFFFFu);
         v[8 * k + 2 * j + 1] = half_value<DT>(a[j] >> 16);
@@ -363,14 +367,15 @@ LKC_UNROLL
 template <int DT> LKC_HD void store16(void *p, int64_t i, const float (&v)[16]) {
   if (DT == LUTRA_F32) {
     float4 *q = reinterpret_cast<float4 *>(static_cast<float *>(p) + i);
-LKC_UNROLL
-    for (int k = 0; k < 4; k++) q[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+    LKC_UNROLL
+    for (int k = 0; k < 4; k++)
+      q[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
   } else {
     uint4 *q = reinterpret_cast<uint4 *>(static_cast<uint16_t *>(p) + i);
-LKC_UNROLL
+    LKC_UNROLL
     for (int k = 0; k < 2; k++) {
       uint32_t a[4];
-LKC_UNROLL
+      LKC_UNROLL
       for (int j = 0; j < 4; j++)
         a[j] = half_bits<DT>(v[8 * k + 2 * j]) | (half_bits<DT>(v[8 * k + 2 * j + 1]) << 16);
       q[k] = make_uint4(a[0], a[1], a[2], a[3]);
@@ -378,25 +383,27 @@ LKC_UNROLL
   }
 }
 
-/* ---- FP8 encoding of products, 16 at a time ----------------------------------------------- */
+/* ---- FP8 encoding of products, 16 at a time -------------------------------------------------- */
 
 /* codes of v[k] * s for k = 0..15, as lutra_encode(od, v[k] * s) on the CPU (NaN products get
  * the sign x86 gives them) */
 template <int OD> LKC_HD uint4 encode16(const float (&v)[16], float s) {
   float p[16];
-LKC_UNROLL
-  for (int k = 0; k < 16; k++) p[k] = v[k] * s;
+  LKC_UNROLL
+  for (int k = 0; k < 16; k++)
+    p[k] = v[k] * s;
   uint32_t w[4];
-LKC_UNROLL
+  LKC_UNROLL
   for (int j = 0; j < 4; j++)
     w[j] = fp8x2<OD>(p[4 * j], p[4 * j + 1]) | (fp8x2<OD>(p[4 * j + 2], p[4 * j + 3]) << 16);
   /* NaN products are found from the products, not the codes: that does not depend on which
    * NaN code the hardware returns */
   bool any = false;
-LKC_UNROLL
-  for (int k = 0; k < 16; k += 2) any |= !(p[k] == p[k] && p[k + 1] == p[k + 1]);
+  LKC_UNROLL
+  for (int k = 0; k < 16; k += 2)
+    any |= !(p[k] == p[k] && p[k + 1] == p[k + 1]);
   if (any) {
-LKC_UNROLL
+    LKC_UNROLL
     for (int k = 0; k < 16; k++) {
       if (is_nan(p[k])) {
         const uint32_t sh = 8u * (k & 3);
@@ -418,7 +425,7 @@ LKC_HD uint32_t byte_of(const uint4 &w, int k) {
   return (a >> (8 * (k & 3))) & 0xFFu;
 }
 
-/* ---- reductions ------------------------------------------------------------------------- */
+/* ---- reductions ------------------------------------------------------------------------------ */
 
 #if defined(__CUDACC__) || defined(LKC_SIM)
 #ifndef LKC_SIM
@@ -430,8 +437,9 @@ LKC_D unsigned char *dyn_smem() {
 #endif
 
 LKC_D float warp_max(float m) {
-LKC_UNROLL
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
+  LKC_UNROLL
+  for (int o = 16; o > 0; o >>= 1)
+    m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, o));
   return m;
 }
 
@@ -444,7 +452,8 @@ LKC_D float block_max(float m, float *red) {
   if (lane == 0) red[warp] = m;
   __syncthreads();
   m = red[0];
-  for (int k = 1; k < nw; k++) m = fmaxf(m, red[k]);
+  for (int k = 1; k < nw; k++)
+    m = fmaxf(m, red[k]);
   return m;
 }
 
@@ -467,7 +476,7 @@ LKC_D void atomic_fmax(float *addr, float v) {
 }
 #endif
 
-/* ---- host-side launch helpers ------------------------------------------------------------- */
+/* ---- host-side launch helpers ---------------------------------------------------------------- */
 
 inline int device_index() {
   int dev = 0;
@@ -499,10 +508,32 @@ inline unsigned grid_for(int64_t work, int64_t per_block, int64_t cap) {
   return (unsigned)g;
 }
 
-inline bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+/* A grid of at most as many blocks of Kernel as fit on the device at once (the kernels loop over
+ * their work): `blocks_needed` when fewer. The occupancy is asked once per kernel. */
+template <auto Kernel> unsigned persistent_grid(int64_t blocks_needed, int threads, size_t smem) {
+  static std::atomic<int> cache[2];
+  std::atomic<int> &c = cache[smem ? 1 : 0];
+  int per_sm = c.load(std::memory_order_relaxed);
+  if (per_sm <= 0) {
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &per_sm, reinterpret_cast<const void *>(Kernel), threads, smem) != cudaSuccess ||
+        per_sm < 1)
+      per_sm = 1;
+    c.store(per_sm, std::memory_order_relaxed);
+  }
+  return grid_for(blocks_needed, 1, (int64_t)num_sms() * per_sm);
+}
 
-inline bool is_float_dtype(int d) { return d == LUTRA_F32 || d == LUTRA_BF16 || d == LUTRA_F16; }
-inline bool is_fp8_dtype(int d) { return d == LUTRA_E4M3 || d == LUTRA_E5M2; }
+inline bool aligned16(const void *p) {
+  return ((uintptr_t)p & 15u) == 0;
+}
+
+inline bool is_float_dtype(int d) {
+  return d == LUTRA_F32 || d == LUTRA_BF16 || d == LUTRA_F16;
+}
+inline bool is_fp8_dtype(int d) {
+  return d == LUTRA_E4M3 || d == LUTRA_E5M2;
+}
 
 /* f(std::integral_constant<int, dtype>) for a float / FP8 dtype, or cudaErrorInvalidValue */
 template <typename F> cudaError_t with_float_dtype(int d, F &&f) {
@@ -544,7 +575,7 @@ template <typename K> cudaError_t allow_smem(K *kernel, int bytes, std::atomic<u
   return e;
 }
 
-/* ---- the tiled quantizers (kernels/quantize_mx.cu) --------------------------------------- */
+/* ---- the tiled quantizers (kernels/quantize_mx.cu) ------------------------------------------- */
 
 /* Per-tensor cast with a columnwise (transposed) output, through 64x64 shared-memory tiles;
  * lk_cast uses it when col_data is set. Arguments are checked by the caller. */

@@ -16,15 +16,20 @@ namespace {
 constexpr int THREADS = 256;
 constexpr int UNIT = 16;
 
-/* enough blocks to fill every SM once at full occupancy */
-inline int64_t flat_cap() { return (int64_t)num_sms() * (2048 / THREADS); }
+/* blocks for n elements: one thread per 16-element unit (vector path) or per element */
+inline int64_t flat_blocks(int64_t n, bool vec) {
+  const int64_t items = vec ? (n + UNIT - 1) / UNIT : n;
+  return (items + THREADS - 1) / THREADS;
+}
 
 __device__ __forceinline__ int64_t thread_id() {
   return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
 }
-__device__ __forceinline__ int64_t thread_count() { return (int64_t)gridDim.x * blockDim.x; }
+__device__ __forceinline__ int64_t thread_count() {
+  return (int64_t)gridDim.x * blockDim.x;
+}
 
-/* ---- convert ------------------------------------------------------------------------------- */
+/* ---- convert --------------------------------------------------------------------------------- */
 
 template <int SD, int DD, bool VEC>
 __global__ void __launch_bounds__(THREADS) k_convert(const void *src, void *dst, int64_t n) {
@@ -39,10 +44,11 @@ __global__ void __launch_bounds__(THREADS) k_convert(const void *src, void *dst,
     }
     done = units * UNIT;
   }
-  for (int64_t i = done + tid; i < n; i += nt) store1<DD>(dst, i, load1<SD>(src, i));
+  for (int64_t i = done + tid; i < n; i += nt)
+    store1<DD>(dst, i, load1<SD>(src, i));
 }
 
-/* ---- fill ----------------------------------------------------------------------------------- */
+/* ---- fill ------------------------------------------------------------------------------------ */
 
 /* n elements of ESZ bytes, each the low ESZ bytes of `pattern` (16-bit patterns repeated twice) */
 template <int ESZ, bool VEC>
@@ -53,7 +59,8 @@ __global__ void __launch_bounds__(THREADS) k_fill(void *dst, int64_t n, uint32_t
     const int64_t units = n * ESZ / 16;
     uint4 *d = static_cast<uint4 *>(dst);
     const uint4 p = make_uint4(pattern, pattern, pattern, pattern);
-    for (int64_t u = tid; u < units; u += nt) d[u] = p;
+    for (int64_t u = tid; u < units; u += nt)
+      d[u] = p;
     done = units * 16 / ESZ;
   }
   for (int64_t i = done + tid; i < n; i += nt) {
@@ -64,7 +71,7 @@ __global__ void __launch_bounds__(THREADS) k_fill(void *dst, int64_t n, uint32_t
   }
 }
 
-/* ---- amax ----------------------------------------------------------------------------------- */
+/* ---- amax ------------------------------------------------------------------------------------ */
 
 /* m = fmaxf(m, |x|) over this thread's elements; -inf when it saw no non-NaN element */
 template <int DT, bool VEC>
@@ -77,11 +84,13 @@ __device__ __forceinline__ float thread_amax(const void *x, int64_t n, int64_t t
       float v[UNIT];
       load16<DT>(x, u * UNIT, v);
 #pragma unroll
-      for (int k = 0; k < UNIT; k++) m = fmaxf(m, fabsf(v[k]));
+      for (int k = 0; k < UNIT; k++)
+        m = fmaxf(m, fabsf(v[k]));
     }
     done = units * UNIT;
   }
-  for (int64_t i = done + tid; i < n; i += nt) m = fmaxf(m, fabsf(load1<DT>(x, i)));
+  for (int64_t i = done + tid; i < n; i += nt)
+    m = fmaxf(m, fabsf(load1<DT>(x, i)));
   return m;
 }
 
@@ -115,8 +124,7 @@ struct CastArgs {
   int64_t n;
 };
 
-template <int XD, int OD, bool VEC>
-__global__ void __launch_bounds__(THREADS) k_cast(CastArgs a) {
+template <int XD, int OD, bool VEC> __global__ void __launch_bounds__(THREADS) k_cast(CastArgs a) {
   const float s = *a.scale;
   const int64_t tid = thread_id(), nt = thread_count();
   float m = -INFINITY;
@@ -128,7 +136,8 @@ __global__ void __launch_bounds__(THREADS) k_cast(CastArgs a) {
       load16<XD>(a.x, u * UNIT, v);
       if (a.amax) {
 #pragma unroll
-        for (int k = 0; k < UNIT; k++) m = fmaxf(m, fabsf(v[k]));
+        for (int k = 0; k < UNIT; k++)
+          m = fmaxf(m, fabsf(v[k]));
       }
       if (a.data) *reinterpret_cast<uint4 *>(a.data + u * UNIT) = encode16<OD>(v, s);
     }
@@ -194,7 +203,8 @@ __global__ void __launch_bounds__(THREADS) k_dequant(DequantArgs a) {
         v[4 * j + 3] = hi.y * f;
       }
 #pragma unroll
-      for (int k = 0; k < UNIT; k++) any_nan |= is_nan(v[k]);
+      for (int k = 0; k < UNIT; k++)
+        any_nan |= is_nan(v[k]);
       if (any_nan) {
 #pragma unroll
         for (int k = 0; k < UNIT; k++)
@@ -232,7 +242,8 @@ constexpr int DELAYED_PER_THREAD = 4;
  * chunk k+1 reads only indices above those chunk k writes, and writes only after its own
  * barrier, which every thread passes after finishing its chunk-k reads. */
 template <int K>
-__global__ void __launch_bounds__(DELAYED_THREADS) k_delayed(const __grid_constant__ DelayedParams<K> p) {
+__global__ void __launch_bounds__(DELAYED_THREADS)
+    k_delayed(const __grid_constant__ DelayedParams<K> p) {
   if ((int)blockIdx.x >= p.n) return;
   const DelayedMeta &m = p.m[blockIdx.x];
   float *h = m.history;
@@ -273,15 +284,15 @@ __global__ void __launch_bounds__(DELAYED_THREADS) k_delayed(const __grid_consta
   }
 }
 
-template <int K>
-cudaError_t launch_delayed(lutra_scale_meta *const *metas, int n, cudaStream_t s) {
+template <int K> cudaError_t launch_delayed(lutra_scale_meta *const *metas, int n, cudaStream_t s) {
   DelayedParams<K> p;
   memset(&p, 0, sizeof p);
   p.n = n;
   for (int j = 0; j < n; j++) {
     const lutra_scale_meta *m = metas[j];
-    p.m[j] = DelayedMeta{m->scale,       m->scale_inv,       m->amax_history, m->history_len,
-                         m->amax_compute_algo, m->fp8_max, m->margin};
+    p.m[j] =
+        DelayedMeta{m->scale,   m->scale_inv, m->amax_history, m->history_len, m->amax_compute_algo,
+                    m->fp8_max, m->margin};
   }
   LKC_LAUNCH(k_delayed<K>, n, DELAYED_THREADS, 0, s, p);
   return cudaGetLastError();
@@ -291,11 +302,12 @@ static_assert(sizeof(DelayedParams<768>) <= 32764, "kernel parameters of at most
 
 } // namespace
 
-/* ---- launchers --------------------------------------------------------------------------------- */
+/* ---- launchers ------------------------------------------------------------------------------- */
 
 extern "C" cudaError_t lk_convert(const void *src, int src_dtype, void *dst, int dst_dtype,
                                   int64_t n, cudaStream_t s) {
-  if (!is_float_dtype(src_dtype) || !is_float_dtype(dst_dtype) || n < 0) return cudaErrorInvalidValue;
+  if (!is_float_dtype(src_dtype) || !is_float_dtype(dst_dtype) || n < 0)
+    return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!src || !dst) return cudaErrorInvalidValue;
   if (src_dtype == dst_dtype) {
@@ -304,7 +316,6 @@ extern "C" cudaError_t lk_convert(const void *src, int src_dtype, void *dst, int
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
   }
   const bool vec = aligned16(src) && aligned16(dst);
-  const unsigned grid = grid_for(vec ? (n + UNIT - 1) / UNIT : n, THREADS, flat_cap());
   return with_float_dtype(src_dtype, [&](auto sd) {
     return with_float_dtype(dst_dtype, [&](auto dd) {
       return with_bool(vec, [&](auto v) {
@@ -312,7 +323,9 @@ extern "C" cudaError_t lk_convert(const void *src, int src_dtype, void *dst, int
         if constexpr (SD == DD) {
           return cudaErrorInvalidValue; /* handled above */
         } else {
-          LKC_LAUNCH((k_convert<SD, DD, decltype(v)::value>), grid, THREADS, 0, s, src, dst, n);
+          constexpr auto K = k_convert<SD, DD, decltype(v)::value>;
+          LKC_LAUNCH(K, persistent_grid<K>(flat_blocks(n, vec), THREADS, 0), THREADS, 0, s, src,
+                     dst, n);
           return cudaGetLastError();
         }
       });
@@ -357,12 +370,14 @@ extern "C" cudaError_t lk_fill(void *dst, int dtype, int64_t n, float value, cud
   if (n == 0) return cudaSuccess;
   if (!dst) return cudaErrorInvalidValue;
   const bool vec = aligned16(dst);
-  const unsigned grid = grid_for(vec ? n * esz / 16 + 1 : n, THREADS, flat_cap());
+  const int64_t blocks = flat_blocks(vec ? n * esz / 16 + 1 : n, false);
   return with_bool(vec, [&](auto v) {
+    constexpr auto K4 = k_fill<4, decltype(v)::value>;
+    constexpr auto K2 = k_fill<2, decltype(v)::value>;
     if (esz == 4)
-      LKC_LAUNCH((k_fill<4, decltype(v)::value>), grid, THREADS, 0, s, dst, n, pattern);
+      LKC_LAUNCH(K4, persistent_grid<K4>(blocks, THREADS, 0), THREADS, 0, s, dst, n, pattern);
     else
-      LKC_LAUNCH((k_fill<2, decltype(v)::value>), grid, THREADS, 0, s, dst, n, pattern);
+      LKC_LAUNCH(K2, persistent_grid<K2>(blocks, THREADS, 0), THREADS, 0, s, dst, n, pattern);
     return cudaGetLastError();
   });
 }
@@ -372,10 +387,10 @@ extern "C" cudaError_t lk_amax(const void *x, int dtype, int64_t n, float *amax,
   if (n == 0) return cudaSuccess;
   if (!x) return cudaErrorInvalidValue;
   const bool vec = aligned16(x);
-  const unsigned grid = grid_for(vec ? (n + UNIT - 1) / UNIT : n, THREADS, flat_cap());
   return with_float_dtype(dtype, [&](auto d) {
     return with_bool(vec, [&](auto v) {
-      LKC_LAUNCH((k_amax<decltype(d)::value, decltype(v)::value>), grid, THREADS, 0, s, x, n, amax);
+      constexpr auto K = k_amax<decltype(d)::value, decltype(v)::value>;
+      LKC_LAUNCH(K, persistent_grid<K>(flat_blocks(n, vec), THREADS, 0), THREADS, 0, s, x, n, amax);
       return cudaGetLastError();
     });
   });
@@ -409,12 +424,11 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
   if (c.n == 0 && !c.scale_inv && !c.col_scale_inv) return cudaSuccess;
   if (c.n > 0 && !c.x) return cudaErrorInvalidValue;
   const bool vec = aligned16(c.x) && aligned16(c.data);
-  const unsigned grid = grid_for(vec ? (c.n + UNIT - 1) / UNIT : c.n, THREADS, flat_cap());
   return with_float_dtype(a->x_dtype, [&](auto xd) {
     return with_fp8_dtype(a->out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
-        LKC_LAUNCH((k_cast<decltype(xd)::value, decltype(od)::value, decltype(v)::value>), grid,
-                   THREADS, 0, s, c);
+        constexpr auto K = k_cast<decltype(xd)::value, decltype(od)::value, decltype(v)::value>;
+        LKC_LAUNCH(K, persistent_grid<K>(flat_blocks(c.n, vec), THREADS, 0), THREADS, 0, s, c);
         return cudaGetLastError();
       });
     });
@@ -422,8 +436,8 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
 }
 
 extern "C" cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s) {
-  if (!a || !is_fp8_dtype(a->dtype) || !is_float_dtype(a->out_dtype) || a->rows < 0 || a->cols < 0 ||
-      !a->data || !a->scale_inv || !a->out)
+  if (!a || !is_fp8_dtype(a->dtype) || !is_float_dtype(a->out_dtype) || a->rows < 0 ||
+      a->cols < 0 || !a->data || !a->scale_inv || !a->out)
     return cudaErrorInvalidValue;
   switch (a->scaling) {
   case LUTRA_SCALING_TENSOR:
@@ -447,12 +461,11 @@ extern "C" cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s
   if (d.n == 0) return cudaSuccess;
   /* a 16-element unit stays within one row and one scale block when cols % 16 == 0 */
   const bool vec = aligned16(d.data) && aligned16(d.out) && a->cols % UNIT == 0;
-  const unsigned grid = grid_for(vec ? (d.n + UNIT - 1) / UNIT : d.n, THREADS, flat_cap());
   return with_fp8_dtype(a->dtype, [&](auto dt) {
     return with_float_dtype(a->out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
-        LKC_LAUNCH((k_dequant<decltype(dt)::value, decltype(od)::value, decltype(v)::value>), grid,
-                   THREADS, 0, s, d);
+        constexpr auto K = k_dequant<decltype(dt)::value, decltype(od)::value, decltype(v)::value>;
+        LKC_LAUNCH(K, persistent_grid<K>(flat_blocks(d.n, vec), THREADS, 0), THREADS, 0, s, d);
         return cudaGetLastError();
       });
     });

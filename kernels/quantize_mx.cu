@@ -25,8 +25,8 @@ namespace {
 
 struct TileArgs {
   const void *x;
-  uint8_t *data;    /* rowwise codes, or NULL */
-  void *scale_inv;  /* rowwise scales (MXFP8: E8M0 bytes; block: f32) */
+  uint8_t *data;     /* rowwise codes, or NULL */
+  void *scale_inv;   /* rowwise scales (MXFP8: E8M0 bytes; block: f32) */
   uint8_t *col_data; /* columnwise codes, or NULL */
   void *col_scale_inv;
   int64_t rows, cols;
@@ -50,7 +50,8 @@ __device__ __forceinline__ void load_unit(const TileArgs &a, int64_t r, int64_t 
       load16<XD>(a.x, r * a.cols + c, v);
     } else {
 #pragma unroll
-      for (int k = 0; k < 16; k++) v[k] = 0.0f;
+      for (int k = 0; k < 16; k++)
+        v[k] = 0.0f;
     }
   } else {
 #pragma unroll
@@ -74,8 +75,8 @@ __device__ __forceinline__ void store_row(const TileArgs &a, int64_t r, int64_t 
 
 /* 32 codes of column col from row r (row `col` of the transpose) */
 template <bool VEC>
-__device__ __forceinline__ void store_col(const TileArgs &a, int64_t col, int64_t r, const uint4 &lo,
-                                          const uint4 &hi) {
+__device__ __forceinline__ void store_col(const TileArgs &a, int64_t col, int64_t r,
+                                          const uint4 &lo, const uint4 &hi) {
   if (col >= a.cols) return;
   uint8_t *d = a.col_data + col * a.rows + r;
   if (VEC) {
@@ -91,7 +92,7 @@ __device__ __forceinline__ void store_col(const TileArgs &a, int64_t col, int64_
   }
 }
 
-/* ---- 64x64 tiles: per-tensor cast with transpose, MXFP8 ------------------------------------- */
+/* ---- 64x64 tiles: per-tensor cast with transpose, MXFP8 -------------------------------------- */
 
 constexpr int T64_THREADS = 128;
 constexpr int T64_LD = 68; /* shared-memory row stride (floats) */
@@ -117,23 +118,34 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
     const int64_t r0 = tr * 64, c0 = tc * 64, c = c0 + 16 * cq;
     float v[2][16];
 #pragma unroll
-    for (int q = 0; q < 2; q++) load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
+    for (int q = 0; q < 2; q++) {
+      load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
+    }
 
     /* rowwise */
 #pragma unroll
     for (int q = 0; q < 2; q++) {
       const int64_t r = r0 + lr + 32 * q;
       if (MODE == MODE_CAST) {
-        if (a.amax) {
+        if (a.amax) { /* over the elements of x only */
+          if (VEC) {
+            if (r < a.rows && c < a.cols) {
 #pragma unroll
-          for (int k = 0; k < 16; k++)
-            if (r < a.rows && c + k < a.cols) m_loc = fmaxf(m_loc, fabsf(v[q][k]));
+              for (int k = 0; k < 16; k++)
+                m_loc = fmaxf(m_loc, fabsf(v[q][k]));
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < 16; k++)
+              if (r < a.rows && c + k < a.cols) m_loc = fmaxf(m_loc, fabsf(v[q][k]));
+          }
         }
         if (row_out) store_row<VEC>(a, r, c, encode16<OD>(v[q], s));
       } else if (row_out) {
         float m = 0.0f;
 #pragma unroll
-        for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(v[q][k]));
+        for (int k = 0; k < 16; k++)
+          m = fmaxf(m, fabsf(v[q][k]));
         m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 8));
         const uint32_t e = e8m0_bits(m * a.max_rcp);
         store_row<VEC>(a, r, c, encode16<OD>(v[q], mx_scale_rcp(e)));
@@ -157,7 +169,8 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
 #pragma unroll
       for (int h = 0; h < 2; h++)
 #pragma unroll
-        for (int k = 0; k < 16; k++) u[h][k] = sm[(32 * rb + 16 * h + k) * T64_LD + (cc ^ (k == 5))];
+        for (int k = 0; k < 16; k++)
+          u[h][k] = sm[(32 * rb + 16 * h + k) * T64_LD + cc];
       const int64_t col = c0 + cc, rbase = r0 + 32 * rb;
       float sc = s;
       if (MODE == MODE_MX) {
@@ -165,7 +178,8 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-          for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(u[h][k]));
+          for (int k = 0; k < 16; k++)
+            m = fmaxf(m, fabsf(u[h][k]));
         const uint32_t e = e8m0_bits(m * a.max_rcp);
         sc = mx_scale_rcp(e);
         if (col < a.cols && rbase < a.rows)
@@ -189,7 +203,7 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
   }
 }
 
-/* ---- 128x128 tiles: Float8BlockScaling --------------------------------------------------------- */
+/* ---- 128x128 tiles: Float8BlockScaling ------------------------------------------------------- */
 
 constexpr int T128_THREADS = 256;
 constexpr int T128_LD = 132; /* shared-memory row stride (floats) */
@@ -215,7 +229,8 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
     const int64_t r0 = tr * 128, c0 = tc * 128, c = c0 + 16 * cq;
     float v[4][16];
 #pragma unroll
-    for (int q = 0; q < 4; q++) load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
+    for (int q = 0; q < 4; q++)
+      load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
 
     /* 128x128: one scale for the tile (zeros outside the matrix do not change the amax) */
     float s2 = 1.0f;
@@ -224,7 +239,8 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
 #pragma unroll
       for (int q = 0; q < 4; q++)
 #pragma unroll
-        for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(v[q][k]));
+        for (int k = 0; k < 16; k++)
+          m = fmaxf(m, fabsf(v[q][k]));
       m = block_max(m, red);
       s2 = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
       if (t == 0) {
@@ -243,7 +259,8 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
         if (DIM == 1) {
           float m = 0.0f;
 #pragma unroll
-          for (int k = 0; k < 16; k++) m = fmaxf(m, fabsf(v[q][k]));
+          for (int k = 0; k < 16; k++)
+            m = fmaxf(m, fabsf(v[q][k]));
           m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 4));
           m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 8));
           m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 16));
@@ -271,7 +288,8 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
           const int cc = 64 * p + 32 * (warp >> 2) + lane;
           float m = 0.0f;
 #pragma unroll
-          for (int i = 0; i < 32; i++) m = fmaxf(m, fabsf(sm[(32 * quarter + i) * T128_LD + cc]));
+          for (int i = 0; i < 32; i++)
+            m = fmaxf(m, fabsf(sm[(32 * quarter + i) * T128_LD + cc]));
           col_red[(4 * p + quarter) * 128 + cc] = m;
         }
         __syncthreads();
@@ -284,7 +302,8 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
         if (DIM == 1) {
           float m = col_red[(4 * p) * 128 + cc];
 #pragma unroll
-          for (int k = 1; k < 4; k++) m = fmaxf(m, col_red[(4 * p + k) * 128 + cc]);
+          for (int k = 1; k < 4; k++)
+            m = fmaxf(m, col_red[(4 * p + k) * 128 + cc]);
           sq = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
           if (quarter == 0 && col < a.cols) csc[col * a.tiles_r + tr] = div_x86(1.0f, sq);
         }
@@ -292,14 +311,15 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
 #pragma unroll
         for (int h = 0; h < 2; h++)
 #pragma unroll
-          for (int k = 0; k < 16; k++) u[h][k] = sm[(32 * quarter + 16 * h + k) * T128_LD + cc];
+          for (int k = 0; k < 16; k++)
+            u[h][k] = sm[(32 * quarter + 16 * h + k) * T128_LD + cc];
         store_col<VEC>(a, col, rbase, encode16<OD>(u[0], sq), encode16<OD>(u[1], sq));
       }
     }
   }
 }
 
-/* ---- launch helpers ---------------------------------------------------------------------------- */
+/* ---- launch helpers -------------------------------------------------------------------------- */
 
 bool vec_ok(const TileArgs &a) {
   return a.cols % 16 == 0 && (!a.col_data || a.rows % 16 == 0) && aligned16(a.x) &&
@@ -320,17 +340,18 @@ TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
 
 cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mode, cudaStream_t s) {
   const bool vec = vec_ok(a);
-  const unsigned grid = grid_for(a.ntiles, 1, (int64_t)num_sms() * (2048 / T64_THREADS));
   const int smem = a.col_data ? T64_SMEM : 0;
   return with_float_dtype(x_dtype, [&](auto xd) {
     return with_fp8_dtype(out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
         constexpr int XD = decltype(xd)::value, OD = decltype(od)::value;
         constexpr bool V = decltype(v)::value;
+        constexpr auto KC = k_tile64<XD, OD, MODE_CAST, V>;
+        constexpr auto KM = k_tile64<XD, OD, MODE_MX, V>;
         if (mode == MODE_CAST)
-          LKC_LAUNCH((k_tile64<XD, OD, MODE_CAST, V>), grid, T64_THREADS, smem, s, a);
+          LKC_LAUNCH(KC, persistent_grid<KC>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
         else
-          LKC_LAUNCH((k_tile64<XD, OD, MODE_MX, V>), grid, T64_THREADS, smem, s, a);
+          LKC_LAUNCH(KM, persistent_grid<KM>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
         return cudaGetLastError();
       });
     });
@@ -338,21 +359,22 @@ cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mod
 }
 
 template <int XD, int OD, int DIM, bool V>
-cudaError_t launch_block(const TileArgs &a, unsigned grid, cudaStream_t s) {
+cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
+  constexpr auto K = k_block<XD, OD, DIM, V>;
   static std::atomic<uint64_t> smem_set{0};
   int smem = 0;
   if (a.col_data) {
     smem = T128_SMEM;
-    const cudaError_t e = allow_smem(k_block<XD, OD, DIM, V>, smem, smem_set);
+    const cudaError_t e = allow_smem(K, smem, smem_set);
     if (e != cudaSuccess) return e;
   }
-  LKC_LAUNCH((k_block<XD, OD, DIM, V>), grid, T128_THREADS, smem, s, a);
+  LKC_LAUNCH(K, persistent_grid<K>(a.ntiles, T128_THREADS, smem), T128_THREADS, smem, s, a);
   return cudaGetLastError();
 }
 
 } // namespace
 
-/* ---- launchers --------------------------------------------------------------------------------- */
+/* ---- launchers ------------------------------------------------------------------------------- */
 
 cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   TileArgs a = tile_args(q, 64);
@@ -369,9 +391,11 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
   if (!q || !is_float_dtype(q->x_dtype) || !is_fp8_dtype(q->out_dtype) || q->rows < 0 ||
       q->cols < 0)
     return cudaErrorInvalidValue;
-  if ((q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv)) return cudaErrorInvalidValue;
+  if ((q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv))
+    return cudaErrorInvalidValue;
   const bool row_out = q->data && q->scale_inv, col_out = q->col_data && q->col_scale_inv;
-  if ((row_out && q->cols % 32 != 0) || (col_out && q->rows % 32 != 0)) return cudaErrorInvalidValue;
+  if ((row_out && q->cols % 32 != 0) || (col_out && q->rows % 32 != 0))
+    return cudaErrorInvalidValue;
   if ((!row_out && !col_out) || q->rows == 0 || q->cols == 0) return cudaSuccess;
   if (!q->x) return cudaErrorInvalidValue;
   TileArgs a = tile_args(q, 64);
@@ -391,7 +415,8 @@ extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t
   if (!q || !is_float_dtype(q->x_dtype) || !is_fp8_dtype(q->out_dtype) || q->rows < 0 ||
       q->cols < 0 || (q->block_dim != 1 && q->block_dim != 2))
     return cudaErrorInvalidValue;
-  if ((q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv)) return cudaErrorInvalidValue;
+  if ((q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv))
+    return cudaErrorInvalidValue;
   const bool row_out = q->data && q->scale_inv, col_out = q->col_data && q->col_scale_inv;
   if ((!row_out && !col_out) || q->rows == 0 || q->cols == 0) return cudaSuccess;
   if (!q->x) return cudaErrorInvalidValue;
@@ -408,14 +433,13 @@ extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t
   a.eps = q->amax_epsilon;
   a.power_2_scale = q->power_2_scale;
   const bool vec = vec_ok(a);
-  const unsigned grid = grid_for(a.ntiles, 1, (int64_t)num_sms() * 4);
   const int dim = q->block_dim;
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     return with_fp8_dtype(q->out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
         constexpr int XD = decltype(xd)::value, OD = decltype(od)::value;
         constexpr bool V = decltype(v)::value;
-        return dim == 1 ? launch_block<XD, OD, 1, V>(a, grid, s) : launch_block<XD, OD, 2, V>(a, grid, s);
+        return dim == 1 ? launch_block<XD, OD, 1, V>(a, s) : launch_block<XD, OD, 2, V>(a, s);
       });
     });
   });
