@@ -6,8 +6,10 @@
  * a row per unit), and writes the rowwise codes straight from registers with 16-byte stores.
  * For the columnwise output (the transpose, quantized along its own rows) the tile goes through
  * shared memory as f32; a thread then takes 32 consecutive rows of one column, reduces its
- * block amax where one is needed, and writes 32 codes of the transposed row with two 16-byte
- * stores. Shared-memory rows are padded to 68 (64-tiles) or 132 (128-tiles) floats: a multiple
+ * block amax where one is needed, and encodes 32 codes of the transposed row. The 128x128 kernel
+ * stores them with two 16-byte stores; the 64x64 kernel stages the transposed codes in shared
+ * memory (4 KiB, XOR-swizzled) and writes them back as whole 64-byte row segments (4 lanes per
+ * row, 8 rows per warp store), so every 32-byte sector is written full. Shared-memory rows are padded to 68 (64-tiles) or 132 (128-tiles) floats: a multiple
  * of 4 keeps the 16-byte stores aligned, and the 4-word skew puts the 8 rows written by each
  * quarter-warp (tile64) or 4 rows x 2 units (tile128) in distinct banks; the column reads are
  * 32 consecutive words.
@@ -92,11 +94,26 @@ __device__ __forceinline__ void store_col(const TileArgs &a, int64_t col, int64_
   }
 }
 
+/* 16 codes of the transpose's row col from its column r (column col of x, rows r .. r + 15) */
+template <bool VEC>
+__device__ __forceinline__ void store_col16(const TileArgs &a, int64_t col, int64_t r,
+                                            const uint4 &w) {
+  if (col >= a.cols || r >= a.rows) return;
+  uint8_t *d = a.col_data + col * a.rows + r;
+  if (VEC) {
+    *reinterpret_cast<uint4 *>(d) = w; /* rows % 16 == 0: the 16 rows are all in */
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      if (r + k < a.rows) d[k] = (uint8_t)byte_of(w, k);
+  }
+}
+
 /* ---- 64x64 tiles: per-tensor cast with transpose, MXFP8 -------------------------------------- */
 
 constexpr int T64_THREADS = 128;
 constexpr int T64_LD = 68; /* shared-memory row stride (floats) */
-constexpr int T64_SMEM = 64 * T64_LD * 4;
+constexpr int T64_SMEM = 64 * T64_LD * 4 + 64 * 64; /* f32 tile + the transposed codes */
 enum { MODE_CAST = 0, MODE_MX = 1 };
 
 /* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15
@@ -104,8 +121,9 @@ enum { MODE_CAST = 0, MODE_MX = 1 };
  * halves of an MXFP8 block sit in lanes l and l ^ 8). In the column phase it takes column
  * t & 63, rows 32 (t >> 6) .. + 31. */
 template <int XD, int OD, int MODE, bool VEC>
-__global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
+__global__ void __launch_bounds__(T64_THREADS, 6) k_tile64(TileArgs a) {
   float *sm = reinterpret_cast<float *>(dyn_smem());
+  uint8_t *tb = dyn_smem() + 64 * T64_LD * 4; /* [64][64] transposed codes, swizzled */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int lr = (lane & 7) + 8 * warp, cq = lane >> 3;
   const int cc = t & 63, rb = t >> 6;
@@ -156,7 +174,8 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
 
     /* columnwise */
     if (col_out) {
-      __syncthreads(); /* the previous tile's column phase is done with sm */
+      /* no barrier needed before these stores: the previous tile's reads of sm came before its
+       * second barrier, which every thread has passed */
 #pragma unroll
       for (int q = 0; q < 2; q++) {
         float4 *d = reinterpret_cast<float4 *>(sm + (lr + 32 * q) * T64_LD + 16 * cq);
@@ -185,7 +204,24 @@ __global__ void __launch_bounds__(T64_THREADS) k_tile64(TileArgs a) {
         if (col < a.cols && rbase < a.rows)
           static_cast<uint8_t *>(a.col_scale_inv)[col * (a.rows / 32) + rbase / 32] = (uint8_t)e;
       }
-      store_col<VEC>(a, col, rbase, encode16<OD>(u[0], sc), encode16<OD>(u[1], sc));
+      /* the transposed codes: 16-byte chunk g of row j (g = 16-row group) sits at
+       * tb + 64 j + 16 (g ^ ((j >> 1) & 3)), so that 8 consecutive lanes hit distinct bank
+       * quads both here (8 rows j, one g) and in the reads below (2 rows j, 4 g) */
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        const int g = 2 * rb + h;
+        *reinterpret_cast<uint4 *>(tb + 64 * cc + 16 * (g ^ ((cc >> 1) & 3))) =
+            encode16<OD>(u[h], sc);
+      }
+      __syncthreads();
+      /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
+       * row of the tile, a warp 8 rows per store */
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const int unit = t + T64_THREADS * i, j = unit >> 2, g = unit & 3;
+        const uint4 w = *reinterpret_cast<const uint4 *>(tb + 64 * j + 16 * (g ^ ((j >> 1) & 3)));
+        store_col16<VEC>(a, c0 + j, r0 + 16 * g, w);
+      }
     }
   }
 
