@@ -25,16 +25,14 @@ if has gpu-specs; then
   note "gpu specs: $(grep -E 'successes' "$OUT/gpu-specs.log" | tail -1)"
 fi
 if has sanitizer; then
-  # memcheck over MLP training on cuda with every recipe (forward, loss, backward, AdamW, scale
-  # updates, every quantizer and GEMM path). Seen on the H200 machine: under a plain `timeout`
-  # compute-sanitizer's target dies at once without output (--foreground works), and the busted
-  # GPU suite dies silently under compute-sanitizer however it is started (cause not found).
-  for r in none delayed current mxfp8 block; do
-    LUTRA_DEVICE=cuda timeout --foreground 200 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      luajit examples/train_mlp.lua --recipe $r --steps 200 --every 100 --hidden 128 \
-      > "$OUT/memcheck-$r.log" 2>&1
-    note "memcheck $r: exit $? ($(grep -c '^step' "$OUT/memcheck-$r.log") progress lines) $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-$r.log" | tail -1)"
-  done
+  # memcheck over the whole GPU suite. LuaJIT must run with its JIT off there (-joff): traces'
+  # machine code and compute-sanitizer do not mix (the process dies silently once a loop gets
+  # hot), and a plain `timeout` kills the sanitizer's target too (--foreground works). Seen on
+  # the H200 machine, 2026-11-29.
+  timeout --foreground 450 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    luajit -joff /tmp/devkit/usr/bin/busted -o plainTerminal --pattern=_gpu spec/gpu \
+    > "$OUT/memcheck.log" 2>&1
+  note "memcheck exit $?: $(grep -E 'successes' "$OUT/memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
 fi
 if has example; then
   for r in none delayed current mxfp8 block; do
