@@ -30,4 +30,6 @@ void lutra_range_pop(void) {
 #endif
 }
 
-int lutra_nvtx_active(void) { return lutra_nvtx_enabled; }
+int lutra_nvtx_active(void) {
+  return lutra_nvtx_enabled;
+}

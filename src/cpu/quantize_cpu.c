@@ -22,9 +22,13 @@ static inline void store_y(void *y, int dtype, int64_t i, float v) {
     lutra_cpu_store(y, dtype, i, v);
 }
 
-static inline uint8_t fp8(int dtype, float v) { return (uint8_t)lutra_encode(dtype, v); }
+static inline uint8_t fp8(int dtype, float v) {
+  return (uint8_t)lutra_encode(dtype, v);
+}
 
-static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
 
 /* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX). */
 static inline float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {
@@ -69,10 +73,12 @@ int lutra_cpu_convert(const void *src, int src_dtype, void *dst, int dst_dtype, 
   }
   if (src_dtype == LUTRA_F32) {
     const float *s = src;
-    for (int64_t i = 0; i < n; i++) lutra_cpu_store(dst, dst_dtype, i, s[i]);
+    for (int64_t i = 0; i < n; i++)
+      lutra_cpu_store(dst, dst_dtype, i, s[i]);
   } else if (dst_dtype == LUTRA_F32) {
     float *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = lutra_cpu_load(src, src_dtype, i);
+    for (int64_t i = 0; i < n; i++)
+      d[i] = lutra_cpu_load(src, src_dtype, i);
   } else {
     for (int64_t i = 0; i < n; i++)
       lutra_cpu_store(dst, dst_dtype, i, lutra_cpu_load(src, src_dtype, i));
@@ -86,14 +92,16 @@ int lutra_cpu_fill(void *dst, int dtype, int64_t n, float value) {
   switch (dtype) {
   case LUTRA_F32: {
     float *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = value;
+    for (int64_t i = 0; i < n; i++)
+      d[i] = value;
     return LUTRA_OK;
   }
   case LUTRA_BF16:
   case LUTRA_F16: {
     uint16_t h = (uint16_t)lutra_encode(dtype, value);
     uint16_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = h;
+    for (int64_t i = 0; i < n; i++)
+      d[i] = h;
     return LUTRA_OK;
   }
   case LUTRA_I32: {
@@ -108,7 +116,8 @@ int lutra_cpu_fill(void *dst, int dtype, int64_t n, float value) {
     else
       k = (int32_t)value;
     int32_t *d = dst;
-    for (int64_t i = 0; i < n; i++) d[i] = k;
+    for (int64_t i = 0; i < n; i++)
+      d[i] = k;
     return LUTRA_OK;
   }
   default:
@@ -126,9 +135,11 @@ int lutra_cpu_amax(const void *x, int dtype, int64_t n, float *amax) {
   float m = *amax;
   if (dtype == LUTRA_F32) {
     const float *s = x;
-    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(s[i]));
+    for (int64_t i = 0; i < n; i++)
+      m = fmaxf(m, fabsf(s[i]));
   } else {
-    for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(lutra_cpu_load(x, dtype, i)));
+    for (int64_t i = 0; i < n; i++)
+      m = fmaxf(m, fabsf(lutra_cpu_load(x, dtype, i)));
   }
   *amax = m;
   return LUTRA_OK;
@@ -192,10 +203,12 @@ static inline float mx_scale_rcp(uint8_t e) {
 static inline uint8_t mx_block(const float *v, int n, int od, float max_rcp, uint8_t *q,
                                int64_t q_stride) {
   float amax = 0.0f;
-  for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(v[i]));
+  for (int i = 0; i < n; i++)
+    amax = fmaxf(amax, fabsf(v[i]));
   uint8_t e = (uint8_t)lutra_encode(LUTRA_E8M0, amax * max_rcp);
   float rcp = mx_scale_rcp(e);
-  for (int i = 0; i < n; i++) q[(int64_t)i * q_stride] = fp8(od, v[i] * rcp);
+  for (int i = 0; i < n; i++)
+    q[(int64_t)i * q_stride] = fp8(od, v[i] * rcp);
   return e;
 }
 
@@ -208,10 +221,8 @@ int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a) {
   CHECK_ARG(!a->data || a->scale_inv, "rowwise data without scale_inv");
   CHECK_ARG(!a->col_data || a->col_scale_inv, "columnwise data without col_scale_inv");
   const bool row_out = a->data && a->scale_inv, col_out = a->col_data && a->col_scale_inv;
-  CHECK_ARG(!row_out || cols % MX_BLOCK == 0, "cols %lld is not a multiple of 32",
-            (long long)cols);
-  CHECK_ARG(!col_out || rows % MX_BLOCK == 0, "rows %lld is not a multiple of 32",
-            (long long)rows);
+  CHECK_ARG(!row_out || cols % MX_BLOCK == 0, "cols %lld is not a multiple of 32", (long long)cols);
+  CHECK_ARG(!col_out || rows % MX_BLOCK == 0, "rows %lld is not a multiple of 32", (long long)rows);
   float v[MX_BLOCK];
 
   if (row_out) {
@@ -220,7 +231,8 @@ int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a) {
     for (int64_t r = 0; r < rows; r++) {
       for (int64_t b = 0; b < nb; b++) {
         const int64_t base = r * cols + b * MX_BLOCK;
-        for (int i = 0; i < MX_BLOCK; i++) v[i] = load_x(a->x, xd, base + i);
+        for (int i = 0; i < MX_BLOCK; i++)
+          v[i] = load_x(a->x, xd, base + i);
         sc[r * nb + b] = mx_block(v, MX_BLOCK, od, max_rcp, data + base, 1);
       }
     }
@@ -232,7 +244,8 @@ int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a) {
     for (int64_t b = 0; b < nb; b++) {
       const int64_t r0 = b * MX_BLOCK;
       for (int64_t c = 0; c < cols; c++) {
-        for (int i = 0; i < MX_BLOCK; i++) v[i] = load_x(a->x, xd, (r0 + i) * cols + c);
+        for (int i = 0; i < MX_BLOCK; i++)
+          v[i] = load_x(a->x, xd, (r0 + i) * cols + c);
         sc[c * nb + b] = mx_block(v, MX_BLOCK, od, max_rcp, data + c * rows + r0, 1);
       }
     }
@@ -272,7 +285,8 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
             amax = fmaxf(amax, fabsf(v[i]));
           }
           const float s = scale_rule(amax, fp8_max, p2, eps);
-          for (int i = 0; i < n; i++) data[r * cols + c0 + i] = fp8(od, v[i] * s);
+          for (int i = 0; i < n; i++)
+            data[r * cols + c0 + i] = fp8(od, v[i] * s);
           sc[r * cb + b] = 1.0f / s;
         }
       }
@@ -291,7 +305,8 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
             amax = fmaxf(amax, fabsf(v[i]));
           }
           const float s = scale_rule(amax, fp8_max, p2, eps);
-          for (int i = 0; i < n; i++) data[c * rows + r0 + i] = fp8(od, v[i] * s);
+          for (int i = 0; i < n; i++)
+            data[c * rows + r0 + i] = fp8(od, v[i] * s);
           sc[c * rb + b] = 1.0f / s;
         }
       }
@@ -348,7 +363,8 @@ int lutra_cpu_dequantize(const lutra_dequant_args *a) {
   case LUTRA_SCALING_TENSOR: {
     const float f = ((const float *)a->scale_inv)[0];
     const int64_t n = rows * cols;
-    for (int64_t i = 0; i < n; i++) store_y(out, od, i, lutra_decode(dt, q[i]) * f);
+    for (int64_t i = 0; i < n; i++)
+      store_y(out, od, i, lutra_decode(dt, q[i]) * f);
     return LUTRA_OK;
   }
   case LUTRA_SCALING_MXFP8: {
@@ -395,10 +411,9 @@ int lutra_cpu_delayed_update(lutra_scale_meta *const *metas, int n) {
     CHECK_ARG(m, "meta %d is NULL", j);
     CHECK_ARG(m->scale && m->scale_inv && m->amax_history, "meta %d has NULL buffers", j);
     CHECK_ARG(m->history_len >= 1, "meta %d: history_len %d < 1", j, (int)m->history_len);
-    CHECK_ARG(m->amax_compute_algo == LUTRA_AMAX_MAX ||
-                  m->amax_compute_algo == LUTRA_AMAX_MOST_RECENT,
-              "meta %d: amax_compute_algo %d is not max or most_recent", j,
-              (int)m->amax_compute_algo);
+    CHECK_ARG(
+        m->amax_compute_algo == LUTRA_AMAX_MAX || m->amax_compute_algo == LUTRA_AMAX_MOST_RECENT,
+        "meta %d: amax_compute_algo %d is not max or most_recent", j, (int)m->amax_compute_algo);
   }
   for (int j = 0; j < n; j++) {
     lutra_scale_meta *m = metas[j];

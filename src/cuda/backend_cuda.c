@@ -32,11 +32,16 @@ int lutra_cuda_status(cudaError_t e, const char *fn, const char *what) {
 int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what) {
   if (s == CUBLAS_STATUS_SUCCESS) return LUTRA_OK;
   return lutra_error(s == CUBLAS_STATUS_NOT_SUPPORTED ? LUTRA_EUNSUPPORTED : LUTRA_EBACKEND, fn,
-                     "%s failed: cuBLASLt status %d (%s)", what, (int)s, cublasLtGetStatusString(s));
+                     "%s failed: cuBLASLt status %d (%s)", what, (int)s,
+                     cublasLtGetStatusString(s));
 }
 
-cudaStream_t lutra_cuda_stream(void) { return cuda.stream; }
-cublasLtHandle_t lutra_cuda_lt(void) { return cuda.lt; }
+cudaStream_t lutra_cuda_stream(void) {
+  return cuda.stream;
+}
+cublasLtHandle_t lutra_cuda_lt(void) {
+  return cuda.lt;
+}
 
 static void init_once(void) {
   int count = 0;
@@ -128,9 +133,8 @@ static int cuda_to_host(void *dst, const void *src, size_t bytes) {
 }
 
 static int cuda_copy(void *dst, const void *src, size_t bytes) {
-  return lutra_cuda_status(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda.stream), "lutra_cuda_copy",
-      "cudaMemcpyAsync");
+  return lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, cuda.stream),
+                           "lutra_cuda_copy", "cudaMemcpyAsync");
 }
 
 static int cuda_memset(void *dst, int value, size_t bytes) {
@@ -154,7 +158,9 @@ static int k_amax(const void *x, int dtype, int64_t n, float *amax) {
 static int k_scale_from_amax(const float *amax, float fp8_max, int pow2, float eps, float *scale) {
   return LAUNCH(scale_from_amax, lk_scale_from_amax(amax, fp8_max, pow2, eps, scale, cuda.stream));
 }
-static int k_cast(const lutra_quant_args *a) { return LAUNCH(cast, lk_cast(a, cuda.stream)); }
+static int k_cast(const lutra_quant_args *a) {
+  return LAUNCH(cast, lk_cast(a, cuda.stream));
+}
 static int k_mxfp8(const lutra_quant_args *a) {
   return LAUNCH(quantize_mxfp8, lk_quantize_mxfp8(a, cuda.stream));
 }
@@ -187,7 +193,9 @@ static int k_xent(const void *logits, int dtype, const int32_t *labels, int64_t 
   return LAUNCH(softmax_xent,
                 lk_softmax_xent(logits, dtype, labels, rows, cols, loss, dlogits, cuda.stream));
 }
-static int k_sgd(const lutra_optim_args *a) { return LAUNCH(sgd_step, lk_sgd_step(a, cuda.stream)); }
+static int k_sgd(const lutra_optim_args *a) {
+  return LAUNCH(sgd_step, lk_sgd_step(a, cuda.stream));
+}
 static int k_adamw(const lutra_optim_args *a) {
   return LAUNCH(adamw_step, lk_adamw_step(a, cuda.stream));
 }

@@ -31,15 +31,22 @@ typedef struct cuda_plan {
 
 static cudaDataType_t cuda_type(int dtype) {
   switch (dtype) {
-  case LUTRA_F32: return CUDA_R_32F;
-  case LUTRA_BF16: return CUDA_R_16BF;
-  case LUTRA_F16: return CUDA_R_16F;
-  case LUTRA_E4M3: return CUDA_R_8F_E4M3;
-  default: return CUDA_R_8F_E5M2;
+  case LUTRA_F32:
+    return CUDA_R_32F;
+  case LUTRA_BF16:
+    return CUDA_R_16BF;
+  case LUTRA_F16:
+    return CUDA_R_16F;
+  case LUTRA_E4M3:
+    return CUDA_R_8F_E4M3;
+  default:
+    return CUDA_R_8F_E5M2;
   }
 }
 
-static size_t round256(size_t n) { return (n + 255) & ~(size_t)255; }
+static size_t round256(size_t n) {
+  return (n + 255) & ~(size_t)255;
+}
 
 static void destroy(cuda_plan *c) {
   if (!c) return;
@@ -65,8 +72,9 @@ void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p) {
   } while (0)
 
 static int set_attr(cuda_plan *c, cublasLtMatmulDescAttributes_t attr, const void *v, size_t size) {
-  return cublasLtMatmulDescSetAttribute(c->op, attr, v, size) == CUBLAS_STATUS_SUCCESS ? LUTRA_OK
-                                                                                      : LUTRA_EBACKEND;
+  return cublasLtMatmulDescSetAttribute(c->op, attr, v, size) == CUBLAS_STATUS_SUCCESS
+             ? LUTRA_OK
+             : LUTRA_EBACKEND;
 }
 
 /* The heuristic's best algorithm for the current descriptor, or false when it has none. */
