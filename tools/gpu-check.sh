@@ -39,6 +39,9 @@ if has example; then
     LUTRA_DEVICE=cuda luajit examples/train_mlp.lua --recipe $r --steps 300 --every 100 > "$OUT/example-$r.log" 2>&1
     note "example $r: exit $? $(tail -1 "$OUT/example-$r.log")"
   done
+  LUTRA_NVTX=1 LUTRA_DEVICE=cuda luajit examples/train_mlp.lua --recipe delayed --steps 300 --every 100 \
+    > "$OUT/example-nvtx.log" 2>&1
+  note "example delayed with LUTRA_NVTX=1: exit $? $(tail -1 "$OUT/example-nvtx.log")"
 fi
 if has bench; then
   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include bench/cuda_throughput.c \
