@@ -502,4 +502,20 @@ describe("errors", function()
       end
     end)
   end)
+
+  describe("quantizers owned by a module", function()
+    it("cannot be freed through the handle Linear:quantizer gives", function()
+      local m = lutra.nn.Linear(32, 32, { seed = 5 })
+      local x = lutra.tensor({ 16, 32 }):randn(6)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.current() }
+      local y1 = fp8:run(function() return m:forward(x) end):to_table()
+      local q = m:quantizer("input")
+      local ok, err = pcall(q.free, q)
+      assert.is_false(ok)
+      assert.matches("lutra_quantizer_release: quantizer is owned by a module", err)
+      -- and the module still works, with the same result
+      local y2 = fp8:run(function() return m:forward(x) end):to_table()
+      assert.are.same(y1, y2)
+    end)
+  end)
 end)

@@ -11,6 +11,7 @@ struct lutra_quantizer {
   lutra_quantizer_spec spec;
   int32_t device;
   bool rowwise, columnwise;
+  bool user_owned; /* made by lutra_quantizer_new; else owned by a module */
   const lutra_backend *be;
   lutra_scale_meta meta; /* delayed scaling; current scaling uses meta.scale and amax */
   float *amax;           /* current scaling: this call's amax */
@@ -176,11 +177,16 @@ int lutra_quantizer_new(const lutra_recipe *r, int role, int rowwise, int column
   TRY(lutra_check_object(r, LUTRA_MAGIC_RECIPE, fn, "recipe"));
   CHECK_ARG(role >= 0 && role < LUTRA_NUM_ROLES, "unknown role %d", role);
   CHECK_ARG(out, "out is NULL");
-  return lutra_quantizer_create(&r->roles[role], rowwise, columnwise, device, out, fn);
+  TRY(lutra_quantizer_create(&r->roles[role], rowwise, columnwise, device, out, fn));
+  (*out)->user_owned = true;
+  return LUTRA_OK;
 }
 
 int lutra_quantizer_free(lutra_quantizer *q) {
   if (!q) return LUTRA_OK;
+  if (!q->user_owned)
+    return lutra_error(LUTRA_ESTATE, "lutra_quantizer_free",
+                       "quantizer is owned by a module and is freed with it");
   if (q->obj.flags & LUTRA_OBJ_FREED) {
     free(q);
     return LUTRA_OK;
@@ -192,6 +198,7 @@ int lutra_quantizer_free(lutra_quantizer *q) {
 int lutra_quantizer_release(lutra_quantizer *q) {
   static const char fn[] = "lutra_quantizer_release";
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
+  CHECK_STATE(q->user_owned, "quantizer is owned by a module and is freed with it");
   lutra_autocast_forget(&q->meta);
   if (q->state) q->be->free(q->state);
   lutra_tensor_destroy(q->out);
