@@ -56,26 +56,7 @@ end
 -- NMSE of got (on DEV) against want (on REF) <= bound; every element of got must be finite
 local function assert_nmse(got, want, bound, what)
   same_meta(got, want, what)
-  local n = want:size()
-  local g, w = got:read(), want:read()
-  local num, den, worst, wi = 0, 0, -1, 0
-  for i = 0, n - 1 do
-    local a, b = g[i], w[i]
-    if not isfinite(a) then
-      fail("%s: element %d is %s on %s (reference %.9g)", what, i, tostring(a), DEV, b)
-    end
-    if not isfinite(b) then fail("%s: reference element %d is %s", what, i, tostring(b)) end
-    local d = a - b
-    num, den = num + d * d, den + b * b
-    if math.abs(d) > worst then worst, wi = math.abs(d), i end
-  end
-  local e = den > 0 and num / den or (num == 0 and 0 or math.huge)
-  note("NMSE %.3e (bound %.0e)  %s", e, bound, what)
-  if not (e <= bound) then
-    fail("%s: NMSE %.3e > bound %.1e (largest difference %.3g at element %d: %.9g vs reference %.9g)",
-         what, e, bound, worst, wi, g[wi], w[wi])
-  end
-  return e
+  return S.assert_nmse(got, want, bound, what)
 end
 
 -- relative squared error of two scalars (a loss value)

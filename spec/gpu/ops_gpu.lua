@@ -110,37 +110,7 @@ local function assert_same_half_bits(got, want, dtype_code, what)
   end
 end
 
--- NMSE of got against ref (float* of n values); fails on a non-finite element of got
-local function nmse_buf(got, ref, n, what)
-  local num, den, worst, wi = 0, 0, -1, 0
-  for i = 0, n - 1 do
-    local g, r = got[i], ref[i]
-    if not isfinite(g) then
-      fail("%s: element %d is %s on %s (reference %.9g): not written or overflowed", what, i,
-           tostring(g), DEV, r)
-    end
-    if not isfinite(r) then fail("%s: reference element %d is %s", what, i, tostring(r)) end
-    local d = g - r
-    num, den = num + d * d, den + r * r
-    if math.abs(d) > worst then worst, wi = math.abs(d), i end
-  end
-  local e = den > 0 and num / den or (num == 0 and 0 or math.huge)
-  return e, wi, worst
-end
-
--- NMSE of two tensors <= bound; returns the NMSE
-local function assert_nmse(got, want, bound, what)
-  same_meta(got, want, what)
-  local n = want:size()
-  local g, w = got:read(), want:read()
-  local e, wi, worst = nmse_buf(g, w, n, what)
-  note("NMSE %.3e (bound %.0e)  %s", e, bound, what)
-  if not (e <= bound) then
-    fail("%s: NMSE %.3e > bound %.1e (largest difference %.3g at element %d: %.9g vs reference %.9g)",
-         what, e, bound, worst, wi, g[wi], w[wi])
-  end
-  return e
-end
+local nmse_buf, assert_nmse = S.nmse_buf, S.assert_nmse
 
 local function quantizer(...) return hold(lutra.quantizer(...)) end
 

@@ -2,6 +2,7 @@
 -- "cpu" dry-runs the suite CPU against CPU), whether it can run, and a test wrapper that fails
 -- at once, saying why, when it cannot. Not a spec itself (no _gpu in its name).
 local lutra = require("lutra")
+local assert = require("luassert")
 local HUGE = math.huge
 
 local S = {}
@@ -52,5 +53,37 @@ end
 function S.fail(fmt, ...) error(string.format(fmt, ...), 2) end
 
 function S.isfinite(v) return v == v and v ~= HUGE and v ~= -HUGE end
+
+-- NMSE of got against ref (float* of n values); fails on a non-finite element of either
+function S.nmse_buf(got, ref, n, what)
+  local num, den, worst, wi = 0, 0, -1, 0
+  for i = 0, n - 1 do
+    local g, r = got[i], ref[i]
+    if not S.isfinite(g) then
+      S.fail("%s: element %d is %s on %s (reference %.9g): not written or overflowed", what, i,
+             tostring(g), DEV, r)
+    end
+    if not S.isfinite(r) then S.fail("%s: reference element %d is %s", what, i, tostring(r)) end
+    local d = g - r
+    num, den = num + d * d, den + r * r
+    if math.abs(d) > worst then worst, wi = math.abs(d), i end
+  end
+  local e = den > 0 and num / den or (num == 0 and 0 or math.huge)
+  return e, wi, worst
+end
+
+-- NMSE of two tensors (same dims and dtype) <= bound; returns the NMSE
+function S.assert_nmse(got, want, bound, what)
+  assert.are.same(want:dims(), got:dims(), what .. ": dims")
+  assert.are.equal(want:dtype_name(), got:dtype_name(), what .. ": dtype")
+  local g, w = got:read(), want:read()
+  local e, wi, worst = S.nmse_buf(g, w, want:size(), what)
+  S.note("NMSE %.3e (bound %.0e)  %s", e, bound, what)
+  if not (e <= bound) then
+    S.fail("%s: NMSE %.3e > bound %.1e (largest difference %.3g at element %d: %.9g vs reference %.9g)",
+           what, e, bound, worst, wi, g[wi], w[wi])
+  end
+  return e
+end
 
 return S

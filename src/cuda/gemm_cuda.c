@@ -71,10 +71,9 @@ void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p) {
     }                                                                                              \
   } while (0)
 
-static int set_attr(cuda_plan *c, cublasLtMatmulDescAttributes_t attr, const void *v, size_t size) {
-  return cublasLtMatmulDescSetAttribute(c->op, attr, v, size) == CUBLAS_STATUS_SUCCESS
-             ? LUTRA_OK
-             : LUTRA_EBACKEND;
+static bool set_attr(cuda_plan *c, cublasLtMatmulDescAttributes_t attr, const void *v,
+                     size_t size) {
+  return cublasLtMatmulDescSetAttribute(c->op, attr, v, size) == CUBLAS_STATUS_SUCCESS;
 }
 
 /* The heuristic's best algorithm for the current descriptor, or false when it has none. */
@@ -82,12 +81,13 @@ static bool pick_algo(cuda_plan *c) {
   cublasLtMatmulPreference_t pref;
   if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
   uint64_t ws = LUTRA_CUDA_WORKSPACE - 256;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                       sizeof ws);
   cublasLtMatmulHeuristicResult_t result;
   int found = 0;
-  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lutra_cuda_lt(), c->op, c->la, c->lb, c->ld,
-                                                    c->ld, pref, 1, &result, &found);
+  cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (s == CUBLAS_STATUS_SUCCESS)
+    s = cublasLtMatmulAlgoGetHeuristic(lutra_cuda_lt(), c->op, c->la, c->lb, c->ld, c->ld, pref, 1,
+                                       &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   c->algo = result.algo;
@@ -106,17 +106,19 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
     return false;
   cublasOperation_t opa = k->transa ? CUBLAS_OP_T : CUBLAS_OP_N;
   cublasOperation_t opb = k->transb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  set_attr(c, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-  set_attr(c, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-  if (c->fp8_scales) {
-    int8_t fast = (int8_t)(k->fast_accum != 0);
-    set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast);
-  }
+  /* a refused attribute means this configuration cannot run: report it as "no algorithm" */
+  if (!set_attr(c, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) ||
+      !set_attr(c, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb))
+    return false;
+  int8_t fast = (int8_t)(k->fast_accum != 0);
+  if (c->fp8_scales && !set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast))
+    return false;
   if (bias_epilogue) {
     cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     cudaDataType_t bt = cuda_type(k->bias_dtype);
-    set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
-    set_attr(c, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt);
+    if (!set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
+        !set_attr(c, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
+      return false;
   }
   c->bias_epilogue = bias_epilogue;
   return pick_algo(c);
@@ -196,14 +198,19 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
   } else if (c->fp8_scales) {
     if (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)
       return lutra_error(LUTRA_EINVAL, fn, "FP8 scale pointers must be 16-byte aligned");
-    cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g->a.scale_inv,
-                                   sizeof g->a.scale_inv);
-    cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &g->b.scale_inv,
-                                   sizeof g->b.scale_inv);
+    TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op,
+                                                           CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                           &g->a.scale_inv, sizeof g->a.scale_inv),
+                            fn, "setting the A scale pointer"));
+    TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op,
+                                                           CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                           &g->b.scale_inv, sizeof g->b.scale_inv),
+                            fn, "setting the B scale pointer"));
   }
   if (g->bias && c->bias_epilogue)
-    cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias,
-                                   sizeof g->bias);
+    TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &g->bias, sizeof g->bias),
+                            fn, "setting the bias pointer"));
   cudaStream_t s = lutra_cuda_stream();
   void *d = g->d;
   int d_dtype = g->d_dtype;
