@@ -158,6 +158,33 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
   }
 }
 
+/* ---- bias gradient from a quantizer's partial sums ----------------------------------------
+ * partials [np][cols] f32 (one row per 64-row tile, written by the fused quantize kernels):
+ * thread (tx, ty) adds rows ty, ty + 8, ... of column c in order (double), then the 8 sums are
+ * added in order, so results repeat bit for bit. */
+__global__ void __launch_bounds__(kBgTx *kBgTy)
+    dbias_reduce_kernel(const float *__restrict__ partials, int64_t np, int64_t cols, void *db,
+                        int db_dtype, int accumulate) {
+  __shared__ double sm[kBgTy][kBgTx];
+  const int tx = threadIdx.x, ty = threadIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
+  double sum = 0.0;
+  if (c < cols) {
+#pragma unroll 4
+    for (int64_t y = ty; y < np; y += kBgTy)
+      sum += static_cast<double>(partials[y * cols + c]);
+  }
+  sm[ty][tx] = sum;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    double total = accumulate ? static_cast<double>(ld_rt(db, db_dtype, c)) : 0.0;
+#pragma unroll
+    for (int y = 0; y < kBgTy; y++)
+      total += sm[y][tx];
+    st_rt(db, db_dtype, c, static_cast<float>(total));
+  }
+}
+
 /* ---- bias add ---------------------------------------------------------------------------
  * thread: N consecutive columns (bias kept in registers), looping over the rows
  * blockIdx.y, + gridDim.y, ... */
@@ -233,6 +260,18 @@ extern "C" cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int
     }
     return cudaGetLastError();
   });
+}
+
+extern "C" cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_t cols, void *db,
+                                       int db_dtype, int accumulate, cudaStream_t s) {
+  if (np < 1 || cols < 0 || !partials || !db || !float_dtype(db_dtype))
+    return cudaErrorInvalidValue;
+  if (cols == 0) return cudaSuccess;
+  const int64_t blocks = cdiv<int64_t>(cols, kBgTx);
+  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
+  dbias_reduce_kernel<<<static_cast<unsigned>(blocks), dim3(kBgTx, kBgTy), 0, s>>>(
+      partials, np, cols, db, db_dtype, accumulate);
+  return cudaGetLastError();
 }
 
 extern "C" cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype,

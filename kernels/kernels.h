@@ -22,8 +22,10 @@ cudaError_t lk_fill(void *dst, int dtype, int64_t n, float value, cudaStream_t s
 
 /* quantization family (kernels/quantize*.cu) */
 cudaError_t lk_amax(const void *x, int dtype, int64_t n, float *amax, cudaStream_t s);
-cudaError_t lk_scale_from_amax(const float *amax, float fp8_max, int power_2_scale,
-                               float epsilon, float *scale, cudaStream_t s);
+cudaError_t lk_scale_from_amax(const float *amax, float fp8_max, int power_2_scale, float epsilon,
+                               float *scale, cudaStream_t s);
+/* The quantizers also compute a->dbias when it is set: fused into the tiled kernels where a
+ * columnwise output is written and a->dbias_scratch is given, else by lk_bias_grad after. */
 cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_quantize_mxfp8(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
@@ -37,9 +39,20 @@ cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx, int dtype,
                              cudaStream_t s);
 cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
                          int db_dtype, int accumulate, cudaStream_t s);
+/* db[c] (+)= sum_y partials[y, c] over np rows of partial column sums (fused quantize + dbias) */
+cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_t cols, void *db, int db_dtype,
+                            int accumulate, cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);
+/* GEMM epilogues cuBLASLt did not run (kernels/epilogue.cu), in place on the GEMM's f32 result
+ * x of n elements: GELU_AUX: aux = x rounded to aux_dtype, then x = gelu(x); DGELU:
+ * x = x * gelu'(aux). lk_row_sum: out[r] = sum_c x[r, c] in double, rounded once (BGRADB's
+ * k-sums of an untransposed B; lk_bias_grad gives the column sums). */
+cudaError_t lk_gelu_aux(float *x, void *aux, int aux_dtype, int64_t n, cudaStream_t s);
+cudaError_t lk_dgelu(float *x, const void *aux, int aux_dtype, int64_t n, cudaStream_t s);
+cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, void *out,
+                       int out_dtype, cudaStream_t s);
 cudaError_t lk_mse(const void *pred, const void *target, int dtype, int64_t n, float *loss,
                    void *dpred, cudaStream_t s);
 /* labels outside [0, cols) make the loss NaN (a device kernel cannot return an error) */

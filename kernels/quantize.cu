@@ -162,7 +162,7 @@ struct DequantArgs {
   const uint8_t *data;
   const void *scale_inv;
   int64_t n, cols;
-  int64_t cb; /* ceil(cols / 128) */
+  int64_t ld; /* block scales' row stride: roundup(rows, 4) (1D), roundup(ceil(cols/128), 4) (2D) */
   void *out;
   int scaling;
 };
@@ -175,9 +175,12 @@ __device__ __forceinline__ float dequant_factor(const DequantArgs &a, int64_t i)
   case LUTRA_SCALING_MXFP8: /* cols % 32 == 0: r * (cols / 32) + c / 32 == i / 32 */
     return e8m0_value(static_cast<const uint8_t *>(a.scale_inv)[i / 32]);
   default: {
+    /* lutra.h's layout: 1D [ceil(cols/128)][ld], block j of row r at j * ld + r; 2D
+     * [ceil(rows/128)][ld], tile (i, j) at i * ld + j */
     const int64_t r = i / a.cols, c = i - r * a.cols;
-    const int64_t srow = a.scaling == LUTRA_SCALING_BLOCK_2D ? r / 128 : r;
-    return static_cast<const float *>(a.scale_inv)[srow * a.cb + c / 128];
+    const int64_t idx =
+        a.scaling == LUTRA_SCALING_BLOCK_2D ? r / 128 * a.ld + c / 128 : c / 128 * a.ld + r;
+    return static_cast<const float *>(a.scale_inv)[idx];
   }
   }
 }
@@ -455,7 +458,8 @@ extern "C" cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s
   d.scale_inv = a->scale_inv;
   d.n = a->rows * a->cols;
   d.cols = a->cols;
-  d.cb = (a->cols + 127) / 128;
+  d.ld = a->scaling == LUTRA_SCALING_BLOCK_2D ? ((a->cols + 127) / 128 + 3) / 4 * 4
+                                              : (a->rows + 3) / 4 * 4;
   d.out = a->out;
   d.scaling = a->scaling;
   if (d.n == 0) return cudaSuccess;

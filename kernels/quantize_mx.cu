@@ -9,10 +9,10 @@
  * block amax where one is needed, and encodes 32 codes of the transposed row. The 128x128 kernel
  * stores them with two 16-byte stores; the 64x64 kernel stages the transposed codes in shared
  * memory (4 KiB, XOR-swizzled) and writes them back as whole 64-byte row segments (4 lanes per
- * row, 8 rows per warp store), so every 32-byte sector is written full. Shared-memory rows are padded to 68 (64-tiles) or 132 (128-tiles) floats: a multiple
- * of 4 keeps the 16-byte stores aligned, and the 4-word skew puts the 8 rows written by each
- * quarter-warp (tile64) or 4 rows x 2 units (tile128) in distinct banks; the column reads are
- * 32 consecutive words.
+ * row, 8 rows per warp store), so every 32-byte sector is written full. Shared-memory rows are
+ * padded to 68 (64-tiles) or 132 (128-tiles) floats: a multiple of 4 keeps the 16-byte stores
+ * aligned, and the 4-word skew puts the 8 rows written by each quarter-warp (tile64) or 4 rows x 2
+ * units (tile128) in distinct banks; the column reads are 32 consecutive words.
  *
  * The vector path needs cols % 16 == 0, rows % 16 == 0 when a columnwise output is written, and
  * 16-byte aligned x, data and col_data; other shapes take the same kernels with per-element
@@ -33,6 +33,9 @@ struct TileArgs {
   void *col_scale_inv;
   int64_t rows, cols;
   int64_t tiles_r, tiles_c, ntiles;
+  /* bias gradient of x: per 64-row tile, column sums written to dbias_partial[tile_row][col]
+   * (tile64 kernels with a columnwise output only), reduced afterwards by lkc::dbias_reduce */
+  float *dbias_partial;
   /* per-tensor cast */
   const float *scale;
   float *amax;
@@ -59,6 +62,65 @@ __device__ __forceinline__ void load_unit(const TileArgs &a, int64_t r, int64_t 
 #pragma unroll
     for (int k = 0; k < 16; k++)
       v[k] = (r < a.rows && c + k < a.cols) ? load1<XD>(a.x, r * a.cols + c + k) : 0.0f;
+  }
+}
+
+/* The 16 values of a unit as loaded (raw bits), so that the loads of the next tile can be in
+ * flight while the current one is encoded: converting them to f32 at once would wait for them. */
+template <int XD> struct RawUnit {
+  static constexpr int N = XD == LUTRA_F32 ? 4 : 2; /* 16-byte words */
+  uint4 w[N];
+};
+
+template <int XD, bool VEC>
+__device__ __forceinline__ void load_raw(const TileArgs &a, int64_t r, int64_t c, RawUnit<XD> &u) {
+  constexpr int N = RawUnit<XD>::N;
+  if (VEC) {
+    if (r < a.rows && c < a.cols) {
+      const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(a.x) +
+                                                       (r * a.cols + c) * elem_size<XD>::value);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        u.w[k] = __ldg(q + k);
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        u.w[k] = make_uint4(0u, 0u, 0u, 0u);
+    }
+  } else {
+    uint32_t wd[4 * N];
+#pragma unroll
+    for (int k = 0; k < 4 * N; k++)
+      wd[k] = 0u;
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+      if (r < a.rows && c + k < a.cols) {
+        const int64_t i = r * a.cols + c + k;
+        if (XD == LUTRA_F32)
+          wd[k] = static_cast<const uint32_t *>(a.x)[i];
+        else
+          wd[k >> 1] |= (uint32_t) static_cast<const uint16_t *>(a.x)[i] << (16 * (k & 1));
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      u.w[k] = make_uint4(wd[4 * k], wd[4 * k + 1], wd[4 * k + 2], wd[4 * k + 3]);
+  }
+}
+
+template <int XD> __device__ __forceinline__ void unpack(const RawUnit<XD> &u, float (&v)[16]) {
+#pragma unroll
+  for (int k = 0; k < RawUnit<XD>::N; k++) {
+    const uint32_t wd[4] = {u.w[k].x, u.w[k].y, u.w[k].z, u.w[k].w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      if (XD == LUTRA_F32) {
+        v[4 * k + j] = bits_f32(wd[j]);
+      } else {
+        v[8 * k + 2 * j] = half_value<XD>(wd[j] & 0xFFFFu);
+        v[8 * k + 2 * j + 1] = half_value<XD>(wd[j] >> 16);
+      }
+    }
   }
 }
 
@@ -111,8 +173,21 @@ __device__ __forceinline__ void store_col16(const TileArgs &a, int64_t col, int6
 
 /* ---- 64x64 tiles: per-tensor cast with transpose, MXFP8 -------------------------------------- */
 
+/* Tile order: bands of 16 tile rows, column by column inside a band. The tiles in flight at
+ * once (a few hundred) then cover whole 32-byte sectors of both scale arrays (16 tiles x 2
+ * E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row, so L2 writes
+ * back full sectors instead of partial ones it would have to read from HBM first. */
+constexpr int64_t BAND = 16;
+__device__ __forceinline__ void tile_coords(const TileArgs &a, int64_t tile, int64_t &tr,
+                                            int64_t &tc) {
+  const int64_t band = tile / (BAND * a.tiles_c), rem = tile - band * BAND * a.tiles_c;
+  const int64_t h = min(BAND, a.tiles_r - band * BAND);
+  tc = rem / h;
+  tr = band * BAND + (rem - tc * h);
+}
+
 constexpr int T64_THREADS = 128;
-constexpr int T64_LD = 68; /* shared-memory row stride (floats) */
+constexpr int T64_LD = 68;                          /* shared-memory row stride (floats) */
 constexpr int T64_SMEM = 64 * T64_LD * 4 + 64 * 64; /* f32 tile + the transposed codes */
 enum { MODE_CAST = 0, MODE_MX = 1 };
 
@@ -121,7 +196,7 @@ enum { MODE_CAST = 0, MODE_MX = 1 };
  * halves of an MXFP8 block sit in lanes l and l ^ 8). In the column phase it takes column
  * t & 63, rows 32 (t >> 6) .. + 31. */
 template <int XD, int OD, int MODE, bool VEC>
-__global__ void __launch_bounds__(T64_THREADS, 6) k_tile64(TileArgs a) {
+__global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64(TileArgs a) {
   float *sm = reinterpret_cast<float *>(dyn_smem());
   uint8_t *tb = dyn_smem() + 64 * T64_LD * 4; /* [64][64] transposed codes, swizzled */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -129,18 +204,31 @@ __global__ void __launch_bounds__(T64_THREADS, 6) k_tile64(TileArgs a) {
   const int cc = t & 63, rb = t >> 6;
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
   const float s = MODE == MODE_CAST ? *a.scale : 1.0f;
-  float m_loc = -INFINITY; /* per-tensor amax of this thread's elements */
+  float m_loc = -INFINITY;   /* per-tensor amax of this thread's elements */
+  __shared__ float dsum[64]; /* bias gradient: column sums of the tile's lower 32 rows */
+
+  /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded */
+  RawUnit<XD> next[2];
+  auto load_tile = [&](int64_t tile) {
+    int64_t tr, tc;
+    tile_coords(a, tile, tr, tc);
+#pragma unroll
+    for (int q = 0; q < 2; q++)
+      load_raw<XD, VEC>(a, tr * 64 + lr + 32 * q, tc * 64 + 16 * cq, next[q]);
+  };
+  if (blockIdx.x < a.ntiles) load_tile(blockIdx.x);
 
   for (int64_t tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
-    const int64_t tr = tile / a.tiles_c, tc = tile - tr * a.tiles_c;
+    int64_t tr, tc;
+    tile_coords(a, tile, tr, tc);
     const int64_t r0 = tr * 64, c0 = tc * 64, c = c0 + 16 * cq;
     float v[2][16];
 #pragma unroll
-    for (int q = 0; q < 2; q++) {
-      load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
-    }
+    for (int q = 0; q < 2; q++)
+      unpack<XD>(next[q], v[q]);
+    if (tile + gridDim.x < a.ntiles) load_tile(tile + gridDim.x);
 
-    /* rowwise */
+      /* rowwise */
 #pragma unroll
     for (int q = 0; q < 2; q++) {
       const int64_t r = r0 + lr + 32 * q;
@@ -191,6 +279,15 @@ __global__ void __launch_bounds__(T64_THREADS, 6) k_tile64(TileArgs a) {
         for (int k = 0; k < 16; k++)
           u[h][k] = sm[(32 * rb + 16 * h + k) * T64_LD + cc];
       const int64_t col = c0 + cc, rbase = r0 + 32 * rb;
+      float colsum = 0.0f; /* rows in order; the two halves are added in order below */
+      if (a.dbias_partial) {
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+          for (int k = 0; k < 16; k++)
+            colsum += u[h][k];
+        if (rb == 1) dsum[cc] = colsum;
+      }
       float sc = s;
       if (MODE == MODE_MX) {
         float m = 0.0f;
@@ -214,8 +311,12 @@ __global__ void __launch_bounds__(T64_THREADS, 6) k_tile64(TileArgs a) {
             encode16<OD>(u[h], sc);
       }
       __syncthreads();
-      /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
-       * row of the tile, a warp 8 rows per store */
+      /* dsum is rewritten only after the next tile's first barrier, which this thread passes
+       * after reading it here */
+      if (a.dbias_partial && rb == 0 && col < a.cols)
+        a.dbias_partial[tr * a.cols + col] = colsum + dsum[cc];
+        /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
+         * row of the tile, a warp 8 rows per store */
 #pragma unroll
       for (int i = 0; i < 2; i++) {
         const int unit = t + T64_THREADS * i, j = unit >> 2, g = unit & 3;
@@ -259,6 +360,11 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
   const int quarter = warp & 3;
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
   float *sc = static_cast<float *>(a.scale_inv), *csc = static_cast<float *>(a.col_scale_inv);
+  /* scale row strides (lutra.h's layout). 1D: sc [tiles_c][roundup(rows, 4)], csc
+   * [tiles_r][roundup(cols, 4)]; 2D: sc [tiles_r][roundup(tiles_c, 4)], csc
+   * [tiles_c][roundup(tiles_r, 4)]. Padding entries stay as allocated (zero). */
+  const int64_t sc_ld = DIM == 1 ? (a.rows + 3) / 4 * 4 : (a.tiles_c + 3) / 4 * 4;
+  const int64_t csc_ld = DIM == 1 ? (a.cols + 3) / 4 * 4 : (a.tiles_r + 3) / 4 * 4;
 
   for (int64_t tile = blockIdx.x; tile < a.ntiles; tile += gridDim.x) {
     const int64_t tr = tile / a.tiles_c, tc = tile - tr * a.tiles_c;
@@ -281,8 +387,8 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
       s2 = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
       if (t == 0) {
         const float inv = div_x86(1.0f, s2);
-        if (row_out) sc[tr * a.tiles_c + tc] = inv;
-        if (col_out) csc[tc * a.tiles_r + tr] = inv;
+        if (row_out) sc[tr * sc_ld + tc] = inv;
+        if (col_out) csc[tc * csc_ld + tr] = inv;
       }
     }
 
@@ -301,7 +407,7 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
           m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 8));
           m = fmaxf(m, __shfl_xor_sync(FULL_MASK, m, 16));
           sq = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
-          if (cq == 0 && r < a.rows) sc[r * a.tiles_c + tc] = div_x86(1.0f, sq);
+          if (cq == 0 && r < a.rows) sc[tc * sc_ld + r] = div_x86(1.0f, sq);
         }
         store_row<VEC>(a, r, c, encode16<OD>(v[q], sq));
       }
@@ -341,7 +447,7 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
           for (int k = 1; k < 4; k++)
             m = fmaxf(m, col_red[(4 * p + k) * 128 + cc]);
           sq = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
-          if (quarter == 0 && col < a.cols) csc[col * a.tiles_r + tr] = div_x86(1.0f, sq);
+          if (quarter == 0 && col < a.cols) csc[tr * csc_ld + col] = div_x86(1.0f, sq);
         }
         float u[2][16];
 #pragma unroll
@@ -408,6 +514,18 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+/* a tile64 quantization, then the reduction of its dbias partials when it wrote some */
+cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
+  if (q->dbias) {
+    if (!a.col_data || !q->dbias_scratch) return cudaErrorInvalidValue;
+    a.dbias_partial = q->dbias_scratch;
+  }
+  cudaError_t e = launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
+  if (e != cudaSuccess || !q->dbias) return e;
+  return lk_dbias_reduce(a.dbias_partial, a.tiles_r, q->cols, q->dbias, q->dbias_dtype,
+                         q->dbias_accumulate, s);
+}
+
 } // namespace
 
 /* ---- launchers ------------------------------------------------------------------------------- */
@@ -420,7 +538,7 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.amax = q->amax;
   a.cast_scale_inv = static_cast<float *>(q->scale_inv);
   a.cast_col_scale_inv = static_cast<float *>(q->col_scale_inv);
-  return launch_tile64(a, q->x_dtype, q->out_dtype, MODE_CAST, s);
+  return launch_tile64_dbias(q, a, MODE_CAST, s);
 }
 
 extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t s) {
@@ -444,7 +562,7 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
     a.col_scale_inv = q->col_scale_inv;
   }
   a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
-  return launch_tile64(a, q->x_dtype, q->out_dtype, MODE_MX, s);
+  return launch_tile64_dbias(q, a, MODE_MX, s);
 }
 
 extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t s) {

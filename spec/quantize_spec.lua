@@ -52,6 +52,8 @@ end
 
 local function encode(fmt, v) return tonumber(C.lutra_encode(FMT[fmt].code, v)) end
 
+local function round4(n) return math.ceil(n / 4) * 4 end
+
 -- A matrix view: the rowwise data is x itself, the columnwise copy is x^T.
 local function view(x, rows, cols, transposed)
   if not transposed then
@@ -82,8 +84,11 @@ local function expected_scales(spec, get, vr, vc, fmax)
         stored[r * nb + b + 1] = e
       end
     end
-  else -- block
+  else -- block: cuBLASLt's layout (lutra.h), padding entries 0
     local nb = math.ceil(vc / 128)
+    local r4, nb4 = round4(vr), round4(nb)
+    local count = spec.dim == 1 and nb * r4 or math.ceil(vr / 128) * nb4
+    for i = 1, count do stored[i] = 0 end
     if spec.dim == 1 then
       for r = 0, vr - 1 do
         for b = 0, nb - 1 do
@@ -93,7 +98,7 @@ local function expected_scales(spec, get, vr, vc, fmax)
           local s = scale_rule(amax, fmax, spec.p2, spec.eps)
           local si = f32(1 / s)
           for c = b * 128, c1 do s_of[r * vc + c], si_of[r * vc + c] = s, si end
-          stored[r * nb + b + 1] = si
+          stored[b * r4 + r + 1] = si -- [nb][roundup(rows, 4)]: the row is the fast index
         end
       end
     else -- 128x128 tiles; the columnwise copy's tiles are the transposed grid
@@ -110,7 +115,7 @@ local function expected_scales(spec, get, vr, vc, fmax)
           for r = tr * 128, r1 do
             for c = tc * 128, c1 do s_of[r * vc + c], si_of[r * vc + c] = s, si end
           end
-          stored[tr * nb + tc + 1] = si
+          stored[tr * nb4 + tc + 1] = si -- [ceil(rows/128)][roundup(nb, 4)]
         end
       end
     end
@@ -386,6 +391,83 @@ describe("block scaling", function()
     local sc = stored_scales(qt, false, 16, "block")
     for i = 1, 16 do assert.are.equal(f32(1 / pow2floor(448 / 0.25)), sc[i]) end
     check_both(q, qt, xv, 16, 128, "e4m3", { kind = "block", dim = 1, p2 = true, eps = 0.25 })
+  end)
+
+  -- The scale layout cuBLASLt's VEC128_32F / BLK128x128_32F modes read (lutra.h), pinned with
+  -- its index formulas written out here: for a stored matrix of R rows x C cols (the columnwise
+  -- copy: R = cols, C = rows), NB = ceil(C/128),
+  --   1x128:   scale of row r, block j at j * roundup(R, 4) + r; NB * roundup(R, 4) entries
+  --   128x128: tile (i, j) at i * roundup(NB, 4) + j; ceil(R/128) * roundup(NB, 4) entries
+  -- and every other entry (padding) is 0. The quantizer takes only dims that are multiples of
+  -- 16, so R is always a multiple of 4 here and 1x128 arrays have no row padding; NB is not.
+  it("scales sit in cuBLASLt's layout (VEC128 / BLK128x128), padding entries 0", function()
+    local function block_amax(get, r0, r1, c0, c1)
+      local m = 0
+      for r = r0, r1 do
+        for c = c0, c1 do m = math.max(m, math.abs(get(r, c))) end
+      end
+      return m
+    end
+    local cases = {
+      { rows = 48, cols = 304, dim = 1, role = "input" },   -- NB 3 | columnwise R 304, NB 1
+      { rows = 144, cols = 304, dim = 2, role = "weight" }, -- tiles 2x3 (pad 1) | 3x2 (pad 2)
+      { rows = 272, cols = 656, dim = 2, role = "weight" }, -- tiles 3x6 (pad 2) | 6x3 (pad 1)
+      { rows = 32, cols = 656, dim = 1, role = "grad_output" }, -- NB 6 | columnwise NB 1
+    }
+    for ci, cs in ipairs(cases) do
+      for _, opts in ipairs { { p2 = true, eps = 0 }, { p2 = false, eps = 0 },
+                              { p2 = false, eps = 0.5 } } do
+        local fmt = cs.role == "grad_output" and "e5m2" or "e4m3"
+        local fmax = FMT[fmt].max
+        local x, xv = randn(cs.rows, cs.cols, 3100 + 10 * ci + (opts.p2 and 1 or 0) + 4 * opts.eps, 2)
+        local r = R.block { fp8_format = "hybrid", power_2_scale = opts.p2,
+                            amax_epsilon = opts.eps }
+        for _, columnwise in ipairs { false, true } do
+          local q = lutra.quantizer(r, cs.role, { rowwise = not columnwise, columnwise = columnwise })
+          local qt = q:quantize(x)
+          assert.are.equal(cs.dim == 1 and "block_1d" or "block_2d", qt:scaling_name())
+          local get, vr, vc = view(xv, cs.rows, cs.cols, columnwise)
+          local nb = math.ceil(vc / 128)
+          local want, count = {}, nil
+          if cs.dim == 1 then
+            count = nb * round4(vr)
+            for i = 0, count - 1 do want[i] = 0 end
+            for row = 0, vr - 1 do
+              for j = 0, nb - 1 do
+                local amax = block_amax(get, row, row, 128 * j, math.min(vc, 128 * j + 128) - 1)
+                want[j * round4(vr) + row] = f32(1 / scale_rule(amax, fmax, opts.p2, opts.eps))
+              end
+            end
+          else
+            local mb = math.ceil(vr / 128)
+            count = mb * round4(nb)
+            for i = 0, count - 1 do want[i] = 0 end
+            for i = 0, mb - 1 do
+              for j = 0, nb - 1 do
+                local amax = block_amax(get, 128 * i, math.min(vr, 128 * i + 128) - 1, 128 * j,
+                                        math.min(vc, 128 * j + 128) - 1)
+                want[i * round4(nb) + j] = f32(1 / scale_rule(amax, fmax, opts.p2, opts.eps))
+              end
+            end
+          end
+          local p = ffi.cast("const float*", columnwise and qt.col_scale_inv or qt.scale_inv)
+          local pads = 0
+          for i = 0, count - 1 do
+            if want[i] == 0 then pads = pads + 1 end
+            if p[i] ~= want[i] then
+              error(string.format("%dx%d dim %d %s p2=%s eps=%g: scale entry %d is %.9g, "
+                                  .. "expected %.9g%s", cs.rows, cs.cols, cs.dim,
+                                  columnwise and "columnwise" or "rowwise", tostring(opts.p2),
+                                  opts.eps, i, p[i], want[i], want[i] == 0 and " (padding)" or ""))
+            end
+          end
+          -- the 128x128 cases were chosen so that both copies have padding to check
+          if cs.dim == 2 then assert.is_true(pads > 0) end
+          check_output(qt, xv, cs.rows, cs.cols, fmt,
+                       { kind = "block", dim = cs.dim, p2 = opts.p2, eps = opts.eps }, columnwise)
+        end
+      end
+    end
   end)
 end)
 

@@ -43,7 +43,20 @@ typedef struct lutra_quant_args {
   int32_t power_2_scale;
   float amax_epsilon;
   int32_t block_dim; /* 1: 1x128 blocks, 2: 128x128 tiles */
+  /* bias gradient of x, computed with the quantization (TransformerEngine's quantize_dbias):
+   * dbias[c] (+= when dbias_accumulate) sum_r x[r, c], rounded once into dbias_dtype. The CPU
+   * sums in double; a fused CUDA kernel sums each 64-row tile in f32 and the tiles in double,
+   * into dbias_scratch: lutra_dbias_scratch_floats(rows, cols) floats the backend provides. */
+  void *dbias;
+  int32_t dbias_dtype;
+  int32_t dbias_accumulate;
+  float *dbias_scratch;
 } lutra_quant_args;
+
+/* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
+static inline int64_t lutra_dbias_scratch_floats(int64_t rows, int64_t cols) {
+  return (rows + 63) / 64 * cols;
+}
 
 /* Dequantize an FP8 matrix stored as [rows, cols] with the given scaling layout. */
 typedef struct lutra_dequant_args {
@@ -75,7 +88,9 @@ typedef struct lutra_gemm_key {
   int32_t accumulate;
   int32_t fast_accum;
   int32_t device;
-  int32_t pad;
+  int32_t epilogue;    /* LUTRA_EPILOGUE_* */
+  int32_t aux_dtype;   /* -1: no aux */
+  int32_t dbias_dtype; /* -1: no dbias */
 } lutra_gemm_key;
 
 typedef struct lutra_gemm_plan {
@@ -84,7 +99,8 @@ typedef struct lutra_gemm_plan {
   void *backend_plan;     /* descriptors and algorithm (CUDA); NULL on CPU */
 } lutra_gemm_plan;
 
-/* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate). */
+/* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate), then the epilogue
+ * (lutra_gemm_epilogue in lutra.h; the front has checked its combination rules). */
 typedef struct lutra_gemm_args {
   lutra_gemm_operand a, b;
   void *d;
@@ -93,7 +109,11 @@ typedef struct lutra_gemm_args {
   int64_t m, n, k;
   const void *bias;
   int32_t bias_dtype;
-  int32_t pad;
+  int32_t epilogue; /* LUTRA_EPILOGUE_* */
+  void *aux;        /* [m, n] row-major, aux_dtype (= d_dtype): GELU_AUX out, DGELU* in */
+  void *dbias;      /* DGELU_BGRAD: [n]; BGRADB: [m] */
+  int32_t aux_dtype;
+  int32_t dbias_dtype;
   const lutra_gemm_plan *plan;
   void *workspace;
   size_t workspace_bytes;

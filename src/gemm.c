@@ -131,9 +131,97 @@ static const char *layout_name(int transa, int transb) {
   return names[(transa ? 2 : 0) + (transb ? 1 : 0)];
 }
 
+/* plans are found by memcmp of the key: it must have no padding bytes */
+_Static_assert(sizeof(lutra_gemm_key) == 3 * sizeof(int64_t) + 14 * sizeof(int32_t),
+               "lutra_gemm_key has padding: add or remove an int32_t field");
+
+static const char *epilogue_name(int kind) {
+  static const char *const names[LUTRA_NUM_EPILOGUES] = {"NONE",  "GELU",        "GELU_AUX",
+                                                         "DGELU", "DGELU_BGRAD", "BGRADB"};
+  return kind >= 0 && kind < LUTRA_NUM_EPILOGUES ? names[kind] : "?";
+}
+
+/* an output that would overwrite an operand's data (rowwise or columnwise) */
+static bool shares_data(const lutra_tensor *out, const lutra_tensor *in) {
+  return out->data && (out->data == in->data || out->data == in->col_data);
+}
+
+/* The combination rules of lutra_gemm_epilogue (lutra.h), checked before anything runs.
+ * D is [m, n]; fp8 says the operands are FP8. */
+static int check_epilogue(const lutra_gemm_epilogue *epi, const lutra_tensor *a,
+                          const lutra_tensor *b, const lutra_tensor *d, const lutra_tensor *bias,
+                          int accumulate, bool fp8, int64_t m, int64_t n, const char *fn) {
+  const int kind = epi->kind;
+  CHECK_ARG(kind >= 0 && kind < LUTRA_NUM_EPILOGUES, "unknown epilogue kind %d (expected 0..%d)",
+            kind, LUTRA_NUM_EPILOGUES - 1);
+  const char *name = epilogue_name(kind);
+  const bool gelu = kind == LUTRA_EPILOGUE_GELU || kind == LUTRA_EPILOGUE_GELU_AUX;
+  const bool dgelu = kind == LUTRA_EPILOGUE_DGELU || kind == LUTRA_EPILOGUE_DGELU_BGRAD;
+  const bool wants_aux = kind == LUTRA_EPILOGUE_GELU_AUX || dgelu;
+  const bool wants_dbias = kind == LUTRA_EPILOGUE_DGELU_BGRAD || kind == LUTRA_EPILOGUE_BGRADB;
+  CHECK_ARG(!(gelu || dgelu) || !accumulate,
+            "epilogue %s cannot accumulate into D (the activation would apply to D + op(B) op(A)); "
+            "only NONE and BGRADB accumulate",
+            name);
+  CHECK_ARG(!bias || kind <= LUTRA_EPILOGUE_GELU_AUX,
+            "epilogue %s takes no bias (only NONE, GELU and GELU_AUX add one)", name);
+  CHECK_ARG(!fp8 || kind <= LUTRA_EPILOGUE_GELU_AUX,
+            "epilogue %s needs f32, bf16 or f16 operands (FP8 operands run NONE, GELU and GELU_AUX "
+            "only)",
+            name);
+  if (!wants_aux) {
+    CHECK_ARG(!epi->aux, "epilogue %s takes no aux tensor", name);
+  } else {
+    const lutra_tensor *aux = epi->aux;
+    CHECK_ARG(aux, "epilogue %s needs an aux tensor [%lld, %lld] (%s)", name, (long long)m,
+              (long long)n,
+              kind == LUTRA_EPILOGUE_GELU_AUX ? "it receives the pre-activation"
+                                              : "the pre-activation saved by GELU_AUX");
+    TRY(lutra_check_tensor(aux, fn, "aux"));
+    CHECK_ARG(lutra_rows(aux) == m && lutra_cols(aux) == n,
+              "aux is %lldx%lld, expected %lldx%lld (the shape of D)", (long long)lutra_rows(aux),
+              (long long)lutra_cols(aux), (long long)m, (long long)n);
+    CHECK_ARG(aux->dtype == d->dtype, "aux dtype %s differs from D's %s",
+              lutra_dtype_name(aux->dtype), lutra_dtype_name(d->dtype));
+    CHECK_ARG(aux->device == d->device, "aux is on another device than D");
+    CHECK_ARG(aux != d && (aux->data != d->data || m * n == 0), "aux must not be D itself");
+    CHECK_ARG(aux->data || m * n == 0, "aux has no data");
+    CHECK_ARG(kind != LUTRA_EPILOGUE_GELU_AUX || !(shares_data(aux, a) || shares_data(aux, b)),
+              "aux (an output of GELU_AUX) must not be operand A or B");
+  }
+  if (!wants_dbias) {
+    CHECK_ARG(!epi->dbias, "epilogue %s takes no dbias tensor", name);
+  } else {
+    const lutra_tensor *db = epi->dbias;
+    const bool rows = kind == LUTRA_EPILOGUE_BGRADB;
+    const int64_t want = rows ? m : n;
+    CHECK_ARG(db, "epilogue %s needs a dbias tensor of %lld elements", name, (long long)want);
+    TRY(lutra_check_tensor(db, fn, "dbias"));
+    CHECK_ARG(lutra_dtype_is_float(db->dtype), "dbias dtype %s is not f32, bf16 or f16",
+              lutra_dtype_name(db->dtype));
+    CHECK_ARG(db->numel == want, "dbias has %lld elements, expected %lld (%s)",
+              (long long)db->numel, (long long)want,
+              rows ? "D's rows: op(B) summed over k" : "D's columns");
+    CHECK_ARG(db->device == d->device, "dbias is on another device than D");
+    CHECK_ARG(db != d && (db->data != d->data || want == 0), "dbias must not be D itself");
+    CHECK_ARG(!epi->aux || db != epi->aux, "dbias must not be the aux tensor");
+    CHECK_ARG(db->data || want == 0, "dbias has no data");
+    CHECK_ARG(!(shares_data(db, a) || shares_data(db, b)), "dbias must not be operand A or B");
+  }
+  return LUTRA_OK;
+}
+
 int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
                    lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
                    const char *fn) {
+  return lutra_gemm_run_ex(a, transa, b, transb, d, bias, accumulate, fast_accum, NULL, fn);
+}
+
+int lutra_gemm_run_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                      lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
+                      const lutra_gemm_epilogue *epi, const char *fn) {
+  static const lutra_gemm_epilogue none = {LUTRA_EPILOGUE_NONE, 0, NULL, NULL};
+  if (!epi) epi = &none;
   transa = transa != 0;
   transb = transb != 0;
   int64_t ra = lutra_rows(a), ca = lutra_cols(a), rb = lutra_rows(b), cb = lutra_cols(b);
@@ -164,6 +252,7 @@ int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int
               (long long)bias->numel, (long long)n);
     CHECK_ARG(bias->device == d->device, "bias is on another device");
   }
+  TRY(check_epilogue(epi, a, b, d, bias, accumulate, fp8a, m, n, fn));
   const lutra_backend *be = lutra_backend_get(d->device, fn);
   if (!be) return LUTRA_EUNSUPPORTED;
 
@@ -184,6 +273,11 @@ int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int
   g.k = ka;
   g.bias = bias ? bias->data : NULL;
   g.bias_dtype = bias ? bias->dtype : -1;
+  g.epilogue = epi->kind;
+  g.aux = epi->aux ? epi->aux->data : NULL;
+  g.aux_dtype = epi->aux ? epi->aux->dtype : -1;
+  g.dbias = epi->dbias ? epi->dbias->data : NULL;
+  g.dbias_dtype = epi->dbias ? epi->dbias->dtype : -1;
 
   lutra_gemm_key k;
   memset(&k, 0, sizeof k);
@@ -201,6 +295,9 @@ int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int
   k.accumulate = g.accumulate;
   k.fast_accum = fast_accum != 0;
   k.device = d->device;
+  k.epilogue = g.epilogue;
+  k.aux_dtype = g.aux_dtype;
+  k.dbias_dtype = g.dbias_dtype;
   TRY(plan_for(be, &k, &g.plan, fn));
   workspace *w = &workspaces[be->device];
   g.workspace = w->ptr;
@@ -219,6 +316,17 @@ int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int tra
   TRY(lutra_check_tensor(d, fn, "D"));
   if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
   return lutra_gemm_run(a, transa, b, transb, d, bias, accumulate, 0, fn);
+}
+
+int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                  lutra_tensor *d, const lutra_tensor *bias, int accumulate,
+                  const lutra_gemm_epilogue *epi) {
+  static const char fn[] = "lutra_gemm_ex";
+  TRY(lutra_check_tensor(a, fn, "A"));
+  TRY(lutra_check_tensor(b, fn, "B"));
+  TRY(lutra_check_tensor(d, fn, "D"));
+  if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
+  return lutra_gemm_run_ex(a, transa, b, transb, d, bias, accumulate, 0, epi, fn);
 }
 
 int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {

@@ -115,6 +115,10 @@ int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwi
 int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
                    lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
                    const char *fn);
+/* The same with an epilogue (NULL: LUTRA_EPILOGUE_NONE); checks the epilogue's rules. */
+int lutra_gemm_run_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                      lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
+                      const lutra_gemm_epilogue *epi, const char *fn);
 
 /* Quantizer internals used by modules and autocast. */
 typedef struct lutra_quantizer_spec {
@@ -146,6 +150,10 @@ void lutra_quantizer_destroy(lutra_quantizer *q);
 int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
                                 const char *fn);
 /* Calibration: a delayed quantizer records max|x| without quantizing. */
+/* lutra_quantize_run that also writes the bias gradient of x into dbias (see lutra_quant_args) */
+int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
+                             const char *fn);
 int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn);
 
 /* Autocast internals (autocast.c): the calling thread's state. */

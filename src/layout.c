@@ -76,6 +76,12 @@ static const field fields[] = {
     F(lutra_param, grad),
     F(lutra_param, main_grad),
 
+    S(lutra_gemm_epilogue),
+    F(lutra_gemm_epilogue, kind),
+    F(lutra_gemm_epilogue, pad),
+    F(lutra_gemm_epilogue, aux),
+    F(lutra_gemm_epilogue, dbias),
+
     S(lutra_optim_desc),
     F(lutra_optim_desc, kind),
     F(lutra_optim_desc, lr),

@@ -164,9 +164,12 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_t
   lutra_tensor *wgrad_out = l->accumulate_main_grad ? l->weight_main_grad : l->wgrad;
   int accumulate = l->accumulate_main_grad;
   lutra_quantizer *qg = l->q[LUTRA_ROLE_GRAD_OUTPUT];
+  lutra_tensor *bg = !l->has_bias ? NULL : l->accumulate_main_grad ? l->bias_main_grad : l->bgrad;
   if (l->forward_fp8 && qg) {
     lutra_tensor *dyq;
-    TRY(lutra_quantize_run(qg, dy, true, &dyq, fn));
+    /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
+    TRY(lutra_quantize_dbias_run(qg, dy, true, bg, accumulate, &dyq, fn));
+    bg = NULL;
     lutra_scale_meta *meta = lutra_quantizer_meta(qg);
     if (meta) TRY(lutra_autocast_note_backward(meta, l->device, fn));
     TRY(lutra_gemm_run(l->wq, 0, dyq, 0, l->dx, NULL, 0, 0, fn));
@@ -175,8 +178,7 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_t
     TRY(lutra_gemm_run(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fn));
     TRY(lutra_gemm_run(l->x, 0, dy, 1, wgrad_out, NULL, accumulate, 0, fn));
   }
-  if (l->has_bias) {
-    lutra_tensor *bg = l->accumulate_main_grad ? l->bias_main_grad : l->bgrad;
+  if (bg) {
     TRY(l->be->bias_grad(dy->data, dy->dtype, lutra_rows(dy), l->out, bg->data, bg->dtype,
                          accumulate));
   }

@@ -75,8 +75,14 @@ enum {
  * GEMMs need for dgrad and wgrad. Scale layouts (rows x cols = the matrix view):
  *   TENSOR   scale_inv: 1 f32 (col_scale_inv: 1 f32, same value)
  *   MXFP8    scale_inv: [rows][cols/32] E8M0; col_scale_inv: [cols][rows/32] E8M0
- *   BLOCK_1D scale_inv: [rows][ceil(cols/128)] f32; col_scale_inv: [cols][ceil(rows/128)]
- *   BLOCK_2D scale_inv: [ceil(rows/128)][ceil(cols/128)] f32; col_scale_inv: its transpose */
+ *   BLOCK_1D and BLOCK_2D (f32) are in the layout cuBLASLt's VEC128_32F / BLK128x128_32F
+ *   scale modes read (TransformerEngine's GEMM_READY): for a stored FP8 matrix of R rows and
+ *   C cols quantized along its rows (the rowwise data: R = rows, C = cols; the columnwise
+ *   copy: R = cols, C = rows), with R4 = roundup(R, 4), NB = ceil(C/128), NB4 = roundup(NB, 4):
+ *     BLOCK_1D [NB][R4]: the scale of row r, block j at j * R4 + r (rows are the fast index)
+ *     BLOCK_2D [ceil(R/128)][NB4]: tile (i, j) at i * NB4 + j
+ *   Padding entries (r >= R; j >= NB) are 0: scale arrays are zeroed when allocated and
+ *   quantizers never write them. */
 typedef struct lutra_tensor {
   void *data;          /* rowwise values, or NULL when only the columnwise copy exists */
   void *col_data;      /* columnwise (transposed) copy, or NULL */
@@ -250,6 +256,11 @@ LUTRA_API int lutra_quantizer_free(lutra_quantizer *q);
 LUTRA_API int lutra_quantizer_release(lutra_quantizer *q);
 /* Quantize x into the quantizer's own output tensor (reused while the shape stays). */
 LUTRA_API int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor **out);
+/* lutra_quantize that also writes the bias gradient of x: dbias[c] (+= when accumulate)
+ * sum_r x[r, c] (x seen as [rows, cols]); fused into the quantization kernel on CUDA where it
+ * writes a columnwise copy (TransformerEngine's quantize_dbias for grad_output). */
+LUTRA_API int lutra_quantize_dbias(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor *dbias,
+                                   int accumulate, lutra_tensor **out);
 /* Delayed scaling: roll this quantizer's amax history and update its scale (one backend call). */
 LUTRA_API int lutra_quantizer_update(lutra_quantizer *q);
 /* Delayed/current scaling state, copied to the host. history may be NULL. */
@@ -268,6 +279,51 @@ LUTRA_API int lutra_dequantize(const lutra_tensor *q, int columnwise, lutra_tens
  * FP8 operands are run as TN through their columnwise copies (Hopper's only FP8 layout). */
 LUTRA_API int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
                          lutra_tensor *d, const lutra_tensor *bias, int accumulate);
+
+/* GEMM epilogues, as TransformerEngine runs them through cuBLASLt, in lutra's row-major naming
+ * (P = op(B) [m,k] @ op(A) [k,n], computed in f32; everything below is applied to the f32 P
+ * and rounded once into each output's dtype):
+ *   NONE         D = P (+ bias[n]) (+ D when accumulate): lutra_gemm.
+ *   GELU         D = gelu(P + bias)                                   (cuBLASLt GELU[_BIAS])
+ *   GELU_AUX     D = gelu(P + bias), aux [m,n] = P + bias, the pre-activation that DGELU
+ *                reads back in backward                       (cuBLASLt GELU_AUX[_BIAS])
+ *   DGELU        D = P * gelu'(aux), aux [m,n] saved by GELU_AUX            (cuBLASLt DGELU)
+ *   DGELU_BGRAD  DGELU, and dbias[n] = sum over rows of D: the bias gradient of the GELU input,
+ *                summed from the f32 values before D's rounding          (cuBLASLt DGELU_BGRAD)
+ *   BGRADB       D = P (+ D when accumulate), and dbias[m] = sum over k of op(B)[m,k]: in the
+ *                wgrad layout NT (D[out,in] = dY^T X, B = dY [N,out]) the column sums of dY,
+ *                the bias gradient                                          (cuBLASLt BGRADB)
+ * gelu is the tanh approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), the formula
+ * of lutra_gelu_new and of cuBLASLt's GELU epilogue. Rules (refused with LUTRA_EINVAL,
+ * nothing written, otherwise):
+ * - aux: the shape of D ([m,n] as a matrix), D's dtype and device, not D itself; only for
+ *   GELU_AUX, DGELU, DGELU_BGRAD. dbias: f32, bf16 or f16 on D's device, m or n elements as
+ *   above; only for DGELU_BGRAD and BGRADB. Dbias sums run in double (CPU) and are rounded once.
+ * - accumulate only with NONE and BGRADB: the GELU epilogues would apply to D_old + P.
+ * - bias only with NONE, GELU, GELU_AUX (DGELU_BGRAD and BGRADB write dbias through
+ *   cuBLASLt's bias pointer).
+ * - FP8 operands with NONE, GELU, GELU_AUX (TE's FP8 fprop runs GELU_AUX_BIAS); DGELU,
+ *   DGELU_BGRAD and BGRADB take f32/bf16/f16 operands (TE's FP8 backward computes dgelu and
+ *   dbias in the cast of grad_output, not in the GEMM). */
+enum {
+  LUTRA_EPILOGUE_NONE = 0,
+  LUTRA_EPILOGUE_GELU = 1,
+  LUTRA_EPILOGUE_GELU_AUX = 2,
+  LUTRA_EPILOGUE_DGELU = 3,
+  LUTRA_EPILOGUE_DGELU_BGRAD = 4,
+  LUTRA_EPILOGUE_BGRADB = 5,
+  LUTRA_NUM_EPILOGUES = 6
+};
+typedef struct lutra_gemm_epilogue {
+  int32_t kind; /* LUTRA_EPILOGUE_* */
+  int32_t pad;
+  lutra_tensor *aux;   /* GELU_AUX: output; DGELU, DGELU_BGRAD: input; else NULL */
+  lutra_tensor *dbias; /* DGELU_BGRAD, BGRADB: output; else NULL */
+} lutra_gemm_epilogue;
+/* lutra_gemm with an epilogue; epi NULL is LUTRA_EPILOGUE_NONE (then it is lutra_gemm). */
+LUTRA_API int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                            lutra_tensor *d, const lutra_tensor *bias, int accumulate,
+                            const lutra_gemm_epilogue *epi);
 /* Plans (one per shape/dtype/layout/epilogue) and workspace bytes held by the caches. */
 LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
 

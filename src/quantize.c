@@ -106,10 +106,19 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
 }
 
 static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                         lutra_tensor **out, const char *fn) {
+                         lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
+                         const char *fn) {
   const lutra_quantizer_spec *s = &q->spec;
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
   TRY(lutra_quantizer_check_input(s, x, fn));
+  if (dbias) {
+    CHECK_ARG(lutra_dtype_is_float(dbias->dtype), "dbias dtype %s is not f32, bf16 or f16",
+              lutra_dtype_name(dbias->dtype));
+    CHECK_ARG(dbias->numel == lutra_cols(x), "dbias has %lld elements, x has %lld columns",
+              (long long)dbias->numel, (long long)lutra_cols(x));
+    CHECK_ARG(dbias->device == q->device, "dbias is on another device than the quantizer");
+    CHECK_ARG(dbias->data && dbias->data != x->data, "dbias has no data or aliases x");
+  }
   TRY(lutra_tensor_ensure(&q->out, s->dtype, scaling_of(s->kind), x->ndim, x->shape, q->device,
                           q->rowwise, q->columnwise, fn));
   lutra_tensor *o = q->out;
@@ -126,6 +135,9 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_
       .power_2_scale = s->power_2_scale,
       .amax_epsilon = s->amax_epsilon,
       .block_dim = s->block_dim,
+      .dbias = dbias ? dbias->data : NULL,
+      .dbias_dtype = dbias ? dbias->dtype : 0,
+      .dbias_accumulate = dbias_accumulate,
   };
   const lutra_backend *be = q->be;
   switch (s->kind) {
@@ -155,12 +167,18 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_
   return LUTRA_OK;
 }
 
-int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                       lutra_tensor **out, const char *fn) {
+int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
+                             const char *fn) {
   RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, record_amax, out, fn);
+  int st = quantize_impl(q, x, record_amax, dbias, dbias_accumulate, out, fn);
   RANGE_POP();
   return st;
+}
+
+int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                       lutra_tensor **out, const char *fn) {
+  return lutra_quantize_dbias_run(q, x, record_amax, NULL, false, out, fn);
 }
 
 int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn) {
@@ -214,6 +232,16 @@ int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor **out
   TRY(lutra_check_tensor(x, fn, "x"));
   CHECK_ARG(out, "out is NULL");
   return lutra_quantize_run(q, x, true, out, fn);
+}
+
+int lutra_quantize_dbias(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor *dbias,
+                         int accumulate, lutra_tensor **out) {
+  static const char fn[] = "lutra_quantize_dbias";
+  TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
+  TRY(lutra_check_tensor(x, fn, "x"));
+  TRY(lutra_check_tensor(dbias, fn, "dbias"));
+  CHECK_ARG(out, "out is NULL");
+  return lutra_quantize_dbias_run(q, x, true, dbias, accumulate != 0, out, fn);
 }
 
 static int check_delayed(const lutra_quantizer *q, const char *fn) {

@@ -23,10 +23,10 @@ int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwi
     return 1;
   case LUTRA_SCALING_MXFP8:
     return rows * ((cols + 31) / 32);
-  case LUTRA_SCALING_BLOCK_1D:
-    return rows * ((cols + 127) / 128);
-  case LUTRA_SCALING_BLOCK_2D:
-    return ((rows + 127) / 128) * ((cols + 127) / 128);
+  case LUTRA_SCALING_BLOCK_1D: /* [ceil(cols/128)][roundup(rows, 4)] (lutra.h) */
+    return ((cols + 127) / 128) * ((rows + 3) / 4 * 4);
+  case LUTRA_SCALING_BLOCK_2D: /* [ceil(rows/128)][roundup(ceil(cols/128), 4)] */
+    return ((rows + 127) / 128) * (((cols + 127) / 128 + 3) / 4 * 4);
   default:
     return 0;
   }
@@ -80,10 +80,17 @@ int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, in
   int st = LUTRA_OK;
   if (rowwise) st = be->alloc((size_t)numel * esize, &t->data);
   if (st == LUTRA_OK && columnwise) st = be->alloc((size_t)numel * esize, &t->col_data);
-  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && rowwise)
-    st = be->alloc((size_t)lutra_scale_count(scaling, rows, cols, false) * ssize, &t->scale_inv);
-  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && columnwise)
-    st = be->alloc((size_t)lutra_scale_count(scaling, rows, cols, true) * ssize, &t->col_scale_inv);
+  /* scale arrays start zeroed: block scaling's padding entries are never written (lutra.h) */
+  const size_t sbytes = (size_t)lutra_scale_count(scaling, rows, cols, false) * ssize;
+  const size_t cbytes = (size_t)lutra_scale_count(scaling, rows, cols, true) * ssize;
+  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && rowwise) {
+    st = be->alloc(sbytes, &t->scale_inv);
+    if (st == LUTRA_OK) st = be->memset(t->scale_inv, 0, sbytes);
+  }
+  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && columnwise) {
+    st = be->alloc(cbytes, &t->col_scale_inv);
+    if (st == LUTRA_OK) st = be->memset(t->col_scale_inv, 0, cbytes);
+  }
   if (st != LUTRA_OK) {
     lutra_tensor_destroy(t);
     return lutra_error(st, fn, "cannot allocate %lld elements of %s", (long long)numel,

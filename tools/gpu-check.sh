@@ -43,6 +43,11 @@ if has example; then
     > "$OUT/example-nvtx.log" 2>&1
   note "example delayed with LUTRA_NVTX=1: exit $? $(tail -1 "$OUT/example-nvtx.log")"
 fi
+if has probe; then
+  nvcc -O2 -arch=sm_90 tools/probe_block_gemm.cu -lcublasLt -o build/probe_block_gemm \
+    > "$OUT/probe-build.log" 2>&1 && timeout 120 ./build/probe_block_gemm > "$OUT/probe.txt" 2>&1
+  note "block-scaled GEMM probe exit $?: $(grep -c MATCH "$OUT/probe.txt") layouts match"
+fi
 if has bench; then
   gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include bench/cuda_throughput.c \
     -o build/cuda_throughput -L. -llutra -L/usr/local/cuda/lib64 -lcudart -lcublasLt \

@@ -29,6 +29,35 @@ function M.gemm(a, transa, b, transb, d, bias, accumulate)
   return d
 end
 
+-- lutra.gemm_ex(A, transa, B, transb, D, {bias =, accumulate =, epilogue =, aux =, dbias =}):
+-- lutra.gemm with a GEMM epilogue (lutra_gemm_epilogue in lutra.h). epilogue is "none" (the
+-- default), "gelu", "gelu_aux" (aux receives the pre-activation), "dgelu" (aux is that
+-- pre-activation), "dgelu_bgrad" (also dbias [n]) or "bgradb" (dbias [m] = k-sums of op(B)).
+-- Returns D.
+local epilogues = { none = C.LUTRA_EPILOGUE_NONE, gelu = C.LUTRA_EPILOGUE_GELU,
+                    gelu_aux = C.LUTRA_EPILOGUE_GELU_AUX, dgelu = C.LUTRA_EPILOGUE_DGELU,
+                    dgelu_bgrad = C.LUTRA_EPILOGUE_DGELU_BGRAD, bgradb = C.LUTRA_EPILOGUE_BGRADB }
+local gemm_ex_options = { bias = true, accumulate = true, epilogue = true, aux = true, dbias = true }
+local epilogue_box = core.ffi.new("lutra_gemm_epilogue")
+function M.gemm_ex(a, transa, b, transb, d, opts)
+  local where = "lutra.gemm_ex"
+  opts = core.check_options(opts, gemm_ex_options, where)
+  epilogue_box.kind = core.code(epilogues, opts.epilogue or "none", "epilogue", where)
+  for _, key in ipairs { "aux", "dbias" } do
+    if opts[key] ~= nil and type(opts[key]) ~= "cdata" then
+      error(string.format("%s: %s must be a tensor", where, key), 2)
+    end
+  end
+  epilogue_box.aux = opts.aux
+  epilogue_box.dbias = opts.dbias
+  local st = C.lutra_gemm_ex(a, transa and 1 or 0, b, transb and 1 or 0, d, opts.bias,
+                             opts.accumulate and 1 or 0, epilogue_box)
+  -- drop the references before raising, so that the box never keeps tensors alive
+  epilogue_box.aux, epilogue_box.dbias = nil, nil
+  if st ~= 0 then core.fail() end
+  return d
+end
+
 function M.gemm_cache_stats()
   local plans, bytes = core.ffi.new("int[1]"), core.ffi.new("size_t[1]")
   core.check(C.lutra_gemm_cache_stats(plans, bytes))

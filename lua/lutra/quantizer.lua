@@ -28,6 +28,14 @@ function Quantizer:quantize(x)
   return core.tensor_box[0]
 end
 
+-- quantize x and write its bias gradient (column sums) into dbias; accumulate adds to dbias
+function Quantizer:quantize_dbias(x, dbias, accumulate)
+  if C.lutra_quantize_dbias(self, x, dbias, accumulate and 1 or 0, core.tensor_box) ~= 0 then
+    core.fail()
+  end
+  return core.tensor_box[0]
+end
+
 function Quantizer:update() check(C.lutra_quantizer_update(self)) end
 
 function Quantizer:scale()

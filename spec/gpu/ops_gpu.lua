@@ -340,12 +340,38 @@ local QSIZES = {
   { 144, 272, not_mx = true }, -- partial blocks and tiles in both dims
 }
 
+-- The raw scale array of one copy of an FP8 tensor t (2-D), as bytes: the API has no call for
+-- scale arrays, so they are read through a borrowed 1-D view of the buffer (an ffi-made
+-- lutra_tensor that nothing frees) with lutra_tensor_get_bytes. Element counts per lutra.h's
+-- layouts, block scaling's zero padding included; t's owner must be alive.
+local function round4(n) return math.ceil(n / 4) * 4 end
+local function scale_bytes(t, columnwise)
+  local dims = t:dims()
+  local r, c = dims[1], dims[2]
+  if columnwise then r, c = c, r end
+  local sc, count, dt = t:scaling_name(), nil, C.LUTRA_F32
+  if sc == "tensor" then
+    count = 1
+  elseif sc == "mxfp8" then
+    count, dt = r * math.ceil(c / 32), C.LUTRA_E8M0
+  elseif sc == "block_1d" then
+    count = math.ceil(c / 128) * round4(r)
+  else
+    assert.are.equal("block_2d", sc)
+    count = math.ceil(r / 128) * round4(math.ceil(c / 128))
+  end
+  local v = ffi.new("lutra_tensor")
+  v.data = columnwise and t.col_scale_inv or t.scale_inv
+  assert.is_true(v.data ~= nil, "scale_inv is NULL")
+  v.shape[0], v.numel, v.ndim = count, count, 1
+  v.dtype, v.device, v.flags = dt, t.device, C.LUTRA_TENSOR_BORROWED
+  return v:bytes(false), sc == "mxfp8" and 1 or 4
+end
+
 -- Compares one FP8 output of both devices: codes (rowwise and columnwise, bit-identical), the
--- scale of per-tensor quantizers (bit-identical), and dequantization of both copies into
--- poisoned f32 tensors (bit-identical). Block and MXFP8 scale arrays live in device memory and
--- the API has no call to read them back, so they are checked through dequantization: with
--- identical codes, identical dequantized values mean identical scales for every block that
--- holds a nonzero code (all of them, for these random inputs).
+-- scale of per-tensor quantizers (bit-identical), the raw scale arrays (bit-identical, block
+-- scaling's padding included), and dequantization of both copies into poisoned f32 tensors
+-- (bit-identical).
 local function compare_fp8(qa, qb, ta, tb, cfg, what, rowwise, columnwise)
   assert.are.equal(ta:dtype_name(), tb:dtype_name(), what .. ": FP8 dtype")
   assert.are.equal(cfg.fmt, tb:dtype_name(), what .. ": FP8 dtype")
@@ -362,12 +388,16 @@ local function compare_fp8(qa, qb, ta, tb, cfg, what, rowwise, columnwise)
   end
   if rowwise ~= false then
     assert_same_bytes(tb:bytes(false), ta:bytes(false), what .. ": rowwise codes")
+    local sa, esize = scale_bytes(ta, false)
+    assert_same_bytes((scale_bytes(tb, false)), sa, what .. ": rowwise scale array", esize)
     local da = lutra.dequantize(ta, poisoned({ rows, cols }, "f32", REF), false)
     local db = lutra.dequantize(tb, poisoned({ rows, cols }, "f32", DEV), false)
     assert_same_bytes(db:bytes(), da:bytes(), what .. ": rowwise dequantized (f32)", 4)
   end
   if columnwise ~= false then
     assert_same_bytes(tb:bytes(true), ta:bytes(true), what .. ": columnwise codes")
+    local sa, esize = scale_bytes(ta, true)
+    assert_same_bytes((scale_bytes(tb, true)), sa, what .. ": columnwise scale array", esize)
     local da = lutra.dequantize(ta, poisoned({ cols, rows }, "f32", REF), true)
     local db = lutra.dequantize(tb, poisoned({ cols, rows }, "f32", DEV), true)
     assert_same_bytes(db:bytes(), da:bytes(), what .. ": columnwise dequantized (f32)", 4)

@@ -1,6 +1,23 @@
 /* The CPU backend table and the device lookup every object uses at creation. */
 #include "cpu.h"
 
+/* The quantizers with their bias gradient (lutra_quant_args.dbias): on the CPU the two are one
+ * call but two passes; the sum runs in double as lutra_cpu_bias_grad's. */
+static int with_dbias(int st, const lutra_quant_args *a) {
+  if (st != LUTRA_OK || !a->dbias) return st;
+  return lutra_cpu_bias_grad(a->x, a->x_dtype, a->rows, a->cols, a->dbias, a->dbias_dtype,
+                             a->dbias_accumulate);
+}
+static int cpu_cast(const lutra_quant_args *a) {
+  return with_dbias(lutra_cpu_cast(a), a);
+}
+static int cpu_quantize_mxfp8(const lutra_quant_args *a) {
+  return with_dbias(lutra_cpu_quantize_mxfp8(a), a);
+}
+static int cpu_quantize_block(const lutra_quant_args *a) {
+  return with_dbias(lutra_cpu_quantize_block(a), a);
+}
+
 const lutra_backend lutra_cpu_backend = {
     .name = "cpu",
     .device = LUTRA_CPU,
@@ -14,9 +31,9 @@ const lutra_backend lutra_cpu_backend = {
     .fill = lutra_cpu_fill,
     .amax = lutra_cpu_amax,
     .scale_from_amax = lutra_cpu_scale_from_amax,
-    .cast = lutra_cpu_cast,
-    .quantize_mxfp8 = lutra_cpu_quantize_mxfp8,
-    .quantize_block = lutra_cpu_quantize_block,
+    .cast = cpu_cast,
+    .quantize_mxfp8 = cpu_quantize_mxfp8,
+    .quantize_block = cpu_quantize_block,
     .dequantize = lutra_cpu_dequantize,
     .delayed_update = lutra_cpu_delayed_update,
     .gemm_plan = lutra_cpu_gemm_plan,

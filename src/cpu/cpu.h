@@ -33,6 +33,9 @@ void lutra_cpu_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cpu_gemm(const lutra_gemm_args *g);
 
 /* activations, losses, optimizers (ops_cpu.c) */
+/* tanh GELU and its derivative in f32 (the formulas every GELU of lutra uses) */
+float lutra_cpu_gelu(float x);
+float lutra_cpu_gelu_grad(float x);
 int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n);
 int lutra_cpu_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n);
 int lutra_cpu_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,

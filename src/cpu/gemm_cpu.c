@@ -5,7 +5,14 @@
  * the matching CblasTrans flag; nothing is transposed explicitly. Everything is computed in f32
  * and rounded once into D's dtype at the end. lutra_cpu_gemm never allocates: the plan says
  * how much workspace it needs (one 64-byte-rounded region per non-f32 operand, plus an f32
- * scratch for D when D is not f32). */
+ * scratch for D when D is not f32).
+ *
+ * Epilogues (lutra_gemm_epilogue in lutra.h), the reference for every backend: applied to the
+ * f32 result before its single rounding into D's dtype. GELU and GELU_AUX take gelu() of the
+ * f32 pre-activation P + bias (aux receives that pre-activation, rounded once into its dtype);
+ * DGELU multiplies the f32 result by gelu'(aux) (aux as stored); the bias gradients (the column
+ * sums of the f32 DGELU result for DGELU_BGRAD, the k-sums of op(B) as stored for BGRADB) are
+ * accumulated in double and rounded once into dbias's dtype, as lutra_cpu_bias_grad does. */
 #include "cpu.h"
 
 #include <cblas.h>
@@ -66,6 +73,14 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p) {
   CHECK_ARG(key->bias_dtype == -1 || float_dtype_ok(key->bias_dtype),
             "unsupported bias dtype %d (expected F32, BF16, F16, or -1 for no bias)",
             (int)key->bias_dtype);
+  CHECK_ARG(key->epilogue >= 0 && key->epilogue < LUTRA_NUM_EPILOGUES, "unknown epilogue %d",
+            (int)key->epilogue);
+  CHECK_ARG(key->aux_dtype == -1 || float_dtype_ok(key->aux_dtype),
+            "unsupported aux dtype %d (expected F32, BF16, F16, or -1 for no aux)",
+            (int)key->aux_dtype);
+  CHECK_ARG(key->dbias_dtype == -1 || float_dtype_ok(key->dbias_dtype),
+            "unsupported dbias dtype %d (expected F32, BF16, F16, or -1 for no dbias)",
+            (int)key->dbias_dtype);
   size_t need;
   CHECK_ARG(workspace_need(key->m, key->n, key->k, key->a_dtype, key->b_dtype, key->d_dtype, &need),
             "workspace size overflows for m=%lld, n=%lld, k=%lld", (long long)key->m,
@@ -132,6 +147,68 @@ static int upcast(const lutra_gemm_operand *x, float *dst, const float **out) {
   return LUTRA_OK;
 }
 
+/* Checks the epilogue's buffers (the front has checked shapes, devices and combinations). */
+static int check_epilogue(const lutra_gemm_args *g, const char *fn) {
+  const int e = g->epilogue;
+  CHECK_ARG(e >= 0 && e < LUTRA_NUM_EPILOGUES, "unknown epilogue %d", e);
+  const bool aux =
+      e == LUTRA_EPILOGUE_GELU_AUX || e == LUTRA_EPILOGUE_DGELU || e == LUTRA_EPILOGUE_DGELU_BGRAD;
+  const bool dbias = e == LUTRA_EPILOGUE_DGELU_BGRAD || e == LUTRA_EPILOGUE_BGRADB;
+  const int64_t mn = g->m * g->n, nb = e == LUTRA_EPILOGUE_BGRADB ? g->m : g->n;
+  if (aux) {
+    CHECK_ARG(g->aux_dtype == g->d_dtype, "aux dtype %d differs from D's %d", (int)g->aux_dtype,
+              (int)g->d_dtype);
+    CHECK_ARG(g->aux != NULL || mn == 0, "epilogue %d needs aux", e);
+  }
+  if (dbias) {
+    CHECK_ARG(float_dtype_ok(g->dbias_dtype),
+              "unsupported dbias dtype %d (expected F32, BF16, F16)", (int)g->dbias_dtype);
+    CHECK_ARG(g->dbias != NULL || nb == 0, "epilogue %d needs dbias", e);
+  }
+  CHECK_ARG(!(e == LUTRA_EPILOGUE_BGRADB && !float_dtype_ok(g->b.dtype)),
+            "BGRADB sums operand B, which must be F32, BF16 or F16");
+  return LUTRA_OK;
+}
+
+/* BGRADB: dbias[i] = sum_k op(B)[i, k], from B as stored ([m, k], or [k, m] when transposed) */
+static int bgradb(const lutra_gemm_args *g) {
+  if (g->b.trans)
+    return lutra_cpu_bias_grad(g->b.data, g->b.dtype, g->k, g->m, g->dbias, g->dbias_dtype, 0);
+  for (int64_t i = 0; i < g->m; i++) {
+    double acc = 0.0;
+    for (int64_t c = 0; c < g->k; c++)
+      acc += lutra_cpu_load(g->b.data, g->b.dtype, i * g->k + c);
+    lutra_cpu_store(g->dbias, g->dbias_dtype, i, (float)acc);
+  }
+  return LUTRA_OK;
+}
+
+/* GELU, GELU_AUX, DGELU, DGELU_BGRAD on the f32 result df [m, n] (bias already added) */
+static int apply_epilogue(const lutra_gemm_args *g, float *df) {
+  const int64_t mn = g->m * g->n;
+  switch (g->epilogue) {
+  case LUTRA_EPILOGUE_GELU:
+    for (int64_t i = 0; i < mn; i++)
+      df[i] = lutra_cpu_gelu(df[i]);
+    return LUTRA_OK;
+  case LUTRA_EPILOGUE_GELU_AUX:
+    for (int64_t i = 0; i < mn; i++) {
+      lutra_cpu_store(g->aux, g->aux_dtype, i, df[i]);
+      df[i] = lutra_cpu_gelu(df[i]);
+    }
+    return LUTRA_OK;
+  case LUTRA_EPILOGUE_DGELU:
+  case LUTRA_EPILOGUE_DGELU_BGRAD:
+    for (int64_t i = 0; i < mn; i++)
+      df[i] = df[i] * lutra_cpu_gelu_grad(lutra_cpu_load(g->aux, g->aux_dtype, i));
+    if (g->epilogue == LUTRA_EPILOGUE_DGELU_BGRAD)
+      return lutra_cpu_bias_grad(df, LUTRA_F32, g->m, g->n, g->dbias, g->dbias_dtype, 0);
+    return LUTRA_OK;
+  default:
+    return LUTRA_OK;
+  }
+}
+
 int lutra_cpu_gemm(const lutra_gemm_args *g) {
   static const char fn[] = "lutra_cpu_gemm";
   CHECK_ARG(g != NULL, "arguments are NULL");
@@ -146,6 +223,7 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
   CHECK_ARG(g->d != NULL || m == 0 || n == 0, "D is NULL");
   CHECK_ARG(g->bias == NULL || float_dtype_ok(g->bias_dtype),
             "unsupported bias dtype %d (expected F32, BF16, F16)", (int)g->bias_dtype);
+  TRY(check_epilogue(g, fn));
   CHECK_ARG(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,
             "dimensions m=%lld, n=%lld, k=%lld exceed the BLAS integer range", (long long)m,
             (long long)n, (long long)k);
@@ -172,7 +250,14 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
   CHECK_ARG(need == 0 || (uintptr_t)g->workspace % sizeof(float) == 0,
             "workspace %p is not aligned for f32", g->workspace);
 
-  if (m == 0 || n == 0) return LUTRA_OK; /* empty D */
+  /* BGRADB reads only B: its dbias [m] exists even when D is empty */
+  if (g->epilogue == LUTRA_EPILOGUE_BGRADB) TRY(bgradb(g));
+  if (m == 0 || n == 0) { /* empty D; DGELU_BGRAD's dbias [n] sums no rows */
+    if (g->epilogue == LUTRA_EPILOGUE_DGELU_BGRAD)
+      for (int64_t j = 0; j < n; j++)
+        lutra_cpu_store(g->dbias, g->dbias_dtype, j, 0.0f);
+    return LUTRA_OK;
+  }
 
   /* carve the workspace: A, B, then D scratch, each 64-byte rounded */
   char *ws = g->workspace;
@@ -221,6 +306,7 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
         row[j] += lutra_cpu_load(g->bias, g->bias_dtype, j);
     }
   }
+  TRY(apply_epilogue(g, df));
 
   if (g->d_dtype != LUTRA_F32)
     for (int64_t i = 0; i < mn; i++)

@@ -39,6 +39,14 @@ static inline float gelu_grad(float x) {
   return s + 2.0f * k * x * GELU_C * (1.0f + 3.0f * GELU_A * x * x);
 }
 
+/* the same formulas for the GEMM epilogues (gemm_cpu.c) */
+float lutra_cpu_gelu(float x) {
+  return gelu(x);
+}
+float lutra_cpu_gelu_grad(float x) {
+  return gelu_grad(x);
+}
+
 int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n) {
   static const char fn[] = "lutra_cpu_gelu_forward";
   CHECK_DTYPE(dtype, "tensor");

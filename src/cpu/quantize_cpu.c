@@ -30,6 +30,11 @@ static inline int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+/* Block scaling's padded dims (cuBLASLt's layout, see lutra_tensor in lutra.h). */
+static inline int64_t round4(int64_t n) {
+  return (n + 3) / 4 * 4;
+}
+
 /* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX). */
 static inline float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {
   float a = amax;
@@ -287,7 +292,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
           const float s = scale_rule(amax, fp8_max, p2, eps);
           for (int i = 0; i < n; i++)
             data[r * cols + c0 + i] = fp8(od, v[i] * s);
-          sc[r * cb + b] = 1.0f / s;
+          sc[b * round4(rows) + r] = 1.0f / s; /* [cb][roundup(rows, 4)] */
         }
       }
     }
@@ -307,7 +312,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
           const float s = scale_rule(amax, fp8_max, p2, eps);
           for (int i = 0; i < n; i++)
             data[c * rows + r0 + i] = fp8(od, v[i] * s);
-          sc[c * rb + b] = 1.0f / s;
+          sc[b * round4(cols) + c] = 1.0f / s; /* [rb][roundup(cols, 4)] */
         }
       }
     }
@@ -335,8 +340,8 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
         }
       }
       const float inv = 1.0f / s;
-      if (sc) sc[tr * cb + tc] = inv;
-      if (csc) csc[tc * rb + tr] = inv;
+      if (sc) sc[tr * round4(cb) + tc] = inv;   /* [rb][roundup(cb, 4)] */
+      if (csc) csc[tc * round4(rb) + tr] = inv; /* [cb][roundup(rb, 4)] */
     }
   }
   return LUTRA_OK;
@@ -384,12 +389,17 @@ int lutra_cpu_dequantize(const lutra_dequant_args *a) {
   case LUTRA_SCALING_BLOCK_1D:
   case LUTRA_SCALING_BLOCK_2D: {
     const float *sc = a->scale_inv;
+    /* 1D: [cb][roundup(rows, 4)], block j of row r at j * ld + r; 2D: [rb][roundup(cb, 4)],
+     * tile (i, j) at i * ld + j */
     const int64_t cb = ceil_div(cols, FP8_BLOCK);
     const bool tiles = a->scaling == LUTRA_SCALING_BLOCK_2D;
+    const int64_t ld = tiles ? round4(cb) : round4(rows);
     for (int64_t r = 0; r < rows; r++) {
-      const float *srow = sc + (tiles ? r / FP8_BLOCK : r) * cb;
-      for (int64_t c = 0; c < cols; c++)
-        store_y(out, od, r * cols + c, lutra_decode(dt, q[r * cols + c]) * srow[c / FP8_BLOCK]);
+      for (int64_t c = 0; c < cols; c++) {
+        const int64_t j = c / FP8_BLOCK;
+        const float f = tiles ? sc[r / FP8_BLOCK * ld + j] : sc[j * ld + r];
+        store_y(out, od, r * cols + c, lutra_decode(dt, q[r * cols + c]) * f);
+      }
     }
     return LUTRA_OK;
   }

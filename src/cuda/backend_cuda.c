@@ -158,14 +158,54 @@ static int k_amax(const void *x, int dtype, int64_t n, float *amax) {
 static int k_scale_from_amax(const float *amax, float fp8_max, int pow2, float eps, float *scale) {
   return LAUNCH(scale_from_amax, lk_scale_from_amax(amax, fp8_max, pow2, eps, scale, cuda.stream));
 }
+/* Partial column sums of a fused quantize + bias gradient. It grows to the largest shape seen
+ * (stream-ordered, so the old buffer is reused only after the kernels queued before it), so a
+ * steady loop does not allocate. One stream at a time, as the other scratch buffers. */
+static struct {
+  float *ptr;
+  int64_t floats;
+} dbias_scratch;
+
+static int dbias_scratch_for(int64_t floats, float **out) {
+  if (floats > dbias_scratch.floats) {
+    void *p;
+    TRY(lutra_cuda_status(cudaMallocAsync(&p, (size_t)floats * sizeof(float), cuda.stream),
+                          "lutra_cuda_quantize_dbias", "cudaMallocAsync"));
+    if (dbias_scratch.ptr) cudaFreeAsync(dbias_scratch.ptr, cuda.stream);
+    dbias_scratch.ptr = p;
+    dbias_scratch.floats = floats;
+  }
+  *out = dbias_scratch.ptr;
+  return LUTRA_OK;
+}
+
+typedef cudaError_t (*quantize_launcher)(const lutra_quant_args *, cudaStream_t);
+
+/* A quantization with its bias gradient: fused into the tiled kernel when it writes a
+ * columnwise output (the kernel reads every column there anyway), else a bias-gradient kernel
+ * after the quantization. */
+static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lutra_quant_args *a,
+                               const char *name) {
+  if (!a->dbias) return lutra_cuda_status(launch(a, cuda.stream), name, "kernel");
+  lutra_quant_args q = *a;
+  if (can_fuse && a->col_data && a->rows > 0 && a->cols > 0) {
+    TRY(dbias_scratch_for(lutra_dbias_scratch_floats(a->rows, a->cols), &q.dbias_scratch));
+    return lutra_cuda_status(launch(&q, cuda.stream), name, "kernel with dbias");
+  }
+  q.dbias = NULL;
+  TRY(lutra_cuda_status(launch(&q, cuda.stream), name, "kernel"));
+  return LAUNCH(bias_grad, lk_bias_grad(a->x, a->x_dtype, a->rows, a->cols, a->dbias,
+                                        a->dbias_dtype, a->dbias_accumulate, cuda.stream));
+}
+
 static int k_cast(const lutra_quant_args *a) {
-  return LAUNCH(cast, lk_cast(a, cuda.stream));
+  return quantize_with_dbias(lk_cast, true, a, "lutra_cuda_cast");
 }
 static int k_mxfp8(const lutra_quant_args *a) {
-  return LAUNCH(quantize_mxfp8, lk_quantize_mxfp8(a, cuda.stream));
+  return quantize_with_dbias(lk_quantize_mxfp8, true, a, "lutra_cuda_quantize_mxfp8");
 }
 static int k_block(const lutra_quant_args *a) {
-  return LAUNCH(quantize_block, lk_quantize_block(a, cuda.stream));
+  return quantize_with_dbias(lk_quantize_block, false, a, "lutra_cuda_quantize_block");
 }
 static int k_dequantize(const lutra_dequant_args *a) {
   return LAUNCH(dequantize, lk_dequantize(a, cuda.stream));

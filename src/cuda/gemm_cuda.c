@@ -10,7 +10,19 @@
  * Per-tensor FP8 runs natively (A/B scale pointers = the operands' scale_inv, 16-byte
  * aligned: cuBLASLt 13.1 refuses 4-byte-aligned ones on the H200). MXFP8 and 128-block
  * scaled operands have no Hopper kernel in this cuBLASLt: they are dequantized to BF16 in the
- * workspace (exact for MXFP8's power-of-two scales) and run as a BF16 GEMM. */
+ * workspace (exact for MXFP8's power-of-two scales) and run as a BF16 GEMM.
+ *
+ * Epilogues (lutra_gemm_epilogue, lutra.h) map to cuBLASLt's in the same column-major view:
+ * lutra's D [m, n] is cuBLASLt's D [n, m], so the GELU aux matrix is [n, m] with leading
+ * dimension n, and a bias or bias gradient "per row of D" is lutra's per column: DGELU_BGRAD
+ * writes dbias [n]. cuBLASLt's BGRADB reduces its operand B (lutra's B, passed as stored) over
+ * the GEMM's k, giving one value per column of its D = per row of lutra's D: dbias [m], the
+ * k-sums of op(B). cuBLASLt's GELU is the tanh approximation, lutra's formula (its tanh may be
+ * a hardware approximation: the GPU specs bound the difference). Where the heuristic has no
+ * algorithm for the epilogue, or its documented limits rule it out (aux leading dimension not
+ * a multiple of 8; a bias gradient of another dtype than D), the plan runs the plain GEMM and
+ * lutra's kernels: GELU, GELU_AUX and DGELU(_BGRAD) on the f32 result (D, or D staged in f32
+ * when it is not f32, so that D is rounded once, as on the CPU), BGRADB's sums from B. */
 #include "cuda_backend.h"
 
 #include "../../kernels/kernels.h"
@@ -26,6 +38,7 @@ typedef struct cuda_plan {
   bool bias_epilogue; /* else the bias is added by a kernel after the GEMM */
   bool stage_d;       /* no kernel writes D's dtype from these operands: run into an f32
                          scratch and convert (one rounding, as the CPU backend does) */
+  bool lt_epilogue;   /* the key's epilogue runs in cuBLASLt; else kernels after the GEMM */
   size_t a_bytes, b_bytes, d_bytes;
 } cuda_plan;
 
@@ -94,8 +107,51 @@ static bool pick_algo(cuda_plan *c) {
   return true;
 }
 
-/* (Re)builds the descriptor and D's layout for one configuration and asks the heuristic. */
-static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool bias_epilogue) {
+static bool uses_aux(int kind) {
+  return kind == LUTRA_EPILOGUE_GELU_AUX || kind == LUTRA_EPILOGUE_DGELU ||
+         kind == LUTRA_EPILOGUE_DGELU_BGRAD;
+}
+
+static bool writes_dbias(int kind) {
+  return kind == LUTRA_EPILOGUE_DGELU_BGRAD || kind == LUTRA_EPILOGUE_BGRADB;
+}
+
+/* GELU, GELU_AUX, DGELU(_BGRAD): done by kernels, they need the GEMM's f32 result */
+static bool gelu_family(int kind) {
+  return kind == LUTRA_EPILOGUE_GELU || kind == LUTRA_EPILOGUE_GELU_AUX ||
+         kind == LUTRA_EPILOGUE_DGELU || kind == LUTRA_EPILOGUE_DGELU_BGRAD;
+}
+
+/* cuBLASLt's epilogue for a lutra epilogue kind (NONE: the plain or bias epilogue) */
+static cublasLtEpilogue_t lt_epilogue_of(int kind, bool bias) {
+  switch (kind) {
+  case LUTRA_EPILOGUE_GELU:
+    return bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU;
+  case LUTRA_EPILOGUE_GELU_AUX:
+    return bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX;
+  case LUTRA_EPILOGUE_DGELU:
+    return CUBLASLT_EPILOGUE_DGELU;
+  case LUTRA_EPILOGUE_DGELU_BGRAD:
+    return CUBLASLT_EPILOGUE_DGELU_BGRAD;
+  case LUTRA_EPILOGUE_BGRADB:
+    return CUBLASLT_EPILOGUE_BGRADB;
+  default:
+    return bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+  }
+}
+
+/* cuBLASLt's documented limits on its epilogues, which the heuristic need not check: the aux
+ * leading dimension (n) must be a multiple of 8; a bias gradient has D's dtype. */
+static bool lt_epilogue_allowed(const lutra_gemm_key *k) {
+  if (uses_aux(k->epilogue) && k->n % 8 != 0) return false;
+  if (writes_dbias(k->epilogue) && k->dbias_dtype != k->d_dtype) return false;
+  return true;
+}
+
+/* (Re)builds the descriptor and D's layout for one configuration and asks the heuristic.
+ * lt_epilogue: the key's epilogue in cuBLASLt (with the bias when bias_epilogue). */
+static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool bias_epilogue,
+                       bool lt_epilogue) {
   if (c->op) cublasLtMatmulDescDestroy(c->op);
   if (c->ld) cublasLtMatrixLayoutDestroy(c->ld);
   c->op = NULL;
@@ -113,14 +169,28 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   int8_t fast = (int8_t)(k->fast_accum != 0);
   if (c->fp8_scales && !set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast))
     return false;
-  if (bias_epilogue) {
-    cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    cudaDataType_t bt = cuda_type(k->bias_dtype);
-    if (!set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi) ||
-        !set_attr(c, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt))
+  const int kind = lt_epilogue ? k->epilogue : LUTRA_EPILOGUE_NONE;
+  cublasLtEpilogue_t epi = lt_epilogue_of(kind, bias_epilogue);
+  if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
+      !set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi))
+    return false;
+  /* the bias, or the bias gradient cuBLASLt writes through the bias pointer */
+  if (bias_epilogue || writes_dbias(kind)) {
+    cudaDataType_t bt = cuda_type(bias_epilogue ? k->bias_dtype : k->dbias_dtype);
+    if (!set_attr(c, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt)) return false;
+  }
+  /* the aux matrix: D's shape, column-major [n, m], leading dimension n; its dtype is D's
+   * (cuBLASLt's default), set explicitly for FP8 kernels as TransformerEngine does */
+  if (uses_aux(kind)) {
+    int64_t ld = k->n;
+    cudaDataType_t at = cuda_type(k->aux_dtype);
+    if (!set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld) ||
+        (c->fp8_scales &&
+         !set_attr(c, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &at, sizeof at)))
       return false;
   }
   c->bias_epilogue = bias_epilogue;
+  c->lt_epilogue = lt_epilogue;
   return pick_algo(c);
 }
 
@@ -143,13 +213,21 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
   c->d_bytes = round256((size_t)(k->m * k->n) * 4);
   LT(cublasLtMatrixLayoutCreate(&c->la, ta, (uint64_t)ca, (uint64_t)ra, ca), "A layout");
   LT(cublasLtMatrixLayoutCreate(&c->lb, tb, (uint64_t)cb, (uint64_t)rb, cb), "B layout");
-  /* the bias in the epilogue where cuBLASLt takes it, else a kernel; D's own dtype where a
-   * kernel writes it, else an f32 scratch */
+  /* an epilogue in cuBLASLt (with the bias) where it takes it, into D's own dtype */
   bool bias = k->bias_dtype >= 0;
-  bool found = (bias && try_config(c, k, k->d_dtype, true)) || try_config(c, k, k->d_dtype, false);
+  bool found = k->epilogue != LUTRA_EPILOGUE_NONE && lt_epilogue_allowed(k) &&
+               try_config(c, k, k->d_dtype, bias, true);
+  /* else the plain GEMM: the bias in the epilogue where cuBLASLt takes it, else a kernel; D's
+   * own dtype where a kernel writes it, else an f32 scratch, which the GELU-family epilogue
+   * kernels always need */
+  bool f32_result = gelu_family(k->epilogue);
+  if (!found && (!f32_result || k->d_dtype == LUTRA_F32))
+    found = (bias && try_config(c, k, k->d_dtype, true, false)) ||
+            try_config(c, k, k->d_dtype, false, false);
   if (!found && k->d_dtype != LUTRA_F32) {
     c->stage_d = true;
-    found = (bias && try_config(c, k, LUTRA_F32, true)) || try_config(c, k, LUTRA_F32, false);
+    found = (bias && try_config(c, k, LUTRA_F32, true, false)) ||
+            try_config(c, k, LUTRA_F32, false, false);
   }
   if (!found) {
     destroy(c);
@@ -179,6 +257,54 @@ static int dequantize_to_bf16(const lutra_gemm_operand *o, void *out) {
   };
   return lutra_cuda_status(lk_dequantize(&d, lutra_cuda_stream()), "lutra_cuda_gemm",
                            "dequantize for the BF16 fallback");
+}
+
+/* The per-call pointers of an epilogue cuBLASLt runs: the aux matrix, and the bias gradient,
+ * which cuBLASLt writes through the bias pointer. */
+static int set_epilogue_pointers(cuda_plan *c, const lutra_gemm_args *g, const char *fn) {
+  if (uses_aux(g->epilogue))
+    TRY(lutra_cublas_status(
+        cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux,
+                                       sizeof g->aux),
+        fn, "setting the epilogue aux pointer"));
+  if (writes_dbias(g->epilogue))
+    TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                           &g->dbias, sizeof g->dbias),
+                            fn, "setting the bias gradient pointer"));
+  return LUTRA_OK;
+}
+
+/* The epilogue of a plan whose epilogue cuBLASLt does not run, after the plain GEMM (and the
+ * bias): the GELU family in place on the f32 result x (D, or its f32 staging), before the
+ * staged D is rounded; BGRADB's k-sums of op(B) from B as stored ([m, k], or [k, m]). */
+static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cudaStream_t s,
+                            const char *fn) {
+  const int64_t mn = g->m * g->n;
+  cudaError_t e = cudaSuccess;
+  if (g->epilogue == LUTRA_EPILOGUE_BGRADB) {
+    e = g->b.trans ? lk_bias_grad(g->b.data, g->b.dtype, g->k, g->m, g->dbias, g->dbias_dtype, 0, s)
+                   : lk_row_sum(g->b.data, g->b.dtype, g->m, g->k, g->dbias, g->dbias_dtype, s);
+    return lutra_cuda_status(e, fn, "BGRADB bias gradient kernel");
+  }
+  if (x_dtype != LUTRA_F32)
+    return lutra_error(LUTRA_EBACKEND, fn, "the GELU epilogue kernels need an f32 GEMM result");
+  switch (g->epilogue) {
+  case LUTRA_EPILOGUE_GELU:
+    e = lk_gelu_forward(x, x, LUTRA_F32, mn, s);
+    break;
+  case LUTRA_EPILOGUE_GELU_AUX:
+    e = lk_gelu_aux(x, g->aux, g->aux_dtype, mn, s);
+    break;
+  case LUTRA_EPILOGUE_DGELU:
+  case LUTRA_EPILOGUE_DGELU_BGRAD:
+    e = lk_dgelu(x, g->aux, g->aux_dtype, mn, s);
+    if (e == cudaSuccess && g->epilogue == LUTRA_EPILOGUE_DGELU_BGRAD)
+      e = lk_bias_grad(x, LUTRA_F32, g->m, g->n, g->dbias, g->dbias_dtype, 0, s);
+    break;
+  default:
+    break;
+  }
+  return lutra_cuda_status(e, fn, "GEMM epilogue kernels");
 }
 
 int lutra_cuda_gemm(const lutra_gemm_args *g) {
@@ -211,6 +337,7 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
     TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
                                                            &g->bias, sizeof g->bias),
                             fn, "setting the bias pointer"));
+  if (c->lt_epilogue) TRY(set_epilogue_pointers(c, g, fn));
   cudaStream_t s = lutra_cuda_stream();
   void *d = g->d;
   int d_dtype = g->d_dtype;
@@ -229,6 +356,8 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
   if (g->bias && !c->bias_epilogue)
     TRY(lutra_cuda_status(lk_add_bias(d, d_dtype, g->bias, g->bias_dtype, g->m, g->n, s), fn,
                           "bias kernel"));
+  if (g->epilogue != LUTRA_EPILOGUE_NONE && !c->lt_epilogue)
+    TRY(epilogue_kernels(g, d, d_dtype, s, fn));
   if (c->stage_d)
     TRY(lutra_cuda_status(lk_convert(d, LUTRA_F32, g->d, g->d_dtype, g->m * g->n, s), fn,
                           "rounding the staged D"));
