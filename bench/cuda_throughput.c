@@ -123,10 +123,10 @@ typedef struct bench_op {
   void *ctx;
   int on_lutra; /* 1: lutra's stream, 0: the raw stream */
   int reps;
-  double sec[BATCHES];       /* host-timed seconds per call, per batch */
-  double ev_sec[BATCHES];    /* raw ops: event-timed seconds per call, per batch */
-  double median, min, max;   /* host-timed, seconds per call */
-  double ev_median;          /* raw ops only */
+  double sec[BATCHES];     /* host-timed seconds per call, per batch */
+  double ev_sec[BATCHES];  /* raw ops: event-timed seconds per call, per batch */
+  double median, min, max; /* host-timed, seconds per call */
+  double ev_median;        /* raw ops only */
 } bench_op;
 
 static void sync_all(void) {
@@ -220,8 +220,7 @@ static void print_table(FILE *f) {
   fprintf(f, "%s\n\n", header);
   fprintf(f, "| what | lutra | raw / copy | ratio |\n|---|---:|---:|---:|\n");
   for (int i = 0; i < nrows; i++)
-    fprintf(f, "| %s | %s | %s | %s |\n", rows[i].what, rows[i].lutra, rows[i].ref,
-            rows[i].ratio);
+    fprintf(f, "| %s | %s | %s | %s |\n", rows[i].what, rows[i].lutra, rows[i].ref, rows[i].ratio);
 }
 
 /* ---- lutra objects -------------------------------------------------------------------- */
@@ -330,10 +329,8 @@ static void raw_gemm_setup(gemm_case *c) {
     CK(cudaMemcpy(c->scales, c->ga->scale_inv, sizeof(float), cudaMemcpyDeviceToDevice));
     CK(cudaMemcpy(c->scales + 4, c->gb->scale_inv, sizeof(float), cudaMemcpyDeviceToDevice));
     const float *sa = c->scales, *sb = c->scales + 4;
-    CB(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
-                                      sizeof sa));
-    CB(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
-                                      sizeof sb));
+    CB(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+    CB(cublasLtMatmulDescSetAttribute(c->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
   }
   /* column-major views of the row-major operands: A^T is K x N, B^T is K x M, D^T is N x M */
   CB(cublasLtMatrixLayoutCreate(&c->la, in, (uint64_t)c->k, (uint64_t)c->n, c->k));
@@ -364,6 +361,14 @@ static void raw_gemm_teardown(gemm_case *c) {
   CB(cublasLtMatrixLayoutDestroy(c->lb));
   CB(cublasLtMatrixLayoutDestroy(c->ld));
   if (c->scales) CK(cudaFree(c->scales));
+}
+
+/* a D tensor copied to the host as f32 (caller frees) */
+static float *read_d(const lutra_tensor *d, int64_t n) {
+  float *x = malloc((size_t)n * sizeof *x);
+  if (!x) die("cannot allocate a host buffer for an output check");
+  LU(lutra_tensor_get_f32(d, x, n));
+  return x;
 }
 
 /* lutra's D against the raw D, both computed from the same operands. */
@@ -416,9 +421,8 @@ static void bench_gemm(lutra_tensor *a, lutra_tensor *b, int fp8, const lutra_re
     LU(lutra_quantizer_new(cur, LUTRA_ROLE_INPUT, 1, 0, LUTRA_CUDA, &c.qb));
     LU(lutra_quantize(c.qa, c.a, &fa));
     LU(lutra_quantize(c.qb, c.b, &fb));
-    if (fa->dtype != LUTRA_E4M3 || fb->dtype != LUTRA_E4M3 ||
-        fa->scaling != LUTRA_SCALING_TENSOR || fb->scaling != LUTRA_SCALING_TENSOR || !fa->data ||
-        !fb->data)
+    if (fa->dtype != LUTRA_E4M3 || fb->dtype != LUTRA_E4M3 || fa->scaling != LUTRA_SCALING_TENSOR ||
+        fb->scaling != LUTRA_SCALING_TENSOR || !fa->data || !fb->data)
       die("the current-scaling quantizers did not give per-tensor e4m3 rowwise tensors");
     float sa, sia, sb, sib;
     LU(lutra_quantizer_scale(c.qa, &sa, &sia));
@@ -471,6 +475,74 @@ static void bench_gemm(lutra_tensor *a, lutra_tensor *b, int fp8, const lutra_re
   }
   LU(lutra_tensor_free(c.d_lutra));
   LU(lutra_tensor_free(c.d_raw));
+}
+
+/* Float8 block scaling (weight 128x128, input 1x128, TE's default block recipe) beside per-tensor
+ * FP8, both through lutra_gemm on the same bf16 operands: shows whether the block-scaled GEMM
+ * runs natively (near the per-tensor rate) or through the BF16 fallback (near the BF16 rate). */
+static void bench_gemm_block(lutra_tensor *a, lutra_tensor *b, const lutra_recipe *cur,
+                             const lutra_recipe *blk) {
+  int64_t m = b->shape[0], n = a->shape[0], k = a->shape[1];
+  printf("\n[gemm] FP8 e4m3 block-scaled (A 128x128, B 1x128) vs per-tensor -> bf16, M=%lld "
+         "N=%lld K=%lld, both lutra_gemm TN\n",
+         (long long)m, (long long)n, (long long)k);
+  gemm_case c[2];
+  const lutra_recipe *recipes[2] = {blk, cur};
+  for (int i = 0; i < 2; i++) {
+    memset(&c[i], 0, sizeof c[i]);
+    c[i].m = m;
+    c[i].n = n;
+    c[i].k = k;
+    c[i].fp8 = 1;
+    c[i].a = a;
+    c[i].b = b;
+    c[i].d_lutra = new_empty(m, n);
+    lutra_tensor *fa, *fb;
+    LU(lutra_quantizer_new(recipes[i], LUTRA_ROLE_WEIGHT, 1, 0, LUTRA_CUDA, &c[i].qa));
+    LU(lutra_quantizer_new(recipes[i], LUTRA_ROLE_INPUT, 1, 0, LUTRA_CUDA, &c[i].qb));
+    LU(lutra_quantize(c[i].qa, a, &fa));
+    LU(lutra_quantize(c[i].qb, b, &fb));
+    c[i].ga = fa;
+    c[i].gb = fb;
+  }
+  if (c[0].ga->scaling != LUTRA_SCALING_BLOCK_2D || c[0].gb->scaling != LUTRA_SCALING_BLOCK_1D)
+    die("the block recipe did not give 128x128 weights and 1x128 inputs");
+  sync_all();
+  bench_op ops[2] = {
+      {.name = "lutra_gemm block", .run = run_lutra_gemm, .ctx = &c[0], .on_lutra = 1},
+      {.name = "lutra_gemm per-tensor", .run = run_lutra_gemm, .ctx = &c[1], .on_lutra = 1},
+  };
+  bench_group(ops, 2);
+  double flop = 2.0 * (double)m * (double)n * (double)k;
+  for (int i = 0; i < 2; i++)
+    printf("  %-10s: %9.2f us/call (min %.2f, max %.2f), %.1f TFLOP/s\n",
+           i ? "per-tensor" : "block", ops[i].median * 1e6, ops[i].min * 1e6, ops[i].max * 1e6,
+           flop / ops[i].median * 1e-12);
+  /* the two results agree to FP8 quantization noise */
+  float *x = read_d(c[0].d_lutra, m * n), *y = read_d(c[1].d_lutra, m * n);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < m * n; i++) {
+    double e = (double)x[i] - (double)y[i];
+    num += e * e;
+    den += (double)y[i] * (double)y[i];
+  }
+  free(x);
+  free(y);
+  printf("  check : NMSE(block, per-tensor) = %.3g\n", num / den);
+  if (!(num / den < 1e-2)) die("block-scaled and per-tensor FP8 GEMMs disagree");
+  char what[192], lv[64], rv[64], ratio[64];
+  snprintf(what, sizeof what, "GEMM FP8 block-scaled (2D x 1D) -> bf16, M=%lld N=%lld K=%lld",
+           (long long)m, (long long)n, (long long)k);
+  snprintf(lv, sizeof lv, "%.1f TFLOP/s", flop / ops[0].median * 1e-12);
+  snprintf(rv, sizeof rv, "%.1f TFLOP/s (per-tensor FP8)", flop / ops[1].median * 1e-12);
+  snprintf(ratio, sizeof ratio, "%.3fx", ops[1].median / ops[0].median);
+  add_row(what, lv, rv, ratio);
+  sync_all();
+  for (int i = 0; i < 2; i++) {
+    LU(lutra_quantizer_free(c[i].qa));
+    LU(lutra_quantizer_free(c[i].qb));
+    LU(lutra_tensor_free(c[i].d_lutra));
+  }
 }
 
 /* ---- memory-bound kernels ------------------------------------------------------------- */
@@ -644,6 +716,10 @@ int main(int argc, char **argv) {
   CK(cudaMalloc(&raw_ws, RAW_WORKSPACE));
 
   lutra_recipe *cur = recipe_current(), *del = recipe_delayed(), *mx = recipe_mxfp8();
+  lutra_block_desc bd;
+  lutra_block_defaults(&bd);
+  lutra_recipe *blk;
+  LU(lutra_recipe_block(&bd, &blk));
 
   static const int64_t shapes[2][3] = {{8192, 8192, 8192}, {4096, 4096, 1024}}; /* M, N, K */
   for (int i = 0; i < 2; i++) {
@@ -652,6 +728,7 @@ int main(int argc, char **argv) {
     lutra_tensor *b = new_randn(m, k, 2000 + (uint64_t)i); /* B [M, K] */
     bench_gemm(a, b, 0, cur);
     bench_gemm(a, b, 1, cur);
+    bench_gemm_block(a, b, cur, blk);
     sync_all();
     LU(lutra_tensor_free(a));
     LU(lutra_tensor_free(b));
@@ -678,6 +755,7 @@ int main(int argc, char **argv) {
   LU(lutra_recipe_free(cur));
   LU(lutra_recipe_free(del));
   LU(lutra_recipe_free(mx));
+  LU(lutra_recipe_free(blk));
   CK(cudaFree(raw_ws));
   CB(cublasLtDestroy(raw_lt));
   CK(cudaEventDestroy(ev0));

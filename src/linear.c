@@ -176,7 +176,13 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_t
     TRY(lutra_gemm_run(l->xq, 0, dyq, 1, wgrad_out, NULL, accumulate, 0, fn));
   } else {
     TRY(lutra_gemm_run(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fn));
-    TRY(lutra_gemm_run(l->x, 0, dy, 1, wgrad_out, NULL, accumulate, 0, fn));
+    /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
+     * (it overwrites dbias, so not when gradients accumulate into main_grad) */
+    lutra_gemm_epilogue epi = {.kind = LUTRA_EPILOGUE_BGRADB, .dbias = bg};
+    bool fuse_bias = bg && !accumulate;
+    TRY(lutra_gemm_run_ex(l->x, 0, dy, 1, wgrad_out, NULL, accumulate, 0, fuse_bias ? &epi : NULL,
+                          fn));
+    if (fuse_bias) bg = NULL;
   }
   if (bg) {
     TRY(l->be->bias_grad(dy->data, dy->dtype, lutra_rows(dy), l->out, bg->data, bg->dtype,

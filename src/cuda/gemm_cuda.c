@@ -8,9 +8,12 @@
  * here is cuBLAS's TN, Hopper's only FP8 layout.
  *
  * Per-tensor FP8 runs natively (A/B scale pointers = the operands' scale_inv, 16-byte
- * aligned: cuBLASLt 13.1 refuses 4-byte-aligned ones on the H200). MXFP8 and 128-block
- * scaled operands have no Hopper kernel in this cuBLASLt: they are dequantized to BF16 in the
- * workspace (exact for MXFP8's power-of-two scales) and run as a BF16 GEMM.
+ * aligned: cuBLASLt 13.1 refuses 4-byte-aligned ones on the H200). Float8 block scaling runs
+ * natively too (cuBLASLt 12.9+ on Hopper: scale modes VEC128_32F / BLK128x128_32F, the scale
+ * arrays in the layouts lutra stores them in; 1D x 1D, 1D x 2D, 2D x 1D; no fast accumulation).
+ * MXFP8 has no Hopper kernel, and 2D x 2D blocks none in cuBLASLt: those operands, and block
+ * shapes the heuristic refuses, are dequantized to BF16 in the workspace and run as a BF16 GEMM
+ * (the plan records which). tools/probe_block_gemm.cu checked the block layouts on the H200.
  *
  * Epilogues (lutra_gemm_epilogue, lutra.h) map to cuBLASLt's in the same column-major view:
  * lutra's D [m, n] is cuBLASLt's D [n, m], so the GELU aux matrix is [n, m] with leading
@@ -33,7 +36,8 @@ typedef struct cuda_plan {
   cublasLtMatmulDesc_t op;
   cublasLtMatrixLayout_t la, lb, ld;
   cublasLtMatmulAlgo_t algo;
-  bool fp8_scales;    /* per-tensor FP8: set the scale pointers per call */
+  bool fp8_scales;    /* native FP8: set the scale pointers per call */
+  bool block_scales;  /* ... which are Float8 block scales (VEC128 / BLK128x128) */
   bool dequantize;    /* block-scaled operands: dequantize to BF16 first */
   bool bias_epilogue; /* else the bias is added by a kernel after the GEMM */
   bool stage_d;       /* no kernel writes D's dtype from these operands: run into an f32
@@ -148,6 +152,16 @@ static bool lt_epilogue_allowed(const lutra_gemm_key *k) {
   return true;
 }
 
+/* Float8 block scales are stored in the layouts cuBLASLt reads (see lutra_tensor in lutra.h) */
+static int32_t scale_mode_of(int scaling) {
+  return scaling == LUTRA_SCALING_BLOCK_1D ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                           : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+}
+
+static bool is_block(int scaling) {
+  return scaling == LUTRA_SCALING_BLOCK_1D || scaling == LUTRA_SCALING_BLOCK_2D;
+}
+
 /* (Re)builds the descriptor and D's layout for one configuration and asks the heuristic.
  * lt_epilogue: the key's epilogue in cuBLASLt (with the bias when bias_epilogue). */
 static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool bias_epilogue,
@@ -166,9 +180,16 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   if (!set_attr(c, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) ||
       !set_attr(c, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb))
     return false;
-  int8_t fast = (int8_t)(k->fast_accum != 0);
+  /* block-scaled kernels apply the scales per 128-deep slice in f32: no fast accumulation */
+  int8_t fast = (int8_t)(k->fast_accum != 0 && !c->block_scales);
   if (c->fp8_scales && !set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast))
     return false;
+  if (c->block_scales) {
+    int32_t ma = scale_mode_of(k->a_scaling), mb = scale_mode_of(k->b_scaling);
+    if (!set_attr(c, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma) ||
+        !set_attr(c, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb))
+      return false;
+  }
   const int kind = lt_epilogue ? k->epilogue : LUTRA_EPILOGUE_NONE;
   cublasLtEpilogue_t epi = lt_epilogue_of(kind, bias_epilogue);
   if (epi != CUBLASLT_EPILOGUE_DEFAULT &&
@@ -194,25 +215,73 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   return pick_algo(c);
 }
 
+/* The operand layouts: FP8 as stored, or BF16 for the dequantizing fallback. */
+static bool make_layouts(cuda_plan *c, const lutra_gemm_key *k) {
+  if (c->la) cublasLtMatrixLayoutDestroy(c->la);
+  if (c->lb) cublasLtMatrixLayoutDestroy(c->lb);
+  c->la = c->lb = NULL;
+  cudaDataType_t ta = c->dequantize ? CUDA_R_16BF : cuda_type(k->a_dtype);
+  cudaDataType_t tb = c->dequantize ? CUDA_R_16BF : cuda_type(k->b_dtype);
+  /* stored (row-major) shapes of A and B */
+  int64_t ra = k->transa ? k->n : k->k, ca = k->transa ? k->k : k->n;
+  int64_t rb = k->transb ? k->k : k->m, cb = k->transb ? k->m : k->k;
+  return cublasLtMatrixLayoutCreate(&c->la, ta, (uint64_t)ca, (uint64_t)ra, ca) ==
+             CUBLAS_STATUS_SUCCESS &&
+         cublasLtMatrixLayoutCreate(&c->lb, tb, (uint64_t)cb, (uint64_t)rb, cb) ==
+             CUBLAS_STATUS_SUCCESS;
+}
+
+static bool find_config(cuda_plan *c, const lutra_gemm_key *k);
+
 int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
   static const char fn[] = "lutra_cuda_gemm_plan";
   const lutra_gemm_key *k = &p->key;
   cuda_plan *c = calloc(1, sizeof *c);
   if (!c) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
   bool fp8 = lutra_dtype_is_fp8(k->a_dtype);
-  c->dequantize =
-      fp8 && (k->a_scaling != LUTRA_SCALING_TENSOR || k->b_scaling != LUTRA_SCALING_TENSOR);
-  c->fp8_scales = fp8 && !c->dequantize;
-  cudaDataType_t ta = c->dequantize ? CUDA_R_16BF : cuda_type(k->a_dtype);
-  cudaDataType_t tb = c->dequantize ? CUDA_R_16BF : cuda_type(k->b_dtype);
-  /* stored (row-major) shapes of A and B */
+  bool per_tensor = k->a_scaling == LUTRA_SCALING_TENSOR && k->b_scaling == LUTRA_SCALING_TENSOR;
+  /* Hopper has block-scaled FP8 kernels for 1D x 1D, 1D x 2D and 2D x 1D (not 2D x 2D) */
+  bool block = is_block(k->a_scaling) && is_block(k->b_scaling) &&
+               !(k->a_scaling == LUTRA_SCALING_BLOCK_2D && k->b_scaling == LUTRA_SCALING_BLOCK_2D);
   int64_t ra = k->transa ? k->n : k->k, ca = k->transa ? k->k : k->n;
   int64_t rb = k->transb ? k->k : k->m, cb = k->transb ? k->m : k->k;
   c->a_bytes = round256((size_t)(ra * ca) * 2);
   c->b_bytes = round256((size_t)(rb * cb) * 2);
   c->d_bytes = round256((size_t)(k->m * k->n) * 4);
-  LT(cublasLtMatrixLayoutCreate(&c->la, ta, (uint64_t)ca, (uint64_t)ra, ca), "A layout");
-  LT(cublasLtMatrixLayoutCreate(&c->lb, tb, (uint64_t)cb, (uint64_t)rb, cb), "B layout");
+  bool found = false;
+  if (!fp8 || per_tensor || block) {
+    c->fp8_scales = fp8;
+    c->block_scales = fp8 && block;
+    LT(make_layouts(c, k) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED, "A/B layouts");
+    found = find_config(c, k);
+  }
+  /* MXFP8 (no Hopper kernel), 2D x 2D blocks, or block shapes this cuBLASLt refuses: dequantize
+   * to BF16 in the workspace. Exact for power-of-two scales (MXFP8, pow-2 block scales: an FP8
+   * code times 2^e fits BF16's 8-bit significand); other block scales round once to BF16. */
+  if (!found && fp8 && !per_tensor) {
+    c->dequantize = true;
+    c->fp8_scales = c->block_scales = false;
+    c->stage_d = false;
+    LT(make_layouts(c, k) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED, "A/B layouts");
+    found = find_config(c, k);
+  }
+  if (!found) {
+    destroy(c);
+    return lutra_error(
+        LUTRA_EUNSUPPORTED, fn,
+        "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c",
+        lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype), lutra_dtype_name(k->d_dtype),
+        (long long)k->m, (long long)k->n, (long long)k->k, k->transa ? 'T' : 'N',
+        k->transb ? 'T' : 'N');
+  }
+  p->backend_plan = c;
+  p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0) +
+                       (c->stage_d ? c->d_bytes : 0);
+  return LUTRA_OK;
+}
+
+/* The configurations of one operand setup, best first. */
+static bool find_config(cuda_plan *c, const lutra_gemm_key *k) {
   /* an epilogue in cuBLASLt (with the bias) where it takes it, into D's own dtype */
   bool bias = k->bias_dtype >= 0;
   bool found = k->epilogue != LUTRA_EPILOGUE_NONE && lt_epilogue_allowed(k) &&
@@ -229,19 +298,7 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
     found = (bias && try_config(c, k, LUTRA_F32, true, false)) ||
             try_config(c, k, LUTRA_F32, false, false);
   }
-  if (!found) {
-    destroy(c);
-    return lutra_error(
-        LUTRA_EUNSUPPORTED, fn,
-        "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c",
-        lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype), lutra_dtype_name(k->d_dtype),
-        (long long)k->m, (long long)k->n, (long long)k->k, k->transa ? 'T' : 'N',
-        k->transb ? 'T' : 'N');
-  }
-  p->backend_plan = c;
-  p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0) +
-                       (c->stage_d ? c->d_bytes : 0);
-  return LUTRA_OK;
+  return found;
 }
 
 static int dequantize_to_bf16(const lutra_gemm_operand *o, void *out) {
@@ -324,6 +381,7 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
   } else if (c->fp8_scales) {
     if (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)
       return lutra_error(LUTRA_EINVAL, fn, "FP8 scale pointers must be 16-byte aligned");
+    /* per-tensor: one f32 each; block: the tensors' scale arrays, in cuBLASLt's layouts */
     TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op,
                                                            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
                                                            &g->a.scale_inv, sizeof g->a.scale_inv),

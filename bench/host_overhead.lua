@@ -1,0 +1,496 @@
+#!/usr/bin/env luajit
+-- Host time per call of lutra's Lua entry points on a device, next to the floors of the GPU work
+-- each call issues and to PyTorch doing the same work. Part of bench/host_suite.sh (the one
+-- command on the GPU machine, which runs bench/host_floors.cu and bench/torch_overhead.py too
+-- and hands their outputs to this script); on its own:
+--   luajit bench/host_overhead.lua [--device cuda|cpu] [--batch 64] [--in 64] [--out 64]
+--          [--hidden 128] [--batches 15] [--floors FILE] [--torch FILE] [--counts FILE]
+--          [--table FILE] [--quick]
+--   LD_PRELOAD=build/launch_count.so luajit bench/host_overhead.lua --count FILE [shapes]
+-- Method (the same in all three programs): per figure one warm-up batch, then 15 batches of
+-- `calls` calls, the device synchronized before each batch so the queue starts empty; the host
+-- wall time of the batch's loop divided by calls; the median over the batches. On cuda a batch
+-- issues at most ~400 launches and GEMMs, so the queue never fills. Each figure's floor is the
+-- sum of the raw floors (--floors, from host_floors) of the launches and GEMMs it issues, as
+-- counted from the code (the `work` of each figure below) or, with --counts, as counted by
+-- bench/launch_count.so in a separate run (--count), which also checks the code's counts.
+-- --device cpu runs the same figures on the CPU backend (floors and PyTorch are then n/a), as
+-- a smoke test that any machine can run; --quick uses 3 batches.
+local lutra = require("lutra")
+local ffi, nn = lutra.ffi, lutra.nn
+
+local function parse(argv)
+  local o = { device = "cuda", batch = 64, ["in"] = 64, out = 64, hidden = 128, batches = 15 }
+  local files = { floors = true, torch = true, counts = true, count = true, table = true }
+  local i = 1
+  while i <= #argv do
+    local key = argv[i]:match("^%-%-(.+)$")
+    if key == "quick" then
+      o.quick, i = true, i + 1
+    elseif key and (o[key] ~= nil or files[key]) and argv[i + 1] then
+      local v = argv[i + 1]
+      o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
+      i = i + 2
+    else
+      io.stderr:write("usage: host_overhead.lua [--device cuda|cpu] [--batch M] [--in K] [--out N] ",
+                      "[--hidden H] [--batches B] [--floors F] [--torch F] [--counts F] ",
+                      "[--count F] [--table F] [--quick]\n")
+      os.exit(2)
+    end
+  end
+  if o.quick then o.batches = 3 end
+  return o
+end
+
+local opt = parse(arg)
+local DEV, M, K, N, H = opt.device, opt.batch, opt["in"], opt.out, opt.hidden
+local CUDA = DEV == "cuda"
+if CUDA and not lutra.device_available("cuda") then
+  io.stderr:write("host_overhead.lua: lutra cannot use cuda here (no GPU, or a build without ",
+                  "CUDA: make CUDA=1); run with --device cpu for the CPU backend\n")
+  os.exit(1)
+end
+for _, d in ipairs { M, K, N, H } do
+  assert(d % 16 == 0, "FP8 needs --batch, --in, --out and --hidden to be multiples of 16")
+end
+
+-- ---- inputs from the other programs -------------------------------------------------------
+
+-- "<tag> <name> <value> ... # what" lines of a file into {name = value} and {name = what};
+-- other '#' lines into notes.
+local function read_figures(path, tag)
+  local values, whats, notes = {}, {}, {}
+  if not path then return values, whats, notes end
+  local f = io.open(path)
+  if not f then return values, whats, notes end
+  for line in f:lines() do
+    local name, v = line:match("^" .. tag .. "%s+(%S+)%s+(%S+)")
+    if name then
+      values[name] = tonumber(v)
+      whats[name] = line:match("#%s*(.-)%s*$")
+    elseif line:match("^#") then
+      notes[#notes + 1] = (line:gsub("^#%s*", ""))
+    end
+  end
+  f:close()
+  return values, whats, notes
+end
+
+local floors, _, floor_notes = read_figures(opt.floors, "floor")
+local torch, torch_whats, torch_notes = read_figures(opt.torch, "torch")
+local counted = {}
+if opt.counts then
+  local f = io.open(opt.counts)
+  if f then
+    for line in f:lines() do
+      local key, l, ms, mc, g = line:match("^count%s+(%S+)%s+(%d+)%s+(%d+)%s+(%d+)%s+(%d+)")
+      if key then
+        counted[key] = { launches = tonumber(l), memsets = tonumber(ms), memcpys = tonumber(mc),
+                         matmuls = tonumber(g) }
+      end
+    end
+    f:close()
+  end
+end
+
+-- ---- the launch counter (only when bench/launch_count.so is preloaded) --------------------
+
+ffi.cdef [[ void lutra_launch_counts(uint64_t out[4]); ]]
+local have_counter, read_counter = pcall(function() return ffi.C.lutra_launch_counts end)
+local counter_box = ffi.new("uint64_t[4]")
+local function counter()
+  read_counter(counter_box)
+  return { tonumber(counter_box[0]), tonumber(counter_box[1]), tonumber(counter_box[2]),
+           tonumber(counter_box[3]) }
+end
+if opt.count and not have_counter then
+  io.stderr:write("host_overhead.lua: --count needs LD_PRELOAD=build/launch_count.so\n")
+  os.exit(1)
+end
+
+-- ---- timing -------------------------------------------------------------------------------
+
+local function median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  return s[math.floor(#s / 2) + 1], s[1], s[#s]
+end
+
+local function sync() lutra.synchronize(DEV) end
+
+-- A loop calling fn, compiled anew for each figure so that each gets its own LuaJIT trace
+-- (one loop shared by all figures would pile up side traces for the different callees).
+local LOOP = "local fn = ... return function(calls) for _ = 1, calls do fn() end end"
+local function loop_of(fn) return assert(load(LOOP, "=bench_loop"))(fn) end
+
+-- Median host us per call of fn over opt.batches batches of `calls` calls, after a warm-up
+-- batch; span: us per call until the device has finished too (well above us: GPU-bound).
+local function measure(calls, fn)
+  local loop = loop_of(fn)
+  loop(calls)
+  sync()
+  local us, span = {}, {}
+  for b = 1, opt.batches do
+    sync()
+    local t0 = lutra.now()
+    loop(calls)
+    local t1 = lutra.now()
+    sync()
+    local t2 = lutra.now()
+    us[b] = (t1 - t0) / calls * 1e6
+    span[b] = (t2 - t0) / calls * 1e6
+  end
+  local med, lo, hi = median(us)
+  return med, lo, hi, (median(span))
+end
+
+-- Calls per batch: on cuda at most ~400 launches and GEMMs queued per batch; on the CPU a batch
+-- of about 5 ms (probed), at least 3 calls.
+local function calls_for(fig, fn)
+  if fig.calls then return fig.calls end
+  if CUDA then
+    return math.max(10, math.min(200, math.floor(400 / fig.ops)))
+  end
+  fn()
+  local t0 = lutra.now()
+  for _ = 1, 3 do fn() end
+  local per = (lutra.now() - t0) / 3
+  return math.max(3, math.min(2000, math.floor(5e-3 / math.max(per, 1e-9))))
+end
+
+-- ---- the figures --------------------------------------------------------------------------
+-- work: the GPU work one call issues on cuda, from the code (src/linear.c, quantize.c,
+-- autocast.c, gemm.c, the kernels' launchers): launch = kernel launches, launch_big = launches
+-- with kilobytes of parameters (the multi-tensor optimizer), memset = cudaMemsetAsync, and the
+-- cublasLtMatmul calls by floor name. The floor of a figure is the sum of those raw floors.
+
+local function linear(inf, outf, seed, bias)
+  return nn.Linear(inf, outf, { dtype = "bf16", device = DEV, seed = seed, bias = bias })
+end
+local function randn(rows, cols, seed) return lutra.tensor({ rows, cols }, "bf16", DEV):randn(seed) end
+
+-- bias_grad's launches (kernels/activation.cu): a second, reducing launch when the rows are
+-- split over several blocks of at least 64 rows
+local function bias_grad_launches(rows) return rows > 64 and 2 or 1 end
+
+-- the 4-layer MLP of the training-step figures: K -> H -> H -> H -> N, GELUs between, biases
+local function mlp()
+  return nn.Sequential(linear(K, H, 1, true), nn.GELU(), linear(H, H, 2, true), nn.GELU(),
+                       linear(H, H, 3, true), nn.GELU(), linear(H, N, 4, true))
+end
+local function mlp_work(fp8)
+  local bg = 4 * bias_grad_launches(M)
+  local gemm = fp8 and "lt_fp8_fprop" or "lt_bf16_fprop" -- the MLP's GEMMs at the Linear shape
+  local g = {}
+  for i = 1, 12 do g[i] = gemm end
+  -- forward: 3 GELUs (+ 8 casts, the scale update at exit); MSE: 2; backward: 3 GELUs, bias
+  -- grads (+ 4 casts of dy, the backward scale update); AdamW: 1 multi-tensor launch
+  local launches = 3 + 2 + 3 + bg + (fp8 and (8 + 1 + 4 + 1) or 0)
+  return { launch = launches, launch_big = 1, matmul = g, approx = true }
+end
+
+local figures = {
+  { key = "autocast", name = "autocast enter+exit (Lua methods)", calls = 100000,
+    work = {}, torch = "autocast", target = { kind = "abs", max = 0.05 },
+    setup = function()
+      local scope = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      return function() scope:enter() scope:exit() end
+    end },
+  { key = "linear_fwd_bf16", name = "Linear forward BF16", torch = "linear_fwd",
+    work = { matmul = { "lt_bf16_fprop" } }, target = { kind = "floor", max = 1.15 },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      return function() lin:forward(x) end
+    end },
+  { key = "linear_fwd_fp8_delayed", name = "Linear forward FP8 delayed (enter, forward, exit)",
+    torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
+    -- cast+transpose of x and of W (one kernel each), the scale update at exit, the GEMM
+    work = { launch = 3, matmul = { "lt_fp8_fprop" } },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      return function() fp8:enter() lin:forward(x) fp8:exit() end
+    end },
+  { key = "linear_fwd_fp8_current", name = "Linear forward FP8 current (enter, forward, exit)",
+    torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
+    -- per tensor (x, W): zero the amax (memset), amax, scale, cast+transpose; the GEMM
+    work = { launch = 6, memset = 2, matmul = { "lt_fp8_fprop" } },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.current() }
+      return function() fp8:enter() lin:forward(x) fp8:exit() end
+    end },
+  { key = "linear_fwdbwd_bf16", name = "Linear forward+backward BF16", torch = "linear_fwdbwd",
+    work = { matmul = { "lt_bf16_fprop", "lt_bf16_dgrad", "lt_bf16_wgrad" } },
+    target = { kind = "floor", max = 1.2 },
+    setup = function()
+      local lin, x, dy = linear(K, N, 1, false), randn(M, K, 1), randn(M, N, 2)
+      return function() lin:forward(x) lin:backward(dy) end
+    end },
+  { key = "linear_fwdbwd_fp8_delayed", name = "Linear forward+backward FP8 delayed",
+    -- forward as above (3 launches), backward: cast+transpose of dy, the backward scale update
+    work = { launch = 5, matmul = { "lt_fp8_fprop", "lt_fp8_dgrad", "lt_fp8_wgrad" } },
+    setup = function()
+      local lin, x, dy = linear(K, N, 1, false), randn(M, K, 1), randn(M, N, 2)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      return function() fp8:enter() lin:forward(x) fp8:exit() lin:backward(dy) end
+    end },
+  { key = "adamw_step", name = "AdamW step (the MLP's 8 tensors)", torch = "adamw_step",
+    work = { launch_big = 1 },
+    setup = function()
+      local net = mlp()
+      local opt_ = lutra.optim.AdamW(net, { lr = 1e-3, weight_decay = 0.01 })
+      return function() opt_:step() end
+    end },
+  { key = "mlp_step_fp8_delayed", name = "MLP step FP8 delayed (4 Linear, MSE, AdamW)",
+    torch = "mlp_step", target = { kind = "torch", max = 0.1 }, work = mlp_work(true),
+    setup = function()
+      local net, x, t = mlp(), randn(M, K, 1), randn(M, N, 3)
+      local loss = nn.MSELoss()
+      local opt_ = lutra.optim.AdamW(net, { lr = 1e-4, weight_decay = 0.01 })
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      return function()
+        fp8:enter()
+        local y = net:forward(x)
+        fp8:exit()
+        loss:forward(y, t)
+        net:backward(loss:backward())
+        opt_:step()
+      end
+    end },
+  { key = "mlp_step_bf16", name = "MLP step BF16 (4 Linear, MSE, AdamW)", torch = "mlp_step",
+    target = { kind = "torch", max = 0.1 }, work = mlp_work(false),
+    setup = function()
+      local net, x, t = mlp(), randn(M, K, 1), randn(M, N, 3)
+      local loss = nn.MSELoss()
+      local opt_ = lutra.optim.AdamW(net, { lr = 1e-4, weight_decay = 0.01 })
+      return function()
+        loss:forward(net:forward(x), t)
+        net:backward(loss:backward())
+        opt_:step()
+      end
+    end },
+}
+
+local function work_ops(w)
+  return (w.launch or 0) + (w.launch_big or 0) + (w.memset or 0) + (w.memcpy or 0) + #(w.matmul or {})
+end
+for _, fig in ipairs(figures) do fig.ops = math.max(1, work_ops(fig.work)) end
+
+-- ---- count mode: what each figure issues, as the preloaded counter sees it -----------------
+
+if opt.count then
+  local lines = {}
+  for _, fig in ipairs(figures) do
+    local fn = fig.setup()
+    for _ = 1, 3 do fn() end -- plans, buffers and quantizers exist after the first calls
+    sync()
+    local a = counter()
+    fn()
+    local b = counter()
+    sync()
+    local line = string.format("count %s %d %d %d %d", fig.key, b[1] - a[1], b[2] - a[2],
+                               b[3] - a[3], b[4] - a[4])
+    lines[#lines + 1] = line
+    print(line .. "  # launches memsets memcpys matmuls: " .. fig.name)
+  end
+  local f = assert(io.open(opt.count, "w"))
+  f:write("# per call, after 3 warm-up calls; device ", DEV, "\n", table.concat(lines, "\n"), "\n")
+  f:close()
+  os.exit(0)
+end
+
+-- ---- floors -------------------------------------------------------------------------------
+
+-- The floor of a figure (us) and a description of the work; nil when a floor is missing.
+-- With a count from launch_count.so that differs from the table, the count wins: extra or
+-- missing launches at the launch floor, GEMMs at the mean of the figure's GEMM floors.
+local function floor_of(fig)
+  local w, c = fig.work, counted[fig.key]
+  local launches = (w.launch or 0) + (w.launch_big or 0)
+  local memsets, memcpys, gemms = w.memset or 0, w.memcpy or 0, #(w.matmul or {})
+  local us, approx = 0, w.approx
+  local function add(name, n)
+    if n == 0 then return true end
+    if not floors[name] then return false end
+    us = us + n * floors[name]
+    return true
+  end
+  local ok = add("launch", w.launch or 0) and add("launch_big", w.launch_big or 0)
+    and add("memset", memsets) and add("memcpy", memcpys)
+  local gemm_sum = 0
+  for _, g in ipairs(w.matmul or {}) do
+    ok = ok and add(g, 1)
+    gemm_sum = gemm_sum + (floors[g] or 0)
+  end
+  local note = ""
+  if c then
+    local diff = c.launches ~= launches or c.memsets ~= memsets or c.memcpys ~= memcpys
+      or c.matmuls ~= gemms
+    if diff then
+      note = string.format(" (counted; the code table says %d launches, %d memsets, %d GEMMs)",
+                           launches, memsets, gemms)
+      local per_gemm = gemms > 0 and gemm_sum / gemms or floors.lt_bf16_fprop or 0
+      approx = approx or c.matmuls ~= gemms
+      us = us + (c.launches - launches) * (floors.launch or 0) + (c.memsets - memsets) * (floors.memset or 0)
+        + (c.memcpys - memcpys) * (floors.memcpy or 0) + (c.matmuls - gemms) * per_gemm
+      launches, memsets, memcpys, gemms = c.launches, c.memsets, c.memcpys, c.matmuls
+    else
+      note = " (counted)"
+    end
+  end
+  local parts = {}
+  if launches > 0 then parts[#parts + 1] = launches .. (launches == 1 and " launch" or " launches") end
+  if memsets > 0 then parts[#parts + 1] = memsets .. " memset" .. (memsets > 1 and "s" or "") end
+  if memcpys > 0 then parts[#parts + 1] = memcpys .. " memcpy" .. (memcpys > 1 and "s" or "") end
+  if gemms > 0 then parts[#parts + 1] = gemms .. (gemms == 1 and " GEMM" or " GEMMs") end
+  local what = #parts > 0 and table.concat(parts, " + ") .. note or "no GPU work"
+  if #parts == 0 or not ok then return nil, what, approx end
+  return us, what, approx
+end
+
+-- ---- run ----------------------------------------------------------------------------------
+
+local header = string.format(
+  "lutra %s host overhead, %s, %s (JIT %s), device %s; Linear x [%d, %d] -> [%d, %d], " ..
+  "MLP %d-%d-%d-%d-%d; median of %d batches after a warm-up batch",
+  lutra.version(), os.date("!%Y-%m-%d %H:%M UTC"), jit.version, jit.status() and "on" or "off",
+  DEV, M, K, M, N, K, H, H, H, N, opt.batches)
+print(header)
+local results = {}
+for _, fig in ipairs(figures) do
+  local fn = fig.setup()
+  local calls = calls_for(fig, fn)
+  local us, lo, hi, span = measure(calls, fn)
+  results[#results + 1] = { fig = fig, us = us, lo = lo, hi = hi, span = span, calls = calls }
+  print(string.format("lutra %s %.4f min=%.4f max=%.4f calls=%d span=%.4f  # %s", fig.key, us, lo,
+                      hi, calls, span, fig.name))
+  if CUDA and span > 1.5 * us and fig.key ~= "autocast" then
+    print(string.format("# warning: %s: the device takes %.2f us per call, the host %.2f us: " ..
+                        "GPU-bound, use smaller shapes", fig.key, span, us))
+  end
+  io.stdout:flush()
+end
+
+-- ---- the table ----------------------------------------------------------------------------
+
+local floor_names = {
+  { "launch", "empty kernel launch" },
+  { "launch_big", "kernel launch with 7 KiB of parameters" },
+  { "memset", "cudaMemsetAsync (4 bytes)" },
+  { "memcpy", "cudaMemcpyAsync D2D (256 bytes)" },
+  { "lt_bf16_fprop", "cublasLtMatmul BF16, fprop (TN)" },
+  { "lt_bf16_dgrad", "cublasLtMatmul BF16, dgrad (NN)" },
+  { "lt_bf16_wgrad", "cublasLtMatmul BF16, wgrad (NT)" },
+  { "lt_fp8_fprop", "cublasLtMatmul FP8 E4M3, fprop (TN, fast accum)" },
+  { "lt_fp8_dgrad", "cublasLtMatmul FP8 E4M3 x E5M2, dgrad (TN)" },
+  { "lt_fp8_wgrad", "cublasLtMatmul FP8 E4M3 x E5M2, wgrad (TN)" },
+  { "lt_set_attr", "cublasLtMatmulDescSetAttribute (not a launch)" },
+  { "graph_launch", "cudaGraphLaunch, graph of 4 empty kernels" },
+}
+local torch_names = {
+  autocast = "torch.autocast('cuda', bf16) enter+exit",
+  linear_fwd = "nn.Linear BF16 forward (grad on)",
+  linear_fwdbwd = "nn.Linear BF16 forward + backward",
+  fp8_linear = "eager per-tensor FP8 linear (amax, scale, cast, torch._scaled_mm)",
+  adamw_step = "AdamW(fused=True) step, same MLP",
+  mlp_step = "4-layer MLP step, BF16 params, AdamW(fused=True)",
+}
+
+local function fmt_ratio(v)
+  if v == nil then return "n/a" end
+  return (v >= 0.1 and string.format("%.2f", v) or string.format("%.2g", v)) .. "x"
+end
+local function fmt_us(v)
+  if v == nil then return "n/a" end
+  return v < 1 and string.format("%.4f", v) or string.format("%.2f", v)
+end
+
+local lines = {}
+local function emit(s) lines[#lines + 1] = s end
+emit(header)
+for _, n in ipairs(floor_notes) do emit("- floors: " .. n) end
+for _, n in ipairs(torch_notes) do emit("- PyTorch: " .. n) end
+emit("")
+emit("| figure | us/call | floor: raw work issued | floor us | ratio to floor | PyTorch us " ..
+     "| ratio to PyTorch | target | met |")
+emit("|---|---:|---|---:|---:|---:|---:|---|---|")
+for _, f in ipairs(floor_names) do
+  if floors[f[1]] then
+    emit(string.format("| floor: %s | %s | | | | | | | |", f[2], fmt_us(floors[f[1]])))
+  end
+end
+local met_all, checked = true, 0
+for _, r in ipairs(results) do
+  local fig = r.fig
+  local fl, what, approx = floor_of(fig)
+  if not CUDA then fl, what = nil, "n/a (" .. DEV .. ")" end
+  local t = CUDA and fig.torch and torch[fig.torch] or nil
+  local rf = fl and r.us / fl or nil
+  local rt = t and r.us / t or nil
+  local target, met = "", ""
+  local tg = fig.target
+  if tg then
+    local v
+    if tg.kind == "abs" then
+      target, v = string.format("< %.2f us", tg.max), r.us
+    elseif tg.kind == "floor" then
+      target, v = string.format("<= %.2fx floor", tg.max), rf
+    else
+      target, v = string.format("<= %.2fx PyTorch (%gx cheaper)", tg.max, 1 / tg.max), rt
+    end
+    if v == nil then
+      met = "n/a"
+    elseif v < tg.max or (tg.kind ~= "abs" and v == tg.max) then
+      met, checked = "yes", checked + 1
+    else
+      met, met_all, checked = "**no**", false, checked + 1
+    end
+  end
+  emit(string.format("| %s | %s | %s | %s | %s | %s | %s | %s | %s |", fig.name, fmt_us(r.us), what,
+                     (fl and approx) and "~" .. fmt_us(fl) or fmt_us(fl), fmt_ratio(rf), fmt_us(t),
+                     fmt_ratio(rt), target, met))
+end
+local gpu_bound = {}
+for _, r in ipairs(results) do
+  if CUDA and r.fig.key ~= "autocast" and r.span > 1.5 * r.us then
+    gpu_bound[#gpu_bound + 1] = string.format("%s (device %.2f us per call)", r.fig.name, r.span)
+  end
+end
+emit("")
+emit("PyTorch figures: " .. (function()
+  local seen, out = {}, {}
+  for _, r in ipairs(results) do
+    local k = r.fig.torch
+    if k and not seen[k] then
+      seen[k] = true
+      out[#out + 1] = (torch_whats[k] or torch_names[k]) .. (torch[k] and "" or " (n/a)")
+    end
+  end
+  return table.concat(out, "; ")
+end)() .. ".")
+local extras = {}
+for k, v in pairs(torch) do
+  if not torch_names[k] then
+    extras[#extras + 1] = string.format("%s: %s us", torch_whats[k] or k, fmt_us(v))
+  end
+end
+table.sort(extras)
+if #extras > 0 then emit("PyTorch, more: " .. table.concat(extras, "; ") .. ".") end
+emit("Floors marked ~ count the MLP's GEMMs at the Linear shape's GEMM floor.")
+if #gpu_bound > 0 then
+  emit("GPU-bound (the device, not the host, set the pace; use smaller shapes): " ..
+       table.concat(gpu_bound, "; ") .. ".")
+end
+emit(string.format("Targets: %d checked, %s.", checked,
+                   checked == 0 and "none could be checked" or (met_all and "all met" or "NOT all met")))
+
+print("")
+print(table.concat(lines, "\n"))
+if opt.table then
+  local f = assert(io.open(opt.table, "w"))
+  f:write(table.concat(lines, "\n"), "\n")
+  f:close()
+  print("\n(table written to " .. opt.table .. ")")
+end

@@ -1,0 +1,93 @@
+/* Counts the GPU work a process issues through the CUDA runtime and cuBLASLt, for
+ * bench/host_overhead.lua --count: preloaded (LD_PRELOAD) in front of libcudart.so and
+ * libcublasLt.so, it wraps the calls below, counts them and forwards each to the real one.
+ * The benchmark reads the counts through lutra_launch_counts() (found with ffi.C) around one
+ * call of each figure, so each figure's floor is the sum of the raw floors of the work it
+ * really issued. It is never loaded in the timing run.
+ *
+ * Build (bench/host_suite.sh does this):
+ *   gcc -std=c11 -O2 -shared -fPIC -I/usr/local/cuda/include bench/launch_count.c \
+ *     -o build/launch_count.so -ldl
+ *
+ * Counted: kernel launches (nvcc's <<<>>> calls __cudaLaunchKernel in CUDA 13, cudaLaunchKernel
+ * before), cudaMemsetAsync, cudaMemcpyAsync, cublasLtMatmul. cuBLASLt links its own static
+ * runtime, so the kernels a cublasLtMatmul runs are not counted as launches (the matmul floor
+ * includes them). */
+#define _GNU_SOURCE
+#include <cublasLt.h>
+#include <cuda_runtime_api.h>
+
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+enum { N_LAUNCH, N_MEMSET, N_MEMCPY, N_MATMUL, N_COUNTS };
+static uint64_t counts[N_COUNTS]; /* the benchmark is single-threaded */
+
+__attribute__((visibility("default"))) void lutra_launch_counts(uint64_t out[4]) {
+  for (int i = 0; i < N_COUNTS; i++)
+    out[i] = counts[i];
+}
+
+static void *real(const char *name) {
+  void *f = dlsym(RTLD_NEXT, name);
+  if (!f) {
+    fprintf(stderr, "launch_count: %s not found after the preloaded library\n", name);
+    abort();
+  }
+  return f;
+}
+
+/* CUDA 13's launch entry point behind <<<>>> (crt/device_functions.h) */
+typedef cudaError_t (*launch13_fn)(cudaKernel_t, dim3, dim3, void **, size_t, cudaStream_t);
+cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 grid, dim3 block, void **args, size_t smem,
+                               cudaStream_t stream) {
+  static launch13_fn f;
+  if (!f) f = (launch13_fn)real("__cudaLaunchKernel");
+  counts[N_LAUNCH]++;
+  return f(kernel, grid, block, args, smem, stream);
+}
+
+typedef cudaError_t (*launch_fn)(const void *, dim3, dim3, void **, size_t, cudaStream_t);
+cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **args, size_t smem,
+                             cudaStream_t stream) {
+  static launch_fn f;
+  if (!f) f = (launch_fn)real("cudaLaunchKernel");
+  counts[N_LAUNCH]++;
+  return f(func, grid, block, args, smem, stream);
+}
+
+typedef cudaError_t (*memset_fn)(void *, int, size_t, cudaStream_t);
+cudaError_t cudaMemsetAsync(void *dst, int value, size_t bytes, cudaStream_t stream) {
+  static memset_fn f;
+  if (!f) f = (memset_fn)real("cudaMemsetAsync");
+  counts[N_MEMSET]++;
+  return f(dst, value, bytes, stream);
+}
+
+typedef cudaError_t (*memcpy_fn)(void *, const void *, size_t, enum cudaMemcpyKind, cudaStream_t);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+  static memcpy_fn f;
+  if (!f) f = (memcpy_fn)real("cudaMemcpyAsync");
+  counts[N_MEMCPY]++;
+  return f(dst, src, bytes, kind, stream);
+}
+
+typedef cublasStatus_t (*matmul_fn)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *,
+                                    const void *, cublasLtMatrixLayout_t, const void *,
+                                    cublasLtMatrixLayout_t, const void *, const void *,
+                                    cublasLtMatrixLayout_t, void *, cublasLtMatrixLayout_t,
+                                    const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const void *alpha,
+                              const void *a, cublasLtMatrixLayout_t la, const void *b,
+                              cublasLtMatrixLayout_t lb, const void *beta, const void *c,
+                              cublasLtMatrixLayout_t lc, void *d, cublasLtMatrixLayout_t ld,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                              cudaStream_t stream) {
+  static matmul_fn f;
+  if (!f) f = (matmul_fn)real("cublasLtMatmul");
+  counts[N_MATMUL]++;
+  return f(h, op, alpha, a, la, b, lb, beta, c, lc, d, ld, algo, ws, ws_bytes, stream);
+}

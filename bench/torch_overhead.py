@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""PyTorch's host time per call for the work of bench/host_overhead.lua, on the same GPU, with
+the same shapes and the same method. Part of bench/host_suite.sh; on its own:
+
+    python3 bench/torch_overhead.py [--batch 64] [--in 64] [--out 64] [--hidden 128] [--batches 15]
+
+Method: per figure one warm-up batch, then 15 batches of `calls` calls, torch.cuda.synchronize()
+before each batch so the queue starts empty; the host wall time (time.perf_counter) of the
+batch's loop divided by calls; the median over the batches. Printed as machine-readable lines
+
+    torch <name> <median us/call> min=<us> max=<us> calls=<n> span=<us>  # what it is
+
+(span: us per call until the GPU has finished too) and '#' lines. The figures:
+    autocast        with torch.autocast("cuda", dtype=torch.bfloat16): pass
+    linear_fwd      nn.Linear(in, out, bias=False), BF16, forward with autograd on
+    linear_fwd_nograd  F.linear under torch.no_grad()
+    linear_fwdbwd   forward + backward (grads set to None first, so nothing accumulates)
+    fp8_linear      eager per-tensor FP8 linear, current scaling: amax, scale, cast of x and W,
+                    torch._scaled_mm (E4M3, BF16 out, fast accumulation)
+    adamw_step      AdamW(fused=True).step() over the MLP's 8 tensors
+    mlp_step        4-layer MLP (in-hidden-hidden-hidden-out, GELU, biases), BF16 params:
+                    zero_grad(set_to_none), forward, MSE loss, backward, AdamW(fused=True) step
+    mlp_step_amp    the same with f32 params under torch.autocast(bf16)
+Without PyTorch or without a CUDA device it prints why on a '#' line and exits with 0.
+"""
+import argparse
+import sys
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--in", dest="inf", type=int, default=64)
+    ap.add_argument("--out", type=int, default=64)
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--batches", type=int, default=15)
+    args = ap.parse_args()
+
+    try:
+        import torch
+        import torch.nn as nn
+        import torch.nn.functional as F
+    except ImportError as e:
+        print(f"# torch_overhead: skipped: PyTorch is not installed ({e})")
+        return 0
+    if not torch.cuda.is_available():
+        print(f"# torch_overhead: skipped: torch {torch.__version__} sees no CUDA device")
+        return 0
+
+    dev, bf16 = "cuda", torch.bfloat16
+    M, K, N, H = args.batch, args.inf, args.out, args.hidden
+    print(f"# torch {torch.__version__}, {torch.cuda.get_device_name()}, Python "
+          f"{sys.version.split()[0]}; shapes batch={M} in={K} out={N} hidden={H}; median of "
+          f"{args.batches} batches after a warm-up batch")
+    sync = torch.cuda.synchronize
+
+    def bench(name, what, calls, fn):
+        for _ in range(calls):  # warm-up batch
+            fn()
+        sync()
+        us, span = [], []
+        for _ in range(args.batches):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            t1 = time.perf_counter()
+            sync()
+            t2 = time.perf_counter()
+            us.append((t1 - t0) / calls * 1e6)
+            span.append((t2 - t0) / calls * 1e6)
+        us.sort()
+        span.sort()
+        mid = len(us) // 2  # the same middle element as host_floors.cu and host_overhead.lua
+        print(f"torch {name} {us[mid]:.4f} min={us[0]:.4f} max={us[-1]:.4f} calls={calls} "
+              f"span={span[mid]:.4f}  # {what}", flush=True)
+
+    def attempt(name, what, calls, fn):
+        try:
+            fn()  # fails here, before timing, if this torch or GPU cannot run it
+            sync()
+        except Exception as e:  # noqa: BLE001 - report any failure and go on
+            print(f"# {name}: n/a: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+            return
+        bench(name, what, calls, fn)
+
+    torch.manual_seed(0)
+    x = torch.randn(M, K, device=dev, dtype=bf16)
+    dy = torch.randn(M, N, device=dev, dtype=bf16)
+
+    def autocast():
+        with torch.autocast("cuda", dtype=bf16):
+            pass
+
+    attempt("autocast", "torch.autocast('cuda', bf16) enter+exit", 20000, autocast)
+
+    lin = nn.Linear(K, N, bias=False, device=dev, dtype=bf16)
+    attempt("linear_fwd", "nn.Linear BF16 forward, autograd on", 500, lambda: lin(x))
+    w = lin.weight.detach()
+
+    with torch.no_grad():
+        attempt("linear_fwd_nograd", "F.linear BF16 under torch.no_grad()", 500,
+                lambda: F.linear(x, w))
+
+    xg = x.clone().requires_grad_(True)
+
+    def linear_fwdbwd():
+        lin.weight.grad = None
+        xg.grad = None
+        lin(xg).backward(dy)
+
+    attempt("linear_fwdbwd", "nn.Linear BF16 forward + backward", 200, linear_fwdbwd)
+
+    e4m3 = getattr(torch, "float8_e4m3fn", None)
+    fmax = torch.finfo(e4m3).max if e4m3 is not None else 448.0
+
+    def fp8_linear():
+        sx = fmax / x.abs().amax().float().clamp(min=1e-12)
+        sw = fmax / w.abs().amax().float().clamp(min=1e-12)
+        xq = (x * sx).to(e4m3)
+        wq = (w * sw).to(e4m3)
+        return torch._scaled_mm(xq, wq.t(), scale_a=sx.reciprocal(), scale_b=sw.reciprocal(),
+                                out_dtype=bf16, use_fast_accum=True)
+
+    attempt("fp8_linear", "eager per-tensor FP8 linear: amax, scale, cast, torch._scaled_mm",
+            200, fp8_linear)
+
+    def mlp(dtype):
+        return nn.Sequential(nn.Linear(K, H), nn.GELU(approximate="tanh"), nn.Linear(H, H),
+                             nn.GELU(approximate="tanh"), nn.Linear(H, H),
+                             nn.GELU(approximate="tanh"), nn.Linear(H, N)).to(dev, dtype)
+
+    def adamw(params):
+        params = list(params)
+        try:
+            return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+        except (RuntimeError, TypeError, ValueError):
+            return torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01)
+
+    target = torch.randn(M, N, device=dev, dtype=bf16)
+    net = mlp(bf16)
+    opt = adamw(net.parameters())
+    fused = bool(opt.defaults.get("fused"))
+
+    def mlp_step():
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(net(x), target).backward()
+        opt.step()
+
+    attempt("mlp_step", f"4-layer MLP step, BF16 params, AdamW(fused={fused})", 50, mlp_step)
+    # the last step left gradients in place for the optimizer alone
+    attempt("adamw_step", f"AdamW(fused={fused}) step over the MLP's 8 tensors", 200, opt.step)
+
+    net32 = mlp(torch.float32)
+    opt32 = adamw(net32.parameters())
+    x32, target32 = x.float(), target.float()
+
+    def mlp_step_amp():
+        opt32.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=bf16):
+            loss = F.mse_loss(net32(x32), target32)
+        loss.backward()
+        opt32.step()
+
+    attempt("mlp_step_amp", "4-layer MLP step, f32 params + autocast(bf16)", 50, mlp_step_amp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
