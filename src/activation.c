@@ -5,7 +5,8 @@
 
 typedef struct gelu {
   lutra_module base;
-  const lutra_tensor *x; /* borrowed until backward */
+  const lutra_tensor *x;   /* borrowed until backward */
+  const lutra_tensor *out; /* the last forward's output: y, or one adopted from a fused GEMM */
   lutra_tensor *y, *dx;
 } gelu;
 
@@ -22,6 +23,7 @@ static int gelu_forward(lutra_module *m, const lutra_tensor *x, int first_microb
                           false, fn));
   TRY(be->gelu_forward(x->data, g->y->data, x->dtype, x->numel));
   g->x = x;
+  g->out = g->y;
   *y = g->y;
   return LUTRA_OK;
 }
@@ -31,7 +33,8 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   gelu *g = (gelu *)m;
   CHECK_STATE(g->x, "backward called before forward");
   CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
-  CHECK_ARG(lutra_same_shape(dy, g->y) && dy->dtype == g->y->dtype && dy->device == g->y->device,
+  CHECK_ARG(lutra_same_shape(dy, g->out) && dy->dtype == g->out->dtype &&
+                dy->device == g->out->device,
             "grad_output does not match the forward output's shape, dtype or device");
   const lutra_backend *be = lutra_backend_get(dy->device, fn);
   if (!be) return LUTRA_EUNSUPPORTED;
@@ -59,7 +62,7 @@ static void gelu_release(lutra_module *m) {
   lutra_tensor_destroy(g->y);
   lutra_tensor_destroy(g->dx);
   g->y = g->dx = NULL;
-  g->x = NULL;
+  g->x = g->out = NULL;
 }
 
 static const lutra_module_ops gelu_ops = {
@@ -81,4 +84,14 @@ int lutra_gelu_new(lutra_module **out) {
   g->base.ops = &gelu_ops;
   *out = &g->base;
   return LUTRA_OK;
+}
+
+bool lutra_module_is_gelu(const lutra_module *m) {
+  return m->ops == &gelu_ops;
+}
+
+void lutra_gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
+  gelu *g = (gelu *)m;
+  g->x = x;
+  g->out = y;
 }

@@ -192,4 +192,19 @@ struct lutra_module {
 };
 void lutra_module_retain(lutra_module *m);
 
+/* Linear + GELU fused by Sequential (src/sequential.c):
+ * - forward with the GELU in the GEMM epilogue (GELU_AUX): *y = gelu(x W^T + b), *pre = the
+ *   pre-activation (owned by the Linear), which the GELU module then adopts as its input;
+ * - backward of the Linear after that GELU with gelu'(pre) in its dgrad GEMM (DGELU): *dx is
+ *   the gradient of the GELU's input and the GELU's own backward is skipped; *fused is false
+ *   (and *dx the plain dgrad) where the dgrad GEMM cannot take it (FP8 operands). */
+int lutra_linear_forward_gelu(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+                              lutra_tensor **y, lutra_tensor **pre);
+int lutra_linear_backward_dgelu(lutra_module *m, const lutra_tensor *dy, const lutra_tensor *pre,
+                                lutra_tensor **dx, bool *fused);
+bool lutra_module_is_linear(const lutra_module *m);
+bool lutra_module_is_gelu(const lutra_module *m);
+/* the GELU's forward happened inside the GEMM before it: x = pre-activation, y = its output */
+void lutra_gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y);
+
 #endif

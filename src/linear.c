@@ -21,6 +21,7 @@ typedef struct linear {
   const lutra_backend *be;
   lutra_tensor *weight, *bias, *wgrad, *bgrad, *weight_main_grad, *bias_main_grad;
   lutra_tensor *y, *dx;
+  lutra_tensor *pre; /* y's pre-activation when a GELU is fused into the forward GEMM */
   lutra_quantizer *q[LUTRA_NUM_ROLES];
   bool quantized_for_recipe; /* q[] were built for qkey */
   uint64_t qkey;
@@ -85,7 +86,8 @@ static int note_forward(lutra_quantizer *q, const linear *l, const char *fn) {
   return meta ? lutra_autocast_note_forward(meta, l->device, fn) : LUTRA_OK;
 }
 
-static int forward_fp8(linear *l, const lutra_tensor *x, int first_microbatch, const char *fn) {
+static int forward_fp8(linear *l, const lutra_tensor *x, int first_microbatch,
+                       const lutra_gemm_epilogue *epi, const char *fn) {
   lutra_quantizer *qi = l->q[LUTRA_ROLE_INPUT], *qw = l->q[LUTRA_ROLE_WEIGHT];
   TRY(lutra_quantize_run(qi, x, true, &l->xq, fn));
   TRY(note_forward(qi, l, fn));
@@ -95,7 +97,7 @@ static int forward_fp8(linear *l, const lutra_tensor *x, int first_microbatch, c
     TRY(note_forward(qw, l, fn));
     l->weight_cached = true;
   }
-  return lutra_gemm_run(l->wq, 1, l->xq, 0, l->y, l->bias, 0, 1, fn);
+  return lutra_gemm_run_ex(l->wq, 1, l->xq, 0, l->y, l->bias, 0, 1, epi, fn);
 }
 
 /* Calibration: record amaxes for delayed scaling, compute in high precision. */
@@ -118,8 +120,10 @@ static bool uses_delayed(const lutra_recipe *r) {
   return false;
 }
 
+/* gelu: the GEMM's epilogue also applies GELU (y = gelu(x W^T + b)) and keeps the
+ * pre-activation in l->pre for the GELU's backward */
 static int linear_forward_impl(lutra_module *m, const lutra_tensor *x, int first_microbatch,
-                               lutra_tensor **y) {
+                               bool gelu, lutra_tensor **y) {
   static const char fn[] = "lutra_linear_forward";
   linear *l = as_linear(m);
   TRY(check_input(l, x, fn));
@@ -135,11 +139,17 @@ static int linear_forward_impl(lutra_module *m, const lutra_tensor *x, int first
   shape[x->ndim - 1] = l->out;
   TRY(lutra_tensor_ensure(&l->y, l->dtype, LUTRA_SCALING_NONE, x->ndim, shape, l->device, true,
                           false, fn));
+  lutra_gemm_epilogue epi = {.kind = LUTRA_EPILOGUE_GELU_AUX};
+  if (gelu) {
+    TRY(lutra_tensor_ensure(&l->pre, l->dtype, LUTRA_SCALING_NONE, x->ndim, shape, l->device, true,
+                            false, fn));
+    epi.aux = l->pre;
+  }
   if (fp8) {
-    TRY(forward_fp8(l, x, first_microbatch, fn));
+    TRY(forward_fp8(l, x, first_microbatch, gelu ? &epi : NULL, fn));
   } else {
     if (calibrate) TRY(observe(l, x, fn));
-    TRY(lutra_gemm_run(l->weight, 1, x, 0, l->y, l->bias, 0, 0, fn));
+    TRY(lutra_gemm_run_ex(l->weight, 1, x, 0, l->y, l->bias, 0, 0, gelu ? &epi : NULL, fn));
   }
   l->x = x;
   l->forward_fp8 = fp8;
@@ -150,7 +160,10 @@ static int linear_forward_impl(lutra_module *m, const lutra_tensor *x, int first
   return LUTRA_OK;
 }
 
-static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+/* pre: the pre-activation of a GELU just before this Linear, fused into the dgrad GEMM as its
+ * DGELU epilogue where that GEMM is not FP8 (*fused tells); then dx is the GELU input's gradient */
+static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const lutra_tensor *pre,
+                                bool *fused, lutra_tensor **dx) {
   static const char fn[] = "lutra_linear_backward";
   linear *l = as_linear(m);
   CHECK_STATE(l->forward_done, "backward called before forward");
@@ -175,7 +188,10 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_t
     TRY(lutra_gemm_run(l->wq, 0, dyq, 0, l->dx, NULL, 0, 0, fn));
     TRY(lutra_gemm_run(l->xq, 0, dyq, 1, wgrad_out, NULL, accumulate, 0, fn));
   } else {
-    TRY(lutra_gemm_run(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fn));
+    lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
+    bool fuse_dgelu = pre && pre->dtype == l->dtype && lutra_same_shape(pre, l->dx);
+    TRY(lutra_gemm_run_ex(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fuse_dgelu ? &dgelu : NULL, fn));
+    if (fused) *fused = fuse_dgelu;
     /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
      * (it overwrites dbias, so not when gradients accumulate into main_grad) */
     lutra_gemm_epilogue epi = {.kind = LUTRA_EPILOGUE_BGRADB, .dbias = bg};
@@ -199,14 +215,32 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, lutra_t
 static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
                           lutra_tensor **y) {
   RANGE_PUSH("lutra.linear.forward");
-  int st = linear_forward_impl(m, x, first_microbatch, y);
+  int st = linear_forward_impl(m, x, first_microbatch, false, y);
   RANGE_POP();
   return st;
 }
 
 static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
   RANGE_PUSH("lutra.linear.backward");
-  int st = linear_backward_impl(m, dy, dx);
+  int st = linear_backward_impl(m, dy, NULL, NULL, dx);
+  RANGE_POP();
+  return st;
+}
+
+int lutra_linear_forward_gelu(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+                              lutra_tensor **y, lutra_tensor **pre) {
+  RANGE_PUSH("lutra.linear.forward");
+  int st = linear_forward_impl(m, x, first_microbatch, true, y);
+  RANGE_POP();
+  if (st == LUTRA_OK) *pre = as_linear(m)->pre;
+  return st;
+}
+
+int lutra_linear_backward_dgelu(lutra_module *m, const lutra_tensor *dy, const lutra_tensor *pre,
+                                lutra_tensor **dx, bool *fused) {
+  *fused = false;
+  RANGE_PUSH("lutra.linear.backward");
+  int st = linear_backward_impl(m, dy, pre, fused, dx);
   RANGE_POP();
   return st;
 }
@@ -228,12 +262,12 @@ static int linear_param(const lutra_module *m, int i, lutra_param *out) {
 static void linear_release(lutra_module *m) {
   linear *l = as_linear(m);
   free_quantizers(l->q);
-  lutra_tensor *owned[] = {l->weight,           l->bias,           l->wgrad, l->bgrad,
-                           l->weight_main_grad, l->bias_main_grad, l->y,     l->dx};
+  lutra_tensor *owned[] = {l->weight,         l->bias, l->wgrad, l->bgrad, l->weight_main_grad,
+                           l->bias_main_grad, l->y,    l->dx,    l->pre};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
   l->weight = l->bias = l->wgrad = l->bgrad = NULL;
-  l->weight_main_grad = l->bias_main_grad = l->y = l->dx = NULL;
+  l->weight_main_grad = l->bias_main_grad = l->y = l->dx = l->pre = NULL;
 }
 
 static const lutra_module_ops linear_ops = {
@@ -316,4 +350,8 @@ int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **ou
   CHECK_ARG(out, "out is NULL");
   *out = ((const linear *)m)->q[role];
   return LUTRA_OK;
+}
+
+bool lutra_module_is_linear(const lutra_module *m) {
+  return m->ops == &linear_ops;
 }

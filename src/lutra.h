@@ -345,8 +345,12 @@ typedef struct lutra_linear_desc {
 LUTRA_API void lutra_linear_defaults(lutra_linear_desc *d);
 LUTRA_API int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out);
 LUTRA_API int lutra_gelu_new(lutra_module **out);
-/* A chain of modules; it holds a reference to each. */
+/* A chain of modules; it holds a reference to each. A Linear followed by a GELU runs as one
+ * GEMM with the GELU in its epilogue, and the Linear after that GELU applies gelu' in its dgrad
+ * GEMM (not with FP8 operands, where the GELU's backward kernel runs). */
 LUTRA_API int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out);
+/* Linear+GELU pairs the last forward and backward of a Sequential fused into GEMM epilogues. */
+LUTRA_API int lutra_sequential_fusions(const lutra_module *m, int *forward, int *backward);
 LUTRA_API int lutra_module_free(lutra_module *m);
 LUTRA_API int lutra_module_release(lutra_module *m);
 LUTRA_API const char *lutra_module_kind(const lutra_module *m);

@@ -79,6 +79,14 @@ end
 
 function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 
+-- Sequential only: how many Linear+GELU pairs the last forward and backward ran as GEMM
+-- epilogues (GELU_AUX in forward, DGELU in the next Linear's dgrad).
+local fusion_box = ffi.new("int[2]")
+function Module:fusions()
+  check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))
+  return fusion_box[0], fusion_box[1]
+end
+
 -- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
 function Module:quantizer(role)
   local box = ffi.new("lutra_quantizer*[1]")
