@@ -5,7 +5,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/lutra-out}
 mkdir -p "$OUT"
-steps=${*:-build cpu-specs gpu-specs sanitizer example bench}
+steps=${*:-build cpu-specs gpu-specs sanitizer example bench host}
 # the devkit's LuaJIT keeps its jit.* modules (for -jv) under its own prefix
 export LUA_PATH="lua/?.lua;lua/?/init.lua;/tmp/devkit/usr/share/luajit-2.1.0-beta3/?.lua;${LUA_PATH:-;}"
 summary=()
@@ -54,5 +54,9 @@ if has bench; then
     -Wl,-rpath,"$PWD" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/bench-build.log" 2>&1 &&
     timeout 240 ./build/cuda_throughput "$OUT/throughput.md" > "$OUT/bench.log" 2>&1
   note "throughput bench exit $?"
+fi
+if has host; then
+  timeout 300 bash bench/host_suite.sh "$OUT/host_overhead.md" > "$OUT/host-suite.log" 2>&1
+  note "host overhead suite exit $?"
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
