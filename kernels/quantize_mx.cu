@@ -189,7 +189,23 @@ __device__ __forceinline__ void tile_coords(const TileArgs &a, int64_t tile, int
 constexpr int T64_THREADS = 128;
 constexpr int T64_LD = 68;                          /* shared-memory row stride (floats) */
 constexpr int T64_SMEM = 64 * T64_LD * 4 + 64 * 64; /* f32 tile + the transposed codes */
-enum { MODE_CAST = 0, MODE_MX = 1 };
+/* MODE_CAST_CODES: a per-tensor cast transposes the codes themselves (the columnwise copy has
+ * the same scale, so its codes are the rowwise codes transposed): 1 byte per element through
+ * shared memory instead of 4, and no second encoding. Used unless a bias gradient is wanted
+ * (that needs the f32 column sums of the f32 path). */
+enum { MODE_CAST = 0, MODE_MX = 1, MODE_CAST_CODES = 2 };
+constexpr int CODE_LDW = 17;                            /* words per row of a code tile */
+constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4;        /* two code tiles (double buffered) */
+
+/* 4x4 byte transpose: w[i] holds bytes (row i, columns 0..3); out[e] gets (rows 0..3, column e) */
+__device__ __forceinline__ void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
+  const uint32_t t0 = __byte_perm(w[0], w[1], 0x5140), t1 = __byte_perm(w[0], w[1], 0x7362);
+  const uint32_t t2 = __byte_perm(w[2], w[3], 0x5140), t3 = __byte_perm(w[2], w[3], 0x7362);
+  out[0] = __byte_perm(t0, t2, 0x5410);
+  out[1] = __byte_perm(t0, t2, 0x7632);
+  out[2] = __byte_perm(t1, t3, 0x5410);
+  out[3] = __byte_perm(t1, t3, 0x7632);
+}
 
 /* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15
  * (lr = (lane & 7) + 8 warp, cq = lane >> 3: a warp loads 8 rows x 64 columns, and the two
@@ -203,7 +219,11 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
   const int lr = (lane & 7) + 8 * warp, cq = lane >> 3;
   const int cc = t & 63, rb = t >> 6;
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
-  const float s = MODE == MODE_CAST ? *a.scale : 1.0f;
+  constexpr bool CAST = MODE == MODE_CAST || MODE == MODE_CAST_CODES;
+  constexpr bool CODES = MODE == MODE_CAST_CODES;
+  const float s = CAST ? *a.scale : 1.0f;
+  uint32_t *codes = reinterpret_cast<uint32_t *>(dyn_smem()); /* CODES: [2][64][CODE_LDW] */
+  int parity = 0;
   float m_loc = -INFINITY;   /* per-tensor amax of this thread's elements */
   __shared__ float dsum[64]; /* bias gradient: column sums of the tile's lower 32 rows */
 
@@ -232,7 +252,7 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
 #pragma unroll
     for (int q = 0; q < 2; q++) {
       const int64_t r = r0 + lr + 32 * q;
-      if (MODE == MODE_CAST) {
+      if (CAST) {
         if (a.amax) { /* over the elements of x only */
           if (VEC) {
             if (r < a.rows && c < a.cols) {
@@ -246,7 +266,15 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
               if (r < a.rows && c + k < a.cols) m_loc = fmaxf(m_loc, fabsf(v[q][k]));
           }
         }
-        if (row_out) store_row<VEC>(a, r, c, encode16<OD>(v[q], s));
+        const uint4 w = encode16<OD>(v[q], s);
+        if (row_out) store_row<VEC>(a, r, c, w);
+        if (CODES && col_out) {
+          uint32_t *d = codes + (parity * 64 + lr + 32 * q) * CODE_LDW + 4 * cq;
+          d[0] = w.x;
+          d[1] = w.y;
+          d[2] = w.z;
+          d[3] = w.w;
+        }
       } else if (row_out) {
         float m = 0.0f;
 #pragma unroll
@@ -260,8 +288,43 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
       }
     }
 
+    /* columnwise, CODES: thread (quad qq, group g) reads columns 4 qq .. + 3 of rows 8 g .. + 7
+     * (8 words, 2-way bank conflicts at most), transposes the bytes in registers and writes 8
+     * bytes to each of the 4 transposed rows; the 8 lanes of one qq write 64 contiguous bytes
+     * of each. The code tiles alternate, so a tile's writes never meet the previous tile's
+     * reads: one barrier per tile. */
+    if (CODES && col_out) {
+      __syncthreads();
+      const int g = lane & 7, qq = (lane >> 3) + 4 * warp;
+      const uint32_t *src = codes + (parity * 64 + 8 * g) * CODE_LDW + qq;
+      uint32_t lo[4], hi[4], w[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        w[i] = src[i * CODE_LDW];
+      transpose4x4(w, lo);
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        w[i] = src[(4 + i) * CODE_LDW];
+      transpose4x4(w, hi);
+      const int64_t rr = r0 + 8 * g;
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int64_t col = c0 + 4 * qq + e;
+        if (col >= a.cols || rr >= a.rows) continue;
+        uint8_t *d = a.col_data + col * a.rows + rr;
+        if (VEC) { /* rows % 16 == 0: all 8 rows are in, and d is 8-byte aligned */
+          *reinterpret_cast<uint2 *>(d) = make_uint2(lo[e], hi[e]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 8; k++)
+            if (rr + k < a.rows) d[k] = (uint8_t)((k < 4 ? lo[e] : hi[e]) >> (8 * (k & 3)));
+        }
+      }
+      parity ^= 1;
+    }
+
     /* columnwise */
-    if (col_out) {
+    if (!CODES && col_out) {
       /* no barrier needed before these stores: the previous tile's reads of sm came before its
        * second barrier, which every thread has passed */
 #pragma unroll
@@ -326,7 +389,7 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
     }
   }
 
-  if (MODE == MODE_CAST) {
+  if (CAST) {
     if (a.amax) {
       __shared__ float red[32];
       const float m = block_max(m_loc, red);
@@ -482,15 +545,19 @@ TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
 
 cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mode, cudaStream_t s) {
   const bool vec = vec_ok(a);
-  const int smem = a.col_data ? T64_SMEM : 0;
+  if (mode == MODE_CAST && !a.dbias_partial) mode = MODE_CAST_CODES;
+  const int smem = !a.col_data ? 0 : mode == MODE_CAST_CODES ? CODE_SMEM : T64_SMEM;
   return with_float_dtype(x_dtype, [&](auto xd) {
     return with_fp8_dtype(out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
         constexpr int XD = decltype(xd)::value, OD = decltype(od)::value;
         constexpr bool V = decltype(v)::value;
         constexpr auto KC = k_tile64<XD, OD, MODE_CAST, V>;
+        constexpr auto KB = k_tile64<XD, OD, MODE_CAST_CODES, V>;
         constexpr auto KM = k_tile64<XD, OD, MODE_MX, V>;
-        if (mode == MODE_CAST)
+        if (mode == MODE_CAST_CODES)
+          LKC_LAUNCH(KB, persistent_grid<KB>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
+        else if (mode == MODE_CAST)
           LKC_LAUNCH(KC, persistent_grid<KC>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
         else
           LKC_LAUNCH(KM, persistent_grid<KM>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);

@@ -60,3 +60,5 @@ if has host; then
   note "host overhead suite exit $?"
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
+# the device tool brings back a handful of files: everything else travels in one archive
+tar czf "$OUT/logs.tgz" -C "$OUT" --exclude=logs.tgz . 2> /dev/null
