@@ -3,8 +3,13 @@
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
 # steps: build cpu-specs gpu-specs sanitizer example bench (default: all). Logs go to $OUT.
 set -uo pipefail
+# The device tool brings back only a handful of files from $OUT: the logs are written to
+# $LOGS and come back as $OUT/logs.tgz, beside $OUT/summary.txt.
 OUT=${OUT:-/tmp/lutra-out}
-mkdir -p "$OUT"
+FINAL_OUT=$OUT
+OUT=${LOGS:-/tmp/lutra-logs}
+rm -rf "$OUT"
+mkdir -p "$OUT" "$FINAL_OUT"
 steps=${*:-build cpu-specs gpu-specs sanitizer example bench host}
 # the devkit's LuaJIT keeps its jit.* modules (for -jv) under its own prefix
 export LUA_PATH="lua/?.lua;lua/?/init.lua;/tmp/devkit/usr/share/luajit-2.1.0-beta3/?.lua;${LUA_PATH:-;}"
@@ -59,6 +64,13 @@ if has host; then
   timeout 300 bash bench/host_suite.sh "$OUT/host_overhead.md" > "$OUT/host-suite.log" 2>&1
   note "host overhead suite exit $?"
 fi
+if has ncu; then
+  # where the tiled quantizers spend their time (Nsight Compute, if the machine has it)
+  LUTRA_DEVICE=cuda timeout 300 ncu --kernel-name regex:k_tile64 --launch-count 4 \
+    --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    --section MemoryWorkloadAnalysis luajit tools/quantize_once.lua > "$OUT/ncu.txt" 2>&1
+  note "ncu exit $?"
+fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
-# the device tool brings back a handful of files: everything else travels in one archive
-tar czf "$OUT/logs.tgz" -C "$OUT" --exclude=logs.tgz . 2> /dev/null
+cp "$OUT/summary.txt" "$FINAL_OUT/summary.txt"
+tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . 2> /dev/null

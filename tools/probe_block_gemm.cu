@@ -301,33 +301,6 @@ int main(void) {
   check_combo(lt, 1, 2, ws, ws_bytes);
   check_combo(lt, 2, 2, ws, ws_bytes);
   time_big(lt, ws, ws_bytes);
-  {
-    /* which descriptor settings the heuristic refuses (A 2D x B 1D, 1024^3) */
-    const int64_t s = 1024;
-    void *a, *b, *d;
-    CK(cudaMalloc(&a, (size_t)(s * s)));
-    CK(cudaMalloc(&b, (size_t)(s * s)));
-    CK(cudaMalloc(&d, (size_t)(s * s) * 4));
-    CK(cudaMemset(a, 0x38, (size_t)(s * s)));
-    CK(cudaMemset(b, 0x38, (size_t)(s * s)));
-    float *h = (float *)malloc((size_t)(s * s / 32) * 4);
-    for (int64_t i = 0; i < s * s / 32; i++)
-      h[i] = 1.0f;
-    float *sa = (float *)dev_copy(h, (size_t)(s * s / 32) * 4),
-          *sb = (float *)dev_copy(h, (size_t)(s * s / 32) * 4);
-    for (int dt = 0; dt < 2; dt++)
-      for (int fa = 0; fa < 2; fa++)
-        for (int lp = 0; lp < 2; lp++) {
-          variant v = {dt ? CUDA_R_16BF : CUDA_R_32F, fa, lp};
-          float ms = 0;
-          cublasStatus_t st =
-              run_gemm_v(lt, s, s, s, a, b, sa, sb, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-                         CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F, d, ws, ws_bytes, 5, &ms, v);
-          printf("variant D %s, fast_accum attr %s, scale pointers %s the heuristic: status %d\n",
-                 dt ? "bf16" : "f32", fa ? "set to 0" : "unset", lp ? "after" : "before", (int)st);
-        }
-    free(h);
-  }
   cudaFree(ws);
   cublasLtDestroy(lt);
   return 0;

@@ -30,7 +30,10 @@
 
 #include "../../kernels/kernels.h"
 
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct cuda_plan {
   cublasLtMatmulDesc_t op;
@@ -88,9 +91,26 @@ void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p) {
     }                                                                                              \
   } while (0)
 
+static bool log_plans(void);
+
 static bool set_attr(cuda_plan *c, cublasLtMatmulDescAttributes_t attr, const void *v,
                      size_t size) {
-  return cublasLtMatmulDescSetAttribute(c->op, attr, v, size) == CUBLAS_STATUS_SUCCESS;
+  cublasStatus_t s = cublasLtMatmulDescSetAttribute(c->op, attr, v, size);
+  if (s != CUBLAS_STATUS_SUCCESS && log_plans())
+    fprintf(stderr, "lutra: GEMM plan: descriptor attribute %d refused: %s\n", (int)attr,
+            cublasLtGetStatusString(s));
+  return s == CUBLAS_STATUS_SUCCESS;
+}
+
+/* LUTRA_LOG_PLANS=1: stderr lines saying which configurations a new plan tried and which path
+ * it took (plans are made once per shape, so this costs nothing in a steady loop). */
+static bool log_plans(void) {
+  static int enabled = -1;
+  if (enabled < 0) {
+    const char *v = getenv("LUTRA_LOG_PLANS");
+    enabled = v && *v && strcmp(v, "0") != 0;
+  }
+  return enabled;
 }
 
 /* The heuristic's best algorithm for the current descriptor, or false when it has none. */
@@ -106,6 +126,9 @@ static bool pick_algo(cuda_plan *c) {
     s = cublasLtMatmulAlgoGetHeuristic(lutra_cuda_lt(), c->op, c->la, c->lb, c->ld, c->ld, pref, 1,
                                        &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
+  if (log_plans() && (s != CUBLAS_STATUS_SUCCESS || found == 0))
+    fprintf(stderr, "lutra: GEMM heuristic: status %d (%s), %d algorithms\n", (int)s,
+            cublasLtGetStatusString(s), found);
   if (s != CUBLAS_STATUS_SUCCESS || found == 0) return false;
   c->algo = result.algo;
   return true;
@@ -152,6 +175,17 @@ static bool lt_epilogue_allowed(const lutra_gemm_key *k) {
   return true;
 }
 
+/* 256 device bytes whose address stands in for scale pointers while a plan is made (never
+ * read: every call sets the real ones); NULL if it cannot be allocated. */
+static const void *scale_placeholder(void) {
+  static void *p;
+  static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+  pthread_mutex_lock(&lock);
+  if (!p && cudaMalloc(&p, 256) != cudaSuccess) p = NULL;
+  pthread_mutex_unlock(&lock);
+  return p;
+}
+
 /* Float8 block scales are stored in the layouts cuBLASLt reads (see lutra_tensor in lutra.h) */
 static int32_t scale_mode_of(int scaling) {
   return scaling == LUTRA_SCALING_BLOCK_1D ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
@@ -185,9 +219,14 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   if (c->fp8_scales && !set_attr(c, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast))
     return false;
   if (c->block_scales) {
+    /* the heuristic refuses block scale modes without scale pointers ("requires a custom
+     * pointer"): placeholders until each call sets the operands' own */
+    const void *placeholder = scale_placeholder();
     int32_t ma = scale_mode_of(k->a_scaling), mb = scale_mode_of(k->b_scaling);
-    if (!set_attr(c, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma) ||
-        !set_attr(c, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb))
+    if (!placeholder || !set_attr(c, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma) ||
+        !set_attr(c, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb) ||
+        !set_attr(c, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &placeholder, sizeof placeholder) ||
+        !set_attr(c, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &placeholder, sizeof placeholder))
       return false;
   }
   const int kind = lt_epilogue ? k->epilogue : LUTRA_EPILOGUE_NONE;
@@ -213,6 +252,29 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   c->bias_epilogue = bias_epilogue;
   c->lt_epilogue = lt_epilogue;
   return pick_algo(c);
+}
+
+/* LUTRA_LOG_PLANS=1: one stderr line per new plan saying which path it takes (plans are made
+ * once per shape, so this costs nothing in a steady loop). */
+static void log_plan(const lutra_gemm_key *k, const cuda_plan *c) {
+  if (!log_plans()) return;
+  const char *path = c->dequantize     ? "operands dequantized to bf16 (fallback)"
+                     : c->block_scales ? "native FP8, block scales"
+                     : c->fp8_scales   ? "native FP8, per-tensor scales"
+                                       : "native";
+  fprintf(stderr,
+          "lutra: GEMM plan %s x %s -> %s, m=%lld n=%lld k=%lld, %c%c, epilogue %d: %s; bias %s, "
+          "epilogue %s, D %s\n",
+          lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype), lutra_dtype_name(k->d_dtype),
+          (long long)k->m, (long long)k->n, (long long)k->k, k->transa ? 'T' : 'N',
+          k->transb ? 'T' : 'N', k->epilogue, path,
+          k->bias_dtype < 0  ? "none"
+          : c->bias_epilogue ? "in cuBLASLt"
+                             : "by a kernel",
+          k->epilogue == LUTRA_EPILOGUE_NONE ? "none"
+          : c->lt_epilogue                   ? "in cuBLASLt"
+                                             : "by kernels",
+          c->stage_d ? "staged in f32" : "written directly");
 }
 
 /* The operand layouts: FP8 as stored, or BF16 for the dequantizing fallback. */
@@ -277,6 +339,7 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
   p->backend_plan = c;
   p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0) +
                        (c->stage_d ? c->d_bytes : 0);
+  log_plan(k, c);
   return LUTRA_OK;
 }
 
