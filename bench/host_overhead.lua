@@ -214,8 +214,8 @@ local figures = {
     end },
   { key = "linear_fwd_fp8_current", name = "Linear forward FP8 current (enter, forward, exit)",
     torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
-    -- per tensor (x, W): zero the amax (memset), amax, scale, cast+transpose; the GEMM
-    work = { launch = 6, memset = 2, matmul = { "lt_fp8_fprop" } },
+    -- per tensor (x, W): amax and scale (one launch, no memset), cast+transpose; the GEMM
+    work = { launch = 4, matmul = { "lt_fp8_fprop" } },
     setup = function()
       local lin, x = linear(K, N, 1, false), randn(M, K, 1)
       local fp8 = lutra.autocast { recipe = lutra.recipe.current() }
@@ -273,6 +273,33 @@ local figures = {
     end },
 }
 
+-- the MLP step captured once as a CUDA graph (lutra.graph), replayed: one cudaGraphLaunch per
+-- step whatever the depth (cuda only)
+local function graphed_mlp_step(fp8)
+  return function()
+    if not CUDA then return nil end
+    local net, x, t = mlp(), randn(M, K, 1), randn(M, N, 3)
+    local loss = nn.MSELoss()
+    local opt_ = lutra.optim.AdamW(net, { lr = 1e-4, weight_decay = 0.01 })
+    local scope = fp8 and lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+    local g = lutra.graph.capture(function()
+      if scope then scope:enter() end
+      local y = net:forward(x)
+      if scope then scope:exit() end
+      loss:forward(y, t)
+      net:backward(loss:backward())
+      opt_:step()
+    end, { warmup = 2 })
+    return function() g:replay() end
+  end
+end
+figures[#figures + 1] = { key = "mlp_graph_fp8_delayed", torch = "mlp_step",
+  name = "MLP step FP8 delayed, CUDA graph replay", target = { kind = "floor", max = 1.5 },
+  work = { graph = 1 }, setup = graphed_mlp_step(true) }
+figures[#figures + 1] = { key = "mlp_graph_bf16", torch = "mlp_step",
+  name = "MLP step BF16, CUDA graph replay", target = { kind = "floor", max = 1.5 },
+  work = { graph = 1 }, setup = graphed_mlp_step(false) }
+
 local function work_ops(w)
   return (w.launch or 0) + (w.launch_big or 0) + (w.memset or 0) + (w.memcpy or 0) + #(w.matmul or {})
 end
@@ -283,7 +310,7 @@ for _, fig in ipairs(figures) do fig.ops = math.max(1, work_ops(fig.work)) end
 if opt.count then
   local lines = {}
   for _, fig in ipairs(figures) do
-    local fn = fig.setup()
+    local fn = fig.setup() or function() end
     for _ = 1, 3 do fn() end -- plans, buffers and quantizers exist after the first calls
     sync()
     local a = counter()
@@ -318,7 +345,7 @@ local function floor_of(fig)
     return true
   end
   local ok = add("launch", w.launch or 0) and add("launch_big", w.launch_big or 0)
-    and add("memset", memsets) and add("memcpy", memcpys)
+    and add("memset", memsets) and add("memcpy", memcpys) and add("graph_launch", w.graph or 0)
   local gemm_sum = 0
   for _, g in ipairs(w.matmul or {}) do
     ok = ok and add(g, 1)
@@ -345,6 +372,7 @@ local function floor_of(fig)
   if memsets > 0 then parts[#parts + 1] = memsets .. " memset" .. (memsets > 1 and "s" or "") end
   if memcpys > 0 then parts[#parts + 1] = memcpys .. " memcpy" .. (memcpys > 1 and "s" or "") end
   if gemms > 0 then parts[#parts + 1] = gemms .. (gemms == 1 and " GEMM" or " GEMMs") end
+  if (w.graph or 0) > 0 then parts[#parts + 1] = "1 graph launch" end
   local what = #parts > 0 and table.concat(parts, " + ") .. note or "no GPU work"
   if #parts == 0 or not ok then return nil, what, approx end
   return us, what, approx
@@ -361,6 +389,7 @@ print(header)
 local results = {}
 for _, fig in ipairs(figures) do
   local fn = fig.setup()
+  if not fn then goto continue end
   local calls = calls_for(fig, fn)
   local us, lo, hi, span = measure(calls, fn)
   results[#results + 1] = { fig = fig, us = us, lo = lo, hi = hi, span = span, calls = calls }
@@ -371,6 +400,7 @@ for _, fig in ipairs(figures) do
                         "GPU-bound, use smaller shapes", fig.key, span, us))
   end
   io.stdout:flush()
+  ::continue::
 end
 
 -- ---- the table ----------------------------------------------------------------------------

@@ -8,13 +8,15 @@ local nn = lutra.nn
 
 local function parse(argv)
   local o = { recipe = "delayed", task = "regression", steps = 300, batch = 128, hidden = 256,
-              lr = 3e-3, dtype = "f32", device = lutra.default_device, every = 50 }
+              lr = 3e-3, dtype = "f32", device = lutra.default_device, every = 50,
+              graph = "off" }
   local i = 1
   while i <= #argv do
     local key = argv[i]:match("^%-%-(.+)$")
     if not key or o[key] == nil or argv[i + 1] == nil then
       io.stderr:write("usage: train_mlp.lua [--recipe R] [--task T] [--steps N] [--batch N] ",
-                      "[--hidden N] [--lr X] [--dtype f32|bf16] [--device cpu|cuda] [--every N]\n")
+                      "[--hidden N] [--lr X] [--dtype f32|bf16] [--device cpu|cuda] [--every N] ",
+                      "[--graph off|on]\n")
       os.exit(2)
     end
     local v = argv[i + 1]
@@ -78,13 +80,26 @@ print(string.format("lutra %s: %s, recipe %s, %d steps, batch %d, hidden %d, %s 
 local first, last
 local clock = lutra.now
 local window_start, window_steps = clock(), 0
-for step = 1, opt.steps do
+local function train_step()
   fp8:enter()
   local y = net:forward(x)
   fp8:exit()
   loss:forward(y, target)
   net:backward(loss:backward())
   optimizer:step()
+end
+-- --graph on (cuda): step 1 runs eagerly, then the whole step is captured once as a CUDA graph
+-- and each later step is one replay (lutra.graph)
+local graph
+for step = 1, opt.steps do
+  if graph then
+    graph:replay()
+  elseif opt.graph == "on" and step > 1 then
+    graph = lutra.graph.capture(train_step, { warmup = 0 })
+    graph:replay()
+  else
+    train_step()
+  end
   window_steps = window_steps + 1
   if step == 1 or step % opt.every == 0 or step == opt.steps then
     last = loss:value()

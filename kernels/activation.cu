@@ -89,9 +89,10 @@ template <int DT, int N>
 __global__ void __launch_bounds__(kBgTx *kBgTy)
     bias_grad_partial(const void *__restrict__ dy, int64_t rows, int64_t cols,
                       int64_t rows_per_block, bool to_scratch, void *db, int db_dtype,
-                      int accumulate) {
+                      int accumulate, const int32_t *skip) {
   /* slot k * 32 + tx holds column tx * N + k of the tile: conflict-free both ways */
   __shared__ double sm[kBgTy][kBgTx * N];
+  if (skip && *skip) return; /* the whole block returns, before its barrier */
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * (kBgTx * N);
   const int64_t c = tile0 + static_cast<int64_t>(tx) * N; /* cols % N == 0 when N > 1 */
@@ -137,8 +138,10 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
 }
 
 __global__ void __launch_bounds__(kBgTx *kBgTy)
-    bias_grad_final(int ny, int64_t cols, void *db, int db_dtype, int accumulate) {
+    bias_grad_final(int ny, int64_t cols, void *db, int db_dtype, int accumulate,
+                    const int32_t *skip) {
   __shared__ double sm[kBgTy][kBgTx];
+  if (skip && *skip) return;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
   double sum = 0.0;
@@ -164,8 +167,9 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
  * added in order, so results repeat bit for bit. */
 __global__ void __launch_bounds__(kBgTx *kBgTy)
     dbias_reduce_kernel(const float *__restrict__ partials, int64_t np, int64_t cols, void *db,
-                        int db_dtype, int accumulate) {
+                        int db_dtype, int accumulate, const int32_t *skip) {
   __shared__ double sm[kBgTy][kBgTx];
+  if (skip && *skip) return;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
   double sum = 0.0;
@@ -223,6 +227,12 @@ extern "C" cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx,
 
 extern "C" cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
                                     int db_dtype, int accumulate, cudaStream_t s) {
+  return lk_bias_grad_skip(dy, dtype, rows, cols, db, db_dtype, accumulate, nullptr, s);
+}
+
+extern "C" cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows, int64_t cols,
+                                         void *db, int db_dtype, int accumulate,
+                                         const int32_t *skip, cudaStream_t s) {
   if (rows < 0 || cols < 0 || !float_dtype(dtype) || !float_dtype(db_dtype))
     return cudaErrorInvalidValue;
   if (cols == 0) return cudaSuccess;
@@ -247,30 +257,31 @@ extern "C" cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int
     const dim3 block(kBgTx, kBgTy);
     if (vec)
       bias_grad_partial<DT, V>
-          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate);
+          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate, skip);
     else
       bias_grad_partial<DT, 1>
-          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate);
+          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate, skip);
     if (to_scratch) {
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
       /* ny > 1 means cols <= kBgScratch / 2: the grid fits */
       bias_grad_final<<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
-          static_cast<int>(ny), cols, db, db_dtype, accumulate);
+          static_cast<int>(ny), cols, db, db_dtype, accumulate, skip);
     }
     return cudaGetLastError();
   });
 }
 
 extern "C" cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_t cols, void *db,
-                                       int db_dtype, int accumulate, cudaStream_t s) {
+                                       int db_dtype, int accumulate, const int32_t *skip,
+                                       cudaStream_t s) {
   if (np < 1 || cols < 0 || !partials || !db || !float_dtype(db_dtype))
     return cudaErrorInvalidValue;
   if (cols == 0) return cudaSuccess;
   const int64_t blocks = cdiv<int64_t>(cols, kBgTx);
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
   dbias_reduce_kernel<<<static_cast<unsigned>(blocks), dim3(kBgTx, kBgTy), 0, s>>>(
-      partials, np, cols, db, db_dtype, accumulate);
+      partials, np, cols, db, db_dtype, accumulate, skip);
   return cudaGetLastError();
 }
 

@@ -22,10 +22,14 @@ cudaError_t lk_fill(void *dst, int dtype, int64_t n, float value, cudaStream_t s
 
 /* quantization family (kernels/quantize*.cu) */
 cudaError_t lk_amax(const void *x, int dtype, int64_t n, float *amax, cudaStream_t s);
-cudaError_t lk_scale_from_amax(const float *amax, float fp8_max, int power_2_scale, float epsilon,
-                               float *scale, cudaStream_t s);
+/* current scaling in one launch: *amax = max|x|, *scale from it (lutra_backend.current_scale;
+ * work: 2 zeroed words, left zeroed). Nothing is written when skip && *skip (device memory). */
+cudaError_t lk_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
+                             float epsilon, float *amax, float *scale, uint32_t *work,
+                             const int32_t *skip, cudaStream_t s);
 /* The quantizers also compute a->dbias when it is set: fused into the tiled kernels where a
- * columnwise output is written and a->dbias_scratch is given, else by lk_bias_grad after. */
+ * columnwise output is written and a->dbias_scratch is given, else by lk_bias_grad after.
+ * Every kernel they launch reads a->skip (when set) first and returns when it is nonzero. */
 cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_quantize_mxfp8(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
@@ -39,9 +43,13 @@ cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx, int dtype,
                              cudaStream_t s);
 cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
                          int db_dtype, int accumulate, cudaStream_t s);
-/* db[c] (+)= sum_y partials[y, c] over np rows of partial column sums (fused quantize + dbias) */
+/* lk_bias_grad whose kernels write nothing when skip && *skip (a quantization's skip flag) */
+cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
+                              int db_dtype, int accumulate, const int32_t *skip, cudaStream_t s);
+/* db[c] (+)= sum_y partials[y, c] over np rows of partial column sums (fused quantize + dbias);
+ * nothing when skip && *skip */
 cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_t cols, void *db, int db_dtype,
-                            int accumulate, cudaStream_t s);
+                            int accumulate, const int32_t *skip, cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);

@@ -6,7 +6,12 @@
  * up to kMaxTensors tensors' pointers, sizes and dtypes plus the prefix sums of their chunk
  * counts; block b finds its tensor by binary search in those prefix sums and updates elements
  * [chunk * kChunk, (chunk + 1) * kChunk) of it. More tensors (or more than 2^31 - 1 chunks)
- * take more launches. The lutra_optim_args arrays are host arrays of device pointers. */
+ * take more launches. The lutra_optim_args arrays are host arrays of device pointers.
+ *
+ * AdamW's step counter on the device (lutra_optim_args.device_step, when set): the bias
+ * corrections come from t = *device_step + 1, read in the kernel, and the kernel advances the
+ * counter itself, so that a CUDA graph that captured the launch takes steps t, t + 1, ... when
+ * replayed (a step passed by value would be frozen into the graph). See device_step() below. */
 #include "ops_common.cuh"
 
 #include <math.h>
@@ -35,7 +40,10 @@ struct OptimParams {
   uint8_t vec[kMaxTensors]; /* every pointer of the tensor is aligned for kVec accesses */
   int32_t count;
   SgdHyper sgd;
-  AdamHyper adam;
+  AdamHyper adam;       /* bc1, bc2 unused with a device counter */
+  int64_t *device_step; /* AdamW: steps taken so far, or NULL (bc1, bc2 given) */
+  uint32_t *arrivals;   /* blocks of this launch past their read of *device_step */
+  int32_t advance;      /* the step's last launch: it advances *device_step */
 };
 static_assert(sizeof(OptimParams) <= 32764, "kernel parameter limit (sm_70+, CUDA 12.1+)");
 
@@ -54,8 +62,9 @@ __device__ __forceinline__ int find_tensor(const int32_t *start, int count, int3
 
 /* N elements from index i of tensor t */
 template <int VDT, int GDT, bool ADAM, int N>
-__device__ __forceinline__ void update(const OptimParams &p, void *value, const void *grad,
-                                       float *master, float *m, float *v, int64_t i) {
+__device__ __forceinline__ void update(const OptimParams &p, const AdamHyper &adam, void *value,
+                                       const void *grad, float *master, float *m, float *v,
+                                       int64_t i) {
   float w[N], g[N], mm[N], vv[N];
   if (master)
     ldv<LUTRA_F32, N>(master, i, w);
@@ -67,7 +76,7 @@ __device__ __forceinline__ void update(const OptimParams &p, void *value, const 
 #pragma unroll
   for (int k = 0; k < N; k++) {
     if constexpr (ADAM)
-      w[k] = adamw_update(w[k], g[k], mm[k], vv[k], p.adam);
+      w[k] = adamw_update(w[k], g[k], mm[k], vv[k], adam);
     else
       w[k] = sgd_update(w[k], g[k], m != nullptr, mm[k], p.sgd);
   }
@@ -78,7 +87,8 @@ __device__ __forceinline__ void update(const OptimParams &p, void *value, const 
 }
 
 template <int VDT, int GDT, bool ADAM>
-__device__ __forceinline__ void run_chunk(const OptimParams &p, int t, int64_t begin, int64_t end) {
+__device__ __forceinline__ void run_chunk(const OptimParams &p, const AdamHyper &adam, int t,
+                                          int64_t begin, int64_t end) {
   void *value = p.value[t];
   const void *grad = p.grad[t];
   float *master = p.master[t], *m = p.m[t], *v = p.v[t];
@@ -87,28 +97,72 @@ __device__ __forceinline__ void run_chunk(const OptimParams &p, int t, int64_t b
     const int64_t vec_end = begin + (end - begin) / kVec * kVec;
     for (int64_t i = begin + static_cast<int64_t>(threadIdx.x) * kVec; i < vec_end;
          i += kThreads * kVec)
-      update<VDT, GDT, ADAM, kVec>(p, value, grad, master, m, v, i);
+      update<VDT, GDT, ADAM, kVec>(p, adam, value, grad, master, m, v, i);
     scalar_begin = vec_end;
   }
   for (int64_t i = scalar_begin + threadIdx.x; i < end; i += kThreads)
-    update<VDT, GDT, ADAM, 1>(p, value, grad, master, m, v, i);
+    update<VDT, GDT, ADAM, 1>(p, adam, value, grad, master, m, v, i);
+}
+
+/* (float)(1 - beta^t) as the host computes it (lk_adamw_step): pow in double, then rounded */
+__device__ __forceinline__ float bias_correction(float beta, int64_t t) {
+  return static_cast<float>(1.0 - pow(static_cast<double>(beta), static_cast<double>(t)));
+}
+
+/* AdamW's hyperparameters for this launch with the bias corrections of step t =
+ * *device_step + 1, and the counter advanced once per step, by the step's last launch, without a
+ * second launch:
+ * - thread 0 of every block reads *device_step and computes bc1, bc2 into shared memory; the
+ *   barrier makes them visible to the block's threads (and finishes the read);
+ * - then thread 0 fences (__threadfence: its read is complete before what follows is seen) and
+ *   counts its block in *arrivals. The block that draws gridDim.x - 1 is the last: every block
+ *   of the grid has read t by then, so it can store *device_step = t (nobody reads it again in
+ *   this launch) and zero *arrivals for the next launch. A later launch (stream order, or the
+ *   next replay of a graph) sees both stores.
+ * Launches of the same step before the last (more than kMaxTensors tensors) only read. The
+ * uniform branch and one barrier keep every thread of the block together. */
+__device__ __forceinline__ AdamHyper device_step(const OptimParams &p) {
+  __shared__ float bc[2];
+  int64_t t = 0;
+  if (threadIdx.x == 0) {
+    t = *static_cast<volatile const int64_t *>(p.device_step) + 1;
+    bc[0] = bias_correction(p.adam.b1, t);
+    bc[1] = bias_correction(p.adam.b2, t);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0 && p.advance) {
+    __threadfence();
+    if (atomicAdd(p.arrivals, 1u) == gridDim.x - 1) {
+      *p.device_step = t;
+      *p.arrivals = 0u;
+    }
+  }
+  AdamHyper h = p.adam;
+  h.bc1 = bc[0];
+  h.bc2 = bc[1];
+  return h;
 }
 
 template <bool ADAM>
 __global__ void __launch_bounds__(kThreads) optim_kernel(const __grid_constant__ OptimParams p) {
+  AdamHyper adam = p.adam;
+  if constexpr (ADAM) {
+    if (p.device_step) adam = device_step(p); /* uniform: the same for every block */
+  }
+  if (p.count == 0) return; /* a launch that only advances the counter */
   const int32_t b = static_cast<int32_t>(blockIdx.x);
   const int t = find_tensor(p.chunk_start, p.count, b);
   const int64_t begin = static_cast<int64_t>(b - p.chunk_start[t]) * kChunk;
   const int64_t end = imin<int64_t>(p.numel[t], begin + kChunk);
   const int vdt = p.value_dtype[t], gdt = p.grad_dtype[t];
   if (vdt == LUTRA_F32)
-    run_chunk<LUTRA_F32, LUTRA_F32, ADAM>(p, t, begin, end);
+    run_chunk<LUTRA_F32, LUTRA_F32, ADAM>(p, adam, t, begin, end);
   else if (vdt == LUTRA_BF16)
-    gdt == LUTRA_F32 ? run_chunk<LUTRA_BF16, LUTRA_F32, ADAM>(p, t, begin, end)
-                     : run_chunk<LUTRA_BF16, LUTRA_BF16, ADAM>(p, t, begin, end);
+    gdt == LUTRA_F32 ? run_chunk<LUTRA_BF16, LUTRA_F32, ADAM>(p, adam, t, begin, end)
+                     : run_chunk<LUTRA_BF16, LUTRA_BF16, ADAM>(p, adam, t, begin, end);
   else
-    gdt == LUTRA_F32 ? run_chunk<LUTRA_F16, LUTRA_F32, ADAM>(p, t, begin, end)
-                     : run_chunk<LUTRA_F16, LUTRA_F16, ADAM>(p, t, begin, end);
+    gdt == LUTRA_F32 ? run_chunk<LUTRA_F16, LUTRA_F32, ADAM>(p, adam, t, begin, end)
+                     : run_chunk<LUTRA_F16, LUTRA_F16, ADAM>(p, adam, t, begin, end);
 }
 
 size_t dtype_bytes(int dt) {
@@ -136,10 +190,14 @@ cudaError_t optim_launch(const lutra_optim_args *a, bool adam, bool need_m, Opti
                          cudaStream_t s) {
   int k = 0;
   int64_t chunks = 0;
-  auto flush = [&]() -> cudaError_t {
-    if (k == 0) return cudaSuccess;
+  /* last: the step's final launch, which advances a device step counter (one block when no
+   * tensor is left for it, so that the counter still advances once per step) */
+  auto flush = [&](bool last) -> cudaError_t {
+    if (k == 0 && !(last && p.device_step)) return cudaSuccess;
     p.count = k;
     p.chunk_start[k] = static_cast<int32_t>(chunks);
+    p.advance = last ? 1 : 0;
+    if (k == 0) chunks = 1;
     if (adam)
       optim_kernel<true><<<static_cast<unsigned>(chunks), kThreads, 0, s>>>(p);
     else
@@ -153,7 +211,7 @@ cudaError_t optim_launch(const lutra_optim_args *a, bool adam, bool need_m, Opti
     if (n == 0) continue;
     const int64_t c = cdiv<int64_t>(n, kChunk);
     if (k == kMaxTensors || chunks + c > kMaxChunksPerLaunch) {
-      const cudaError_t e = flush();
+      const cudaError_t e = flush(false);
       if (e != cudaSuccess) return e;
     }
     const int vdt = a->value_dtype[t], gdt = a->grad_dtype[t];
@@ -172,7 +230,7 @@ cudaError_t optim_launch(const lutra_optim_args *a, bool adam, bool need_m, Opti
     chunks += c;
     k++;
   }
-  return flush();
+  return flush(true);
 }
 
 } // namespace
@@ -189,9 +247,11 @@ extern "C" cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s) {
 
 extern "C" cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s) {
   if (!args_ok(a, true, true)) return cudaErrorInvalidValue;
-  if (a->step < 1 || !(a->beta1 >= 0.0f && a->beta1 < 1.0f && a->beta2 >= 0.0f && a->beta2 < 1.0f))
+  if (!(a->beta1 >= 0.0f && a->beta1 < 1.0f && a->beta2 >= 0.0f && a->beta2 < 1.0f))
     return cudaErrorInvalidValue;
-  if (a->count == 0) return cudaSuccess;
+  const bool counter = a->device_step != nullptr;
+  if (counter ? !a->arrivals : a->step < 1) return cudaErrorInvalidValue;
+  if (a->count == 0 && !counter) return cudaSuccess;
   OptimParams p;
   memset(&p, 0, sizeof p);
   const float lr = a->lr, wd = a->weight_decay, b1 = a->beta1, b2 = a->beta2;
@@ -201,8 +261,15 @@ extern "C" cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s) 
   p.adam.b2 = b2;
   p.adam.omb1 = 1.0f - b1;
   p.adam.omb2 = 1.0f - b2;
-  p.adam.bc1 = static_cast<float>(1.0 - pow(static_cast<double>(b1), static_cast<double>(a->step)));
-  p.adam.bc2 = static_cast<float>(1.0 - pow(static_cast<double>(b2), static_cast<double>(a->step)));
+  if (counter) {
+    p.device_step = a->device_step;
+    p.arrivals = a->arrivals;
+  } else {
+    p.adam.bc1 =
+        static_cast<float>(1.0 - pow(static_cast<double>(b1), static_cast<double>(a->step)));
+    p.adam.bc2 =
+        static_cast<float>(1.0 - pow(static_cast<double>(b2), static_cast<double>(a->step)));
+  }
   p.adam.eps = a->eps;
   return optim_launch(a, true, true, p, s);
 }

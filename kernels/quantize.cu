@@ -106,11 +106,33 @@ __global__ void __launch_bounds__(THREADS) k_amax(const void *x, int64_t n, floa
   commit_amax(thread_amax<DT, VEC>(x, n, thread_id(), thread_count()), amax);
 }
 
-/* ---- current scaling: scale from amax -------------------------------------------------------- */
+/* ---- current scaling: amax and scale in one launch ------------------------------------------- */
 
-__global__ void k_scale_from_amax(const float *amax, float fp8_max, int power_2_scale,
-                                  float epsilon, float *scale) {
-  *scale = scale_rule(*amax, fp8_max, power_2_scale, epsilon);
+/* *amax = max|x| (as memset 0 + k_amax), *scale = scale_rule(*amax), without a memset before and
+ * without a second launch after. The blocks max-accumulate into work[0] (an f32, zero on entry),
+ * then count themselves in work[1]: thread 0 of each block makes its atomic_fmax visible
+ * (__threadfence) before its atomicAdd on the counter, so the block that draws gridDim.x - 1 is
+ * the last to arrive and work[0] holds every block's maximum. That block takes the maximum
+ * (atomicExch leaves work[0] zero), writes amax and scale, and zeroes the counter: the next call
+ * finds both words zero again. With skip set nothing is touched (the flag is uniform, so whole
+ * blocks return before their barriers). */
+template <int DT, bool VEC>
+__global__ void __launch_bounds__(THREADS)
+    k_current_scale(const void *x, int64_t n, float fp8_max, int power_2_scale, float epsilon,
+                    float *amax, float *scale, uint32_t *work, const int32_t *skip) {
+  if (skip && *skip) return;
+  __shared__ float red[32];
+  const float m = block_max(thread_amax<DT, VEC>(x, n, thread_id(), thread_count()), red);
+  if (threadIdx.x != 0) return;
+  float *acc = reinterpret_cast<float *>(work);
+  if (m >= 0.0f) atomic_fmax(acc, m); /* nothing when the block saw only NaNs (or nothing) */
+  __threadfence();
+  if (atomicAdd(work + 1, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  const float a = bits_f32(atomicExch(work, 0u));
+  *amax = a;
+  *scale = scale_rule(a, fp8_max, power_2_scale, epsilon);
+  work[1] = 0u;
 }
 
 /* ---- per-tensor cast, rowwise output and/or amax --------------------------------------------- */
@@ -121,10 +143,12 @@ struct CastArgs {
   float *scale_inv, *col_scale_inv;
   const float *scale;
   float *amax;
+  const int32_t *skip; /* lutra_quant_args.skip */
   int64_t n;
 };
 
 template <int XD, int OD, bool VEC> __global__ void __launch_bounds__(THREADS) k_cast(CastArgs a) {
+  if (a.skip && *a.skip) return; /* uniform: before commit_amax's barriers */
   const float s = *a.scale;
   const int64_t tid = thread_id(), nt = thread_count();
   float m = -INFINITY;
@@ -399,11 +423,21 @@ extern "C" cudaError_t lk_amax(const void *x, int dtype, int64_t n, float *amax,
   });
 }
 
-extern "C" cudaError_t lk_scale_from_amax(const float *amax, float fp8_max, int power_2_scale,
-                                          float epsilon, float *scale, cudaStream_t s) {
-  if (!amax || !scale) return cudaErrorInvalidValue;
-  LKC_LAUNCH(k_scale_from_amax, 1, 1, 0, s, amax, fp8_max, power_2_scale, epsilon, scale);
-  return cudaGetLastError();
+extern "C" cudaError_t lk_current_scale(const void *x, int dtype, int64_t n, float fp8_max,
+                                        int power_2_scale, float epsilon, float *amax, float *scale,
+                                        uint32_t *work, const int32_t *skip, cudaStream_t s) {
+  if (!is_float_dtype(dtype) || !amax || !scale || !work || n < 0 || (n > 0 && !x))
+    return cudaErrorInvalidValue;
+  /* n == 0 still launches (one block): amax 0 and its scale are written */
+  const bool vec = aligned16(x);
+  return with_float_dtype(dtype, [&](auto d) {
+    return with_bool(vec, [&](auto v) {
+      constexpr auto K = k_current_scale<decltype(d)::value, decltype(v)::value>;
+      LKC_LAUNCH(K, persistent_grid<K>(flat_blocks(n, vec), THREADS, 0), THREADS, 0, s, x, n,
+                 fp8_max, power_2_scale, epsilon, amax, scale, work, skip);
+      return cudaGetLastError();
+    });
+  });
 }
 
 extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
@@ -422,6 +456,7 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
   c.col_scale_inv = static_cast<float *>(a->col_scale_inv);
   c.scale = a->scale;
   c.amax = a->amax;
+  c.skip = a->skip;
   /* the CPU reads x only for rowwise data or an amax; scale_inv is written even when empty */
   c.n = (c.data || c.amax) ? n : 0;
   if (c.n == 0 && !c.scale_inv && !c.col_scale_inv) return cudaSuccess;

@@ -45,6 +45,9 @@ struct TileArgs {
   /* block scaling */
   float fp8_max, eps;
   int power_2_scale;
+  /* lutra_quant_args.skip: when set and nonzero, every block returns at once (the flag is the
+   * same for all threads, so no barrier is left waiting) and nothing is written */
+  const int32_t *skip;
 };
 
 /* the 16 values of row r from column c (zeros outside the matrix) */
@@ -213,6 +216,7 @@ __device__ __forceinline__ void transpose4x4(const uint32_t (&w)[4], uint32_t (&
  * t & 63, rows 32 (t >> 6) .. + 31. */
 template <int XD, int OD, int MODE, bool VEC>
 __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64(TileArgs a) {
+  if (a.skip && *a.skip) return;
   float *sm = reinterpret_cast<float *>(dyn_smem());
   uint8_t *tb = dyn_smem() + 64 * T64_LD * 4; /* [64][64] transposed codes, swizzled */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -415,6 +419,7 @@ constexpr int T128_SMEM = (128 * T128_LD + 2 * 4 * 128) * 4;
  * a 1x128 block of the transpose spans 4 warps, which combine their amaxes in shared memory. */
 template <int XD, int OD, int DIM, bool VEC>
 __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
+  if (a.skip && *a.skip) return;
   float *sm = reinterpret_cast<float *>(dyn_smem());
   float *col_red = sm + 128 * T128_LD; /* [2][4][128]: partial column amaxes */
   __shared__ float red[32];
@@ -540,6 +545,7 @@ TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
   a.tiles_r = (q->rows + tile - 1) / tile;
   a.tiles_c = (q->cols + tile - 1) / tile;
   a.ntiles = a.tiles_r * a.tiles_c;
+  a.skip = q->skip;
   return a;
 }
 
@@ -590,7 +596,7 @@ cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode
   cudaError_t e = launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
   if (e != cudaSuccess || !q->dbias) return e;
   return lk_dbias_reduce(a.dbias_partial, a.tiles_r, q->cols, q->dbias, q->dbias_dtype,
-                         q->dbias_accumulate, s);
+                         q->dbias_accumulate, q->skip, s);
 }
 
 } // namespace

@@ -7,7 +7,16 @@
 #endif
 
 const lutra_backend *lutra_backend_get(int device, const char *fn) {
-  if (device == LUTRA_CPU) return &lutra_cpu_backend;
+  if (device == LUTRA_CPU) {
+    /* CPU work runs now, not when a graph is replayed: it cannot be part of one */
+    if (lutra_capture_active) {
+      lutra_error(LUTRA_ESTATE, fn,
+                  "work on the cpu device while capturing a CUDA graph (it would run once, now, "
+                  "not at each replay): keep every tensor and module of the step on cuda");
+      return NULL;
+    }
+    return &lutra_cpu_backend;
+  }
   if (device == LUTRA_CUDA) {
 #ifdef LUTRA_WITH_CUDA
     return lutra_cuda_backend(fn);

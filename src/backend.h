@@ -51,6 +51,11 @@ typedef struct lutra_quant_args {
   int32_t dbias_dtype;
   int32_t dbias_accumulate;
   float *dbias_scratch;
+  /* TransformerEngine's noop flag: when not NULL and *skip != 0 at the time the work runs, the
+   * quantization writes nothing at all (codes, scales, scale_inv, amax, dbias). Backend memory,
+   * read by every kernel of the quantization on the device (so a CUDA graph can be replayed with
+   * a different value); the CPU reads it directly. */
+  const int32_t *skip;
 } lutra_quant_args;
 
 /* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
@@ -135,6 +140,12 @@ typedef struct lutra_optim_args {
   int64_t *numel;
   float lr, momentum, weight_decay, beta1, beta2, eps;
   int64_t step; /* AdamW: 1-based step for bias correction */
+  /* AdamW on a device (NULL on the CPU, which uses step): the number of steps taken, in backend
+   * memory owned by the optimizer (zeroed at creation). The step's kernel reads
+   * t = *device_step + 1 and advances the counter itself, so that a replayed CUDA graph takes
+   * step t + 1 next; arrivals is that kernel's block counter (zero between launches). */
+  int64_t *device_step;
+  uint32_t *arrivals;
 } lutra_optim_args;
 
 typedef struct lutra_backend {
@@ -153,9 +164,14 @@ typedef struct lutra_backend {
   int (*fill)(void *dst, int dtype, int64_t n, float value);
   /* *amax = max(*amax, max|x|); NaNs are ignored as fmaxf does */
   int (*amax)(const void *x, int dtype, int64_t n, float *amax);
-  /* current scaling: *scale from *amax (TransformerEngine's compute_scale_from_amax) */
-  int (*scale_from_amax)(const float *amax, float fp8_max, int power_2_scale, float epsilon,
-                         float *scale);
+  /* current scaling's amax and scale in one call: *amax = max|x| over n elements (NaNs
+   * ignored; 0 when n == 0), *scale from it (TransformerEngine's compute_scale_from_amax).
+   * work: 2 words of backend memory that are zero on entry and left zero (CUDA: the blocks'
+   * shared maximum and arrival count; the last block to arrive writes *amax and *scale and
+   * clears them), so no memset precedes it. Writes nothing at all when skip && *skip. */
+  int (*current_scale)(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
+                       float epsilon, float *amax, float *scale, uint32_t *work,
+                       const int32_t *skip);
   int (*cast)(const lutra_quant_args *a);           /* per-tensor scaling */
   int (*quantize_mxfp8)(const lutra_quant_args *a); /* 1x32 E8M0 blocks */
   int (*quantize_block)(const lutra_quant_args *a); /* 1x128 or 128x128 f32 blocks */
@@ -181,6 +197,14 @@ typedef struct lutra_backend {
   int (*adamw_step)(const lutra_optim_args *a);
   /* waits for the device's queued work (NULL: nothing is ever queued) */
   int (*synchronize)(void);
+
+  /* CUDA graphs (NULL where the backend has none): capture the work this thread issues on the
+   * backend's stream, instantiate it (*nodes: the graph's node count), launch, destroy. */
+  int (*capture_begin)(void);
+  int (*capture_end)(void **exec, int64_t *nodes);
+  void (*capture_abort)(void);
+  int (*graph_launch)(void *exec);
+  void (*graph_destroy)(void *exec);
 } lutra_backend;
 
 /* The backend for a device, or NULL with the error set (names the calling function). */

@@ -83,6 +83,10 @@ static int plan_for(const lutra_backend *be, const lutra_gemm_key *k, const lutr
     *out = p;
     return LUTRA_OK;
   }
+  CHECK_STATE(!lutra_capture_active,
+              "a GEMM of a new shape (%lldx%lldx%lld) while capturing a CUDA graph: run the step "
+              "once eagerly with the same shapes before capturing",
+              (long long)k->m, (long long)k->n, (long long)k->k);
   TRY(cache_grow(c, fn));
   p = calloc(1, sizeof *p);
   if (!p) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");

@@ -57,7 +57,8 @@ enum {
   LUTRA_MAGIC_QUANTIZER = 0x4c51554eu,
   LUTRA_MAGIC_MODULE = 0x4c4d4f44u,
   LUTRA_MAGIC_LOSS = 0x4c4c4f53u,
-  LUTRA_MAGIC_OPTIM = 0x4c4f5054u
+  LUTRA_MAGIC_OPTIM = 0x4c4f5054u,
+  LUTRA_MAGIC_GRAPH = 0x4c475248u
 };
 
 /* LUTRA_OK when obj is a live object of the given magic; else an error naming fn and what. */
@@ -150,11 +151,24 @@ void lutra_quantizer_destroy(lutra_quantizer *q);
 int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
                                 const char *fn);
 /* Calibration: a delayed quantizer records max|x| without quantizing. */
+/* CUDA graph capture in progress on this thread (src/capture_state.c; set by src/graph.c):
+ * allocations, host transfers, synchronizations and CPU-backend work refuse while it is. */
+extern _Thread_local bool lutra_capture_active;
+bool lutra_capturing(void);
+
 /* lutra_quantize_run that also writes the bias gradient of x into dbias (see lutra_quant_args) */
 int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn);
 int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn);
+/* lutra_quantize_dbias_run governed by a skip flag (lutra_quant_args.skip; NULL: never skip) */
+int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                            lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
+                            lutra_tensor **out, const char *fn);
+/* The device's "skip weight update" flag (src/graph_state.c): backend memory, allocated (zero) at
+ * first use, which must not be inside a CUDA graph capture. *host_value: the value the host last
+ * set with lutra_set_skip_weight_update (what the flag holds when work queued now runs). */
+int lutra_skip_weight_flag(int device, const int32_t **flag, bool *host_value, const char *fn);
 
 /* Autocast internals (autocast.c): the calling thread's state. */
 typedef struct lutra_tls_state {

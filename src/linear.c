@@ -89,11 +89,23 @@ static int note_forward(lutra_quantizer *q, const linear *l, const char *fn) {
 static int forward_fp8(linear *l, const lutra_tensor *x, int first_microbatch,
                        const lutra_gemm_epilogue *epi, const char *fn) {
   lutra_quantizer *qi = l->q[LUTRA_ROLE_INPUT], *qw = l->q[LUTRA_ROLE_WEIGHT];
+  /* DEVICE: the weight is quantized on every call, skipped on the device while the
+   * skip-weight-update flag is set: the weight quantizer's output then keeps the codes of its
+   * last quantization. Delayed scaling notes the meta either way (a skipped cast records no
+   * amax: the update rolls a zero into the history, as for a step without this weight). */
+  const int32_t *skip = NULL;
+  if (first_microbatch == LUTRA_FIRST_MICROBATCH_DEVICE) {
+    bool host_skip;
+    TRY(lutra_skip_weight_flag(l->device, &skip, &host_skip, fn));
+    CHECK_STATE(l->weight_cached || !host_skip,
+                "the skip-weight-update flag is set but this Linear has no quantized weight yet "
+                "(first FP8 forward, or the recipe changed): run it with the flag 0 first");
+  }
   TRY(lutra_quantize_run(qi, x, true, &l->xq, fn));
   TRY(note_forward(qi, l, fn));
   bool reuse = first_microbatch == 0 && l->weight_cached;
   if (!reuse) {
-    TRY(lutra_quantize_run(qw, l->weight, true, &l->wq, fn));
+    TRY(lutra_quantize_skip_run(qw, l->weight, true, NULL, false, skip, &l->wq, fn));
     TRY(note_forward(qw, l, fn));
     l->weight_cached = true;
   }

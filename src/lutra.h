@@ -261,6 +261,16 @@ LUTRA_API int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_te
  * writes a columnwise copy (TransformerEngine's quantize_dbias for grad_output). */
 LUTRA_API int lutra_quantize_dbias(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor *dbias,
                                    int accumulate, lutra_tensor **out);
+/* lutra_quantize_dbias (dbias NULL: lutra_quantize) under a skip flag, TransformerEngine's noop
+ * flag: skip is an i32 tensor of one element on the quantizer's device (NULL: never skip). When
+ * it holds a nonzero value at the time the work runs (on CUDA: when the kernels run, so device
+ * work queued before, or a change between replays of a CUDA graph, counts), the quantization
+ * writes nothing at all: the output keeps its codes, scale_inv and amax, the quantizer its scale
+ * and amax history, dbias its values. The output is reallocated (and then left unwritten) when
+ * x's shape differs from the last call's. */
+LUTRA_API int lutra_quantize_skip(lutra_quantizer *q, const lutra_tensor *x,
+                                  const lutra_tensor *skip, lutra_tensor *dbias, int accumulate,
+                                  lutra_tensor **out);
 /* Delayed scaling: roll this quantizer's amax history and update its scale (one backend call). */
 LUTRA_API int lutra_quantizer_update(lutra_quantizer *q);
 /* Delayed/current scaling state, copied to the host. history may be NULL. */
@@ -327,10 +337,36 @@ LUTRA_API int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tenso
 /* Plans (one per shape/dtype/layout/epilogue) and workspace bytes held by the caches. */
 LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
 
+/* ---- CUDA graphs --------------------------------------------------------------------------- */
+/* Capture everything this thread issues on lutra's CUDA stream between begin and end into one
+ * graph; lutra_graph_replay runs it again with one launch. Run the step once eagerly first: a
+ * capture refuses (with an error, ending nothing) allocations (first use of a shape, a shape
+ * change), host transfers and synchronizations (e.g. reading a loss), and cpu-device work; after
+ * an error inside a capture call lutra_graph_abort. The graph holds the device addresses of the
+ * buffers the step used: keep those tensors, modules, quantizers and optimizers alive and their
+ * shapes unchanged while replaying; copy new inputs into the captured input tensors. */
+typedef struct lutra_graph lutra_graph;
+LUTRA_API int lutra_graph_begin(int device);
+LUTRA_API int lutra_graph_end(lutra_graph **out);
+/* Ends a capture in progress and discards it (no-op when none is). */
+LUTRA_API int lutra_graph_abort(void);
+LUTRA_API int lutra_graph_capturing(void);
+LUTRA_API int lutra_graph_replay(lutra_graph *g);
+/* nodes: kernels, copies and memsets in the graph; replays: lutra_graph_replay calls so far */
+LUTRA_API int lutra_graph_info(const lutra_graph *g, int64_t *nodes, int64_t *replays);
+LUTRA_API int lutra_graph_release(lutra_graph *g);
+LUTRA_API int lutra_graph_free(lutra_graph *g);
+
 /* ---- modules ----------------------------------------------------------------------------- */
 typedef struct lutra_module lutra_module;
 
-enum { LUTRA_FIRST_MICROBATCH_NONE = -1 };
+/* is_first_microbatch of lutra_module_forward. DEVICE: the weight is quantized on every call,
+ * under the device's skip-weight-update flag (lutra_set_skip_weight_update), which the
+ * quantization reads when it runs: 0 quantizes (and caches), 1 keeps the FP8 weight of the last
+ * quantization. For CUDA graphs of gradient accumulation, where the host cannot choose between
+ * 1 and 0 per replay. The first forward of a Linear (and the first after a recipe change) must
+ * quantize: it is refused while the flag is set from the host. */
+enum { LUTRA_FIRST_MICROBATCH_NONE = -1, LUTRA_FIRST_MICROBATCH_DEVICE = 2 };
 
 typedef struct lutra_linear_desc {
   int64_t in_features;
@@ -354,7 +390,8 @@ LUTRA_API int lutra_sequential_fusions(const lutra_module *m, int *forward, int 
 LUTRA_API int lutra_module_free(lutra_module *m);
 LUTRA_API int lutra_module_release(lutra_module *m);
 LUTRA_API const char *lutra_module_kind(const lutra_module *m);
-/* is_first_microbatch: -1 (always quantize weights), 1 (quantize and cache), 0 (reuse). */
+/* is_first_microbatch: -1 (always quantize weights), 1 (quantize and cache), 0 (reuse), 2
+ * (LUTRA_FIRST_MICROBATCH_DEVICE: quantize unless the device's skip-weight-update flag is set). */
 LUTRA_API int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
                                    lutra_tensor **y);
 LUTRA_API int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
@@ -367,6 +404,12 @@ typedef struct lutra_param {
 LUTRA_API int lutra_module_num_params(const lutra_module *m, int *n);
 LUTRA_API int lutra_module_param(const lutra_module *m, int i, lutra_param *out);
 LUTRA_API int lutra_module_zero_grad(lutra_module *m);
+/* The device's skip-weight-update flag (TransformerEngine's skip_fp8_weight_update), read by
+ * forwards with is_first_microbatch LUTRA_FIRST_MICROBATCH_DEVICE: nonzero skips their weight
+ * quantization. It lives in device memory (zero at first use) and is set in stream order (work
+ * queued before sees the old value, work and graph replays queued after the new one), without
+ * synchronizing. Refused while this thread captures a CUDA graph: set it between replays. */
+LUTRA_API int lutra_set_skip_weight_update(int device, int skip);
 /* Linear only: the quantizer a role used in the last forward/backward, or NULL. */
 LUTRA_API int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **out);
 
@@ -401,6 +444,9 @@ LUTRA_API void lutra_optim_defaults(int kind, lutra_optim_desc *d);
 LUTRA_API int lutra_optim_new(const lutra_optim_desc *d, lutra_module *m, lutra_optim **out);
 LUTRA_API int lutra_optim_free(lutra_optim *o);
 LUTRA_API int lutra_optim_release(lutra_optim *o);
+/* AdamW on cuda keeps its step count (bias correction) in device memory and its kernel advances
+ * it, so a CUDA graph that captured a step takes the next step at every replay; lr, betas, eps
+ * and weight decay are captured by value (lutra_optim_set_lr does not reach a captured step). */
 LUTRA_API int lutra_optim_step(lutra_optim *o);
 LUTRA_API int lutra_optim_set_lr(lutra_optim *o, float lr);
 

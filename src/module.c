@@ -37,8 +37,8 @@ int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_mi
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(x, fn, "input"));
   CHECK_ARG(y, "y is NULL");
-  CHECK_ARG(is_first_microbatch >= -1 && is_first_microbatch <= 1,
-            "is_first_microbatch must be -1 (none), 0 or 1");
+  CHECK_ARG(is_first_microbatch >= -1 && is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
+            "is_first_microbatch must be -1 (none), 0, 1 or 2 (device flag)");
   return m->ops->forward(m, x, is_first_microbatch, y);
 }
 

@@ -1,5 +1,12 @@
 /* Optimizers: the parameter list, master weights and moments are gathered once at creation,
- * so a step is one backend call over all tensors with no lookups. */
+ * so a step is one backend call over all tensors with no lookups.
+ *
+ * AdamW's step count: args.step on the host (the CPU's bias corrections read it), and for a
+ * device backend also a counter in device memory (args.device_step) that the step's kernel reads
+ * and advances itself, so that a CUDA graph which captured a step takes the next step at every
+ * replay. Eagerly both advance together; a capture advances only the host count (the captured
+ * kernel runs at replays), so the host count is a count of step calls, the device one of steps
+ * run. */
 #include "internal.h"
 
 #include <math.h>
@@ -12,7 +19,7 @@ struct lutra_optim {
   lutra_module *module; /* retained: the parameters live in it */
   const lutra_backend *be;
   lutra_optim_args args;
-  void **buffers; /* backend allocations behind master, m, v */
+  void **buffers; /* backend allocations behind master, m, v and the device step counter */
   int nbuffers;
 };
 
@@ -82,7 +89,7 @@ static int gather(lutra_optim *o, int count, const char *fn) {
   a->m = calloc((size_t)count, sizeof *a->m);
   a->v = calloc((size_t)count, sizeof *a->v);
   a->numel = calloc((size_t)count, sizeof *a->numel);
-  o->buffers = calloc((size_t)count * 3, sizeof *o->buffers);
+  o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
   if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !a->m || !a->v ||
       !a->numel || !o->buffers)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
@@ -101,6 +108,13 @@ static int gather(lutra_optim *o, int count, const char *fn) {
       TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
     if (adamw || o->desc.momentum != 0) TRY(state_buffer(o, p.value->numel, NULL, &a->m[i], fn));
     if (adamw) TRY(state_buffer(o, p.value->numel, NULL, &a->v[i], fn));
+  }
+  if (adamw && o->be->device != LUTRA_CPU) {
+    /* zeroed: 0 steps taken, no block arrived (int64 step | uint32 arrivals | pad) */
+    float *counter;
+    TRY(state_buffer(o, 4, NULL, &counter, fn));
+    a->device_step = (int64_t *)counter;
+    a->arrivals = (uint32_t *)(counter + 2);
   }
   return LUTRA_OK;
 }

@@ -15,7 +15,8 @@ struct lutra_quantizer {
   const lutra_backend *be;
   lutra_scale_meta meta; /* delayed scaling; current scaling uses meta.scale and amax */
   float *amax;           /* current scaling: this call's amax */
-  void *state;           /* one backend allocation behind meta and amax */
+  uint32_t *work;        /* current scaling: 2 words, zero between calls (current_scale) */
+  void *state;           /* one backend allocation behind meta, amax and work */
   lutra_tensor *out;
 };
 
@@ -35,7 +36,9 @@ static int scaling_of(int kind) {
   }
 }
 
-/* State layout, each slot 16-byte aligned for cuBLASLt: scale | scale_inv | amax | history. */
+/* State layout, each slot 16-byte aligned for cuBLASLt: scale | scale_inv | amax | history. The
+ * amax slot's words 1 and 2 are current scaling's work words (zeroed here, left zero by every
+ * current_scale call). */
 enum { SLOT = 4 };
 
 int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int columnwise, int device,
@@ -72,6 +75,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   q->meta.scale = f;
   q->meta.scale_inv = f + SLOT;
   q->amax = f + 2 * SLOT;
+  q->work = (uint32_t *)(f + 2 * SLOT + 1);
   q->meta.amax_history = hist ? f + 3 * SLOT : NULL;
   q->meta.history_len = hist;
   q->meta.amax_compute_algo = s->amax_compute_algo;
@@ -105,9 +109,10 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
   return LUTRA_OK;
 }
 
+/* skip: lutra_quant_args.skip, passed to every backend call of the quantization */
 static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                         lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
-                         const char *fn) {
+                         lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
+                         lutra_tensor **out, const char *fn) {
   const lutra_quantizer_spec *s = &q->spec;
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
   TRY(lutra_quantizer_check_input(s, x, fn));
@@ -138,6 +143,7 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_
       .dbias = dbias ? dbias->data : NULL,
       .dbias_dtype = dbias ? dbias->dtype : 0,
       .dbias_accumulate = dbias_accumulate,
+      .skip = skip,
   };
   const lutra_backend *be = q->be;
   switch (s->kind) {
@@ -148,10 +154,9 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_
     TRY(be->cast(&a));
     break;
   case LUTRA_QUANT_CURRENT:
-    TRY(be->memset(q->amax, 0, sizeof(float)));
-    TRY(be->amax(x->data, x->dtype, x->numel, q->amax));
-    TRY(be->scale_from_amax(q->amax, q->meta.fp8_max, s->power_2_scale, s->amax_epsilon,
-                            q->meta.scale));
+    /* amax and scale in one backend call (one launch on CUDA, no memset: see current_scale) */
+    TRY(be->current_scale(x->data, x->dtype, x->numel, q->meta.fp8_max, s->power_2_scale,
+                          s->amax_epsilon, q->amax, q->meta.scale, q->work, skip));
     a.scale = q->meta.scale;
     o->amax = q->amax;
     TRY(be->cast(&a));
@@ -171,7 +176,16 @@ int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool rec
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn) {
   RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, record_amax, dbias, dbias_accumulate, out, fn);
+  int st = quantize_impl(q, x, record_amax, dbias, dbias_accumulate, NULL, out, fn);
+  RANGE_POP();
+  return st;
+}
+
+int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
+                            lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
+                            lutra_tensor **out, const char *fn) {
+  RANGE_PUSH("lutra.quantize");
+  int st = quantize_impl(q, x, record_amax, dbias, dbias_accumulate, skip, out, fn);
   RANGE_POP();
   return st;
 }
@@ -242,6 +256,25 @@ int lutra_quantize_dbias(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor
   TRY(lutra_check_tensor(dbias, fn, "dbias"));
   CHECK_ARG(out, "out is NULL");
   return lutra_quantize_dbias_run(q, x, true, dbias, accumulate != 0, out, fn);
+}
+
+int lutra_quantize_skip(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *skip,
+                        lutra_tensor *dbias, int accumulate, lutra_tensor **out) {
+  static const char fn[] = "lutra_quantize_skip";
+  TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
+  TRY(lutra_check_tensor(x, fn, "x"));
+  if (dbias) TRY(lutra_check_tensor(dbias, fn, "dbias"));
+  CHECK_ARG(out, "out is NULL");
+  const int32_t *flag = NULL;
+  if (skip) {
+    TRY(lutra_check_tensor(skip, fn, "skip"));
+    CHECK_ARG(skip->dtype == LUTRA_I32 && skip->numel == 1,
+              "skip must be an i32 tensor of one element (got %s, %lld elements)",
+              lutra_dtype_name(skip->dtype), (long long)skip->numel);
+    CHECK_ARG(skip->device == q->device, "skip is on another device than the quantizer");
+    flag = skip->data;
+  }
+  return lutra_quantize_skip_run(q, x, true, dbias, accumulate != 0, flag, out, fn);
 }
 
 static int check_delayed(const lutra_quantizer *q, const char *fn) {

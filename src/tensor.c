@@ -77,6 +77,14 @@ int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, in
   t->refs = 1;
   int64_t rows = lutra_rows(t), cols = lutra_cols(t);
   size_t ssize = scale_elem_size(scaling);
+  if (lutra_capture_active) {
+    lutra_tensor_destroy(t);
+    return lutra_error(LUTRA_ESTATE, fn,
+                       "a %lld-element %s buffer would be allocated while capturing a CUDA graph "
+                       "(a first use or a shape change): run the step once eagerly with the same "
+                       "shapes before capturing",
+                       (long long)numel, lutra_dtype_name(dtype));
+  }
   int st = LUTRA_OK;
   if (rowwise) st = be->alloc((size_t)numel * esize, &t->data);
   if (st == LUTRA_OK && columnwise) st = be->alloc((size_t)numel * esize, &t->col_data);

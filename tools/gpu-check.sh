@@ -44,6 +44,11 @@ if has example; then
     LUTRA_DEVICE=cuda luajit examples/train_mlp.lua --recipe $r --steps 300 --every 100 > "$OUT/example-$r.log" 2>&1
     note "example $r: exit $? $(tail -1 "$OUT/example-$r.log")"
   done
+  for r in none delayed; do
+    LUTRA_DEVICE=cuda luajit examples/train_mlp.lua --recipe $r --steps 300 --every 100 --graph on \
+      > "$OUT/example-graph-$r.log" 2>&1
+    note "example $r as a CUDA graph: exit $? $(tail -1 "$OUT/example-graph-$r.log")"
+  done
   LUTRA_NVTX=1 LUTRA_DEVICE=cuda luajit examples/train_mlp.lua --recipe delayed --steps 300 --every 100 \
     > "$OUT/example-nvtx.log" 2>&1
   note "example delayed with LUTRA_NVTX=1: exit $? $(tail -1 "$OUT/example-nvtx.log")"

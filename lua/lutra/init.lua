@@ -18,6 +18,7 @@ local M = {
   dequantize = quantizer.dequantize,
   nn = require("lutra.nn"),
   optim = require("lutra.optim"),
+  graph = require("lutra.graph"),
   default_device = core.default_device_name,
   now = core.now, -- monotonic wall clock in seconds
 }
@@ -76,6 +77,17 @@ end
 -- CUDA: run lutra's work on this cudaStream_t (a cdata pointer; nil: lutra's own stream).
 function M.cuda_set_stream(stream)
   core.check(C.lutra_cuda_set_stream(stream))
+end
+
+-- lutra.set_skip_weight_update(device, skip): the device's skip-weight-update flag, which
+-- forwards with is_first_microbatch "device" read when they run (true: keep the FP8 weights of
+-- the last quantization). Stream-ordered, no synchronization; refused inside a graph capture.
+function M.set_skip_weight_update(device, skip)
+  if type(skip) ~= "boolean" then
+    error("lutra.set_skip_weight_update: skip must be a boolean", 2)
+  end
+  core.check(C.lutra_set_skip_weight_update(core.device(device, "lutra.set_skip_weight_update"),
+                                            skip and 1 or 0))
 end
 
 -- true when LUTRA_NVTX=1 was set when the library loaded (NVTX ranges are emitted)

@@ -48,10 +48,21 @@ function M.Sequential(...)
   return own(module_box[0])
 end
 
--- is_first_microbatch: nil (always quantize weights), true (quantize and cache), false (reuse)
+-- is_first_microbatch: nil (always quantize weights), true (quantize and cache), false (reuse),
+-- "device" (quantize unless the device's skip-weight-update flag is set when the work runs:
+-- lutra.set_skip_weight_update; for CUDA graphs of gradient accumulation)
 function Module:forward(x, is_first_microbatch)
   local flag = -1
-  if is_first_microbatch == true then flag = 1 elseif is_first_microbatch == false then flag = 0 end
+  if is_first_microbatch == true then
+    flag = 1
+  elseif is_first_microbatch == false then
+    flag = 0
+  elseif is_first_microbatch == "device" then
+    flag = C.LUTRA_FIRST_MICROBATCH_DEVICE
+  elseif is_first_microbatch ~= nil then
+    error("module:forward: is_first_microbatch must be nil, true, false or \"device\" (got "
+          .. tostring(is_first_microbatch) .. ")", 2)
+  end
   if C.lutra_module_forward(self, x, flag, core.tensor_box) ~= 0 then core.fail() end
   return core.tensor_box[0]
 end

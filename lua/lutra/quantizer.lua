@@ -36,6 +36,16 @@ function Quantizer:quantize_dbias(x, dbias, accumulate)
   return core.tensor_box[0]
 end
 
+-- quantize x unless skip (an i32 tensor of one element on q's device) is nonzero when the work
+-- runs: then nothing is written (codes, scales, amax, history, dbias keep their values).
+-- dbias (optional): as quantize_dbias.
+function Quantizer:quantize_skip(x, skip, dbias, accumulate)
+  if C.lutra_quantize_skip(self, x, skip, dbias, accumulate and 1 or 0, core.tensor_box) ~= 0 then
+    core.fail()
+  end
+  return core.tensor_box[0]
+end
+
 function Quantizer:update() check(C.lutra_quantizer_update(self)) end
 
 function Quantizer:scale()

@@ -2,9 +2,10 @@
 #include "cpu.h"
 
 /* The quantizers with their bias gradient (lutra_quant_args.dbias): on the CPU the two are one
- * call but two passes; the sum runs in double as lutra_cpu_bias_grad's. */
+ * call but two passes; the sum runs in double as lutra_cpu_bias_grad's. A set skip flag skips
+ * both. */
 static int with_dbias(int st, const lutra_quant_args *a) {
-  if (st != LUTRA_OK || !a->dbias) return st;
+  if (st != LUTRA_OK || !a->dbias || (a->skip && *a->skip)) return st;
   return lutra_cpu_bias_grad(a->x, a->x_dtype, a->rows, a->cols, a->dbias, a->dbias_dtype,
                              a->dbias_accumulate);
 }
@@ -30,7 +31,7 @@ const lutra_backend lutra_cpu_backend = {
     .convert = lutra_cpu_convert,
     .fill = lutra_cpu_fill,
     .amax = lutra_cpu_amax,
-    .scale_from_amax = lutra_cpu_scale_from_amax,
+    .current_scale = lutra_cpu_current_scale,
     .cast = cpu_cast,
     .quantize_mxfp8 = cpu_quantize_mxfp8,
     .quantize_block = cpu_quantize_block,

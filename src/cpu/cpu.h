@@ -19,8 +19,9 @@ int lutra_cpu_memset(void *dst, int value, size_t bytes);
 int lutra_cpu_convert(const void *src, int src_dtype, void *dst, int dst_dtype, int64_t n);
 int lutra_cpu_fill(void *dst, int dtype, int64_t n, float value);
 int lutra_cpu_amax(const void *x, int dtype, int64_t n, float *amax);
-int lutra_cpu_scale_from_amax(const float *amax, float fp8_max, int power_2_scale, float epsilon,
-                              float *scale);
+int lutra_cpu_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
+                            float epsilon, float *amax, float *scale, uint32_t *work,
+                            const int32_t *skip);
 int lutra_cpu_cast(const lutra_quant_args *a);
 int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a);
 int lutra_cpu_quantize_block(const lutra_quant_args *a);

@@ -47,6 +47,11 @@ static inline float scale_rule(float amax, float fp8_max, int power_2_scale, flo
   return scale;
 }
 
+/* lutra_quant_args.skip: on the CPU the flag is host memory, read when the call runs */
+static inline bool skipped(const int32_t *skip) {
+  return skip && *skip != 0;
+}
+
 static int check_quant(const lutra_quant_args *a, const char *fn) {
   if (!a) return lutra_error(LUTRA_EINVAL, fn, "arguments are NULL");
   if (!lutra_dtype_is_float(a->x_dtype))
@@ -150,11 +155,16 @@ int lutra_cpu_amax(const void *x, int dtype, int64_t n, float *amax) {
   return LUTRA_OK;
 }
 
-int lutra_cpu_scale_from_amax(const float *amax, float fp8_max, int power_2_scale, float epsilon,
-                              float *scale) {
-  static const char fn[] = "lutra_cpu_scale_from_amax";
-  CHECK_ARG(amax && scale, "amax and scale must not be NULL");
-  *scale = scale_rule(*amax, fp8_max, power_2_scale, epsilon);
+int lutra_cpu_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
+                            float epsilon, float *amax, float *scale, uint32_t *work,
+                            const int32_t *skip) {
+  static const char fn[] = "lutra_cpu_current_scale";
+  CHECK_ARG(amax && scale && work, "amax, scale and work must not be NULL");
+  if (skipped(skip)) return LUTRA_OK;
+  float m = 0.0f; /* work is the CUDA kernels' scratch: nothing to keep here */
+  TRY(lutra_cpu_amax(x, dtype, n, &m));
+  *amax = m;
+  *scale = scale_rule(m, fp8_max, power_2_scale, epsilon);
   return LUTRA_OK;
 }
 
@@ -164,6 +174,7 @@ int lutra_cpu_cast(const lutra_quant_args *a) {
   static const char fn[] = "lutra_cpu_cast";
   TRY(check_quant(a, fn));
   CHECK_ARG(a->scale, "scale is NULL");
+  if (skipped(a->skip)) return LUTRA_OK;
   const float s = *a->scale;
   const int64_t rows = a->rows, cols = a->cols;
   const int xd = a->x_dtype, od = a->out_dtype;
@@ -228,6 +239,7 @@ int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a) {
   const bool row_out = a->data && a->scale_inv, col_out = a->col_data && a->col_scale_inv;
   CHECK_ARG(!row_out || cols % MX_BLOCK == 0, "cols %lld is not a multiple of 32", (long long)cols);
   CHECK_ARG(!col_out || rows % MX_BLOCK == 0, "rows %lld is not a multiple of 32", (long long)rows);
+  if (skipped(a->skip)) return LUTRA_OK;
   float v[MX_BLOCK];
 
   if (row_out) {
@@ -274,6 +286,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
   const float eps = a->amax_epsilon;
   const bool row_out = a->data && a->scale_inv, col_out = a->col_data && a->col_scale_inv;
   const int64_t rb = ceil_div(rows, FP8_BLOCK), cb = ceil_div(cols, FP8_BLOCK);
+  if (skipped(a->skip)) return LUTRA_OK;
   float v[FP8_BLOCK];
 
   if (a->block_dim == 1) {

@@ -105,7 +105,17 @@ int lutra_cuda_use_stream(void *stream) {
 
 /* ---- memory ---------------------------------------------------------------------------- */
 
+/* Calls a CUDA graph cannot contain: refused while this thread captures one. */
+static int refuse_in_capture(const char *fn, const char *what) {
+  if (!lutra_capture_active) return LUTRA_OK;
+  return lutra_error(LUTRA_ESTATE, fn,
+                     "%s while capturing a CUDA graph: do it before lutra_graph_begin or after "
+                     "lutra_graph_end",
+                     what);
+}
+
 static int cuda_alloc(size_t bytes, void **out) {
+  TRY(refuse_in_capture("lutra_cuda_alloc", "a device allocation"));
   return lutra_cuda_status(cudaMallocAsync(out, bytes ? bytes : 256, cuda.stream),
                            "lutra_cuda_alloc", "cudaMallocAsync");
 }
@@ -115,18 +125,22 @@ static void cuda_free(void *p) {
 }
 
 static int cuda_sync(void) {
+  TRY(refuse_in_capture("lutra_device_synchronize", "a synchronization"));
   return lutra_cuda_status(cudaStreamSynchronize(cuda.stream), "lutra_device_synchronize",
                            "cudaStreamSynchronize");
 }
 
 /* Host transfers synchronize: the host buffer may be reused as soon as the call returns. */
 static int cuda_from_host(void *dst, const void *src, size_t bytes) {
+  TRY(refuse_in_capture("lutra_cuda_from_host", "a host-to-device copy (it waits for the copy)"));
   TRY(lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cuda.stream),
                         "lutra_cuda_from_host", "cudaMemcpyAsync"));
   return cuda_sync();
 }
 
 static int cuda_to_host(void *dst, const void *src, size_t bytes) {
+  TRY(refuse_in_capture("lutra_cuda_to_host",
+                        "reading device memory on the host (e.g. a loss value)"));
   TRY(lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cuda.stream),
                         "lutra_cuda_to_host", "cudaMemcpyAsync"));
   return cuda_sync();
@@ -155,8 +169,10 @@ static int k_fill(void *dst, int dtype, int64_t n, float v) {
 static int k_amax(const void *x, int dtype, int64_t n, float *amax) {
   return LAUNCH(amax, lk_amax(x, dtype, n, amax, cuda.stream));
 }
-static int k_scale_from_amax(const float *amax, float fp8_max, int pow2, float eps, float *scale) {
-  return LAUNCH(scale_from_amax, lk_scale_from_amax(amax, fp8_max, pow2, eps, scale, cuda.stream));
+static int k_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int pow2, float eps,
+                           float *amax, float *scale, uint32_t *work, const int32_t *skip) {
+  return LAUNCH(current_scale, lk_current_scale(x, dtype, n, fp8_max, pow2, eps, amax, scale, work,
+                                                skip, cuda.stream));
 }
 /* Partial column sums of a fused quantize + bias gradient. It grows to the largest shape seen
  * (stream-ordered, so the old buffer is reused only after the kernels queued before it), so a
@@ -168,6 +184,7 @@ static struct {
 
 static int dbias_scratch_for(int64_t floats, float **out) {
   if (floats > dbias_scratch.floats) {
+    TRY(refuse_in_capture("lutra_cuda_quantize_dbias", "growing the bias-gradient scratch"));
     void *p;
     TRY(lutra_cuda_status(cudaMallocAsync(&p, (size_t)floats * sizeof(float), cuda.stream),
                           "lutra_cuda_quantize_dbias", "cudaMallocAsync"));
@@ -194,8 +211,9 @@ static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lu
   }
   q.dbias = NULL;
   TRY(lutra_cuda_status(launch(&q, cuda.stream), name, "kernel"));
-  return LAUNCH(bias_grad, lk_bias_grad(a->x, a->x_dtype, a->rows, a->cols, a->dbias,
-                                        a->dbias_dtype, a->dbias_accumulate, cuda.stream));
+  return LAUNCH(bias_grad,
+                lk_bias_grad_skip(a->x, a->x_dtype, a->rows, a->cols, a->dbias, a->dbias_dtype,
+                                  a->dbias_accumulate, a->skip, cuda.stream));
 }
 
 static int k_cast(const lutra_quant_args *a) {
@@ -252,7 +270,7 @@ const lutra_backend lutra_cuda_table = {
     .convert = k_convert,
     .fill = k_fill,
     .amax = k_amax,
-    .scale_from_amax = k_scale_from_amax,
+    .current_scale = k_current_scale,
     .cast = k_cast,
     .quantize_mxfp8 = k_mxfp8,
     .quantize_block = k_block,
@@ -269,4 +287,9 @@ const lutra_backend lutra_cuda_table = {
     .sgd_step = k_sgd,
     .adamw_step = k_adamw,
     .synchronize = cuda_sync,
+    .capture_begin = lutra_cuda_capture_begin,
+    .capture_end = lutra_cuda_capture_end,
+    .capture_abort = lutra_cuda_capture_abort,
+    .graph_launch = lutra_cuda_graph_launch,
+    .graph_destroy = lutra_cuda_graph_destroy,
 };

@@ -19,6 +19,13 @@ cublasLtHandle_t lutra_cuda_lt(void);
 int lutra_cuda_status(cudaError_t e, const char *fn, const char *what);
 int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what);
 
+/* graph_cuda.c */
+int lutra_cuda_capture_begin(void);
+int lutra_cuda_capture_end(void **exec, int64_t *nodes);
+void lutra_cuda_capture_abort(void);
+int lutra_cuda_graph_launch(void *exec);
+void lutra_cuda_graph_destroy(void *exec);
+
 /* gemm_cuda.c */
 int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
 void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
