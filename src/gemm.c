@@ -24,11 +24,17 @@ enum { NUM_DEVICES = 2 };
 static _Thread_local plan_cache caches[NUM_DEVICES];
 static _Thread_local workspace workspaces[NUM_DEVICES];
 
+/* FNV-1a over the key's 8-byte words (the key is a whole number of them, without padding):
+ * a fifth of the instructions of the byte-wise loop on the per-GEMM path */
 static uint64_t key_hash(const lutra_gemm_key *k) {
-  const unsigned char *b = (const unsigned char *)k;
+  _Static_assert(sizeof *k % 8 == 0, "lutra_gemm_key must be a whole number of 8-byte words");
   uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < sizeof *k; i++)
-    h = (h ^ b[i]) * 0x100000001b3ull;
+  for (size_t i = 0; i < sizeof *k; i += 8) {
+    uint64_t w;
+    memcpy(&w, (const unsigned char *)k + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29; /* fold the high bits down: the table index uses the low ones */
+  }
   return h;
 }
 
