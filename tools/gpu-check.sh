@@ -34,7 +34,7 @@ if has sanitizer; then
   # machine code and compute-sanitizer do not mix (the process dies silently once a loop gets
   # hot), and a plain `timeout` kills the sanitizer's target too (--foreground works). Seen on
   # the H200 machine, 2026-11-29.
-  timeout --foreground 450 compute-sanitizer --tool memcheck --error-exitcode 9 \
+  timeout --foreground ${SANITIZER_TIMEOUT:-450} compute-sanitizer --tool memcheck --error-exitcode 9 \
     luajit -joff /tmp/devkit/usr/bin/busted -o plainTerminal --pattern=_gpu spec/gpu \
     > "$OUT/memcheck.log" 2>&1
   note "memcheck exit $?: $(grep -E 'successes' "$OUT/memcheck.log" | tail -1); $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
