@@ -3,6 +3,8 @@
  * lutra_cpu_gemm done on an already stored D: d = round(d + bias) in f32. */
 #include "ops_common.cuh"
 
+#include <type_traits>
+
 using namespace lkops;
 
 namespace {
@@ -137,45 +139,24 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
   }
 }
 
+/* Pass 2, shared by the bias gradient and the fused quantize + dbias (whose partials are f32,
+ * one row per 64-row tile): thread (tx, ty) adds rows ty, ty + 8, ... of column c in order, in
+ * double, then the 8 sums are added in order, so results repeat bit for bit. */
+template <typename P>
 __global__ void __launch_bounds__(kBgTx *kBgTy)
-    bias_grad_final(int ny, int64_t cols, void *db, int db_dtype, int accumulate,
-                    const int32_t *skip) {
+    column_sums_final(const P *__restrict__ partials, int64_t ny, int64_t cols, void *db,
+                      int db_dtype, int accumulate, const int32_t *skip) {
   __shared__ double sm[kBgTy][kBgTx];
   if (skip && *skip) return;
+  if constexpr (std::is_same<P, double>::value) {
+    if (!partials) partials = g_bias_partial; /* the bias gradient's static scratch */
+  }
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
   double sum = 0.0;
   if (c < cols) {
 #pragma unroll 4
-    for (int y = ty; y < ny; y += kBgTy)
-      sum += g_bias_partial[static_cast<int64_t>(y) * cols + c];
-  }
-  sm[ty][tx] = sum;
-  __syncthreads();
-  if (ty == 0 && c < cols) {
-    double total = accumulate ? static_cast<double>(ld_rt(db, db_dtype, c)) : 0.0;
-#pragma unroll
-    for (int y = 0; y < kBgTy; y++)
-      total += sm[y][tx];
-    st_rt(db, db_dtype, c, static_cast<float>(total));
-  }
-}
-
-/* ---- bias gradient from a quantizer's partial sums ----------------------------------------
- * partials [np][cols] f32 (one row per 64-row tile, written by the fused quantize kernels):
- * thread (tx, ty) adds rows ty, ty + 8, ... of column c in order (double), then the 8 sums are
- * added in order, so results repeat bit for bit. */
-__global__ void __launch_bounds__(kBgTx *kBgTy)
-    dbias_reduce_kernel(const float *__restrict__ partials, int64_t np, int64_t cols, void *db,
-                        int db_dtype, int accumulate, const int32_t *skip) {
-  __shared__ double sm[kBgTy][kBgTx];
-  if (skip && *skip) return;
-  const int tx = threadIdx.x, ty = threadIdx.y;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
-  double sum = 0.0;
-  if (c < cols) {
-#pragma unroll 4
-    for (int64_t y = ty; y < np; y += kBgTy)
+    for (int64_t y = ty; y < ny; y += kBgTy)
       sum += static_cast<double>(partials[y * cols + c]);
   }
   sm[ty][tx] = sum;
@@ -265,8 +246,8 @@ extern "C" cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
       /* ny > 1 means cols <= kBgScratch / 2: the grid fits */
-      bias_grad_final<<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
-          static_cast<int>(ny), cols, db, db_dtype, accumulate, skip);
+      column_sums_final<double><<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
+          nullptr, ny, cols, db, db_dtype, accumulate, skip);
     }
     return cudaGetLastError();
   });
@@ -280,7 +261,7 @@ extern "C" cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_
   if (cols == 0) return cudaSuccess;
   const int64_t blocks = cdiv<int64_t>(cols, kBgTx);
   if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  dbias_reduce_kernel<<<static_cast<unsigned>(blocks), dim3(kBgTx, kBgTy), 0, s>>>(
+  column_sums_final<float><<<static_cast<unsigned>(blocks), dim3(kBgTx, kBgTy), 0, s>>>(
       partials, np, cols, db, db_dtype, accumulate, skip);
   return cudaGetLastError();
 }

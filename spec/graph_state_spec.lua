@@ -19,68 +19,9 @@ local DEV = "cpu"
 
 local function fail(fmt, ...) error(string.format(fmt, ...), 2) end
 
--- byte strings equal, else the count of differing bytes and the first one
-local function same_bytes(got, want, what)
-  if got == want then return end
-  if #got ~= #want then fail("%s: %d bytes, expected %d", what, #got, #want) end
-  local count, first = 0, nil
-  for i = 1, #want do
-    if got:byte(i) ~= want:byte(i) then count, first = count + 1, first or i end
-  end
-  fail("%s: %d of %d bytes differ, the first at byte %d", what, count, #want, first - 1)
-end
-
--- A borrowed 1-D view of a buffer (an ffi-made lutra_tensor that nothing frees), to read scale
--- arrays and amaxes with lutra_tensor_get_bytes; the owner must be alive.
-local function view_bytes(ptr, count, dtype, device)
-  local v = ffi.new("lutra_tensor")
-  v.data = ptr
-  v.shape[0], v.numel, v.ndim = count, count, 1
-  v.dtype, v.device, v.flags = dtype, device, C.LUTRA_TENSOR_BORROWED
-  return v:bytes(false)
-end
-
--- the raw scale array of one copy of a 2-D FP8 tensor (lutra.h's layouts, padding included)
-local function round4(n) return math.ceil(n / 4) * 4 end
-local function scale_bytes(t, columnwise)
-  local dims = t:dims()
-  local r, c = dims[1], dims[2]
-  if columnwise then r, c = c, r end
-  local sc, count, dt = t:scaling_name(), nil, C.LUTRA_F32
-  if sc == "tensor" then
-    count = 1
-  elseif sc == "mxfp8" then
-    count, dt = r * math.ceil(c / 32), C.LUTRA_E8M0
-  elseif sc == "block_1d" then
-    count = math.ceil(c / 128) * round4(r)
-  else
-    count = math.ceil(r / 128) * round4(math.ceil(c / 128))
-  end
-  local p = columnwise and t.col_scale_inv or t.scale_inv
-  assert.is_true(p ~= nil, "scale_inv is NULL")
-  return view_bytes(p, count, dt, t.device)
-end
-
--- Everything a quantization may write: both copies' codes and scale arrays, the tensor's amax,
--- the quantizer's scale (per-tensor recipes) and amax history (delayed scaling).
-local function snapshot(q, t, cfg)
-  local s = { row = t:bytes(false), col = t:bytes(true), row_scales = scale_bytes(t, false),
-              col_scales = scale_bytes(t, true) }
-  if t.amax ~= nil then s.amax = view_bytes(t.amax, 1, C.LUTRA_F32, t.device) end
-  if cfg.tensor then
-    local sc, si = q:scale()
-    s.scale = string.format("%a %a", sc, si)
-  end
-  if cfg.delayed then s.history = table.concat(q:history(4), " ") end
-  return s
-end
-
-local function same_snapshot(got, want, what)
-  for k, v in pairs(want) do
-    if got[k] == nil then fail("%s: %s missing", what, k) end
-    same_bytes(got[k], v, what .. ": " .. k)
-  end
-end
+local F = require("spec.support.fp8_bytes")
+local same_bytes, view_bytes, scale_bytes = F.same_bytes, F.view_bytes, F.scale_bytes
+local snapshot, same_snapshot = F.snapshot, F.same_snapshot
 
 -- The quantizers: rowwise and columnwise outputs. `changes`: what a quantization of a new
 -- input (larger magnitude) must change, so that "unchanged" is a real check.

@@ -340,33 +340,8 @@ local QSIZES = {
   { 144, 272, not_mx = true }, -- partial blocks and tiles in both dims
 }
 
--- The raw scale array of one copy of an FP8 tensor t (2-D), as bytes: the API has no call for
--- scale arrays, so they are read through a borrowed 1-D view of the buffer (an ffi-made
--- lutra_tensor that nothing frees) with lutra_tensor_get_bytes. Element counts per lutra.h's
--- layouts, block scaling's zero padding included; t's owner must be alive.
-local function round4(n) return math.ceil(n / 4) * 4 end
-local function scale_bytes(t, columnwise)
-  local dims = t:dims()
-  local r, c = dims[1], dims[2]
-  if columnwise then r, c = c, r end
-  local sc, count, dt = t:scaling_name(), nil, C.LUTRA_F32
-  if sc == "tensor" then
-    count = 1
-  elseif sc == "mxfp8" then
-    count, dt = r * math.ceil(c / 32), C.LUTRA_E8M0
-  elseif sc == "block_1d" then
-    count = math.ceil(c / 128) * round4(r)
-  else
-    assert.are.equal("block_2d", sc)
-    count = math.ceil(r / 128) * round4(math.ceil(c / 128))
-  end
-  local v = ffi.new("lutra_tensor")
-  v.data = columnwise and t.col_scale_inv or t.scale_inv
-  assert.is_true(v.data ~= nil, "scale_inv is NULL")
-  v.shape[0], v.numel, v.ndim = count, count, 1
-  v.dtype, v.device, v.flags = dt, t.device, C.LUTRA_TENSOR_BORROWED
-  return v:bytes(false), sc == "mxfp8" and 1 or 4
-end
+-- The raw scale array of one copy of an FP8 tensor (block scaling's zero padding included)
+local scale_bytes = require("spec.support.fp8_bytes").scale_bytes
 
 -- Compares one FP8 output of both devices: codes (rowwise and columnwise, bit-identical), the
 -- scale of per-tensor quantizers (bit-identical), the raw scale arrays (bit-identical, block
