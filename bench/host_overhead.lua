@@ -190,6 +190,8 @@ local function mlp_work(fp8)
   return { launch = launches, launch_big = 1, matmul = g, approx = true }
 end
 
+local unpack = table.unpack or unpack
+
 local figures = {
   { key = "autocast", name = "autocast enter+exit (Lua methods)", calls = 100000,
     work = {}, torch = "autocast", target = { kind = "abs", max = 0.05 },
@@ -275,10 +277,21 @@ local figures = {
 
 -- the MLP step captured once as a CUDA graph (lutra.graph), replayed: one cudaGraphLaunch per
 -- step whatever the depth (cuda only)
-local function graphed_mlp_step(fp8)
+-- a deeper MLP (K -> H, `hidden` H -> H layers, H -> N), for the graph replay's depth check
+local function deep_mlp(hidden)
+  local mods = { linear(K, H, 1, true), nn.GELU() }
+  for i = 1, hidden do
+    mods[#mods + 1] = linear(H, H, 1 + i, true)
+    mods[#mods + 1] = nn.GELU()
+  end
+  mods[#mods + 1] = linear(H, N, hidden + 2, true)
+  return nn.Sequential(unpack(mods))
+end
+
+local function graphed_mlp_step(fp8, hidden)
   return function()
     if not CUDA then return nil end
-    local net, x, t = mlp(), randn(M, K, 1), randn(M, N, 3)
+    local net, x, t = hidden and deep_mlp(hidden) or mlp(), randn(M, K, 1), randn(M, N, 3)
     local loss = nn.MSELoss()
     local opt_ = lutra.optim.AdamW(net, { lr = 1e-4, weight_decay = 0.01 })
     local scope = fp8 and lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
@@ -299,6 +312,9 @@ figures[#figures + 1] = { key = "mlp_graph_fp8_delayed", torch = "mlp_step",
 figures[#figures + 1] = { key = "mlp_graph_bf16", torch = "mlp_step",
   name = "MLP step BF16, CUDA graph replay", target = { kind = "floor", max = 1.5 },
   work = { graph = 1 }, setup = graphed_mlp_step(false) }
+figures[#figures + 1] = { key = "mlp16_graph_fp8_delayed",
+  name = "16-Linear MLP step FP8 delayed, CUDA graph replay (depth check)",
+  target = { kind = "floor", max = 1.5 }, work = { graph = 1 }, setup = graphed_mlp_step(true, 14) }
 
 local function work_ops(w)
   return (w.launch or 0) + (w.launch_big or 0) + (w.memset or 0) + (w.memcpy or 0) + #(w.matmul or {})
