@@ -29,15 +29,8 @@ local function gelu_grad(x)
 end
 
 -- stored shapes for D [m, n] = op(B) [m, k] op(A) [k, n], TransformerEngine's layout names
-local LAYOUTS = {
-  TN = { ta = true, tb = false, a = function(m, n, k) return { n, k } end,
-         b = function(m, n, k) return { m, k } end, roles = { "weight", "input" } },
-  NN = { ta = false, tb = false, a = function(m, n, k) return { k, n } end,
-         b = function(m, n, k) return { m, k } end, roles = { "weight", "grad_output" } },
-  NT = { ta = false, tb = true, a = function(m, n, k) return { k, n } end,
-         b = function(m, n, k) return { k, m } end, roles = { "input", "grad_output" } },
-}
-local LAYOUT_ORDER = { "TN", "NN", "NT" }
+local GL = require("spec.support.gemm_layouts")
+local LAYOUTS, LAYOUT_ORDER = GL.LAYOUTS, GL.ORDER
 
 -- op(X)[i][j] (0-based) of a flat row-major table of a matrix stored [rows, cols]
 local function op_get(v, cols, trans)

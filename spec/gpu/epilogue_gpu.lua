@@ -41,15 +41,8 @@ local function randn_pair(shape, dtype, seed, std, mean)
 end
 
 -- stored shapes for D [m, n] = op(B) [m, k] op(A) [k, n]
-local LAYOUTS = {
-  TN = { ta = true, tb = false, a = function(m, n, k) return { n, k } end,
-         b = function(m, n, k) return { m, k } end, roles = { "weight", "input" } },
-  NN = { ta = false, tb = false, a = function(m, n, k) return { k, n } end,
-         b = function(m, n, k) return { m, k } end, roles = { "weight", "grad_output" } },
-  NT = { ta = false, tb = true, a = function(m, n, k) return { k, n } end,
-         b = function(m, n, k) return { k, m } end, roles = { "input", "grad_output" } },
-}
-local LAYOUT_ORDER = { "TN", "NN", "NT" }
+local GL = require("spec.support.gemm_layouts")
+local LAYOUTS, LAYOUT_ORDER = GL.LAYOUTS, GL.ORDER
 
 -- the epilogue configurations; dbias = "other" picks the dtype that is not D's (always kernels)
 local CASES = {

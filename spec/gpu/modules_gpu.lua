@@ -43,15 +43,7 @@ local function same_meta(got, want, what)
   assert.are.equal(DEV, got:device_name(), what .. ": device of the result")
 end
 
-local function assert_same_bytes(got, want, what)
-  if got == want then return end
-  if #got ~= #want then fail("%s: %d bytes, reference %d", what, #got, #want) end
-  local count, first = 0, nil
-  for i = 1, #want do
-    if got:byte(i) ~= want:byte(i) then count, first = count + 1, first or i end
-  end
-  fail("%s: %d of %d bytes differ, the first at byte %d", what, count, #want, first - 1)
-end
+local assert_same_bytes = require("spec.support.fp8_bytes").same_bytes
 
 -- NMSE of got (on DEV) against want (on REF) <= bound; every element of got must be finite
 local function assert_nmse(got, want, bound, what)

@@ -614,15 +614,8 @@ end)
 -- ---- GEMMs ---------------------------------------------------------------------------------
 
 -- Stored shapes for D [m, n] = op(B) @ op(A) in TransformerEngine's layout names.
-local LAYOUTS = {
-  TN = { ta = true, tb = false, a = function(m, n, k) return { n, k } end,
-         b = function(m, n, k) return { m, k } end, roles = { "weight", "input" } },
-  NN = { ta = false, tb = false, a = function(m, n, k) return { k, n } end,
-         b = function(m, n, k) return { m, k } end, roles = { "weight", "grad_output" } },
-  NT = { ta = false, tb = true, a = function(m, n, k) return { k, n } end,
-         b = function(m, n, k) return { k, m } end, roles = { "input", "grad_output" } },
-}
-local LAYOUT_ORDER = { "TN", "NN", "NT" }
+local GL = require("spec.support.gemm_layouts")
+local LAYOUTS, LAYOUT_ORDER = GL.LAYOUTS, GL.ORDER
 
 -- epilogues: bias (of D's dtype unless given) and accumulate (D starts from random values,
 -- the same on both devices; otherwise D is poisoned with NaN)
