@@ -14,6 +14,11 @@
  * aligned, and the 4-word skew puts the 8 rows written by each quarter-warp (tile64) or 4 rows x 2
  * units (tile128) in distinct banks; the column reads are 32 consecutive words.
  *
+ * The per-tensor cast (without a bias gradient) skips the f32 staging: its columnwise codes are
+ * its rowwise codes transposed (same scale), so it transposes the code bytes themselves
+ * (MODE_CAST_CODES). The 64x64 kernels issue the next tile's loads before encoding the current
+ * one and visit tiles in bands of 16 tile rows (tile_coords).
+ *
  * The vector path needs cols % 16 == 0, rows % 16 == 0 when a columnwise output is written, and
  * 16-byte aligned x, data and col_data; other shapes take the same kernels with per-element
  * loads and stores. */
@@ -197,8 +202,8 @@ constexpr int T64_SMEM = 64 * T64_LD * 4 + 64 * 64; /* f32 tile + the transposed
  * shared memory instead of 4, and no second encoding. Used unless a bias gradient is wanted
  * (that needs the f32 column sums of the f32 path). */
 enum { MODE_CAST = 0, MODE_MX = 1, MODE_CAST_CODES = 2 };
-constexpr int CODE_LDW = 17;                            /* words per row of a code tile */
-constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4;        /* two code tiles (double buffered) */
+constexpr int CODE_LDW = 17;                     /* words per row of a code tile */
+constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4; /* two code tiles (double buffered) */
 
 /* 4x4 byte transpose: w[i] holds bytes (row i, columns 0..3); out[e] gets (rows 0..3, column e) */
 __device__ __forceinline__ void transpose4x4(const uint32_t (&w)[4], uint32_t (&out)[4]) {
@@ -614,6 +619,18 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   return launch_tile64_dbias(q, a, MODE_CAST, s);
 }
 
+/* the outputs of a block-scaled quantization (MXFP8 or Float8 blocks) that are written */
+static void block_outputs(TileArgs &a, const lutra_quant_args *q, bool row_out, bool col_out) {
+  if (row_out) {
+    a.data = static_cast<uint8_t *>(q->data);
+    a.scale_inv = q->scale_inv;
+  }
+  if (col_out) {
+    a.col_data = static_cast<uint8_t *>(q->col_data);
+    a.col_scale_inv = q->col_scale_inv;
+  }
+}
+
 extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t s) {
   if (!q || !is_float_dtype(q->x_dtype) || !is_fp8_dtype(q->out_dtype) || q->rows < 0 ||
       q->cols < 0)
@@ -626,14 +643,7 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
   if ((!row_out && !col_out) || q->rows == 0 || q->cols == 0) return cudaSuccess;
   if (!q->x) return cudaErrorInvalidValue;
   TileArgs a = tile_args(q, 64);
-  if (row_out) {
-    a.data = static_cast<uint8_t *>(q->data);
-    a.scale_inv = q->scale_inv;
-  }
-  if (col_out) {
-    a.col_data = static_cast<uint8_t *>(q->col_data);
-    a.col_scale_inv = q->col_scale_inv;
-  }
+  block_outputs(a, q, row_out, col_out);
   a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
   return launch_tile64_dbias(q, a, MODE_MX, s);
 }
@@ -648,14 +658,7 @@ extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t
   if ((!row_out && !col_out) || q->rows == 0 || q->cols == 0) return cudaSuccess;
   if (!q->x) return cudaErrorInvalidValue;
   TileArgs a = tile_args(q, 128);
-  if (row_out) {
-    a.data = static_cast<uint8_t *>(q->data);
-    a.scale_inv = q->scale_inv;
-  }
-  if (col_out) {
-    a.col_data = static_cast<uint8_t *>(q->col_data);
-    a.col_scale_inv = q->col_scale_inv;
-  }
+  block_outputs(a, q, row_out, col_out);
   a.fp8_max = q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f;
   a.eps = q->amax_epsilon;
   a.power_2_scale = q->power_2_scale;

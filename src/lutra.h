@@ -342,9 +342,10 @@ LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
  * graph; lutra_graph_replay runs it again with one launch. Run the step once eagerly first: a
  * capture refuses (with an error, ending nothing) allocations (first use of a shape, a shape
  * change), host transfers and synchronizations (e.g. reading a loss), and cpu-device work; after
- * an error inside a capture call lutra_graph_abort. The graph holds the device addresses of the
- * buffers the step used: keep those tensors, modules, quantizers and optimizers alive and their
- * shapes unchanged while replaying; copy new inputs into the captured input tensors. */
+ * an error inside a capture call lutra_graph_abort. Frees during a capture are deferred to its end.
+ * The graph holds the device addresses of the buffers the step used: keep those tensors, modules,
+ * quantizers and optimizers alive and their shapes unchanged while replaying; copy new inputs into
+ * the captured input tensors. */
 typedef struct lutra_graph lutra_graph;
 LUTRA_API int lutra_graph_begin(int device);
 LUTRA_API int lutra_graph_end(lutra_graph **out);

@@ -29,6 +29,8 @@ function M.capture(fn, opts)
   end
   local device = core.device(opts.device or "cuda", where)
   for _ = 1, warmup do fn() end
+  -- finalize the garbage now rather than during the capture (frees are deferred there anyway)
+  collectgarbage()
   check(C.lutra_graph_begin(device))
   local ok, err = pcall(fn)
   if not ok then

@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 static struct {
   pthread_once_t once;
@@ -120,8 +121,34 @@ static int cuda_alloc(size_t bytes, void **out) {
                            "lutra_cuda_alloc", "cudaMallocAsync");
 }
 
+/* Frees that arrive while this thread captures a graph (a :free(), or the garbage collector
+ * finalizing a tensor from before the capture) must not become free nodes of the graph, which
+ * would free the buffer again at every replay: they wait until the capture ends. */
+static _Thread_local struct {
+  void **ptrs;
+  size_t count, cap;
+} deferred;
+
 static void cuda_free(void *p) {
-  if (p) cudaFreeAsync(p, cuda.stream);
+  if (!p) return;
+  if (lutra_capture_active) {
+    if (deferred.count == deferred.cap) {
+      size_t cap = deferred.cap ? 2 * deferred.cap : 64;
+      void **grown = realloc(deferred.ptrs, cap * sizeof *grown);
+      if (!grown) return; /* cannot defer: leaking is safe, freeing into the graph is not */
+      deferred.ptrs = grown;
+      deferred.cap = cap;
+    }
+    deferred.ptrs[deferred.count++] = p;
+    return;
+  }
+  cudaFreeAsync(p, cuda.stream);
+}
+
+void lutra_cuda_free_deferred(void) {
+  for (size_t i = 0; i < deferred.count; i++)
+    cudaFreeAsync(deferred.ptrs[i], cuda.stream);
+  deferred.count = 0;
 }
 
 static int cuda_sync(void) {

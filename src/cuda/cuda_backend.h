@@ -19,6 +19,10 @@ cublasLtHandle_t lutra_cuda_lt(void);
 int lutra_cuda_status(cudaError_t e, const char *fn, const char *what);
 int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what);
 
+/* Frees deferred while a capture was in progress (backend_cuda.c); graph_cuda.c runs them once
+ * the capture has ended. */
+void lutra_cuda_free_deferred(void);
+
 /* graph_cuda.c */
 int lutra_cuda_capture_begin(void);
 int lutra_cuda_capture_end(void **exec, int64_t *nodes);

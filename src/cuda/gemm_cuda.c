@@ -41,7 +41,7 @@ typedef struct cuda_plan {
   cublasLtMatmulAlgo_t algo;
   bool fp8_scales;    /* native FP8: set the scale pointers per call */
   bool block_scales;  /* ... which are Float8 block scales (VEC128 / BLK128x128) */
-  bool dequantize;    /* block-scaled operands: dequantize to BF16 first */
+  bool dequantize;    /* MXFP8, 2D x 2D blocks, refused block shapes: dequantize to BF16 */
   bool bias_epilogue; /* else the bias is added by a kernel after the GEMM */
   bool stage_d;       /* no kernel writes D's dtype from these operands: run into an f32
                          scratch and convert (one rounding, as the CPU backend does) */

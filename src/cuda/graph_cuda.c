@@ -11,7 +11,9 @@ int lutra_cuda_capture_begin(void) {
 int lutra_cuda_capture_end(void **exec, int64_t *nodes) {
   static const char fn[] = "lutra_graph_end";
   cudaGraph_t graph = NULL;
-  TRY(lutra_cuda_status(cudaStreamEndCapture(lutra_cuda_stream(), &graph), fn,
+  cudaError_t ended = cudaStreamEndCapture(lutra_cuda_stream(), &graph);
+  lutra_cuda_free_deferred();
+  TRY(lutra_cuda_status(ended, fn,
                         "cudaStreamEndCapture (the capture was invalidated by a call it cannot "
                         "contain)"));
   size_t count = 0;
@@ -29,6 +31,7 @@ void lutra_cuda_capture_abort(void) {
   cudaGraph_t graph = NULL;
   if (cudaStreamEndCapture(lutra_cuda_stream(), &graph) == cudaSuccess && graph)
     cudaGraphDestroy(graph);
+  lutra_cuda_free_deferred();
   (void)cudaGetLastError(); /* an invalidated capture leaves its error behind */
 }
 
