@@ -95,13 +95,14 @@ end
 
 -- ---- the launch counter (only when bench/launch_count.so is preloaded) --------------------
 
-ffi.cdef [[ void lutra_launch_counts(uint64_t out[4]); ]]
+ffi.cdef [[ void lutra_launch_counts(uint64_t out[6]); ]]
 local have_counter, read_counter = pcall(function() return ffi.C.lutra_launch_counts end)
-local counter_box = ffi.new("uint64_t[4]")
+local counter_box = ffi.new("uint64_t[6]")
 local function counter()
   read_counter(counter_box)
-  return { tonumber(counter_box[0]), tonumber(counter_box[1]), tonumber(counter_box[2]),
-           tonumber(counter_box[3]) }
+  local c = {}
+  for i = 0, 5 do c[i + 1] = tonumber(counter_box[i]) end
+  return c
 end
 if opt.count and not have_counter then
   io.stderr:write("host_overhead.lua: --count needs LD_PRELOAD=build/launch_count.so\n")
@@ -333,10 +334,10 @@ if opt.count then
     fn()
     local b = counter()
     sync()
-    local line = string.format("count %s %d %d %d %d", fig.key, b[1] - a[1], b[2] - a[2],
-                               b[3] - a[3], b[4] - a[4])
+    local line = string.format("count %s %d %d %d %d %d %d", fig.key, b[1] - a[1], b[2] - a[2],
+                               b[3] - a[3], b[4] - a[4], b[5] - a[5], b[6] - a[6])
     lines[#lines + 1] = line
-    print(line .. "  # launches memsets memcpys matmuls: " .. fig.name)
+    print(line .. "  # launches memsets memcpys matmuls mallocs frees: " .. fig.name)
   end
   local f = assert(io.open(opt.count, "w"))
   f:write("# per call, after 3 warm-up calls; device ", DEV, "\n", table.concat(lines, "\n"), "\n")

@@ -10,7 +10,8 @@
  *     -o build/launch_count.so -ldl
  *
  * Counted: kernel launches (nvcc's <<<>>> calls __cudaLaunchKernel in CUDA 13, cudaLaunchKernel
- * before), cudaMemsetAsync, cudaMemcpyAsync, cublasLtMatmul. cuBLASLt links its own static
+ * before), cudaMemsetAsync, cudaMemcpyAsync, cublasLtMatmul, and the stream-ordered allocator's
+ * cudaMallocAsync and cudaFreeAsync (host calls that are not in any floor). cuBLASLt links its own static
  * runtime, so the kernels a cublasLtMatmul runs are not counted as launches (the matmul floor
  * includes them). */
 #define _GNU_SOURCE
@@ -22,10 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { N_LAUNCH, N_MEMSET, N_MEMCPY, N_MATMUL, N_COUNTS };
+enum { N_LAUNCH, N_MEMSET, N_MEMCPY, N_MATMUL, N_MALLOC, N_FREE, N_COUNTS };
 static uint64_t counts[N_COUNTS]; /* the benchmark is single-threaded */
 
-__attribute__((visibility("default"))) void lutra_launch_counts(uint64_t out[4]) {
+__attribute__((visibility("default"))) void lutra_launch_counts(uint64_t out[N_COUNTS]) {
   for (int i = 0; i < N_COUNTS; i++)
     out[i] = counts[i];
 }
@@ -100,4 +101,20 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t op, const
   if (!f) f = (matmul_fn)real("cublasLtMatmul");
   counts[N_MATMUL]++;
   return f(h, op, alpha, a, la, b, lb, beta, c, lc, d, ld, algo, ws, ws_bytes, stream);
+}
+
+typedef cudaError_t (*malloc_fn)(void **, size_t, cudaStream_t);
+cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t stream) {
+  static malloc_fn f;
+  if (!f) f = (malloc_fn)real("cudaMallocAsync");
+  counts[N_MALLOC]++;
+  return f(p, bytes, stream);
+}
+
+typedef cudaError_t (*free_fn)(void *, cudaStream_t);
+cudaError_t cudaFreeAsync(void *p, cudaStream_t stream) {
+  static free_fn f;
+  if (!f) f = (free_fn)real("cudaFreeAsync");
+  counts[N_FREE]++;
+  return f(p, stream);
 }
