@@ -1,19 +1,21 @@
 #!/usr/bin/env luajit
 -- Host time per call of lutra's Lua entry points on a device, next to the floors of the GPU work
 -- each call issues and to PyTorch doing the same work. Part of bench/host_suite.sh (the one
--- command on the GPU machine, which runs bench/host_floors.cu and bench/torch_overhead.py too
+-- command on the GPU machine, which builds bench/host_floors.cu, runs bench/torch_overhead.py
 -- and hands their outputs to this script); on its own:
 --   luajit bench/host_overhead.lua [--device cuda|cpu] [--batch 64] [--in 64] [--out 64]
---          [--hidden 128] [--batches 15] [--floors FILE] [--torch FILE] [--counts FILE]
---          [--table FILE] [--quick]
+--          [--hidden 128] [--batches 15] [--floors-lib build/libhost_floors.so] [--torch FILE]
+--          [--counts FILE] [--table FILE] [--quick]
 --   LD_PRELOAD=build/launch_count.so luajit bench/host_overhead.lua --count FILE [shapes]
 -- Method (the same in all three programs): per figure one warm-up batch, then 15 batches of
 -- `calls` calls, the device synchronized before each batch so the queue starts empty; the host
 -- wall time of the batch's loop divided by calls; the median over the batches. On cuda a batch
 -- issues at most ~400 launches and GEMMs, so the queue never fills. Each figure's floor is the
--- sum of the raw floors (--floors, from host_floors) of the launches and GEMMs it issues, as
--- counted from the code (the `work` of each figure below) or, with --counts, as counted by
--- bench/launch_count.so in a separate run (--count), which also checks the code's counts.
+-- raw work it issues (the launches and GEMMs, as counted from the code, the `work` of each
+-- figure below, or with --counts as counted by bench/launch_count.so in a separate run, --count,
+-- which also checks the code's counts), issued through bench/host_floors.cu's library loaded in
+-- THIS process and timed by the same loop, its batches alternating with the figure's: the ratio
+-- of the two medians is measured side by side, on the same core and in the same seconds.
 -- --device cpu runs the same figures on the CPU backend (floors and PyTorch are then n/a), as
 -- a smoke test that any machine can run; --quick uses 3 batches.
 local lutra = require("lutra")
@@ -21,7 +23,7 @@ local ffi, nn = lutra.ffi, lutra.nn
 
 local function parse(argv)
   local o = { device = "cuda", batch = 64, ["in"] = 64, out = 64, hidden = 128, batches = 15 }
-  local files = { floors = true, torch = true, counts = true, count = true, table = true }
+  local files = { ["floors-lib"] = true, torch = true, counts = true, count = true, table = true }
   local i = 1
   while i <= #argv do
     local key = argv[i]:match("^%-%-(.+)$")
@@ -33,7 +35,7 @@ local function parse(argv)
       i = i + 2
     else
       io.stderr:write("usage: host_overhead.lua [--device cuda|cpu] [--batch M] [--in K] [--out N] ",
-                      "[--hidden H] [--batches B] [--floors F] [--torch F] [--counts F] ",
+                      "[--hidden H] [--batches B] [--floors-lib F] [--torch F] [--counts F] ",
                       "[--count F] [--table F] [--quick]\n")
       os.exit(2)
     end
@@ -76,7 +78,6 @@ local function read_figures(path, tag)
   return values, whats, notes
 end
 
-local floors, _, floor_notes = read_figures(opt.floors, "floor")
 local torch, torch_whats, torch_notes = read_figures(opt.torch, "torch")
 local counted = {}
 if opt.counts then
@@ -109,6 +110,50 @@ if opt.count and not have_counter then
   os.exit(1)
 end
 
+-- ---- the floors: raw CUDA / cuBLASLt work issued from this process (cuda) ------------------
+
+ffi.cdef [[
+  int hf_init(int64_t M, int64_t K, int64_t N);
+  int hf_issue(int floor, int calls);
+  int hf_sync(void);
+  const char *hf_describe(void);
+  const char *const hf_names[13];
+]]
+local hf, floor_ids, floor_notes = nil, {}, {}
+if CUDA and not opt.count then
+  local path = opt["floors-lib"] or "build/libhost_floors.so"
+  local ok, lib = pcall(ffi.load, path)
+  if not ok then
+    io.stderr:write("host_overhead.lua: cannot load the floors' library ", path, " (", tostring(lib),
+                    "): build it as bench/host_suite.sh does, or pass --floors-lib\n")
+    os.exit(1)
+  end
+  hf = lib
+  if hf.hf_init(M, K, N) ~= 0 then
+    io.stderr:write("host_overhead.lua: hf_init failed (the reason is printed above)\n")
+    os.exit(1)
+  end
+  local i = 0
+  while hf.hf_names[i] ~= nil do
+    floor_ids[ffi.string(hf.hf_names[i])] = i
+    i = i + 1
+  end
+  floor_notes[1] = "floors: raw calls issued from this LuaJIT process by bench/host_floors.cu (" ..
+    ffi.string(hf.hf_describe()) .. "), batches alternating with the figure's"
+end
+
+-- A function issuing the raw work of parts ({floor name, count} pairs) once.
+local function floor_fn(parts)
+  local ids, ns = {}, {}
+  for i, p in ipairs(parts) do ids[i], ns[i] = assert(floor_ids[p[1]], p[1]), p[2] end
+  local n = #ids
+  return function()
+    for i = 1, n do
+      if hf.hf_issue(ids[i], ns[i]) ~= 0 then error("hf_issue failed (see above)") end
+    end
+  end
+end
+
 -- ---- timing -------------------------------------------------------------------------------
 
 local function median(t)
@@ -118,7 +163,10 @@ local function median(t)
   return s[math.floor(#s / 2) + 1], s[1], s[#s]
 end
 
-local function sync() lutra.synchronize(DEV) end
+local function sync()
+  lutra.synchronize(DEV)
+  if hf and hf.hf_sync() ~= 0 then error("hf_sync failed (see above)") end
+end
 
 -- A loop calling fn, compiled anew for each figure so that each gets its own LuaJIT trace
 -- (one loop shared by all figures would pile up side traces for the different callees).
@@ -127,12 +175,21 @@ local function loop_of(fn) return assert(load(LOOP, "=bench_loop"))(fn) end
 
 -- Median host us per call of fn over opt.batches batches of `calls` calls, after a warm-up
 -- batch; span: us per call until the device has finished too (well above us: GPU-bound).
-local function measure(calls, fn)
-  local loop = loop_of(fn)
+-- With floor (a function issuing the raw work fn's call issues), a batch of it precedes each
+-- batch of fn, and its median comes back last.
+local function measure(calls, fn, floor)
+  local loop, floor_loop = loop_of(fn), floor and loop_of(floor)
   loop(calls)
+  if floor_loop then floor_loop(calls) end
   sync()
-  local us, span = {}, {}
+  local us, span, floor_us = {}, {}, {}
   for b = 1, opt.batches do
+    if floor_loop then
+      sync()
+      local t0 = lutra.now()
+      floor_loop(calls)
+      floor_us[b] = (lutra.now() - t0) / calls * 1e6
+    end
     sync()
     local t0 = lutra.now()
     loop(calls)
@@ -143,7 +200,7 @@ local function measure(calls, fn)
     span[b] = (t2 - t0) / calls * 1e6
   end
   local med, lo, hi = median(us)
-  return med, lo, hi, (median(span))
+  return med, lo, hi, (median(span)), floor_loop and (median(floor_us)) or nil
 end
 
 -- Calls per batch: on cuda at most ~400 launches and GEMMs queued per batch; on the CPU a batch
@@ -347,52 +404,56 @@ end
 
 -- ---- floors -------------------------------------------------------------------------------
 
--- The floor of a figure (us) and a description of the work; nil when a floor is missing.
--- With a count from launch_count.so that differs from the table, the count wins: extra or
--- missing launches at the launch floor, GEMMs at the mean of the figure's GEMM floors.
-local function floor_of(fig)
+-- The raw work a figure issues, as {floor name, count} parts, and its description. With a
+-- count from launch_count.so that differs from the code's table, the count wins: launches at
+-- the empty-launch floor, GEMMs cycling through the figure's GEMM kinds (marked approximate).
+local function floor_parts(fig)
   local w, c = fig.work, counted[fig.key]
-  local launches = (w.launch or 0) + (w.launch_big or 0)
-  local memsets, memcpys, gemms = w.memset or 0, w.memcpy or 0, #(w.matmul or {})
-  local us, approx = 0, w.approx
-  local function add(name, n)
-    if n == 0 then return true end
-    if not floors[name] then return false end
-    us = us + n * floors[name]
-    return true
-  end
-  local ok = add("launch", w.launch or 0) and add("launch_big", w.launch_big or 0)
-    and add("memset", memsets) and add("memcpy", memcpys) and add("graph_launch", w.graph or 0)
-  local gemm_sum = 0
-  for _, g in ipairs(w.matmul or {}) do
-    ok = ok and add(g, 1)
-    gemm_sum = gemm_sum + (floors[g] or 0)
-  end
+  local launches, big = w.launch or 0, w.launch_big or 0
+  local memsets, memcpys, graph = w.memset or 0, w.memcpy or 0, w.graph or 0
+  local gemms, approx = {}, w.approx
+  for i, g in ipairs(w.matmul or {}) do gemms[i] = g end
   local note = ""
   if c then
-    local diff = c.launches ~= launches or c.memsets ~= memsets or c.memcpys ~= memcpys
-      or c.matmuls ~= gemms
+    local diff = c.launches ~= launches + big or c.memsets ~= memsets or c.memcpys ~= memcpys
+      or c.matmuls ~= #gemms
     if diff then
       note = string.format(" (counted; the code table says %d launches, %d memsets, %d GEMMs)",
-                           launches, memsets, gemms)
-      local per_gemm = gemms > 0 and gemm_sum / gemms or floors.lt_bf16_fprop or 0
-      approx = approx or c.matmuls ~= gemms
-      us = us + (c.launches - launches) * (floors.launch or 0) + (c.memsets - memsets) * (floors.memset or 0)
-        + (c.memcpys - memcpys) * (floors.memcpy or 0) + (c.matmuls - gemms) * per_gemm
-      launches, memsets, memcpys, gemms = c.launches, c.memsets, c.memcpys, c.matmuls
+                           launches + big, memsets, #gemms)
+      big = math.min(big, c.launches)
+      launches, memsets, memcpys = c.launches - big, c.memsets, c.memcpys
+      if c.matmuls ~= #gemms then
+        local kinds = #gemms > 0 and gemms or { "lt_bf16_fprop" }
+        gemms, approx = {}, true
+        for i = 1, c.matmuls do gemms[i] = kinds[(i - 1) % #kinds + 1] end
+      end
     else
       note = " (counted)"
     end
   end
-  local parts = {}
-  if launches > 0 then parts[#parts + 1] = launches .. (launches == 1 and " launch" or " launches") end
-  if memsets > 0 then parts[#parts + 1] = memsets .. " memset" .. (memsets > 1 and "s" or "") end
-  if memcpys > 0 then parts[#parts + 1] = memcpys .. " memcpy" .. (memcpys > 1 and "s" or "") end
-  if gemms > 0 then parts[#parts + 1] = gemms .. (gemms == 1 and " GEMM" or " GEMMs") end
-  if (w.graph or 0) > 0 then parts[#parts + 1] = "1 graph launch" end
-  local what = #parts > 0 and table.concat(parts, " + ") .. note or "no GPU work"
-  if #parts == 0 or not ok then return nil, what, approx end
-  return us, what, approx
+  local parts, by_kind = {}, {}
+  local function add(name, n) if n > 0 then parts[#parts + 1] = { name, n } end end
+  add("launch", launches)
+  add("launch_big", big)
+  add("memset", memsets)
+  add("memcpy", memcpys)
+  add("graph_launch", graph)
+  for _, g in ipairs(gemms) do
+    if not by_kind[g] then
+      by_kind[g] = { g, 0 }
+      parts[#parts + 1] = by_kind[g]
+    end
+    by_kind[g][2] = by_kind[g][2] + 1
+  end
+  local words = {}
+  local nl = launches + big
+  if nl > 0 then words[#words + 1] = nl .. (nl == 1 and " launch" or " launches") end
+  if memsets > 0 then words[#words + 1] = memsets .. " memset" .. (memsets > 1 and "s" or "") end
+  if memcpys > 0 then words[#words + 1] = memcpys .. " memcpy" .. (memcpys > 1 and "s" or "") end
+  if #gemms > 0 then words[#words + 1] = #gemms .. (#gemms == 1 and " GEMM" or " GEMMs") end
+  if graph > 0 then words[#words + 1] = "1 graph launch" end
+  local what = #words > 0 and table.concat(words, " + ") .. note or "no GPU work"
+  return parts, what, approx
 end
 
 -- ---- run ----------------------------------------------------------------------------------
@@ -403,15 +464,26 @@ local header = string.format(
   lutra.version(), os.date("!%Y-%m-%d %H:%M UTC"), jit.version, jit.status() and "on" or "off",
   DEV, M, K, M, N, K, H, H, H, N, opt.batches)
 print(header)
+-- the raw floors on their own
+local floors = {}
+if hf then
+  for name in pairs(floor_ids) do
+    floors[name] = measure(200, floor_fn { { name, 1 } })
+    print(string.format("floor %s %.4f", name, floors[name]))
+  end
+end
 local results = {}
 for _, fig in ipairs(figures) do
   local fn = fig.setup()
   if not fn then goto continue end
   local calls = calls_for(fig, fn)
-  local us, lo, hi, span = measure(calls, fn)
-  results[#results + 1] = { fig = fig, us = us, lo = lo, hi = hi, span = span, calls = calls }
-  print(string.format("lutra %s %.4f min=%.4f max=%.4f calls=%d span=%.4f  # %s", fig.key, us, lo,
-                      hi, calls, span, fig.name))
+  local parts, what, approx = floor_parts(fig)
+  local with_floor = hf and #parts > 0 and floor_fn(parts) or nil
+  local us, lo, hi, span, fl = measure(calls, fn, with_floor)
+  results[#results + 1] = { fig = fig, us = us, lo = lo, hi = hi, span = span, calls = calls,
+                            floor = fl, what = what, approx = approx }
+  print(string.format("lutra %s %.4f min=%.4f max=%.4f calls=%d span=%.4f floor=%s  # %s", fig.key,
+                      us, lo, hi, calls, span, fl and string.format("%.4f", fl) or "n/a", fig.name))
   if CUDA and span > 1.5 * us and fig.key ~= "autocast" then
     print(string.format("# warning: %s: the device takes %.2f us per call, the host %.2f us: " ..
                         "GPU-bound, use smaller shapes", fig.key, span, us))
@@ -471,7 +543,7 @@ end
 local met_all, checked = true, 0
 for _, r in ipairs(results) do
   local fig = r.fig
-  local fl, what, approx = floor_of(fig)
+  local fl, what, approx = r.floor, r.what, r.approx
   if not CUDA then fl, what = nil, "n/a (" .. DEV .. ")" end
   local t = CUDA and fig.torch and torch[fig.torch] or nil
   local rf = fl and r.us / fl or nil
@@ -525,7 +597,8 @@ for k, v in pairs(torch) do
 end
 table.sort(extras)
 if #extras > 0 then emit("PyTorch, more: " .. table.concat(extras, "; ") .. ".") end
-emit("Floors marked ~ count the MLP's GEMMs at the Linear shape's GEMM floor.")
+emit("Each figure's floor is its raw work issued from the same process, batches alternating " ..
+     "with the figure's; floors marked ~ issue the MLP's GEMMs at the Linear shape.")
 if #gpu_bound > 0 then
   emit("GPU-bound (the device, not the host, set the pace; use smaller shapes): " ..
        table.concat(gpu_bound, "; ") .. ".")

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Host overhead of lutra on the GPU, in one run: the floors of the raw CUDA / cuBLASLt calls
-# (bench/host_floors.cu), lutra's figures from LuaJIT (bench/host_overhead.lua) and PyTorch's
-# for the same work (bench/torch_overhead.py), merged into one markdown table: each figure in
-# host us per call, its floor (the raw launches and GEMMs it issues, counted), the ratio to
-# the floor, PyTorch's figure, the ratio to it, and whether the target is met.
+# Host overhead of lutra on the GPU, in one run: lutra's figures from LuaJIT
+# (bench/host_overhead.lua), each beside its floor (the raw launches and GEMMs it issues,
+# counted, issued by bench/host_floors.cu's library from the same process, batches alternating)
+# and PyTorch's figure for the same work (bench/torch_overhead.py), merged into one markdown
+# table with the ratios and whether each target is met.
 #
 # On the GPU machine, from the repository root, with liblutra.so built with CUDA (make):
 #   source .devkit/enter.sh && bash bench/host_suite.sh [TABLE.md]
 # The table goes to TABLE.md, else $OUT/host_overhead.md when $OUT is set, else
-# bench/host_overhead.md; the raw outputs of the three programs (host_floors.txt,
-# host_counts.txt, host_torch.txt, host_lutra.txt) go to $OUT, else build/host_suite/.
+# bench/host_overhead.md; the raw outputs (host_counts.txt, host_torch.txt, host_lutra.txt) go
+# to $OUT, else build/host_suite/.
 # About a minute (PyTorch's import and CUDA start-up take most of it).
 # Environment: SHAPES (default "--batch 64 --in 64 --out 64"), HIDDEN (MLP width, 128),
 # BATCHES (15), PYTHON (python3), LUAJIT (luajit), NVCC, CUDA_HOME (/usr/local/cuda),
-# PIN (a command prefix for the three programs, e.g. "taskset -c 2"), DEVICE (cuda; cpu runs
+# PIN (a command prefix for the programs; default "taskset -c <the last core>" where taskset
+# exists, so that lutra and PyTorch run on the same core; PIN= runs them unpinned), DEVICE (cuda; cpu runs
 # only lutra on the CPU backend: a test of this script on a machine without a GPU).
 # shellcheck disable=SC2086 # SHAPES and PIN are word lists, split on purpose
 set -euo pipefail
@@ -26,7 +27,9 @@ LUAJIT=${LUAJIT:-luajit}
 SHAPES=${SHAPES:---batch 64 --in 64 --out 64}
 HIDDEN=${HIDDEN:-128}
 BATCHES=${BATCHES:-15}
-PIN=${PIN:-}
+if [ -z "${PIN+set}" ]; then
+  PIN=$(command -v taskset > /dev/null && echo "taskset -c $(($(nproc) - 1))" || true)
+fi
 DEVICE=${DEVICE:-cuda}
 if [ $# -ge 1 ]; then
   TABLE=$1
@@ -38,21 +41,18 @@ fi
 DIR=${OUT:-build/host_suite}
 mkdir -p "$(dirname "$TABLE")" "$DIR" build
 export LUA_PATH="lua/?.lua;lua/?/init.lua;${LUA_PATH:-;}"
-rm -f "$DIR/host_floors.txt" "$DIR/host_torch.txt" "$DIR/host_counts.txt" "$DIR/host_lutra.txt"
+rm -f "$DIR/host_torch.txt" "$DIR/host_counts.txt" "$DIR/host_lutra.txt"
 
 if [ "$DEVICE" = cuda ]; then
   if [ ! -f liblutra.so ] || ! grep -qx 'CUDA=1' build/config 2> /dev/null; then
     echo "host_suite: liblutra.so with CUDA is not built here: run make (make CUDA=1) first" >&2
     exit 1
   fi
-  echo "== building build/host_floors and build/launch_count.so"
-  "$NVCC" -std=c++17 -arch=sm_90 -O2 -cudart shared bench/host_floors.cu -o build/host_floors \
-    -lcublasLt
+  echo "== building build/libhost_floors.so and build/launch_count.so"
+  "$NVCC" -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared bench/host_floors.cu \
+    -o build/libhost_floors.so -lcublasLt
   gcc -std=c11 -O2 -Wall -Wextra -shared -fPIC -I"$CUDA_HOME/include" bench/launch_count.c \
     -o build/launch_count.so -ldl
-
-  echo "== floors (build/host_floors $SHAPES)"
-  $PIN ./build/host_floors $SHAPES --batches "$BATCHES" | tee "$DIR/host_floors.txt"
 
   echo "== PyTorch ($PYTHON bench/torch_overhead.py)"
   if ! $PIN "$PYTHON" bench/torch_overhead.py $SHAPES --hidden "$HIDDEN" --batches "$BATCHES" \
@@ -70,5 +70,5 @@ fi
 
 echo "== lutra: host time per call"
 $PIN "$LUAJIT" bench/host_overhead.lua --device "$DEVICE" $SHAPES --hidden "$HIDDEN" \
-  --batches "$BATCHES" --floors "$DIR/host_floors.txt" --torch "$DIR/host_torch.txt" \
+  --batches "$BATCHES" --floors-lib build/libhost_floors.so --torch "$DIR/host_torch.txt" \
   --counts "$DIR/host_counts.txt" --table "$TABLE" | tee "$DIR/host_lutra.txt"
