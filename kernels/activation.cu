@@ -139,18 +139,15 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
   }
 }
 
-/* Pass 2, shared by the bias gradient and the fused quantize + dbias (whose partials are f32,
- * one row per 64-row tile): thread (tx, ty) adds rows ty, ty + 8, ... of column c in order, in
- * double, then the 8 sums are added in order, so results repeat bit for bit. */
-template <typename P>
+/* Pass 2: thread (tx, ty) adds rows ty, ty + 8, ... of column c of the partials (the bias
+ * gradient's static scratch) in order, in double, then the 8 sums are added in order, so results
+ * repeat bit for bit. */
 __global__ void __launch_bounds__(kBgTx *kBgTy)
-    column_sums_final(const P *__restrict__ partials, int64_t ny, int64_t cols, void *db,
-                      int db_dtype, int accumulate, const int32_t *skip) {
+    column_sums_final(int64_t ny, int64_t cols, void *db, int db_dtype, int accumulate,
+                      const int32_t *skip) {
   __shared__ double sm[kBgTy][kBgTx];
   if (skip && *skip) return;
-  if constexpr (std::is_same<P, double>::value) {
-    if (!partials) partials = g_bias_partial; /* the bias gradient's static scratch */
-  }
+  const double *partials = g_bias_partial;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
   double sum = 0.0;
@@ -246,24 +243,11 @@ extern "C" cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
       /* ny > 1 means cols <= kBgScratch / 2: the grid fits */
-      column_sums_final<double><<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
-          nullptr, ny, cols, db, db_dtype, accumulate, skip);
+      column_sums_final<<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
+          ny, cols, db, db_dtype, accumulate, skip);
     }
     return cudaGetLastError();
   });
-}
-
-extern "C" cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_t cols, void *db,
-                                       int db_dtype, int accumulate, const int32_t *skip,
-                                       cudaStream_t s) {
-  if (np < 1 || cols < 0 || !partials || !db || !float_dtype(db_dtype))
-    return cudaErrorInvalidValue;
-  if (cols == 0) return cudaSuccess;
-  const int64_t blocks = cdiv<int64_t>(cols, kBgTx);
-  if (blocks > 0x7FFFFFFF) return cudaErrorInvalidValue;
-  column_sums_final<float><<<static_cast<unsigned>(blocks), dim3(kBgTx, kBgTy), 0, s>>>(
-      partials, np, cols, db, db_dtype, accumulate, skip);
-  return cudaGetLastError();
 }
 
 extern "C" cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype,

@@ -46,10 +46,6 @@ cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, 
 /* lk_bias_grad whose kernels write nothing when skip && *skip (a quantization's skip flag) */
 cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
                               int db_dtype, int accumulate, const int32_t *skip, cudaStream_t s);
-/* db[c] (+)= sum_y partials[y, c] over np rows of partial column sums (fused quantize + dbias);
- * nothing when skip && *skip */
-cudaError_t lk_dbias_reduce(const float *partials, int64_t np, int64_t cols, void *db, int db_dtype,
-                            int accumulate, const int32_t *skip, cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);

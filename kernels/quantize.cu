@@ -449,6 +449,7 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
     if (!a->x) return cudaErrorInvalidValue;
     return cast_transpose(a, s);
   }
+  if (a->act && n > 0) return cudaErrorNotSupported; /* the fused GELU gradient is tiled only */
   CastArgs c;
   c.x = a->x;
   c.data = static_cast<uint8_t *>(a->data);

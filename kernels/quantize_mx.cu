@@ -23,6 +23,7 @@
  * 16-byte aligned x, data and col_data; other shapes take the same kernels with per-element
  * loads and stores. */
 #include "common.cuh"
+#include "ops_common.cuh"
 
 #include <math.h>
 
@@ -38,9 +39,14 @@ struct TileArgs {
   void *col_scale_inv;
   int64_t rows, cols;
   int64_t tiles_r, tiles_c, ntiles;
-  /* bias gradient of x: per 64-row tile, column sums written to dbias_partial[tile_row][col]
-   * (tile64 kernels with a columnwise output only), reduced afterwards by lkc::dbias_reduce */
+  /* bias gradient of x (tile64 kernels with a columnwise output only): per 64-row tile, f32
+   * column sums written to dbias_partial[tile_row][col]; dbias_count[tile_col] counts the tiles
+   * of a tile column done, and the block that completes one reduces its 64 columns into dbias
+   * (dbias_reduce_strip) and zeroes the count again for the next launch */
   float *dbias_partial;
+  uint32_t *dbias_count;
+  void *dbias;
+  int dbias_dtype, dbias_accumulate;
   /* per-tensor cast */
   const float *scale;
   float *amax;
@@ -50,6 +56,8 @@ struct TileArgs {
   /* block scaling */
   float fp8_max, eps;
   int power_2_scale;
+  /* lutra_quant_args.act (MODE_CAST_ACT): the GELU's input; x is then multiplied by gelu'(act) */
+  const void *act;
   /* lutra_quant_args.skip: when set and nonzero, every block returns at once (the flag is the
    * same for all threads, so no barrier is left waiting) and nothing is written */
   const int32_t *skip;
@@ -81,11 +89,12 @@ template <int XD> struct RawUnit {
 };
 
 template <int XD, bool VEC>
-__device__ __forceinline__ void load_raw(const TileArgs &a, int64_t r, int64_t c, RawUnit<XD> &u) {
+__device__ __forceinline__ void load_raw(const TileArgs &a, const void *src, int64_t r, int64_t c,
+                                         RawUnit<XD> &u) {
   constexpr int N = RawUnit<XD>::N;
   if (VEC) {
     if (r < a.rows && c < a.cols) {
-      const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(a.x) +
+      const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(src) +
                                                        (r * a.cols + c) * elem_size<XD>::value);
 #pragma unroll
       for (int k = 0; k < N; k++)
@@ -105,9 +114,9 @@ __device__ __forceinline__ void load_raw(const TileArgs &a, int64_t r, int64_t c
       if (r < a.rows && c + k < a.cols) {
         const int64_t i = r * a.cols + c + k;
         if (XD == LUTRA_F32)
-          wd[k] = static_cast<const uint32_t *>(a.x)[i];
+          wd[k] = static_cast<const uint32_t *>(src)[i];
         else
-          wd[k >> 1] |= (uint32_t) static_cast<const uint16_t *>(a.x)[i] << (16 * (k & 1));
+          wd[k >> 1] |= (uint32_t) static_cast<const uint16_t *>(src)[i] << (16 * (k & 1));
       }
     }
 #pragma unroll
@@ -201,7 +210,8 @@ constexpr int T64_SMEM = 64 * T64_LD * 4 + 64 * 64; /* f32 tile + the transposed
  * the same scale, so its codes are the rowwise codes transposed): 1 byte per element through
  * shared memory instead of 4, and no second encoding. Used unless a bias gradient is wanted
  * (that needs the f32 column sums of the f32 path). */
-enum { MODE_CAST = 0, MODE_MX = 1, MODE_CAST_CODES = 2 };
+/* MODE_CAST_ACT: MODE_CAST of x * gelu'(act) (lutra_quant_args.act), the f32 path. */
+enum { MODE_CAST = 0, MODE_MX = 1, MODE_CAST_CODES = 2, MODE_CAST_ACT = 3 };
 constexpr int CODE_LDW = 17;                     /* words per row of a code tile */
 constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4; /* two code tiles (double buffered) */
 
@@ -213,6 +223,35 @@ __device__ __forceinline__ void transpose4x4(const uint32_t (&w)[4], uint32_t (&
   out[1] = __byte_perm(t0, t2, 0x7632);
   out[2] = __byte_perm(t1, t3, 0x5410);
   out[3] = __byte_perm(t1, t3, 0x7632);
+}
+
+/* The block that completed tile column tc (its tiles' partials are all written): dbias[c] (+)=
+ * the sum over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order
+ * fixed by the shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running
+ * sums, added in order, then the two halves), so results repeat bit for bit whichever block
+ * comes last. Called by all T64_THREADS threads of that block. */
+__device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
+  __shared__ double half_sum[64];
+  const int cc = t & 63, half = t >> 6;
+  const int64_t col = tc * 64 + cc;
+  double acc[4] = {0.0, 0.0, 0.0, 0.0};
+  if (col < a.cols) {
+    /* __ldcg: other blocks' partials, read from L2 */
+    for (int64_t y = half; y < a.tiles_r; y += 2)
+      acc[(y >> 1) & 3] += static_cast<double>(__ldcg(a.dbias_partial + y * a.cols + col));
+  }
+  const double part = (acc[0] + acc[1]) + (acc[2] + acc[3]);
+  if (half == 1) half_sum[cc] = part;
+  __syncthreads();
+  if (half == 0 && col < a.cols) {
+    double total = a.dbias_accumulate ? static_cast<double>(lkops::ld_rt(a.dbias, a.dbias_dtype, col))
+                                      : 0.0;
+    total += part;
+    total += half_sum[cc];
+    lkops::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
+  }
+  if (t == 0) a.dbias_count[tc] = 0;
+  __syncthreads(); /* half_sum is free again */
 }
 
 /* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15
@@ -228,7 +267,8 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
   const int lr = (lane & 7) + 8 * warp, cq = lane >> 3;
   const int cc = t & 63, rb = t >> 6;
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
-  constexpr bool CAST = MODE == MODE_CAST || MODE == MODE_CAST_CODES;
+  constexpr bool ACT = MODE == MODE_CAST_ACT;
+  constexpr bool CAST = MODE == MODE_CAST || MODE == MODE_CAST_CODES || ACT;
   constexpr bool CODES = MODE == MODE_CAST_CODES;
   const float s = CAST ? *a.scale : 1.0f;
   uint32_t *codes = reinterpret_cast<uint32_t *>(dyn_smem()); /* CODES: [2][64][CODE_LDW] */
@@ -237,13 +277,15 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
   __shared__ float dsum[64]; /* bias gradient: column sums of the tile's lower 32 rows */
 
   /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded */
-  RawUnit<XD> next[2];
+  RawUnit<XD> next[2], next_act[2];
   auto load_tile = [&](int64_t tile) {
     int64_t tr, tc;
     tile_coords(a, tile, tr, tc);
 #pragma unroll
-    for (int q = 0; q < 2; q++)
-      load_raw<XD, VEC>(a, tr * 64 + lr + 32 * q, tc * 64 + 16 * cq, next[q]);
+    for (int q = 0; q < 2; q++) {
+      load_raw<XD, VEC>(a, a.x, tr * 64 + lr + 32 * q, tc * 64 + 16 * cq, next[q]);
+      if (ACT) load_raw<XD, VEC>(a, a.act, tr * 64 + lr + 32 * q, tc * 64 + 16 * cq, next_act[q]);
+    }
   };
   if (blockIdx.x < a.ntiles) load_tile(blockIdx.x);
 
@@ -255,6 +297,16 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
 #pragma unroll
     for (int q = 0; q < 2; q++)
       unpack<XD>(next[q], v[q]);
+    if (ACT) {
+      float g[16];
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        unpack<XD>(next_act[q], g);
+#pragma unroll
+        for (int k = 0; k < 16; k++)
+          v[q][k] = lkops::gelu_backward(g[k], v[q][k]);
+      }
+    }
     if (tile + gridDim.x < a.ntiles) load_tile(tile + gridDim.x);
 
       /* rowwise */
@@ -385,8 +437,20 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
       __syncthreads();
       /* dsum is rewritten only after the next tile's first barrier, which this thread passes
        * after reading it here */
-      if (a.dbias_partial && rb == 0 && col < a.cols)
-        a.dbias_partial[tr * a.cols + col] = colsum + dsum[cc];
+      if (a.dbias_partial) {
+        if (rb == 0 && col < a.cols) a.dbias_partial[tr * a.cols + col] = colsum + dsum[cc];
+        /* the last tile of a column to finish reduces it (the pattern of CUDA's
+         * threadFenceReduction sample): every partial write is made visible before the count */
+        __shared__ bool strip_done;
+        __threadfence();
+        __syncthreads();
+        if (t == 0) strip_done = atomicAdd(a.dbias_count + tc, 1u) == a.tiles_r - 1;
+        __syncthreads();
+        if (strip_done) {
+          __threadfence();
+          dbias_reduce_strip(a, tc, t);
+        }
+      }
         /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
          * row of the tile, a warp 8 rows per store */
 #pragma unroll
@@ -538,7 +602,7 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
 
 bool vec_ok(const TileArgs &a) {
   return a.cols % 16 == 0 && (!a.col_data || a.rows % 16 == 0) && aligned16(a.x) &&
-         aligned16(a.data) && aligned16(a.col_data);
+         aligned16(a.data) && aligned16(a.col_data) && aligned16(a.act);
 }
 
 TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
@@ -556,6 +620,7 @@ TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
 
 cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mode, cudaStream_t s) {
   const bool vec = vec_ok(a);
+  if (a.act) mode = MODE_CAST_ACT;
   if (mode == MODE_CAST && !a.dbias_partial) mode = MODE_CAST_CODES;
   const int smem = !a.col_data ? 0 : mode == MODE_CAST_CODES ? CODE_SMEM : T64_SMEM;
   return with_float_dtype(x_dtype, [&](auto xd) {
@@ -566,7 +631,10 @@ cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mod
         constexpr auto KC = k_tile64<XD, OD, MODE_CAST, V>;
         constexpr auto KB = k_tile64<XD, OD, MODE_CAST_CODES, V>;
         constexpr auto KM = k_tile64<XD, OD, MODE_MX, V>;
-        if (mode == MODE_CAST_CODES)
+        constexpr auto KA = k_tile64<XD, OD, MODE_CAST_ACT, V>;
+        if (mode == MODE_CAST_ACT)
+          LKC_LAUNCH(KA, persistent_grid<KA>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
+        else if (mode == MODE_CAST_CODES)
           LKC_LAUNCH(KB, persistent_grid<KB>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
         else if (mode == MODE_CAST)
           LKC_LAUNCH(KC, persistent_grid<KC>(a.ntiles, T64_THREADS, smem), T64_THREADS, smem, s, a);
@@ -592,16 +660,17 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-/* a tile64 quantization, then the reduction of its dbias partials when it wrote some */
+/* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */
 cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
   if (q->dbias) {
-    if (!a.col_data || !q->dbias_scratch) return cudaErrorInvalidValue;
+    if (!a.col_data || !q->dbias_scratch || !q->dbias_count) return cudaErrorInvalidValue;
     a.dbias_partial = q->dbias_scratch;
+    a.dbias_count = q->dbias_count;
+    a.dbias = q->dbias;
+    a.dbias_dtype = q->dbias_dtype;
+    a.dbias_accumulate = q->dbias_accumulate;
   }
-  cudaError_t e = launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
-  if (e != cudaSuccess || !q->dbias) return e;
-  return lk_dbias_reduce(a.dbias_partial, a.tiles_r, q->cols, q->dbias, q->dbias_dtype,
-                         q->dbias_accumulate, q->skip, s);
+  return launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
 }
 
 } // namespace
@@ -616,6 +685,7 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.amax = q->amax;
   a.cast_scale_inv = static_cast<float *>(q->scale_inv);
   a.cast_col_scale_inv = static_cast<float *>(q->col_scale_inv);
+  a.act = q->act;
   return launch_tile64_dbias(q, a, MODE_CAST, s);
 }
 

@@ -1,5 +1,6 @@
 -- Sequential's Linear+GELU fusion (GELU in the forward GEMM's epilogue, gelu' in the next
--- Linear's dgrad GEMM) against the same modules run one by one, on the CPU backend (the
+-- Linear's dgrad GEMM, or in the FP8 grad_output cast of the Linear before the GELU with delayed
+-- scaling) against the same modules run one by one, on the CPU backend (the
 -- reference): f32 results within 1e-6 relative (the same f32 operations in another order of
 -- calls), bf16 within 2^-7 (one rounding instead of two). Fresh random inputs each run.
 local lutra = require("lutra")
@@ -67,6 +68,35 @@ describe("Sequential Linear+GELU fusion", function()
     scope:run(function() seq:forward(x) end)
     seq:backward(dy)
     assert.are.same({ 1, 0 }, { seq:fusions() })
+  end)
+
+  it("puts gelu' into the FP8 grad_output cast with delayed scaling, as the modules one by one", function()
+    -- f32: the fused cast quantizes the same f32 products the GELU's backward would store
+    local N, IN, H, OUT = 32, 48, 64, 16
+    local seq, chain, parts = pair("f32", IN, H, OUT)
+    local seed = math.random(1, 2 ^ 30)
+    local x = lutra.tensor({ N, IN }, "f32"):randn(seed)
+    local dy = lutra.tensor({ N, OUT }, "f32"):randn(seed + 1)
+    local y1, y2, dx1, dx2
+    lutra.autocast { recipe = R.delayed {} }:run(function() y1 = seq:forward(x) end)
+    dx1 = seq:backward(dy)
+    assert.are.same({ 1, 1 }, { seq:fusions() })
+    lutra.autocast { recipe = R.delayed {} }:run(function()
+      local h = x
+      for i = 1, #chain do h = chain[i]:forward(h) end
+      y2 = h
+    end)
+    dx2 = dy
+    for i = #chain, 1, -1 do dx2 = chain[i]:backward(dx2) end
+    assert.is_true(max_rel_diff(y1, y2) <= 1e-6, "forward output")
+    assert.is_true(max_rel_diff(dx1, dx2) <= 1e-6, "input gradient")
+    for _, m in ipairs { 1, 3 } do
+      local pa, pb = parts[m]:parameters(), chain[m]:parameters()
+      for j = 1, 2 do
+        local d = max_rel_diff(pa[j].grad, pb[j].grad)
+        assert.is_true(d <= 1e-6, string.format("module %d param %d grad: %.3g", m, j, d))
+      end
+    end
   end)
 
   it("fuses only Linear directly followed by GELU, and refuses fusions() on other modules", function()

@@ -45,12 +45,21 @@ typedef struct lutra_quant_args {
   int32_t block_dim; /* 1: 1x128 blocks, 2: 128x128 tiles */
   /* bias gradient of x, computed with the quantization (TransformerEngine's quantize_dbias):
    * dbias[c] (+= when dbias_accumulate) sum_r x[r, c], rounded once into dbias_dtype. The CPU
-   * sums in double; a fused CUDA kernel sums each 64-row tile in f32 and the tiles in double,
-   * into dbias_scratch: lutra_dbias_scratch_floats(rows, cols) floats the backend provides. */
+   * sums in double; a fused CUDA kernel sums each 64-row tile in f32 into dbias_scratch
+   * (lutra_dbias_scratch_floats(rows, cols) floats the backend provides) and the tiles in
+   * double, in the same launch. */
   void *dbias;
   int32_t dbias_dtype;
   int32_t dbias_accumulate;
   float *dbias_scratch;
+  uint32_t *dbias_count; /* zeroed, one per 64 columns: lutra_dbias_counters(cols) (the kernel
+                            counts the tiles of each column strip done, and zeroes it again) */
+  /* GELU's backward fused in front (TransformerEngine's dgelu + cast + transpose + dbias): when
+   * not NULL, the matrix quantized (and summed into dbias, and max'ed into amax) is
+   * x * gelu'(act), in f32, where act is the GELU's input (x's dtype and shape): x is then the
+   * gradient of the GELU's output. Per-tensor casts only (backend->cast); CUDA needs a
+   * columnwise output. */
+  const void *act;
   /* TransformerEngine's noop flag: when not NULL and *skip != 0 at the time the work runs, the
    * quantization writes nothing at all (codes, scales, scale_inv, amax, dbias). Backend memory,
    * read by every kernel of the quantization on the device (so a CUDA graph can be replayed with
@@ -62,6 +71,7 @@ typedef struct lutra_quant_args {
 static inline int64_t lutra_dbias_scratch_floats(int64_t rows, int64_t cols) {
   return (rows + 63) / 64 * cols;
 }
+static inline int64_t lutra_dbias_counters(int64_t cols) { return (cols + 63) / 64; }
 
 /* Dequantize an FP8 matrix stored as [rows, cols] with the given scaling layout. */
 typedef struct lutra_dequant_args {

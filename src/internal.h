@@ -161,6 +161,12 @@ int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool rec
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn);
 int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn);
+/* lutra_quantize_dbias_run of dy * gelu'(act) (GELU's backward fused in front; delayed scaling
+ * only): dy is the gradient of a GELU's output, act the GELU's input */
+bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q); /* the checks below, up front */
+int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,
+                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
+                             const char *fn);
 /* lutra_quantize_dbias_run governed by a skip flag (lutra_quant_args.skip; NULL: never skip) */
 int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
                             lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
@@ -216,6 +222,12 @@ int lutra_linear_forward_gelu(lutra_module *m, const lutra_tensor *x, int first_
                               lutra_tensor **y, lutra_tensor **pre);
 int lutra_linear_backward_dgelu(lutra_module *m, const lutra_tensor *dy, const lutra_tensor *pre,
                                 lutra_tensor **dx, bool *fused);
+/* - backward of the Linear whose last forward ran with the GELU, from dy = the gradient of the
+ *   GELU's output: gelu' is applied inside the grad_output cast (dgelu + cast + dbias in one
+ *   pass, TransformerEngine's fused dact), and the GELU's own backward is skipped; only where
+ *   lutra_linear_takes_gelu_grad (FP8 backward with delayed scaling and a columnwise copy). */
+bool lutra_linear_takes_gelu_grad(const lutra_module *m);
+int lutra_linear_backward_gelu(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
 bool lutra_module_is_linear(const lutra_module *m);
 bool lutra_module_is_gelu(const lutra_module *m);
 /* the GELU's forward happened inside the GEMM before it: x = pre-activation, y = its output */

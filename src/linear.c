@@ -173,9 +173,11 @@ static int linear_forward_impl(lutra_module *m, const lutra_tensor *x, int first
 }
 
 /* pre: the pre-activation of a GELU just before this Linear, fused into the dgrad GEMM as its
- * DGELU epilogue where that GEMM is not FP8 (*fused tells); then dx is the GELU input's gradient */
+ * DGELU epilogue where that GEMM is not FP8 (*fused tells); then dx is the GELU input's gradient.
+ * act: this Linear's own GELU (a fused forward's l->pre) when dy is the gradient of the GELU's
+ * output: gelu' goes into the grad_output cast (lutra_linear_takes_gelu_grad said it can). */
 static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const lutra_tensor *pre,
-                                bool *fused, lutra_tensor **dx) {
+                                const lutra_tensor *act, bool *fused, lutra_tensor **dx) {
   static const char fn[] = "lutra_linear_backward";
   linear *l = as_linear(m);
   CHECK_STATE(l->forward_done, "backward called before forward");
@@ -193,7 +195,10 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const l
   if (l->forward_fp8 && qg) {
     lutra_tensor *dyq;
     /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
-    TRY(lutra_quantize_dbias_run(qg, dy, true, bg, accumulate, &dyq, fn));
+    if (act)
+      TRY(lutra_quantize_dgelu_run(qg, dy, act, bg, accumulate, &dyq, fn));
+    else
+      TRY(lutra_quantize_dbias_run(qg, dy, true, bg, accumulate, &dyq, fn));
     bg = NULL;
     lutra_scale_meta *meta = lutra_quantizer_meta(qg);
     if (meta) TRY(lutra_autocast_note_backward(meta, l->device, fn));
@@ -234,7 +239,7 @@ static int linear_forward(lutra_module *m, const lutra_tensor *x, int first_micr
 
 static int linear_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
   RANGE_PUSH("lutra.linear.backward");
-  int st = linear_backward_impl(m, dy, NULL, NULL, dx);
+  int st = linear_backward_impl(m, dy, NULL, NULL, NULL, dx);
   RANGE_POP();
   return st;
 }
@@ -252,7 +257,20 @@ int lutra_linear_backward_dgelu(lutra_module *m, const lutra_tensor *dy, const l
                                 lutra_tensor **dx, bool *fused) {
   *fused = false;
   RANGE_PUSH("lutra.linear.backward");
-  int st = linear_backward_impl(m, dy, pre, fused, dx);
+  int st = linear_backward_impl(m, dy, pre, NULL, fused, dx);
+  RANGE_POP();
+  return st;
+}
+
+bool lutra_linear_takes_gelu_grad(const lutra_module *m) {
+  const linear *l = (const linear *)m;
+  const lutra_quantizer *qg = l->q[LUTRA_ROLE_GRAD_OUTPUT];
+  return l->forward_done && l->forward_fp8 && l->pre && qg && lutra_quantizer_takes_dgelu(qg);
+}
+
+int lutra_linear_backward_gelu(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  RANGE_PUSH("lutra.linear.backward");
+  int st = linear_backward_impl(m, dy, NULL, as_linear(m)->pre, NULL, dx);
   RANGE_POP();
   return st;
 }

@@ -109,13 +109,23 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
   return LUTRA_OK;
 }
 
-/* skip: lutra_quant_args.skip, passed to every backend call of the quantization */
-static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                         lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
-                         lutra_tensor **out, const char *fn) {
+/* skip: lutra_quant_args.skip, passed to every backend call of the quantization; act:
+ * lutra_quant_args.act (x is then the gradient of a GELU's output, act the GELU's input) */
+static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *act,
+                         bool record_amax, lutra_tensor *dbias, bool dbias_accumulate,
+                         const int32_t *skip, lutra_tensor **out, const char *fn) {
   const lutra_quantizer_spec *s = &q->spec;
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
   TRY(lutra_quantizer_check_input(s, x, fn));
+  if (act) {
+    CHECK_ARG(s->kind == LUTRA_QUANT_DELAYED,
+              "a fused GELU gradient needs delayed scaling (the cast's scale is known before it "
+              "reads the gradient)");
+    CHECK_ARG(act->dtype == x->dtype && lutra_same_shape(act, x) && act->device == x->device,
+              "the GELU input does not match the gradient in dtype, shape or device");
+    CHECK_ARG(q->columnwise || x->device == LUTRA_CPU,
+              "a fused GELU gradient needs a columnwise output on this device");
+  }
   if (dbias) {
     CHECK_ARG(lutra_dtype_is_float(dbias->dtype), "dbias dtype %s is not f32, bf16 or f16",
               lutra_dtype_name(dbias->dtype));
@@ -144,6 +154,7 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, bool record_
       .dbias_dtype = dbias ? dbias->dtype : 0,
       .dbias_accumulate = dbias_accumulate,
       .skip = skip,
+      .act = act ? act->data : NULL,
   };
   const lutra_backend *be = q->be;
   switch (s->kind) {
@@ -176,7 +187,20 @@ int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool rec
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn) {
   RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, record_amax, dbias, dbias_accumulate, NULL, out, fn);
+  int st = quantize_impl(q, x, NULL, record_amax, dbias, dbias_accumulate, NULL, out, fn);
+  RANGE_POP();
+  return st;
+}
+
+bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q) {
+  return q->spec.kind == LUTRA_QUANT_DELAYED && (q->columnwise || q->device == LUTRA_CPU);
+}
+
+int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,
+                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
+                             const char *fn) {
+  RANGE_PUSH("lutra.quantize");
+  int st = quantize_impl(q, dy, act, true, dbias, dbias_accumulate, NULL, out, fn);
   RANGE_POP();
   return st;
 }
@@ -185,7 +209,7 @@ int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool reco
                             lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
                             lutra_tensor **out, const char *fn) {
   RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, record_amax, dbias, dbias_accumulate, skip, out, fn);
+  int st = quantize_impl(q, x, NULL, record_amax, dbias, dbias_accumulate, skip, out, fn);
   RANGE_POP();
   return st;
 }

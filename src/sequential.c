@@ -3,8 +3,9 @@
  * A Linear followed by a GELU runs as one GEMM with the GELU in its epilogue (GELU_AUX(_BIAS),
  * the pre-activation kept for backward), and a Linear right after such a GELU applies gelu' in
  * its dgrad GEMM (DGELU), so the GELU costs no pass over memory of its own in either direction,
- * as in TransformerEngine's LayerNormMLP. Where a GEMM cannot take it (FP8 dgrad), the GELU's
- * own backward runs. lutra_sequential_fusions counts what the last forward/backward fused. */
+ * as in TransformerEngine's LayerNormMLP. Where a GEMM cannot take it (FP8 dgrad), gelu' goes
+ * into the grad_output cast of the Linear before the GELU (delayed scaling), else the GELU's own
+ * backward runs. lutra_sequential_fusions counts what the last forward/backward fused. */
 #include "internal.h"
 
 #include <stdio.h>
@@ -61,6 +62,14 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
         s->fused_backward++;
         i--; /* the GELU's backward is done */
       }
+      continue;
+    }
+    /* a GELU fused into the Linear before it, whose FP8 grad_output cast can apply gelu' */
+    if (i >= 1 && s->pre[i - 1] && lutra_linear_takes_gelu_grad(s->mods[i - 1])) {
+      TRY(lutra_linear_backward_gelu(s->mods[i - 1], g, &out));
+      g = out;
+      s->fused_backward++;
+      i--; /* the Linear's backward is done too */
       continue;
     }
     TRY(s->mods[i]->ops->backward(s->mods[i], g, &out));

@@ -1,6 +1,8 @@
 /* The CPU backend table and the device lookup every object uses at creation. */
 #include "cpu.h"
 
+#include <stdlib.h>
+
 /* The quantizers with their bias gradient (lutra_quant_args.dbias): on the CPU the two are one
  * call but two passes; the sum runs in double as lutra_cpu_bias_grad's. A set skip flag skips
  * both. */
@@ -9,8 +11,33 @@ static int with_dbias(int st, const lutra_quant_args *a) {
   return lutra_cpu_bias_grad(a->x, a->x_dtype, a->rows, a->cols, a->dbias, a->dbias_dtype,
                              a->dbias_accumulate);
 }
+/* lutra_quant_args.act: the product x * gelu'(act) is formed in f32 first (a grow-once
+ * per-thread buffer: the CPU backend is the reference, one pass more is its price), then cast
+ * and summed like any f32 input, so both see the same values. */
+static _Thread_local struct {
+  float *ptr;
+  int64_t n;
+} act_buf;
+
 static int cpu_cast(const lutra_quant_args *a) {
-  return with_dbias(lutra_cpu_cast(a), a);
+  if (!a || !a->act || (a->skip && *a->skip)) return with_dbias(lutra_cpu_cast(a), a);
+  static const char fn[] = "lutra_cpu_cast";
+  CHECK_ARG(a->rows >= 0 && a->cols >= 0, "negative shape [%lld, %lld]", (long long)a->rows,
+            (long long)a->cols);
+  int64_t n = a->rows * a->cols;
+  if (n > act_buf.n) {
+    float *p = realloc(act_buf.ptr, (size_t)n * sizeof(float));
+    if (!p) return lutra_error(LUTRA_ENOMEM, fn, "no memory for the GELU gradient (%lld floats)",
+                               (long long)n);
+    act_buf.ptr = p;
+    act_buf.n = n;
+  }
+  TRY(lutra_cpu_gelu_grad_product(a->act, a->x, a->x_dtype, n, act_buf.ptr));
+  lutra_quant_args f = *a;
+  f.x = act_buf.ptr;
+  f.x_dtype = LUTRA_F32;
+  f.act = NULL;
+  return with_dbias(lutra_cpu_cast(&f), &f);
 }
 static int cpu_quantize_mxfp8(const lutra_quant_args *a) {
   return with_dbias(lutra_cpu_quantize_mxfp8(a), a);

@@ -57,6 +57,16 @@ int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n) {
   return LUTRA_OK;
 }
 
+int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out) {
+  static const char fn[] = "lutra_cpu_gelu_grad_product";
+  CHECK_DTYPE(dtype, "tensor");
+  CHECK_ARG(n >= 0, "negative element count %lld", (long long)n);
+  CHECK_ARG(n == 0 || (x && dy && out), "x, dy and out must not be NULL");
+  for (int64_t i = 0; i < n; i++)
+    out[i] = lutra_cpu_load(dy, dtype, i) * gelu_grad(lutra_cpu_load(x, dtype, i));
+  return LUTRA_OK;
+}
+
 int lutra_cpu_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n) {
   static const char fn[] = "lutra_cpu_gelu_backward";
   CHECK_DTYPE(dtype, "tensor");

@@ -201,25 +201,44 @@ static int k_current_scale(const void *x, int dtype, int64_t n, float fp8_max, i
   return LAUNCH(current_scale, lk_current_scale(x, dtype, n, fp8_max, pow2, eps, amax, scale, work,
                                                 skip, cuda.stream));
 }
-/* Partial column sums of a fused quantize + bias gradient. It grows to the largest shape seen
- * (stream-ordered, so the old buffer is reused only after the kernels queued before it), so a
- * steady loop does not allocate. One stream at a time, as the other scratch buffers. */
+/* Scratch of a fused quantize + bias gradient: the partial column sums, and the per-strip tile
+ * counts the kernel leaves at zero. Each grows to the largest shape seen (stream-ordered, so an
+ * old buffer is reused only after the kernels queued before it), so a steady loop does not
+ * allocate; new counts are zeroed once. One stream at a time, as the other scratch buffers. */
 static struct {
   float *ptr;
   int64_t floats;
+  uint32_t *count;
+  int64_t counters;
 } dbias_scratch;
 
-static int dbias_scratch_for(int64_t floats, float **out) {
-  if (floats > dbias_scratch.floats) {
-    TRY(refuse_in_capture("lutra_cuda_quantize_dbias", "growing the bias-gradient scratch"));
-    void *p;
-    TRY(lutra_cuda_status(cudaMallocAsync(&p, (size_t)floats * sizeof(float), cuda.stream),
-                          "lutra_cuda_quantize_dbias", "cudaMallocAsync"));
-    if (dbias_scratch.ptr) cudaFreeAsync(dbias_scratch.ptr, cuda.stream);
-    dbias_scratch.ptr = p;
-    dbias_scratch.floats = floats;
+static int grow_scratch(void **ptr, int64_t *have, int64_t need, size_t elem, bool zero) {
+  static const char fn[] = "lutra_cuda_quantize_dbias";
+  if (need <= *have) return LUTRA_OK;
+  TRY(refuse_in_capture(fn, "growing the bias-gradient scratch"));
+  void *p;
+  TRY(lutra_cuda_status(cudaMallocAsync(&p, (size_t)need * elem, cuda.stream), fn,
+                        "cudaMallocAsync"));
+  if (zero) {
+    cudaError_t e = cudaMemsetAsync(p, 0, (size_t)need * elem, cuda.stream);
+    if (e != cudaSuccess) {
+      cudaFreeAsync(p, cuda.stream);
+      return lutra_cuda_status(e, fn, "cudaMemsetAsync");
+    }
   }
-  *out = dbias_scratch.ptr;
+  if (*ptr) cudaFreeAsync(*ptr, cuda.stream);
+  *ptr = p;
+  *have = need;
+  return LUTRA_OK;
+}
+
+static int dbias_scratch_for(int64_t rows, int64_t cols, lutra_quant_args *q) {
+  TRY(grow_scratch((void **)&dbias_scratch.ptr, &dbias_scratch.floats,
+                   lutra_dbias_scratch_floats(rows, cols), sizeof(float), false));
+  TRY(grow_scratch((void **)&dbias_scratch.count, &dbias_scratch.counters,
+                   lutra_dbias_counters(cols), sizeof(uint32_t), true));
+  q->dbias_scratch = dbias_scratch.ptr;
+  q->dbias_count = dbias_scratch.count;
   return LUTRA_OK;
 }
 
@@ -233,7 +252,7 @@ static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lu
   if (!a->dbias) return lutra_cuda_status(launch(a, cuda.stream), name, "kernel");
   lutra_quant_args q = *a;
   if (can_fuse && a->col_data && a->rows > 0 && a->cols > 0) {
-    TRY(dbias_scratch_for(lutra_dbias_scratch_floats(a->rows, a->cols), &q.dbias_scratch));
+    TRY(dbias_scratch_for(a->rows, a->cols, &q));
     return lutra_cuda_status(launch(&q, cuda.stream), name, "kernel with dbias");
   }
   q.dbias = NULL;
