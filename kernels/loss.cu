@@ -2,11 +2,11 @@
  * lutra_cpu_softmax_xent (src/cpu/ops_cpu.c): f32 element math, double accumulation of the
  * loss, loss = (float)(sum / count).
  *
- * The mean is deterministic: pass 1 writes one double partial per block (each block's share of
- * the work depends only on the shape, and every sum inside a block is a fixed tree) into a
- * static scratch; pass 2, one block, adds the partials in a fixed order and writes *loss. No
- * host synchronization, no allocation. The scratch is shared by all calls of a loss on a device:
- * calls on different streams must not overlap. */
+ * The mean is deterministic and takes one launch: each block writes one double partial (its
+ * share of the work depends only on the shape, and every sum inside a block is a fixed tree)
+ * into a static scratch; the last block to finish adds the partials in a fixed order and writes
+ * *loss. No host synchronization, no allocation. The scratch and the arrival count are shared
+ * by all calls of a loss on a device: calls on different streams must not overlap. */
 #include "ops_common.cuh"
 
 using namespace lkops;
@@ -20,16 +20,32 @@ constexpr int kMaxPartials = 1024; /* pass-1 grid cap */
 __device__ double g_mse_partial[kMaxPartials];
 __device__ double g_xent_partial[kMaxPartials];
 
-/* *loss = (float)(sum(partials[0 .. np)) / divisor), partials: XENT ? xent's : mse's */
-template <bool XENT>
-__global__ void __launch_bounds__(kThreads) mean_final(int np, double divisor, float *loss) {
+/* blocks of the loss kernel that have written their partial (the last one zeroes it again) */
+__device__ unsigned g_mse_done, g_xent_done;
+
+/* Called by every thread of every block once its block's partial is written: the last block to
+ * arrive sets *loss = (float)(sum(partials[0 .. gridDim.x)) / divisor), partials: XENT ? xent's
+ * : mse's, thread i adding partials i, i + kThreads, ... in order, then a block sum, so the
+ * result does not depend on which block is last; one launch per loss instead of two. */
+template <bool XENT> __device__ void mean_by_last_block(double divisor, float *loss) {
   __shared__ double red[kWarps];
+  __shared__ bool last;
+  unsigned *done = XENT ? &g_xent_done : &g_mse_done;
+  __threadfence(); /* this block's partial is visible before it is counted */
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
   const double *partial = XENT ? g_xent_partial : g_mse_partial;
   double s = 0.0;
-  for (int i = threadIdx.x; i < np; i += kThreads)
-    s += partial[i];
+  for (unsigned i = threadIdx.x; i < gridDim.x; i += kThreads)
+    s += __ldcg(partial + i);
   s = block_sum<kThreads>(s, red);
-  if (threadIdx.x == 0) *loss = static_cast<float>(s / divisor);
+  if (threadIdx.x == 0) {
+    *loss = static_cast<float>(s / divisor);
+    *done = 0;
+  }
 }
 
 /* ---- MSE ------------------------------------------------------------------------------- */
@@ -37,8 +53,9 @@ __global__ void __launch_bounds__(kThreads) mean_final(int np, double divisor, f
 /* sum (pred - target)^2 over this block's elements into g_mse_partial[blockIdx.x];
  * dpred = scale * (pred - target) when not NULL (scale = 2 / n, f32, from the host) */
 template <int DT, int N>
-__global__ void __launch_bounds__(kThreads)
-    mse_kernel(const void *pred, const void *target, void *dpred, int64_t n, float scale) {
+__global__ void __launch_bounds__(kThreads) mse_kernel(const void *pred, const void *target,
+                                                       void *dpred, int64_t n, float scale,
+                                                       float *loss) {
   __shared__ double red[kWarps];
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -63,6 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   acc = block_sum<kThreads>(acc, red);
   if (threadIdx.x == 0) g_mse_partial[blockIdx.x] = acc;
+  mean_by_last_block<false>(static_cast<double>(n), loss);
 }
 
 /* ---- softmax cross-entropy ----------------------------------------------------------------
@@ -85,7 +103,7 @@ template <bool BLOCK> __device__ __forceinline__ void group_sync() {
 template <int DT, int N, bool BLOCK>
 __global__ void __launch_bounds__(kThreads)
     xent_kernel(const void *logits, const int32_t *__restrict__ labels, int64_t rows, int64_t cols,
-                void *dlogits, float inv_rows) {
+                void *dlogits, float inv_rows, float *loss) {
   constexpr int G = BLOCK ? kThreads : 32; /* threads per row */
   __shared__ double red_d[kWarps];
   __shared__ float red_f[kWarps];
@@ -165,13 +183,7 @@ __global__ void __launch_bounds__(kThreads)
       g_xent_partial[blockIdx.x] = s;
     }
   }
-}
-
-template <bool XENT> cudaError_t launch_final(int np, double divisor, float *loss, cudaStream_t s) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  mean_final<XENT><<<1, kThreads, 0, s>>>(np, divisor, loss);
-  return cudaGetLastError();
+  mean_by_last_block<true>(static_cast<double>(rows), loss);
 }
 
 } // namespace
@@ -189,10 +201,10 @@ extern "C" cudaError_t lk_mse(const void *pred, const void *target, int dtype, i
     const int64_t work = vec ? cdiv<int64_t>(n, V) : n;
     const int blocks = static_cast<int>(imin<int64_t>(cdiv<int64_t>(work, kThreads), kMaxPartials));
     if (vec)
-      mse_kernel<DT, V><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale);
+      mse_kernel<DT, V><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale, loss);
     else
-      mse_kernel<DT, 1><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale);
-    return launch_final<false>(blocks, static_cast<double>(n), loss, s);
+      mse_kernel<DT, 1><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale, loss);
+    return cudaGetLastError();
   });
 }
 
@@ -213,18 +225,18 @@ extern "C" cudaError_t lk_softmax_xent(const void *logits, int dtype, const int3
     if (block_rows) {
       if (vec)
         xent_kernel<DT, V, true>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
       else
         xent_kernel<DT, 1, true>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
     } else {
       if (vec)
         xent_kernel<DT, V, false>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
       else
         xent_kernel<DT, 1, false>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
     }
-    return launch_final<true>(blocks, static_cast<double>(rows), loss, s);
+    return cudaGetLastError();
   });
 }
