@@ -228,9 +228,6 @@ local function linear(inf, outf, seed, bias)
 end
 local function randn(rows, cols, seed) return lutra.tensor({ rows, cols }, "bf16", DEV):randn(seed) end
 
--- bias_grad's launches (kernels/activation.cu): a second, reducing launch when the rows are
--- split over several blocks of at least 64 rows
-local function bias_grad_launches(rows) return rows > 64 and 2 or 1 end
 
 -- the 4-layer MLP of the training-step figures: K -> H -> H -> H -> N, GELUs between, biases
 local function mlp()
@@ -238,13 +235,14 @@ local function mlp()
                        linear(H, H, 3, true), nn.GELU(), linear(H, N, 4, true))
 end
 local function mlp_work(fp8)
-  local bg = 4 * bias_grad_launches(M)
   local gemm = fp8 and "lt_fp8_fprop" or "lt_bf16_fprop" -- the MLP's GEMMs at the Linear shape
   local g = {}
-  for i = 1, 12 do g[i] = gemm end
-  -- forward: 3 GELUs (+ 8 casts, the scale update at exit); MSE: 2; backward: 3 GELUs, bias
-  -- grads (+ 4 casts of dy, the backward scale update); AdamW: 1 multi-tensor launch
-  local launches = 3 + 2 + 3 + bg + (fp8 and (8 + 1 + 4 + 1) or 0)
+  for i = 1, 11 do g[i] = gemm end -- 4 fprop, 3 dgrad (none for the data input), 4 wgrad
+  -- BF16: GELUs, their gradients and the bias gradients ride in GEMM epilogues; MSE: 1 launch.
+  -- FP8 adds: forward, a cast+transpose of x and of W per Linear and the scale update at exit;
+  -- backward, a cast+transpose of dy per Linear (with gelu' and the bias gradient inside) and
+  -- the backward scale update. AdamW: 1 multi-tensor launch.
+  local launches = 1 + (fp8 and (8 + 1 + 4 + 1) or 0)
   return { launch = launches, launch_big = 1, matmul = g, approx = true }
 end
 
@@ -315,7 +313,7 @@ local figures = {
         local y = net:forward(x)
         fp8:exit()
         loss:forward(y, t)
-        net:backward(loss:backward())
+        net:backward(loss:backward(), false) -- x is data: no dgrad for the first Linear
         opt_:step()
       end
     end },
@@ -327,7 +325,7 @@ local figures = {
       local opt_ = lutra.optim.AdamW(net, { lr = 1e-4, weight_decay = 0.01 })
       return function()
         loss:forward(net:forward(x), t)
-        net:backward(loss:backward())
+        net:backward(loss:backward(), false) -- x is data: no dgrad for the first Linear
         opt_:step()
       end
     end },
@@ -358,7 +356,7 @@ local function graphed_mlp_step(fp8, hidden)
       local y = net:forward(x)
       if scope then scope:exit() end
       loss:forward(y, t)
-      net:backward(loss:backward())
+      net:backward(loss:backward(), false) -- x is data: no dgrad for the first Linear
       opt_:step()
     end, { warmup = 2 })
     return function() g:replay() end

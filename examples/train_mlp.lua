@@ -85,7 +85,7 @@ local function train_step()
   local y = net:forward(x)
   fp8:exit()
   loss:forward(y, target)
-  net:backward(loss:backward())
+  net:backward(loss:backward(), false) -- x is data: its gradient is not needed
   optimizer:step()
 end
 -- --graph on (cuda): step 1 runs eagerly, then the whole step is captured once as a CUDA graph

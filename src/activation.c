@@ -38,6 +38,7 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
             "grad_output does not match the forward output's shape, dtype or device");
   const lutra_backend *be = lutra_backend_get(dy->device, fn);
   if (!be) return LUTRA_EUNSUPPORTED;
+  if (!dx) return LUTRA_OK; /* the input's gradient is not wanted */
   TRY(lutra_tensor_ensure(&g->dx, dy->dtype, LUTRA_SCALING_NONE, dy->ndim, dy->shape, dy->device,
                           true, false, fn));
   TRY(be->gelu_backward(g->x->data, dy->data, g->dx->data, dy->dtype, dy->numel));

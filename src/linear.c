@@ -186,8 +186,10 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const l
             lutra_dtype_name(dy->dtype), lutra_dtype_name(l->dtype));
   CHECK_ARG(lutra_same_shape(dy, l->y), "grad_output shape does not match the forward output");
   CHECK_ARG(dy->device == l->device, "grad_output is on another device than the module");
-  TRY(lutra_tensor_ensure(&l->dx, l->dtype, LUTRA_SCALING_NONE, l->x->ndim, l->x->shape, l->device,
-                          true, false, fn));
+  /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
+  if (dx)
+    TRY(lutra_tensor_ensure(&l->dx, l->dtype, LUTRA_SCALING_NONE, l->x->ndim, l->x->shape,
+                            l->device, true, false, fn));
   lutra_tensor *wgrad_out = l->accumulate_main_grad ? l->weight_main_grad : l->wgrad;
   int accumulate = l->accumulate_main_grad;
   lutra_quantizer *qg = l->q[LUTRA_ROLE_GRAD_OUTPUT];
@@ -202,12 +204,14 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const l
     bg = NULL;
     lutra_scale_meta *meta = lutra_quantizer_meta(qg);
     if (meta) TRY(lutra_autocast_note_backward(meta, l->device, fn));
-    TRY(lutra_gemm_run(l->wq, 0, dyq, 0, l->dx, NULL, 0, 0, fn));
+    if (dx) TRY(lutra_gemm_run(l->wq, 0, dyq, 0, l->dx, NULL, 0, 0, fn));
     TRY(lutra_gemm_run(l->xq, 0, dyq, 1, wgrad_out, NULL, accumulate, 0, fn));
   } else {
     lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
-    bool fuse_dgelu = pre && pre->dtype == l->dtype && lutra_same_shape(pre, l->dx);
-    TRY(lutra_gemm_run_ex(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fuse_dgelu ? &dgelu : NULL, fn));
+    bool fuse_dgelu = dx && pre && pre->dtype == l->dtype && lutra_same_shape(pre, l->dx);
+    if (dx)
+      TRY(lutra_gemm_run_ex(l->weight, 0, dy, 0, l->dx, NULL, 0, 0, fuse_dgelu ? &dgelu : NULL,
+                            fn));
     if (fused) *fused = fuse_dgelu;
     /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
      * (it overwrites dbias, so not when gradients accumulate into main_grad) */
@@ -225,7 +229,7 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const l
     TRY(lutra_autocast_backward_done(fn));
     l->backward_trigger = false;
   }
-  *dx = l->dx;
+  if (dx) *dx = l->dx;
   return LUTRA_OK;
 }
 

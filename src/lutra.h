@@ -395,6 +395,9 @@ LUTRA_API const char *lutra_module_kind(const lutra_module *m);
  * (LUTRA_FIRST_MICROBATCH_DEVICE: quantize unless the device's skip-weight-update flag is set). */
 LUTRA_API int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
                                    lutra_tensor **y);
+/* dx NULL: the input's gradient is not wanted (the input is data, as a tensor without
+ * requires_grad in PyTorch): the module skips the work that only it needs (a Linear's dgrad GEMM,
+ * a Sequential's first module's); parameter gradients are computed as always. */
 LUTRA_API int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
 /* Parameters: weight, bias, their gradients and main grads, by index. NULL where absent. */
 typedef struct lutra_param {

@@ -46,7 +46,6 @@ int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor 
   static const char fn[] = "lutra_module_backward";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(dy, fn, "grad_output"));
-  CHECK_ARG(dx, "dx is NULL");
   return m->ops->backward(m, dy, dx);
 }
 

@@ -46,17 +46,20 @@ static int seq_forward(lutra_module *m, const lutra_tensor *x, int first_microba
   return LUTRA_OK;
 }
 
+/* dx NULL: the input's gradient is not wanted, so the first module computes none */
 static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
   sequential *s = (sequential *)m;
   const lutra_tensor *g = dy;
   lutra_tensor *out = NULL;
   s->fused_backward = 0;
   for (int i = s->count - 1; i >= 0; i--) {
+    /* where the module handles the input: out only if the caller wants it */
+#define OUT_FOR(first) ((first) && !dx ? NULL : &out)
     /* a Linear after a GELU whose forward was fused: gelu' goes into its dgrad GEMM */
     const lutra_tensor *pre = i >= 2 && lutra_module_is_linear(s->mods[i]) ? s->pre[i - 2] : NULL;
     if (pre) {
       bool fused;
-      TRY(lutra_linear_backward_dgelu(s->mods[i], g, pre, &out, &fused));
+      TRY(lutra_linear_backward_dgelu(s->mods[i], g, pre, &out, &fused)); /* i >= 2 */
       g = out;
       if (fused) {
         s->fused_backward++;
@@ -66,16 +69,17 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
     }
     /* a GELU fused into the Linear before it, whose FP8 grad_output cast can apply gelu' */
     if (i >= 1 && s->pre[i - 1] && lutra_linear_takes_gelu_grad(s->mods[i - 1])) {
-      TRY(lutra_linear_backward_gelu(s->mods[i - 1], g, &out));
+      TRY(lutra_linear_backward_gelu(s->mods[i - 1], g, OUT_FOR(i == 1)));
       g = out;
       s->fused_backward++;
       i--; /* the Linear's backward is done too */
       continue;
     }
-    TRY(s->mods[i]->ops->backward(s->mods[i], g, &out));
+    TRY(s->mods[i]->ops->backward(s->mods[i], g, OUT_FOR(i == 0)));
     g = out;
   }
-  *dx = out;
+#undef OUT_FOR
+  if (dx) *dx = out;
   return LUTRA_OK;
 }
 

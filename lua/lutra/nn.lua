@@ -67,7 +67,13 @@ function Module:forward(x, is_first_microbatch)
   return core.tensor_box[0]
 end
 
-function Module:backward(dy)
+-- input_grad = false: the input's gradient is not wanted (the input is data): a Linear skips
+-- its dgrad GEMM; returns nothing then
+function Module:backward(dy, input_grad)
+  if input_grad == false then
+    if C.lutra_module_backward(self, dy, nil) ~= 0 then core.fail() end
+    return nil
+  end
   if C.lutra_module_backward(self, dy, core.tensor_box) ~= 0 then core.fail() end
   return core.tensor_box[0]
 end
