@@ -30,6 +30,13 @@
  *   lt_set_attr     one cublasLtMatmulDescSetAttribute (lutra sets the two FP8 scale pointers
  *                   per GEMM; not a launch: for reading the FP8 figures)
  *   graph_launch    cudaGraphLaunch of a captured graph of 4 empty kernels
+ * and the GEMMs with the epilogues lutra's MLP uses (the bias and aux pointers set per call, as
+ * lutra sets them):
+ *   lt_bf16_fprop_bias, lt_bf16_fprop_gelu_aux_bias   BIAS, GELU_AUX_BIAS (aux BF16)
+ *   lt_bf16_dgrad_dgelu                               DGELU (aux BF16)
+ *   lt_bf16_wgrad_bgradb                              BGRADB (the bias gradient of dy)
+ *   lt_fp8_fprop_bias, lt_fp8_fprop_gelu_aux_bias     the FP8 fprop with BIAS, GELU_AUX_BIAS
+ * A floor whose GEMM the heuristic refuses is left out (hf_available says which).
  * (m, n, k as in lutra_gemm: row-major D [m, n] = op(B) [m, k] @ op(A) [k, n].) Every GEMM uses
  * the heuristic's first algorithm for a 32 MiB workspace, chosen once in hf_init, and 16-byte
  * aligned scale pointers for FP8 (cuBLASLt 13.1 refuses 4-byte aligned ones with
@@ -94,6 +101,16 @@ struct Gemm {
   cublasLtMatmulAlgo_t algo;
   const void *a, *b;
   void *d;
+  bool ready;
+  /* per-call epilogue pointers (NULL: none), set before each call as lutra does */
+  void *bias, *aux;
+};
+
+/* an epilogue and where its operands live */
+struct Epilogue {
+  cublasLtEpilogue_t kind;
+  void *bias; /* bias, or the bias gradient for BGRADB */
+  void *aux;  /* [m, n] BF16 */
 };
 
 /* Row-major D [m, n] = op(B) [m, k] @ op(A) [k, n], A stored [n, k] when transa else [k, n],
@@ -101,7 +118,7 @@ struct Gemm {
  * the same flags, as lutra's plans build it. scales: FP8 A and B scale pointers, or NULL. */
 static int make_gemm(Gemm &g, cudaDataType_t ta, cudaDataType_t tb, int transa, int transb,
                      int64_t m, int64_t n, int64_t k, int fast_accum, const float *scales,
-                     const void *a, const void *b, void *d) {
+                     const void *a, const void *b, void *d, Epilogue epi = Epilogue{}) {
   memset(&g, 0, sizeof g);
   g.a = a;
   g.b = b;
@@ -118,6 +135,23 @@ static int make_gemm(Gemm &g, cudaDataType_t ta, cudaDataType_t tb, int transa, 
     CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
     CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
   }
+  if (epi.kind != CUBLASLT_EPILOGUE_DEFAULT) {
+    CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi.kind,
+                                      sizeof epi.kind));
+    cudaDataType_t bf = CUDA_R_16BF;
+    if (epi.bias) {
+      CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bf, sizeof bf));
+      g.bias = epi.bias;
+    }
+    if (epi.aux) {
+      int64_t ld = n;
+      CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+      if (scales)
+        CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf,
+                                          sizeof bf));
+      g.aux = epi.aux;
+    }
+  }
   int64_t ra = transa ? n : k, ca = transa ? k : n; /* stored row-major shapes */
   int64_t rb = transb ? k : m, cb = transb ? m : k;
   CB(cublasLtMatrixLayoutCreate(&g.la, ta, (uint64_t)ca, (uint64_t)ra, ca));
@@ -130,17 +164,26 @@ static int make_gemm(Gemm &g, cudaDataType_t ta, cudaDataType_t tb, int transa, 
                                           sizeof ws));
   cublasLtMatmulHeuristicResult_t res;
   int found = 0;
-  CB(cublasLtMatmulAlgoGetHeuristic(g_lt, g.op, g.la, g.lb, g.ld, g.ld, pref, 1, &res, &found));
+  cublasStatus_t h =
+      cublasLtMatmulAlgoGetHeuristic(g_lt, g.op, g.la, g.lb, g.ld, g.ld, pref, 1, &res, &found);
   CB(cublasLtMatmulPreferenceDestroy(pref));
-  if (found < 1) {
+  if (h != CUBLAS_STATUS_SUCCESS || found < 1) {
+    if (epi.kind != CUBLASLT_EPILOGUE_DEFAULT) return 0; /* left out: not ready */
     fprintf(stderr, "host_floors: the cuBLASLt heuristic found no algorithm\n");
     return 1;
   }
   g.algo = res.algo;
+  g.ready = true;
   return 0;
 }
 
 static int run_gemm(const Gemm &g) {
+  if (g.bias)
+    CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias,
+                                      sizeof g.bias));
+  if (g.aux)
+    CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.aux,
+                                      sizeof g.aux));
   CB(cublasLtMatmul(g_lt, g.op, &ONE, g.a, g.la, g.b, g.lb, &ZERO, g.d, g.ld, g.d, g.ld, &g.algo,
                     g_ws, WORKSPACE, g_stream));
   return 0;
@@ -161,12 +204,33 @@ enum hf_floor {
   LT_FP8_WGRAD,
   LT_SET_ATTR,
   GRAPH_LAUNCH,
+  LT_BF16_FPROP_BIAS,
+  LT_BF16_FPROP_GELU_AUX_BIAS,
+  LT_BF16_DGRAD_DGELU,
+  LT_BF16_WGRAD_BGRADB,
+  LT_FP8_FPROP_BIAS,
+  LT_FP8_FPROP_GELU_AUX_BIAS,
   N_FLOORS
 };
-EXPORT const char *const hf_names[N_FLOORS + 1] = {
-    "launch",       "launch_big",   "memset",       "memcpy",      "lt_bf16_fprop",
-    "lt_bf16_dgrad", "lt_bf16_wgrad", "lt_fp8_fprop", "lt_fp8_dgrad", "lt_fp8_wgrad",
-    "lt_set_attr",  "graph_launch", NULL};
+EXPORT const char *const hf_names[N_FLOORS + 1] = {"launch",
+                                                   "launch_big",
+                                                   "memset",
+                                                   "memcpy",
+                                                   "lt_bf16_fprop",
+                                                   "lt_bf16_dgrad",
+                                                   "lt_bf16_wgrad",
+                                                   "lt_fp8_fprop",
+                                                   "lt_fp8_dgrad",
+                                                   "lt_fp8_wgrad",
+                                                   "lt_set_attr",
+                                                   "graph_launch",
+                                                   "lt_bf16_fprop_bias",
+                                                   "lt_bf16_fprop_gelu_aux_bias",
+                                                   "lt_bf16_dgrad_dgelu",
+                                                   "lt_bf16_wgrad_bgradb",
+                                                   "lt_fp8_fprop_bias",
+                                                   "lt_fp8_fprop_gelu_aux_bias",
+                                                   NULL};
 
 static Gemm g_gemm[N_FLOORS]; /* indexed by the lt_* floors */
 static void *g_scratch;
@@ -197,7 +261,11 @@ EXPORT int hf_init(int64_t M, int64_t K, int64_t N) {
    * BF16 and FP8 values */
   int64_t dim = std::max(M, std::max(K, N));
   size_t bytes = (size_t)(dim * dim * 4);
-  void *x, *w, *dy, *y;
+  void *x, *w, *dy, *y, *aux, *bias;
+  CK(cudaMalloc(&aux, bytes));
+  CK(cudaMalloc(&bias, 4 * (size_t)dim));
+  CK(cudaMemset(bias, 0, 4 * (size_t)dim));
+  CK(cudaMemset(aux, 0, bytes));
   CK(cudaMalloc(&x, bytes));
   CK(cudaMalloc(&w, bytes));
   CK(cudaMalloc(&dy, bytes));
@@ -221,6 +289,18 @@ EXPORT int hf_init(int64_t M, int64_t K, int64_t N) {
   TRY(make_gemm(g_gemm[LT_FP8_FPROP], E4, E4, 1, 0, M, N, K, 1, scales, w, x, y));
   TRY(make_gemm(g_gemm[LT_FP8_DGRAD], E4, E5, 1, 0, M, K, N, 0, scales, w, dy, y));
   TRY(make_gemm(g_gemm[LT_FP8_WGRAD], E4, E5, 1, 0, N, K, M, 0, scales, x, dy, y));
+  const Epilogue bias_e = {CUBLASLT_EPILOGUE_BIAS, bias, NULL};
+  const Epilogue gelu_aux_bias = {CUBLASLT_EPILOGUE_GELU_AUX_BIAS, bias, aux};
+  TRY(make_gemm(g_gemm[LT_BF16_FPROP_BIAS], BF, BF, 1, 0, M, N, K, 0, NULL, w, x, y, bias_e));
+  TRY(make_gemm(g_gemm[LT_BF16_FPROP_GELU_AUX_BIAS], BF, BF, 1, 0, M, N, K, 0, NULL, w, x, y,
+                gelu_aux_bias));
+  TRY(make_gemm(g_gemm[LT_BF16_DGRAD_DGELU], BF, BF, 0, 0, M, K, N, 0, NULL, w, dy, y,
+                Epilogue{CUBLASLT_EPILOGUE_DGELU, NULL, aux}));
+  TRY(make_gemm(g_gemm[LT_BF16_WGRAD_BGRADB], BF, BF, 0, 1, N, K, M, 0, NULL, x, dy, y,
+                Epilogue{CUBLASLT_EPILOGUE_BGRADB, bias, NULL}));
+  TRY(make_gemm(g_gemm[LT_FP8_FPROP_BIAS], E4, E4, 1, 0, M, N, K, 1, scales, w, x, y, bias_e));
+  TRY(make_gemm(g_gemm[LT_FP8_FPROP_GELU_AUX_BIAS], E4, E4, 1, 0, M, N, K, 1, scales, w, x, y,
+                gelu_aux_bias));
 
   cudaGraph_t graph;
   CK(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
@@ -235,14 +315,24 @@ EXPORT int hf_init(int64_t M, int64_t K, int64_t N) {
 
 EXPORT const char *hf_describe(void) { return g_describe; }
 
+/* 1 when the floor can be issued (an epilogue GEMM the heuristic refused cannot) */
+EXPORT int hf_available(int floor) {
+  if (floor < 0 || floor >= N_FLOORS) return 0;
+  if (floor == LT_SET_ATTR) return g_gemm[LT_FP8_FPROP].ready;
+  if (floor >= LT_BF16_FPROP && floor <= LT_FP8_WGRAD) return g_gemm[floor].ready;
+  if (floor >= LT_BF16_FPROP_BIAS) return g_gemm[floor].ready;
+  return 1;
+}
+
 EXPORT int hf_sync(void) {
   CK(cudaStreamSynchronize(g_stream));
   return 0;
 }
 
 EXPORT int hf_issue(int floor, int calls) {
-  if (!g_stream || floor < 0 || floor >= N_FLOORS) {
-    fprintf(stderr, "host_floors: hf_issue(%d) before hf_init or not a floor\n", floor);
+  if (!g_stream || !hf_available(floor)) {
+    fprintf(stderr, "host_floors: hf_issue(%d) before hf_init, not a floor, or not available\n",
+            floor);
     return 1;
   }
   for (int i = 0; i < calls; i++) {
