@@ -314,7 +314,7 @@ local figures = {
       return function() opt_:step() end
     end },
   { key = "mlp_step_fp8_delayed", name = "MLP step FP8 delayed (4 Linear, MSE, AdamW)",
-    torch = "mlp_step", target = { kind = "torch", max = 0.1 }, work = mlp_work(true),
+    torch = "mlp_step_fp8", target = { kind = "torch", max = 0.1 }, work = mlp_work(true),
     setup = function()
       local net, x, t = mlp(), randn(M, K, 1), randn(M, N, 3)
       local loss = nn.MSELoss()
@@ -374,7 +374,7 @@ local function graphed_mlp_step(fp8, hidden)
     return function() g:replay() end
   end
 end
-figures[#figures + 1] = { key = "mlp_graph_fp8_delayed", torch = "mlp_step",
+figures[#figures + 1] = { key = "mlp_graph_fp8_delayed", torch = "mlp_step_fp8",
   name = "MLP step FP8 delayed, CUDA graph replay", target = { kind = "floor", max = 1.5 },
   work = { graph = 1 }, setup = graphed_mlp_step(true) }
 figures[#figures + 1] = { key = "mlp_graph_bf16", torch = "mlp_step",
@@ -531,6 +531,7 @@ local torch_names = {
   fp8_linear = "eager per-tensor FP8 linear (amax, scale, cast, torch._scaled_mm)",
   adamw_step = "AdamW(fused=True) step, same MLP",
   mlp_step = "4-layer MLP step, BF16 params, AdamW(fused=True)",
+  mlp_step_fp8 = "4-layer MLP step, FP8 Linears in eager PyTorch (torch._scaled_mm), AdamW(fused=True)",
 }
 
 local function fmt_ratio(v)

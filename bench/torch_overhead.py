@@ -21,6 +21,12 @@ batch's loop divided by calls; the median over the batches. Printed as machine-r
     mlp_step        4-layer MLP (in-hidden-hidden-hidden-out, GELU, biases), BF16 params:
                     zero_grad(set_to_none), forward, MSE loss, backward, AdamW(fused=True) step
     mlp_step_amp    the same with f32 params under torch.autocast(bf16)
+    mlp_step_fp8    the same MLP with FP8 Linears written the eager way (a torch.autograd.Function
+                    per Linear: per-tensor current scaling of x, W (E4M3) and dy (E5M2), the
+                    three GEMMs through torch._scaled_mm, the bias gradient as dy.sum(0), no
+                    input gradient for the data), BF16 params, AdamW(fused=True): PyTorch doing
+                    the FP8 work of lutra's FP8 step (lutra uses delayed scaling, which needs no
+                    amax pass before a cast, so it issues less)
 Without PyTorch or without a CUDA device it prints why on a '#' line and exits with 0.
 """
 import argparse
@@ -164,6 +170,56 @@ def main():
         opt32.step()
 
     attempt("mlp_step_amp", "4-layer MLP step, f32 params + autocast(bf16)", 50, mlp_step_amp)
+
+    e5m2 = getattr(torch, "float8_e5m2", None)
+    if e4m3 is None or e5m2 is None or not hasattr(torch, "_scaled_mm"):
+        print("# torch_overhead: mlp_step_fp8 skipped: no float8 dtypes or torch._scaled_mm")
+        return 0
+    fmax5 = torch.finfo(e5m2).max
+
+    def quantize(t, dtype, top):
+        scale = top / t.abs().amax().float().clamp(min=1e-12)
+        return (t * scale).to(dtype), scale.reciprocal()
+
+    def col_major(t):  # _scaled_mm's second operand is column-major
+        return t.t().contiguous().t()
+
+    class FP8LinearFn(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, w, b):
+            xq, sx = quantize(x, e4m3, fmax)
+            wq, sw = quantize(w, e4m3, fmax)
+            ctx.save_for_backward(xq, sx, wq, sw)
+            return torch._scaled_mm(xq, wq.t(), scale_a=sx, scale_b=sw, bias=b, out_dtype=bf16,
+                                    use_fast_accum=True)
+
+        @staticmethod
+        def backward(ctx, dy):
+            xq, sx, wq, sw = ctx.saved_tensors
+            gq, sg = quantize(dy.contiguous(), e5m2, fmax5)
+            dx = None
+            if ctx.needs_input_grad[0]:
+                dx = torch._scaled_mm(gq, col_major(wq), scale_a=sg, scale_b=sw, out_dtype=bf16)
+            dw = torch._scaled_mm(gq.t().contiguous(), col_major(xq), scale_a=sg, scale_b=sx,
+                                  out_dtype=bf16)
+            return dx, dw, dy.sum(0)
+
+    class FP8Linear(nn.Linear):
+        def forward(self, inp):
+            return FP8LinearFn.apply(inp, self.weight, self.bias)
+
+    gelu = lambda: nn.GELU(approximate="tanh")  # noqa: E731
+    net8 = nn.Sequential(FP8Linear(K, H), gelu(), FP8Linear(H, H), gelu(), FP8Linear(H, H), gelu(),
+                         FP8Linear(H, N)).to(dev, bf16)
+    opt8 = adamw(net8.parameters())
+
+    def mlp_step_fp8():
+        opt8.zero_grad(set_to_none=True)
+        F.mse_loss(net8(x), target).backward()
+        opt8.step()
+
+    attempt("mlp_step_fp8", f"4-layer MLP step, FP8 Linears (eager per-tensor current scaling, "
+            f"torch._scaled_mm), BF16 params, AdamW(fused={fused})", 50, mlp_step_fp8)
     return 0
 
 
