@@ -722,7 +722,9 @@ int main(int argc, char **argv) {
   LU(lutra_recipe_block(&bd, &blk));
 
   static const int64_t shapes[2][3] = {{8192, 8192, 8192}, {4096, 4096, 1024}}; /* M, N, K */
-  for (int i = 0; i < 2; i++) {
+  /* LUTRA_BENCH_MEMORY_ONLY=1: the memory-bound ops only (a quicker run, e.g. to tune them) */
+  const char *memory_only = getenv("LUTRA_BENCH_MEMORY_ONLY");
+  for (int i = 0; i < 2 && !(memory_only && strcmp(memory_only, "1") == 0); i++) {
     int64_t m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
     lutra_tensor *a = new_randn(n, k, 1000 + (uint64_t)i); /* A [N, K] */
     lutra_tensor *b = new_randn(m, k, 2000 + (uint64_t)i); /* B [M, K] */

@@ -194,7 +194,10 @@ __device__ __forceinline__ void store_col16(const TileArgs &a, int64_t col, int6
  * once (a few hundred) then cover whole 32-byte sectors of both scale arrays (16 tiles x 2
  * E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row, so L2 writes
  * back full sectors instead of partial ones it would have to read from HBM first. */
-constexpr int64_t BAND = 16;
+#ifndef LUTRA_TILE_BAND /* for tuning builds only */
+#define LUTRA_TILE_BAND 16
+#endif
+constexpr int64_t BAND = LUTRA_TILE_BAND;
 __device__ __forceinline__ void tile_coords(const TileArgs &a, int64_t tile, int64_t &tr,
                                             int64_t &tc) {
   const int64_t band = tile / (BAND * a.tiles_c), rem = tile - band * BAND * a.tiles_c;
