@@ -595,7 +595,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx1
 
   /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded;
    * (nr0, nc0): the first row and column of the tile in next */
-  uint4 next[8];
+  uint4 next[8] = {};
   int64_t nr0 = 0, nc0 = 0;
   const uint32_t ntiles = (uint32_t)a.ntiles;
   auto load_tile = [&](uint32_t tile) {
@@ -603,10 +603,15 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx1
     const int64_t r = nr0 + 32 * warp + 8 * h, c = nc0 + 8 * k;
     const uint4 *p =
         reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
-    const bool in = r < rows && c < cols;
+    /* outside the matrix, next keeps what it held: whether a thread is inside depends on its
+     * warp and on k >> 2 only, as do the lanes of each of its blocks (k = 4 b .. 4 b + 3 of one
+     * h along a row, h = 0..3 of one k down a column), so those values never meet values of the
+     * matrix, and nothing of them is stored */
+    if (r < rows && c < cols) {
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-      next[i] = in ? __ldg(p + i * (cols / 8)) : make_uint4(0u, 0u, 0u, 0u);
+      for (int i = 0; i < 8; i++)
+        next[i] = __ldg(p + i * (cols / 8));
+    }
   };
   if (blockIdx.x < ntiles) load_tile(blockIdx.x);
 
