@@ -16,6 +16,9 @@ BLAS_LIBS   ?= -lopenblas
 LUTRA_CFLAGS = -std=c11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_SOURCE \
                -Isrc $(BLAS_CFLAGS)
 SRC  = $(sort $(wildcard src/*.c src/cpu/*.c))
+# the CPU library's sources and flags, for tools/sim_quantize_mx (whatever CUDA is)
+SIM_SRC    := $(SRC)
+SIM_CFLAGS := $(LUTRA_CFLAGS)
 LIBS = $(BLAS_LIBS) -lm -lpthread
 
 comma := ,
@@ -46,7 +49,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-gpu run bench install clean format
+.PHONY: all test test-gpu run bench install clean format sim-mx
 
 all: $(LIB) $(CDEF)
 
@@ -76,6 +79,21 @@ test-gpu: all
 
 run: all
 	$(RUN_ENV) $(LUAJIT) examples/train_mlp.lua $(ARGS)
+
+# kernels/quantize_mx.cu's MXFP8 kernels emulated on the CPU (a thread per CUDA thread) against
+# the CPU backend, byte for byte: needs the CUDA headers and a C++20 compiler, not a GPU.
+# ARGS=quick for the small shapes only.
+CXX ?= c++
+SIM_OBJ = $(SIM_SRC:%.c=build/sim/%.o)
+build/sim/%.o: %.c $(wildcard src/*.h src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(SIM_CFLAGS) $(CFLAGS) -c -o $@ $<
+build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) kernels/quantize_mx.cu kernels/common.cuh \
+                       kernels/kernels.h src/backend.h
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-mx: build/sim_quantize_mx
+	./build/sim_quantize_mx $(ARGS)
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)

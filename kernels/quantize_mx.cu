@@ -19,6 +19,13 @@
  * (MODE_CAST_CODES). The 64x64 kernels issue the next tile's loads before encoding the current
  * one and visit tiles in bands of 16 tile rows (tile_coords).
  *
+ * MXFP8 of bf16 / f16 inputs takes its own kernel (k_mx16) that keeps 128x64 tiles in registers
+ * as loaded: a thread's 8x8 values give both block amaxes through shuffles (1x32 blocks span 4
+ * lanes along a row and 4 lanes down a column), so only the columnwise codes go through shared
+ * memory (1 byte per element), and warps whose values hold no NaN or infinity skip the NaN rules.
+ * It needs rows and cols that are multiples of 32, 16-byte aligned buffers and no bias gradient;
+ * other MXFP8 quantizations (f32 inputs included) take k_tile64.
+ *
  * The vector path needs cols % 16 == 0, rows % 16 == 0 when a columnwise output is written, and
  * 16-byte aligned x, data and col_data; other shapes take the same kernels with per-element
  * loads and stores. */
@@ -479,6 +486,266 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
   }
 }
 
+/* ---- MXFP8 from bf16 / f16: 128x64 tiles held in registers ----------------------------------- */
+
+/* Thread t holds rows 8 h .. 8 h + 7 of its warp's 32-row band (rows 32 warp .. + 31 of the
+ * tile), columns 8 k .. 8 k + 7 (k = lane & 7, h = lane >> 3): one 16-byte load per row, a warp
+ * load covers 4 whole 128-byte rows. A rowwise block is lanes k = 4 b .. 4 b + 3 (xor 1, 2); a
+ * columnwise block (32 rows of one column) is lanes h = 0..3 (xor 8, 16), so both amaxes come
+ * from registers and shuffles and the inputs never go through shared memory. Only the columnwise
+ * codes do (8 bytes per thread and column, 8 KiB per tile), so that they leave as whole 128-byte
+ * rows of the transpose. Shared memory holds two tiles' codes: a tile's writes never meet the
+ * previous tile's reads, one barrier per tile. */
+constexpr int MX_THREADS = 128;
+constexpr int MX_TR = 128, MX_TC = 64;            /* tile rows, columns */
+constexpr int MX_BUF = MX_TR * MX_TC + 4 * MX_TC; /* transposed codes + column scales */
+constexpr int MX_SMEM = 2 * MX_BUF;
+
+/* magnitude bit patterns of the two 16-bit values of w; SAFE: NaNs as 0, as fmaxf drops them.
+ * For non-negative 16-bit floats the integer order is the value order, infinity included. */
+template <int XD, bool SAFE> __device__ __forceinline__ uint32_t mag2(uint32_t w) {
+  const uint32_t m = w & 0x7FFF7FFFu;
+  if (!SAFE) return m;
+  constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
+  const uint32_t lo = m & 0xFFFFu, hi = m >> 16;
+  return (lo > INF ? 0u : lo) | (hi > INF ? 0u : hi) << 16;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &u, int j) {
+  return j == 0 ? u.x : j == 1 ? u.y : j == 2 ? u.z : u.w;
+}
+
+/* value of half s of w. Exact either way; the fast form only for finite values (f16 NaN
+ * payloads follow src/dtype.c in the SAFE form) */
+template <int XD, bool SAFE> __device__ __forceinline__ float value16(uint32_t w, int s) {
+  if (XD == LUTRA_BF16) return bits_f32(s ? w & 0xFFFF0000u : w << 16);
+  if (SAFE) return f16_value((w >> (16 * s)) & 0xFFFFu);
+  return __half2float(__ushort_as_half((unsigned short)(w >> (16 * s))));
+}
+
+/* The rowwise (rm) and columnwise (cm) block amaxes as 16-bit magnitudes: rm[p] those of rows
+ * 2p, 2p + 1, cm[j] those of columns 2j, 2j + 1 of the thread's 8 (two rows' values share a
+ * shuffle). Every lane of the warp takes part. */
+template <int XD, bool SAFE>
+__device__ __forceinline__ void mx_amax(const uint4 (&x)[8], bool row_out, bool col_out,
+                                        uint32_t (&rm)[4], uint32_t (&cm)[4]) {
+  if (row_out) {
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+      uint32_t m[2];
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        const uint4 &u = x[2 * p + q];
+        m[q] = __vmaxu2(__vmaxu2(mag2<XD, SAFE>(u.x), mag2<XD, SAFE>(u.y)),
+                        __vmaxu2(mag2<XD, SAFE>(u.z), mag2<XD, SAFE>(u.w)));
+      }
+      uint32_t v = __vmaxu2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
+      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 1));
+      rm[p] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 2));
+    }
+  }
+  if (col_out) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      uint32_t v = mag2<XD, SAFE>(word_of(x[0], j));
+#pragma unroll
+      for (int i = 1; i < 8; i++)
+        v = __vmaxu2(v, mag2<XD, SAFE>(word_of(x[i], j)));
+      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 8));
+      cm[j] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 16));
+    }
+  }
+}
+
+/* E8M0 scale and its reciprocal for a block amax m (16-bit magnitude). Without SAFE every value
+ * of the block is finite, so amax * max_rcp < 2^120: then e8m0_bits is the exponent rounded up
+ * ((u + 0x7FFFFF) >> 23), except that subnormals up to 2^-127 give 0, and mx_scale_rcp never
+ * sees 0xFF. */
+template <int XD, bool SAFE>
+__device__ __forceinline__ float mx_scale(uint32_t m, float max_rcp, uint32_t &e) {
+  const float f = value16<XD, SAFE>(m, 0) * max_rcp;
+  if (SAFE) {
+    e = e8m0_bits(f);
+    return mx_scale_rcp(e);
+  }
+  const uint32_t u = f32_bits(f);
+  e = u > 0x400000u ? (u + 0x7FFFFFu) >> 23 : 0u;
+  return e ? bits_f32((254u - e) << 23) : 1.0f;
+}
+
+/* codes of v[k] * s as encode16. Without SAFE no product is NaN (finite values, finite
+ * non-zero scale), so the NaN patch is left out. */
+template <int OD, bool SAFE>
+__device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
+  float p[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++)
+    p[k] = v[k] * s;
+  uint32_t w[2];
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+    w[j] = fp8x2<OD>(p[4 * j], p[4 * j + 1]) | (fp8x2<OD>(p[4 * j + 2], p[4 * j + 3]) << 16);
+  if (SAFE) {
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      if (is_nan(p[k])) {
+        const uint32_t sh = 8u * (k & 3);
+        w[k >> 2] = (w[k >> 2] & ~(0xFFu << sh)) | (fp8_nan_code<OD>(mul_x86(v[k], s)) << sh);
+      }
+    }
+  }
+  return make_uint2(w[0], w[1]);
+}
+
+/* Encodes the thread's 8x8 values: rowwise codes and scales straight to memory, columnwise
+ * codes and scales into the tile's shared memory (sb). in: whether the values are inside the
+ * matrix (rows and cols are multiples of 32, so its 8 rows and 8 columns are all in or all out);
+ * then d and sc point at the rowwise code and scale of its first value. */
+template <int XD, int OD, bool SAFE>
+__device__ __forceinline__ void
+mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const uint32_t (&cm)[4],
+          bool in, uint8_t *d, uint8_t *sc, int k, int h, int warp, uint8_t *sb) {
+  if (a.data && in) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      uint32_t e;
+      const float s = mx_scale<XD, SAFE>((rm[i >> 1] >> (16 * (i & 1))) & 0xFFFFu, a.max_rcp, e);
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        v[j] = value16<XD, SAFE>(word_of(x[i], j >> 1), j & 1);
+      *reinterpret_cast<uint2 *>(d + i * a.cols) = encode8<OD, SAFE>(v, s);
+      if ((k & 3) == 0) sc[i * (a.cols >> 5)] = (uint8_t)e;
+    }
+  }
+  if (a.col_data) {
+    /* column 8 k + jj of the tile is row 8 k + jj of the transposed tile in sb (128 bytes, one
+     * per tile row); its 16-byte chunk g (rows 16 g .. + 15) sits at chunk g ^ k, so that the 8
+     * lanes k of one h hit distinct banks here and the 8 chunks of a row stay a permutation for
+     * the reads */
+    uint32_t es[2] = {0u, 0u};
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+      uint32_t e;
+      const float s = mx_scale<XD, SAFE>((cm[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu, a.max_rcp, e);
+      float v[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        v[i] = value16<XD, SAFE>(word_of(x[i], jj >> 1), jj & 1);
+      *reinterpret_cast<uint2 *>(sb + MX_TR * (8 * k + jj) + 16 * ((2 * warp + (h >> 1)) ^ k) +
+                                 8 * (h & 1)) = encode8<OD, SAFE>(v, s);
+      es[jj >> 2] |= e << (8 * (jj & 3));
+    }
+    if (h == 0)
+      *reinterpret_cast<uint2 *>(sb + MX_TR * MX_TC + MX_TC * warp + 8 * k) =
+          make_uint2(es[0], es[1]);
+  }
+}
+
+/* tile_coords in 32-bit arithmetic (launch_mx16 keeps ntiles below 2^31): the first row and
+ * column of a tile */
+__device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile, int64_t &r0,
+                                               int64_t &c0) {
+  const uint32_t tiles_r = (uint32_t)a.tiles_r, per_band = (uint32_t)(BAND * a.tiles_c);
+  const uint32_t band = tile / per_band, rem = tile - band * per_band;
+  const uint32_t h = min((uint32_t)BAND, tiles_r - band * (uint32_t)BAND);
+  const uint32_t tc = rem / h;
+  r0 = (int64_t)(band * (uint32_t)BAND + (rem - tc * h)) * MX_TR;
+  c0 = (int64_t)tc * MX_TC;
+}
+
+template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx16(TileArgs a) {
+  if (a.skip && *a.skip) return;
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
+  const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
+  const int64_t rows = a.rows, cols = a.cols;
+
+  /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded;
+   * (nr0, nc0): the first row and column of the tile in next */
+  uint4 next[8] = {};
+  int64_t nr0 = 0, nc0 = 0;
+  const uint32_t ntiles = (uint32_t)a.ntiles;
+  auto load_tile = [&](uint32_t tile) {
+    mx_tile_origin(a, tile, nr0, nc0);
+    const int64_t r = nr0 + 32 * warp + 8 * h, c = nc0 + 8 * k;
+    const uint4 *p =
+        reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
+    /* outside the matrix, next keeps what it held: whether a thread is inside depends on its
+     * warp and on k >> 2 only, as do the lanes of each of its blocks (k = 4 b .. 4 b + 3 of one
+     * h along a row, h = 0..3 of one k down a column), so those values never meet values of the
+     * matrix, and nothing of them is stored */
+    if (r < rows && c < cols) {
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        next[i] = __ldg(p + i * (cols / 8));
+    }
+  };
+  if (blockIdx.x < ntiles) load_tile(blockIdx.x);
+
+  int buf = 0;
+  for (uint32_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t r0 = nr0, c0 = nc0;
+    const int64_t r = r0 + 32 * warp + 8 * h, c = c0 + 8 * k;
+    const bool in = r < rows && c < cols;
+    uint8_t *d = nullptr, *sc = nullptr;
+    if (row_out) {
+      d = a.data + r * cols + c;
+      sc = static_cast<uint8_t *>(a.scale_inv) + r * (cols >> 5) + (c >> 5);
+    }
+    uint4 x[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      x[i] = next[i];
+    if (tile + gridDim.x < ntiles) load_tile(tile + gridDim.x);
+
+    uint8_t *sb = dyn_smem() + buf * MX_BUF;
+    uint32_t rm[4] = {0u, 0u, 0u, 0u}, cm[4] = {0u, 0u, 0u, 0u};
+    mx_amax<XD, false>(x, row_out, col_out, rm, cm);
+    /* a block with a NaN or an infinity (magnitude >= INF) needs the full rules: the warp
+     * recomputes its amaxes without the NaNs and encodes with NaN products patched */
+    constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
+    uint32_t top = 0u;
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+      top = __vmaxu2(top, __vmaxu2(rm[p], cm[p]));
+    const bool special = (top & 0xFFFFu) >= INF || (top >> 16) >= INF;
+    if (__any_sync(FULL_MASK, special)) {
+      mx_amax<XD, true>(x, row_out, col_out, rm, cm);
+      mx_encode<XD, OD, true>(a, x, rm, cm, in, d, sc, k, h, warp, sb);
+    } else {
+      mx_encode<XD, OD, false>(a, x, rm, cm, in, d, sc, k, h, warp, sb);
+    }
+
+    if (col_out) {
+      __syncthreads();
+      /* 8 lanes per transposed row: a warp stores 4 whole 128-byte rows */
+#pragma unroll
+      for (int it = 0; it < MX_TR * MX_TC / 16 / MX_THREADS; it++) {
+        const int u = t + MX_THREADS * it, cc = u >> 3, g = u & 7;
+        const uint4 w = *reinterpret_cast<const uint4 *>(sb + MX_TR * cc + 16 * (g ^ (cc >> 3)));
+        if (c0 + cc < cols && r0 + 16 * g < rows)
+          *reinterpret_cast<uint4 *>(a.col_data + (c0 + cc) * rows + r0 + 16 * g) = w;
+      }
+      /* column scales: [cols][rows / 32], the tile's 4 bytes of a column at once where they
+       * are all in and aligned */
+      if (t < MX_TC && c0 + t < cols) {
+        const uint8_t *s = sb + MX_TR * MX_TC + t;
+        const int64_t nb = rows / 32, b0 = r0 / 32;
+        uint8_t *d = static_cast<uint8_t *>(a.col_scale_inv) + (c0 + t) * nb + b0;
+        if (nb - b0 >= 4 && ((uintptr_t)d & 3u) == 0) {
+          *reinterpret_cast<uint32_t *>(d) = (uint32_t)s[0] | (uint32_t)s[MX_TC] << 8 |
+                                             (uint32_t)s[2 * MX_TC] << 16 |
+                                             (uint32_t)s[3 * MX_TC] << 24;
+        } else {
+          for (int w = 0; w < 4 && b0 + w < nb; w++)
+            d[w] = s[w * MX_TC];
+        }
+      }
+      buf ^= 1;
+    }
+  }
+}
+
 /* ---- 128x128 tiles: Float8BlockScaling ------------------------------------------------------- */
 
 constexpr int T128_THREADS = 256;
@@ -663,6 +930,34 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+/* MXFP8 of a bf16 / f16 x through k_mx16 (see mx16_ok) */
+cudaError_t launch_mx16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
+  a.tiles_r = (a.rows + MX_TR - 1) / MX_TR;
+  a.tiles_c = (a.cols + MX_TC - 1) / MX_TC;
+  a.ntiles = a.tiles_r * a.tiles_c;
+  const int smem = a.col_data ? MX_SMEM : 0;
+  return with_fp8_dtype(out_dtype, [&](auto od) {
+    constexpr int OD = decltype(od)::value;
+    constexpr auto KB = k_mx16<LUTRA_BF16, OD>;
+    constexpr auto KH = k_mx16<LUTRA_F16, OD>;
+    if (x_dtype == LUTRA_BF16)
+      LKC_LAUNCH(KB, persistent_grid<KB>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
+    else
+      LKC_LAUNCH(KH, persistent_grid<KH>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
+    return cudaGetLastError();
+  });
+}
+
+/* k_mx16 takes 16-bit inputs whose dims are multiples of 32 (so that a thread's 8x8 values are
+ * all in or all out) with 16-byte aligned buffers, and no bias gradient; the rest go through
+ * k_tile64 */
+bool mx16_ok(const lutra_quant_args *q, const TileArgs &a) {
+  const int64_t tiles_r = (q->rows + MX_TR - 1) / MX_TR, tiles_c = (q->cols + MX_TC - 1) / MX_TC;
+  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias && q->rows % 32 == 0 &&
+         q->cols % 32 == 0 && aligned16(a.x) && aligned16(a.data) && aligned16(a.col_data) &&
+         tiles_c * BAND < INT32_MAX && tiles_r * tiles_c < INT32_MAX;
+}
+
 /* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */
 cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
   if (q->dbias) {
@@ -718,6 +1013,7 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
   TileArgs a = tile_args(q, 64);
   block_outputs(a, q, row_out, col_out);
   a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
+  if (mx16_ok(q, a)) return launch_mx16(a, q->x_dtype, q->out_dtype, s);
   return launch_tile64_dbias(q, a, MODE_MX, s);
 }
 

@@ -549,6 +549,60 @@ describe("quantizers on " .. DEV .. " (codes, scales and dequantization bit-iden
                         kind[1] .. " columnwise-only read()", 4)
     end)
   end
+
+  -- MXFP8 of 16-bit inputs has its own CUDA kernel (128x64 tiles in registers, a fast path for
+  -- warps without NaN or infinity): blocks with NaN of either sign, +-inf, subnormals, -0 and
+  -- all-zero blocks, tiny blocks whose E8M0 scale is 0 or 1 (bf16), partial tiles in both dims,
+  -- one-sided outputs, and (2080x4128) more tiles than the grid has blocks
+  local function mx_special_matrix(rows, cols, dt)
+    local b = ffi.new("float[?]", rows * cols)
+    local tiny = dt == "bf16" and { 1e-40, 3e-39, -5.9e-39, 2.6e-36 } or { 6e-8, -3e-7, 1e-5, 6.1e-5 }
+    for r = 0, rows - 1 do
+      for c = 0, cols - 1 do
+        local i = r * cols + c
+        local blk = math.floor(r / 32) * 7 + math.floor(c / 32) * 3
+        local ex
+        if dt == "bf16" then
+          ex = blk % 5 == 4 and -100 - blk % 40 or (r * 7 + c) % 40 - 20
+        else
+          ex = blk % 5 == 4 and -20 - blk % 5 or (r * 7 + c) % 24 - 16
+        end
+        local v = math.sin(i * 0.7311 + 0.3) * 2 ^ ex
+        local u = (i * 2654435761) % 1000
+        if blk % 5 == 2 then v = 0
+        elseif u == 1 then v = 0 / 0
+        elseif u == 2 then v = -(0 / 0)
+        elseif u == 3 then v = HUGE
+        elseif u == 4 then v = -HUGE
+        elseif u < 15 then v = tiny[u % 4 + 1]
+        elseif u < 20 then v = NZERO
+        end
+        b[i] = v
+      end
+    end
+    return b
+  end
+  for _, dt in ipairs { "bf16", "f16" } do
+    test("mxfp8 of " .. dt .. ": NaN, inf, subnormals, zero and tiny blocks, partial tiles, one-sided outputs", function()
+      local code = dt == "bf16" and C.LUTRA_BF16 or C.LUTRA_F16
+      for _, size in ipairs { { 32, 32 }, { 160, 96 }, { 288, 224 }, { 2080, 4128 } } do
+        local rows, cols = size[1], size[2]
+        local xa, xb = from_buf_pair(mx_special_matrix(rows, cols, dt), { rows, cols }, dt)
+        assert_same_half_bits(xb:bytes(), xa:bytes(), code, string.format("%s %dx%d input", dt, rows, cols))
+        for _, f in ipairs { { "e4m3", "input", {} }, { "e5m2", "grad_output", { fp8_format = "hybrid" } } } do
+          local sides = rows * cols > 1e6 and { { true, true } } or { { true, true }, { true, false }, { false, true } }
+          for _, side in ipairs(sides) do
+            local what = string.format("mxfp8 %s %s %dx%d rowwise %s columnwise %s", f[1], dt, rows,
+                                       cols, tostring(side[1]), tostring(side[2]))
+            local r = R.mxfp8(f[3])
+            local qa = quantizer(r, f[2], { device = REF, rowwise = side[1], columnwise = side[2] })
+            local qb = quantizer(r, f[2], { device = DEV, rowwise = side[1], columnwise = side[2] })
+            compare_fp8(qa, qb, qa:quantize(xa), qb:quantize(xb), { fmt = f[1] }, what, side[1], side[2])
+          end
+        end
+      end
+    end)
+  end
 end)
 
 -- ---- delayed scaling histories -------------------------------------------------------------
