@@ -201,8 +201,14 @@ __device__ __forceinline__ void store_col16(const TileArgs &a, int64_t col, int6
  * once (a few hundred) then cover whole 32-byte sectors of both scale arrays (16 tiles x 2
  * E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row, so L2 writes
  * back full sectors instead of partial ones it would have to read from HBM first. */
-#ifndef LUTRA_TILE_BAND /* for tuning builds only */
-#define LUTRA_TILE_BAND 16
+/* 8 tile rows: 81.3% of copy for the delayed cast + transpose at 16384^2 and 87.2% at 8192^2,
+ * against 80.0% / 86.8% with 16 and 76.1% / 83.3% with 32 (tools/tile_band_sweep.sh, H200,
+ * 2026-11-29). The macros are for tuning builds only. */
+#ifndef LUTRA_TILE_BAND
+#define LUTRA_TILE_BAND 8
+#endif
+#ifndef LUTRA_MX_BAND
+#define LUTRA_MX_BAND 16
 #endif
 constexpr int64_t BAND = LUTRA_TILE_BAND;
 __device__ __forceinline__ void tile_coords(const TileArgs &a, int64_t tile, int64_t &tr,
@@ -646,11 +652,12 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
  * column of a tile */
 __device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile, int64_t &r0,
                                                int64_t &c0) {
-  const uint32_t tiles_r = (uint32_t)a.tiles_r, per_band = (uint32_t)(BAND * a.tiles_c);
+  constexpr uint32_t B = LUTRA_MX_BAND; /* k_mx16's band of 128-row tiles */
+  const uint32_t tiles_r = (uint32_t)a.tiles_r, per_band = B * (uint32_t)a.tiles_c;
   const uint32_t band = tile / per_band, rem = tile - band * per_band;
-  const uint32_t h = min((uint32_t)BAND, tiles_r - band * (uint32_t)BAND);
+  const uint32_t h = min(B, tiles_r - band * B);
   const uint32_t tc = rem / h;
-  r0 = (int64_t)(band * (uint32_t)BAND + (rem - tc * h)) * MX_TR;
+  r0 = (int64_t)(band * B + (rem - tc * h)) * MX_TR;
   c0 = (int64_t)tc * MX_TC;
 }
 
@@ -955,7 +962,7 @@ bool mx16_ok(const lutra_quant_args *q, const TileArgs &a) {
   const int64_t tiles_r = (q->rows + MX_TR - 1) / MX_TR, tiles_c = (q->cols + MX_TC - 1) / MX_TC;
   return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias && q->rows % 32 == 0 &&
          q->cols % 32 == 0 && aligned16(a.x) && aligned16(a.data) && aligned16(a.col_data) &&
-         tiles_c * BAND < INT32_MAX && tiles_r * tiles_c < INT32_MAX;
+         tiles_c * LUTRA_MX_BAND < INT32_MAX && tiles_r * tiles_c < INT32_MAX;
 }
 
 /* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */
