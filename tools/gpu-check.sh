@@ -70,8 +70,9 @@ if has host; then
   note "host overhead suite exit $?"
 fi
 if has ncu; then
-  # where the tiled quantizers spend their time (Nsight Compute, if the machine has it)
-  LUTRA_DEVICE=cuda timeout 300 ncu --kernel-name regex:k_tile64 --launch-count 4 \
+  # where the tiled quantizers spend their time (Nsight Compute, if the machine has it);
+  # NCU_KERNEL: a regex of the kernels to profile
+  LUTRA_DEVICE=cuda timeout 300 ncu --kernel-name regex:"${NCU_KERNEL:-k_tile64|k_mx16}" --launch-count 4 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy \
     --section MemoryWorkloadAnalysis luajit tools/quantize_once.lua > "$OUT/ncu.txt" 2>&1
   note "ncu exit $?"
