@@ -174,6 +174,22 @@ static int make_gemm(Gemm &g, cudaDataType_t ta, cudaDataType_t tb, int transa, 
   }
   g.algo = res.algo;
   g.ready = true;
+  /* the algorithm's identity, as lutra prints its plans' with LUTRA_LOG_PLANS=1 */
+  static const cublasLtMatmulAlgoConfigAttributes_t attr[4] = {
+      CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+      CUBLASLT_ALGO_CONFIG_STAGES_ID};
+  int32_t f[4];
+  for (int i = 0; i < 4; i++) {
+    size_t got = 0;
+    uint32_t v = 0;
+    f[i] = cublasLtMatmulAlgoConfigGetAttribute(&g.algo, attr[i], &v, sizeof v, &got) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? (int32_t)v
+               : -1;
+  }
+  fprintf(stderr, "host_floors: GEMM m=%lld n=%lld k=%lld %c%c epilogue %d: algo %d tile %d "
+          "splitk %d stages %d\n", (long long)m, (long long)n, (long long)k, transa ? 'T' : 'N',
+          transb ? 'T' : 'N', (int)epi.kind, f[0], f[1], f[2], f[3]);
   return 0;
 }
 

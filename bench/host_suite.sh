@@ -69,6 +69,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 echo "== lutra: host time per call"
-$PIN "$LUAJIT" bench/host_overhead.lua --device "$DEVICE" $SHAPES --hidden "$HIDDEN" \
+# LUTRA_LOG_PLANS=1: each GEMM plan's algorithm goes to stderr, beside host_floors' own
+LUTRA_LOG_PLANS=1 $PIN "$LUAJIT" bench/host_overhead.lua --device "$DEVICE" $SHAPES --hidden "$HIDDEN" \
   --batches "$BATCHES" --floors-lib build/libhost_floors.so --torch "$DIR/host_torch.txt" \
   --counts "$DIR/host_counts.txt" --table "$TABLE" | tee "$DIR/host_lutra.txt"

@@ -256,15 +256,33 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
 
 /* LUTRA_LOG_PLANS=1: one stderr line per new plan saying which path it takes (plans are made
  * once per shape, so this costs nothing in a steady loop). */
+/* the algorithm's identity, for comparing plans with raw cuBLASLt calls (bench/host_floors.cu
+ * prints the same fields): id, tile, split-K count, stages */
+static void algo_fields(const cublasLtMatmulAlgo_t *algo, int32_t f[4]) {
+  static const cublasLtMatmulAlgoConfigAttributes_t attr[4] = {
+      CUBLASLT_ALGO_CONFIG_ID, CUBLASLT_ALGO_CONFIG_TILE_ID, CUBLASLT_ALGO_CONFIG_SPLITK_NUM,
+      CUBLASLT_ALGO_CONFIG_STAGES_ID};
+  for (int i = 0; i < 4; i++) {
+    size_t n = 0;
+    uint32_t v = 0;
+    f[i] = cublasLtMatmulAlgoConfigGetAttribute(algo, attr[i], &v, sizeof v, &n) ==
+                   CUBLAS_STATUS_SUCCESS
+               ? (int32_t)v
+               : -1;
+  }
+}
+
 static void log_plan(const lutra_gemm_key *k, const cuda_plan *c) {
   if (!log_plans()) return;
+  int32_t f[4];
+  algo_fields(&c->algo, f);
   const char *path = c->dequantize     ? "operands dequantized to bf16 (fallback)"
                      : c->block_scales ? "native FP8, block scales"
                      : c->fp8_scales   ? "native FP8, per-tensor scales"
                                        : "native";
   fprintf(stderr,
           "lutra: GEMM plan %s x %s -> %s, m=%lld n=%lld k=%lld, %c%c, epilogue %d: %s; bias %s, "
-          "epilogue %s, D %s\n",
+          "epilogue %s, D %s; algo %d tile %d splitk %d stages %d\n",
           lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype), lutra_dtype_name(k->d_dtype),
           (long long)k->m, (long long)k->n, (long long)k->k, k->transa ? 'T' : 'N',
           k->transb ? 'T' : 'N', k->epilogue, path,
@@ -274,7 +292,7 @@ static void log_plan(const lutra_gemm_key *k, const cuda_plan *c) {
           k->epilogue == LUTRA_EPILOGUE_NONE ? "none"
           : c->lt_epilogue                   ? "in cuBLASLt"
                                              : "by kernels",
-          c->stage_d ? "staged in f32" : "written directly");
+          c->stage_d ? "staged in f32" : "written directly", f[0], f[1], f[2], f[3]);
 }
 
 /* The operand layouts: FP8 as stored, or BF16 for the dequantizing fallback. */
