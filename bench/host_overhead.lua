@@ -86,8 +86,13 @@ if opt.counts then
     for line in f:lines() do
       local key, l, ms, mc, g = line:match("^count%s+(%S+)%s+(%d+)%s+(%d+)%s+(%d+)%s+(%d+)")
       if key then
+        -- columns 5-7 (later counters): mallocs, frees, graph launches
+        local rest = {}
+        for v in line:match("^count%s+%S+%s+%d+%s+%d+%s+%d+%s+%d+(.*)$"):gmatch("%d+") do
+          rest[#rest + 1] = tonumber(v)
+        end
         counted[key] = { launches = tonumber(l), memsets = tonumber(ms), memcpys = tonumber(mc),
-                         matmuls = tonumber(g) }
+                         matmuls = tonumber(g), graphs = rest[3] or 0 }
       end
     end
     f:close()
@@ -96,13 +101,13 @@ end
 
 -- ---- the launch counter (only when bench/launch_count.so is preloaded) --------------------
 
-ffi.cdef [[ void lutra_launch_counts(uint64_t out[6]); ]]
+ffi.cdef [[ void lutra_launch_counts(uint64_t out[7]); ]]
 local have_counter, read_counter = pcall(function() return ffi.C.lutra_launch_counts end)
-local counter_box = ffi.new("uint64_t[6]")
+local counter_box = ffi.new("uint64_t[7]")
 local function counter()
   read_counter(counter_box)
   local c = {}
-  for i = 0, 5 do c[i + 1] = tonumber(counter_box[i]) end
+  for i = 0, 6 do c[i + 1] = tonumber(counter_box[i]) end
   return c
 end
 if opt.count and not have_counter then
@@ -401,10 +406,10 @@ if opt.count then
     fn()
     local b = counter()
     sync()
-    local line = string.format("count %s %d %d %d %d %d %d", fig.key, b[1] - a[1], b[2] - a[2],
-                               b[3] - a[3], b[4] - a[4], b[5] - a[5], b[6] - a[6])
+    local line = string.format("count %s %d %d %d %d %d %d %d", fig.key, b[1] - a[1], b[2] - a[2],
+                               b[3] - a[3], b[4] - a[4], b[5] - a[5], b[6] - a[6], b[7] - a[7])
     lines[#lines + 1] = line
-    print(line .. "  # launches memsets memcpys matmuls mallocs frees: " .. fig.name)
+    print(line .. "  # launches memsets memcpys matmuls mallocs frees graph-launches: " .. fig.name)
   end
   local f = assert(io.open(opt.count, "w"))
   f:write("# per call, after 3 warm-up calls; device ", DEV, "\n", table.concat(lines, "\n"), "\n")
@@ -426,15 +431,21 @@ local function floor_parts(fig)
   local note = ""
   if c then
     local diff = c.launches ~= launches + big or c.memsets ~= memsets or c.memcpys ~= memcpys
-      or c.matmuls ~= #gemms
+      or c.matmuls ~= #gemms or c.graphs ~= graph
     if diff then
       note = string.format(" (counted; the code table says %d launches, %d memsets, %d GEMMs)",
                            launches + big, memsets, #gemms)
       big = math.min(big, c.launches)
       launches, memsets, memcpys = c.launches - big, c.memsets, c.memcpys
+      if c.graphs ~= graph and #gemms > 0 and c.graphs - graph == #gemms - c.matmuls then
+        -- lutra replayed those GEMMs as cached graphs (src/cuda/gemm_graphs.c)
+        note = string.format(" (counted: %d of the %d GEMMs as cached graph launches)",
+                             c.graphs - graph, #gemms)
+      end
+      graph = c.graphs
       if c.matmuls ~= #gemms then
         local kinds = #gemms > 0 and gemms or { "lt_bf16_fprop" }
-        gemms, approx = {}, true
+        gemms, approx = {}, c.matmuls > 0
         for i = 1, c.matmuls do gemms[i] = kinds[(i - 1) % #kinds + 1] end
       end
     else
@@ -461,7 +472,7 @@ local function floor_parts(fig)
   if memsets > 0 then words[#words + 1] = memsets .. " memset" .. (memsets > 1 and "s" or "") end
   if memcpys > 0 then words[#words + 1] = memcpys .. " memcpy" .. (memcpys > 1 and "s" or "") end
   if #gemms > 0 then words[#words + 1] = #gemms .. (#gemms == 1 and " GEMM" or " GEMMs") end
-  if graph > 0 then words[#words + 1] = "1 graph launch" end
+  if graph > 0 then words[#words + 1] = graph .. (graph == 1 and " graph launch" or " graph launches") end
   local what = #words > 0 and table.concat(words, " + ") .. note or "no GPU work"
   return parts, what, approx
 end

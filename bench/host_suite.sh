@@ -8,8 +8,9 @@
 # On the GPU machine, from the repository root, with liblutra.so built with CUDA (make):
 #   source .devkit/enter.sh && bash bench/host_suite.sh [TABLE.md]
 # The table goes to TABLE.md, else $OUT/host_overhead.md when $OUT is set, else
-# bench/host_overhead.md; the raw outputs (host_counts.txt, host_torch.txt, host_lutra.txt) go
-# to $OUT, else build/host_suite/.
+# bench/host_overhead.md, and the same with every GEMM a direct cublasLtMatmul to TABLE-direct.md;
+# the raw outputs (host_counts_*.txt, host_torch.txt, host_lutra_*.txt) go to $OUT, else
+# build/host_suite/.
 # About a minute (PyTorch's import and CUDA start-up take most of it).
 # Environment: SHAPES (default "--batch 64 --in 64 --out 64"), HIDDEN (MLP width, 128),
 # BATCHES (15), PYTHON (python3), LUAJIT (luajit), NVCC, CUDA_HOME (/usr/local/cuda),
@@ -41,7 +42,7 @@ fi
 DIR=${OUT:-build/host_suite}
 mkdir -p "$(dirname "$TABLE")" "$DIR" build
 export LUA_PATH="lua/?.lua;lua/?/init.lua;${LUA_PATH:-;}"
-rm -f "$DIR/host_torch.txt" "$DIR/host_counts.txt" "$DIR/host_lutra.txt"
+rm -f "$DIR"/host_torch.txt "$DIR"/host_counts_*.txt "$DIR"/host_lutra_*.txt
 
 if [ "$DEVICE" = cuda ]; then
   if [ ! -f liblutra.so ] || ! grep -qx 'CUDA=1' build/config 2> /dev/null; then
@@ -61,15 +62,27 @@ if [ "$DEVICE" = cuda ]; then
   fi
 
   echo "== lutra: GPU work per call (bench/launch_count.so preloaded)"
-  if ! LD_PRELOAD=$PWD/build/launch_count.so $PIN "$LUAJIT" bench/host_overhead.lua \
-    --device cuda $SHAPES --hidden "$HIDDEN" --count "$DIR/host_counts.txt"; then
-    echo "host_suite: counting failed; the floors use the counts from the code" >&2
-    rm -f "$DIR/host_counts.txt"
-  fi
+  for mode in graphs direct; do
+    if ! LUTRA_GEMM_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) \
+      LD_PRELOAD=$PWD/build/launch_count.so $PIN "$LUAJIT" bench/host_overhead.lua \
+      --device cuda $SHAPES --hidden "$HIDDEN" --count "$DIR/host_counts_$mode.txt"; then
+      echo "host_suite: counting failed; the floors use the counts from the code" >&2
+      rm -f "$DIR/host_counts_$mode.txt"
+    fi
+  done
 fi
 
-echo "== lutra: host time per call"
-# LUTRA_LOG_PLANS=1: each GEMM plan's algorithm goes to stderr, beside host_floors' own
-LUTRA_LOG_PLANS=1 $PIN "$LUAJIT" bench/host_overhead.lua --device "$DEVICE" $SHAPES --hidden "$HIDDEN" \
-  --batches "$BATCHES" --floors-lib build/libhost_floors.so --torch "$DIR/host_torch.txt" \
-  --counts "$DIR/host_counts.txt" --table "$TABLE" | tee "$DIR/host_lutra.txt"
+# Twice: as lutra runs by default (eager GEMMs seen before replay as cached one-GEMM graphs,
+# src/cuda/gemm_graphs.c), and with LUTRA_GEMM_GRAPHS=0 (every GEMM a direct cublasLtMatmul, the
+# raw call its floor issues): TABLE, and TABLE with -direct before .md.
+for mode in graphs direct; do
+  table=$TABLE
+  [ $mode = direct ] && table=${TABLE%.md}-direct.md
+  echo "== lutra: host time per call ($mode GEMMs)"
+  # LUTRA_LOG_PLANS=1: each GEMM plan's algorithm goes to stderr, beside host_floors' own
+  LUTRA_GEMM_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) LUTRA_LOG_PLANS=1 \
+    $PIN "$LUAJIT" bench/host_overhead.lua --device "$DEVICE" $SHAPES --hidden "$HIDDEN" \
+    --batches "$BATCHES" --floors-lib build/libhost_floors.so --torch "$DIR/host_torch.txt" \
+    --counts "$DIR/host_counts_$mode.txt" --table "$table" | tee "$DIR/host_lutra_$mode.txt"
+  [ "$DEVICE" = cuda ] || break
+done

@@ -11,7 +11,8 @@
  *
  * Counted: kernel launches (nvcc's <<<>>> calls __cudaLaunchKernel in CUDA 13, cudaLaunchKernel
  * before), cudaMemsetAsync, cudaMemcpyAsync, cublasLtMatmul, and the stream-ordered allocator's
- * cudaMallocAsync and cudaFreeAsync (host calls that are not in any floor). cuBLASLt links its own static
+ * cudaMallocAsync and cudaFreeAsync (host calls that are not in any floor), cudaGraphLaunch
+ * (lutra's cached one-GEMM graphs, and whole-step graphs). cuBLASLt links its own static
  * runtime, so the kernels a cublasLtMatmul runs are not counted as launches (the matmul floor
  * includes them). */
 #define _GNU_SOURCE
@@ -23,7 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-enum { N_LAUNCH, N_MEMSET, N_MEMCPY, N_MATMUL, N_MALLOC, N_FREE, N_COUNTS };
+enum { N_LAUNCH, N_MEMSET, N_MEMCPY, N_MATMUL, N_MALLOC, N_FREE, N_GRAPH, N_COUNTS };
 static uint64_t counts[N_COUNTS]; /* the benchmark is single-threaded */
 
 __attribute__((visibility("default"))) void lutra_launch_counts(uint64_t out[N_COUNTS]) {
@@ -117,4 +118,12 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t stream) {
   if (!f) f = (free_fn)real("cudaFreeAsync");
   counts[N_FREE]++;
   return f(p, stream);
+}
+
+typedef cudaError_t (*graph_fn)(cudaGraphExec_t, cudaStream_t);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream) {
+  static graph_fn f;
+  if (!f) f = (graph_fn)real("cudaGraphLaunch");
+  counts[N_GRAPH]++;
+  return f(exec, stream);
 }

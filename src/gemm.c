@@ -339,6 +339,17 @@ int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int 
   return lutra_gemm_run_ex(a, transa, b, transb, d, bias, accumulate, 0, epi, fn);
 }
 
+int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches) {
+  static const char fn[] = "lutra_gemm_graph_stats";
+  CHECK_ARG(graphs && launches, "output pointers must not be NULL");
+  *graphs = *launches = 0;
+#ifdef LUTRA_WITH_CUDA
+  void lutra_gemm_graphs_stats(int64_t *, int64_t *); /* src/cuda/gemm_graphs.c */
+  lutra_gemm_graphs_stats(graphs, launches);
+#endif
+  return LUTRA_OK;
+}
+
 int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {
   static const char fn[] = "lutra_gemm_cache_stats";
   CHECK_ARG(plans && workspace_bytes, "output pointers must not be NULL");

@@ -65,6 +65,13 @@ function M.gemm_cache_stats()
   return plans[0], tonumber(bytes[0])
 end
 
+-- eager cuda GEMMs replayed as cached one-GEMM graphs: (graphs cached, calls served by them)
+function M.gemm_graph_stats()
+  local g, l = core.ffi.new("int64_t[1]"), core.ffi.new("int64_t[1]")
+  core.check(C.lutra_gemm_graph_stats(g, l))
+  return tonumber(g[0]), tonumber(l[0])
+end
+
 function M.device_available(name)
   return C.lutra_device_available(core.code(core.devices, name, "device", "lutra.device_available")) == 1
 end

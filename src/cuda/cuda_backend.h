@@ -35,6 +35,24 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
 void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cuda_gemm(const lutra_gemm_args *g);
 
+/* gemm_graphs.c: a plan's eager calls replayed as one-GEMM CUDA graphs. The arguments a call
+ * bakes into its kernels: */
+typedef struct lutra_gemm_call {
+  const void *a, *b;
+  void *d;
+  const void *bias, *aux, *dbias, *a_scale, *b_scale;
+  void *workspace;
+  cudaStream_t stream;
+  float beta;
+} lutra_gemm_call;
+typedef struct lutra_gemm_graphs lutra_gemm_graphs;
+/* Runs the call: issue(ctx) (sets the descriptor's pointers and calls cublasLtMatmul on
+ * key->stream), directly or through the graph cached in *slot for these arguments. */
+int lutra_gemm_graphs_run(lutra_gemm_graphs **slot, const lutra_gemm_call *key,
+                          int (*issue)(void *), void *ctx, const char *fn);
+void lutra_gemm_graphs_free(lutra_gemm_graphs *g);
+void lutra_gemm_graphs_stats(int64_t *graphs, int64_t *launches);
+
 /* One GEMM workspace per device and stream: cuBLASLt's 32 MiB on Hopper and newer, with
  * 256 bytes for alignment, as TransformerEngine sizes it. */
 enum { LUTRA_CUDA_WORKSPACE = 32 * 1024 * 1024 + 256 };

@@ -47,6 +47,7 @@ typedef struct cuda_plan {
                          scratch and convert (one rounding, as the CPU backend does) */
   bool lt_epilogue;   /* the key's epilogue runs in cuBLASLt; else kernels after the GEMM */
   size_t a_bytes, b_bytes, d_bytes;
+  lutra_gemm_graphs *graphs; /* eager calls replayed as graphs (gemm_graphs.c) */
 } cuda_plan;
 
 static cudaDataType_t cuda_type(int dtype) {
@@ -70,6 +71,7 @@ static size_t round256(size_t n) {
 
 static void destroy(cuda_plan *c) {
   if (!c) return;
+  lutra_gemm_graphs_free(c->graphs);
   if (c->op) cublasLtMatmulDescDestroy(c->op);
   if (c->la) cublasLtMatrixLayoutDestroy(c->la);
   if (c->lb) cublasLtMatrixLayoutDestroy(c->lb);
@@ -445,23 +447,22 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
   return lutra_cuda_status(e, fn, "GEMM epilogue kernels");
 }
 
-int lutra_cuda_gemm(const lutra_gemm_args *g) {
+/* One cublasLtMatmul with its per-call pointers: what gemm_graphs.c runs directly or captures */
+typedef struct matmul_call {
+  cuda_plan *c;
+  const lutra_gemm_args *g;
+  const void *a, *b;
+  void *d;
+  char *ws;
+  cudaStream_t s;
+} matmul_call;
+
+static int issue_matmul(void *ctx) {
   static const char fn[] = "lutra_cuda_gemm";
-  cuda_plan *c = g->plan->backend_plan;
-  const void *a = g->a.data, *b = g->b.data;
-  char *ws = g->workspace;
-  if (g->workspace_bytes < g->plan->workspace_bytes)
-    return lutra_error(LUTRA_EINVAL, fn, "workspace of %zu bytes is smaller than the plan's %zu",
-                       g->workspace_bytes, g->plan->workspace_bytes);
-  if (c->dequantize) {
-    void *wa = ws + LUTRA_CUDA_WORKSPACE, *wb = ws + LUTRA_CUDA_WORKSPACE + c->a_bytes;
-    TRY(dequantize_to_bf16(&g->a, wa));
-    TRY(dequantize_to_bf16(&g->b, wb));
-    a = wa;
-    b = wb;
-  } else if (c->fp8_scales) {
-    if (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)
-      return lutra_error(LUTRA_EINVAL, fn, "FP8 scale pointers must be 16-byte aligned");
+  const matmul_call *m = ctx;
+  cuda_plan *c = m->c;
+  const lutra_gemm_args *g = m->g;
+  if (c->fp8_scales) {
     /* per-tensor: one f32 each; block: the tensors' scale arrays, in cuBLASLt's layouts */
     TRY(lutra_cublas_status(cublasLtMatmulDescSetAttribute(c->op,
                                                            CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
@@ -477,6 +478,31 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
                                                            &g->bias, sizeof g->bias),
                             fn, "setting the bias pointer"));
   if (c->lt_epilogue) TRY(set_epilogue_pointers(c, g, fn));
+  const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
+  return lutra_cublas_status(cublasLtMatmul(lutra_cuda_lt(), c->op, &alpha, m->a, c->la, m->b,
+                                            c->lb, &beta, m->d, c->ld, m->d, c->ld, &c->algo,
+                                            m->ws, LUTRA_CUDA_WORKSPACE - 256, m->s),
+                             fn, "cublasLtMatmul");
+}
+
+int lutra_cuda_gemm(const lutra_gemm_args *g) {
+  static const char fn[] = "lutra_cuda_gemm";
+  cuda_plan *c = g->plan->backend_plan;
+  const void *a = g->a.data, *b = g->b.data;
+  char *ws = g->workspace;
+  if (g->workspace_bytes < g->plan->workspace_bytes)
+    return lutra_error(LUTRA_EINVAL, fn, "workspace of %zu bytes is smaller than the plan's %zu",
+                       g->workspace_bytes, g->plan->workspace_bytes);
+  if (c->dequantize) {
+    void *wa = ws + LUTRA_CUDA_WORKSPACE, *wb = ws + LUTRA_CUDA_WORKSPACE + c->a_bytes;
+    TRY(dequantize_to_bf16(&g->a, wa));
+    TRY(dequantize_to_bf16(&g->b, wb));
+    a = wa;
+    b = wb;
+  } else if (c->fp8_scales &&
+             (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)) {
+    return lutra_error(LUTRA_EINVAL, fn, "FP8 scale pointers must be 16-byte aligned");
+  }
   cudaStream_t s = lutra_cuda_stream();
   void *d = g->d;
   int d_dtype = g->d_dtype;
@@ -487,11 +513,25 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
       TRY(lutra_cuda_status(lk_convert(g->d, g->d_dtype, d, LUTRA_F32, g->m * g->n, s), fn,
                             "staging D"));
   }
-  const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
-  TRY(lutra_cublas_status(cublasLtMatmul(lutra_cuda_lt(), c->op, &alpha, a, c->la, b, c->lb, &beta,
-                                         d, c->ld, d, c->ld, &c->algo, ws,
-                                         LUTRA_CUDA_WORKSPACE - 256, s),
-                          fn, "cublasLtMatmul"));
+  matmul_call m = {.c = c, .g = g, .a = a, .b = b, .d = d, .ws = ws, .s = s};
+  if (c->dequantize || c->stage_d) {
+    TRY(issue_matmul(&m)); /* more than one GEMM call's work: not cached */
+  } else {
+    const lutra_gemm_call key = {
+        .a = a,
+        .b = b,
+        .d = d,
+        .bias = c->bias_epilogue ? g->bias : NULL,
+        .aux = c->lt_epilogue ? g->aux : NULL,
+        .dbias = c->lt_epilogue ? g->dbias : NULL,
+        .a_scale = c->fp8_scales ? g->a.scale_inv : NULL,
+        .b_scale = c->fp8_scales ? g->b.scale_inv : NULL,
+        .workspace = ws,
+        .stream = s,
+        .beta = g->accumulate ? 1.0f : 0.0f,
+    };
+    TRY(lutra_gemm_graphs_run(&c->graphs, &key, issue_matmul, &m, fn));
+  }
   if (g->bias && !c->bias_epilogue)
     TRY(lutra_cuda_status(lk_add_bias(d, d_dtype, g->bias, g->bias_dtype, g->m, g->n, s), fn,
                           "bias kernel"));
