@@ -114,6 +114,25 @@ static int atomicCAS(int *p, int c, int v) {
   if (o == c) *p = v;
   return o;
 }
+/* the dbias reduction of k_tile64 (never run here: MXFP8 takes no bias gradient) only has to
+ * compile */
+static unsigned atomicAdd(unsigned *p, unsigned v) {
+  std::lock_guard<std::mutex> g(sim_atomic);
+  const unsigned o = *p;
+  *p = o + v;
+  return o;
+}
+static void __threadfence() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+template <typename T> static T __ldcg(const T *p) {
+  return *p;
+}
+static float __uint_as_float(unsigned u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
 static int64_t min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
