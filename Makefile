@@ -88,7 +88,7 @@ SIM_OBJ = $(SIM_SRC:%.c=build/sim/%.o)
 build/sim/%.o: %.c $(wildcard src/*.h src/*/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_CFLAGS) $(CFLAGS) -c -o $@ $<
-build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) kernels/quantize_mx.cu kernels/common.cuh \
+build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) kernels/quantize_mx.cu kernels/common.cuh kernels/ops_common.cuh \
                        kernels/kernels.h src/backend.h
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
