@@ -23,9 +23,6 @@
  * as loaded: a thread's 8x8 values give both block amaxes through shuffles (1x32 blocks span 4
  * lanes along a row and 4 lanes down a column), so only the columnwise codes go through shared
  * memory (1 byte per element), and warps whose values hold no NaN or infinity skip the NaN rules.
- * Its blocks take units of up to 2x4 tiles, whose E8M0 scales they gather in shared memory and
- * write as 8-byte runs: a tile's own 2 or 4 bytes per scale row and column would add 192 L2
- * requests (partial sectors) to the 320 of its data, and L2 throughput is what limits it.
  * It needs rows and cols that are multiples of 32, 16-byte aligned buffers and no bias gradient;
  * other MXFP8 quantizations (f32 inputs included) take k_tile64.
  *
@@ -63,10 +60,6 @@ struct TileArgs {
   float *cast_scale_inv, *cast_col_scale_inv;
   /* MXFP8 */
   float max_rcp;
-  /* k_mx16's work unit: mx_sr x mx_sc tiles (ntiles then counts units, mx_units_r x
-   * mx_units_c of them) */
-  int mx_sr, mx_sc;
-  uint32_t mx_units_r, mx_units_c;
   /* block scaling */
   float fp8_max, eps;
   int power_2_scale;
@@ -507,28 +500,12 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
  * columnwise block (32 rows of one column) is lanes h = 0..3 (xor 8, 16), so both amaxes come
  * from registers and shuffles and the inputs never go through shared memory. Only the columnwise
  * codes do (8 bytes per thread and column, 8 KiB per tile), so that they leave as whole 128-byte
- * rows of the transpose, and the scales (see MX_SR). Shared memory holds two tiles' codes: a
- * tile's writes never meet the previous tile's reads, one barrier per tile.
- *
- * A block takes work units of up to 2x4 tiles (launch_mx16 picks the shape), tile after tile with
- * the same software pipeline across units, and writes the unit's scales at its end. */
+ * rows of the transpose. Shared memory holds two tiles' codes: a tile's writes never meet the
+ * previous tile's reads, one barrier per tile. */
 constexpr int MX_THREADS = 128;
-constexpr int MX_TR = 128, MX_TC = 64; /* tile rows, columns */
-constexpr int MX_BUF = MX_TR * MX_TC;  /* a tile's transposed codes */
-/* The scales of a whole work unit (up to MX_SR x MX_SC tiles, 256 x 256 values) are staged in
- * shared memory and leave at its end: E8M0 scales are 1 byte per 32 values, so a tile's share
- * of a scale row or column is 2 or 4 bytes, and storing it as such costs an L2 request (a
- * partial sector) per row and per column of the tile, 192 of them per tile beside 320 for its
- * 32 KiB of data (loads and codes). A 2x4 unit writes 8 bytes per scale row and column: 64 requests
- * per tile. */
-constexpr int MX_SR = 2, MX_SC = 4;
-constexpr int MX_RS = MX_SR * MX_TR * 8; /* row scales: [unit row][8 bytes] */
-constexpr int MX_CS_LD = MX_SC * MX_TC;  /* column scales: [32-row block][unit col] */
-constexpr int MX_STAGE = MX_RS + 4 * MX_SR * MX_CS_LD;
-static_assert(LUTRA_MX_BAND % MX_SR == 0, "LUTRA_MX_BAND: whole units");
-/* shared memory: two units' scales (one barrier per unit is then enough, as for the codes), and
- * with a columnwise output two tiles' transposed codes */
-constexpr int MX_SMEM_ROW = 2 * MX_STAGE, MX_SMEM = 2 * MX_STAGE + 2 * MX_BUF;
+constexpr int MX_TR = 128, MX_TC = 64;            /* tile rows, columns */
+constexpr int MX_BUF = MX_TR * MX_TC + 4 * MX_TC; /* transposed codes + column scales */
+constexpr int MX_SMEM = 2 * MX_BUF;
 
 /* magnitude bit patterns of the two 16-bit values of w; SAFE: NaNs as 0, as fmaxf drops them.
  * For non-negative 16-bit floats the integer order is the value order, infinity included. */
@@ -626,15 +603,14 @@ __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
   return make_uint2(w[0], w[1]);
 }
 
-/* Encodes the thread's 8x8 values: rowwise codes straight to memory, columnwise codes into the
- * tile's shared memory (sb), both scales into the unit's staging (rs: the row scale of its first
- * row, 8 bytes per row; cs: its columns' scales of its 32-row block). in: whether the values are
- * inside the matrix (rows and cols are multiples of 32, so its 8 rows and 8 columns are all in or
- * all out); then d points at the rowwise code of its first value. */
+/* Encodes the thread's 8x8 values: rowwise codes and scales straight to memory, columnwise
+ * codes and scales into the tile's shared memory (sb). in: whether the values are inside the
+ * matrix (rows and cols are multiples of 32, so its 8 rows and 8 columns are all in or all out);
+ * then d and sc point at the rowwise code and scale of its first value. */
 template <int XD, int OD, bool SAFE>
 __device__ __forceinline__ void
 mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const uint32_t (&cm)[4],
-          bool in, uint8_t *d, uint8_t *rs, uint8_t *cs, int k, int h, uint8_t *sb, int warp) {
+          bool in, uint8_t *d, uint8_t *sc, int k, int h, int warp, uint8_t *sb) {
   if (a.data && in) {
 #pragma unroll
     for (int i = 0; i < 8; i++) {
@@ -645,7 +621,7 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
       for (int j = 0; j < 8; j++)
         v[j] = value16<XD, SAFE>(word_of(x[i], j >> 1), j & 1);
       *reinterpret_cast<uint2 *>(d + i * a.cols) = encode8<OD, SAFE>(v, s);
-      if ((k & 3) == 0) rs[8 * i] = (uint8_t)e;
+      if ((k & 3) == 0) sc[i * (a.cols >> 5)] = (uint8_t)e;
     }
   }
   if (a.col_data) {
@@ -666,37 +642,23 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
                                  8 * (h & 1)) = encode8<OD, SAFE>(v, s);
       es[jj >> 2] |= e << (8 * (jj & 3));
     }
-    if (h == 0) *reinterpret_cast<uint2 *>(cs) = make_uint2(es[0], es[1]);
+    if (h == 0)
+      *reinterpret_cast<uint2 *>(sb + MX_TR * MX_TC + MX_TC * warp + 8 * k) =
+          make_uint2(es[0], es[1]);
   }
 }
 
-/* tile_coords for units in 32-bit arithmetic (launch_mx16 keeps the counts below 2^31): bands of
- * LUTRA_MX_BAND tile rows, unit column by unit column inside a band; (tr, tc): the unit's first
- * tile */
-__device__ __forceinline__ void mx_unit_origin(const TileArgs &a, uint32_t unit, uint32_t &tr,
-                                               uint32_t &tc) {
-  const uint32_t B = LUTRA_MX_BAND / (uint32_t)a.mx_sr; /* units per band, down */
-  const uint32_t per_band = B * a.mx_units_c;
-  const uint32_t band = unit / per_band, rem = unit - band * per_band;
-  const uint32_t h = min(B, a.mx_units_r - band * B);
-  const uint32_t uc = rem / h;
-  tr = (band * B + (rem - uc * h)) * (uint32_t)a.mx_sr;
-  tc = uc * (uint32_t)a.mx_sc;
-}
-
-/* n (at most 8) staged scale bytes of v to d, in as few stores as alignment allows */
-__device__ __forceinline__ void mx_store_scales(uint8_t *d, uint2 v, int n) {
-  const uintptr_t p = (uintptr_t)d;
-  if (n == 8 && (p & 7u) == 0) {
-    *reinterpret_cast<uint2 *>(d) = v;
-  } else if (n == 4 && (p & 3u) == 0) {
-    *reinterpret_cast<uint32_t *>(d) = v.x;
-  } else if (n == 2 && (p & 1u) == 0) {
-    *reinterpret_cast<uint16_t *>(d) = (uint16_t)v.x;
-  } else {
-    for (int i = 0; i < n; i++)
-      d[i] = (uint8_t)((i < 4 ? v.x : v.y) >> (8 * (i & 3)));
-  }
+/* tile_coords in 32-bit arithmetic (launch_mx16 keeps ntiles below 2^31): the first row and
+ * column of a tile */
+__device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile, int64_t &r0,
+                                               int64_t &c0) {
+  constexpr uint32_t B = LUTRA_MX_BAND; /* k_mx16's band of 128-row tiles */
+  const uint32_t tiles_r = (uint32_t)a.tiles_r, per_band = B * (uint32_t)a.tiles_c;
+  const uint32_t band = tile / per_band, rem = tile - band * per_band;
+  const uint32_t h = min(B, tiles_r - band * B);
+  const uint32_t tc = rem / h;
+  r0 = (int64_t)(band * B + (rem - tc * h)) * MX_TR;
+  c0 = (int64_t)tc * MX_TC;
 }
 
 template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx16(TileArgs a) {
@@ -704,17 +666,14 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx1
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
   const int64_t rows = a.rows, cols = a.cols;
-  const uint32_t tiles_r = (uint32_t)a.tiles_r, tiles_c = (uint32_t)a.tiles_c;
 
-  /* software pipeline: the loads of the block's next tile (in this unit or the next one) are
-   * issued before the current one is encoded; (nr0, nc0): the first row and column of the tile
-   * in next */
+  /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded;
+   * (nr0, nc0): the first row and column of the tile in next */
   uint4 next[8] = {};
   int64_t nr0 = 0, nc0 = 0;
-  const uint32_t nunits = (uint32_t)a.ntiles;
-  auto load_tile = [&](uint32_t tr, uint32_t tc) {
-    nr0 = (int64_t)tr * MX_TR;
-    nc0 = (int64_t)tc * MX_TC;
+  const uint32_t ntiles = (uint32_t)a.ntiles;
+  auto load_tile = [&](uint32_t tile) {
+    mx_tile_origin(a, tile, nr0, nc0);
     const int64_t r = nr0 + 32 * warp + 8 * h, c = nc0 + 8 * k;
     const uint4 *p =
         reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
@@ -728,102 +687,69 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx1
         next[i] = __ldg(p + i * (cols / 8));
     }
   };
-  uint32_t utr = 0, utc = 0; /* first tile of the unit in next */
-  if (blockIdx.x < nunits) {
-    mx_unit_origin(a, blockIdx.x, utr, utc);
-    load_tile(utr, utc);
-  }
+  if (blockIdx.x < ntiles) load_tile(blockIdx.x);
 
-  int buf = 0, sbuf = 0;
-  for (uint32_t unit = blockIdx.x; unit < nunits; unit += gridDim.x) {
-    /* the unit's tiles inside the matrix: nr x nc from tile (ur, uc), visited down each column
-     * of tiles (the transposed codes of two consecutive tiles are neighbours) */
-    const uint32_t ur = utr, uc = utc;
-    const uint32_t nr = min((uint32_t)a.mx_sr, tiles_r - ur),
-                   nc = min((uint32_t)a.mx_sc, tiles_c - uc);
-    uint8_t *stage = dyn_smem() + sbuf * MX_STAGE;
-    for (uint32_t jr = 0, jc = 0; jc < nc;) {
-      const int64_t r0 = nr0, c0 = nc0;
-      const int64_t r = r0 + 32 * warp + 8 * h, c = c0 + 8 * k;
-      const bool in = r < rows && c < cols;
-      uint8_t *d = row_out ? a.data + r * cols + c : nullptr;
-      uint4 x[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        x[i] = next[i];
-      uint32_t njr = jr + 1, njc = jc;
-      if (njr == nr) {
-        njr = 0;
-        njc++;
-      }
-      if (njc < nc) {
-        load_tile(ur + njr, uc + njc);
-      } else if (unit + gridDim.x < nunits) {
-        mx_unit_origin(a, unit + gridDim.x, utr, utc);
-        load_tile(utr, utc);
-      }
-
-      uint8_t *sb = dyn_smem() + 2 * MX_STAGE + buf * MX_BUF;
-      uint8_t *rs = stage + 8 * (MX_TR * jr + 32 * warp + 8 * h) + 2 * jc + (k >> 2);
-      uint8_t *cs = stage + MX_RS + MX_CS_LD * (4 * jr + warp) + MX_TC * jc + 8 * k;
-      uint32_t rm[4] = {0u, 0u, 0u, 0u}, cm[4] = {0u, 0u, 0u, 0u};
-      mx_amax<XD, false>(x, row_out, col_out, rm, cm);
-      /* a block with a NaN or an infinity (magnitude >= INF) needs the full rules: the warp
-       * recomputes its amaxes without the NaNs and encodes with NaN products patched */
-      constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
-      uint32_t top = 0u;
-#pragma unroll
-      for (int p = 0; p < 4; p++)
-        top = __vmaxu2(top, __vmaxu2(rm[p], cm[p]));
-      const bool special = (top & 0xFFFFu) >= INF || (top >> 16) >= INF;
-      if (__any_sync(FULL_MASK, special)) {
-        mx_amax<XD, true>(x, row_out, col_out, rm, cm);
-        mx_encode<XD, OD, true>(a, x, rm, cm, in, d, rs, cs, k, h, sb, warp);
-      } else {
-        mx_encode<XD, OD, false>(a, x, rm, cm, in, d, rs, cs, k, h, sb, warp);
-      }
-
-      if (col_out) {
-        __syncthreads();
-        /* 8 lanes per transposed row: a warp stores 4 whole 128-byte rows */
-#pragma unroll
-        for (int it = 0; it < MX_TR * MX_TC / 16 / MX_THREADS; it++) {
-          const int u = t + MX_THREADS * it, cc = u >> 3, g = u & 7;
-          const uint4 w = *reinterpret_cast<const uint4 *>(sb + MX_TR * cc + 16 * (g ^ (cc >> 3)));
-          if (c0 + cc < cols && r0 + 16 * g < rows)
-            *reinterpret_cast<uint4 *>(a.col_data + (c0 + cc) * rows + r0 + 16 * g) = w;
-        }
-        buf ^= 1;
-      }
-      jr = njr;
-      jc = njc;
-    }
-
-    /* the unit's scales: 2 nc bytes per row, 4 nr per column (fewer at the matrix's edge). With
-     * a columnwise output the last tile's barrier has already made them visible. */
-    if (!col_out) __syncthreads();
-    const int64_t R0 = (int64_t)ur * MX_TR, C0 = (int64_t)uc * MX_TC;
+  int buf = 0;
+  for (uint32_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t r0 = nr0, c0 = nc0;
+    const int64_t r = r0 + 32 * warp + 8 * h, c = c0 + 8 * k;
+    const bool in = r < rows && c < cols;
+    uint8_t *d = nullptr, *sc = nullptr;
     if (row_out) {
-      const int64_t nb = cols >> 5, b0 = C0 >> 5;
-      const int n = (int)min((int64_t)(2 * nc), nb - b0);
-      uint8_t *sc = static_cast<uint8_t *>(a.scale_inv) + b0;
-      for (uint32_t ru = t; ru < nr * MX_TR && R0 + ru < rows; ru += MX_THREADS)
-        mx_store_scales(sc + (R0 + ru) * nb, *reinterpret_cast<const uint2 *>(stage + 8 * ru), n);
+      d = a.data + r * cols + c;
+      sc = static_cast<uint8_t *>(a.scale_inv) + r * (cols >> 5) + (c >> 5);
     }
-    if (col_out) {
-      const int64_t nb = rows >> 5, b0 = R0 >> 5;
-      const int n = (int)min((int64_t)(4 * nr), nb - b0);
-      uint8_t *sc = static_cast<uint8_t *>(a.col_scale_inv) + b0;
-      for (uint32_t cu = t; cu < nc * MX_TC && C0 + cu < cols; cu += MX_THREADS) {
-        const uint8_t *s = stage + MX_RS + cu;
-        uint32_t w[2] = {0u, 0u};
+    uint4 x[8];
 #pragma unroll
-        for (int b = 0; b < 4 * MX_SR; b++)
-          w[b >> 2] |= (uint32_t)s[MX_CS_LD * b] << (8 * (b & 3));
-        mx_store_scales(sc + (C0 + cu) * nb, make_uint2(w[0], w[1]), n);
-      }
+    for (int i = 0; i < 8; i++)
+      x[i] = next[i];
+    if (tile + gridDim.x < ntiles) load_tile(tile + gridDim.x);
+
+    uint8_t *sb = dyn_smem() + buf * MX_BUF;
+    uint32_t rm[4] = {0u, 0u, 0u, 0u}, cm[4] = {0u, 0u, 0u, 0u};
+    mx_amax<XD, false>(x, row_out, col_out, rm, cm);
+    /* a block with a NaN or an infinity (magnitude >= INF) needs the full rules: the warp
+     * recomputes its amaxes without the NaNs and encodes with NaN products patched */
+    constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
+    uint32_t top = 0u;
+#pragma unroll
+    for (int p = 0; p < 4; p++)
+      top = __vmaxu2(top, __vmaxu2(rm[p], cm[p]));
+    const bool special = (top & 0xFFFFu) >= INF || (top >> 16) >= INF;
+    if (__any_sync(FULL_MASK, special)) {
+      mx_amax<XD, true>(x, row_out, col_out, rm, cm);
+      mx_encode<XD, OD, true>(a, x, rm, cm, in, d, sc, k, h, warp, sb);
+    } else {
+      mx_encode<XD, OD, false>(a, x, rm, cm, in, d, sc, k, h, warp, sb);
     }
-    sbuf ^= 1;
+
+    if (col_out) {
+      __syncthreads();
+      /* 8 lanes per transposed row: a warp stores 4 whole 128-byte rows */
+#pragma unroll
+      for (int it = 0; it < MX_TR * MX_TC / 16 / MX_THREADS; it++) {
+        const int u = t + MX_THREADS * it, cc = u >> 3, g = u & 7;
+        const uint4 w = *reinterpret_cast<const uint4 *>(sb + MX_TR * cc + 16 * (g ^ (cc >> 3)));
+        if (c0 + cc < cols && r0 + 16 * g < rows)
+          *reinterpret_cast<uint4 *>(a.col_data + (c0 + cc) * rows + r0 + 16 * g) = w;
+      }
+      /* column scales: [cols][rows / 32], the tile's 4 bytes of a column at once where they
+       * are all in and aligned */
+      if (t < MX_TC && c0 + t < cols) {
+        const uint8_t *s = sb + MX_TR * MX_TC + t;
+        const int64_t nb = rows / 32, b0 = r0 / 32;
+        uint8_t *d = static_cast<uint8_t *>(a.col_scale_inv) + (c0 + t) * nb + b0;
+        if (nb - b0 >= 4 && ((uintptr_t)d & 3u) == 0) {
+          *reinterpret_cast<uint32_t *>(d) = (uint32_t)s[0] | (uint32_t)s[MX_TC] << 8 |
+                                             (uint32_t)s[2 * MX_TC] << 16 |
+                                             (uint32_t)s[3 * MX_TC] << 24;
+        } else {
+          for (int w = 0; w < 4 && b0 + w < nb; w++)
+            d[w] = s[w * MX_TC];
+        }
+      }
+      buf ^= 1;
+    }
   }
 }
 
@@ -1011,37 +937,21 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-/* MXFP8 of a bf16 / f16 x through k_mx16 (see mx16_ok). The work unit is the largest of 2x4,
- * 2x2, 1x2 and 1x1 tiles that still gives the resident blocks nearly two units each (8192^2 on
- * 132 SMs: 1024 units of 2x4 tiles for 528 blocks), so that the last round of units leaves
- * little of the device idle. */
-template <auto K> cudaError_t launch_mx16_k(TileArgs a, cudaStream_t s) {
-  const int smem = a.col_data ? MX_SMEM : MX_SMEM_ROW;
-  const int64_t ntiles = a.tiles_r * a.tiles_c;
-  const int64_t resident = persistent_grid<K>(ntiles, MX_THREADS, smem);
-  static const int shapes[][2] = {{2, 4}, {2, 2}, {1, 2}, {1, 1}};
-  for (const auto &sh : shapes) {
-    a.mx_sr = sh[0];
-    a.mx_sc = sh[1];
-    a.mx_units_r = (uint32_t)((a.tiles_r + sh[0] - 1) / sh[0]);
-    a.mx_units_c = (uint32_t)((a.tiles_c + sh[1] - 1) / sh[1]);
-    a.ntiles = (int64_t)a.mx_units_r * a.mx_units_c;
-    if (8 * a.ntiles >= 15 * resident) break;
-  }
-#ifdef LKC_SIM_MX_UNIT
-  LKC_SIM_MX_UNIT(a); /* tools/sim_quantize_mx.cpp: every unit shape on small matrices */
-#endif
-  LKC_LAUNCH(K, persistent_grid<K>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
-  return cudaGetLastError();
-}
-
+/* MXFP8 of a bf16 / f16 x through k_mx16 (see mx16_ok) */
 cudaError_t launch_mx16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
   a.tiles_r = (a.rows + MX_TR - 1) / MX_TR;
   a.tiles_c = (a.cols + MX_TC - 1) / MX_TC;
+  a.ntiles = a.tiles_r * a.tiles_c;
+  const int smem = a.col_data ? MX_SMEM : 0;
   return with_fp8_dtype(out_dtype, [&](auto od) {
     constexpr int OD = decltype(od)::value;
-    if (x_dtype == LUTRA_BF16) return launch_mx16_k<k_mx16<LUTRA_BF16, OD>>(a, s);
-    return launch_mx16_k<k_mx16<LUTRA_F16, OD>>(a, s);
+    constexpr auto KB = k_mx16<LUTRA_BF16, OD>;
+    constexpr auto KH = k_mx16<LUTRA_F16, OD>;
+    if (x_dtype == LUTRA_BF16)
+      LKC_LAUNCH(KB, persistent_grid<KB>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
+    else
+      LKC_LAUNCH(KH, persistent_grid<KH>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
+    return cudaGetLastError();
   });
 }
 

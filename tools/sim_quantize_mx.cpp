@@ -174,21 +174,6 @@ static void sim_launch(K kernel, unsigned grid, unsigned block, size_t smem, cud
   sim_launch(kernel, (grid), (block), (smem), (stream), __VA_ARGS__)
 #define LKC_SIM 1
 
-/* k_mx16's work unit, forced to {2x4, 2x2, 1x2, 1x1}[sim_mx_unit] (the launcher's choice when
- * negative): the small matrices here would otherwise take small units only */
-static int sim_mx_unit = -1;
-#define LKC_SIM_MX_UNIT(a)                                                                         \
-  do {                                                                                             \
-    static const int sh[][2] = {{2, 4}, {2, 2}, {1, 2}, {1, 1}};                                   \
-    if (sim_mx_unit >= 0) {                                                                        \
-      (a).mx_sr = sh[sim_mx_unit][0];                                                              \
-      (a).mx_sc = sh[sim_mx_unit][1];                                                              \
-      (a).mx_units_r = (uint32_t)(((a).tiles_r + (a).mx_sr - 1) / (a).mx_sr);                      \
-      (a).mx_units_c = (uint32_t)(((a).tiles_c + (a).mx_sc - 1) / (a).mx_sc);                      \
-      (a).ntiles = (int64_t)(a).mx_units_r * (a).mx_units_c;                                       \
-    }                                                                                              \
-  } while (0)
-
 /* the runtime calls the launchers make: a small device (3 SMs, 2 blocks each), so that the
  * persistent kernels loop over several tiles per block */
 extern "C" {
@@ -338,15 +323,6 @@ int main(int argc, char **argv) {
         run_case(xd, od, s[0], s[1], false, true, 1, -1, seed++);
         run_case(xd, od, s[0], s[1], true, true, 1, 0, seed++);
         run_case(xd, od, s[0], s[1], true, true, 1, 1, seed++);
-        /* k_mx16's work units: each shape, partial ones at the matrix's edges included */
-        if (xd != LUTRA_F32) {
-          for (sim_mx_unit = 0; sim_mx_unit < 4; sim_mx_unit++) {
-            run_case(xd, od, s[0], s[1], true, true, 1, -1, seed++);
-            run_case(xd, od, s[0], s[1], true, false, 0, -1, seed++);
-            run_case(xd, od, s[0], s[1], false, true, 0, -1, seed++);
-          }
-          sim_mx_unit = -1;
-        }
       }
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
