@@ -145,7 +145,8 @@ static int make_gemm(Gemm &g, cudaDataType_t ta, cudaDataType_t tb, int transa, 
     }
     if (epi.aux) {
       int64_t ld = n;
-      CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld));
+      CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                        sizeof ld));
       if (scales)
         CB(cublasLtMatmulDescSetAttribute(g.op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, &bf,
                                           sizeof bf));
@@ -187,9 +188,11 @@ static int make_gemm(Gemm &g, cudaDataType_t ta, cudaDataType_t tb, int transa, 
                ? (int32_t)v
                : -1;
   }
-  fprintf(stderr, "host_floors: GEMM m=%lld n=%lld k=%lld %c%c epilogue %d: algo %d tile %d "
-          "splitk %d stages %d\n", (long long)m, (long long)n, (long long)k, transa ? 'T' : 'N',
-          transb ? 'T' : 'N', (int)epi.kind, f[0], f[1], f[2], f[3]);
+  fprintf(stderr,
+          "host_floors: GEMM m=%lld n=%lld k=%lld %c%c epilogue %d: algo %d tile %d "
+          "splitk %d stages %d\n",
+          (long long)m, (long long)n, (long long)k, transa ? 'T' : 'N', transb ? 'T' : 'N',
+          (int)epi.kind, f[0], f[1], f[2], f[3]);
   return 0;
 }
 
@@ -267,8 +270,8 @@ EXPORT int hf_init(int64_t M, int64_t K, int64_t N) {
   CK(cudaGetDeviceProperties(&prop, dev));
   CK(cudaRuntimeGetVersion(&rt));
   CK(cudaDriverGetVersion(&drv));
-  snprintf(g_describe, sizeof g_describe, "%s, CUDA runtime %d, driver %d, cuBLASLt %zu",
-           prop.name, rt, drv, cublasLtGetVersion());
+  snprintf(g_describe, sizeof g_describe, "%s, CUDA runtime %d, driver %d, cuBLASLt %zu", prop.name,
+           rt, drv, cublasLtGetVersion());
 
   CK(cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking));
   CB(cublasLtCreate(&g_lt));
@@ -329,7 +332,9 @@ EXPORT int hf_init(int64_t M, int64_t K, int64_t N) {
   return 0;
 }
 
-EXPORT const char *hf_describe(void) { return g_describe; }
+EXPORT const char *hf_describe(void) {
+  return g_describe;
+}
 
 /* 1 when the floor can be issued (an epilogue GEMM the heuristic refused cannot) */
 EXPORT int hf_available(int floor) {
@@ -369,9 +374,8 @@ EXPORT int hf_issue(int floor, int calls) {
                          g_stream));
       break;
     case LT_SET_ATTR:
-      CB(cublasLtMatmulDescSetAttribute(g_gemm[LT_FP8_FPROP].op,
-                                        CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_scale,
-                                        sizeof g_scale));
+      CB(cublasLtMatmulDescSetAttribute(
+          g_gemm[LT_FP8_FPROP].op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &g_scale, sizeof g_scale));
       break;
     case GRAPH_LAUNCH:
       CK(cudaGraphLaunch(g_graph, g_stream));

@@ -37,8 +37,8 @@ __attribute__((visibility("default"))) void lutra_launch_counts(uint64_t out[N_C
  * symbols are not in the global scope RTLD_NEXT searches; they are already loaded when the
  * first wrapped call arrives, which RTLD_NOLOAD finds. */
 static void *real(const char *name) {
-  static const char *const libs[] = {"libcudart.so.13", "libcublasLt.so.13", "libcudart.so.12",
-                                     "libcublasLt.so.12", "libcudart.so", "libcublasLt.so"};
+  static const char *const libs[] = {"libcudart.so.13",   "libcublasLt.so.13", "libcudart.so.12",
+                                     "libcublasLt.so.12", "libcudart.so",      "libcublasLt.so"};
   void *f = dlsym(RTLD_NEXT, name);
   for (size_t i = 0; !f && i < sizeof libs / sizeof *libs; i++) {
     void *h = dlopen(libs[i], RTLD_LAZY | RTLD_NOLOAD);

@@ -53,9 +53,9 @@ template <bool XENT> __device__ void mean_by_last_block(double divisor, float *l
 /* sum (pred - target)^2 over this block's elements into g_mse_partial[blockIdx.x];
  * dpred = scale * (pred - target) when not NULL (scale = 2 / n, f32, from the host) */
 template <int DT, int N>
-__global__ void __launch_bounds__(kThreads) mse_kernel(const void *pred, const void *target,
-                                                       void *dpred, int64_t n, float scale,
-                                                       float *loss) {
+__global__ void __launch_bounds__(kThreads)
+    mse_kernel(const void *pred, const void *target, void *dpred, int64_t n, float scale,
+               float *loss) {
   __shared__ double red[kWarps];
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;

@@ -260,8 +260,8 @@ __device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
   if (half == 1) half_sum[cc] = part;
   __syncthreads();
   if (half == 0 && col < a.cols) {
-    double total = a.dbias_accumulate ? static_cast<double>(lkops::ld_rt(a.dbias, a.dbias_dtype, col))
-                                      : 0.0;
+    double total =
+        a.dbias_accumulate ? static_cast<double>(lkops::ld_rt(a.dbias, a.dbias_dtype, col)) : 0.0;
     total += part;
     total += half_sum[cc];
     lkops::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
@@ -467,8 +467,8 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
           dbias_reduce_strip(a, tc, t);
         }
       }
-        /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
-         * row of the tile, a warp 8 rows per store */
+      /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
+       * row of the tile, a warp 8 rows per store */
 #pragma unroll
       for (int i = 0; i < 2; i++) {
         const int unit = t + T64_THREADS * i, j = unit >> 2, g = unit & 3;

@@ -71,7 +71,9 @@ typedef struct lutra_quant_args {
 static inline int64_t lutra_dbias_scratch_floats(int64_t rows, int64_t cols) {
   return (rows + 63) / 64 * cols;
 }
-static inline int64_t lutra_dbias_counters(int64_t cols) { return (cols + 63) / 64; }
+static inline int64_t lutra_dbias_counters(int64_t cols) {
+  return (cols + 63) / 64;
+}
 
 /* Dequantize an FP8 matrix stored as [rows, cols] with the given scaling layout. */
 typedef struct lutra_dequant_args {

@@ -27,8 +27,9 @@ static int cpu_cast(const lutra_quant_args *a) {
   int64_t n = a->rows * a->cols;
   if (n > act_buf.n) {
     float *p = realloc(act_buf.ptr, (size_t)n * sizeof(float));
-    if (!p) return lutra_error(LUTRA_ENOMEM, fn, "no memory for the GELU gradient (%lld floats)",
-                               (long long)n);
+    if (!p)
+      return lutra_error(LUTRA_ENOMEM, fn, "no memory for the GELU gradient (%lld floats)",
+                         (long long)n);
     act_buf.ptr = p;
     act_buf.n = n;
   }

@@ -39,7 +39,8 @@ float lutra_cpu_gelu(float x);
 float lutra_cpu_gelu_grad(float x);
 int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n);
 int lutra_cpu_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n);
-/* out[i] = dy[i] * gelu'(x[i]) in f32 (GELU's backward before any rounding: a fused cast's input) */
+/* out[i] = dy[i] * gelu'(x[i]) in f32 (GELU's backward before any rounding: a fused cast's input)
+ */
 int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out);
 int lutra_cpu_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
                         int db_dtype, int accumulate);

@@ -480,8 +480,8 @@ static int issue_matmul(void *ctx) {
   if (c->lt_epilogue) TRY(set_epilogue_pointers(c, g, fn));
   const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
   return lutra_cublas_status(cublasLtMatmul(lutra_cuda_lt(), c->op, &alpha, m->a, c->la, m->b,
-                                            c->lb, &beta, m->d, c->ld, m->d, c->ld, &c->algo,
-                                            m->ws, LUTRA_CUDA_WORKSPACE - 256, m->s),
+                                            c->lb, &beta, m->d, c->ld, m->d, c->ld, &c->algo, m->ws,
+                                            LUTRA_CUDA_WORKSPACE - 256, m->s),
                              fn, "cublasLtMatmul");
 }
 
@@ -499,8 +499,7 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
     TRY(dequantize_to_bf16(&g->b, wb));
     a = wa;
     b = wb;
-  } else if (c->fp8_scales &&
-             (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)) {
+  } else if (c->fp8_scales && (((uintptr_t)g->a.scale_inv | (uintptr_t)g->b.scale_inv) & 15)) {
     return lutra_error(LUTRA_EINVAL, fn, "FP8 scale pointers must be 16-byte aligned");
   }
   cudaStream_t s = lutra_cuda_stream();
