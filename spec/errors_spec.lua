@@ -3,26 +3,8 @@
 -- was. State is checked by running good calls after the error and comparing them with a
 -- fresh module built from the same seed (or by reading values before and after).
 local lutra = require("lutra")
-
--- The message of fn's error without Lua's "file.lua:NN: " prefix, and the raw message.
-local function message_of(fn)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "expected an error, the call succeeded")
-  local raw = tostring(err)
-  return (raw:gsub("^[^%s:]+%.lua:%d+: ", "", 1)), raw
-end
-
--- fn must fail with a message that starts with "call: " and contains reason (plain text).
-local function expect_error(fn, call, reason)
-  local msg, raw = message_of(fn)
-  assert.are.equal(call .. ": ", msg:sub(1, #call + 2),
-                   string.format("error %q does not start with %q", raw, call .. ": "))
-  if reason then
-    assert.is_truthy(msg:find(reason, 1, true),
-                     string.format("error %q does not contain %q", raw, reason))
-  end
-  return msg
-end
+local E = require("spec.support.errors")
+local message_of, expect_error = E.message_of, E.expect_error
 
 local function same(a, b, what)
   assert.are.equal(#a, #b, what .. ": element count")

@@ -308,21 +308,8 @@ end)
 
 -- ---- errors: refused calls name lutra_gemm_ex and change nothing -----------------------------
 
-local function message_of(fn)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "expected an error, the call succeeded")
-  return (tostring(err):gsub("^[^%s:]+%.lua:%d+: ", "", 1)), tostring(err)
-end
-
-local function expect_error(fn, call, reason)
-  local msg, raw = message_of(fn)
-  assert.are.equal(call .. ": ", msg:sub(1, #call + 2),
-                   string.format("error %q does not start with %q", raw, call .. ": "))
-  if reason then
-    assert.is_truthy(msg:find(reason, 1, true),
-                     string.format("error %q does not contain %q", raw, reason))
-  end
-end
+local E = require("spec.support.errors")
+local expect_error = E.expect_error
 
 describe("lutra.gemm_ex refusals", function()
   local m, n, k = 6, 10, 12

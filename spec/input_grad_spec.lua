@@ -1,7 +1,8 @@
 -- backward(dy, false): the input's gradient is not wanted (the input is data, as a tensor
 -- without requires_grad in PyTorch). The first module skips the work only the input gradient
--- needs (a Linear's dgrad GEMM); every parameter gradient must come out bit for bit as with
--- backward(dy). Two identical nets (same seeds), fresh random inputs, CPU backend.
+-- needs (a Linear's dgrad GEMM: no plan is made for it); every parameter gradient must come out
+-- bit for bit as with backward(dy). Two identical nets (same seeds), fresh random inputs, CPU
+-- backend.
 local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
 
@@ -44,6 +45,20 @@ describe("backward without the input gradient", function()
       end)
     end
   end
+
+  it("runs no dgrad GEMM: its plan is made only when a gradient is asked for", function()
+    -- shapes no other spec uses, so every plan this test needs is new to the (global) cache
+    local lin = nn.Linear(104, 120, { dtype = "f32", seed = 9 })
+    local x = lutra.tensor({ 24, 104 }, "f32"):randn(10)
+    local dy = lutra.tensor({ 24, 120 }, "f32"):randn(11)
+    local p0 = lutra.gemm_cache_stats()
+    lin:forward(x)
+    lin:backward(dy, false)
+    local p1 = lutra.gemm_cache_stats()
+    assert.are.equal(2, p1 - p0, "the forward and wgrad GEMMs' plans only")
+    lin:backward(dy)
+    assert.are.equal(1, lutra.gemm_cache_stats() - p1, "the dgrad GEMM's plan, made now")
+  end)
 
   it("leaves a later backward with the input gradient correct", function()
     local a, b = build("mlp"), build("mlp")

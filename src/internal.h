@@ -163,7 +163,8 @@ int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool rec
 int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn);
 /* lutra_quantize_dbias_run of dy * gelu'(act) (GELU's backward fused in front; delayed scaling
  * only): dy is the gradient of a GELU's output, act the GELU's input */
-bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q); /* the checks below, up front */
+/* whether q can take the fused GELU gradient below (delayed scaling; a columnwise copy on cuda) */
+bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q);
 int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn);

@@ -109,6 +109,10 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
   return LUTRA_OK;
 }
 
+bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q) {
+  return q->spec.kind == LUTRA_QUANT_DELAYED && (q->columnwise || q->device == LUTRA_CPU);
+}
+
 /* skip: lutra_quant_args.skip, passed to every backend call of the quantization; act:
  * lutra_quant_args.act (x is then the gradient of a GELU's output, act the GELU's input) */
 static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *act,
@@ -118,13 +122,11 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
   TRY(lutra_quantizer_check_input(s, x, fn));
   if (act) {
-    CHECK_ARG(s->kind == LUTRA_QUANT_DELAYED,
+    CHECK_ARG(lutra_quantizer_takes_dgelu(q),
               "a fused GELU gradient needs delayed scaling (the cast's scale is known before it "
-              "reads the gradient)");
+              "reads the gradient) and, on cuda, a columnwise output");
     CHECK_ARG(act->dtype == x->dtype && lutra_same_shape(act, x) && act->device == x->device,
               "the GELU input does not match the gradient in dtype, shape or device");
-    CHECK_ARG(q->columnwise || x->device == LUTRA_CPU,
-              "a fused GELU gradient needs a columnwise output on this device");
   }
   if (dbias) {
     CHECK_ARG(lutra_dtype_is_float(dbias->dtype), "dbias dtype %s is not f32, bf16 or f16",
@@ -190,10 +192,6 @@ int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool rec
   int st = quantize_impl(q, x, NULL, record_amax, dbias, dbias_accumulate, NULL, out, fn);
   RANGE_POP();
   return st;
-}
-
-bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q) {
-  return q->spec.kind == LUTRA_QUANT_DELAYED && (q->columnwise || q->device == LUTRA_CPU);
 }
 
 int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,

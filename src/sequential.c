@@ -52,9 +52,8 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   const lutra_tensor *g = dy;
   lutra_tensor *out = NULL;
   s->fused_backward = 0;
+  lutra_tensor **input_grad = dx ? &out : NULL; /* for the module that takes the input */
   for (int i = s->count - 1; i >= 0; i--) {
-    /* where the module handles the input: out only if the caller wants it */
-#define OUT_FOR(first) ((first) && !dx ? NULL : &out)
     /* a Linear after a GELU whose forward was fused: gelu' goes into its dgrad GEMM */
     const lutra_tensor *pre = i >= 2 && lutra_module_is_linear(s->mods[i]) ? s->pre[i - 2] : NULL;
     if (pre) {
@@ -69,16 +68,15 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
     }
     /* a GELU fused into the Linear before it, whose FP8 grad_output cast can apply gelu' */
     if (i >= 1 && s->pre[i - 1] && lutra_linear_takes_gelu_grad(s->mods[i - 1])) {
-      TRY(lutra_linear_backward_gelu(s->mods[i - 1], g, OUT_FOR(i == 1)));
+      TRY(lutra_linear_backward_gelu(s->mods[i - 1], g, i == 1 ? input_grad : &out));
       g = out;
       s->fused_backward++;
       i--; /* the Linear's backward is done too */
       continue;
     }
-    TRY(s->mods[i]->ops->backward(s->mods[i], g, OUT_FOR(i == 0)));
+    TRY(s->mods[i]->ops->backward(s->mods[i], g, i == 0 ? input_grad : &out));
     g = out;
   }
-#undef OUT_FOR
   if (dx) *dx = out;
   return LUTRA_OK;
 }

@@ -256,8 +256,6 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   return pick_algo(c);
 }
 
-/* LUTRA_LOG_PLANS=1: one stderr line per new plan saying which path it takes (plans are made
- * once per shape, so this costs nothing in a steady loop). */
 /* the algorithm's identity, for comparing plans with raw cuBLASLt calls (bench/host_floors.cu
  * prints the same fields): id, tile, split-K count, stages */
 static void algo_fields(const cublasLtMatmulAlgo_t *algo, int32_t f[4]) {
@@ -274,6 +272,8 @@ static void algo_fields(const cublasLtMatmulAlgo_t *algo, int32_t f[4]) {
   }
 }
 
+/* LUTRA_LOG_PLANS=1: one stderr line per new plan saying which path it takes (plans are made
+ * once per shape, so this costs nothing in a steady loop). */
 static void log_plan(const lutra_gemm_key *k, const cuda_plan *c) {
   if (!log_plans()) return;
   int32_t f[4];

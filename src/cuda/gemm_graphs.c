@@ -1,5 +1,5 @@
-/* Eager GEMMs replayed as CUDA graphs. On the lent H200's host a cublasLtMatmul costs 7-11 us of
- * CPU time and a cudaGraphLaunch 1.3 us (BENCHMARKS.md), and in a training loop every GEMM is
+/* Eager GEMMs replayed as CUDA graphs. On the lent H200's host a cublasLtMatmul costs 7-17 us of
+ * CPU time and a cudaGraphLaunch 1.3-2.2 us (BENCHMARKS.md), and in a training loop every GEMM is
  * called again and again with the same arguments: modules own their outputs, gradients and
  * quantized copies, so the pointers do not change from step to step. A plan therefore keeps a
  * few calls it has seen, keyed by every argument the call bakes into its kernels (operand,
@@ -10,8 +10,10 @@
  *
  * The first sighting runs directly (it also loads the kernel's module, which a capture must
  * not do), so a one-off call never pays for a capture. Calls made while lutra captures a
- * graph of its own, or while the stream is being captured by someone else, run directly: the
- * outer capture records them. A plan keeps at most LUTRA_GEMM_GRAPHS_PER_PLAN calls (the
+ * graph of its own run directly: that capture records them. A call about to be captured here
+ * while someone else captures the stream runs directly too; but a call whose graph exists is
+ * launched as a graph even then (no query per call to find out), so captures of lutra's stream
+ * belong in lutra_graph_begin/end. A plan keeps at most LUTRA_GEMM_GRAPHS_PER_PLAN calls (the
  * layers that share a shape); further ones run directly, and nothing is evicted, so a graph
  * is never destroyed while the GPU may still run it. LUTRA_GEMM_GRAPHS=0 in the environment at
  * load turns the cache off. */

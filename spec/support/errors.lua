@@ -1,0 +1,28 @@
+-- Checking refused calls in specs: the message of a Lua error without Lua's "file.lua:NN: "
+-- position, and an assertion that a call fails with "call: ..." containing a reason. Not a spec
+-- itself (no _spec in its name).
+local assert = require("luassert")
+
+local M = {}
+
+-- The message of fn's error without the position prefix, and the raw message.
+function M.message_of(fn)
+  local ok, err = pcall(fn)
+  assert.is_false(ok, "expected an error, the call succeeded")
+  local raw = tostring(err)
+  return (raw:gsub("^[^%s:]+%.lua:%d+: ", "", 1)), raw
+end
+
+-- fn must fail with a message that starts with "call: " and contains reason (plain text).
+function M.expect_error(fn, call, reason)
+  local msg, raw = M.message_of(fn)
+  assert.are.equal(call .. ": ", msg:sub(1, #call + 2),
+                   string.format("error %q does not start with %q", raw, call .. ": "))
+  if reason then
+    assert.is_truthy(msg:find(reason, 1, true),
+                     string.format("error %q does not contain %q", raw, reason))
+  end
+  return msg
+end
+
+return M
