@@ -207,9 +207,6 @@ __device__ __forceinline__ void store_col16(const TileArgs &a, int64_t col, int6
 #ifndef LUTRA_TILE_BAND
 #define LUTRA_TILE_BAND 8
 #endif
-#ifndef LUTRA_MX_BAND
-#define LUTRA_MX_BAND 16
-#endif
 constexpr int64_t BAND = LUTRA_TILE_BAND;
 __device__ __forceinline__ void tile_coords(const TileArgs &a, int64_t tile, int64_t &tr,
                                             int64_t &tc) {
@@ -492,20 +489,25 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
   }
 }
 
-/* ---- MXFP8 from bf16 / f16: 128x64 tiles held in registers ----------------------------------- */
+/* ---- MXFP8 from bf16 / f16: 128x128 tiles, one per block ------------------------------------ */
 
-/* Thread t holds rows 8 h .. 8 h + 7 of its warp's 32-row band (rows 32 warp .. + 31 of the
- * tile), columns 8 k .. 8 k + 7 (k = lane & 7, h = lane >> 3): one 16-byte load per row, a warp
- * load covers 4 whole 128-byte rows. A rowwise block is lanes k = 4 b .. 4 b + 3 (xor 1, 2); a
- * columnwise block (32 rows of one column) is lanes h = 0..3 (xor 8, 16), so both amaxes come
- * from registers and shuffles and the inputs never go through shared memory. Only the columnwise
- * codes do (8 bytes per thread and column, 8 KiB per tile), so that they leave as whole 128-byte
- * rows of the transpose. Shared memory holds two tiles' codes: a tile's writes never meet the
- * previous tile's reads, one barrier per tile. */
-constexpr int MX_THREADS = 128;
-constexpr int MX_TR = 128, MX_TC = 64;            /* tile rows, columns */
-constexpr int MX_BUF = MX_TR * MX_TC + 4 * MX_TC; /* transposed codes + column scales */
-constexpr int MX_SMEM = 2 * MX_BUF;
+/* Warp w holds rows 32 (w & 3) .. + 31 and columns 64 (w >> 2) .. + 63 of the tile; thread t of
+ * it rows 8 h .. 8 h + 7 of that band, columns 8 k .. 8 k + 7 (k = lane & 7, h = lane >> 3): one
+ * 16-byte load per row, a warp load covers 4 whole 128-byte rows. A rowwise block is lanes
+ * k = 4 b .. 4 b + 3 (xor 1, 2); a columnwise block (32 rows of one column) is lanes h = 0..3
+ * (xor 8, 16), so both amaxes come from registers and shuffles and the inputs never go through
+ * shared memory. Both code tiles do, 1 byte per element, so that they leave as whole 128-byte
+ * lines (8 lanes per row of the tile or of its transpose, 16 bytes each), and so do the scales, so
+ * that each row (column) gets one 4-byte store per tile. Measured on the H200 (tools/mx_probe.cu,
+ * 2026-11-29): 128x64 tiles whose row codes left as 64-byte halves, in a persistent grid, ran at
+ * 55-66% of copy; storing the row codes as whole lines is what moved it most, and one block per
+ * tile in row-major order (the tiles in flight then cover a few whole tile rows) beat persistent
+ * blocks and bands. The scales, 1/65 of the bytes, still cost about 10 points: each is its own
+ * partial sector (stored contiguously instead, in a diagnostic, they cost 1). */
+constexpr int MX_THREADS = 256;
+constexpr int MX_T = 128;                              /* tile rows and columns */
+constexpr int MX_SMEM = 2 * MX_T * MX_T + 2 * 4 * MX_T; /* code tiles, then scales: 33 KiB */
+static_assert(MX_SMEM <= 48 * 1024, "k_mx16 launches without raising its shared memory limit");
 
 /* magnitude bit patterns of the two 16-bit values of w; SAFE: NaNs as 0, as fmaxf drops them.
  * For non-negative 16-bit floats the integer order is the value order, infinity included. */
@@ -603,15 +605,34 @@ __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
   return make_uint2(w[0], w[1]);
 }
 
-/* Encodes the thread's 8x8 values: rowwise codes and scales straight to memory, columnwise
- * codes and scales into the tile's shared memory (sb). in: whether the values are inside the
- * matrix (rows and cols are multiples of 32, so its 8 rows and 8 columns are all in or all out);
- * then d and sc point at the rowwise code and scale of its first value. */
+/* The tile's shared memory: rb[128][128] rowwise codes, cb[128][128] the transposed tile's codes
+ * (row cc = column cc of the tile), rs[4][128] rowwise scales (block b of row r at rs[128 b + r]),
+ * cs[4][128] columnwise scales (block b of column c at cs[128 b + c]). The 16-byte chunks of a
+ * code row are XOR-swizzled so that both the 8-byte writes here and the 16-byte reads of the
+ * store phase are free of bank conflicts: chunk q of rb's row r sits at q ^ (4 (r >> 3 & 1)) (the
+ * two rows of a half-warp's write land in different halves of the banks), chunk g of cb's row cc
+ * at g ^ (cc >> 3 & 7). */
+struct MxSmem {
+  uint8_t *rb, *cb, *rs, *cs;
+};
+
+__device__ __forceinline__ int mx_rb_chunk(int row, int q) {
+  return q ^ (4 * ((row >> 3) & 1));
+}
+__device__ __forceinline__ int mx_cb_chunk(int row, int g) {
+  return g ^ ((row >> 3) & 7);
+}
+
+/* Encodes the thread's 8x8 values (its first row tr, first column tc of the tile) into the
+ * tile's shared memory */
 template <int XD, int OD, bool SAFE>
-__device__ __forceinline__ void
-mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const uint32_t (&cm)[4],
-          bool in, uint8_t *d, uint8_t *sc, int k, int h, int warp, uint8_t *sb) {
-  if (a.data && in) {
+__device__ __forceinline__ void mx_encode(const TileArgs &a, const uint4 (&x)[8],
+                                          const uint32_t (&rm)[4], const uint32_t (&cm)[4],
+                                          bool row_out, bool col_out, int tr, int tc,
+                                          const MxSmem &sm) {
+  const int k = (tc >> 3) & 7, h = (tr >> 3) & 3;
+  if (row_out) {
+    uint32_t es[2] = {0u, 0u};
 #pragma unroll
     for (int i = 0; i < 8; i++) {
       uint32_t e;
@@ -620,15 +641,15 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
 #pragma unroll
       for (int j = 0; j < 8; j++)
         v[j] = value16<XD, SAFE>(word_of(x[i], j >> 1), j & 1);
-      *reinterpret_cast<uint2 *>(d + i * a.cols) = encode8<OD, SAFE>(v, s);
-      if ((k & 3) == 0) sc[i * (a.cols >> 5)] = (uint8_t)e;
+      *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
+                                 8 * (k & 1)) = encode8<OD, SAFE>(v, s);
+      es[i >> 2] |= e << (8 * (i & 3));
     }
+    /* lanes k = 0, 4 hold the scales of their 32-column block (tc >> 5) */
+    if ((k & 3) == 0)
+      *reinterpret_cast<uint2 *>(sm.rs + MX_T * (tc >> 5) + tr) = make_uint2(es[0], es[1]);
   }
-  if (a.col_data) {
-    /* column 8 k + jj of the tile is row 8 k + jj of the transposed tile in sb (128 bytes, one
-     * per tile row); its 16-byte chunk g (rows 16 g .. + 15) sits at chunk g ^ k, so that the 8
-     * lanes k of one h hit distinct banks here and the 8 chunks of a row stay a permutation for
-     * the reads */
+  if (col_out) {
     uint32_t es[2] = {0u, 0u};
 #pragma unroll
     for (int jj = 0; jj < 8; jj++) {
@@ -638,74 +659,61 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
 #pragma unroll
       for (int i = 0; i < 8; i++)
         v[i] = value16<XD, SAFE>(word_of(x[i], jj >> 1), jj & 1);
-      *reinterpret_cast<uint2 *>(sb + MX_TR * (8 * k + jj) + 16 * ((2 * warp + (h >> 1)) ^ k) +
+      *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + jj) + 16 * mx_cb_chunk(tc + jj, tr >> 4) +
                                  8 * (h & 1)) = encode8<OD, SAFE>(v, s);
       es[jj >> 2] |= e << (8 * (jj & 3));
     }
+    /* lanes h = 0 hold the scales of their 32-row block (tr >> 5) */
     if (h == 0)
-      *reinterpret_cast<uint2 *>(sb + MX_TR * MX_TC + MX_TC * warp + 8 * k) =
-          make_uint2(es[0], es[1]);
+      *reinterpret_cast<uint2 *>(sm.cs + MX_T * (tr >> 5) + tc) = make_uint2(es[0], es[1]);
   }
 }
 
-/* tile_coords in 32-bit arithmetic (launch_mx16 keeps ntiles below 2^31): the first row and
- * column of a tile */
-__device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile, int64_t &r0,
-                                               int64_t &c0) {
-  constexpr uint32_t B = LUTRA_MX_BAND; /* k_mx16's band of 128-row tiles */
-  const uint32_t tiles_r = (uint32_t)a.tiles_r, per_band = B * (uint32_t)a.tiles_c;
-  const uint32_t band = tile / per_band, rem = tile - band * per_band;
-  const uint32_t h = min(B, tiles_r - band * B);
-  const uint32_t tc = rem / h;
-  r0 = (int64_t)(band * B + (rem - tc * h)) * MX_TR;
-  c0 = (int64_t)tc * MX_TC;
+/* One line's (a row's or a column's) scales of the tile: its 4 bytes at once where they are all
+ * inside the matrix and aligned. src: the line's first scale in rs / cs; nb: blocks per line of
+ * the output (cols / 32 or rows / 32); b0: the tile's first block along it. */
+__device__ __forceinline__ void mx_store_scales(const uint8_t *src, uint8_t *d, int64_t nb,
+                                                int64_t b0) {
+  if (nb - b0 >= 4 && ((uintptr_t)d & 3u) == 0) {
+    *reinterpret_cast<uint32_t *>(d) = (uint32_t)src[0] | (uint32_t)src[MX_T] << 8 |
+                                       (uint32_t)src[2 * MX_T] << 16 |
+                                       (uint32_t)src[3 * MX_T] << 24;
+  } else {
+    for (int b = 0; b < 4 && b0 + b < nb; b++)
+      d[b] = src[b * MX_T];
+  }
 }
 
-template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx16(TileArgs a) {
+template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx16(TileArgs a) {
   if (a.skip && *a.skip) return;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
+  const MxSmem sm = {dyn_smem(), dyn_smem() + MX_T * MX_T, dyn_smem() + 2 * MX_T * MX_T,
+                     dyn_smem() + 2 * MX_T * MX_T + 4 * MX_T};
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int tr = 32 * (warp & 3) + 8 * (lane >> 3), tc = 64 * (warp >> 2) + 8 * (lane & 7);
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
   const int64_t rows = a.rows, cols = a.cols;
+  const uint32_t tiles_c = (uint32_t)a.tiles_c, ntiles = (uint32_t)a.ntiles;
 
-  /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded;
-   * (nr0, nc0): the first row and column of the tile in next */
-  uint4 next[8] = {};
-  int64_t nr0 = 0, nc0 = 0;
-  const uint32_t ntiles = (uint32_t)a.ntiles;
-  auto load_tile = [&](uint32_t tile) {
-    mx_tile_origin(a, tile, nr0, nc0);
-    const int64_t r = nr0 + 32 * warp + 8 * h, c = nc0 + 8 * k;
-    const uint4 *p =
-        reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
-    /* outside the matrix, next keeps what it held: whether a thread is inside depends on its
-     * warp and on k >> 2 only, as do the lanes of each of its blocks (k = 4 b .. 4 b + 3 of one
-     * h along a row, h = 0..3 of one k down a column), so those values never meet values of the
-     * matrix, and nothing of them is stored */
+  for (uint32_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const uint32_t ty = tile / tiles_c;
+    const int64_t r0 = (int64_t)ty * MX_T, c0 = (int64_t)(tile - ty * tiles_c) * MX_T;
+    const int64_t r = r0 + tr, c = c0 + tc;
+    /* rows and cols are multiples of 32, so a thread's 8 rows and 8 columns are all inside or all
+     * outside, and so are the lanes of each of its blocks: the zeros outside never meet values of
+     * the matrix, and nothing of them is stored */
+    uint4 x[8];
     if (r < rows && c < cols) {
+      const uint4 *p =
+          reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
 #pragma unroll
       for (int i = 0; i < 8; i++)
-        next[i] = __ldg(p + i * (cols / 8));
-    }
-  };
-  if (blockIdx.x < ntiles) load_tile(blockIdx.x);
-
-  int buf = 0;
-  for (uint32_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-    const int64_t r0 = nr0, c0 = nc0;
-    const int64_t r = r0 + 32 * warp + 8 * h, c = c0 + 8 * k;
-    const bool in = r < rows && c < cols;
-    uint8_t *d = nullptr, *sc = nullptr;
-    if (row_out) {
-      d = a.data + r * cols + c;
-      sc = static_cast<uint8_t *>(a.scale_inv) + r * (cols >> 5) + (c >> 5);
-    }
-    uint4 x[8];
+        x[i] = __ldg(p + i * (cols / 8));
+    } else {
 #pragma unroll
-    for (int i = 0; i < 8; i++)
-      x[i] = next[i];
-    if (tile + gridDim.x < ntiles) load_tile(tile + gridDim.x);
+      for (int i = 0; i < 8; i++)
+        x[i] = make_uint4(0u, 0u, 0u, 0u);
+    }
 
-    uint8_t *sb = dyn_smem() + buf * MX_BUF;
     uint32_t rm[4] = {0u, 0u, 0u, 0u}, cm[4] = {0u, 0u, 0u, 0u};
     mx_amax<XD, false>(x, row_out, col_out, rm, cm);
     /* a block with a NaN or an infinity (magnitude >= INF) needs the full rules: the warp
@@ -718,38 +726,38 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 4) k_mx1
     const bool special = (top & 0xFFFFu) >= INF || (top >> 16) >= INF;
     if (__any_sync(FULL_MASK, special)) {
       mx_amax<XD, true>(x, row_out, col_out, rm, cm);
-      mx_encode<XD, OD, true>(a, x, rm, cm, in, d, sc, k, h, warp, sb);
+      mx_encode<XD, OD, true>(a, x, rm, cm, row_out, col_out, tr, tc, sm);
     } else {
-      mx_encode<XD, OD, false>(a, x, rm, cm, in, d, sc, k, h, warp, sb);
+      mx_encode<XD, OD, false>(a, x, rm, cm, row_out, col_out, tr, tc, sm);
     }
+    __syncthreads();
 
-    if (col_out) {
-      __syncthreads();
-      /* 8 lanes per transposed row: a warp stores 4 whole 128-byte rows */
+    /* 8 lanes per 128-byte line: a warp stores 4 whole lines per instruction */
 #pragma unroll
-      for (int it = 0; it < MX_TR * MX_TC / 16 / MX_THREADS; it++) {
-        const int u = t + MX_THREADS * it, cc = u >> 3, g = u & 7;
-        const uint4 w = *reinterpret_cast<const uint4 *>(sb + MX_TR * cc + 16 * (g ^ (cc >> 3)));
-        if (c0 + cc < cols && r0 + 16 * g < rows)
-          *reinterpret_cast<uint4 *>(a.col_data + (c0 + cc) * rows + r0 + 16 * g) = w;
-      }
-      /* column scales: [cols][rows / 32], the tile's 4 bytes of a column at once where they
-       * are all in and aligned */
-      if (t < MX_TC && c0 + t < cols) {
-        const uint8_t *s = sb + MX_TR * MX_TC + t;
-        const int64_t nb = rows / 32, b0 = r0 / 32;
-        uint8_t *d = static_cast<uint8_t *>(a.col_scale_inv) + (c0 + t) * nb + b0;
-        if (nb - b0 >= 4 && ((uintptr_t)d & 3u) == 0) {
-          *reinterpret_cast<uint32_t *>(d) = (uint32_t)s[0] | (uint32_t)s[MX_TC] << 8 |
-                                             (uint32_t)s[2 * MX_TC] << 16 |
-                                             (uint32_t)s[3 * MX_TC] << 24;
-        } else {
-          for (int w = 0; w < 4 && b0 + w < nb; w++)
-            d[w] = s[w * MX_TC];
-        }
-      }
-      buf ^= 1;
+    for (int it = 0; it < MX_T * MX_T / 16 / MX_THREADS; it++) {
+      const int u = t + MX_THREADS * it, line = u >> 3, g = u & 7;
+      if (row_out && r0 + line < rows && c0 + 16 * g < cols)
+        *reinterpret_cast<uint4 *>(a.data + (r0 + line) * cols + c0 + 16 * g) =
+            *reinterpret_cast<const uint4 *>(sm.rb + MX_T * line + 16 * mx_rb_chunk(line, g));
+      if (col_out && c0 + line < cols && r0 + 16 * g < rows)
+        *reinterpret_cast<uint4 *>(a.col_data + (c0 + line) * rows + r0 + 16 * g) =
+            *reinterpret_cast<const uint4 *>(sm.cb + MX_T * line + 16 * mx_cb_chunk(line, g));
     }
+    /* scales: threads 0..127 a row's, 128..255 a column's (rowwise [rows][cols / 32],
+     * columnwise [cols][rows / 32]) */
+    const int line = t & (MX_T - 1);
+    if (t < MX_T) {
+      if (row_out && r0 + line < rows)
+        mx_store_scales(sm.rs + line,
+                        static_cast<uint8_t *>(a.scale_inv) + (r0 + line) * (cols >> 5) + (c0 >> 5),
+                        cols >> 5, c0 >> 5);
+    } else if (col_out && c0 + line < cols) {
+      mx_store_scales(sm.cs + line,
+                      static_cast<uint8_t *>(a.col_scale_inv) + (c0 + line) * (rows >> 5) +
+                          (r0 >> 5),
+                      rows >> 5, r0 >> 5);
+    }
+    __syncthreads(); /* the shared tiles are free for the next tile */
   }
 }
 
@@ -937,20 +945,20 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-/* MXFP8 of a bf16 / f16 x through k_mx16 (see mx16_ok) */
+/* MXFP8 of a bf16 / f16 x through k_mx16 (see mx16_ok): a block per tile */
 cudaError_t launch_mx16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
-  a.tiles_r = (a.rows + MX_TR - 1) / MX_TR;
-  a.tiles_c = (a.cols + MX_TC - 1) / MX_TC;
+  a.tiles_r = (a.rows + MX_T - 1) / MX_T;
+  a.tiles_c = (a.cols + MX_T - 1) / MX_T;
   a.ntiles = a.tiles_r * a.tiles_c;
-  const int smem = a.col_data ? MX_SMEM : 0;
+  const unsigned grid = grid_for(a.ntiles, 1, INT32_MAX);
   return with_fp8_dtype(out_dtype, [&](auto od) {
     constexpr int OD = decltype(od)::value;
     constexpr auto KB = k_mx16<LUTRA_BF16, OD>;
     constexpr auto KH = k_mx16<LUTRA_F16, OD>;
     if (x_dtype == LUTRA_BF16)
-      LKC_LAUNCH(KB, persistent_grid<KB>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
+      LKC_LAUNCH(KB, grid, MX_THREADS, MX_SMEM, s, a);
     else
-      LKC_LAUNCH(KH, persistent_grid<KH>(a.ntiles, MX_THREADS, smem), MX_THREADS, smem, s, a);
+      LKC_LAUNCH(KH, grid, MX_THREADS, MX_SMEM, s, a);
     return cudaGetLastError();
   });
 }
@@ -959,10 +967,10 @@ cudaError_t launch_mx16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) 
  * all in or all out) with 16-byte aligned buffers, and no bias gradient; the rest go through
  * k_tile64 */
 bool mx16_ok(const lutra_quant_args *q, const TileArgs &a) {
-  const int64_t tiles_r = (q->rows + MX_TR - 1) / MX_TR, tiles_c = (q->cols + MX_TC - 1) / MX_TC;
+  const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
   return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias && q->rows % 32 == 0 &&
          q->cols % 32 == 0 && aligned16(a.x) && aligned16(a.data) && aligned16(a.col_data) &&
-         tiles_c * LUTRA_MX_BAND < INT32_MAX && tiles_r * tiles_c < INT32_MAX;
+         tiles_r * tiles_c < UINT32_MAX;
 }
 
 /* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */

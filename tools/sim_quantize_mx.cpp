@@ -136,9 +136,6 @@ static float __uint_as_float(unsigned u) {
 static int64_t min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
-static uint32_t min(uint32_t a, uint32_t b) {
-  return a < b ? a : b;
-}
 
 /* The grid runs block after block; a block's threads run concurrently. */
 template <typename K, typename... A>
