@@ -502,8 +502,8 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
  * 2026-11-29): 128x64 tiles whose row codes left as 64-byte halves, in a persistent grid, ran at
  * 55-66% of copy; storing the row codes as whole lines is what moved it most, and one block per
  * tile in row-major order (the tiles in flight then cover a few whole tile rows) beat persistent
- * blocks and bands. The scales, 1/65 of the bytes, still cost about 10 points: each is its own
- * partial sector (stored contiguously instead, in a diagnostic, they cost 1). */
+ * blocks, bands, a cp.async pipeline and clusters sharing the scales through distributed shared
+ * memory; the scales' stores ask L2 to keep their lines (st_keep_in_l2). */
 constexpr int MX_THREADS = 256;
 constexpr int MX_T = 128;                              /* tile rows and columns */
 constexpr int MX_SMEM = 2 * MX_T * MX_T + 2 * 4 * MX_T; /* code tiles, then scales: 33 KiB */
@@ -669,15 +669,32 @@ __device__ __forceinline__ void mx_encode(const TileArgs &a, const uint4 (&x)[8]
   }
 }
 
+/* A 4-byte store that asks L2 to keep its line (evict_last). The scales' 4-byte pieces are
+ * partial sectors that the neighbouring tiles complete later (8 tiles along a row for a rowwise
+ * sector, 8 tile rows for a columnwise one); evicted before then, a partial sector costs HBM a
+ * read-modify-write. Kept, they cost about 1 point of copy bandwidth instead of 7-12 (the code
+ * stores and input loads with the default policy; tools/mx_probe.cu, H200, 2026-11-29: 85-87%
+ * of copy against 80-81%). Later accesses with the default policy (the GEMM's dequantize reading
+ * the scales) make the lines ordinary again. */
+__device__ __forceinline__ void st_keep_in_l2(uint8_t *d, uint32_t v) {
+#ifdef __CUDA_ARCH__
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;" ::"l"(d), "r"(v), "l"(policy)
+               : "memory");
+#else
+  *reinterpret_cast<uint32_t *>(d) = v;
+#endif
+}
+
 /* One line's (a row's or a column's) scales of the tile: its 4 bytes at once where they are all
  * inside the matrix and aligned. src: the line's first scale in rs / cs; nb: blocks per line of
  * the output (cols / 32 or rows / 32); b0: the tile's first block along it. */
 __device__ __forceinline__ void mx_store_scales(const uint8_t *src, uint8_t *d, int64_t nb,
                                                 int64_t b0) {
   if (nb - b0 >= 4 && ((uintptr_t)d & 3u) == 0) {
-    *reinterpret_cast<uint32_t *>(d) = (uint32_t)src[0] | (uint32_t)src[MX_T] << 8 |
-                                       (uint32_t)src[2 * MX_T] << 16 |
-                                       (uint32_t)src[3 * MX_T] << 24;
+    st_keep_in_l2(d, (uint32_t)src[0] | (uint32_t)src[MX_T] << 8 | (uint32_t)src[2 * MX_T] << 16 |
+                         (uint32_t)src[3 * MX_T] << 24);
   } else {
     for (int b = 0; b < 4 && b0 + b < nb; b++)
       d[b] = src[b * MX_T];

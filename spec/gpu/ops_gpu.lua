@@ -550,10 +550,12 @@ describe("quantizers on " .. DEV .. " (codes, scales and dequantization bit-iden
     end)
   end
 
-  -- MXFP8 of 16-bit inputs has its own CUDA kernel (128x64 tiles in registers, a fast path for
-  -- warps without NaN or infinity): blocks with NaN of either sign, +-inf, subnormals, -0 and
-  -- all-zero blocks, tiny blocks whose E8M0 scale is 0 or 1 (bf16), partial tiles in both dims,
-  -- one-sided outputs, and (2080x4128) more tiles than the grid has blocks
+  -- MXFP8 of 16-bit inputs has its own CUDA kernel (128x128 tiles held in registers, a fast path
+  -- for warps without NaN or infinity, scales stored 4 bytes at a time where aligned): blocks with
+  -- NaN of either sign, +-inf, subnormals, -0 and all-zero blocks, tiny blocks whose E8M0 scale is
+  -- 0 or 1 (bf16), partial tiles in both dims, one-sided outputs, scale rows whose 4-byte runs are
+  -- not aligned (cols / 32 = 3, 7, 129; rows / 32 = 5, 9, 65), and (2080x4128) more tiles than
+  -- fit on the GPU at once
   local function mx_special_matrix(rows, cols, dt)
     local b = ffi.new("float[?]", rows * cols)
     local tiny = dt == "bf16" and { 1e-40, 3e-39, -5.9e-39, 2.6e-36 } or { 6e-8, -3e-7, 1e-5, 6.1e-5 }
