@@ -17,14 +17,15 @@
  * The per-tensor cast (without a bias gradient) skips the f32 staging: its columnwise codes are
  * its rowwise codes transposed (same scale), so it transposes the code bytes themselves
  * (MODE_CAST_CODES). The 64x64 kernels issue the next tile's loads before encoding the current
- * one and visit tiles in bands of 16 tile rows (tile_coords).
+ * one and visit tiles in bands of LUTRA_TILE_BAND tile rows (tile_coords).
  *
- * MXFP8 of bf16 / f16 inputs takes its own kernel (k_mx16) that keeps 128x64 tiles in registers
- * as loaded: a thread's 8x8 values give both block amaxes through shuffles (1x32 blocks span 4
- * lanes along a row and 4 lanes down a column), so only the columnwise codes go through shared
- * memory (1 byte per element), and warps whose values hold no NaN or infinity skip the NaN rules.
- * It needs rows and cols that are multiples of 32, 16-byte aligned buffers and no bias gradient;
- * other MXFP8 quantizations (f32 inputs included) take k_tile64.
+ * MXFP8 of bf16 / f16 inputs takes its own kernel (k_mx16), a block per 128x128 tile held in
+ * registers as loaded: a thread's 8x8 values give both block amaxes through shuffles (1x32 blocks
+ * span 4 lanes along a row and 4 lanes down a column), the codes of both outputs are staged in
+ * shared memory (1 byte per element) and leave as whole 128-byte lines, and warps whose values
+ * hold no NaN or infinity skip the NaN rules. It needs rows and cols that are multiples of 32,
+ * 16-byte aligned buffers and no bias gradient; other MXFP8 quantizations (f32 inputs included)
+ * take k_tile64.
  *
  * The vector path needs cols % 16 == 0, rows % 16 == 0 when a columnwise output is written, and
  * 16-byte aligned x, data and col_data; other shapes take the same kernels with per-element
@@ -505,7 +506,7 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
  * blocks, bands, a cp.async pipeline and clusters sharing the scales through distributed shared
  * memory; the scales' stores ask L2 to keep their lines (st_keep_in_l2). */
 constexpr int MX_THREADS = 256;
-constexpr int MX_T = 128;                              /* tile rows and columns */
+constexpr int MX_T = 128;                               /* tile rows and columns */
 constexpr int MX_SMEM = 2 * MX_T * MX_T + 2 * 4 * MX_T; /* code tiles, then scales: 33 KiB */
 static_assert(MX_SMEM <= 48 * 1024, "k_mx16 launches without raising its shared memory limit");
 
@@ -626,10 +627,9 @@ __device__ __forceinline__ int mx_cb_chunk(int row, int g) {
 /* Encodes the thread's 8x8 values (its first row tr, first column tc of the tile) into the
  * tile's shared memory */
 template <int XD, int OD, bool SAFE>
-__device__ __forceinline__ void mx_encode(const TileArgs &a, const uint4 (&x)[8],
-                                          const uint32_t (&rm)[4], const uint32_t (&cm)[4],
-                                          bool row_out, bool col_out, int tr, int tc,
-                                          const MxSmem &sm) {
+__device__ __forceinline__ void
+mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const uint32_t (&cm)[4],
+          bool row_out, bool col_out, int tr, int tc, const MxSmem &sm) {
   const int k = (tc >> 3) & 7, h = (tr >> 3) & 3;
   if (row_out) {
     uint32_t es[2] = {0u, 0u};

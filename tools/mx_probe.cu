@@ -1,7 +1,9 @@
 /* Tuning probe for the MXFP8 quantize of bf16 inputs (rowwise + columnwise, E4M3): variants of
- * k_mx16 (kernels/quantize_mx.cu) timed side by side with a device-to-device copy in one run.
- * Not part of the library. Diagnostic variants leave a stage out (their outputs are wrong on
- * purpose); the others are compared byte for byte with the first variant.
+ * k_mx16 (kernels/quantize_mx.cu) timed side by side with a device-to-device copy in one run
+ * (BENCHMARKS.md has a run). Not part of the library: the variants take finite inputs only.
+ * Diagnostic variants leave a stage out or store in the wrong places (their outputs are wrong on
+ * purpose); the others are compared byte for byte with the first variant, the 128x64 kernel
+ * k_mx16 was before (k_base).
  *
  *   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -Iinclude -o build/mx_probe tools/mx_probe.cu
  *   build/mx_probe [dim ...]
@@ -21,7 +23,7 @@ using namespace lkc;
   do {                                                                                             \
     cudaError_t e_ = (x);                                                                          \
     if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
+      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));           \
       exit(1);                                                                                     \
     }                                                                                              \
   } while (0)
@@ -60,8 +62,7 @@ __device__ __forceinline__ float value16(uint32_t w, int s) {
   return bits_f32(s ? w & 0xFFFF0000u : w << 16);
 }
 
-__device__ __forceinline__ void mx_amax(const uint4 (&x)[8], uint32_t (&rm)[4],
-                                        uint32_t (&cm)[4]) {
+__device__ __forceinline__ void mx_amax(const uint4 (&x)[8], uint32_t (&rm)[4], uint32_t (&cm)[4]) {
 #pragma unroll
   for (int p = 0; p < 4; p++) {
     uint32_t m[2];
@@ -228,538 +229,298 @@ __global__ void __launch_bounds__(MX_THREADS, MINB) k_base(Args a) {
   }
 }
 
-
-/* ---- k_sq: 128x128 tiles, 256 threads, one tile per block --------------------------------------
- * Warp w holds rows 32 (w & 3) .. + 31 and columns 64 (w >> 2) .. + 63 of the tile (lanes as
+/* ---- 128x128 tiles, 256 threads ------------------------------------------------------------
+ * Warp w holds rows 32 (w & 3) .. + 31 and columns 64 (w >> 2) .. + 63 of the tile (lanes as in
  * k_base: k = lane & 7 along a row, h = lane >> 3 down), so both block amaxes stay in a warp.
  * Both code tiles go through shared memory and leave as whole 128-byte lines (8 lanes per row,
- * 16 bytes each); the scales are staged and leave as one 4-byte store per row and per column. */
+ * 16 bytes each); the scales are staged and leave as one 4-byte store per row and per column.
+ * k_mx16 of the library is k_sq with F_SC_EVICT_LAST. */
 constexpr int SQ_THREADS = 256, SQ = 128;
 constexpr int SQ_SMEM = 2 * SQ * SQ + 2 * 4 * SQ; /* row codes, col codes, row and col scales */
-enum { F_ROW_DIRECT = 1, F_NO_SCALES = 2, F_STREAM = 4 };
+enum {
+  F_NO_SCALES = 1,      /* diagnostic: no scale stores */
+  F_SCALES_LINEAR = 2,  /* diagnostic: the tile's scales stored contiguously (wrong places) */
+  F_SC_EVICT_LAST = 4,  /* scale stores with an L2::evict_last policy */
+  F_ST_EVICT_FIRST = 8, /* code stores with an L2::evict_first policy */
+};
 
-template <int B>
-__device__ __forceinline__ void sq_origin(const Args &a, uint32_t tile, int64_t &r0, int64_t &c0) {
-  const uint32_t tiles_r = (uint32_t)a.tiles_r, tiles_c = (uint32_t)a.tiles_c;
-  if (B == 0) {
-    const uint32_t tr = tile / tiles_c;
-    r0 = (int64_t)tr * SQ;
-    c0 = (int64_t)(tile - tr * tiles_c) * SQ;
-    return;
-  }
-  const uint32_t per_band = B * tiles_c;
-  const uint32_t band = tile / per_band, rem = tile - band * per_band;
-  const uint32_t h = min((uint32_t)B, tiles_r - band * B);
-  const uint32_t tc = rem / h;
-  r0 = (int64_t)(band * B + (rem - tc * h)) * SQ;
-  c0 = (int64_t)tc * SQ;
+struct SqSmem {
+  uint8_t *rb, *cb, *rs, *cs; /* [128][128] codes (chunks swizzled), [4 blocks][128] scales */
+};
+__device__ __forceinline__ SqSmem sq_smem(uint8_t *base) {
+  return {base, base + SQ * SQ, base + 2 * SQ * SQ, base + 2 * SQ * SQ + 4 * SQ};
 }
 
-template <int B, int MINB, int F>
-__global__ void __launch_bounds__(SQ_THREADS, MINB) k_sq(Args a) {
+__device__ __forceinline__ uint64_t l2_policy_evict_first() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+__device__ __forceinline__ uint64_t l2_policy_evict_last() {
+  uint64_t pol;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+  return pol;
+}
+
+/* the tile's origin: row-major order */
+__device__ __forceinline__ void sq_origin(const Args &a, uint32_t tile, int64_t &r0, int64_t &c0) {
+  const uint32_t tr = tile / (uint32_t)a.tiles_c;
+  r0 = (int64_t)tr * SQ;
+  c0 = (int64_t)(tile - tr * (uint32_t)a.tiles_c) * SQ;
+}
+
+/* the thread's 8x8 values (first row tr, first column tc of the tile) into both code tiles and
+ * scale arrays of sm */
+__device__ __forceinline__ void sq_encode(const Args &a, const uint4 (&x)[8], int tr, int tc,
+                                          const SqSmem &sm) {
+  const int k = (tc >> 3) & 7, h = (tr >> 3) & 3;
+  uint32_t rm[4], cm[4];
+  mx_amax(x, rm, cm);
+  uint32_t es[2] = {0u, 0u};
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    uint32_t e;
+    const float s = mx_scale((rm[i >> 1] >> (16 * (i & 1))) & 0xFFFFu, a.max_rcp, e);
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      v[j] = value16(word_of(x[i], j >> 1), j & 1);
+    const int q = (tc >> 4) ^ (4 * (h & 1));
+    *reinterpret_cast<uint2 *>(sm.rb + SQ * (tr + i) + 16 * q + 8 * (k & 1)) = encode8(v, s);
+    es[i >> 2] |= e << (8 * (i & 3));
+  }
+  if ((k & 3) == 0)
+    *reinterpret_cast<uint2 *>(sm.rs + SQ * (tc >> 5) + tr) = make_uint2(es[0], es[1]);
+  es[0] = es[1] = 0u;
+#pragma unroll
+  for (int jj = 0; jj < 8; jj++) {
+    uint32_t e;
+    const float s = mx_scale((cm[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu, a.max_rcp, e);
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      v[i] = value16(word_of(x[i], jj >> 1), jj & 1);
+    *reinterpret_cast<uint2 *>(sm.cb + SQ * (tc + jj) + 16 * ((tr >> 4) ^ k) + 8 * (h & 1)) =
+        encode8(v, s);
+    es[jj >> 2] |= e << (8 * (jj & 3));
+  }
+  if (h == 0) *reinterpret_cast<uint2 *>(sm.cs + SQ * (tr >> 5) + tc) = make_uint2(es[0], es[1]);
+}
+
+/* both code tiles of sm to memory, 8 lanes per 128-byte line */
+template <int F>
+__device__ __forceinline__ void sq_store_codes(const Args &a, int t, int64_t r0, int64_t c0,
+                                               const SqSmem &sm) {
+  const uint64_t pol = (F & F_ST_EVICT_FIRST) ? l2_policy_evict_first() : 0;
+  auto st = [&](uint8_t *d, const uint8_t *s) {
+    const uint4 w = *reinterpret_cast<const uint4 *>(s);
+    if (F & F_ST_EVICT_FIRST)
+      asm volatile("st.global.L2::cache_hint.v4.u32 [%0], {%1, %2, %3, %4}, %5;" ::"l"(d), "r"(w.x),
+                   "r"(w.y), "r"(w.z), "r"(w.w), "l"(pol));
+    else
+      *reinterpret_cast<uint4 *>(d) = w;
+  };
+#pragma unroll
+  for (int it = 0; it < SQ * SQ / 16 / SQ_THREADS; it++) {
+    const int u = t + SQ_THREADS * it, row = u >> 3, g = u & 7;
+    if (r0 + row < a.rows && c0 + 16 * g < a.cols)
+      st(a.data + (r0 + row) * a.cols + c0 + 16 * g,
+         sm.rb + SQ * row + 16 * (g ^ (4 * ((row >> 3) & 1))));
+    if (c0 + row < a.cols && r0 + 16 * g < a.rows)
+      st(a.col_data + (c0 + row) * a.rows + r0 + 16 * g,
+         sm.cb + SQ * row + 16 * (g ^ ((row >> 3) & 7)));
+  }
+}
+
+/* the tile's scales: threads 0..127 row t's 4 bytes, 128..255 column t - 128's; `which`: 1 rows,
+ * 2 columns, 3 both */
+template <int F>
+__device__ __forceinline__ void sq_store_scales(const Args &a, int t, uint32_t tile, int64_t r0,
+                                                int64_t c0, const SqSmem &sm, int which) {
+  if (F & F_NO_SCALES) return;
+  const int q = t & (SQ - 1);
+  const bool col = t >= SQ;
+  if (!(which & (col ? 2 : 1))) return;
+  const uint8_t *src = (col ? sm.cs : sm.rs) + q;
+  const int64_t lim = col ? a.rows : a.cols, o0 = col ? r0 : c0;
+  const int64_t line = col ? c0 + q : r0 + q;
+  if (line >= (col ? a.cols : a.rows)) return;
+  uint8_t *d = (col ? a.col_scale_inv : a.scale_inv) + line * (lim / 32) + o0 / 32;
+  if (F & F_SCALES_LINEAR) d = (col ? a.col_scale_inv : a.scale_inv) + ((int64_t)tile * SQ + q) * 4;
+  const uint32_t w = (uint32_t)src[0] | (uint32_t)src[SQ] << 8 | (uint32_t)src[2 * SQ] << 16 |
+                     (uint32_t)src[3 * SQ] << 24;
+  if (lim - o0 >= SQ && ((uintptr_t)d & 3u) == 0) {
+    if (F & F_SC_EVICT_LAST)
+      asm volatile("st.global.L2::cache_hint.b32 [%0], %1, %2;" ::"l"(d), "r"(w),
+                   "l"(l2_policy_evict_last()));
+    else
+      *reinterpret_cast<uint32_t *>(d) = w;
+  } else {
+    for (int b = 0; b < 4 && o0 + 32 * b < lim; b++)
+      d[b] = src[b * SQ];
+  }
+}
+
+/* the thread's 8 rows of 16 bytes from global memory (zeros outside the matrix) */
+__device__ __forceinline__ void sq_load(const Args &a, int64_t r, int64_t c, uint4 (&x)[8]) {
+  const bool in = r < a.rows && c < a.cols;
+  const uint4 *p = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) +
+                                                   (in ? r * a.cols + c : 0));
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    x[i] = in ? __ldg(p + i * (a.cols / 8)) : make_uint4(0u, 0u, 0u, 0u);
+}
+
+/* a block per tile (a grid-stride loop past the grid) */
+template <int F> __global__ void __launch_bounds__(SQ_THREADS, 2) k_sq(Args a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t *rb = smem, *cb = smem + SQ * SQ;   /* [128][128] codes, 16-byte chunks swizzled */
-  uint8_t *rs = smem + 2 * SQ * SQ, *cs = rs + 4 * SQ; /* [4 blocks][128] scales */
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
-  const int wr = warp & 3, wc = warp >> 2;
-  const int64_t rows = a.rows, cols = a.cols;
+  const SqSmem sm = sq_smem(smem);
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int tr = 32 * (warp & 3) + 8 * (lane >> 3), tc = 64 * (warp >> 2) + 8 * (lane & 7);
   for (uint32_t tile = blockIdx.x; tile < (uint32_t)a.ntiles; tile += gridDim.x) {
     int64_t r0, c0;
-    sq_origin<B>(a, tile, r0, c0);
-    const int tr = 32 * wr + 8 * h, tcol = 64 * wc + 8 * k; /* the thread's first row, col */
-    const int64_t r = r0 + tr, c = c0 + tcol;
-    const bool in = r < rows && c < cols;
+    sq_origin(a, tile, r0, c0);
     uint4 x[8];
-    {
-      const uint4 *p =
-          reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        x[i] = in ? __ldg(p + i * (cols / 8)) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    uint32_t rm[4], cm[4];
-    mx_amax(x, rm, cm);
-    /* rowwise codes and scales */
-    uint32_t es[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      uint32_t e;
-      const float s = mx_scale((rm[i >> 1] >> (16 * (i & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        v[j] = value16(word_of(x[i], j >> 1), j & 1);
-      const uint2 code = encode8(v, s);
-      if (F & F_ROW_DIRECT) {
-        if (in) *reinterpret_cast<uint2 *>(a.data + (r + i) * cols + c) = code;
-      } else {
-        const int rr = tr + i, q = (tcol >> 4) ^ (4 * (h & 1));
-        *reinterpret_cast<uint2 *>(rb + SQ * rr + 16 * q + 8 * (k & 1)) = code;
-      }
-      es[i >> 2] |= e << (8 * (i & 3));
-    }
-    if ((k & 3) == 0)
-      *reinterpret_cast<uint2 *>(rs + SQ * (2 * wc + (k >> 2)) + tr) = make_uint2(es[0], es[1]);
-    /* columnwise codes and scales */
-    es[0] = es[1] = 0u;
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) {
-      uint32_t e;
-      const float s = mx_scale((cm[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        v[i] = value16(word_of(x[i], jj >> 1), jj & 1);
-      *reinterpret_cast<uint2 *>(cb + SQ * (tcol + jj) + 16 * ((2 * wr + (h >> 1)) ^ k) +
-                                 8 * (h & 1)) = encode8(v, s);
-      es[jj >> 2] |= e << (8 * (jj & 3));
-    }
-    if (h == 0) *reinterpret_cast<uint2 *>(cs + SQ * wr + tcol) = make_uint2(es[0], es[1]);
+    sq_load(a, r0 + tr, c0 + tc, x);
+    sq_encode(a, x, tr, tc, sm);
     __syncthreads();
-    /* 8 lanes per 128-byte row: a warp stores 4 rows per instruction */
-#pragma unroll
-    for (int it = 0; it < SQ * SQ / 16 / SQ_THREADS; it++) {
-      const int u = t + SQ_THREADS * it, row = u >> 3, g = u & 7;
-      if (!(F & F_ROW_DIRECT)) {
-        const uint4 w =
-            *reinterpret_cast<const uint4 *>(rb + SQ * row + 16 * (g ^ (4 * ((row >> 3) & 1))));
-        if (r0 + row < rows && c0 + 16 * g < cols) {
-          uint4 *d = reinterpret_cast<uint4 *>(a.data + (r0 + row) * cols + c0 + 16 * g);
-          if (F & F_STREAM) __stcs(d, w); else *d = w;
-        }
-      }
-      const uint4 w = *reinterpret_cast<const uint4 *>(cb + SQ * row + 16 * (g ^ ((row >> 3) & 7)));
-      if (c0 + row < cols && r0 + 16 * g < rows) {
-        uint4 *d = reinterpret_cast<uint4 *>(a.col_data + (c0 + row) * rows + r0 + 16 * g);
-        if (F & F_STREAM) __stcs(d, w); else *d = w;
-      }
-    }
-    if (!(F & F_NO_SCALES)) {
-      /* threads 0..127: row t's 4 scales; 128..255: column t - 128's */
-      const int q = t & (SQ - 1);
-      const bool col = t >= SQ;
-      const uint8_t *src = col ? cs + q : rs + q;
-      const int64_t lim = col ? rows : cols, o0 = col ? r0 : c0;
-      const int64_t line = col ? c0 + q : r0 + q, stride = lim / 32;
-      if (line < (col ? cols : rows)) {
-        uint8_t *d = (col ? a.col_scale_inv : a.scale_inv) + line * stride + o0 / 32;
-        if (lim - o0 >= SQ && ((uintptr_t)d & 3u) == 0) {
-          *reinterpret_cast<uint32_t *>(d) = (uint32_t)src[0] | (uint32_t)src[SQ] << 8 |
-                                             (uint32_t)src[2 * SQ] << 16 |
-                                             (uint32_t)src[3 * SQ] << 24;
-        } else {
-          for (int b = 0; b < 4 && o0 + 32 * b < lim; b++)
-            d[b] = src[b * SQ];
-        }
-      }
-    }
+    sq_store_codes<F>(a, t, r0, c0, sm);
+    sq_store_scales<F>(a, t, tile, r0, c0, sm, 3);
     __syncthreads();
   }
 }
 
-template <int B, int MINB, int F>
-static void launch_sq(const Args &a0, int grid_mode, cudaStream_t s) {
-  constexpr auto K = k_sq<B, MINB, F>;
-  static bool set = false;
-  if (!set) {
-    CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, SQ_SMEM));
-    set = true;
-  }
-  Args a = a0;
+static void sq_tiles(Args &a) {
   a.tiles_r = (a.rows + SQ - 1) / SQ;
   a.tiles_c = (a.cols + SQ - 1) / SQ;
   a.ntiles = a.tiles_r * a.tiles_c;
-  int per_sm = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K, SQ_THREADS, SQ_SMEM));
-  int64_t g = grid_mode == 1 ? a.ntiles : (int64_t)g_sms * per_sm;
-  if (g > a.ntiles) g = a.ntiles;
-  K<<<(unsigned)g, SQ_THREADS, SQ_SMEM, s>>>(a);
 }
 
-/* ---- k_pipe: k_sq with the inputs staged by cp.async, the next tile's in flight ------------- */
+template <int F> static void launch_sq(const Args &a0, int, cudaStream_t s) {
+  Args a = a0;
+  sq_tiles(a);
+  k_sq<F><<<(unsigned)a.ntiles, SQ_THREADS, SQ_SMEM, s>>>(a);
+}
+
+/* ---- k_pipe: persistent blocks, the next tile's inputs in flight by cp.async ------------------
+ */
 constexpr int PIPE_IN = SQ * SQ * 2; /* a bf16 tile */
 constexpr int PIPE_SMEM = 2 * PIPE_IN + SQ_SMEM;
 
-__device__ __forceinline__ uint32_t smem_u32(const void *p) {
-  return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* cp.async of tile `tile` into stage buffer st: 16 chunks of 16 bytes per row, 8 per thread */
-template <int B>
+/* cp.async of a tile into stage buffer st: 16 chunks of 16 bytes per row, 8 per thread */
 __device__ __forceinline__ void pipe_load(const Args &a, uint32_t tile, uint8_t *st, int t) {
   int64_t r0, c0;
-  sq_origin<B>(a, tile, r0, c0);
+  sq_origin(a, tile, r0, c0);
 #pragma unroll
   for (int it = 0; it < PIPE_IN / 16 / SQ_THREADS; it++) {
     const int u = t + SQ_THREADS * it, row = u >> 4, ch = u & 15;
     const int64_t r = r0 + row, c = c0 + 8 * ch;
     const bool in = r < a.rows && c < a.cols;
     const uint16_t *src = static_cast<const uint16_t *>(a.x) + (in ? r * a.cols + c : 0);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(st + 256 * row + 16 * ch)),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (uint32_t)__cvta_generic_to_shared(st + 256 * row + 16 * ch)),
                  "l"(src), "r"(in ? 16 : 0));
   }
   asm volatile("cp.async.commit_group;\n" ::);
 }
 
-template <int B, int MINB, int F>
-__global__ void __launch_bounds__(SQ_THREADS, MINB) k_pipe(Args a) {
+__global__ void __launch_bounds__(SQ_THREADS, 2) k_pipe(Args a) {
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t *rb = smem + 2 * PIPE_IN, *cb = rb + SQ * SQ;
-  uint8_t *rs = cb + SQ * SQ, *cs = rs + 4 * SQ;
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
-  const int wr = warp & 3, wc = warp >> 2;
-  const int64_t rows = a.rows, cols = a.cols;
+  const SqSmem sm = sq_smem(smem + 2 * PIPE_IN);
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int tr = 32 * (warp & 3) + 8 * (lane >> 3), tc = 64 * (warp >> 2) + 8 * (lane & 7);
   const uint32_t ntiles = (uint32_t)a.ntiles;
-  int sidx = 0;
-  if (blockIdx.x < ntiles) pipe_load<B>(a, blockIdx.x, smem, t);
+  int stage = 0;
+  if (blockIdx.x < ntiles) pipe_load(a, blockIdx.x, smem, t);
   for (uint32_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
     int64_t r0, c0;
-    sq_origin<B>(a, tile, r0, c0);
+    sq_origin(a, tile, r0, c0);
     if (tile + gridDim.x < ntiles) {
-      pipe_load<B>(a, tile + gridDim.x, smem + (sidx ^ 1) * PIPE_IN, t);
+      pipe_load(a, tile + gridDim.x, smem + (stage ^ 1) * PIPE_IN, t);
       asm volatile("cp.async.wait_group 1;\n" ::);
     } else {
       asm volatile("cp.async.wait_group 0;\n" ::);
     }
     __syncthreads();
-    const int tr = 32 * wr + 8 * h, tcol = 64 * wc + 8 * k;
     uint4 x[8];
 #pragma unroll
     for (int i = 0; i < 8; i++)
-      x[i] = *reinterpret_cast<const uint4 *>(smem + sidx * PIPE_IN + 256 * (tr + i) + 2 * tcol);
-    uint32_t rm[4], cm[4];
-    mx_amax(x, rm, cm);
-    uint32_t es[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      uint32_t e;
-      const float s = mx_scale((rm[i >> 1] >> (16 * (i & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        v[j] = value16(word_of(x[i], j >> 1), j & 1);
-      const int rr = tr + i, q = (tcol >> 4) ^ (4 * (h & 1));
-      *reinterpret_cast<uint2 *>(rb + SQ * rr + 16 * q + 8 * (k & 1)) = encode8(v, s);
-      es[i >> 2] |= e << (8 * (i & 3));
-    }
-    if ((k & 3) == 0)
-      *reinterpret_cast<uint2 *>(rs + SQ * (2 * wc + (k >> 2)) + tr) = make_uint2(es[0], es[1]);
-    es[0] = es[1] = 0u;
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) {
-      uint32_t e;
-      const float s = mx_scale((cm[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        v[i] = value16(word_of(x[i], jj >> 1), jj & 1);
-      *reinterpret_cast<uint2 *>(cb + SQ * (tcol + jj) + 16 * ((2 * wr + (h >> 1)) ^ k) +
-                                 8 * (h & 1)) = encode8(v, s);
-      es[jj >> 2] |= e << (8 * (jj & 3));
-    }
-    if (h == 0) *reinterpret_cast<uint2 *>(cs + SQ * wr + tcol) = make_uint2(es[0], es[1]);
+      x[i] = *reinterpret_cast<const uint4 *>(smem + stage * PIPE_IN + 256 * (tr + i) + 2 * tc);
+    sq_encode(a, x, tr, tc, sm);
     __syncthreads();
-#pragma unroll
-    for (int it = 0; it < SQ * SQ / 16 / SQ_THREADS; it++) {
-      const int u = t + SQ_THREADS * it, row = u >> 3, g = u & 7;
-      const uint4 w =
-          *reinterpret_cast<const uint4 *>(rb + SQ * row + 16 * (g ^ (4 * ((row >> 3) & 1))));
-      if (r0 + row < rows && c0 + 16 * g < cols) {
-        uint4 *d = reinterpret_cast<uint4 *>(a.data + (r0 + row) * cols + c0 + 16 * g);
-        if (F & F_STREAM) __stcs(d, w); else *d = w;
-      }
-      const uint4 w2 = *reinterpret_cast<const uint4 *>(cb + SQ * row + 16 * (g ^ ((row >> 3) & 7)));
-      if (c0 + row < cols && r0 + 16 * g < rows) {
-        uint4 *d = reinterpret_cast<uint4 *>(a.col_data + (c0 + row) * rows + r0 + 16 * g);
-        if (F & F_STREAM) __stcs(d, w2); else *d = w2;
-      }
-    }
-    if (!(F & F_NO_SCALES)) {
-      const int q = t & (SQ - 1);
-      const bool col = t >= SQ;
-      const uint8_t *src = col ? cs + q : rs + q;
-      const int64_t lim = col ? rows : cols, o0 = col ? r0 : c0;
-      const int64_t line = col ? c0 + q : r0 + q, stride = lim / 32;
-      if (line < (col ? cols : rows)) {
-        uint8_t *d = (col ? a.col_scale_inv : a.scale_inv) + line * stride + o0 / 32;
-        if (lim - o0 >= SQ && ((uintptr_t)d & 3u) == 0) {
-          *reinterpret_cast<uint32_t *>(d) = (uint32_t)src[0] | (uint32_t)src[SQ] << 8 |
-                                             (uint32_t)src[2 * SQ] << 16 |
-                                             (uint32_t)src[3 * SQ] << 24;
-        } else {
-          for (int b = 0; b < 4 && o0 + 32 * b < lim; b++)
-            d[b] = src[b * SQ];
-        }
-      }
-    }
-    sidx ^= 1;
+    sq_store_codes<0>(a, t, r0, c0, sm);
+    sq_store_scales<0>(a, t, tile, r0, c0, sm, 3);
+    stage ^= 1;
   }
 }
 
-template <int B, int MINB, int F>
-static void launch_pipe(const Args &a0, int grid_mode, cudaStream_t s) {
-  constexpr auto K = k_pipe<B, MINB, F>;
+static void launch_pipe(const Args &a0, int, cudaStream_t s) {
   static bool set = false;
   if (!set) {
-    CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, PIPE_SMEM));
+    CK(cudaFuncSetAttribute(k_pipe, cudaFuncAttributeMaxDynamicSharedMemorySize, PIPE_SMEM));
     set = true;
   }
   Args a = a0;
-  a.tiles_r = (a.rows + SQ - 1) / SQ;
-  a.tiles_c = (a.cols + SQ - 1) / SQ;
-  a.ntiles = a.tiles_r * a.tiles_c;
+  sq_tiles(a);
   int per_sm = 0;
-  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, K, SQ_THREADS, PIPE_SMEM));
-  int64_t g = (int64_t)g_sms * (grid_mode > 1 ? grid_mode : per_sm);
-  if (g > a.ntiles) g = a.ntiles;
-  K<<<(unsigned)g, SQ_THREADS, PIPE_SMEM, s>>>(a);
+  CK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_pipe, SQ_THREADS, PIPE_SMEM));
+  const int64_t g = std::min<int64_t>((int64_t)g_sms * per_sm, a.ntiles);
+  k_pipe<<<(unsigned)g, SQ_THREADS, PIPE_SMEM, s>>>(a);
 }
 
-/* ---- k_st: k_sq over an S x S group of 128x128 tiles per block, the scales kept in shared memory
- * and stored once per group as 4 S-byte runs ------------------------------------------------- */
-enum { G_NO_ROW_SCALES = 1, G_NO_COL_SCALES = 2, G_SCALES_LINEAR = 4 };
-template <int S> constexpr int st_smem() {
-  return 2 * SQ * SQ + 2 * (4 * S) * (SQ * S);
-}
-
-template <int S, int MINB, int G>
-__global__ void __launch_bounds__(SQ_THREADS, MINB) k_st(Args a) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int SR = SQ * S;               /* rows (and columns) of a group */
-  uint8_t *rb = smem, *cb = smem + SQ * SQ; /* [128][128] codes, 16-byte chunks swizzled */
-  uint8_t *rs = smem + 2 * SQ * SQ;         /* [4 S blocks][SR rows] */
-  uint8_t *cs = rs + 4 * S * SR;            /* [4 S blocks][SR columns] */
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
-  const int wr = warp & 3, wc = warp >> 2;
-  const int64_t rows = a.rows, cols = a.cols;
-  /* a.tiles_r / tiles_c count groups here */
-  const uint32_t gtr = blockIdx.x / (uint32_t)a.tiles_c;
-  const int64_t gr0 = (int64_t)gtr * SR, gc0 = (int64_t)(blockIdx.x - gtr * (uint32_t)a.tiles_c) * SR;
-  for (int sub = 0; sub < S * S; sub++) {
-    const int sr = sub / S, sc = sub % S;
-    const int64_t r0 = gr0 + SQ * sr, c0 = gc0 + SQ * sc;
-    const int tr = 32 * wr + 8 * h, tcol = 64 * wc + 8 * k;
-    const int64_t r = r0 + tr, c = c0 + tcol;
-    const bool in = r < rows && c < cols;
-    uint4 x[8];
-    {
-      const uint4 *p =
-          reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        x[i] = in ? __ldg(p + i * (cols / 8)) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    uint32_t rm[4], cm[4];
-    mx_amax(x, rm, cm);
-    uint32_t es[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      uint32_t e;
-      const float s = mx_scale((rm[i >> 1] >> (16 * (i & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        v[j] = value16(word_of(x[i], j >> 1), j & 1);
-      const int rr = tr + i, q = (tcol >> 4) ^ (4 * (h & 1));
-      *reinterpret_cast<uint2 *>(rb + SQ * rr + 16 * q + 8 * (k & 1)) = encode8(v, s);
-      es[i >> 2] |= e << (8 * (i & 3));
-    }
-    if ((k & 3) == 0)
-      *reinterpret_cast<uint2 *>(rs + SR * (4 * sc + 2 * wc + (k >> 2)) + SQ * sr + tr) =
-          make_uint2(es[0], es[1]);
-    es[0] = es[1] = 0u;
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) {
-      uint32_t e;
-      const float s = mx_scale((cm[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        v[i] = value16(word_of(x[i], jj >> 1), jj & 1);
-      *reinterpret_cast<uint2 *>(cb + SQ * (tcol + jj) + 16 * ((2 * wr + (h >> 1)) ^ k) +
-                                 8 * (h & 1)) = encode8(v, s);
-      es[jj >> 2] |= e << (8 * (jj & 3));
-    }
-    if (h == 0)
-      *reinterpret_cast<uint2 *>(cs + SR * (4 * sr + wr) + SQ * sc + tcol) =
-          make_uint2(es[0], es[1]);
-    __syncthreads();
-#pragma unroll
-    for (int it = 0; it < SQ * SQ / 16 / SQ_THREADS; it++) {
-      const int u = t + SQ_THREADS * it, row = u >> 3, g = u & 7;
-      const uint4 w =
-          *reinterpret_cast<const uint4 *>(rb + SQ * row + 16 * (g ^ (4 * ((row >> 3) & 1))));
-      if (r0 + row < rows && c0 + 16 * g < cols)
-        *reinterpret_cast<uint4 *>(a.data + (r0 + row) * cols + c0 + 16 * g) = w;
-      const uint4 w2 =
-          *reinterpret_cast<const uint4 *>(cb + SQ * row + 16 * (g ^ ((row >> 3) & 7)));
-      if (c0 + row < cols && r0 + 16 * g < rows)
-        *reinterpret_cast<uint4 *>(a.col_data + (c0 + row) * rows + r0 + 16 * g) = w2;
-    }
-    __syncthreads();
-  }
-  /* the group's scales: a row's (column's) 4 S bytes as one run. Full-size groups only in the
-   * probe (dims multiples of 128 S) */
-  for (int q = t; q < 2 * SR; q += SQ_THREADS) {
-    const bool col = q >= SR;
-    if ((G & G_NO_ROW_SCALES) && !col) continue;
-    if ((G & G_NO_COL_SCALES) && col) continue;
-    const int l = col ? q - SR : q;
-    const uint8_t *src = (col ? cs : rs) + l;
-    uint32_t w[S];
-#pragma unroll
-    for (int j = 0; j < S; j++)
-      w[j] = (uint32_t)src[(4 * j) * SR] | (uint32_t)src[(4 * j + 1) * SR] << 8 |
-             (uint32_t)src[(4 * j + 2) * SR] << 16 | (uint32_t)src[(4 * j + 3) * SR] << 24;
-    uint8_t *d;
-    if (G & G_SCALES_LINEAR) {
-      d = (col ? a.col_scale_inv : a.scale_inv) + ((int64_t)blockIdx.x * SR + l) * 4 * S;
-    } else {
-      const int64_t line = col ? gc0 + l : gr0 + l, stride = (col ? rows : cols) / 32;
-      d = (col ? a.col_scale_inv : a.scale_inv) + line * stride + (col ? gr0 : gc0) / 32;
-    }
-    if (S == 1) *reinterpret_cast<uint32_t *>(d) = w[0];
-    if (S == 2) *reinterpret_cast<uint2 *>(d) = make_uint2(w[0], w[1]);
-    if (S == 4) *reinterpret_cast<uint4 *>(d) = make_uint4(w[0], w[1], w[2], w[3]);
-  }
-}
-
-template <int S, int MINB, int G>
-static void launch_st(const Args &a0, int, cudaStream_t s) {
-  constexpr auto K = k_st<S, MINB, G>;
-  constexpr int SMEM = st_smem<S>();
-  static bool set = false;
-  if (!set) {
-    CK(cudaFuncSetAttribute(K, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM));
-    set = true;
-  }
-  Args a = a0;
-  a.tiles_r = (a.rows + SQ * S - 1) / (SQ * S);
-  a.tiles_c = (a.cols + SQ * S - 1) / (SQ * S);
-  a.ntiles = a.tiles_r * a.tiles_c;
-  K<<<(unsigned)a.ntiles, SQ_THREADS, SMEM, s>>>(a);
-}
-
-/* ---- k_cl: k_sq in clusters of 8 tiles along a tile row; the row scales of the cluster are
- * gathered in distributed shared memory and leave as 32-byte runs ---------------------------- */
-template <int MINB, int G>
-__global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SQ_THREADS, MINB) k_cl(Args a) {
+/* ---- k_cl: clusters of 8 tiles along a tile row gather their row scales in distributed shared
+ * memory and store them as 32-byte runs (one sector per row and cluster) ------------------------
+ */
+__global__ void __cluster_dims__(8, 1, 1) __launch_bounds__(SQ_THREADS, 2) k_cl(Args a) {
   namespace cg = cooperative_groups;
   cg::cluster_group cl = cg::this_cluster();
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t *rb = smem, *cb = smem + SQ * SQ;
-  uint8_t *rs = smem + 2 * SQ * SQ, *cs = rs + 4 * SQ;
-  uint32_t *xs = reinterpret_cast<uint32_t *>(cs + 4 * SQ); /* [16 rows][8 ranks] */
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
-  const int wr = warp & 3, wc = warp >> 2;
-  const int64_t rows = a.rows, cols = a.cols;
+  const SqSmem sm = sq_smem(smem);
+  uint32_t *xs = reinterpret_cast<uint32_t *>(smem + SQ_SMEM); /* [16 rows][8 ranks] */
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+  const int tr = 32 * (warp & 3) + 8 * (lane >> 3), tc = 64 * (warp >> 2) + 8 * (lane & 7);
+  /* the grid's tile rows are padded to a multiple of 8 tiles; padding blocks only take part in
+   * the cluster barrier */
   const uint32_t tiles_c8 = ((uint32_t)a.tiles_c + 7u) & ~7u;
   const uint32_t ty = blockIdx.x / tiles_c8, tx = blockIdx.x - ty * tiles_c8;
   const int rank = (int)cl.block_rank();
-  const bool valid = tx < (uint32_t)a.tiles_c;
   const int64_t r0 = (int64_t)ty * SQ, c0 = (int64_t)tx * SQ;
-  if (valid) {
-    const int tr = 32 * wr + 8 * h, tcol = 64 * wc + 8 * k;
-    const int64_t r = r0 + tr, c = c0 + tcol;
-    const bool in = r < rows && c < cols;
+  if (tx < (uint32_t)a.tiles_c) {
     uint4 x[8];
-    {
-      const uint4 *p =
-          reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        x[i] = in ? __ldg(p + i * (cols / 8)) : make_uint4(0u, 0u, 0u, 0u);
-    }
-    uint32_t rm[4], cm[4];
-    mx_amax(x, rm, cm);
-    uint32_t es[2] = {0u, 0u};
-#pragma unroll
-    for (int i = 0; i < 8; i++) {
-      uint32_t e;
-      const float s = mx_scale((rm[i >> 1] >> (16 * (i & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        v[j] = value16(word_of(x[i], j >> 1), j & 1);
-      const int rr = tr + i, q = (tcol >> 4) ^ (4 * (h & 1));
-      *reinterpret_cast<uint2 *>(rb + SQ * rr + 16 * q + 8 * (k & 1)) = encode8(v, s);
-      es[i >> 2] |= e << (8 * (i & 3));
-    }
-    if ((k & 3) == 0)
-      *reinterpret_cast<uint2 *>(rs + SQ * (2 * wc + (k >> 2)) + tr) = make_uint2(es[0], es[1]);
-    es[0] = es[1] = 0u;
-#pragma unroll
-    for (int jj = 0; jj < 8; jj++) {
-      uint32_t e;
-      const float s = mx_scale((cm[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu, a.max_rcp, e);
-      float v[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        v[i] = value16(word_of(x[i], jj >> 1), jj & 1);
-      *reinterpret_cast<uint2 *>(cb + SQ * (tcol + jj) + 16 * ((2 * wr + (h >> 1)) ^ k) +
-                                 8 * (h & 1)) = encode8(v, s);
-      es[jj >> 2] |= e << (8 * (jj & 3));
-    }
-    if (h == 0) *reinterpret_cast<uint2 *>(cs + SQ * wr + tcol) = make_uint2(es[0], es[1]);
+    sq_load(a, r0 + tr, c0 + tc, x);
+    sq_encode(a, x, tr, tc, sm);
     __syncthreads();
-#pragma unroll
-    for (int it = 0; it < SQ * SQ / 16 / SQ_THREADS; it++) {
-      const int u = t + SQ_THREADS * it, row = u >> 3, g = u & 7;
-      const uint4 w =
-          *reinterpret_cast<const uint4 *>(rb + SQ * row + 16 * (g ^ (4 * ((row >> 3) & 1))));
-      if (r0 + row < rows && c0 + 16 * g < cols)
-        *reinterpret_cast<uint4 *>(a.data + (r0 + row) * cols + c0 + 16 * g) = w;
-      const uint4 w2 =
-          *reinterpret_cast<const uint4 *>(cb + SQ * row + 16 * (g ^ ((row >> 3) & 7)));
-      if (c0 + row < cols && r0 + 16 * g < rows)
-        *reinterpret_cast<uint4 *>(a.col_data + (c0 + row) * rows + r0 + 16 * g) = w2;
-    }
-    const int q = t & (SQ - 1);
-    if (t < SQ) {
-      /* row q's word goes to rank q / 16 */
-      const uint32_t w = (uint32_t)rs[q] | (uint32_t)rs[SQ + q] << 8 | (uint32_t)rs[2 * SQ + q] << 16 |
-                         (uint32_t)rs[3 * SQ + q] << 24;
-      uint32_t *dst = cl.map_shared_rank(xs, q >> 4);
-      dst[(q & 15) * 8 + rank] = w;
-    } else if (!(G & G_NO_COL_SCALES) && c0 + q < cols) {
-      const uint8_t *src = cs + q;
-      uint8_t *d = a.col_scale_inv + (c0 + q) * (rows / 32) + r0 / 32;
-      if (rows - r0 >= SQ && ((uintptr_t)d & 3u) == 0)
-        *reinterpret_cast<uint32_t *>(d) = (uint32_t)src[0] | (uint32_t)src[SQ] << 8 |
-                                           (uint32_t)src[2 * SQ] << 16 | (uint32_t)src[3 * SQ] << 24;
-      else
-        for (int b = 0; b < 4 && r0 + 32 * b < rows; b++)
-          d[b] = src[b * SQ];
+    sq_store_codes<0>(a, t, r0, c0, sm);
+    sq_store_scales<0>(a, t, 0, r0, c0, sm, 2);
+    if (t < SQ) { /* row t's 4 scale bytes go to rank t / 16 */
+      const uint32_t w = (uint32_t)sm.rs[t] | (uint32_t)sm.rs[SQ + t] << 8 |
+                         (uint32_t)sm.rs[2 * SQ + t] << 16 | (uint32_t)sm.rs[3 * SQ + t] << 24;
+      cl.map_shared_rank(xs, t >> 4)[(t & 15) * 8 + rank] = w;
     }
   }
   cl.sync();
-  /* this rank's 16 rows of the cluster's row scales: 32 bytes (8 tiles) per row */
+  /* this rank's 16 rows of the cluster's row scales, 16 bytes (4 tiles) per thread */
   if (t < 32) {
     const int i = t >> 1, half = t & 1;
     const int64_t row = r0 + 16 * rank + i;
-    const uint32_t tx0 = tx - rank + 4 * half; /* first tile of the half */
-    if (row < rows && tx0 < (uint32_t)a.tiles_c) {
-      uint8_t *d = a.scale_inv + row * (cols / 32) + 4 * (int64_t)tx0;
+    const uint32_t tx0 = tx - rank + 4 * half;
+    if (row < a.rows && tx0 < (uint32_t)a.tiles_c) {
+      uint8_t *d = a.scale_inv + row * (a.cols / 32) + 4 * (int64_t)tx0;
       const uint32_t *src = xs + i * 8 + 4 * half;
-      if (tx0 + 4 <= (uint32_t)a.tiles_c && cols - 128 * (int64_t)tx0 >= 512 && ((uintptr_t)d & 15u) == 0)
+      if (tx0 + 4 <= (uint32_t)a.tiles_c && ((uintptr_t)d & 15u) == 0)
         *reinterpret_cast<uint4 *>(d) = make_uint4(src[0], src[1], src[2], src[3]);
       else
-        for (int b = 0; b < 16 && 32 * (4 * (int64_t)tx0 + b) < cols; b++)
+        for (int b = 0; b < 16 && 32 * (4 * (int64_t)tx0 + b) < a.cols; b++)
           d[b] = (uint8_t)(src[b >> 2] >> (8 * (b & 3)));
     }
   }
 }
 
-template <int MINB, int G>
 static void launch_cl(const Args &a0, int, cudaStream_t s) {
-  constexpr auto K = k_cl<MINB, G>;
-  constexpr int SMEM = SQ_SMEM + 16 * 8 * 4;
   Args a = a0;
-  a.tiles_r = (a.rows + SQ - 1) / SQ;
-  a.tiles_c = (a.cols + SQ - 1) / SQ;
-  a.ntiles = a.tiles_r * a.tiles_c;
+  sq_tiles(a);
   const int64_t g = a.tiles_r * ((a.tiles_c + 7) / 8 * 8);
-  K<<<(unsigned)g, SQ_THREADS, SMEM, s>>>(a);
+  k_cl<<<(unsigned)g, SQ_THREADS, SQ_SMEM + 16 * 8 * 4, s>>>(a);
 }
 
 /* ---- harness --------------------------------------------------------------------------------- */
@@ -804,12 +565,18 @@ static void launch_base(const Args &a, int grid_mode, cudaStream_t s) {
 }
 
 static const Variant variants[] = {
-    {"sq row-major, minB 2", launch_sq<0, 2, 0>, false, 1},
-    {"cl: 8-tile clusters, row scales 32 B", launch_cl<2, 0>, false, 0},
-    {"diag: sq no scales", launch_sq<0, 2, F_NO_SCALES>, true, 1},
-    {"diag: cl no col scales", launch_cl<2, G_NO_COL_SCALES>, true, 0},
-    {"diag: st S=1 no col scales", launch_st<1, 2, G_NO_COL_SCALES>, true, 0},
-    {"diag: st S=1 no row scales", launch_st<1, 2, G_NO_ROW_SCALES>, true, 0},
+    {"128x64 persistent (k_mx16 before)", launch_base<0, 16, 4>, false, 0},
+    {"128x64, one block per tile", launch_base<0, 16, 4>, false, 1},
+    {"128x128, one block per tile", launch_sq<0>, false, 1},
+    {"128x128, scales evict_last (k_mx16)", launch_sq<F_SC_EVICT_LAST>, false, 1},
+    {"128x128, code stores evict_first", launch_sq<F_ST_EVICT_FIRST>, false, 1},
+    {"128x128, cp.async pipeline, 2/SM", launch_pipe, false, 0},
+    {"128x128 in 8-tile clusters", launch_cl, false, 0},
+    {"diag: 128x128, no scales", launch_sq<F_NO_SCALES>, true, 1},
+    {"diag: 128x128, scales stored contiguously", launch_sq<F_SCALES_LINEAR>, true, 1},
+    {"diag: 128x64, no math", launch_base<D_NO_MATH, 16, 4>, true, 0},
+    {"diag: 128x64, no row codes/scales", launch_base<D_NO_ROW_STORE | D_NO_ROW_SCALES, 16, 4>,
+     true, 0},
 };
 constexpr int NV = sizeof variants / sizeof variants[0];
 
@@ -903,7 +670,9 @@ static void run_dim(int64_t rows, int64_t cols) {
     const double gbs = (4.0 + 1.0 / 16.0) * n / (t * 1e6);
     printf("  %-34s %7.1f us %6.0f GB/s %5.1f%% of copy %s\n", variants[v].name, t * 1e3, gbs,
            100.0 * gbs / copy_gbs,
-           variants[v].diag ? "(diagnostic)" : ok[v] ? "(bytes == base)" : "(BYTES DIFFER)");
+           variants[v].diag ? "(diagnostic)"
+           : ok[v]          ? "(bytes == base)"
+                            : "(BYTES DIFFER)");
   }
   fflush(stdout);
   CK(cudaFree(x));
@@ -922,7 +691,7 @@ int main(int argc, char **argv) {
     const long long r = atoll(argv[i]);
     dims.push_back({r, r});
   }
-  if (dims.empty()) dims = {{8192, 8192}, {16384, 16384}, {8256, 8256}, {16448, 16448}};
+  if (dims.empty()) dims = {{8192, 8192}, {16384, 16384}};
   for (auto &d : dims)
     run_dim(d.first, d.second);
   return 0;
