@@ -16,8 +16,9 @@
  *
  * The per-tensor cast (without a bias gradient) skips the f32 staging: its columnwise codes are
  * its rowwise codes transposed (same scale), so it transposes the code bytes themselves
- * (MODE_CAST_CODES). The 64x64 kernels issue the next tile's loads before encoding the current
- * one and visit tiles in bands of LUTRA_TILE_BAND tile rows (tile_coords).
+ * (MODE_CAST_CODES; for bf16 / f16 inputs k_cast16 below does this on k_mx16's tiles). The 64x64
+ * kernels issue the next tile's loads before encoding the current one and visit tiles in bands of
+ * LUTRA_TILE_BAND tile rows (tile_coords).
  *
  * MXFP8 of bf16 / f16 inputs takes its own kernel (k_mx16), a block per 128x128 tile held in
  * registers as loaded: a thread's 8x8 values give both block amaxes through shuffles (1x32 blocks
@@ -701,35 +702,79 @@ __device__ __forceinline__ void mx_store_scales(const uint8_t *src, uint8_t *d, 
   }
 }
 
+__device__ __forceinline__ MxSmem mx_smem() {
+  uint8_t *p = dyn_smem();
+  return {p, p + MX_T * MX_T, p + 2 * MX_T * MX_T, p + 2 * MX_T * MX_T + 4 * MX_T};
+}
+
+/* The thread's 8 rows of 8 values from (r, c) on, as loaded; zeros outside the matrix. rows and
+ * cols are multiples of 16 (32 for MXFP8), so its 8 rows and 8 columns are all inside or all
+ * outside, and so are the lanes of each MXFP8 block: the zeros never meet values of the matrix,
+ * and nothing of them is stored. Returns whether they are inside. */
+template <int XD>
+__device__ __forceinline__ bool mx_load(const TileArgs &a, int64_t r, int64_t c, uint4 (&x)[8]) {
+  const bool in = r < a.rows && c < a.cols;
+  if (in) {
+    const uint4 *p =
+        reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * a.cols + c);
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      x[i] = __ldg(p + i * (a.cols / 8));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      x[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+  return in;
+}
+
+/* Both code tiles of sm to memory: 8 lanes per 128-byte line, a warp stores 4 whole lines per
+ * instruction */
+__device__ __forceinline__ void mx_store_codes(const TileArgs &a, int t, int64_t r0, int64_t c0,
+                                               const MxSmem &sm, bool row_out, bool col_out) {
+#pragma unroll
+  for (int it = 0; it < MX_T * MX_T / 16 / MX_THREADS; it++) {
+    const int u = t + MX_THREADS * it, line = u >> 3, g = u & 7;
+    if (row_out && r0 + line < a.rows && c0 + 16 * g < a.cols)
+      *reinterpret_cast<uint4 *>(a.data + (r0 + line) * a.cols + c0 + 16 * g) =
+          *reinterpret_cast<const uint4 *>(sm.rb + MX_T * line + 16 * mx_rb_chunk(line, g));
+    if (col_out && c0 + line < a.cols && r0 + 16 * g < a.rows)
+      *reinterpret_cast<uint4 *>(a.col_data + (c0 + line) * a.rows + r0 + 16 * g) =
+          *reinterpret_cast<const uint4 *>(sm.cb + MX_T * line + 16 * mx_cb_chunk(line, g));
+  }
+}
+
+/* the tile's origin, tiles in row-major order: the tiles in flight then cover a few whole tile
+ * rows */
+__device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile, int64_t &r0,
+                                               int64_t &c0) {
+  const uint32_t ty = tile / (uint32_t)a.tiles_c;
+  r0 = (int64_t)ty * MX_T;
+  c0 = (int64_t)(tile - ty * (uint32_t)a.tiles_c) * MX_T;
+}
+
+/* the largest 16-bit magnitude of x (both halves of each word) */
+template <int XD, bool SAFE> __device__ __forceinline__ uint32_t mx_top(const uint4 (&x)[8]) {
+  uint32_t top = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    top = __vmaxu2(top, __vmaxu2(__vmaxu2(mag2<XD, SAFE>(x[i].x), mag2<XD, SAFE>(x[i].y)),
+                                 __vmaxu2(mag2<XD, SAFE>(x[i].z), mag2<XD, SAFE>(x[i].w))));
+  return __vmaxu2(top, top >> 16) & 0xFFFFu;
+}
+
 template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx16(TileArgs a) {
   if (a.skip && *a.skip) return;
-  const MxSmem sm = {dyn_smem(), dyn_smem() + MX_T * MX_T, dyn_smem() + 2 * MX_T * MX_T,
-                     dyn_smem() + 2 * MX_T * MX_T + 4 * MX_T};
+  const MxSmem sm = mx_smem();
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
   const int tr = 32 * (warp & 3) + 8 * (lane >> 3), tc = 64 * (warp >> 2) + 8 * (lane & 7);
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
-  const int64_t rows = a.rows, cols = a.cols;
-  const uint32_t tiles_c = (uint32_t)a.tiles_c, ntiles = (uint32_t)a.ntiles;
 
-  for (uint32_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-    const uint32_t ty = tile / tiles_c;
-    const int64_t r0 = (int64_t)ty * MX_T, c0 = (int64_t)(tile - ty * tiles_c) * MX_T;
-    const int64_t r = r0 + tr, c = c0 + tc;
-    /* rows and cols are multiples of 32, so a thread's 8 rows and 8 columns are all inside or all
-     * outside, and so are the lanes of each of its blocks: the zeros outside never meet values of
-     * the matrix, and nothing of them is stored */
+  for (uint32_t tile = blockIdx.x; tile < (uint32_t)a.ntiles; tile += gridDim.x) {
+    int64_t r0, c0;
+    mx_tile_origin(a, tile, r0, c0);
     uint4 x[8];
-    if (r < rows && c < cols) {
-      const uint4 *p =
-          reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(a.x) + r * cols + c);
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        x[i] = __ldg(p + i * (cols / 8));
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        x[i] = make_uint4(0u, 0u, 0u, 0u);
-    }
+    mx_load<XD>(a, r0 + tr, c0 + tc, x);
 
     uint32_t rm[4] = {0u, 0u, 0u, 0u}, cm[4] = {0u, 0u, 0u, 0u};
     mx_amax<XD, false>(x, row_out, col_out, rm, cm);
@@ -749,32 +794,144 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx1
     }
     __syncthreads();
 
-    /* 8 lanes per 128-byte line: a warp stores 4 whole lines per instruction */
-#pragma unroll
-    for (int it = 0; it < MX_T * MX_T / 16 / MX_THREADS; it++) {
-      const int u = t + MX_THREADS * it, line = u >> 3, g = u & 7;
-      if (row_out && r0 + line < rows && c0 + 16 * g < cols)
-        *reinterpret_cast<uint4 *>(a.data + (r0 + line) * cols + c0 + 16 * g) =
-            *reinterpret_cast<const uint4 *>(sm.rb + MX_T * line + 16 * mx_rb_chunk(line, g));
-      if (col_out && c0 + line < cols && r0 + 16 * g < rows)
-        *reinterpret_cast<uint4 *>(a.col_data + (c0 + line) * rows + r0 + 16 * g) =
-            *reinterpret_cast<const uint4 *>(sm.cb + MX_T * line + 16 * mx_cb_chunk(line, g));
-    }
+    mx_store_codes(a, t, r0, c0, sm, row_out, col_out);
     /* scales: threads 0..127 a row's, 128..255 a column's (rowwise [rows][cols / 32],
      * columnwise [cols][rows / 32]) */
     const int line = t & (MX_T - 1);
     if (t < MX_T) {
-      if (row_out && r0 + line < rows)
+      if (row_out && r0 + line < a.rows)
         mx_store_scales(sm.rs + line,
-                        static_cast<uint8_t *>(a.scale_inv) + (r0 + line) * (cols >> 5) + (c0 >> 5),
-                        cols >> 5, c0 >> 5);
-    } else if (col_out && c0 + line < cols) {
+                        static_cast<uint8_t *>(a.scale_inv) + (r0 + line) * (a.cols >> 5) +
+                            (c0 >> 5),
+                        a.cols >> 5, c0 >> 5);
+    } else if (col_out && c0 + line < a.cols) {
       mx_store_scales(sm.cs + line,
-                      static_cast<uint8_t *>(a.col_scale_inv) + (c0 + line) * (rows >> 5) +
+                      static_cast<uint8_t *>(a.col_scale_inv) + (c0 + line) * (a.rows >> 5) +
                           (r0 >> 5),
-                      rows >> 5, r0 >> 5);
+                      a.rows >> 5, r0 >> 5);
     }
     __syncthreads(); /* the shared tiles are free for the next tile */
+  }
+}
+
+/* ---- per-tensor cast + transpose of bf16 / f16: k_mx16's tiles ---------------------------------
+ * The same 128x128 tiles and thread layout as k_mx16, one scale for all: a thread encodes its
+ * 8x8 values once, and its columnwise codes are its rowwise codes transposed in registers (an 8x8
+ * byte transpose), both staged in shared memory and stored as whole 128-byte lines. The 64x64
+ * kernel (k_tile64, MODE_CAST_CODES) stores 64-byte half lines and measured 79.8-81.4% of copy at
+ * 16384^2 with delayed scaling. The per-tensor amax (delayed scaling) is the maximum magnitude
+ * over the matrix's values, NaNs left out as fmaxf leaves them out. Inputs with a bias gradient or
+ * a fused GELU gradient stay on k_tile64. */
+
+/* the largest magnitude of the thread's values, NaNs left out, as a float; -inf when all of them
+ * are NaN. Magnitudes are shifted up by 1 so that 0 means "none". */
+template <int XD> __device__ __forceinline__ float cast_amax(const uint4 (&x)[8], bool special) {
+  if (!special) return value16<XD, false>(mx_top<XD, false>(x), 0);
+  constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
+  uint32_t top = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const uint32_t m = word_of(x[i], j) & 0x7FFF7FFFu, lo = m & 0xFFFFu, hi = m >> 16;
+      const uint32_t l1 = lo > INF ? 0u : lo + 1u, h1 = hi > INF ? 0u : hi + 1u;
+      top = l1 > top ? l1 : top;
+      top = h1 > top ? h1 : top;
+    }
+  }
+  return top ? value16<XD, false>(top - 1u, 0) : -INFINITY;
+}
+
+/* bytes (row i, columns 0..7) in w[i] -> bytes (rows 0..7, column j) in out[j] */
+__device__ __forceinline__ void transpose8x8(const uint2 (&w)[8], uint2 (&out)[8]) {
+  uint32_t q[4], lo[4], hi[4];
+#pragma unroll
+  for (int half = 0; half < 2; half++) { /* columns 4 half .. + 3 */
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      q[i] = half ? w[i].y : w[i].x;
+    transpose4x4(q, lo);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      q[i] = half ? w[4 + i].y : w[4 + i].x;
+    transpose4x4(q, hi);
+#pragma unroll
+    for (int e = 0; e < 4; e++)
+      out[4 * half + e] = make_uint2(lo[e], hi[e]);
+  }
+}
+
+template <int XD, int OD, bool SAFE>
+__device__ __forceinline__ void cast_encode(const uint4 (&x)[8], float s, uint2 (&w)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      v[j] = value16<XD, SAFE>(word_of(x[i], j >> 1), j & 1);
+    w[i] = encode8<OD, SAFE>(v, s);
+  }
+}
+
+template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
+  if (a.skip && *a.skip) return;
+  const MxSmem sm = mx_smem();
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
+  const int tr = 32 * (warp & 3) + 8 * h, tc = 64 * (warp >> 2) + 8 * k;
+  const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
+  const float s = *a.scale;
+  /* a product is NaN only for a NaN or an infinite factor */
+  const bool s_special = !(fabsf(s) <= FLT_MAX_F);
+  float m_loc = -INFINITY;
+
+  for (uint32_t tile = blockIdx.x; tile < (uint32_t)a.ntiles; tile += gridDim.x) {
+    int64_t r0, c0;
+    mx_tile_origin(a, tile, r0, c0);
+    uint4 x[8];
+    const bool in = mx_load<XD>(a, r0 + tr, c0 + tc, x);
+    constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
+    const bool special = s_special || mx_top<XD, false>(x) >= INF;
+    if (a.amax && in) m_loc = fmaxf(m_loc, cast_amax<XD>(x, special));
+    uint2 w[8];
+    if (__any_sync(FULL_MASK, special))
+      cast_encode<XD, OD, true>(x, s, w);
+    else
+      cast_encode<XD, OD, false>(x, s, w);
+    if (row_out) {
+#pragma unroll
+      for (int i = 0; i < 8; i++)
+        *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
+                                   8 * (k & 1)) = w[i];
+    }
+    if (col_out) {
+      uint2 wt[8];
+      transpose8x8(w, wt);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+        *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + j) + 16 * mx_cb_chunk(tc + j, tr >> 4) +
+                                   8 * (h & 1)) = wt[j];
+    }
+    __syncthreads();
+    mx_store_codes(a, t, r0, c0, sm, row_out, col_out);
+    __syncthreads(); /* the shared tiles are free for the next tile */
+  }
+
+  if (a.amax) {
+    /* one block per tile makes thousands of blocks: a block whose atomic_fmax would change
+     * nothing (the amax's bits already at least m's as integers, and not a NaN) leaves it out, so
+     * that they do not queue on one address (measured on the H200, delayed scaling at 8192^2:
+     * 81.3% of copy bandwidth with them all, 83.5% without) */
+    __shared__ float red[32];
+    const float m = block_max(m_loc, red);
+    if (t == 0 && m >= 0.0f) {
+      const int cur = (int)f32_bits(__ldcg(a.amax));
+      if (!(cur >= (int)f32_bits(m) && cur <= 0x7F800000)) atomic_fmax(a.amax, m);
+    }
+  }
+  if (blockIdx.x == 0 && t == 0) {
+    const float inv = div_x86(1.0f, s);
+    if (a.cast_scale_inv) *a.cast_scale_inv = inv;
+    if (a.cast_col_scale_inv) *a.cast_col_scale_inv = inv;
   }
 }
 
@@ -990,6 +1147,33 @@ bool mx16_ok(const lutra_quant_args *q, const TileArgs &a) {
          tiles_r * tiles_c < UINT32_MAX;
 }
 
+/* the per-tensor cast + transpose of a bf16 / f16 x through k_cast16: rows and cols multiples of
+ * 16 (a thread's 8x8 values all in or all out, whole 16-byte chunks stored), 16-byte aligned
+ * buffers, no bias gradient and no fused GELU gradient; the rest go through k_tile64 */
+bool cast16_ok(const lutra_quant_args *q, const TileArgs &a) {
+  const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
+  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias && !q->act &&
+         q->rows % 16 == 0 && q->cols % 16 == 0 && aligned16(a.x) && aligned16(a.data) &&
+         aligned16(a.col_data) && tiles_r * tiles_c < UINT32_MAX;
+}
+
+cudaError_t launch_cast16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
+  a.tiles_r = (a.rows + MX_T - 1) / MX_T;
+  a.tiles_c = (a.cols + MX_T - 1) / MX_T;
+  a.ntiles = a.tiles_r * a.tiles_c;
+  const unsigned grid = grid_for(a.ntiles, 1, INT32_MAX);
+  return with_fp8_dtype(out_dtype, [&](auto od) {
+    constexpr int OD = decltype(od)::value;
+    constexpr auto KB = k_cast16<LUTRA_BF16, OD>;
+    constexpr auto KH = k_cast16<LUTRA_F16, OD>;
+    if (x_dtype == LUTRA_BF16)
+      LKC_LAUNCH(KB, grid, MX_THREADS, MX_SMEM, s, a);
+    else
+      LKC_LAUNCH(KH, grid, MX_THREADS, MX_SMEM, s, a);
+    return cudaGetLastError();
+  });
+}
+
 /* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */
 cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
   if (q->dbias) {
@@ -1016,6 +1200,7 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.cast_scale_inv = static_cast<float *>(q->scale_inv);
   a.cast_col_scale_inv = static_cast<float *>(q->col_scale_inv);
   a.act = q->act;
+  if (cast16_ok(q, a)) return launch_cast16(a, q->x_dtype, q->out_dtype, s);
   return launch_tile64_dbias(q, a, MODE_CAST, s);
 }
 

@@ -1,6 +1,7 @@
-/* Runs kernels/quantize_mx.cu's MXFP8 kernels on the CPU, one std::thread per CUDA thread, and
- * compares every output byte with the CPU backend (lutra_cpu_quantize_mxfp8): for checking the
- * kernels' indexing, shuffles and barriers on a machine without a GPU. FP8 conversions take
+/* Runs kernels/quantize_mx.cu's MXFP8 kernels and its per-tensor cast + transpose on the CPU, one
+ * std::thread per CUDA thread, and compares every output byte with the CPU backend
+ * (lutra_cpu_quantize_mxfp8, lutra_cpu_cast): for checking the kernels' indexing, shuffles and
+ * barriers on a machine without a GPU. FP8 conversions take
  * common.cuh's integer path here (the host has no cvt instruction), so the hardware conversions
  * themselves are left to the GPU specs.
  *
@@ -203,6 +204,7 @@ cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int, c
 /* ---- the check ------------------------------------------------------------------------------ */
 
 extern "C" int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a);
+extern "C" int lutra_cpu_cast(const lutra_quant_args *a);
 
 static uint16_t to16(int dt, float f) {
   return (uint16_t)(dt == LUTRA_BF16 ? lkc::bf16_bits(f) : lkc::f16_bits(f));
@@ -214,15 +216,29 @@ struct Outs {
 
 static int failures = 0, checks = 0;
 
-static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool col, int special,
-                     int skip, uint32_t seed) {
+static bool same_bytes(const char *what, const char *name, const std::vector<uint8_t> &cpu,
+                       const std::vector<uint8_t> &sim) {
+  for (size_t i = 0; i < cpu.size(); i++) {
+    if (cpu[i] != sim[i]) {
+      printf("FAIL %s: %s[%zu] cpu %02x sim %02x\n", what, name, i, cpu[i], sim[i]);
+      failures++;
+      return false;
+    }
+  }
+  return true;
+}
+
+/* a rows x cols input of dtype xd: magnitudes vary by 32-column block so that scales differ;
+ * special 1/2 add NaN, inf, subnormals, zeros and huge values (2: whole zero blocks), 3 blocks
+ * around 2^-127 * fp8_max */
+static std::vector<unsigned char> make_input(int xd, int64_t rows, int64_t cols, int special,
+                                             uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::uniform_real_distribution<float> ud(0.0f, 1.0f);
   const int64_t n = rows * cols;
   const int esz = xd == LUTRA_F32 ? 4 : 2;
   std::vector<unsigned char> x((size_t)(n * esz + 16));
-  /* magnitudes vary by block so that scales differ; specials where asked */
   const float tiny[] = {1e-40f, 3e-39f, 6e-8f, 1e-5f}; /* f32 / bf16 and f16 subnormals */
   for (int64_t i = 0; i < n; i++) {
     const int64_t r = i / cols, c = i % cols;
@@ -248,6 +264,8 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
         v = 3e38f;
     }
     if (special == 2 && (r / 32 + c / 32) % 3 == 0) v = 0.0f; /* whole zero blocks */
+    if (special == 4 && (r / 32 + c / 32) % 3 == 0) v = NAN;  /* whole NaN blocks */
+    if (special == 5) v = (i & 1) ? NAN : -NAN;               /* nothing but NaN */
     if (xd == LUTRA_F32)
       memcpy(&x[(size_t)(i * 4)], &v, 4);
     else {
@@ -255,6 +273,13 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
       memcpy(&x[(size_t)(i * 2)], &h, 2);
     }
   }
+  return x;
+}
+
+static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool col, int special,
+                     int skip, uint32_t seed) {
+  const int64_t n = rows * cols;
+  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
   Outs o[2];
   for (int d = 0; d < 2; d++) {
     o[d].data.assign(row ? (size_t)n : 0, 0xCD);
@@ -290,18 +315,57 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
   checks++;
   const char *names[] = {"codes", "scales", "col codes", "col scales"};
   std::vector<uint8_t> Outs::*fields[] = {&Outs::data, &Outs::sc, &Outs::col, &Outs::csc};
-  for (int f = 0; f < 4; f++) {
-    const auto &A = o[0].*fields[f], &B = o[1].*fields[f];
-    for (size_t i = 0; i < A.size(); i++) {
-      if (A[i] != B[i]) {
-        printf("FAIL x%d od%d %lldx%lld row %d col %d special %d skip %d: %s[%zu] cpu %02x sim "
-               "%02x\n",
-               xd, od, (long long)rows, (long long)cols, row, col, special, skip, names[f], i, A[i],
-               B[i]);
-        failures++;
-        return;
-      }
+  char what[160];
+  snprintf(what, sizeof what, "mxfp8 x%d od%d %lldx%lld row %d col %d special %d skip %d", xd, od,
+           (long long)rows, (long long)cols, row, col, special, skip);
+  for (int f = 0; f < 4; f++)
+    if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
+}
+
+/* The per-tensor cast + transpose (lkc::cast_transpose: k_cast16 for 16-bit inputs whose dims
+ * are multiples of 16, k_tile64 otherwise) against lutra_cpu_cast: codes, amax, scale_inv. */
+static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, float scale,
+                          int special, uint32_t seed) {
+  const int64_t n = rows * cols;
+  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
+  Outs o[2];
+  float amax[2], sinv[2][2];
+  for (int d = 0; d < 2; d++) {
+    o[d].data.assign(row ? (size_t)n : 0, 0xCD);
+    o[d].col.assign((size_t)n, 0xCD);
+    amax[d] = 0.25f; /* a running amax from an earlier cast: the new one is max'ed into it */
+    sinv[d][0] = sinv[d][1] = -1.0f;
+    lutra_quant_args q;
+    memset(&q, 0, sizeof q);
+    q.x = x.data();
+    q.x_dtype = xd;
+    q.out_dtype = od;
+    q.rows = rows;
+    q.cols = cols;
+    if (row) q.data = o[d].data.data();
+    q.col_data = o[d].col.data();
+    q.scale = &scale;
+    q.amax = &amax[d];
+    q.scale_inv = &sinv[d][0];
+    q.col_scale_inv = &sinv[d][1];
+    const int rc = d == 0 ? lutra_cpu_cast(&q) : (int)lkc::cast_transpose(&q, nullptr);
+    if (rc != 0) {
+      printf("FAIL cast rc %d (device %d)\n", rc, d);
+      failures++;
+      return;
     }
+  }
+  checks++;
+  char what[160];
+  snprintf(what, sizeof what, "cast x%d od%d %lldx%lld row %d scale %g special %d", xd, od,
+           (long long)rows, (long long)cols, row, scale, special);
+  if (!same_bytes(what, "codes", o[0].data, o[1].data) ||
+      !same_bytes(what, "col codes", o[0].col, o[1].col))
+    return;
+  if (memcmp(amax, amax + 1, sizeof amax[0]) != 0 || memcmp(sinv[0], sinv[1], sizeof sinv[0]) != 0) {
+    printf("FAIL %s: amax cpu %g sim %g, scale_inv cpu %g / %g sim %g / %g\n", what, amax[0],
+           amax[1], sinv[0][0], sinv[0][1], sinv[1][0], sinv[1][1]);
+    failures++;
   }
 }
 
@@ -320,6 +384,18 @@ int main(int argc, char **argv) {
         run_case(xd, od, s[0], s[1], false, true, 1, -1, seed++);
         run_case(xd, od, s[0], s[1], true, true, 1, 0, seed++);
         run_case(xd, od, s[0], s[1], true, true, 1, 1, seed++);
+      }
+  const int64_t cast_shapes[][2] = {{16, 16}, {48, 80}, {144, 272}, {160, 96}, {20, 36}, {400, 208}};
+  for (int xd : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
+    for (int od : {LUTRA_E4M3, LUTRA_E5M2})
+      for (auto &s : cast_shapes) {
+        if (quick && s[0] * s[1] > 40000) continue;
+        for (int special : {0, 1, 4, 5})
+          for (float scale : {1.0f, 37.5f})
+            run_cast_case(xd, od, s[0], s[1], true, scale, special, seed++);
+        run_cast_case(xd, od, s[0], s[1], false, 3.0f, 1, seed++);
+        run_cast_case(xd, od, s[0], s[1], true, INFINITY, 1, seed++);
+        run_cast_case(xd, od, s[0], s[1], true, 0.0f, 1, seed++);
       }
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;

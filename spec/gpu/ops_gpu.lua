@@ -604,6 +604,37 @@ describe("quantizers on " .. DEV .. " (codes, scales and dequantization bit-iden
         end
       end
     end)
+  -- The per-tensor cast + transpose of 16-bit inputs has its own CUDA kernel too (k_mx16's
+  -- 128x128 tiles, the columnwise codes transposed in registers, the amax fused for delayed
+  -- scaling): the same special values, dims that are multiples of 16 but not of 32 (48x80), and
+  -- the per-tensor amax (NaNs left out) and history after the cast
+  for _, dt in ipairs { "bf16", "f16" } do
+    test("per-tensor cast + transpose of " .. dt .. ": NaN, inf, subnormals, zero blocks, amax", function()
+      local code = dt == "bf16" and C.LUTRA_BF16 or C.LUTRA_F16
+      for _, size in ipairs { { 48, 80 }, { 160, 96 }, { 288, 224 }, { 2080, 4128 } } do
+        local rows, cols = size[1], size[2]
+        local xa, xb = from_buf_pair(mx_special_matrix(rows, cols, dt), { rows, cols }, dt)
+        assert_same_half_bits(xb:bytes(), xa:bytes(), code, string.format("%s %dx%d input", dt, rows, cols))
+        for _, cfg in ipairs {
+          { "delayed input", R.delayed { amax_history_len = 2 }, "input", "e4m3", true },
+          { "delayed grad_output", R.delayed { amax_history_len = 2 }, "grad_output", "e5m2", true },
+          { "current input", R.current(), "input", "e4m3", false },
+        } do
+          local what = string.format("%s %s %dx%d", cfg[1], dt, rows, cols)
+          local qa = quantizer(cfg[2], cfg[3], { device = REF })
+          local qb = quantizer(cfg[2], cfg[3], { device = DEV })
+          compare_fp8(qa, qb, qa:quantize(xa), qb:quantize(xb), { fmt = cfg[4], tensor = true }, what)
+          if cfg[5] then
+            assert.are.same(qa:history(2), qb:history(2), what .. ": amax history after the cast")
+            qa:update()
+            qb:update()
+            compare_fp8(qa, qb, qa:quantize(xa), qb:quantize(xb), { fmt = cfg[4], tensor = true },
+                        what .. " (after update)")
+          end
+        end
+      end
+    end)
+  end
   end
 end)
 
