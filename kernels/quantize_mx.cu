@@ -1119,57 +1119,29 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
-/* MXFP8 of a bf16 / f16 x through k_mx16 (see mx16_ok): a block per tile */
-cudaError_t launch_mx16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
+/* k_mx16 (MXFP8) and k_cast16 (the per-tensor cast + transpose) take 16-bit inputs whose dims are
+ * multiples of `multiple` (32 for MXFP8 blocks; 16 for the cast: a thread's 8x8 values all in or
+ * all out, whole 16-byte chunks stored), 16-byte aligned buffers and no bias gradient; the rest
+ * go through k_tile64 */
+bool t128_ok(const lutra_quant_args *q, const TileArgs &a, int64_t multiple) {
+  const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
+  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias &&
+         q->rows % multiple == 0 && q->cols % multiple == 0 && aligned16(a.x) &&
+         aligned16(a.data) && aligned16(a.col_data) && tiles_r * tiles_c < UINT32_MAX;
+}
+
+/* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile */
+cudaError_t launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cudaStream_t s) {
   a.tiles_r = (a.rows + MX_T - 1) / MX_T;
   a.tiles_c = (a.cols + MX_T - 1) / MX_T;
   a.ntiles = a.tiles_r * a.tiles_c;
   const unsigned grid = grid_for(a.ntiles, 1, INT32_MAX);
+  const bool bf16 = x_dtype == LUTRA_BF16;
   return with_fp8_dtype(out_dtype, [&](auto od) {
     constexpr int OD = decltype(od)::value;
-    constexpr auto KB = k_mx16<LUTRA_BF16, OD>;
-    constexpr auto KH = k_mx16<LUTRA_F16, OD>;
-    if (x_dtype == LUTRA_BF16)
-      LKC_LAUNCH(KB, grid, MX_THREADS, MX_SMEM, s, a);
-    else
-      LKC_LAUNCH(KH, grid, MX_THREADS, MX_SMEM, s, a);
-    return cudaGetLastError();
-  });
-}
-
-/* k_mx16 takes 16-bit inputs whose dims are multiples of 32 (so that a thread's 8x8 values are
- * all in or all out) with 16-byte aligned buffers, and no bias gradient; the rest go through
- * k_tile64 */
-bool mx16_ok(const lutra_quant_args *q, const TileArgs &a) {
-  const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
-  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias && q->rows % 32 == 0 &&
-         q->cols % 32 == 0 && aligned16(a.x) && aligned16(a.data) && aligned16(a.col_data) &&
-         tiles_r * tiles_c < UINT32_MAX;
-}
-
-/* the per-tensor cast + transpose of a bf16 / f16 x through k_cast16: rows and cols multiples of
- * 16 (a thread's 8x8 values all in or all out, whole 16-byte chunks stored), 16-byte aligned
- * buffers, no bias gradient and no fused GELU gradient; the rest go through k_tile64 */
-bool cast16_ok(const lutra_quant_args *q, const TileArgs &a) {
-  const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
-  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias && !q->act &&
-         q->rows % 16 == 0 && q->cols % 16 == 0 && aligned16(a.x) && aligned16(a.data) &&
-         aligned16(a.col_data) && tiles_r * tiles_c < UINT32_MAX;
-}
-
-cudaError_t launch_cast16(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
-  a.tiles_r = (a.rows + MX_T - 1) / MX_T;
-  a.tiles_c = (a.cols + MX_T - 1) / MX_T;
-  a.ntiles = a.tiles_r * a.tiles_c;
-  const unsigned grid = grid_for(a.ntiles, 1, INT32_MAX);
-  return with_fp8_dtype(out_dtype, [&](auto od) {
-    constexpr int OD = decltype(od)::value;
-    constexpr auto KB = k_cast16<LUTRA_BF16, OD>;
-    constexpr auto KH = k_cast16<LUTRA_F16, OD>;
-    if (x_dtype == LUTRA_BF16)
-      LKC_LAUNCH(KB, grid, MX_THREADS, MX_SMEM, s, a);
-    else
-      LKC_LAUNCH(KH, grid, MX_THREADS, MX_SMEM, s, a);
+    const auto K = mx ? (bf16 ? k_mx16<LUTRA_BF16, OD> : k_mx16<LUTRA_F16, OD>)
+                      : (bf16 ? k_cast16<LUTRA_BF16, OD> : k_cast16<LUTRA_F16, OD>);
+    LKC_LAUNCH(K, grid, MX_THREADS, MX_SMEM, s, a);
     return cudaGetLastError();
   });
 }
@@ -1200,7 +1172,7 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.cast_scale_inv = static_cast<float *>(q->scale_inv);
   a.cast_col_scale_inv = static_cast<float *>(q->col_scale_inv);
   a.act = q->act;
-  if (cast16_ok(q, a)) return launch_cast16(a, q->x_dtype, q->out_dtype, s);
+  if (!q->act && t128_ok(q, a, 16)) return launch_t128(a, q->x_dtype, q->out_dtype, false, s);
   return launch_tile64_dbias(q, a, MODE_CAST, s);
 }
 
@@ -1230,7 +1202,7 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
   TileArgs a = tile_args(q, 64);
   block_outputs(a, q, row_out, col_out);
   a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
-  if (mx16_ok(q, a)) return launch_mx16(a, q->x_dtype, q->out_dtype, s);
+  if (t128_ok(q, a, 32)) return launch_t128(a, q->x_dtype, q->out_dtype, true, s);
   return launch_tile64_dbias(q, a, MODE_MX, s);
 }
 

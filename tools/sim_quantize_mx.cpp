@@ -276,6 +276,20 @@ static std::vector<unsigned char> make_input(int xd, int64_t rows, int64_t cols,
   return x;
 }
 
+/* the arguments both devices get: x, its dtype and shape, the FP8 dtype; outputs are set by the
+ * caller */
+static lutra_quant_args input_args(const std::vector<unsigned char> &x, int xd, int od,
+                                   int64_t rows, int64_t cols) {
+  lutra_quant_args q;
+  memset(&q, 0, sizeof q);
+  q.x = x.data();
+  q.x_dtype = xd;
+  q.out_dtype = od;
+  q.rows = rows;
+  q.cols = cols;
+  return q;
+}
+
 static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool col, int special,
                      int skip, uint32_t seed) {
   const int64_t n = rows * cols;
@@ -289,13 +303,7 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
   }
   int32_t skipv = skip;
   for (int d = 0; d < 2; d++) {
-    lutra_quant_args q;
-    memset(&q, 0, sizeof q);
-    q.x = x.data();
-    q.x_dtype = xd;
-    q.out_dtype = od;
-    q.rows = rows;
-    q.cols = cols;
+    lutra_quant_args q = input_args(x, xd, od, rows, cols);
     if (row) {
       q.data = o[d].data.data();
       q.scale_inv = o[d].sc.data();
@@ -335,13 +343,7 @@ static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, 
     o[d].col.assign((size_t)n, 0xCD);
     amax[d] = 0.25f; /* a running amax from an earlier cast: the new one is max'ed into it */
     sinv[d][0] = sinv[d][1] = -1.0f;
-    lutra_quant_args q;
-    memset(&q, 0, sizeof q);
-    q.x = x.data();
-    q.x_dtype = xd;
-    q.out_dtype = od;
-    q.rows = rows;
-    q.cols = cols;
+    lutra_quant_args q = input_args(x, xd, od, rows, cols);
     if (row) q.data = o[d].data.data();
     q.col_data = o[d].col.data();
     q.scale = &scale;
@@ -362,7 +364,8 @@ static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, 
   if (!same_bytes(what, "codes", o[0].data, o[1].data) ||
       !same_bytes(what, "col codes", o[0].col, o[1].col))
     return;
-  if (memcmp(amax, amax + 1, sizeof amax[0]) != 0 || memcmp(sinv[0], sinv[1], sizeof sinv[0]) != 0) {
+  if (memcmp(amax, amax + 1, sizeof amax[0]) != 0 ||
+      memcmp(sinv[0], sinv[1], sizeof sinv[0]) != 0) {
     printf("FAIL %s: amax cpu %g sim %g, scale_inv cpu %g / %g sim %g / %g\n", what, amax[0],
            amax[1], sinv[0][0], sinv[0][1], sinv[1][0], sinv[1][1]);
     failures++;
@@ -385,7 +388,8 @@ int main(int argc, char **argv) {
         run_case(xd, od, s[0], s[1], true, true, 1, 0, seed++);
         run_case(xd, od, s[0], s[1], true, true, 1, 1, seed++);
       }
-  const int64_t cast_shapes[][2] = {{16, 16}, {48, 80}, {144, 272}, {160, 96}, {20, 36}, {400, 208}};
+  const int64_t cast_shapes[][2] = {{16, 16},  {48, 80}, {144, 272},
+                                    {160, 96}, {20, 36}, {400, 208}};
   for (int xd : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
     for (int od : {LUTRA_E4M3, LUTRA_E5M2})
       for (auto &s : cast_shapes) {

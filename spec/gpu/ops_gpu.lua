@@ -584,13 +584,18 @@ describe("quantizers on " .. DEV .. " (codes, scales and dequantization bit-iden
     end
     return b
   end
+  -- the special matrix on both devices, the inputs checked bit-identical
+  local function special_pair(rows, cols, dt)
+    local code = dt == "bf16" and C.LUTRA_BF16 or C.LUTRA_F16
+    local xa, xb = from_buf_pair(mx_special_matrix(rows, cols, dt), { rows, cols }, dt)
+    assert_same_half_bits(xb:bytes(), xa:bytes(), code, string.format("%s %dx%d input", dt, rows, cols))
+    return xa, xb
+  end
   for _, dt in ipairs { "bf16", "f16" } do
     test("mxfp8 of " .. dt .. ": NaN, inf, subnormals, zero and tiny blocks, partial tiles, one-sided outputs", function()
-      local code = dt == "bf16" and C.LUTRA_BF16 or C.LUTRA_F16
       for _, size in ipairs { { 32, 32 }, { 160, 96 }, { 288, 224 }, { 2080, 4128 } } do
         local rows, cols = size[1], size[2]
-        local xa, xb = from_buf_pair(mx_special_matrix(rows, cols, dt), { rows, cols }, dt)
-        assert_same_half_bits(xb:bytes(), xa:bytes(), code, string.format("%s %dx%d input", dt, rows, cols))
+        local xa, xb = special_pair(rows, cols, dt)
         for _, f in ipairs { { "e4m3", "input", {} }, { "e5m2", "grad_output", { fp8_format = "hybrid" } } } do
           local sides = rows * cols > 1e6 and { { true, true } } or { { true, true }, { true, false }, { false, true } }
           for _, side in ipairs(sides) do
@@ -604,17 +609,17 @@ describe("quantizers on " .. DEV .. " (codes, scales and dequantization bit-iden
         end
       end
     end)
+  end
+
   -- The per-tensor cast + transpose of 16-bit inputs has its own CUDA kernel too (k_mx16's
   -- 128x128 tiles, the columnwise codes transposed in registers, the amax fused for delayed
   -- scaling): the same special values, dims that are multiples of 16 but not of 32 (48x80), and
   -- the per-tensor amax (NaNs left out) and history after the cast
   for _, dt in ipairs { "bf16", "f16" } do
     test("per-tensor cast + transpose of " .. dt .. ": NaN, inf, subnormals, zero blocks, amax", function()
-      local code = dt == "bf16" and C.LUTRA_BF16 or C.LUTRA_F16
       for _, size in ipairs { { 48, 80 }, { 160, 96 }, { 288, 224 }, { 2080, 4128 } } do
         local rows, cols = size[1], size[2]
-        local xa, xb = from_buf_pair(mx_special_matrix(rows, cols, dt), { rows, cols }, dt)
-        assert_same_half_bits(xb:bytes(), xa:bytes(), code, string.format("%s %dx%d input", dt, rows, cols))
+        local xa, xb = special_pair(rows, cols, dt)
         for _, cfg in ipairs {
           { "delayed input", R.delayed { amax_history_len = 2 }, "input", "e4m3", true },
           { "delayed grad_output", R.delayed { amax_history_len = 2 }, "grad_output", "e5m2", true },
@@ -634,7 +639,6 @@ describe("quantizers on " .. DEV .. " (codes, scales and dequantization bit-iden
         end
       end
     end)
-  end
   end
 end)
 
