@@ -269,6 +269,29 @@ __device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
   __syncthreads(); /* half_sum is free again */
 }
 
+/* The end of a per-tensor cast kernel, called by every thread of the block: the block's maximum
+ * of m_loc (its threads' amaxes, -inf for none) into *a.amax, and 1 / s into the scale_inv
+ * outputs (block 0). A block whose atomic_fmax would change nothing (the amax's bits already at
+ * least m's as integers, and not a NaN) leaves it out: k_cast16 runs a block per tile, thousands
+ * of them, and their atomics queued on one address (measured on the H200, delayed scaling at
+ * 8192^2: 81.3% of copy bandwidth with them all, 83.5% without). */
+__device__ __forceinline__ void cast_finish(const TileArgs &a, float m_loc, float s) {
+  const int t = threadIdx.x;
+  if (a.amax) {
+    __shared__ float red[32];
+    const float m = block_max(m_loc, red);
+    if (t == 0 && m >= 0.0f) {
+      const int cur = (int)f32_bits(__ldcg(a.amax));
+      if (!(cur >= (int)f32_bits(m) && cur <= 0x7F800000)) atomic_fmax(a.amax, m);
+    }
+  }
+  if (blockIdx.x == 0 && t == 0) {
+    const float inv = div_x86(1.0f, s);
+    if (a.cast_scale_inv) *a.cast_scale_inv = inv;
+    if (a.cast_col_scale_inv) *a.cast_col_scale_inv = inv;
+  }
+}
+
 /* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15
  * (lr = (lane & 7) + 8 warp, cq = lane >> 3: a warp loads 8 rows x 64 columns, and the two
  * halves of an MXFP8 block sit in lanes l and l ^ 8). In the column phase it takes column
@@ -477,18 +500,7 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
     }
   }
 
-  if (CAST) {
-    if (a.amax) {
-      __shared__ float red[32];
-      const float m = block_max(m_loc, red);
-      if (t == 0 && m >= 0.0f) atomic_fmax(a.amax, m);
-    }
-    if (blockIdx.x == 0 && t == 0) {
-      const float inv = div_x86(1.0f, s);
-      if (a.cast_scale_inv) *a.cast_scale_inv = inv;
-      if (a.cast_col_scale_inv) *a.cast_col_scale_inv = inv;
-    }
-  }
+  if (CAST) cast_finish(a, m_loc, s);
 }
 
 /* ---- MXFP8 from bf16 / f16: 128x128 tiles, one per block ------------------------------------ */
@@ -674,7 +686,7 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
  * partial sectors that the neighbouring tiles complete later (8 tiles along a row for a rowwise
  * sector, 8 tile rows for a columnwise one); evicted before then, a partial sector costs HBM a
  * read-modify-write. Kept, they cost about 1 point of copy bandwidth instead of 7-12 (the code
- * stores and input loads with the default policy; tools/mx_probe.cu, H200, 2026-11-29: 85-87%
+ * stores and input loads with the default policy; tools/mx_probe.cu, H200, 2026-11-29: 84-87%
  * of copy against 80-81%). Later accesses with the default policy (the GEMM's dequantize reading
  * the scales) make the lines ordinary again. */
 __device__ __forceinline__ void st_keep_in_l2(uint8_t *d, uint32_t v) {
@@ -753,13 +765,13 @@ __device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile,
   c0 = (int64_t)(tile - ty * (uint32_t)a.tiles_c) * MX_T;
 }
 
-/* the largest 16-bit magnitude of x (both halves of each word) */
-template <int XD, bool SAFE> __device__ __forceinline__ uint32_t mx_top(const uint4 (&x)[8]) {
+/* the largest 16-bit magnitude of x (both halves of each word; a NaN counts above infinity) */
+template <int XD> __device__ __forceinline__ uint32_t mx_top(const uint4 (&x)[8]) {
   uint32_t top = 0u;
 #pragma unroll
   for (int i = 0; i < 8; i++)
-    top = __vmaxu2(top, __vmaxu2(__vmaxu2(mag2<XD, SAFE>(x[i].x), mag2<XD, SAFE>(x[i].y)),
-                                 __vmaxu2(mag2<XD, SAFE>(x[i].z), mag2<XD, SAFE>(x[i].w))));
+    top = __vmaxu2(top, __vmaxu2(__vmaxu2(mag2<XD, false>(x[i].x), mag2<XD, false>(x[i].y)),
+                                 __vmaxu2(mag2<XD, false>(x[i].z), mag2<XD, false>(x[i].w))));
   return __vmaxu2(top, top >> 16) & 0xFFFFu;
 }
 
@@ -826,7 +838,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx1
 /* the largest magnitude of the thread's values, NaNs left out, as a float; -inf when all of them
  * are NaN. Magnitudes are shifted up by 1 so that 0 means "none". */
 template <int XD> __device__ __forceinline__ float cast_amax(const uint4 (&x)[8], bool special) {
-  if (!special) return value16<XD, false>(mx_top<XD, false>(x), 0);
+  if (!special) return value16<XD, false>(mx_top<XD>(x), 0);
   constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
   uint32_t top = 0u;
 #pragma unroll
@@ -890,7 +902,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_cas
     uint4 x[8];
     const bool in = mx_load<XD>(a, r0 + tr, c0 + tc, x);
     constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
-    const bool special = s_special || mx_top<XD, false>(x) >= INF;
+    const bool special = s_special || mx_top<XD>(x) >= INF;
     if (a.amax && in) m_loc = fmaxf(m_loc, cast_amax<XD>(x, special));
     uint2 w[8];
     if (__any_sync(FULL_MASK, special))
@@ -916,23 +928,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_cas
     __syncthreads(); /* the shared tiles are free for the next tile */
   }
 
-  if (a.amax) {
-    /* one block per tile makes thousands of blocks: a block whose atomic_fmax would change
-     * nothing (the amax's bits already at least m's as integers, and not a NaN) leaves it out, so
-     * that they do not queue on one address (measured on the H200, delayed scaling at 8192^2:
-     * 81.3% of copy bandwidth with them all, 83.5% without) */
-    __shared__ float red[32];
-    const float m = block_max(m_loc, red);
-    if (t == 0 && m >= 0.0f) {
-      const int cur = (int)f32_bits(__ldcg(a.amax));
-      if (!(cur >= (int)f32_bits(m) && cur <= 0x7F800000)) atomic_fmax(a.amax, m);
-    }
-  }
-  if (blockIdx.x == 0 && t == 0) {
-    const float inv = div_x86(1.0f, s);
-    if (a.cast_scale_inv) *a.cast_scale_inv = inv;
-    if (a.cast_col_scale_inv) *a.cast_col_scale_inv = inv;
-  }
+  cast_finish(a, m_loc, s);
 }
 
 /* ---- 128x128 tiles: Float8BlockScaling ------------------------------------------------------- */

@@ -137,7 +137,8 @@ local RECIPES = {
   { name = "block", make = function() return R.block() end },
 }
 
-local function keep(t) return lutra.tensor(t:dims(), t:dtype_name(), t:device_name()):copy(t) end
+local SW = require("spec.support.skip_weight")
+local keep = SW.keep
 
 describe("Linear with is_first_microbatch \"device\" (cpu)", function()
   local N, IN, OUT = 64, 96, 160
@@ -163,17 +164,7 @@ describe("Linear with is_first_microbatch \"device\" (cpu)", function()
       -- one scope for all forwards: delayed scaling's scales do not move between them
       local s = lutra.autocast { recipe = rc.make() }
       local y = s:run(function()
-        local y = {}
-        lutra.set_skip_weight_update(DEV, false)
-        y.first = keep(m:forward(x, "device"))
-        W:set(w_new)
-        lutra.set_skip_weight_update(DEV, true)
-        y.skipped = keep(m:forward(x, "device"))
-        lutra.set_skip_weight_update(DEV, false)
-        y.updated = keep(m:forward(x, "device"))
-        W:set(w_newer)
-        lutra.set_skip_weight_update(DEV, true)
-        y.skipped2 = keep(m:forward(x, "device"))
+        local y = SW.forwards(m, x, DEV, w_new, w_newer)
         y.reuse = keep(m:forward(x, false)) -- the cache is the device-mode quantization
         return y
       end)

@@ -185,31 +185,32 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_
   return LUTRA_OK;
 }
 
+/* quantize_impl inside the NVTX range every quantization gets */
+static int quantize_ranged(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *act,
+                           bool record_amax, lutra_tensor *dbias, bool dbias_accumulate,
+                           const int32_t *skip, lutra_tensor **out, const char *fn) {
+  RANGE_PUSH("lutra.quantize");
+  int st = quantize_impl(q, x, act, record_amax, dbias, dbias_accumulate, skip, out, fn);
+  RANGE_POP();
+  return st;
+}
+
 int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn) {
-  RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, NULL, record_amax, dbias, dbias_accumulate, NULL, out, fn);
-  RANGE_POP();
-  return st;
+  return quantize_ranged(q, x, NULL, record_amax, dbias, dbias_accumulate, NULL, out, fn);
 }
 
 int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,
                              lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
                              const char *fn) {
-  RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, dy, act, true, dbias, dbias_accumulate, NULL, out, fn);
-  RANGE_POP();
-  return st;
+  return quantize_ranged(q, dy, act, true, dbias, dbias_accumulate, NULL, out, fn);
 }
 
 int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
                             lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
                             lutra_tensor **out, const char *fn) {
-  RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, NULL, record_amax, dbias, dbias_accumulate, skip, out, fn);
-  RANGE_POP();
-  return st;
+  return quantize_ranged(q, x, NULL, record_amax, dbias, dbias_accumulate, skip, out, fn);
 }
 
 int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,

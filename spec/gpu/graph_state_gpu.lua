@@ -130,7 +130,8 @@ end)
 
 -- ---- Linear: is_first_microbatch "device" --------------------------------------------------
 
-local function keep(t) return lutra.tensor(t:dims(), t:dtype_name(), t:device_name()):copy(t) end
+local SW = require("spec.support.skip_weight")
+local keep = SW.keep
 
 local LRECIPES = {
   { name = "delayed", make = function() return R.delayed { amax_history_len = 4 } end },
@@ -144,21 +145,9 @@ describe("Linear with is_first_microbatch \"device\" on " .. DEV, function()
   -- the sequence of spec/graph_state_spec.lua on one device; returns the outputs
   local function run(rc, device, w_new, w_newer, x)
     local m = hold(nn.Linear(IN, OUT, { seed = 51, device = device }))
-    local W = m:parameters()[1].value
     local s = lutra.autocast { recipe = rc.make() }
     local ok, res = pcall(s.run, s, function()
-      local y = {}
-      lutra.set_skip_weight_update(device, false)
-      y.first = keep(m:forward(x, "device"))
-      W:set(w_new)
-      lutra.set_skip_weight_update(device, true)
-      y.skipped = keep(m:forward(x, "device"))
-      lutra.set_skip_weight_update(device, false)
-      y.updated = keep(m:forward(x, "device"))
-      W:set(w_newer)
-      lutra.set_skip_weight_update(device, true)
-      y.skipped2 = keep(m:forward(x, "device"))
-      return y
+      return SW.forwards(m, x, device, w_new, w_newer)
     end)
     lutra.set_skip_weight_update(device, false)
     if not ok then error(res, 0) end
@@ -210,6 +199,18 @@ describe("AdamW step counter on " .. DEV, function()
     end
     note("%s: %s", what, exact and "bit-identical" or "within tolerance, not bit-identical")
   end
+  -- n AdamW steps on both devices from the same fresh gradients, compared after each
+  local function steps(ma, mb, opts, n, dt, what)
+    local oa, ob = lutra.optim.AdamW(ma, opts), lutra.optim.AdamW(mb, opts)
+    for step = 1, n do
+      local seed = math.random(1, 2 ^ 30)
+      set_grads(ma, seed)
+      set_grads(mb, seed)
+      oa:step()
+      ob:step()
+      compare(ma, mb, dt, what .. " step " .. step)
+    end
+  end
 
   for _, dt in ipairs { "f32", "bf16" } do
     -- betas far from the defaults, so that wrong bias corrections show at once: step t's bc1
@@ -217,15 +218,7 @@ describe("AdamW step counter on " .. DEV, function()
     test("five steps equal the CPU's (" .. dt .. " params)", function()
       local opts = { lr = 0.01, weight_decay = 0.1, beta1 = 0.8, beta2 = 0.95, eps = 1e-3 }
       local ma, mb = build(REF, { { 48, 32 } }, dt), build(DEV, { { 48, 32 } }, dt)
-      local oa, ob = lutra.optim.AdamW(ma, opts), lutra.optim.AdamW(mb, opts)
-      for step = 1, 5 do
-        local seed = math.random(1, 2 ^ 30)
-        set_grads(ma, seed)
-        set_grads(mb, seed)
-        oa:step()
-        ob:step()
-        compare(ma, mb, dt, "AdamW step " .. step)
-      end
+      steps(ma, mb, opts, 5, dt, "AdamW")
     end)
   end
 
@@ -235,15 +228,7 @@ describe("AdamW step counter on " .. DEV, function()
     local ma, mb = build(REF, mods, "f32"), build(DEV, mods, "f32")
     assert.are.equal(140, #mb:parameters())
     local opts = { lr = 0.01, beta1 = 0.8, beta2 = 0.9 }
-    local oa, ob = lutra.optim.AdamW(ma, opts), lutra.optim.AdamW(mb, opts)
-    for step = 1, 3 do
-      local seed = math.random(1, 2 ^ 30)
-      set_grads(ma, seed)
-      set_grads(mb, seed)
-      oa:step()
-      ob:step()
-      compare(ma, mb, "f32", "AdamW (140 tensors) step " .. step)
-    end
+    steps(ma, mb, opts, 3, "f32", "AdamW (140 tensors)")
   end)
 end)
 
