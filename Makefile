@@ -15,7 +15,8 @@ BLAS_LIBS   ?= -lopenblas
 
 LUTRA_CFLAGS = -std=c11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_SOURCE \
                -Isrc $(BLAS_CFLAGS)
-SRC  = $(sort $(wildcard src/*.c src/cpu/*.c))
+SRC  = $(sort $(wildcard src/*/*.c src/backend/cpu/*.c))
+HDRS = $(wildcard src/*.h src/*/*.h src/*/*/*.h)
 # the CPU library's sources and flags, for tools/sim_quantize_mx (whatever CUDA is)
 SIM_SRC    := $(SRC)
 SIM_CFLAGS := $(LUTRA_CFLAGS)
@@ -34,9 +35,9 @@ ifeq ($(CUDA),1)
   CUDA_ARCHS  ?= -gencode arch=compute_90,code=sm_90 \
                  $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100)
   NVCCFLAGS   ?= -O3 -lineinfo
-  SRC         += $(sort $(wildcard src/cuda/*.c))
+  SRC         += $(sort $(wildcard src/backend/cuda/*.c))
   CU_SRC       = $(sort $(wildcard kernels/*.cu))
-  LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -I$(CUDA_HOME)/include
+  LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include
   LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
 # objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
@@ -56,14 +57,14 @@ all: $(LIB) $(CDEF)
 $(LIB): $(OBJ) build/config
 	$(CC) -shared -Wl,--no-undefined -o $@ $(OBJ) $(LDFLAGS) $(LIBS)
 
-$(BUILD)/%.o: %.c $(wildcard src/*.h src/*/*.h)
+$(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LUTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh src/*.h)
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
-	  -Werror all-warnings -Ikernels -c -o $@ $<
+	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h tools/gen_cdef.sh
@@ -85,11 +86,11 @@ run: all
 # ARGS=quick for the small shapes only.
 CXX ?= c++
 SIM_OBJ = $(SIM_SRC:%.c=build/sim/%.o)
-build/sim/%.o: %.c $(wildcard src/*.h src/*/*.h)
+build/sim/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_CFLAGS) $(CFLAGS) -c -o $@ $<
 build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) kernels/quantize_mx.cu kernels/common.cuh kernels/ops_common.cuh \
-                       kernels/kernels.h src/backend.h
+                       kernels/kernels.h $(HDRS)
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
@@ -104,7 +105,7 @@ install: all
 	install -m 644 $(LUA_FILES) $(CDEF) $(DESTDIR)$(LUADIR)/lutra/
 
 format:
-	clang-format -i src/*.c src/*.h src/cpu/*.c
+	clang-format -i $(wildcard src/*.h src/*/*.[ch] src/*/*/*.[ch] kernels/*.cu kernels/*.cuh kernels/*.h)
 
 clean:
 	rm -rf build $(LIB) $(CDEF) $(CDEF).tmp

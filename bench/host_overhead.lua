@@ -228,7 +228,7 @@ local function calls_for(fig, fn)
 end
 
 -- ---- the figures --------------------------------------------------------------------------
--- work: the GPU work one call issues on cuda, from the code (src/linear.c, quantize.c,
+-- work: the GPU work one call issues on cuda, from the code (src/nn/linear.c, quantize.c,
 -- autocast.c, gemm.c, the kernels' launchers): launch = kernel launches, launch_big = launches
 -- with kilobytes of parameters (the multi-tensor optimizer), memset = cudaMemsetAsync, and the
 -- cublasLtMatmul calls by floor name. The floor of a figure is the sum of those raw floors.
@@ -438,7 +438,7 @@ local function floor_parts(fig)
       big = math.min(big, c.launches)
       launches, memsets, memcpys = c.launches - big, c.memsets, c.memcpys
       if c.graphs ~= graph and #gemms > 0 and c.graphs - graph == #gemms - c.matmuls then
-        -- lutra replayed those GEMMs as cached graphs (src/cuda/gemm_graphs.c)
+        -- lutra replayed those GEMMs as cached graphs (src/backend/cuda/gemm_graphs.c)
         note = string.format(" (counted: %d of the %d GEMMs as cached graph launches)",
                              c.graphs - graph, #gemms)
       end

@@ -73,7 +73,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 # Twice: as lutra runs by default (eager GEMMs seen before replay as cached one-GEMM graphs,
-# src/cuda/gemm_graphs.c), and with LUTRA_GEMM_GRAPHS=0 (every GEMM a direct cublasLtMatmul, the
+# src/backend/cuda/gemm_graphs.c), and with LUTRA_GEMM_GRAPHS=0 (every GEMM a direct cublasLtMatmul, the
 # raw call its floor issues): TABLE, and TABLE with -direct before .md.
 for mode in graphs direct; do
   table=$TABLE

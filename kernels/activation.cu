@@ -1,5 +1,5 @@
 /* GELU forward/backward, bias gradient and bias add (kernels.h). Semantics: the lutra_cpu_*
- * functions of the same names in src/cpu/ops_cpu.c; lk_add_bias is the bias step of
+ * functions of the same names in src/backend/cpu/ops_cpu.c; lk_add_bias is the bias step of
  * lutra_cpu_gemm done on an already stored D: d = round(d + bias) in f32. */
 #include "ops_common.cuh"
 

@@ -1,9 +1,9 @@
 /* Device helpers shared by lutra's CUDA kernels: element loads and stores by dtype, the exact
- * FP8 / E8M0 / bf16 / f16 conversions of src/dtype.c, the f32 rules of src/cpu/quantize_cpu.c,
+ * FP8 / E8M0 / bf16 / f16 conversions of src/core/codec.h, the f32 rules of src/backend/cpu/quantize_cpu.c,
  * reductions and launch plumbing.
  *
  * Bit-exactness with the CPU backend
- * - Conversions follow src/dtype.c bit for bit. FP8 and f16 use the hardware's RNE conversions
+ * - Conversions follow src/core/codec.h bit for bit. FP8 and f16 use the hardware's RNE conversions
  *   (cvt.rn.satfinite.e4m3x2/e5m2x2.f32, cvt.rn.f16.f32), which agree with lutra_encode for every
  *   non-NaN input; NaN is patched to lutra_encode's codes (0x7F|sign for E4M3, 0x7E|sign for
  *   E5M2, payload-keeping quiet NaNs for bf16/f16). Build with -DLKC_SOFT_FP8 to encode FP8 with
@@ -18,7 +18,7 @@
  *   subnormals are kept (default -ftz=false). Do not build these files with --use_fast_math.
  *
  * Everything that can run on the host is __host__ __device__, so that the conversions can be
- * checked against src/dtype.c on the CPU. */
+ * checked against src/core/codec.h on the CPU. */
 #ifndef LUTRA_KERNELS_COMMON_CUH
 #define LUTRA_KERNELS_COMMON_CUH
 
@@ -108,7 +108,7 @@ LKC_HD float div_x86(float a, float b) {
   return is_nan(r) ? nan_result(a, b) : r;
 }
 
-/* ---- bf16 / f16 (src/dtype.c) ---------------------------------------------------------------- */
+/* ---- bf16 / f16 (src/core/codec.h) ---------------------------------------------------------------- */
 
 LKC_HD uint32_t bf16_bits(float f) {
   uint32_t u = f32_bits(f);
@@ -125,7 +125,7 @@ LKC_HD uint32_t f16_nan_bits(uint32_t u) {
   return ((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu);
 }
 
-/* f32 -> f16 bits: IEEE RNE (overflow to inf, exact subnormals); NaN as src/dtype.c */
+/* f32 -> f16 bits: IEEE RNE (overflow to inf, exact subnormals); NaN as src/core/codec.h */
 LKC_HD uint32_t f16_bits(float f) {
   uint32_t u = f32_bits(f);
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return f16_nan_bits(u);
@@ -133,7 +133,7 @@ LKC_HD uint32_t f16_bits(float f) {
   return r.x;
 }
 
-/* f16 bits -> f32, exact (NaN payload kept as src/dtype.c does) */
+/* f16 bits -> f32, exact (NaN payload kept as src/core/codec.h does) */
 LKC_HD float f16_value(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, em = h & 0x7FFFu;
   if (em >= 0x7C00u) return bits_f32(sign | 0x7F800000u | ((em & 0x3FFu) << 13));
@@ -142,9 +142,9 @@ LKC_HD float f16_value(uint32_t h) {
   return bits_f32(f32_bits(v) | sign);
 }
 
-/* ---- FP8 (src/dtype.c) ----------------------------------------------------------------------- */
+/* ---- FP8 (src/core/codec.h) ----------------------------------------------------------------------- */
 
-/* the integer mirror of src/dtype.c's narrow_rne (finite |x| only, sign cleared) */
+/* the integer mirror of src/core/codec.h's narrow_rne (finite |x| only, sign cleared) */
 LKC_HD uint32_t narrow_rne(uint32_t mag, int mbits, int bias) {
   int e = (int)(mag >> 23);
   uint32_t m24;
@@ -288,7 +288,7 @@ LKC_HD float mx_scale_rcp(uint32_t e) {
   return bits_f32((254u - e) << 23);
 }
 
-/* ---- f32 scale rules (src/cpu/quantize_cpu.c) ------------------------------------------------ */
+/* ---- f32 scale rules (src/backend/cpu/quantize_cpu.c) ------------------------------------------------ */
 
 /* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX) */
 LKC_HD float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {

@@ -1,15 +1,15 @@
-/* Host launchers of lutra's CUDA kernels, callable from C (src/cuda/). Each launches on the
+/* Host launchers of lutra's CUDA kernels, callable from C (src/backend/cuda/). Each launches on the
  * given stream, checks the launch (cudaGetLastError) and returns the CUDA status; none
  * synchronizes, allocates or prints. Argument structs are the backend interface's
  * (src/backend.h); every pointer in them is device memory. Numerics match the CPU backend
- * (src/cpu/) bit for bit where the CPU comments say "exact": FP8 casts are RNE and saturating,
+ * (src/backend/cpu/) bit for bit where the CPU comments say "exact": FP8 casts are RNE and saturating,
  * scales are computed in f32 in the same order. */
 #ifndef LUTRA_KERNELS_H
 #define LUTRA_KERNELS_H
 
 #include <cuda_runtime.h>
 
-#include "../src/backend.h"
+#include "backend/backend.h"
 
 #ifdef __cplusplus
 extern "C" {

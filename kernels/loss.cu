@@ -1,5 +1,5 @@
 /* MSE and softmax cross-entropy (kernels.h). Semantics: lutra_cpu_mse and
- * lutra_cpu_softmax_xent (src/cpu/ops_cpu.c): f32 element math, double accumulation of the
+ * lutra_cpu_softmax_xent (src/backend/cpu/ops_cpu.c): f32 element math, double accumulation of the
  * loss, loss = (float)(sum / count).
  *
  * The mean is deterministic and takes one launch: each block writes one double partial (its

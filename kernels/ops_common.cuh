@@ -1,9 +1,9 @@
 /* Shared helpers of the activation, loss, bias and optimizer kernels (kernels/activation.cu,
  * loss.cu, optim.cu): dtype loads and stores (F32, BF16, F16; stores round to nearest even as
- * src/dtype.c does), the CPU backend's element formulas, and warp/block reductions.
+ * src/core/codec.h does), the CPU backend's element formulas, and warp/block reductions.
  *
  * The element formulas are __host__ __device__ so that they can be checked on the host
- * against src/cpu/ops_cpu.c. Their f32 arithmetic goes through fadd/fsub/fmul/fdiv/fsqrt, which
+ * against src/backend/cpu/ops_cpu.c. Their f32 arithmetic goes through fadd/fsub/fmul/fdiv/fsqrt, which
  * on the device are the _rn intrinsics: nvcc never contracts those into FMAs, so every rounding
  * happens where the CPU's (ISO C, no contraction) code rounds, and the optimizer updates are bit
  * for bit the CPU's. Only expf (CUDA's, at most 2 ulp off) and the order of long reductions
@@ -229,7 +229,7 @@ __device__ __forceinline__ void stv(void *p, int64_t i, const float (&f)[N]) {
   }
 }
 
-/* ---- element formulas (src/cpu/ops_cpu.c, operation for operation) ---------------------- */
+/* ---- element formulas (src/backend/cpu/ops_cpu.c, operation for operation) ---------------------- */
 
 constexpr float kGeluC = 0.7978845608028654f; /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;

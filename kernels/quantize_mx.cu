@@ -1,6 +1,6 @@
 /* Tiled quantizers: MXFP8 (1x32 blocks, E8M0 scales), Float8BlockScaling (1x128 blocks or
  * 128x128 tiles, f32 scales) and the per-tensor cast with a columnwise output. Each matches
- * src/cpu/quantize_cpu.c bit for bit (see common.cuh).
+ * src/backend/cpu/quantize_cpu.c bit for bit (see common.cuh).
  *
  * A block reads a tile of x once, with 16-byte loads (each thread holds 16 consecutive values of
  * a row per unit), and writes the rowwise codes straight from registers with 16-byte stores.
@@ -538,7 +538,7 @@ __device__ __forceinline__ uint32_t word_of(const uint4 &u, int j) {
 }
 
 /* value of half s of w. Exact either way; the fast form only for finite values (f16 NaN
- * payloads follow src/dtype.c in the SAFE form) */
+ * payloads follow src/core/codec.h in the SAFE form) */
 template <int XD, bool SAFE> __device__ __forceinline__ float value16(uint32_t w, int s) {
   if (XD == LUTRA_BF16) return bits_f32(s ? w & 0xFFFF0000u : w << 16);
   if (SAFE) return f16_value((w >> (16 * s)) & 0xFFFFu);

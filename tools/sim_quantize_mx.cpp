@@ -199,7 +199,7 @@ cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int, c
 }
 }
 
-#include "../kernels/quantize_mx.cu"
+#include "quantize_mx.cu"
 
 /* ---- the check ------------------------------------------------------------------------------ */
 

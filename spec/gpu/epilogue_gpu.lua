@@ -8,7 +8,7 @@
 --
 -- cuBLASLt runs an epilogue itself where its heuristic has an algorithm and its documented
 -- limits allow (aux leading dimension n a multiple of 8; a bias gradient of D's dtype); otherwise
--- the plan runs the plain GEMM and lutra's kernels (src/cuda/gemm_cuda.c). The shapes below
+-- the plan runs the plain GEMM and lutra's kernels (src/backend/cuda/gemm_cuda.c). The shapes below
 -- exercise both: n = 45 and a bias gradient of another dtype than D always take the kernels;
 -- f32 operands into bf16 D stage D in f32; aligned shapes with matching dtypes are cuBLASLt's.
 -- Either way the results must be within these NMSE bounds (NMSE = ||dev - cpu||^2 / ||cpu||^2):

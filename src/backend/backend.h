@@ -1,0 +1,223 @@
+/* The backend interface: everything that touches tensor memory goes through one of these
+ * tables, so recipes, quantizers and modules never know which device runs them.
+ *
+ * Rules for implementations
+ * - Pointers to tensor data, scales and amaxes are backend memory (device memory on CUDA).
+ * - Every function returns LUTRA_OK or a status after setting the error with lutra_error();
+ *   none exits, aborts or leaves a partially written output visible to the caller except the
+ *   output buffers named in the arguments.
+ * - The CPU backend is the reference: bit-exact FP8 emulation through lutra_encode/decode.
+ */
+#ifndef LUTRA_BACKEND_H
+#define LUTRA_BACKEND_H
+
+#include "lutra.h"
+
+/* Delayed-scaling state of one quantizer. The struct lives on the host; the pointers point at
+ * backend memory. scale and scale_inv are 16-byte aligned (cuBLASLt needs that for FP8). */
+typedef struct lutra_scale_meta {
+  float *scale;        /* [1] */
+  float *scale_inv;    /* [1] */
+  float *amax_history; /* [history_len]; [0] collects this step's amax (max-accumulated) */
+  int32_t history_len;
+  int32_t amax_compute_algo; /* LUTRA_AMAX_MAX or LUTRA_AMAX_MOST_RECENT */
+  float fp8_max;
+  int32_t margin;
+  /* bookkeeping owned by autocast.c: which update list this meta joined last */
+  uint64_t epoch;
+} lutra_scale_meta;
+
+/* One quantization: x [rows, cols] (F32/BF16/F16) into FP8 rowwise and/or columnwise outputs,
+ * in the layouts documented at lutra_tensor in lutra.h. NULL outputs are skipped. */
+typedef struct lutra_quant_args {
+  const void *x;
+  int32_t x_dtype;
+  int32_t out_dtype; /* LUTRA_E4M3 or LUTRA_E5M2 */
+  int64_t rows, cols;
+  void *data, *scale_inv;         /* rowwise output */
+  void *col_data, *col_scale_inv; /* columnwise output (the transpose, quantized along its rows) */
+  /* per-tensor casts */
+  const float *scale; /* scale to multiply by before the cast; scale_inv outputs get 1/scale */
+  float *amax;        /* if not NULL: *amax = max(*amax, max|x|) */
+  /* block quantization (MXFP8 ignores these) */
+  int32_t power_2_scale;
+  float amax_epsilon;
+  int32_t block_dim; /* 1: 1x128 blocks, 2: 128x128 tiles */
+  /* bias gradient of x, computed with the quantization (TransformerEngine's quantize_dbias):
+   * dbias[c] (+= when dbias_accumulate) sum_r x[r, c], rounded once into dbias_dtype. The CPU
+   * sums in double; a fused CUDA kernel sums each 64-row tile in f32 into dbias_scratch
+   * (lutra_dbias_scratch_floats(rows, cols) floats the backend provides) and the tiles in
+   * double, in the same launch. */
+  void *dbias;
+  int32_t dbias_dtype;
+  int32_t dbias_accumulate;
+  float *dbias_scratch;
+  uint32_t *dbias_count; /* zeroed, one per 64 columns: lutra_dbias_counters(cols) (the kernel
+                            counts the tiles of each column strip done, and zeroes it again) */
+  /* GELU's backward fused in front (TransformerEngine's dgelu + cast + transpose + dbias): when
+   * not NULL, the matrix quantized (and summed into dbias, and max'ed into amax) is
+   * x * gelu'(act), in f32, where act is the GELU's input (x's dtype and shape): x is then the
+   * gradient of the GELU's output. Per-tensor casts only (backend->cast); CUDA needs a
+   * columnwise output. */
+  const void *act;
+  /* TransformerEngine's noop flag: when not NULL and *skip != 0 at the time the work runs, the
+   * quantization writes nothing at all (codes, scales, scale_inv, amax, dbias). Backend memory,
+   * read by every kernel of the quantization on the device (so a CUDA graph can be replayed with
+   * a different value); the CPU reads it directly. */
+  const int32_t *skip;
+} lutra_quant_args;
+
+/* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
+static inline int64_t lutra_dbias_scratch_floats(int64_t rows, int64_t cols) {
+  return (rows + 63) / 64 * cols;
+}
+static inline int64_t lutra_dbias_counters(int64_t cols) {
+  return (cols + 63) / 64;
+}
+
+/* Dequantize an FP8 matrix stored as [rows, cols] with the given scaling layout. */
+typedef struct lutra_dequant_args {
+  const void *data;
+  const void *scale_inv;
+  int32_t dtype;   /* E4M3 or E5M2 */
+  int32_t scaling; /* LUTRA_SCALING_* */
+  int64_t rows, cols;
+  void *out;
+  int32_t out_dtype; /* F32, BF16 or F16 */
+} lutra_dequant_args;
+
+/* A GEMM operand as stored (row-major [rows, cols]) and how it is used. */
+typedef struct lutra_gemm_operand {
+  const void *data;
+  const void *scale_inv; /* FP8 only */
+  int32_t dtype;
+  int32_t scaling;
+  int64_t rows, cols;
+  int32_t trans;
+} lutra_gemm_operand;
+
+/* What a plan is cached by. Compared with memcmp: build it zeroed. */
+typedef struct lutra_gemm_key {
+  int64_t m, n, k;
+  int32_t a_dtype, b_dtype, d_dtype, bias_dtype; /* bias_dtype -1: no bias */
+  int32_t a_scaling, b_scaling;
+  int32_t transa, transb;
+  int32_t accumulate;
+  int32_t fast_accum;
+  int32_t device;
+  int32_t epilogue;    /* LUTRA_EPILOGUE_* */
+  int32_t aux_dtype;   /* -1: no aux */
+  int32_t dbias_dtype; /* -1: no dbias */
+} lutra_gemm_key;
+
+typedef struct lutra_gemm_plan {
+  lutra_gemm_key key;
+  size_t workspace_bytes; /* scratch the backend needs for this shape */
+  void *backend_plan;     /* descriptors and algorithm (CUDA); NULL on CPU */
+} lutra_gemm_plan;
+
+/* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate), then the epilogue
+ * (lutra_gemm_epilogue in lutra.h; the front has checked its combination rules). */
+typedef struct lutra_gemm_args {
+  lutra_gemm_operand a, b;
+  void *d;
+  int32_t d_dtype;
+  int32_t accumulate;
+  int64_t m, n, k;
+  const void *bias;
+  int32_t bias_dtype;
+  int32_t epilogue; /* LUTRA_EPILOGUE_* */
+  void *aux;        /* [m, n] row-major, aux_dtype (= d_dtype): GELU_AUX out, DGELU* in */
+  void *dbias;      /* DGELU_BGRAD: [n]; BGRADB: [m] */
+  int32_t aux_dtype;
+  int32_t dbias_dtype;
+  const lutra_gemm_plan *plan;
+  void *workspace;
+  size_t workspace_bytes;
+} lutra_gemm_args;
+
+/* Optimizer steps over many tensors in one call. For each i: value[i] (dtype value_dtype[i])
+ * is updated from grad[i] (f32 or the value dtype); master[i], when not NULL, is the f32
+ * master copy that is updated and then rounded into value[i]. */
+typedef struct lutra_optim_args {
+  int32_t count;
+  int32_t pad;
+  void **value;
+  int32_t *value_dtype;
+  const void **grad;
+  int32_t *grad_dtype;
+  float **master;
+  float **m; /* SGD momentum buffer or AdamW first moment (NULL for plain SGD) */
+  float **v; /* AdamW second moment */
+  int64_t *numel;
+  float lr, momentum, weight_decay, beta1, beta2, eps;
+  int64_t step; /* AdamW: 1-based step for bias correction */
+  /* AdamW on a device (NULL on the CPU, which uses step): the number of steps taken, in backend
+   * memory owned by the optimizer (zeroed at creation). The step's kernel reads
+   * t = *device_step + 1 and advances the counter itself, so that a replayed CUDA graph takes
+   * step t + 1 next; arrivals is that kernel's block counter (zero between launches). */
+  int64_t *device_step;
+  uint32_t *arrivals;
+} lutra_optim_args;
+
+typedef struct lutra_backend {
+  const char *name;
+  int32_t device;
+
+  int (*alloc)(size_t bytes, void **out); /* 256-byte aligned */
+  void (*free)(void *p);
+  int (*from_host)(void *dst, const void *src, size_t bytes);
+  int (*to_host)(void *dst, const void *src, size_t bytes);
+  int (*copy)(void *dst, const void *src, size_t bytes);
+  int (*memset)(void *dst, int value, size_t bytes);
+
+  /* element-wise conversion between F32, BF16, F16 (RNE) */
+  int (*convert)(const void *src, int src_dtype, void *dst, int dst_dtype, int64_t n);
+  int (*fill)(void *dst, int dtype, int64_t n, float value);
+  /* *amax = max(*amax, max|x|); NaNs are ignored as fmaxf does */
+  int (*amax)(const void *x, int dtype, int64_t n, float *amax);
+  /* current scaling's amax and scale in one call: *amax = max|x| over n elements (NaNs
+   * ignored; 0 when n == 0), *scale from it (TransformerEngine's compute_scale_from_amax).
+   * work: 2 words of backend memory that are zero on entry and left zero (CUDA: the blocks'
+   * shared maximum and arrival count; the last block to arrive writes *amax and *scale and
+   * clears them), so no memset precedes it. Writes nothing at all when skip && *skip. */
+  int (*current_scale)(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
+                       float epsilon, float *amax, float *scale, uint32_t *work,
+                       const int32_t *skip);
+  int (*cast)(const lutra_quant_args *a);           /* per-tensor scaling */
+  int (*quantize_mxfp8)(const lutra_quant_args *a); /* 1x32 E8M0 blocks */
+  int (*quantize_block)(const lutra_quant_args *a); /* 1x128 or 128x128 f32 blocks */
+  int (*dequantize)(const lutra_dequant_args *a);
+  /* roll the amax histories and update scale/scale_inv of all n metas in one call */
+  int (*delayed_update)(lutra_scale_meta *const *metas, int n);
+
+  int (*gemm_plan)(lutra_gemm_plan *p); /* fills workspace_bytes and backend_plan from p->key */
+  void (*gemm_plan_free)(lutra_gemm_plan *p);
+  int (*gemm)(const lutra_gemm_args *g);
+
+  int (*gelu_forward)(const void *x, void *y, int dtype, int64_t n);
+  int (*gelu_backward)(const void *x, const void *dy, void *dx, int dtype, int64_t n);
+  /* db[c] (+)= sum_r dy[r, c] */
+  int (*bias_grad)(const void *dy, int dtype, int64_t rows, int64_t cols, void *db, int db_dtype,
+                   int accumulate);
+  /* loss (f32 [1]) = mean((pred - target)^2); dpred = 2 (pred - target) / n */
+  int (*mse)(const void *pred, const void *target, int dtype, int64_t n, float *loss, void *dpred);
+  /* loss = mean_r -log softmax(logits[r])[labels[r]]; dlogits = (softmax - onehot) / rows */
+  int (*softmax_xent)(const void *logits, int dtype, const int32_t *labels, int64_t rows,
+                      int64_t cols, float *loss, void *dlogits);
+  int (*sgd_step)(const lutra_optim_args *a);
+  int (*adamw_step)(const lutra_optim_args *a);
+  /* waits for the device's queued work (NULL: nothing is ever queued) */
+  int (*synchronize)(void);
+
+  /* CUDA graphs (NULL where the backend has none): capture the work this thread issues on the
+   * backend's stream, instantiate it (*nodes: the graph's node count), launch, destroy. */
+  int (*capture_begin)(void);
+  int (*capture_end)(void **exec, int64_t *nodes);
+  void (*capture_abort)(void);
+  int (*graph_launch)(void *exec);
+  void (*graph_destroy)(void *exec);
+} lutra_backend;
+
+
+#endif

@@ -1,0 +1,57 @@
+/* The CPU backend's functions (the table is in backend_cpu.c). The reference implementation:
+ * plain loops, bit-exact FP8 through lutra_encode/lutra_decode, OpenBLAS for GEMMs. */
+#ifndef LUTRA_CPU_H
+#define LUTRA_CPU_H
+
+#include "backend/backend.h"
+#include "core/codec.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#include <stdbool.h>
+
+extern const lutra_backend lutra_cpu_backend;
+
+/* memory (memory_cpu.c) */
+int lutra_cpu_alloc(size_t bytes, void **out);
+void lutra_cpu_free(void *p);
+int lutra_cpu_memcpy(void *dst, const void *src, size_t bytes);
+int lutra_cpu_memset(void *dst, int value, size_t bytes);
+
+/* element-wise and quantization (quantize_cpu.c) */
+int lutra_cpu_convert(const void *src, int src_dtype, void *dst, int dst_dtype, int64_t n);
+int lutra_cpu_fill(void *dst, int dtype, int64_t n, float value);
+int lutra_cpu_amax(const void *x, int dtype, int64_t n, float *amax);
+int lutra_cpu_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
+                            float epsilon, float *amax, float *scale, uint32_t *work,
+                            const int32_t *skip);
+int lutra_cpu_cast(const lutra_quant_args *a);
+int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a);
+int lutra_cpu_quantize_block(const lutra_quant_args *a);
+int lutra_cpu_dequantize(const lutra_dequant_args *a);
+int lutra_cpu_delayed_update(lutra_scale_meta *const *metas, int n);
+
+/* GEMM through OpenBLAS on f32-upcast operands (gemm_cpu.c) */
+int lutra_cpu_gemm_plan(lutra_gemm_plan *p);
+void lutra_cpu_gemm_plan_free(lutra_gemm_plan *p);
+int lutra_cpu_gemm(const lutra_gemm_args *g);
+
+/* activations, losses, optimizers (ops_cpu.c) */
+/* tanh GELU and its derivative in f32 (the formulas every GELU of lutra uses) */
+float lutra_cpu_gelu(float x);
+float lutra_cpu_gelu_grad(float x);
+int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n);
+int lutra_cpu_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n);
+/* out[i] = dy[i] * gelu'(x[i]) in f32 (GELU's backward before any rounding: a fused cast's input)
+ */
+int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out);
+int lutra_cpu_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
+                        int db_dtype, int accumulate);
+int lutra_cpu_mse(const void *pred, const void *target, int dtype, int64_t n, float *loss,
+                  void *dpred);
+int lutra_cpu_softmax_xent(const void *logits, int dtype, const int32_t *labels, int64_t rows,
+                           int64_t cols, float *loss, void *dlogits);
+int lutra_cpu_sgd_step(const lutra_optim_args *a);
+int lutra_cpu_adamw_step(const lutra_optim_args *a);
+
+#endif

@@ -1,0 +1,65 @@
+/* The CUDA backend's host side (built only with LUTRA_WITH_CUDA). */
+#ifndef LUTRA_CUDA_BACKEND_H
+#define LUTRA_CUDA_BACKEND_H
+
+#include "backend/backend.h"
+#include "core/capture.h"
+#include "core/dtype.h"
+#include "core/error.h"
+
+#include <stdbool.h>
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+/* The backend table, after the one-time device check; NULL with the error set for fn. */
+const lutra_backend *lutra_cuda_backend(const char *fn);
+int lutra_cuda_use_stream(void *stream);
+
+/* The stream and cuBLASLt handle every CUDA call of lutra uses. */
+cudaStream_t lutra_cuda_stream(void);
+cublasLtHandle_t lutra_cuda_lt(void);
+
+/* CUDA / cuBLAS status to a lutra status, with the library's message. */
+int lutra_cuda_status(cudaError_t e, const char *fn, const char *what);
+int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what);
+
+/* Frees deferred while a capture was in progress (backend_cuda.c); graph_cuda.c runs them once
+ * the capture has ended. */
+void lutra_cuda_free_deferred(void);
+
+/* graph_cuda.c */
+int lutra_cuda_capture_begin(void);
+int lutra_cuda_capture_end(void **exec, int64_t *nodes);
+void lutra_cuda_capture_abort(void);
+int lutra_cuda_graph_launch(void *exec);
+void lutra_cuda_graph_destroy(void *exec);
+
+/* gemm_cuda.c */
+int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
+void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
+int lutra_cuda_gemm(const lutra_gemm_args *g);
+
+/* gemm_graphs.c: a plan's eager calls replayed as one-GEMM CUDA graphs. The arguments a call
+ * bakes into its kernels: */
+typedef struct lutra_gemm_call {
+  const void *a, *b;
+  void *d;
+  const void *bias, *aux, *dbias, *a_scale, *b_scale;
+  void *workspace;
+  cudaStream_t stream;
+  float beta;
+} lutra_gemm_call;
+typedef struct lutra_gemm_graphs lutra_gemm_graphs;
+/* Runs the call: issue(ctx) (sets the descriptor's pointers and calls cublasLtMatmul on
+ * key->stream), directly or through the graph cached in *slot for these arguments. */
+int lutra_gemm_graphs_run(lutra_gemm_graphs **slot, const lutra_gemm_call *key,
+                          int (*issue)(void *), void *ctx, const char *fn);
+void lutra_gemm_graphs_free(lutra_gemm_graphs *g);
+void lutra_gemm_graphs_stats(int64_t *graphs, int64_t *launches);
+
+/* One GEMM workspace per device and stream: cuBLASLt's 32 MiB on Hopper and newer, with
+ * 256 bytes for alignment, as TransformerEngine sizes it. */
+enum { LUTRA_CUDA_WORKSPACE = 32 * 1024 * 1024 + 256 };
+
+#endif

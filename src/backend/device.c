@@ -1,0 +1,71 @@
+/* Which backend runs a device. The CUDA backend exists only in builds with CUDA, and even
+ * there only when a CUDA device answers (checked once, at first use). */
+#include "backend/device.h"
+#include "backend/backend.h"
+#include "backend/cpu/cpu.h"
+#include "core/capture.h"
+#include "core/error.h"
+
+#ifdef LUTRA_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+const lutra_backend *lutra_backend_get(int device, const char *fn) {
+  if (device == LUTRA_CPU) {
+    /* CPU work runs now, not when a graph is replayed: it cannot be part of one */
+    if (lutra_capture_active) {
+      lutra_error(LUTRA_ESTATE, fn,
+                  "work on the cpu device while capturing a CUDA graph (it would run once, now, "
+                  "not at each replay): keep every tensor and module of the step on cuda");
+      return NULL;
+    }
+    return &lutra_cpu_backend;
+  }
+  if (device == LUTRA_CUDA) {
+#ifdef LUTRA_WITH_CUDA
+    return lutra_cuda_backend(fn);
+#else
+    lutra_error(LUTRA_EUNSUPPORTED, fn,
+                "device 'cuda' is not available: this liblutra was built without CUDA");
+    return NULL;
+#endif
+  }
+  lutra_error(LUTRA_EINVAL, fn, "unknown device %d (expected LUTRA_CPU or LUTRA_CUDA)", device);
+  return NULL;
+}
+
+int lutra_device_available(int device) {
+  if (device == LUTRA_CPU) return 1;
+#ifdef LUTRA_WITH_CUDA
+  if (device == LUTRA_CUDA) return lutra_cuda_backend("lutra_device_available") != NULL;
+#endif
+  return 0;
+}
+
+int lutra_device_synchronize(int device) {
+  static const char fn[] = "lutra_device_synchronize";
+  const lutra_backend *be = lutra_backend_get(device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  return be->synchronize ? be->synchronize() : LUTRA_OK;
+}
+
+int lutra_cuda_set_stream(void *stream) {
+#ifdef LUTRA_WITH_CUDA
+  return lutra_cuda_use_stream(stream);
+#else
+  (void)stream;
+  return lutra_error(LUTRA_EUNSUPPORTED, "lutra_cuda_set_stream",
+                     "this liblutra was built without CUDA");
+#endif
+}
+
+/* The one-GEMM graphs are the CUDA backend's (backend/cuda/gemm_graphs.c); zero elsewhere. */
+int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches) {
+  static const char fn[] = "lutra_gemm_graph_stats";
+  CHECK_ARG(graphs && launches, "output pointers must not be NULL");
+  *graphs = *launches = 0;
+#ifdef LUTRA_WITH_CUDA
+  lutra_gemm_graphs_stats(graphs, launches);
+#endif
+  return LUTRA_OK;
+}

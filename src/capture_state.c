@@ -1,9 +1,0 @@
-/* Whether this thread is capturing a CUDA graph (src/graph.c sets it between lutra_graph_begin
- * and lutra_graph_end/abort). Calls that cannot be captured check it and refuse. */
-#include "internal.h"
-
-_Thread_local bool lutra_capture_active;
-
-bool lutra_capturing(void) {
-  return lutra_capture_active;
-}

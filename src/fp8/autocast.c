@@ -1,0 +1,215 @@
+/* Autocast scopes and the thread-local FP8 state.
+ *
+ * A scope saves the thread's state on enter and restores it on exit. Delayed-scaling
+ * quantizers used in forward while the outermost scope is open are collected (once each, by
+ * an epoch stamp) and updated together in ONE backend call when that scope exits; the
+ * gradient quantizers used in backward are updated in one call when the first module of the
+ * forward finishes its backward. Lists only grow when a new quantizer joins, so a steady
+ * training loop allocates nothing here. */
+#include "fp8/autocast.h"
+#include "backend/backend.h"
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/object.h"
+#include "core/trace.h"
+
+#include <stdlib.h>
+
+struct lutra_autocast {
+  lutra_object obj;
+  lutra_recipe *recipe;
+  lutra_group *group;
+  int32_t enabled;
+  int32_t calibrating;
+  bool active;
+  lutra_tls_state saved;
+  lutra_autocast *saved_innermost;
+};
+
+typedef struct meta_list {
+  lutra_scale_meta **items;
+  int count, cap;
+  int device;
+  uint64_t epoch;
+} meta_list;
+
+typedef struct thread_state {
+  lutra_tls_state st;
+  lutra_autocast *innermost;
+  meta_list fwd, bwd;
+  uint64_t next_epoch;
+  bool trigger_claimed;
+  uint64_t updates;
+  int last_count;
+} thread_state;
+
+static _Thread_local thread_state tls;
+
+const lutra_tls_state *lutra_autocast_current(void) {
+  return &tls.st;
+}
+
+static uint64_t new_epoch(void) {
+  return ++tls.next_epoch;
+}
+
+static void ensure_epochs(void) {
+  if (!tls.fwd.epoch) tls.fwd.epoch = new_epoch();
+  if (!tls.bwd.epoch) tls.bwd.epoch = new_epoch();
+}
+
+static int note(meta_list *l, lutra_scale_meta *m, int device, const char *fn) {
+  ensure_epochs();
+  if (m->epoch == l->epoch) return LUTRA_OK;
+  if (l->count && l->device != device)
+    return lutra_error(LUTRA_EINVAL, fn,
+                       "delayed-scaling quantizers on two devices in one autocast scope");
+  if (l->count == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 16;
+    lutra_scale_meta **items = realloc(l->items, (size_t)cap * sizeof *items);
+    if (!items) return lutra_error(LUTRA_ENOMEM, fn, "cannot grow the scale-update list");
+    l->items = items;
+    l->cap = cap;
+  }
+  l->items[l->count++] = m;
+  l->device = device;
+  m->epoch = l->epoch;
+  return LUTRA_OK;
+}
+
+int lutra_autocast_note_forward(lutra_scale_meta *m, int device, const char *fn) {
+  return note(&tls.fwd, m, device, fn);
+}
+
+int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn) {
+  return note(&tls.bwd, m, device, fn);
+}
+
+/* One backend call over the whole list, then a fresh epoch so each meta can join again. */
+static int flush(meta_list *l, const char *fn) {
+  if (!l->count) return LUTRA_OK;
+  const lutra_backend *be = lutra_backend_get(l->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  RANGE_PUSH("lutra.scale_update");
+  int st = be->delayed_update(l->items, l->count);
+  RANGE_POP();
+  TRY(st);
+  tls.updates++;
+  tls.last_count = l->count;
+  l->count = 0;
+  l->epoch = new_epoch();
+  return LUTRA_OK;
+}
+
+bool lutra_autocast_claim_backward_trigger(void) {
+  if (tls.st.depth == 0 || tls.trigger_claimed) return false;
+  tls.trigger_claimed = true;
+  return true;
+}
+
+int lutra_autocast_backward_done(const char *fn) {
+  return flush(&tls.bwd, fn);
+}
+
+static void forget_in(meta_list *l, lutra_scale_meta *m) {
+  for (int i = 0; i < l->count; i++)
+    if (l->items[i] == m) {
+      l->items[i] = l->items[--l->count];
+      return;
+    }
+}
+
+void lutra_autocast_forget(lutra_scale_meta *m) {
+  forget_in(&tls.fwd, m);
+  forget_in(&tls.bwd, m);
+}
+
+int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibrating,
+                       lutra_autocast **out) {
+  static const char fn[] = "lutra_autocast_new";
+  CHECK_ARG(out, "out is NULL");
+  if (r) TRY(lutra_check_object(r, LUTRA_MAGIC_RECIPE, fn, "recipe"));
+  CHECK_ARG(r || (!enabled && !calibrating),
+            "a recipe is needed when the scope is enabled or calibrating");
+  CHECK_ARG(!g, "process groups are not available in this build (pass NULL)");
+  lutra_autocast *a = calloc(1, sizeof *a);
+  if (!a) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a scope");
+  a->obj.magic = LUTRA_MAGIC_AUTOCAST;
+  a->obj.refs = 1;
+  a->recipe = r;
+  if (r) r->obj.refs++;
+  a->group = g;
+  a->enabled = enabled != 0;
+  a->calibrating = calibrating != 0;
+  *out = a;
+  return LUTRA_OK;
+}
+
+int lutra_autocast_free(lutra_autocast *a) {
+  if (!a) return LUTRA_OK;
+  if (a->active) {
+    /* still entered: keep it (the thread state points at it); release marks it instead */
+    a->obj.flags |= LUTRA_OBJ_FREED;
+    return lutra_error(LUTRA_ESTATE, "lutra_autocast_free",
+                       "scope is still entered; exit it first");
+  }
+  if (a->recipe) lutra_recipe_free(a->recipe);
+  free(a);
+  return LUTRA_OK;
+}
+
+int lutra_autocast_release(lutra_autocast *a) {
+  static const char fn[] = "lutra_autocast_release";
+  TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
+  CHECK_STATE(!a->active, "scope is still entered; exit it first");
+  a->obj.flags |= LUTRA_OBJ_FREED;
+  return LUTRA_OK;
+}
+
+int lutra_autocast_enter(lutra_autocast *a) {
+  static const char fn[] = "lutra_autocast_enter";
+  TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
+  CHECK_STATE(!a->active, "scope is already entered");
+  a->saved = tls.st;
+  a->saved_innermost = tls.innermost;
+  a->active = true;
+  tls.st.recipe = a->recipe;
+  tls.st.group = a->group;
+  tls.st.enabled = a->enabled;
+  tls.st.calibrating = a->calibrating;
+  tls.st.depth++;
+  tls.innermost = a;
+  return LUTRA_OK;
+}
+
+int lutra_autocast_exit(lutra_autocast *a) {
+  static const char fn[] = "lutra_autocast_exit";
+  TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
+  CHECK_STATE(a->active, "scope is not entered");
+  CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
+  if (tls.st.depth == 1) {
+    TRY(flush(&tls.fwd, fn));
+    tls.trigger_claimed = false;
+  }
+  tls.st = a->saved;
+  tls.innermost = a->saved_innermost;
+  a->active = false;
+  return LUTRA_OK;
+}
+
+int lutra_autocast_state(int *depth, int *enabled, int *calibrating) {
+  static const char fn[] = "lutra_autocast_state";
+  CHECK_ARG(depth && enabled && calibrating, "output pointers must not be NULL");
+  *depth = tls.st.depth;
+  *enabled = tls.st.enabled;
+  *calibrating = tls.st.calibrating;
+  return LUTRA_OK;
+}
+
+int lutra_autocast_update_stats(uint64_t *updates, int *last_count) {
+  static const char fn[] = "lutra_autocast_update_stats";
+  CHECK_ARG(updates && last_count, "output pointers must not be NULL");
+  *updates = tls.updates;
+  *last_count = tls.last_count;
+  return LUTRA_OK;
+}

@@ -1,0 +1,29 @@
+/* Autocast internals (fp8/autocast.c): the calling thread's state and the update lists. */
+#ifndef LUTRA_FP8_AUTOCAST_H
+#define LUTRA_FP8_AUTOCAST_H
+
+#include "backend/backend.h"
+#include "fp8/recipe.h"
+
+#include <stdbool.h>
+
+typedef struct lutra_tls_state {
+  const lutra_recipe *recipe; /* NULL when no scope with a recipe is active */
+  lutra_group *group;
+  int32_t enabled;
+  int32_t calibrating;
+  int32_t depth;
+  int32_t pad;
+} lutra_tls_state;
+const lutra_tls_state *lutra_autocast_current(void);
+/* Called by modules for each delayed-scaling meta they use in forward / backward. */
+int lutra_autocast_note_forward(lutra_scale_meta *m, int device, const char *fn);
+int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn);
+/* True for the first module to run forward in the current outermost scope. */
+bool lutra_autocast_claim_backward_trigger(void);
+/* Runs the pending backward update (one backend call); called by the trigger module. */
+int lutra_autocast_backward_done(const char *fn);
+/* Removes a meta from the pending lists (its owner is being freed). */
+void lutra_autocast_forget(lutra_scale_meta *m);
+
+#endif

@@ -1,0 +1,27 @@
+/* A recipe as the FP8 layer reads it: one quantizer spec per tensor role, and a key. */
+#ifndef LUTRA_FP8_RECIPE_H
+#define LUTRA_FP8_RECIPE_H
+
+#include "core/object.h"
+#include "lutra.h"
+
+typedef struct lutra_quantizer_spec {
+  int32_t kind;  /* LUTRA_QUANT_* */
+  int32_t dtype; /* E4M3 / E5M2 */
+  int32_t power_2_scale;
+  float amax_epsilon;
+  int32_t margin;
+  int32_t amax_history_len;
+  int32_t amax_compute_algo;
+  int32_t block_dim;
+} lutra_quantizer_spec;
+
+struct lutra_recipe {
+  lutra_object obj;
+  int32_t kind;
+  int32_t reduce_amax;
+  lutra_quantizer_spec roles[LUTRA_NUM_ROLES];
+  uint64_t key;
+};
+
+#endif

@@ -1,0 +1,104 @@
+/* GELU (tanh approximation, as TransformerEngine's "gelu"). */
+#include "backend/backend.h"
+#include "backend/device.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/object.h"
+#include "nn/module.h"
+#include "runtime/tensor.h"
+
+#include <stdlib.h>
+
+typedef struct gelu {
+  lutra_module base;
+  const lutra_tensor *x;   /* borrowed until backward */
+  const lutra_tensor *out; /* the last forward's output: y, or one adopted from a fused GEMM */
+  lutra_tensor *y, *dx;
+} gelu;
+
+static int gelu_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+                        lutra_tensor **y) {
+  static const char fn[] = "lutra_gelu_forward";
+  (void)first_microbatch;
+  gelu *g = (gelu *)m;
+  CHECK_ARG(lutra_dtype_is_float(x->dtype), "input dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(x->dtype));
+  const lutra_backend *be = lutra_backend_get(x->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  TRY(lutra_tensor_ensure(&g->y, x->dtype, LUTRA_SCALING_NONE, x->ndim, x->shape, x->device, true,
+                          false, fn));
+  TRY(be->gelu_forward(x->data, g->y->data, x->dtype, x->numel));
+  g->x = x;
+  g->out = g->y;
+  *y = g->y;
+  return LUTRA_OK;
+}
+
+static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  static const char fn[] = "lutra_gelu_backward";
+  gelu *g = (gelu *)m;
+  CHECK_STATE(g->x, "backward called before forward");
+  CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
+  CHECK_ARG(lutra_same_shape(dy, g->out) && dy->dtype == g->out->dtype &&
+                dy->device == g->out->device,
+            "grad_output does not match the forward output's shape, dtype or device");
+  const lutra_backend *be = lutra_backend_get(dy->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  if (!dx) return LUTRA_OK; /* the input's gradient is not wanted */
+  TRY(lutra_tensor_ensure(&g->dx, dy->dtype, LUTRA_SCALING_NONE, dy->ndim, dy->shape, dy->device,
+                          true, false, fn));
+  TRY(be->gelu_backward(g->x->data, dy->data, g->dx->data, dy->dtype, dy->numel));
+  *dx = g->dx;
+  return LUTRA_OK;
+}
+
+static int no_params(const lutra_module *m) {
+  (void)m;
+  return 0;
+}
+
+static int no_param(const lutra_module *m, int i, lutra_param *out) {
+  (void)m;
+  (void)i;
+  (void)out;
+  return LUTRA_EINVAL;
+}
+
+static void gelu_release(lutra_module *m) {
+  gelu *g = (gelu *)m;
+  lutra_tensor_destroy(g->y);
+  lutra_tensor_destroy(g->dx);
+  g->y = g->dx = NULL;
+  g->x = g->out = NULL;
+}
+
+static const lutra_module_ops gelu_ops = {
+    .kind = "gelu",
+    .forward = gelu_forward,
+    .backward = gelu_backward,
+    .num_params = no_params,
+    .param = no_param,
+    .release = gelu_release,
+};
+
+int lutra_gelu_new(lutra_module **out) {
+  static const char fn[] = "lutra_gelu_new";
+  CHECK_ARG(out, "out is NULL");
+  gelu *g = calloc(1, sizeof *g);
+  if (!g) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  g->base.obj.magic = LUTRA_MAGIC_MODULE;
+  g->base.obj.refs = 1;
+  g->base.ops = &gelu_ops;
+  *out = &g->base;
+  return LUTRA_OK;
+}
+
+bool lutra_module_is_gelu(const lutra_module *m) {
+  return m->ops == &gelu_ops;
+}
+
+void lutra_gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
+  gelu *g = (gelu *)m;
+  g->x = x;
+  g->out = y;
+}

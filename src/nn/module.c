@@ -1,0 +1,82 @@
+/* The module protocol every module kind shares: checks, reference counting, parameters. */
+#include "nn/module.h"
+#include "core/error.h"
+#include "core/object.h"
+
+#include <stdlib.h>
+
+void lutra_module_retain(lutra_module *m) {
+  m->obj.refs++;
+}
+
+int lutra_module_free(lutra_module *m) {
+  if (!m) return LUTRA_OK;
+  if (--m->obj.refs > 0) return LUTRA_OK;
+  if (!(m->obj.flags & LUTRA_OBJ_FREED)) m->ops->release(m);
+  free(m);
+  return LUTRA_OK;
+}
+
+int lutra_module_release(lutra_module *m) {
+  static const char fn[] = "lutra_module_release";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_STATE(m->obj.refs <= 1,
+              "module is still used by a Sequential or an optimizer; free those first");
+  m->ops->release(m);
+  m->obj.flags |= LUTRA_OBJ_FREED;
+  return LUTRA_OK;
+}
+
+const char *lutra_module_kind(const lutra_module *m) {
+  if (lutra_check_object(m, LUTRA_MAGIC_MODULE, "lutra_module_kind", "module") != LUTRA_OK)
+    return "?";
+  return m->ops->kind;
+}
+
+int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
+                         lutra_tensor **y) {
+  static const char fn[] = "lutra_module_forward";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  TRY(lutra_check_tensor(x, fn, "input"));
+  CHECK_ARG(y, "y is NULL");
+  CHECK_ARG(is_first_microbatch >= -1 && is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
+            "is_first_microbatch must be -1 (none), 0, 1 or 2 (device flag)");
+  return m->ops->forward(m, x, is_first_microbatch, y);
+}
+
+int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  static const char fn[] = "lutra_module_backward";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  TRY(lutra_check_tensor(dy, fn, "grad_output"));
+  return m->ops->backward(m, dy, dx);
+}
+
+int lutra_module_num_params(const lutra_module *m, int *n) {
+  static const char fn[] = "lutra_module_num_params";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(n, "n is NULL");
+  *n = m->ops->num_params(m);
+  return LUTRA_OK;
+}
+
+int lutra_module_param(const lutra_module *m, int i, lutra_param *out) {
+  static const char fn[] = "lutra_module_param";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(out, "out is NULL");
+  int n = m->ops->num_params(m);
+  CHECK_ARG(i >= 0 && i < n, "parameter %d is out of range 0..%d", i, n - 1);
+  return m->ops->param(m, i, out);
+}
+
+int lutra_module_zero_grad(lutra_module *m) {
+  static const char fn[] = "lutra_module_zero_grad";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  int n = m->ops->num_params(m);
+  for (int i = 0; i < n; i++) {
+    lutra_param p;
+    TRY(m->ops->param(m, i, &p));
+    if (p.grad) TRY(lutra_tensor_fill(p.grad, 0.0f));
+    if (p.main_grad) TRY(lutra_tensor_fill(p.main_grad, 0.0f));
+  }
+  return LUTRA_OK;
+}

@@ -1,0 +1,105 @@
+/* The C compiler's view of every struct the Lua front reads or fills, for
+ * spec/layout_spec.lua to compare with LuaJIT's ffi.offsetof/ffi.sizeof. */
+#include "lutra.h"
+
+#include <stddef.h>
+
+typedef struct field {
+  const char *type, *field;
+  size_t offset, size;
+} field;
+
+#define F(T, f)                                                                                    \
+  { #T, #f, offsetof(T, f), sizeof(((T *)0)->f) }
+#define S(T)                                                                                       \
+  { #T, "", sizeof(T), sizeof(T) }
+
+static const field fields[] = {
+    S(lutra_tensor),
+    F(lutra_tensor, data),
+    F(lutra_tensor, col_data),
+    F(lutra_tensor, scale_inv),
+    F(lutra_tensor, col_scale_inv),
+    F(lutra_tensor, amax),
+    F(lutra_tensor, shape),
+    F(lutra_tensor, numel),
+    F(lutra_tensor, ndim),
+    F(lutra_tensor, dtype),
+    F(lutra_tensor, device),
+    F(lutra_tensor, scaling),
+    F(lutra_tensor, flags),
+    F(lutra_tensor, refs),
+
+    S(lutra_delayed_desc),
+    F(lutra_delayed_desc, fp8_format),
+    F(lutra_delayed_desc, margin),
+    F(lutra_delayed_desc, amax_history_len),
+    F(lutra_delayed_desc, amax_compute_algo),
+    F(lutra_delayed_desc, reduce_amax),
+
+    S(lutra_current_desc),
+    F(lutra_current_desc, fp8_format),
+    F(lutra_current_desc, power_2_scale),
+    F(lutra_current_desc, amax_epsilon),
+
+    S(lutra_mxfp8_desc),
+    F(lutra_mxfp8_desc, fp8_format),
+    F(lutra_mxfp8_desc, margin),
+
+    S(lutra_block_desc),
+    F(lutra_block_desc, fp8_format),
+    F(lutra_block_desc, power_2_scale),
+    F(lutra_block_desc, amax_epsilon),
+    F(lutra_block_desc, block_dim),
+
+    S(lutra_custom_desc),
+    F(lutra_custom_desc, kind),
+    F(lutra_custom_desc, format),
+    F(lutra_custom_desc, power_2_scale),
+    F(lutra_custom_desc, amax_epsilon),
+    F(lutra_custom_desc, margin),
+    F(lutra_custom_desc, amax_history_len),
+    F(lutra_custom_desc, amax_compute_algo),
+    F(lutra_custom_desc, reduce_amax),
+
+    S(lutra_linear_desc),
+    F(lutra_linear_desc, in_features),
+    F(lutra_linear_desc, out_features),
+    F(lutra_linear_desc, bias),
+    F(lutra_linear_desc, dtype),
+    F(lutra_linear_desc, device),
+    F(lutra_linear_desc, accumulate_main_grad),
+    F(lutra_linear_desc, seed),
+
+    S(lutra_param),
+    F(lutra_param, value),
+    F(lutra_param, grad),
+    F(lutra_param, main_grad),
+
+    S(lutra_gemm_epilogue),
+    F(lutra_gemm_epilogue, kind),
+    F(lutra_gemm_epilogue, pad),
+    F(lutra_gemm_epilogue, aux),
+    F(lutra_gemm_epilogue, dbias),
+
+    S(lutra_optim_desc),
+    F(lutra_optim_desc, kind),
+    F(lutra_optim_desc, lr),
+    F(lutra_optim_desc, momentum),
+    F(lutra_optim_desc, weight_decay),
+    F(lutra_optim_desc, beta1),
+    F(lutra_optim_desc, beta2),
+    F(lutra_optim_desc, eps),
+};
+
+/* Entry i, or LUTRA_EINVAL past the end (the caller's loop stops there). An entry with an
+ * empty field name gives the struct's size in offset and size. */
+int lutra_layout(int i, const char **type, const char **field_name, size_t *offset, size_t *size) {
+  if (i < 0 || (size_t)i >= sizeof fields / sizeof *fields) return LUTRA_EINVAL;
+  if (!type || !field_name || !offset || !size) return LUTRA_EINVAL;
+  *type = fields[i].type;
+  *field_name = fields[i].field;
+  *offset = fields[i].offset;
+  *size = fields[i].size;
+  return LUTRA_OK;
+}

@@ -1,0 +1,434 @@
+/* Tensors: allocation through the owning device's backend, host transfers with conversion,
+ * deterministic random fills. None of this is on a training step's hot path except
+ * lutra_tensor_ensure, which returns at once while the shape stays the same. */
+#include "runtime/tensor.h"
+#include "backend/backend.h"
+#include "backend/device.h"
+#include "core/capture.h"
+#include "core/codec.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/object.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static size_t scale_elem_size(int scaling) {
+  return scaling == LUTRA_SCALING_MXFP8 ? 1 : 4;
+}
+
+int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwise) {
+  if (columnwise) {
+    int64_t t = rows;
+    rows = cols;
+    cols = t;
+  }
+  switch (scaling) {
+  case LUTRA_SCALING_TENSOR:
+    return 1;
+  case LUTRA_SCALING_MXFP8:
+    return rows * ((cols + 31) / 32);
+  case LUTRA_SCALING_BLOCK_1D: /* [ceil(cols/128)][roundup(rows, 4)] (lutra.h) */
+    return ((cols + 127) / 128) * ((rows + 3) / 4 * 4);
+  case LUTRA_SCALING_BLOCK_2D: /* [ceil(rows/128)][roundup(ceil(cols/128), 4)] */
+    return ((rows + 127) / 128) * (((cols + 127) / 128 + 3) / 4 * 4);
+  default:
+    return 0;
+  }
+}
+
+static int check_shape(int ndim, const int64_t *shape, int64_t *numel, const char *fn) {
+  if (ndim < 1 || ndim > LUTRA_MAX_DIMS)
+    return lutra_error(LUTRA_EINVAL, fn, "ndim %d is out of range 1..%d", ndim, LUTRA_MAX_DIMS);
+  if (!shape) return lutra_error(LUTRA_EINVAL, fn, "shape is NULL");
+  int64_t n = 1;
+  for (int i = 0; i < ndim; i++) {
+    if (shape[i] <= 0)
+      return lutra_error(LUTRA_EINVAL, fn, "dim %d is %lld; dims must be positive", i,
+                         (long long)shape[i]);
+    if (n > INT64_MAX / shape[i]) return lutra_error(LUTRA_EINVAL, fn, "shape overflows");
+    n *= shape[i];
+  }
+  *numel = n;
+  return LUTRA_OK;
+}
+
+static void free_buffers(lutra_tensor *t);
+
+void lutra_tensor_destroy(lutra_tensor *t) {
+  if (!t) return;
+  free_buffers(t);
+  free(t);
+}
+
+int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, int device,
+                      bool rowwise, bool columnwise, uint32_t flags, lutra_tensor **out,
+                      const char *fn) {
+  int64_t numel;
+  TRY(check_shape(ndim, shape, &numel, fn));
+  const lutra_backend *be = lutra_backend_get(device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  size_t esize = lutra_dtype_size(dtype);
+  if (!esize) return lutra_error(LUTRA_EINVAL, fn, "unknown dtype %d", dtype);
+  lutra_tensor *t = calloc(1, sizeof *t);
+  if (!t) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a tensor");
+  t->ndim = ndim;
+  memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  t->numel = numel;
+  t->dtype = dtype;
+  t->device = device;
+  t->scaling = scaling;
+  t->flags = flags | LUTRA_TENSOR_OWNS_DATA;
+  t->refs = 1;
+  int64_t rows = lutra_rows(t), cols = lutra_cols(t);
+  size_t ssize = scale_elem_size(scaling);
+  if (lutra_capture_active) {
+    lutra_tensor_destroy(t);
+    return lutra_error(LUTRA_ESTATE, fn,
+                       "a %lld-element %s buffer would be allocated while capturing a CUDA graph "
+                       "(a first use or a shape change): run the step once eagerly with the same "
+                       "shapes before capturing",
+                       (long long)numel, lutra_dtype_name(dtype));
+  }
+  int st = LUTRA_OK;
+  if (rowwise) st = be->alloc((size_t)numel * esize, &t->data);
+  if (st == LUTRA_OK && columnwise) st = be->alloc((size_t)numel * esize, &t->col_data);
+  /* scale arrays start zeroed: block scaling's padding entries are never written (lutra.h) */
+  const size_t sbytes = (size_t)lutra_scale_count(scaling, rows, cols, false) * ssize;
+  const size_t cbytes = (size_t)lutra_scale_count(scaling, rows, cols, true) * ssize;
+  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && rowwise) {
+    st = be->alloc(sbytes, &t->scale_inv);
+    if (st == LUTRA_OK) st = be->memset(t->scale_inv, 0, sbytes);
+  }
+  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && columnwise) {
+    st = be->alloc(cbytes, &t->col_scale_inv);
+    if (st == LUTRA_OK) st = be->memset(t->col_scale_inv, 0, cbytes);
+  }
+  if (st != LUTRA_OK) {
+    lutra_tensor_destroy(t);
+    return lutra_error(st, fn, "cannot allocate %lld elements of %s", (long long)numel,
+                       lutra_dtype_name(dtype));
+  }
+  *out = t;
+  return LUTRA_OK;
+}
+
+bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b) {
+  if (a->ndim != b->ndim) return false;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->shape[i] != b->shape[i]) return false;
+  return true;
+}
+
+int lutra_tensor_prepare(lutra_tensor *cur, int dtype, int scaling, int ndim, const int64_t *shape,
+                         int device, bool rowwise, bool columnwise, lutra_tensor **out,
+                         const char *fn) {
+  if (cur && cur->dtype == dtype && cur->scaling == scaling && cur->device == device &&
+      cur->ndim == ndim && (cur->data != NULL) == rowwise &&
+      (cur->col_data != NULL) == columnwise &&
+      memcmp(cur->shape, shape, (size_t)ndim * sizeof *shape) == 0) {
+    *out = cur;
+    return LUTRA_OK;
+  }
+  return lutra_tensor_make(dtype, scaling, ndim, shape, device, rowwise, columnwise,
+                           LUTRA_TENSOR_BORROWED, out, fn);
+}
+
+void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t) {
+  if (*slot == t) return;
+  lutra_tensor_destroy(*slot);
+  *slot = t;
+}
+
+void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t) {
+  if (t != slot) lutra_tensor_destroy(t);
+}
+
+int lutra_tensor_ensure(lutra_tensor **t, int dtype, int scaling, int ndim, const int64_t *shape,
+                        int device, bool rowwise, bool columnwise, const char *fn) {
+  lutra_tensor *fresh;
+  TRY(lutra_tensor_prepare(*t, dtype, scaling, ndim, shape, device, rowwise, columnwise, &fresh,
+                           fn));
+  lutra_tensor_commit(t, fresh);
+  return LUTRA_OK;
+}
+
+int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device, lutra_tensor **out) {
+  static const char fn[] = "lutra_tensor_new";
+  CHECK_ARG(out, "out is NULL");
+  CHECK_ARG(lutra_dtype_is_float(dtype) || dtype == LUTRA_I32,
+            "dtype %s cannot be created directly (FP8 tensors come from a quantizer)",
+            lutra_dtype_name(dtype));
+  lutra_tensor *t;
+  TRY(lutra_tensor_make(dtype, LUTRA_SCALING_NONE, ndim, shape, device, true, false, 0, &t, fn));
+  *out = t;
+  return LUTRA_OK;
+}
+
+static int check_owned(const lutra_tensor *t, const char *fn) {
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_STATE(!(t->flags & LUTRA_TENSOR_BORROWED),
+              "tensor is owned by a module or quantizer and is freed with it");
+  return LUTRA_OK;
+}
+
+int lutra_tensor_free(lutra_tensor *t) {
+  static const char fn[] = "lutra_tensor_free";
+  if (!t) return LUTRA_OK;
+  if (t->flags & LUTRA_TENSOR_FREED) {
+    free(t); /* the shell kept by lutra_tensor_release */
+    return LUTRA_OK;
+  }
+  TRY(check_owned(t, fn));
+  lutra_tensor_destroy(t);
+  return LUTRA_OK;
+}
+
+static void free_buffers(lutra_tensor *t) {
+  if (!(t->flags & LUTRA_TENSOR_OWNS_DATA)) return;
+  const lutra_backend *be = lutra_backend_get(t->device, "lutra_tensor_free");
+  if (!be) return;
+  be->free(t->data);
+  be->free(t->col_data);
+  be->free(t->scale_inv);
+  be->free(t->col_scale_inv);
+}
+
+/* Frees the buffers now and keeps the shell, marked, until lutra_tensor_free. */
+int lutra_tensor_release(lutra_tensor *t) {
+  static const char fn[] = "lutra_tensor_release";
+  TRY(check_owned(t, fn));
+  free_buffers(t);
+  memset(t, 0, sizeof *t);
+  t->flags = LUTRA_TENSOR_FREED;
+  return LUTRA_OK;
+}
+
+/* ---- host transfers -------------------------------------------------------------------- */
+
+static int host_buffer(size_t bytes, void **out, const char *fn) {
+  *out = malloc(bytes ? bytes : 1);
+  if (!*out) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate %zu bytes", bytes);
+  return LUTRA_OK;
+}
+
+/* host-side dtype conversion through the reference codecs (the data is on the host already) */
+static void host_convert(const void *src, int src_dtype, void *dst, int dst_dtype, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    lutra_elem_store(dst, dst_dtype, i, lutra_elem_load(src, src_dtype, i));
+}
+
+static int check_count(const lutra_tensor *t, int64_t n, const char *fn) {
+  CHECK_ARG(n == t->numel, "%lld values given for a tensor of %lld", (long long)n,
+            (long long)t->numel);
+  return LUTRA_OK;
+}
+
+int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
+  static const char fn[] = "lutra_tensor_set_f32";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(src, "src is NULL");
+  CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(t->dtype));
+  TRY(check_count(t, n, fn));
+  const lutra_backend *be = lutra_backend_get(t->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
+  if (t->dtype == LUTRA_F32) return be->from_host(t->data, src, bytes);
+  void *tmp;
+  TRY(host_buffer(bytes, &tmp, fn));
+  host_convert(src, LUTRA_F32, tmp, t->dtype, n);
+  int st = be->from_host(t->data, tmp, bytes);
+  free(tmp);
+  return st;
+}
+
+int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
+  static const char fn[] = "lutra_tensor_set_i32";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(src, "src is NULL");
+  CHECK_ARG(t->dtype == LUTRA_I32, "tensor dtype %s is not i32", lutra_dtype_name(t->dtype));
+  TRY(check_count(t, n, fn));
+  const lutra_backend *be = lutra_backend_get(t->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  return be->from_host(t->data, src, (size_t)n * 4);
+}
+
+int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
+  static const char fn[] = "lutra_tensor_get_f32";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(dst, "dst is NULL");
+  TRY(check_count(t, n, fn));
+  const lutra_backend *be = lutra_backend_get(t->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  if (t->dtype == LUTRA_F32) return be->to_host(dst, t->data, (size_t)n * 4);
+  if (t->dtype == LUTRA_I32) return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32");
+  if (lutra_dtype_is_fp8(t->dtype)) {
+    lutra_tensor tmp = {0};
+    tmp.ndim = 1;
+    tmp.shape[0] = n;
+    tmp.numel = n;
+    tmp.dtype = LUTRA_F32;
+    tmp.device = t->device;
+    TRY(be->alloc((size_t)n * 4, &tmp.data));
+    int st = lutra_dequantize(t, t->data ? 0 : 1, &tmp);
+    if (st == LUTRA_OK && !t->data) {
+      /* only the columnwise copy exists: it is the transpose */
+      float *host;
+      st = host_buffer((size_t)n * 4, (void **)&host, fn);
+      if (st == LUTRA_OK) st = be->to_host(host, tmp.data, (size_t)n * 4);
+      int64_t rows = lutra_rows(t), cols = lutra_cols(t);
+      for (int64_t r = 0; st == LUTRA_OK && r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+          dst[r * cols + c] = host[c * rows + r];
+      free(host);
+    } else if (st == LUTRA_OK) {
+      st = be->to_host(dst, tmp.data, (size_t)n * 4);
+    }
+    be->free(tmp.data);
+    return st;
+  }
+  size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
+  void *tmp;
+  TRY(host_buffer(bytes, &tmp, fn));
+  int st = be->to_host(tmp, t->data, bytes);
+  if (st == LUTRA_OK) host_convert(tmp, t->dtype, dst, LUTRA_F32, n);
+  free(tmp);
+  return st;
+}
+
+int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst, size_t bytes) {
+  static const char fn[] = "lutra_tensor_get_bytes";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(dst, "dst is NULL");
+  const void *src = columnwise ? t->col_data : t->data;
+  CHECK_ARG(src, "tensor has no %s data", columnwise ? "columnwise" : "rowwise");
+  size_t have = (size_t)t->numel * lutra_dtype_size(t->dtype);
+  CHECK_ARG(bytes == have, "%zu bytes asked for a tensor of %zu bytes", bytes, have);
+  const lutra_backend *be = lutra_backend_get(t->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  return be->to_host(dst, src, bytes);
+}
+
+int lutra_tensor_fill(lutra_tensor *t, float value) {
+  static const char fn[] = "lutra_tensor_fill";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(t->dtype));
+  const lutra_backend *be = lutra_backend_get(t->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  return be->fill(t->data, t->dtype, t->numel, value);
+}
+
+/* xoshiro256** seeded by splitmix64: the same stream on every machine and backend. */
+typedef struct rng {
+  uint64_t s[4];
+} rng;
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static void rng_seed(rng *r, uint64_t seed) {
+  for (int i = 0; i < 4; i++)
+    r->s[i] = splitmix64(&seed);
+}
+static uint64_t rotl(uint64_t x, int k) {
+  return (x << k) | (x >> (64 - k));
+}
+static uint64_t rng_next(rng *r) {
+  uint64_t *s = r->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+  s[2] ^= s[0];
+  s[3] ^= s[1];
+  s[1] ^= s[2];
+  s[0] ^= s[3];
+  s[2] ^= t;
+  s[3] = rotl(s[3], 45);
+  return result;
+}
+static double rng_unit(rng *r) {
+  return (double)(rng_next(r) >> 11) * 0x1.0p-53;
+} /* [0,1) */
+
+static int fill_random(lutra_tensor *t, uint64_t seed, float a, float b, bool normal,
+                       const char *fn) {
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(t->dtype));
+  CHECK_ARG(isfinite(a) && isfinite(b), "parameters must be finite");
+  float *host;
+  TRY(host_buffer((size_t)t->numel * 4, (void **)&host, fn));
+  rng r;
+  rng_seed(&r, seed);
+  for (int64_t i = 0; i < t->numel; i++) {
+    if (normal) {
+      double u1 = 1.0 - rng_unit(&r), u2 = rng_unit(&r);
+      host[i] = (float)(a + b * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+    } else {
+      host[i] = (float)(a + (b - a) * rng_unit(&r));
+    }
+  }
+  int st = lutra_tensor_set_f32(t, host, t->numel);
+  free(host);
+  return st;
+}
+
+int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev) {
+  return fill_random(t, seed, mean, stddev, true, "lutra_tensor_randn");
+}
+
+int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi) {
+  return fill_random(t, seed, lo, hi, false, "lutra_tensor_uniform");
+}
+
+int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
+  static const char fn[] = "lutra_tensor_copy";
+  TRY(lutra_check_tensor(dst, fn, "dst"));
+  TRY(lutra_check_tensor(src, fn, "src"));
+  CHECK_ARG(dst->numel == src->numel, "dst has %lld elements, src %lld", (long long)dst->numel,
+            (long long)src->numel);
+  CHECK_ARG(dst->device == src->device, "dst and src are on different devices");
+  CHECK_ARG(lutra_dtype_is_float(dst->dtype), "dst dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(dst->dtype));
+  if (lutra_dtype_is_fp8(src->dtype)) return lutra_dequantize(src, 0, dst);
+  CHECK_ARG(lutra_dtype_is_float(src->dtype), "src dtype %s cannot be copied",
+            lutra_dtype_name(src->dtype));
+  const lutra_backend *be = lutra_backend_get(dst->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  if (src->dtype == dst->dtype)
+    return be->copy(dst->data, src->data, (size_t)src->numel * lutra_dtype_size(src->dtype));
+  return be->convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
+}
+
+int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape) {
+  static const char fn[] = "lutra_tensor_reshape";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(t->scaling == LUTRA_SCALING_NONE, "an FP8 tensor cannot be reshaped");
+  int64_t numel;
+  TRY(check_shape(ndim, shape, &numel, fn));
+  CHECK_ARG(numel == t->numel, "new shape has %lld elements, tensor %lld", (long long)numel,
+            (long long)t->numel);
+  memset(t->shape, 0, sizeof t->shape);
+  memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+  t->ndim = ndim;
+  return LUTRA_OK;
+}
+
+int lutra_tensor_amax(const lutra_tensor *t, float *amax) {
+  static const char fn[] = "lutra_tensor_amax";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(amax, "amax is NULL");
+  CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(t->dtype));
+  const lutra_backend *be = lutra_backend_get(t->device, fn);
+  if (!be) return LUTRA_EUNSUPPORTED;
+  float *dev;
+  TRY(be->alloc(sizeof(float), (void **)&dev));
+  int st = be->memset(dev, 0, sizeof(float));
+  if (st == LUTRA_OK) st = be->amax(t->data, t->dtype, t->numel, dev);
+  if (st == LUTRA_OK) st = be->to_host(amax, dev, sizeof(float));
+  be->free(dev);
+  return st;
+}
