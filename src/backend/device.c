@@ -10,42 +10,42 @@
 #include "backend/cuda/cuda_backend.h"
 #endif
 
-const lutra_backend *lutra_backend_get(int device, const char *fn) {
+int lutra_backend_get(int device, const lutra_backend **out, const char *fn) {
   if (device == LUTRA_CPU) {
     /* CPU work runs now, not when a graph is replayed: it cannot be part of one */
-    if (lutra_capture_active) {
-      lutra_error(LUTRA_ESTATE, fn,
-                  "work on the cpu device while capturing a CUDA graph (it would run once, now, "
-                  "not at each replay): keep every tensor and module of the step on cuda");
-      return NULL;
-    }
-    return &lutra_cpu_backend;
+    if (lutra_capture_active)
+      return lutra_error(LUTRA_ESTATE, fn,
+                         "work on the cpu device while capturing a CUDA graph (it would run once, "
+                         "now, not at each replay): keep every tensor and module of the step on "
+                         "cuda");
+    *out = &lutra_cpu_backend;
+    return LUTRA_OK;
   }
   if (device == LUTRA_CUDA) {
 #ifdef LUTRA_WITH_CUDA
-    return lutra_cuda_backend(fn);
+    return lutra_cuda_backend(out, fn);
 #else
-    lutra_error(LUTRA_EUNSUPPORTED, fn,
-                "device 'cuda' is not available: this liblutra was built without CUDA");
-    return NULL;
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "device 'cuda' is not available: this liblutra was built without CUDA");
 #endif
   }
-  lutra_error(LUTRA_EINVAL, fn, "unknown device %d (expected LUTRA_CPU or LUTRA_CUDA)", device);
-  return NULL;
+  return lutra_error(LUTRA_EINVAL, fn, "unknown device %d (expected LUTRA_CPU or LUTRA_CUDA)",
+                     device);
 }
 
 int lutra_device_available(int device) {
   if (device == LUTRA_CPU) return 1;
 #ifdef LUTRA_WITH_CUDA
-  if (device == LUTRA_CUDA) return lutra_cuda_backend("lutra_device_available") != NULL;
+  const lutra_backend *be;
+  if (device == LUTRA_CUDA) return lutra_cuda_backend(&be, "lutra_device_available") == LUTRA_OK;
 #endif
   return 0;
 }
 
 int lutra_device_synchronize(int device) {
   static const char fn[] = "lutra_device_synchronize";
-  const lutra_backend *be = lutra_backend_get(device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(device, &be, fn));
   return be->synchronize ? be->synchronize() : LUTRA_OK;
 }
 

@@ -4,7 +4,9 @@
 
 #include "backend/backend.h"
 
-/* The backend for a device, or NULL with the error set (names the calling function). */
-const lutra_backend *lutra_backend_get(int device, const char *fn);
+/* *out = the backend for a device; else the status of why not (EINVAL: no such device,
+ * EUNSUPPORTED: not in this build, EBACKEND: no usable GPU, ESTATE: cpu work while capturing),
+ * with the error set for fn. */
+int lutra_backend_get(int device, const lutra_backend **out, const char *fn);
 
 #endif

@@ -88,8 +88,8 @@ int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn
 /* One backend call over the whole list, then a fresh epoch so each meta can join again. */
 static int flush(meta_list *l, const char *fn) {
   if (!l->count) return LUTRA_OK;
-  const lutra_backend *be = lutra_backend_get(l->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(l->device, &be, fn));
   RANGE_PUSH("lutra.scale_update");
   int st = be->delayed_update(l->items, l->count);
   RANGE_POP();

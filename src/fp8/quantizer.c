@@ -54,8 +54,8 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
                            lutra_quantizer **out, const char *fn) {
   CHECK_ARG(s->kind != LUTRA_QUANT_NONE, "this role is kept in high precision by the recipe");
   CHECK_ARG(rowwise || columnwise, "at least one of rowwise and columnwise output is needed");
-  const lutra_backend *be = lutra_backend_get(device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(device, &be, fn));
   lutra_quantizer *q = calloc(1, sizeof *q);
   if (!q) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a quantizer");
   q->obj.magic = LUTRA_MAGIC_QUANTIZER;
@@ -68,7 +68,10 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   int hist = s->kind == LUTRA_QUANT_DELAYED ? s->amax_history_len : 0;
   size_t nfloats = 3 * SLOT + (size_t)hist;
   float *init = calloc(nfloats, sizeof(float));
-  int st = init ? be->alloc(nfloats * sizeof(float), &q->state) : LUTRA_ENOMEM;
+  bool backend_failed = init != NULL;
+  /* the backend's own status and message reach the caller (a failed transfer is no ENOMEM) */
+  int st = init ? be->alloc(nfloats * sizeof(float), &q->state)
+                : lutra_error(LUTRA_ENOMEM, fn, "cannot allocate quantizer state");
   if (st == LUTRA_OK) {
     init[0] = 1.0f;    /* scale */
     init[SLOT] = 1.0f; /* scale_inv */
@@ -78,7 +81,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   if (st != LUTRA_OK) {
     if (q->state) be->free(q->state);
     free(q);
-    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate quantizer state");
+    return backend_failed ? lutra_error_wrap(st, fn) : st;
   }
   float *f = q->state;
   q->meta.scale = f;

@@ -271,8 +271,8 @@ int lutra_gemm_run_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, 
     CHECK_ARG(bias->device == d->device, "bias is on another device");
   }
   TRY(check_epilogue(epi, a, b, d, bias, accumulate, fp8a, m, n, fn));
-  const lutra_backend *be = lutra_backend_get(d->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(d->device, &be, fn));
 
   lutra_gemm_args g = {0};
   operand_of(a, transa, &g.a);

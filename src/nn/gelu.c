@@ -23,8 +23,8 @@ static int gelu_forward(lutra_module *m, const lutra_tensor *x, int first_microb
   gelu *g = (gelu *)m;
   CHECK_ARG(lutra_dtype_is_float(x->dtype), "input dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(x->dtype));
-  const lutra_backend *be = lutra_backend_get(x->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(x->device, &be, fn));
   TRY(lutra_tensor_ensure(&g->y, x->dtype, LUTRA_SCALING_NONE, x->ndim, x->shape, x->device, true,
                           false, fn));
   TRY(be->gelu_forward(x->data, g->y->data, x->dtype, x->numel));
@@ -42,8 +42,8 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   CHECK_ARG(lutra_same_shape(dy, g->out) && dy->dtype == g->out->dtype &&
                 dy->device == g->out->device,
             "grad_output does not match the forward output's shape, dtype or device");
-  const lutra_backend *be = lutra_backend_get(dy->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(dy->device, &be, fn));
   if (!dx) return LUTRA_OK; /* the input's gradient is not wanted */
   TRY(lutra_tensor_ensure(&g->dx, dy->dtype, LUTRA_SCALING_NONE, dy->ndim, dy->shape, dy->device,
                           true, false, fn));

@@ -349,8 +349,8 @@ int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out) {
             (long long)d->in_features, (long long)d->out_features);
   CHECK_ARG(d->dtype == LUTRA_F32 || d->dtype == LUTRA_BF16, "dtype must be f32 or bf16, got %s",
             lutra_dtype_name(d->dtype));
-  const lutra_backend *be = lutra_backend_get(d->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(d->device, &be, fn));
   linear *l = calloc(1, sizeof *l);
   if (!l) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   l->base.obj.magic = LUTRA_MAGIC_MODULE;

@@ -78,8 +78,8 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   TRY(lutra_check_tensor(target, fn, "target"));
   CHECK_ARG(loss, "loss is NULL");
   TRY(check_target(l, pred, target, fn));
-  const lutra_backend *be = lutra_backend_get(pred->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(pred->device, &be, fn));
   /* new buffers (a new shape) are installed only once the backend has accepted the call */
   int64_t one = 1;
   lutra_tensor *loss_t, *dpred;

@@ -133,8 +133,8 @@ int lutra_optim_new(const lutra_optim_desc *d, lutra_module *m, lutra_optim **ou
   CHECK_ARG(count > 0, "module %s has no parameters", m->ops->kind);
   lutra_param first;
   TRY(m->ops->param(m, 0, &first));
-  const lutra_backend *be = lutra_backend_get(first.value->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(first.value->device, &be, fn));
   lutra_optim *o = calloc(1, sizeof *o);
   if (!o) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate an optimizer");
   o->obj.magic = LUTRA_MAGIC_OPTIM;

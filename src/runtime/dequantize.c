@@ -20,8 +20,8 @@ int lutra_dequantize(const lutra_tensor *q, int columnwise, lutra_tensor *out) {
   CHECK_ARG(out->device == q->device, "out is on another device");
   const void *data = columnwise ? q->col_data : q->data;
   CHECK_ARG(data, "q has no %s data", columnwise ? "columnwise" : "rowwise");
-  const lutra_backend *be = lutra_backend_get(q->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(q->device, &be, fn));
   int64_t rows = lutra_rows(q), cols = lutra_cols(q);
   lutra_dequant_args a = {
       .data = data,

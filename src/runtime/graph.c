@@ -35,8 +35,8 @@ static _Thread_local const lutra_backend *capturing;
 int lutra_graph_begin(int device) {
   static const char fn[] = "lutra_graph_begin";
   CHECK_STATE(!lutra_capture_active, "a capture is already in progress on this thread");
-  const lutra_backend *be = lutra_backend_get(device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(device, &be, fn));
   CHECK_ARG(be->capture_begin, "CUDA graphs need the cuda device, not %s", be->name);
   TRY(be->capture_begin());
   capturing = be;

@@ -43,18 +43,16 @@ static int ensure_flag(const lutra_backend *be, const char *fn) {
   return LUTRA_OK;
 }
 
-static const lutra_backend *device_backend(int device, const char *fn) {
-  const lutra_backend *be = lutra_backend_get(device, fn);
-  if (be && (be->device < 0 || be->device >= NUM_DEVICES)) {
-    lutra_error(LUTRA_EUNSUPPORTED, fn, "device %d has no skip-weight-update flag", device);
-    return NULL;
-  }
-  return be;
+static int device_backend(int device, const lutra_backend **be, const char *fn) {
+  TRY(lutra_backend_get(device, be, fn));
+  if ((*be)->device < 0 || (*be)->device >= NUM_DEVICES)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn, "device %d has no skip-weight-update flag", device);
+  return LUTRA_OK;
 }
 
 int lutra_skip_weight_flag(int device, const int32_t **flag, bool *host_value, const char *fn) {
-  const lutra_backend *be = device_backend(device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(device_backend(device, &be, fn));
   pthread_mutex_lock(&lock);
   int st = ensure_flag(be, fn);
   if (st == LUTRA_OK) {
@@ -70,8 +68,8 @@ int lutra_set_skip_weight_update(int device, int skip) {
   CHECK_STATE(!lutra_capturing(),
               "not allowed while this thread captures a CUDA graph (the graph would hold the "
               "value instead of reading the flag): set it before a capture or between replays");
-  const lutra_backend *be = device_backend(device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(device_backend(device, &be, fn));
   pthread_mutex_lock(&lock);
   int st = ensure_flag(be, fn);
   /* stream-ordered, no host buffer and no synchronization: a one-element fill (one kernel on

@@ -67,8 +67,8 @@ int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, in
                       const char *fn) {
   int64_t numel;
   TRY(check_shape(ndim, shape, &numel, fn));
-  const lutra_backend *be = lutra_backend_get(device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(device, &be, fn));
   size_t esize = lutra_dtype_size(dtype);
   if (!esize) return lutra_error(LUTRA_EINVAL, fn, "unknown dtype %d", dtype);
   lutra_tensor *t = calloc(1, sizeof *t);
@@ -187,8 +187,8 @@ int lutra_tensor_free(lutra_tensor *t) {
 
 static void free_buffers(lutra_tensor *t) {
   if (!(t->flags & LUTRA_TENSOR_OWNS_DATA)) return;
-  const lutra_backend *be = lutra_backend_get(t->device, "lutra_tensor_free");
-  if (!be) return;
+  const lutra_backend *be;
+  if (lutra_backend_get(t->device, &be, "lutra_tensor_free") != LUTRA_OK) return;
   be->free(t->data);
   be->free(t->col_data);
   be->free(t->scale_inv);
@@ -232,8 +232,8 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(t->dtype));
   TRY(check_count(t, n, fn));
-  const lutra_backend *be = lutra_backend_get(t->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
   size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
   if (t->dtype == LUTRA_F32) return be->from_host(t->data, src, bytes);
   void *tmp;
@@ -250,8 +250,8 @@ int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
   CHECK_ARG(src, "src is NULL");
   CHECK_ARG(t->dtype == LUTRA_I32, "tensor dtype %s is not i32", lutra_dtype_name(t->dtype));
   TRY(check_count(t, n, fn));
-  const lutra_backend *be = lutra_backend_get(t->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
   return be->from_host(t->data, src, (size_t)n * 4);
 }
 
@@ -260,8 +260,8 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
   TRY(lutra_check_tensor(t, fn, "tensor"));
   CHECK_ARG(dst, "dst is NULL");
   TRY(check_count(t, n, fn));
-  const lutra_backend *be = lutra_backend_get(t->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
   if (t->dtype == LUTRA_F32) return be->to_host(dst, t->data, (size_t)n * 4);
   if (t->dtype == LUTRA_I32) return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32");
   if (lutra_dtype_is_fp8(t->dtype)) {
@@ -306,8 +306,8 @@ int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst, siz
   CHECK_ARG(src, "tensor has no %s data", columnwise ? "columnwise" : "rowwise");
   size_t have = (size_t)t->numel * lutra_dtype_size(t->dtype);
   CHECK_ARG(bytes == have, "%zu bytes asked for a tensor of %zu bytes", bytes, have);
-  const lutra_backend *be = lutra_backend_get(t->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
   return be->to_host(dst, src, bytes);
 }
 
@@ -316,8 +316,8 @@ int lutra_tensor_fill(lutra_tensor *t, float value) {
   TRY(lutra_check_tensor(t, fn, "tensor"));
   CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(t->dtype));
-  const lutra_backend *be = lutra_backend_get(t->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
   return be->fill(t->data, t->dtype, t->numel, value);
 }
 
@@ -395,8 +395,8 @@ int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
   if (lutra_dtype_is_fp8(src->dtype)) return lutra_dequantize(src, 0, dst);
   CHECK_ARG(lutra_dtype_is_float(src->dtype), "src dtype %s cannot be copied",
             lutra_dtype_name(src->dtype));
-  const lutra_backend *be = lutra_backend_get(dst->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(dst->device, &be, fn));
   if (src->dtype == dst->dtype)
     return be->copy(dst->data, src->data, (size_t)src->numel * lutra_dtype_size(src->dtype));
   return be->convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
@@ -422,8 +422,8 @@ int lutra_tensor_amax(const lutra_tensor *t, float *amax) {
   CHECK_ARG(amax, "amax is NULL");
   CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(t->dtype));
-  const lutra_backend *be = lutra_backend_get(t->device, fn);
-  if (!be) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
   float *dev;
   TRY(be->alloc(sizeof(float), (void **)&dev));
   int st = be->memset(dev, 0, sizeof(float));

@@ -88,18 +88,17 @@ static void init_once(void) {
 
 extern const lutra_backend lutra_cuda_table;
 
-const lutra_backend *lutra_cuda_backend(const char *fn) {
+int lutra_cuda_backend(const lutra_backend **out, const char *fn) {
   pthread_once(&cuda.once, init_once);
-  if (cuda.status != LUTRA_OK) {
-    lutra_error(cuda.status, fn, "device 'cuda': %s", cuda.message);
-    return NULL;
-  }
-  return &lutra_cuda_table;
+  if (cuda.status != LUTRA_OK) return lutra_error(cuda.status, fn, "device 'cuda': %s", cuda.message);
+  *out = &lutra_cuda_table;
+  return LUTRA_OK;
 }
 
 int lutra_cuda_use_stream(void *stream) {
   static const char fn[] = "lutra_cuda_set_stream";
-  if (!lutra_cuda_backend(fn)) return LUTRA_EUNSUPPORTED;
+  const lutra_backend *be;
+  TRY(lutra_cuda_backend(&be, fn));
   cuda.stream = stream ? (cudaStream_t)stream : cuda.own_stream;
   return LUTRA_OK;
 }

@@ -13,7 +13,7 @@
 #include <cuda_runtime.h>
 
 /* The backend table, after the one-time device check; NULL with the error set for fn. */
-const lutra_backend *lutra_cuda_backend(const char *fn);
+int lutra_cuda_backend(const lutra_backend **out, const char *fn);
 int lutra_cuda_use_stream(void *stream);
 
 /* The stream and cuBLASLt handle every CUDA call of lutra uses. */
