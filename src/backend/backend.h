@@ -219,5 +219,4 @@ typedef struct lutra_backend {
   void (*graph_destroy)(void *exec);
 } lutra_backend;
 
-
 #endif

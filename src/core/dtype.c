@@ -1,9 +1,8 @@
 /* The public scalar helpers over the codecs of core/codec.h: encode, decode, dtype facts. */
-#include "core/codec.h"
 #include "core/dtype.h"
+#include "core/codec.h"
 
 #include <float.h>
-
 
 float lutra_decode(int dtype, uint32_t bits) {
   switch (dtype) {
@@ -109,4 +108,3 @@ bool lutra_dtype_is_float(int dtype) {
 bool lutra_dtype_is_fp8(int dtype) {
   return dtype == LUTRA_E4M3 || dtype == LUTRA_E5M2;
 }
-

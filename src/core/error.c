@@ -1,6 +1,5 @@
 /* The thread-local last error, status names and the version. */
 #include "core/error.h"
-#include "core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -148,8 +148,15 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_
     CHECK_ARG(dbias->device == q->device, "dbias is on another device than the quantizer");
     CHECK_ARG(dbias->data && dbias->data != x->data, "dbias has no data or aliases x");
   }
-  TRY(lutra_tensor_ensure(&q->out, s->dtype, scaling_of(s->kind), x->ndim, x->shape, q->device,
-                          q->rowwise, q->columnwise, fn));
+  TRY(lutra_tensor_ensure(&q->out,
+                          &(lutra_tensor_spec){.dtype = s->dtype,
+                                               .scaling = scaling_of(s->kind),
+                                               .ndim = x->ndim,
+                                               .device = q->device,
+                                               .shape = x->shape,
+                                               .rowwise = q->rowwise,
+                                               .columnwise = q->columnwise},
+                          fn));
   lutra_tensor *o = q->out;
   lutra_quant_args a = {
       .x = x->data,

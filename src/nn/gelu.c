@@ -25,8 +25,7 @@ static int gelu_forward(lutra_module *m, const lutra_tensor *x, int first_microb
             lutra_dtype_name(x->dtype));
   const lutra_backend *be;
   TRY(lutra_backend_get(x->device, &be, fn));
-  TRY(lutra_tensor_ensure(&g->y, x->dtype, LUTRA_SCALING_NONE, x->ndim, x->shape, x->device, true,
-                          false, fn));
+  TRY(lutra_tensor_ensure(&g->y, PLAIN_TENSOR(x->dtype, x->ndim, x->shape, x->device), fn));
   TRY(be->gelu_forward(x->data, g->y->data, x->dtype, x->numel));
   g->x = x;
   g->out = g->y;
@@ -45,8 +44,7 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   const lutra_backend *be;
   TRY(lutra_backend_get(dy->device, &be, fn));
   if (!dx) return LUTRA_OK; /* the input's gradient is not wanted */
-  TRY(lutra_tensor_ensure(&g->dx, dy->dtype, LUTRA_SCALING_NONE, dy->ndim, dy->shape, dy->device,
-                          true, false, fn));
+  TRY(lutra_tensor_ensure(&g->dx, PLAIN_TENSOR(dy->dtype, dy->ndim, dy->shape, dy->device), fn));
   TRY(be->gelu_backward(g->x->data, dy->data, g->dx->data, dy->dtype, dy->numel));
   *dx = g->dx;
   return LUTRA_OK;

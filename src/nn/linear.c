@@ -160,12 +160,10 @@ static int linear_forward_impl(lutra_module *m, const lutra_tensor *x, int first
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = l->out;
-  TRY(lutra_tensor_ensure(&l->y, l->dtype, LUTRA_SCALING_NONE, x->ndim, shape, l->device, true,
-                          false, fn));
+  TRY(lutra_tensor_ensure(&l->y, PLAIN_TENSOR(l->dtype, x->ndim, shape, l->device), fn));
   lutra_gemm_epilogue epi = {.kind = LUTRA_EPILOGUE_GELU_AUX};
   if (gelu) {
-    TRY(lutra_tensor_ensure(&l->pre, l->dtype, LUTRA_SCALING_NONE, x->ndim, shape, l->device, true,
-                            false, fn));
+    TRY(lutra_tensor_ensure(&l->pre, PLAIN_TENSOR(l->dtype, x->ndim, shape, l->device), fn));
     epi.aux = l->pre;
   }
   if (fp8) {
@@ -199,8 +197,8 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const l
   CHECK_ARG(dy->device == l->device, "grad_output is on another device than the module");
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
   if (dx)
-    TRY(lutra_tensor_ensure(&l->dx, l->dtype, LUTRA_SCALING_NONE, l->x->ndim, l->x->shape,
-                            l->device, true, false, fn));
+    TRY(lutra_tensor_ensure(&l->dx, PLAIN_TENSOR(l->dtype, l->x->ndim, l->x->shape, l->device),
+                            fn));
   lutra_tensor *wgrad_out = l->accumulate_main_grad ? l->weight_main_grad : l->wgrad;
   int accumulate = l->accumulate_main_grad;
   lutra_quantizer *qg = l->q[LUTRA_ROLE_GRAD_OUTPUT];
@@ -336,8 +334,9 @@ void lutra_linear_defaults(lutra_linear_desc *d) {
 static int make_param(linear *l, int64_t n0, int64_t n1, int dtype, lutra_tensor **t,
                       const char *fn) {
   int64_t shape[2] = {n0, n1};
-  return lutra_tensor_make(dtype, LUTRA_SCALING_NONE, n1 ? 2 : 1, shape, l->device, true, false,
-                           LUTRA_TENSOR_BORROWED, t, fn);
+  lutra_tensor_spec spec = *PLAIN_TENSOR(dtype, n1 ? 2 : 1, shape, l->device);
+  spec.flags = LUTRA_TENSOR_BORROWED;
+  return lutra_tensor_make(&spec, t, fn);
 }
 
 int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out) {

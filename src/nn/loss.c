@@ -83,10 +83,9 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   /* new buffers (a new shape) are installed only once the backend has accepted the call */
   int64_t one = 1;
   lutra_tensor *loss_t, *dpred;
-  TRY(lutra_tensor_prepare(l->loss, LUTRA_F32, LUTRA_SCALING_NONE, 1, &one, pred->device, true,
-                           false, &loss_t, fn));
-  int st = lutra_tensor_prepare(l->dpred, pred->dtype, LUTRA_SCALING_NONE, pred->ndim, pred->shape,
-                                pred->device, true, false, &dpred, fn);
+  TRY(lutra_tensor_prepare(l->loss, PLAIN_TENSOR(LUTRA_F32, 1, &one, pred->device), &loss_t, fn));
+  int st = lutra_tensor_prepare(
+      l->dpred, PLAIN_TENSOR(pred->dtype, pred->ndim, pred->shape, pred->device), &dpred, fn);
   if (st == LUTRA_OK) {
     if (l->kind == LUTRA_LOSS_MSE)
       st = be->mse(pred->data, target->data, pred->dtype, pred->numel, loss_t->data, dpred->data);

@@ -62,9 +62,9 @@ void lutra_tensor_destroy(lutra_tensor *t) {
   free(t);
 }
 
-int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, int device,
-                      bool rowwise, bool columnwise, uint32_t flags, lutra_tensor **out,
-                      const char *fn) {
+int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char *fn) {
+  const int dtype = s->dtype, scaling = s->scaling, ndim = s->ndim, device = s->device;
+  const int64_t *shape = s->shape;
   int64_t numel;
   TRY(check_shape(ndim, shape, &numel, fn));
   const lutra_backend *be;
@@ -79,7 +79,7 @@ int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, in
   t->dtype = dtype;
   t->device = device;
   t->scaling = scaling;
-  t->flags = flags | LUTRA_TENSOR_OWNS_DATA;
+  t->flags = s->flags | LUTRA_TENSOR_OWNS_DATA;
   t->refs = 1;
   int64_t rows = lutra_rows(t), cols = lutra_cols(t);
   size_t ssize = scale_elem_size(scaling);
@@ -92,16 +92,16 @@ int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, in
                        (long long)numel, lutra_dtype_name(dtype));
   }
   int st = LUTRA_OK;
-  if (rowwise) st = be->alloc((size_t)numel * esize, &t->data);
-  if (st == LUTRA_OK && columnwise) st = be->alloc((size_t)numel * esize, &t->col_data);
+  if (s->rowwise) st = be->alloc((size_t)numel * esize, &t->data);
+  if (st == LUTRA_OK && s->columnwise) st = be->alloc((size_t)numel * esize, &t->col_data);
   /* scale arrays start zeroed: block scaling's padding entries are never written (lutra.h) */
   const size_t sbytes = (size_t)lutra_scale_count(scaling, rows, cols, false) * ssize;
   const size_t cbytes = (size_t)lutra_scale_count(scaling, rows, cols, true) * ssize;
-  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && rowwise) {
+  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && s->rowwise) {
     st = be->alloc(sbytes, &t->scale_inv);
     if (st == LUTRA_OK) st = be->memset(t->scale_inv, 0, sbytes);
   }
-  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && columnwise) {
+  if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && s->columnwise) {
     st = be->alloc(cbytes, &t->col_scale_inv);
     if (st == LUTRA_OK) st = be->memset(t->col_scale_inv, 0, cbytes);
   }
@@ -121,18 +121,18 @@ bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b) {
   return true;
 }
 
-int lutra_tensor_prepare(lutra_tensor *cur, int dtype, int scaling, int ndim, const int64_t *shape,
-                         int device, bool rowwise, bool columnwise, lutra_tensor **out,
+int lutra_tensor_prepare(lutra_tensor *cur, const lutra_tensor_spec *s, lutra_tensor **out,
                          const char *fn) {
-  if (cur && cur->dtype == dtype && cur->scaling == scaling && cur->device == device &&
-      cur->ndim == ndim && (cur->data != NULL) == rowwise &&
-      (cur->col_data != NULL) == columnwise &&
-      memcmp(cur->shape, shape, (size_t)ndim * sizeof *shape) == 0) {
+  if (cur && cur->dtype == s->dtype && cur->scaling == s->scaling && cur->device == s->device &&
+      cur->ndim == s->ndim && (cur->data != NULL) == s->rowwise &&
+      (cur->col_data != NULL) == s->columnwise &&
+      memcmp(cur->shape, s->shape, (size_t)s->ndim * sizeof *s->shape) == 0) {
     *out = cur;
     return LUTRA_OK;
   }
-  return lutra_tensor_make(dtype, scaling, ndim, shape, device, rowwise, columnwise,
-                           LUTRA_TENSOR_BORROWED, out, fn);
+  lutra_tensor_spec borrowed = *s;
+  borrowed.flags = LUTRA_TENSOR_BORROWED;
+  return lutra_tensor_make(&borrowed, out, fn);
 }
 
 void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t) {
@@ -145,11 +145,9 @@ void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t) {
   if (t != slot) lutra_tensor_destroy(t);
 }
 
-int lutra_tensor_ensure(lutra_tensor **t, int dtype, int scaling, int ndim, const int64_t *shape,
-                        int device, bool rowwise, bool columnwise, const char *fn) {
+int lutra_tensor_ensure(lutra_tensor **t, const lutra_tensor_spec *s, const char *fn) {
   lutra_tensor *fresh;
-  TRY(lutra_tensor_prepare(*t, dtype, scaling, ndim, shape, device, rowwise, columnwise, &fresh,
-                           fn));
+  TRY(lutra_tensor_prepare(*t, s, &fresh, fn));
   lutra_tensor_commit(t, fresh);
   return LUTRA_OK;
 }
@@ -161,7 +159,7 @@ int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device, lutr
             "dtype %s cannot be created directly (FP8 tensors come from a quantizer)",
             lutra_dtype_name(dtype));
   lutra_tensor *t;
-  TRY(lutra_tensor_make(dtype, LUTRA_SCALING_NONE, ndim, shape, device, true, false, 0, &t, fn));
+  TRY(lutra_tensor_make(PLAIN_TENSOR(dtype, ndim, shape, device), &t, fn));
   *out = t;
   return LUTRA_OK;
 }

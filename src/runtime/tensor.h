@@ -14,22 +14,38 @@ static inline int64_t lutra_cols(const lutra_tensor *t) {
   return t->ndim >= 1 ? t->shape[t->ndim - 1] : 1;
 }
 
+/* What a tensor is made as. FP8 tensors (scaling != NONE) have a rowwise and/or a columnwise
+ * copy with their scale arrays; high-precision ones have only the rowwise data. */
+typedef struct lutra_tensor_spec {
+  int32_t dtype;
+  int32_t scaling; /* LUTRA_SCALING_* */
+  int32_t ndim;
+  int32_t device;
+  const int64_t *shape;
+  bool rowwise, columnwise;
+  uint32_t flags; /* LUTRA_TENSOR_* (lutra_tensor_make only) */
+} lutra_tensor_spec;
+
+/* The spec (a pointer to a compound literal) of a high-precision tensor of dtype and shape. */
+#define PLAIN_TENSOR(dtype_, ndim_, shape_, device_)                                               \
+  (&(lutra_tensor_spec){.dtype = (dtype_),                                                         \
+                        .ndim = (ndim_),                                                           \
+                        .device = (device_),                                                       \
+                        .shape = (shape_),                                                         \
+                        .rowwise = true})
+
+/* Allocates a tensor (FP8 ones with their scale arrays). */
+int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char *fn);
 /* Tensors owned by modules and quantizers: created borrowed (Lua must not free them) and
- * resized only when the shape changes. *t is replaced only on success. */
-int lutra_tensor_ensure(lutra_tensor **t, int dtype, int scaling, int ndim, const int64_t *shape,
-                        int device, bool rowwise, bool columnwise, const char *fn);
+ * resized only when the spec changes. *t is replaced only on success. */
+int lutra_tensor_ensure(lutra_tensor **t, const lutra_tensor_spec *s, const char *fn);
 /* The same in two steps, for calls that must change nothing when a later step fails:
  * prepare gives the current tensor when it fits, else a new one (the current one untouched);
  * commit installs it (destroying the old), discard drops it. */
-int lutra_tensor_prepare(lutra_tensor *cur, int dtype, int scaling, int ndim, const int64_t *shape,
-                         int device, bool rowwise, bool columnwise, lutra_tensor **out,
+int lutra_tensor_prepare(lutra_tensor *cur, const lutra_tensor_spec *s, lutra_tensor **out,
                          const char *fn);
 void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t);
 void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t);
-/* Allocates a tensor (FP8 ones with their scale arrays) with the given flags. */
-int lutra_tensor_make(int dtype, int scaling, int ndim, const int64_t *shape, int device,
-                      bool rowwise, bool columnwise, uint32_t flags, lutra_tensor **out,
-                      const char *fn);
 /* Frees a tensor's buffers and shell regardless of flags (for owners). */
 void lutra_tensor_destroy(lutra_tensor *t);
 bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b);
