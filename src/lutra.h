@@ -396,8 +396,21 @@ LUTRA_API int lutra_sequential_fusions(const lutra_module *m, int *forward, int 
 LUTRA_API int lutra_module_free(lutra_module *m);
 LUTRA_API int lutra_module_release(lutra_module *m);
 LUTRA_API const char *lutra_module_kind(const lutra_module *m);
-/* is_first_microbatch: -1 (always quantize weights), 1 (quantize and cache), 0 (reuse), 2
- * (LUTRA_FIRST_MICROBATCH_DEVICE: quantize unless the device's skip-weight-update flag is set). */
+/* What one forward call is told beyond its input, for every module kind (fields a module does
+ * not use are ignored; start from lutra_forward_defaults so that new fields get their defaults).
+ *   is_first_microbatch  -1 (always quantize weights), 1 (quantize and cache), 0 (reuse), 2
+ *                        (LUTRA_FIRST_MICROBATCH_DEVICE: quantize unless the device's
+ *                        skip-weight-update flag is set)
+ *   grad                 nonzero (default): a backward follows. 0: an inference forward; the
+ *                        module keeps nothing for backward, and a backward after it is refused */
+typedef struct lutra_forward_args {
+  int32_t is_first_microbatch;
+  int32_t grad;
+} lutra_forward_args;
+LUTRA_API void lutra_forward_defaults(lutra_forward_args *a);
+LUTRA_API int lutra_module_forward_ex(lutra_module *m, const lutra_tensor *x,
+                                      const lutra_forward_args *a, lutra_tensor **y);
+/* lutra_module_forward_ex with the defaults and is_first_microbatch. */
 LUTRA_API int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
                                    lutra_tensor **y);
 /* dx NULL: the input's gradient is not wanted (the input is data, as a tensor without

@@ -48,22 +48,39 @@ function M.Sequential(...)
   return own(module_box[0])
 end
 
--- is_first_microbatch: nil (always quantize weights), true (quantize and cache), false (reuse),
--- "device" (quantize unless the device's skip-weight-update flag is set when the work runs:
--- lutra.set_skip_weight_update; for CUDA graphs of gradient accumulation)
-function Module:forward(x, is_first_microbatch)
-  local flag = -1
-  if is_first_microbatch == true then
-    flag = 1
-  elseif is_first_microbatch == false then
-    flag = 0
-  elseif is_first_microbatch == "device" then
-    flag = C.LUTRA_FIRST_MICROBATCH_DEVICE
-  elseif is_first_microbatch ~= nil then
-    error("module:forward: is_first_microbatch must be nil, true, false or \"device\" (got "
-          .. tostring(is_first_microbatch) .. ")", 2)
+-- The second argument is is_first_microbatch, or a table of forward options:
+--   is_first_microbatch  nil (always quantize weights), true (quantize and cache), false (reuse),
+--                        "device" (quantize unless the device's skip-weight-update flag is set
+--                        when the work runs: lutra.set_skip_weight_update; for CUDA graphs of
+--                        gradient accumulation)
+--   grad                 false: an inference forward, no backward follows (default true)
+-- e.g. net:forward(x, true) or net:forward(x, {is_first_microbatch = false, grad = false}).
+local forward_args = ffi.new("lutra_forward_args")
+
+local function microbatch_flag(v)
+  if v == nil then return -1 end
+  if v == true then return 1 end
+  if v == false then return 0 end
+  if v == "device" then return C.LUTRA_FIRST_MICROBATCH_DEVICE end
+  error("module:forward: is_first_microbatch must be nil, true, false or \"device\" (got "
+        .. tostring(v) .. ")", 3)
+end
+
+function Module:forward(x, opts)
+  local grad = true
+  local first = opts
+  if type(opts) == "table" then
+    first = opts.is_first_microbatch
+    if opts.grad ~= nil then
+      if type(opts.grad) ~= "boolean" then
+        error("module:forward: grad must be a boolean (got " .. tostring(opts.grad) .. ")", 2)
+      end
+      grad = opts.grad
+    end
   end
-  if C.lutra_module_forward(self, x, flag, core.tensor_box) ~= 0 then core.fail() end
+  forward_args.is_first_microbatch = microbatch_flag(first)
+  forward_args.grad = grad and 1 or 0
+  if C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box) ~= 0 then core.fail() end
   return core.tensor_box[0]
 end
 

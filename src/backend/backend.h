@@ -13,6 +13,9 @@
 
 #include "lutra.h"
 
+/* Activations, as modules, fusions and the activation entries name them. */
+enum { LUTRA_ACT_NONE = 0, LUTRA_ACT_GELU_TANH = 1 };
+
 /* Delayed-scaling state of one quantizer. The struct lives on the host; the pointers point at
  * backend memory. scale and scale_inv are 16-byte aligned (cuBLASLt needs that for FP8). */
 typedef struct lutra_scale_meta {

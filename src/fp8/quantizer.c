@@ -125,12 +125,19 @@ bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q) {
   return q->spec.kind == LUTRA_QUANT_DELAYED && (q->columnwise || q->device == LUTRA_CPU);
 }
 
-/* skip: lutra_quant_args.skip, passed to every backend call of the quantization; act:
- * lutra_quant_args.act (x is then the gradient of a GELU's output, act the GELU's input) */
-static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *act,
-                         bool record_amax, lutra_tensor *dbias, bool dbias_accumulate,
-                         const int32_t *skip, lutra_tensor **out, const char *fn) {
+/* Calibration: a delayed quantizer records max|x| without quantizing; others have nothing to do. */
+static int observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn) {
+  CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
+  if (q->spec.kind != LUTRA_QUANT_DELAYED) return LUTRA_OK;
+  return q->be->amax(x->data, x->dtype, x->numel, q->meta.amax_history);
+}
+
+static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
+                         const char *fn) {
+  if (op->observe) return observe(q, op->x, fn);
   const lutra_quantizer_spec *s = &q->spec;
+  const lutra_tensor *x = op->x, *act = op->act;
+  lutra_tensor *dbias = op->dbias;
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
   TRY(lutra_quantizer_check_input(s, x, fn));
   if (act) {
@@ -173,22 +180,22 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_
       .block_dim = s->block_dim,
       .dbias = dbias ? dbias->data : NULL,
       .dbias_dtype = dbias ? dbias->dtype : 0,
-      .dbias_accumulate = dbias_accumulate,
-      .skip = skip,
+      .dbias_accumulate = op->dbias_accumulate,
+      .skip = op->skip,
       .act = act ? act->data : NULL,
   };
   const lutra_backend *be = q->be;
   switch (s->kind) {
   case LUTRA_QUANT_DELAYED:
     a.scale = q->meta.scale;
-    a.amax = record_amax ? q->meta.amax_history : NULL;
+    a.amax = op->record_amax ? q->meta.amax_history : NULL;
     o->amax = q->meta.amax_history;
     TRY(be->cast(&a));
     break;
   case LUTRA_QUANT_CURRENT:
     /* amax and scale in one backend call (one launch on CUDA, no memset: see current_scale) */
     TRY(be->current_scale(x->data, x->dtype, x->numel, q->meta.fp8_max, s->power_2_scale,
-                          s->amax_epsilon, q->amax, q->meta.scale, q->work, skip));
+                          s->amax_epsilon, q->amax, q->meta.scale, q->work, op->skip));
     a.scale = q->meta.scale;
     o->amax = q->amax;
     TRY(be->cast(&a));
@@ -204,43 +211,13 @@ static int quantize_impl(lutra_quantizer *q, const lutra_tensor *x, const lutra_
   return LUTRA_OK;
 }
 
-/* quantize_impl inside the NVTX range every quantization gets */
-static int quantize_ranged(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *act,
-                           bool record_amax, lutra_tensor *dbias, bool dbias_accumulate,
-                           const int32_t *skip, lutra_tensor **out, const char *fn) {
+/* every quantization runs inside one NVTX range */
+int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
+                       const char *fn) {
   RANGE_PUSH("lutra.quantize");
-  int st = quantize_impl(q, x, act, record_amax, dbias, dbias_accumulate, skip, out, fn);
+  int st = quantize_impl(q, op, out, fn);
   RANGE_POP();
   return st;
-}
-
-int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
-                             const char *fn) {
-  return quantize_ranged(q, x, NULL, record_amax, dbias, dbias_accumulate, NULL, out, fn);
-}
-
-int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,
-                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
-                             const char *fn) {
-  return quantize_ranged(q, dy, act, true, dbias, dbias_accumulate, NULL, out, fn);
-}
-
-int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                            lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
-                            lutra_tensor **out, const char *fn) {
-  return quantize_ranged(q, x, NULL, record_amax, dbias, dbias_accumulate, skip, out, fn);
-}
-
-int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                       lutra_tensor **out, const char *fn) {
-  return lutra_quantize_dbias_run(q, x, record_amax, NULL, false, out, fn);
-}
-
-int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn) {
-  CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
-  if (q->spec.kind != LUTRA_QUANT_DELAYED) return LUTRA_OK;
-  return q->be->amax(x->data, x->dtype, x->numel, q->meta.amax_history);
 }
 
 /* ---- public API --------------------------------------------------------------------------- */
@@ -287,7 +264,7 @@ int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor **out
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
   TRY(lutra_check_tensor(x, fn, "x"));
   CHECK_ARG(out, "out is NULL");
-  return lutra_quantize_run(q, x, true, out, fn);
+  return lutra_quantize_run(q, &(lutra_quantize_op){.x = x, .record_amax = true}, out, fn);
 }
 
 int lutra_quantize_dbias(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor *dbias,
@@ -297,7 +274,11 @@ int lutra_quantize_dbias(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor
   TRY(lutra_check_tensor(x, fn, "x"));
   TRY(lutra_check_tensor(dbias, fn, "dbias"));
   CHECK_ARG(out, "out is NULL");
-  return lutra_quantize_dbias_run(q, x, true, dbias, accumulate != 0, out, fn);
+  return lutra_quantize_run(
+      q,
+      &(lutra_quantize_op){
+          .x = x, .record_amax = true, .dbias = dbias, .dbias_accumulate = accumulate != 0},
+      out, fn);
 }
 
 int lutra_quantize_skip(lutra_quantizer *q, const lutra_tensor *x, const lutra_tensor *skip,
@@ -316,7 +297,13 @@ int lutra_quantize_skip(lutra_quantizer *q, const lutra_tensor *x, const lutra_t
     CHECK_ARG(skip->device == q->device, "skip is on another device than the quantizer");
     flag = skip->data;
   }
-  return lutra_quantize_skip_run(q, x, true, dbias, accumulate != 0, flag, out, fn);
+  return lutra_quantize_run(q,
+                            &(lutra_quantize_op){.x = x,
+                                                 .record_amax = true,
+                                                 .dbias = dbias,
+                                                 .dbias_accumulate = accumulate != 0,
+                                                 .skip = flag},
+                            out, fn);
 }
 
 static int check_delayed(const lutra_quantizer *q, const char *fn) {

@@ -8,30 +8,35 @@
 #include <stdbool.h>
 
 lutra_scale_meta *lutra_quantizer_meta(lutra_quantizer *q);
-int lutra_quantize_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                       lutra_tensor **out, const char *fn);
 int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int columnwise, int device,
                            lutra_quantizer **out, const char *fn);
 void lutra_quantizer_destroy(lutra_quantizer *q);
 /* Checks dtype and the FP8 dims rule (multiples of 16; 32 for MXFP8) for a spec's input. */
 int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
                                 const char *fn);
-/* lutra_quantize_run that also writes the bias gradient of x into dbias (see lutra_quant_args) */
-int lutra_quantize_dbias_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
-                             const char *fn);
-/* Calibration: a delayed quantizer records max|x| without quantizing. */
-int lutra_quantize_observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn);
-/* whether q can take the fused GELU gradient below (delayed scaling; a columnwise copy on cuda) */
+/* whether q can take a fused GELU gradient (lutra_quantize_op.act): delayed scaling, whose scale
+ * is known before the cast reads the gradient, and a columnwise copy on cuda */
 bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q);
-/* lutra_quantize_dbias_run of dy * gelu'(act) (GELU's backward fused in front; delayed scaling
- * only): dy is the gradient of a GELU's output, act the GELU's input */
-int lutra_quantize_dgelu_run(lutra_quantizer *q, const lutra_tensor *dy, const lutra_tensor *act,
-                             lutra_tensor *dbias, bool dbias_accumulate, lutra_tensor **out,
-                             const char *fn);
-/* lutra_quantize_dbias_run governed by a skip flag (lutra_quant_args.skip; NULL: never skip) */
-int lutra_quantize_skip_run(lutra_quantizer *q, const lutra_tensor *x, bool record_amax,
-                            lutra_tensor *dbias, bool dbias_accumulate, const int32_t *skip,
-                            lutra_tensor **out, const char *fn);
+
+/* One quantization as modules ask for it (what TransformerEngine spreads over quantize,
+ * quantize_dbias, dact_cast and the noop flag). */
+typedef struct lutra_quantize_op {
+  const lutra_tensor *x;
+  /* delayed scaling: max|x| goes into this step's amax slot (the scale update reads it) */
+  bool record_amax;
+  /* calibration: record max|x| (delayed scaling) and write no FP8 output (*out untouched) */
+  bool observe;
+  /* x is the gradient of a GELU's output and act the GELU's input: what is quantized (and summed
+   * into dbias, and max'ed into amax) is x * gelu'(act), in one pass (lutra_quantizer_takes_dgelu)
+   */
+  const lutra_tensor *act;
+  /* the bias gradient of what is quantized, from the same pass (lutra_quant_args.dbias) */
+  lutra_tensor *dbias;
+  bool dbias_accumulate;
+  /* device flag (lutra_quant_args.skip): nonzero when the work runs -> nothing is written */
+  const int32_t *skip;
+} lutra_quantize_op;
+int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
+                       const char *fn);
 
 #endif

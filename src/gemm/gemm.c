@@ -229,19 +229,13 @@ static int check_epilogue(const lutra_gemm_epilogue *epi, const lutra_tensor *a,
   return LUTRA_OK;
 }
 
-int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
-                   lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
-                   const char *fn) {
-  return lutra_gemm_run_ex(a, transa, b, transb, d, bias, accumulate, fast_accum, NULL, fn);
-}
-
-int lutra_gemm_run_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
-                      lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
-                      const lutra_gemm_epilogue *epi, const char *fn) {
+int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
+  const lutra_tensor *a = op->a, *b = op->b, *bias = op->bias;
+  lutra_tensor *d = op->d;
+  const lutra_gemm_epilogue *epi = op->epilogue;
+  const bool transa = op->transa, transb = op->transb, accumulate = op->accumulate;
   static const lutra_gemm_epilogue none = {LUTRA_EPILOGUE_NONE, 0, NULL, NULL};
   if (!epi) epi = &none;
-  transa = transa != 0;
-  transb = transb != 0;
   int64_t ra = lutra_rows(a), ca = lutra_cols(a), rb = lutra_rows(b), cb = lutra_cols(b);
   int64_t n = transa ? ra : ca, ka = transa ? ca : ra;
   int64_t m = transb ? cb : rb, kb = transb ? rb : cb;
@@ -311,7 +305,7 @@ int lutra_gemm_run_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, 
   k.transa = g.a.trans;
   k.transb = g.b.trans;
   k.accumulate = g.accumulate;
-  k.fast_accum = fast_accum != 0;
+  k.fast_accum = op->fast_accum;
   k.device = d->device;
   k.epilogue = g.epilogue;
   k.aux_dtype = g.aux_dtype;
@@ -333,7 +327,14 @@ int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int tra
   TRY(lutra_check_tensor(b, fn, "B"));
   TRY(lutra_check_tensor(d, fn, "D"));
   if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
-  return lutra_gemm_run(a, transa, b, transb, d, bias, accumulate, 0, fn);
+  return lutra_gemm_run(&(lutra_gemm_op){.a = a,
+                                         .b = b,
+                                         .d = d,
+                                         .bias = bias,
+                                         .transa = transa != 0,
+                                         .transb = transb != 0,
+                                         .accumulate = accumulate != 0},
+                        fn);
 }
 
 int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
@@ -344,7 +345,15 @@ int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int 
   TRY(lutra_check_tensor(b, fn, "B"));
   TRY(lutra_check_tensor(d, fn, "D"));
   if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
-  return lutra_gemm_run_ex(a, transa, b, transb, d, bias, accumulate, 0, epi, fn);
+  return lutra_gemm_run(&(lutra_gemm_op){.a = a,
+                                         .b = b,
+                                         .d = d,
+                                         .bias = bias,
+                                         .epilogue = epi,
+                                         .transa = transa != 0,
+                                         .transb = transb != 0,
+                                         .accumulate = accumulate != 0},
+                        fn);
 }
 
 int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {

@@ -4,12 +4,22 @@
 
 #include "lutra.h"
 
-int lutra_gemm_run(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
-                   lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
-                   const char *fn);
-/* The same with an epilogue (NULL: LUTRA_EPILOGUE_NONE); checks the epilogue's rules. */
-int lutra_gemm_run_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
-                      lutra_tensor *d, const lutra_tensor *bias, int accumulate, int fast_accum,
-                      const lutra_gemm_epilogue *epi, const char *fn);
+#include <stdbool.h>
+
+/* One GEMM as modules ask for it: D [m, n] = op(B) @ op(A) (+ bias) (+ D when accumulating),
+ * then the epilogue, in TransformerEngine's layout names (lutra_gemm in lutra.h). */
+typedef struct lutra_gemm_op {
+  const lutra_tensor *a, *b;
+  lutra_tensor *d;
+  const lutra_tensor *bias;            /* NULL: none */
+  const lutra_gemm_epilogue *epilogue; /* NULL: LUTRA_EPILOGUE_NONE */
+  bool transa, transb;
+  bool accumulate;
+  bool fast_accum; /* FP8: no split accumulator (TransformerEngine's fprop setting) */
+} lutra_gemm_op;
+
+/* Checks the op (shapes, dtypes, devices, the epilogue's rules), finds or makes its plan and runs
+ * it; errors name fn. */
+int lutra_gemm_run(const lutra_gemm_op *op, const char *fn);
 
 #endif

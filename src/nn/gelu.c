@@ -16,10 +16,10 @@ typedef struct gelu {
   lutra_tensor *y, *dx;
 } gelu;
 
-static int gelu_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+static int gelu_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                         lutra_tensor **y) {
   static const char fn[] = "lutra_gelu_forward";
-  (void)first_microbatch;
+  (void)a;
   gelu *g = (gelu *)m;
   CHECK_ARG(lutra_dtype_is_float(x->dtype), "input dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(x->dtype));
@@ -50,18 +50,6 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   return LUTRA_OK;
 }
 
-static int no_params(const lutra_module *m) {
-  (void)m;
-  return 0;
-}
-
-static int no_param(const lutra_module *m, int i, lutra_param *out) {
-  (void)m;
-  (void)i;
-  (void)out;
-  return LUTRA_EINVAL;
-}
-
 static void gelu_release(lutra_module *m) {
   gelu *g = (gelu *)m;
   lutra_tensor_destroy(g->y);
@@ -70,13 +58,26 @@ static void gelu_release(lutra_module *m) {
   g->x = g->out = NULL;
 }
 
+/* the GELU's forward happened inside the neighbour's GEMM: x = pre-activation, y = its output */
+static void gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
+  gelu *g = (gelu *)m;
+  g->x = x;
+  g->out = y;
+}
+
+static const lutra_fusion_ops gelu_fusion = {
+    .activation = LUTRA_ACT_GELU_TANH,
+    .adopt = gelu_adopt,
+};
+
 static const lutra_module_ops gelu_ops = {
     .kind = "gelu",
     .forward = gelu_forward,
     .backward = gelu_backward,
-    .num_params = no_params,
-    .param = no_param,
+    .num_params = lutra_module_no_params,
+    .param = lutra_module_no_param,
     .release = gelu_release,
+    .fusion = &gelu_fusion,
 };
 
 int lutra_gelu_new(lutra_module **out) {
@@ -84,19 +85,7 @@ int lutra_gelu_new(lutra_module **out) {
   CHECK_ARG(out, "out is NULL");
   gelu *g = calloc(1, sizeof *g);
   if (!g) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
-  g->base.obj.magic = LUTRA_MAGIC_MODULE;
-  g->base.obj.refs = 1;
-  g->base.ops = &gelu_ops;
+  lutra_module_init(&g->base, &gelu_ops);
   *out = &g->base;
   return LUTRA_OK;
-}
-
-bool lutra_module_is_gelu(const lutra_module *m) {
-  return m->ops == &gelu_ops;
-}
-
-void lutra_gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
-  gelu *g = (gelu *)m;
-  g->x = x;
-  g->out = y;
 }

@@ -5,6 +5,24 @@
 
 #include <stdlib.h>
 
+void lutra_module_init(lutra_module *m, const lutra_module_ops *ops) {
+  m->obj.magic = LUTRA_MAGIC_MODULE;
+  m->obj.refs = 1;
+  m->ops = ops;
+}
+
+int lutra_module_no_params(const lutra_module *m) {
+  (void)m;
+  return 0;
+}
+
+int lutra_module_no_param(const lutra_module *m, int i, lutra_param *out) {
+  (void)m;
+  (void)i;
+  (void)out;
+  return LUTRA_EINVAL;
+}
+
 void lutra_module_retain(lutra_module *m) {
   m->obj.refs++;
 }
@@ -33,15 +51,26 @@ const char *lutra_module_kind(const lutra_module *m) {
   return m->ops->kind;
 }
 
-int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
-                         lutra_tensor **y) {
+void lutra_forward_defaults(lutra_forward_args *a) {
+  if (a) *a = (lutra_forward_args){.is_first_microbatch = LUTRA_FIRST_MICROBATCH_NONE, .grad = 1};
+}
+
+int lutra_module_forward_ex(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                            lutra_tensor **y) {
   static const char fn[] = "lutra_module_forward";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(x, fn, "input"));
+  CHECK_ARG(a, "args is NULL (lutra_forward_defaults gives the defaults)");
   CHECK_ARG(y, "y is NULL");
-  CHECK_ARG(is_first_microbatch >= -1 && is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
+  CHECK_ARG(a->is_first_microbatch >= -1 && a->is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
             "is_first_microbatch must be -1 (none), 0, 1 or 2 (device flag)");
-  return m->ops->forward(m, x, is_first_microbatch, y);
+  return m->ops->forward(m, x, a, y);
+}
+
+int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
+                         lutra_tensor **y) {
+  lutra_forward_args a = {.is_first_microbatch = is_first_microbatch, .grad = 1};
+  return lutra_module_forward_ex(m, x, &a, y);
 }
 
 int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {

@@ -1,47 +1,72 @@
-/* The module protocol (nn/module.c) and the fusions Sequential runs. */
+/* The module protocol (nn/module.c): a small vtable, as torch/nn modules have, and the fusion
+ * protocol through which Sequential joins neighbouring modules without knowing their kinds. */
 #ifndef LUTRA_NN_MODULE_H
 #define LUTRA_NN_MODULE_H
 
+#include "backend/backend.h"
 #include "core/object.h"
 #include "lutra.h"
 
 #include <stdbool.h>
 
-/* Modules: a small vtable, as torch/nn modules have. */
+/* Fusion as a protocol. A module says what its forward can end in (an activation run in its
+ * GEMM's epilogue), what its backward can start from (the gradient of that activation's output,
+ * d-activation still to apply), and whether its backward can apply an activation's derivative
+ * to the gradient it returns (the dgrad GEMM's epilogue). Sequential asks its neighbours and
+ * never reads their state; every linear-like module answers through the shared Linear core
+ * (nn/linear_core.h). Entries a module cannot honour are NULL. */
+typedef struct lutra_fusion_ops {
+  /* an activation module: which one (LUTRA_ACT_*; LUTRA_ACT_NONE for other modules), and how it
+   * takes over a forward its neighbour ran for it: x its input (the pre-activation), y its output,
+   * both owned by the neighbour and valid until the neighbour's next forward */
+  int32_t activation;
+  void (*adopt)(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y);
+  /* a producer: whether this forward can end in activation act, and that forward: *y = act(z)
+   * and *pre = z, the pre-activation the module keeps for the backward */
+  bool (*ends_in)(const lutra_module *m, int act);
+  int (*forward_ending_in)(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                           int act, lutra_tensor **y, const lutra_tensor **pre);
+  /* a producer whose last forward ended in act: whether its backward can start from dy, the
+   * gradient of act's output (act' applied inside its grad_output cast), and that backward */
+  bool (*starts_from_act_grad)(const lutra_module *m, int act);
+  int (*backward_from_act_grad)(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
+  /* a consumer right after an activation: its backward with the returned gradient multiplied by
+   * act'(pre) (pre: the activation's input), so *dx is the gradient of the activation's input;
+   * *fused is false (and *dx the plain input gradient) where it could not apply it */
+  int (*backward_into_act)(lutra_module *m, const lutra_tensor *dy, int act,
+                           const lutra_tensor *pre, lutra_tensor **dx, bool *fused);
+} lutra_fusion_ops;
+
 typedef struct lutra_module_ops {
   const char *kind;
-  int (*forward)(lutra_module *m, const lutra_tensor *x, int first_microbatch, lutra_tensor **y);
+  int (*forward)(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                 lutra_tensor **y);
   int (*backward)(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
   int (*num_params)(const lutra_module *m);
   int (*param)(const lutra_module *m, int i, lutra_param *out);
   void (*release)(lutra_module *m); /* frees buffers and child references */
+  const lutra_fusion_ops *fusion;   /* NULL: takes part in no fusion */
 } lutra_module_ops;
 
 struct lutra_module {
   lutra_object obj;
   const lutra_module_ops *ops;
 };
+
+/* Initialises the header of a freshly allocated module. */
+void lutra_module_init(lutra_module *m, const lutra_module_ops *ops);
 void lutra_module_retain(lutra_module *m);
 
-/* Linear + GELU fused by Sequential (src/nn/sequential.c):
- * - forward with the GELU in the GEMM epilogue (GELU_AUX): *y = gelu(x W^T + b), *pre = the
- *   pre-activation (owned by the Linear), which the GELU module then adopts as its input;
- * - backward of the Linear after that GELU with gelu'(pre) in its dgrad GEMM (DGELU): *dx is
- *   the gradient of the GELU's input and the GELU's own backward is skipped; *fused is false
- *   (and *dx the plain dgrad) where the dgrad GEMM cannot take it (FP8 operands). */
-int lutra_linear_forward_gelu(lutra_module *m, const lutra_tensor *x, int first_microbatch,
-                              lutra_tensor **y, lutra_tensor **pre);
-int lutra_linear_backward_dgelu(lutra_module *m, const lutra_tensor *dy, const lutra_tensor *pre,
-                                lutra_tensor **dx, bool *fused);
-/* - backward of the Linear whose last forward ran with the GELU, from dy = the gradient of the
- *   GELU's output: gelu' is applied inside the grad_output cast (dgelu + cast + dbias in one
- *   pass, TransformerEngine's fused dact), and the GELU's own backward is skipped; only where
- *   lutra_linear_takes_gelu_grad (FP8 backward with delayed scaling and a columnwise copy). */
-bool lutra_linear_takes_gelu_grad(const lutra_module *m);
-int lutra_linear_backward_gelu(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
-bool lutra_module_is_linear(const lutra_module *m);
-bool lutra_module_is_gelu(const lutra_module *m);
-/* the GELU's forward happened inside the GEMM before it: x = pre-activation, y = its output */
-void lutra_gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y);
+/* The activation a module is (LUTRA_ACT_NONE when it is none), and the fusion entries. */
+static inline int lutra_module_activation(const lutra_module *m) {
+  return m->ops->fusion ? m->ops->fusion->activation : LUTRA_ACT_NONE;
+}
+static inline const lutra_fusion_ops *lutra_module_fusion(const lutra_module *m) {
+  return m->ops->fusion;
+}
+
+/* Modules without parameters (activations) share these. */
+int lutra_module_no_params(const lutra_module *m);
+int lutra_module_no_param(const lutra_module *m, int i, lutra_param *out);
 
 #endif

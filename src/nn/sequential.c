@@ -1,11 +1,14 @@
 /* Sequential: runs its children in order, and their backward in reverse, in one C call.
  *
- * A Linear followed by a GELU runs as one GEMM with the GELU in its epilogue (GELU_AUX(_BIAS),
- * the pre-activation kept for backward), and a Linear right after such a GELU applies gelu' in
- * its dgrad GEMM (DGELU), so the GELU costs no pass over memory of its own in either direction,
- * as in TransformerEngine's LayerNormMLP. Where a GEMM cannot take it (FP8 dgrad), gelu' goes
- * into the grad_output cast of the Linear before the GELU (delayed scaling), else the GELU's own
- * backward runs. lutra_sequential_fusions counts what the last forward/backward fused. */
+ * Neighbours are joined through the fusion protocol (nn/module.h), never by reading their state:
+ * a module whose forward can end in the activation after it runs both (a Linear: one GEMM with
+ * the GELU in its epilogue, the pre-activation kept for backward), and the module right after
+ * such an activation applies its derivative in its own backward (a Linear: in the dgrad GEMM),
+ * so the activation costs no pass over memory of its own in either direction, as in
+ * TransformerEngine's LayerNormMLP. Where that backward cannot (an FP8 dgrad GEMM), the producer
+ * may start its backward from the activation's output gradient (a Linear with delayed scaling:
+ * act' inside its grad_output cast); else the activation's own backward runs.
+ * lutra_sequential_fusions counts what the last forward/backward fused. */
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
@@ -18,12 +21,12 @@ typedef struct sequential {
   lutra_module base;
   int count;
   lutra_module **mods;
-  bool *linear_gelu;        /* [i]: mods[i] is a Linear and mods[i + 1] a GELU */
+  int32_t *fused_act;       /* [i]: mods[i]'s forward can end in mods[i + 1], this activation */
   const lutra_tensor **pre; /* [i]: the pre-activation the last forward fused at i, or NULL */
   int fused_forward, fused_backward; /* pairs fused by the last forward / backward */
 } sequential;
 
-static int seq_forward(lutra_module *m, const lutra_tensor *x, int first_microbatch,
+static int seq_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                        lutra_tensor **y) {
   sequential *s = (sequential *)m;
   const lutra_tensor *h = x;
@@ -32,15 +35,17 @@ static int seq_forward(lutra_module *m, const lutra_tensor *x, int first_microba
   for (int i = 0; i < s->count; i++)
     s->pre[i] = NULL;
   for (int i = 0; i < s->count; i++) {
-    if (s->linear_gelu[i]) {
-      lutra_tensor *pre;
-      TRY(lutra_linear_forward_gelu(s->mods[i], h, first_microbatch, &out, &pre));
-      lutra_gelu_adopt(s->mods[i + 1], pre, out);
+    lutra_module *mod = s->mods[i];
+    if (s->fused_act[i] != LUTRA_ACT_NONE) {
+      const lutra_tensor *pre;
+      TRY(mod->ops->fusion->forward_ending_in(mod, h, a, s->fused_act[i], &out, &pre));
+      lutra_module *act = s->mods[i + 1];
+      act->ops->fusion->adopt(act, pre, out);
       s->pre[i] = pre;
       s->fused_forward++;
-      i++; /* the GELU ran in the GEMM */
+      i++; /* the activation ran in the GEMM */
     } else {
-      TRY(s->mods[i]->ops->forward(s->mods[i], h, first_microbatch, &out));
+      TRY(mod->ops->forward(mod, h, a, &out));
     }
     h = out;
   }
@@ -56,27 +61,35 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   s->fused_backward = 0;
   lutra_tensor **input_grad = dx ? &out : NULL; /* for the module that takes the input */
   for (int i = s->count - 1; i >= 0; i--) {
-    /* a Linear after a GELU whose forward was fused: gelu' goes into its dgrad GEMM */
-    const lutra_tensor *pre = i >= 2 && lutra_module_is_linear(s->mods[i]) ? s->pre[i - 2] : NULL;
-    if (pre) {
+    lutra_module *mod = s->mods[i];
+    const lutra_fusion_ops *fu = lutra_module_fusion(mod);
+    /* a consumer after an activation whose forward was fused at i - 2: the activation's
+     * derivative goes into this module's backward (its dgrad GEMM) */
+    const lutra_tensor *pre = i >= 2 ? s->pre[i - 2] : NULL;
+    if (pre && fu && fu->backward_into_act) {
       bool fused;
-      TRY(lutra_linear_backward_dgelu(s->mods[i], g, pre, &out, &fused)); /* i >= 2 */
+      TRY(fu->backward_into_act(mod, g, s->fused_act[i - 2], pre, &out, &fused));
       g = out;
       if (fused) {
         s->fused_backward++;
-        i--; /* the GELU's backward is done */
+        i--; /* the activation's backward is done */
       }
       continue;
     }
-    /* a GELU fused into the Linear before it, whose FP8 grad_output cast can apply gelu' */
-    if (i >= 1 && s->pre[i - 1] && lutra_linear_takes_gelu_grad(s->mods[i - 1])) {
-      TRY(lutra_linear_backward_gelu(s->mods[i - 1], g, i == 1 ? input_grad : &out));
-      g = out;
-      s->fused_backward++;
-      i--; /* the Linear's backward is done too */
-      continue;
+    /* an activation fused into the producer before it, which can start its backward from the
+     * activation's output gradient (act' in its grad_output cast) */
+    if (i >= 1 && s->pre[i - 1]) {
+      lutra_module *producer = s->mods[i - 1];
+      const lutra_fusion_ops *pf = producer->ops->fusion;
+      if (pf->starts_from_act_grad && pf->starts_from_act_grad(producer, s->fused_act[i - 1])) {
+        TRY(pf->backward_from_act_grad(producer, g, i == 1 ? input_grad : &out));
+        g = out;
+        s->fused_backward++;
+        i--; /* the producer's backward is done too */
+        continue;
+      }
     }
-    TRY(s->mods[i]->ops->backward(s->mods[i], g, i == 0 ? input_grad : &out));
+    TRY(mod->ops->backward(mod, g, i == 0 ? input_grad : &out));
     g = out;
   }
   if (dx) *dx = out;
@@ -106,10 +119,10 @@ static void seq_release(lutra_module *m) {
   for (int i = 0; i < s->count; i++)
     lutra_module_free(s->mods[i]);
   free(s->mods);
-  free(s->linear_gelu);
+  free(s->fused_act);
   free(s->pre);
   s->mods = NULL;
-  s->linear_gelu = NULL;
+  s->fused_act = NULL;
   s->pre = NULL;
   s->count = 0;
 }
@@ -135,12 +148,12 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
   }
   sequential *s = calloc(1, sizeof *s);
   lutra_module **copy = calloc((size_t)n, sizeof *copy);
-  bool *linear_gelu = calloc((size_t)n, sizeof *linear_gelu);
+  int32_t *fused_act = calloc((size_t)n, sizeof *fused_act);
   const lutra_tensor **pre = calloc((size_t)n, sizeof *pre);
-  if (!s || !copy || !linear_gelu || !pre) {
+  if (!s || !copy || !fused_act || !pre) {
     free(s);
     free(copy);
-    free(linear_gelu);
+    free(fused_act);
     free(pre);
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   }
@@ -150,17 +163,21 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
     bool repeated = false;
     for (int j = 0; j < n; j++)
       repeated |= j != i && j != i + 1 && (copy[j] == copy[i] || copy[j] == copy[i + 1]);
-    linear_gelu[i] = !repeated && lutra_module_is_linear(copy[i]) &&
-                     lutra_module_is_gelu(copy[i + 1]) && (i == 0 || !linear_gelu[i - 1]);
+    /* a module is in at most one pair: an activation fused into its producer is not itself a
+     * producer of the next pair */
+    int act = lutra_module_activation(copy[i + 1]);
+    const lutra_fusion_ops *fu = lutra_module_fusion(copy[i]);
+    bool pairs = !repeated && act != LUTRA_ACT_NONE && fu && fu->ends_in &&
+                 fu->ends_in(copy[i], act) && copy[i + 1]->ops->fusion->adopt &&
+                 (i == 0 || fused_act[i - 1] == LUTRA_ACT_NONE);
+    fused_act[i] = pairs ? act : LUTRA_ACT_NONE;
   }
   for (int i = 0; i < n; i++)
     lutra_module_retain(copy[i]);
-  s->base.obj.magic = LUTRA_MAGIC_MODULE;
-  s->base.obj.refs = 1;
-  s->base.ops = &seq_ops;
+  lutra_module_init(&s->base, &seq_ops);
   s->count = n;
   s->mods = copy;
-  s->linear_gelu = linear_gelu;
+  s->fused_act = fused_act;
   s->pre = pre;
   *out = &s->base;
   return LUTRA_OK;

@@ -71,6 +71,10 @@ static const field fields[] = {
     F(lutra_linear_desc, accumulate_main_grad),
     F(lutra_linear_desc, seed),
 
+    S(lutra_forward_args),
+    F(lutra_forward_args, is_first_microbatch),
+    F(lutra_forward_args, grad),
+
     S(lutra_param),
     F(lutra_param, value),
     F(lutra_param, grad),

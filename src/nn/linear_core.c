@@ -1,0 +1,331 @@
+/* The Linear core's GEMM sequence (see nn/linear_core.h). The input x is borrowed until the
+ * backward: the module keeps it alive and unchanged. */
+#include "nn/linear_core.h"
+#include "backend/device.h"
+#include "core/error.h"
+#include "fp8/autocast.h"
+#include "fp8/quantizer.h"
+#include "fp8/recipe.h"
+#include "gemm/gemm.h"
+#include "runtime/skip_flag.h"
+#include "runtime/tensor.h"
+
+#include <math.h>
+#include <string.h>
+
+static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    lutra_quantizer_destroy(q[i]);
+    q[i] = NULL;
+  }
+}
+
+/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
+static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
+  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (r->roles[i].kind == LUTRA_QUANT_NONE) continue;
+    int st = lutra_quantizer_create(&r->roles[i], 1, 1, c->device, &fresh[i], fn);
+    if (st != LUTRA_OK) {
+      free_quantizers(fresh);
+      return st;
+    }
+  }
+  free_quantizers(c->q);
+  memcpy(c->q, fresh, sizeof fresh);
+  c->qkey = r->key;
+  c->quantized_for_recipe = true;
+  c->weight_cached = false;
+  c->xq = c->wq = NULL;
+  return LUTRA_OK;
+}
+
+static int check_input(const lutra_linear_core *c, const lutra_tensor *x, const char *fn) {
+  CHECK_ARG(x->dtype == c->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(x->dtype), lutra_dtype_name(c->dtype));
+  CHECK_ARG(lutra_cols(x) == c->in, "input has %lld features, the module expects %lld",
+            (long long)lutra_cols(x), (long long)c->in);
+  CHECK_ARG(x->device == c->device, "input is on another device than the module");
+  return LUTRA_OK;
+}
+
+static int check_fp8_dims(const lutra_recipe *r, const lutra_tensor *x, const lutra_linear_core *c,
+                          const char *fn) {
+  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_INPUT], x, fn));
+  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_WEIGHT], c->weight, fn));
+  return LUTRA_OK;
+}
+
+static int note_forward(lutra_quantizer *q, const lutra_linear_core *c, const char *fn) {
+  lutra_scale_meta *meta = q ? lutra_quantizer_meta(q) : NULL;
+  return meta ? lutra_autocast_note_forward(meta, c->device, fn) : LUTRA_OK;
+}
+
+/* The GEMM's epilogue for a forward ending in act (NULL: none). */
+static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act,
+                                                   lutra_gemm_epilogue *epi) {
+  if (act == LUTRA_ACT_NONE) return NULL;
+  *epi = (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre};
+  return epi;
+}
+
+static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_microbatch,
+                       const lutra_gemm_epilogue *epi, const char *fn) {
+  lutra_quantizer *qi = c->q[LUTRA_ROLE_INPUT], *qw = c->q[LUTRA_ROLE_WEIGHT];
+  /* DEVICE: the weight is quantized on every call, skipped on the device while the
+   * skip-weight-update flag is set: the weight quantizer's output then keeps the codes of its
+   * last quantization. Delayed scaling notes the meta either way (a skipped cast records no
+   * amax: the update rolls a zero into the history, as for a step without this weight). */
+  const int32_t *skip = NULL;
+  if (first_microbatch == LUTRA_FIRST_MICROBATCH_DEVICE) {
+    bool host_skip;
+    TRY(lutra_skip_weight_flag(c->device, &skip, &host_skip, fn));
+    CHECK_STATE(c->weight_cached || !host_skip,
+                "the skip-weight-update flag is set but this Linear has no quantized weight yet "
+                "(first FP8 forward, or the recipe changed): run it with the flag 0 first");
+  }
+  TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
+  TRY(note_forward(qi, c, fn));
+  bool reuse = first_microbatch == 0 && c->weight_cached;
+  if (!reuse) {
+    TRY(lutra_quantize_run(
+        qw, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wq, fn));
+    TRY(note_forward(qw, c, fn));
+    c->weight_cached = true;
+  }
+  return lutra_gemm_run(&(lutra_gemm_op){.a = c->wq,
+                                         .b = c->xq,
+                                         .d = c->y,
+                                         .bias = c->bias,
+                                         .epilogue = epi,
+                                         .transa = true,
+                                         .fast_accum = true},
+                        fn);
+}
+
+/* Calibration: record amaxes for delayed scaling, compute in high precision. */
+static int observe(lutra_linear_core *c, const lutra_tensor *x, const char *fn) {
+  lutra_quantizer *qi = c->q[LUTRA_ROLE_INPUT], *qw = c->q[LUTRA_ROLE_WEIGHT];
+  if (qi) {
+    TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .observe = true}, NULL, fn));
+    TRY(note_forward(qi, c, fn));
+  }
+  if (qw) {
+    TRY(lutra_quantize_run(qw, &(lutra_quantize_op){.x = c->weight, .observe = true}, NULL, fn));
+    TRY(note_forward(qw, c, fn));
+  }
+  return LUTRA_OK;
+}
+
+static bool uses_delayed(const lutra_recipe *r) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    if (r->roles[i].kind == LUTRA_QUANT_DELAYED) return true;
+  return false;
+}
+
+bool lutra_linear_core_ends_in(int act) {
+  return act == LUTRA_ACT_GELU_TANH; /* cuBLASLt's GELU epilogues are the tanh form */
+}
+
+int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
+                              const lutra_forward_args *a, int act, lutra_tensor **y,
+                              const char *fn) {
+  TRY(check_input(c, x, fn));
+  CHECK_ARG(act == LUTRA_ACT_NONE || lutra_linear_core_ends_in(act),
+            "the forward cannot end in activation %d", act);
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  bool calibrate = r && !s->enabled && s->calibrating;
+  if (fp8) TRY(check_fp8_dims(r, x, c, fn));
+  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, fn));
+
+  int64_t shape[LUTRA_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = c->out;
+  TRY(lutra_tensor_ensure(&c->y, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
+  if (act != LUTRA_ACT_NONE)
+    TRY(lutra_tensor_ensure(&c->pre, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
+  lutra_gemm_epilogue epi_store;
+  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, &epi_store);
+  if (fp8) {
+    TRY(forward_fp8(c, x, a->is_first_microbatch, epi, fn));
+  } else {
+    if (calibrate) TRY(observe(c, x, fn));
+    TRY(lutra_gemm_run(
+        &(lutra_gemm_op){
+            .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
+        fn));
+  }
+  c->x = x;
+  c->forward_act = act;
+  c->forward_fp8 = fp8;
+  c->forward_grad = a->grad != 0;
+  c->forward_done = true;
+  /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
+  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(r) &&
+                        lutra_autocast_claim_backward_trigger();
+  *y = c->y;
+  return LUTRA_OK;
+}
+
+static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op, lutra_tensor *bg,
+                        lutra_tensor *wgrad_out, bool dx_wanted, const char *fn) {
+  lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
+  lutra_tensor *dyq;
+  /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
+  TRY(lutra_quantize_run(qg,
+                         &(lutra_quantize_op){.x = op->dy,
+                                              .record_amax = true,
+                                              .act = op->from_act_grad ? c->pre : NULL,
+                                              .dbias = bg,
+                                              .dbias_accumulate = c->accumulate_main_grad},
+                         &dyq, fn));
+  lutra_scale_meta *meta = lutra_quantizer_meta(qg);
+  if (meta) TRY(lutra_autocast_note_backward(meta, c->device, fn));
+  if (dx_wanted) TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wq, .b = dyq, .d = c->dx}, fn));
+  return lutra_gemm_run(&(lutra_gemm_op){.a = c->xq,
+                                         .b = dyq,
+                                         .d = wgrad_out,
+                                         .transb = true,
+                                         .accumulate = c->accumulate_main_grad},
+                        fn);
+}
+
+int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward_op *op,
+                               lutra_tensor **dx, bool *dact_fused, const char *fn) {
+  const lutra_tensor *dy = op->dy;
+  if (dact_fused) *dact_fused = false;
+  CHECK_STATE(c->forward_done, "backward called before forward");
+  CHECK_STATE(c->forward_grad, "the last forward ran with grad = false (inference): it kept "
+                               "nothing for a backward");
+  CHECK_STATE(!(c->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
+  CHECK_ARG(dy->dtype == c->dtype, "grad_output dtype %s does not match the module's %s",
+            lutra_dtype_name(dy->dtype), lutra_dtype_name(c->dtype));
+  CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
+  CHECK_ARG(dy->device == c->device, "grad_output is on another device than the module");
+  CHECK_ARG(!op->from_act_grad || lutra_linear_core_starts_from_act_grad(c, c->forward_act),
+            "this backward cannot apply the activation's gradient in its grad_output cast");
+  /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
+  if (dx)
+    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device),
+                            fn));
+  lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
+  const bool accumulate = c->accumulate_main_grad;
+  lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
+  if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT]) {
+    TRY(backward_fp8(c, op, bg, wgrad_out, dx != NULL, fn));
+    bg = NULL;
+  } else {
+    const lutra_tensor *pre = op->dact_pre;
+    bool fuse_dact = dx && pre && op->dact_act == LUTRA_ACT_GELU_TANH && pre->dtype == c->dtype &&
+                     lutra_same_shape(pre, c->dx);
+    lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
+    if (dx)
+      TRY(lutra_gemm_run(
+          &(lutra_gemm_op){
+              .a = c->weight, .b = dy, .d = c->dx, .epilogue = fuse_dact ? &dgelu : NULL},
+          fn));
+    if (dact_fused) *dact_fused = fuse_dact;
+    /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
+     * (it overwrites dbias, so not when gradients accumulate into main_grad) */
+    lutra_gemm_epilogue bgradb = {.kind = LUTRA_EPILOGUE_BGRADB, .dbias = bg};
+    bool fuse_bias = bg && !accumulate;
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->x,
+                                        .b = dy,
+                                        .d = wgrad_out,
+                                        .epilogue = fuse_bias ? &bgradb : NULL,
+                                        .transb = true,
+                                        .accumulate = accumulate},
+                       fn));
+    if (fuse_bias) bg = NULL;
+  }
+  if (bg) {
+    TRY(c->be->bias_grad(dy->data, dy->dtype, lutra_rows(dy), c->out, bg->data, bg->dtype,
+                         accumulate));
+  }
+  if (c->backward_trigger) {
+    TRY(lutra_autocast_backward_done(fn));
+    c->backward_trigger = false;
+  }
+  if (dx) *dx = c->dx;
+  return LUTRA_OK;
+}
+
+bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act) {
+  const lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
+  return act == LUTRA_ACT_GELU_TANH && c->forward_done && c->forward_act == act && c->forward_fp8 &&
+         c->pre && qg && lutra_quantizer_takes_dgelu(qg);
+}
+
+int lutra_linear_core_num_params(const lutra_linear_core *c) {
+  return c->has_bias ? 2 : 1;
+}
+
+void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out) {
+  if (i == 0)
+    *out = (lutra_param){c->weight, c->wgrad, c->weight_main_grad};
+  else
+    *out = (lutra_param){c->bias, c->bgrad, c->bias_main_grad};
+}
+
+void lutra_linear_core_release(lutra_linear_core *c) {
+  free_quantizers(c->q);
+  lutra_tensor *owned[] = {c->weight,         c->bias, c->wgrad, c->bgrad, c->weight_main_grad,
+                           c->bias_main_grad, c->y,    c->dx,    c->pre};
+  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
+    lutra_tensor_destroy(owned[i]);
+  c->weight = c->bias = c->wgrad = c->bgrad = NULL;
+  c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = NULL;
+}
+
+static int make_param(const lutra_linear_core *c, int64_t n0, int64_t n1, int dtype,
+                      lutra_tensor **t, const char *fn) {
+  int64_t shape[2] = {n0, n1};
+  lutra_tensor_spec spec = *PLAIN_TENSOR(dtype, n1 ? 2 : 1, shape, c->device);
+  spec.flags = LUTRA_TENSOR_BORROWED;
+  return lutra_tensor_make(&spec, t, fn);
+}
+
+static int zero_grads(lutra_linear_core *c) {
+  lutra_tensor *grads[] = {c->wgrad, c->bgrad, c->weight_main_grad, c->bias_main_grad};
+  for (size_t i = 0; i < sizeof grads / sizeof *grads; i++)
+    if (grads[i]) TRY(lutra_tensor_fill(grads[i], 0.0f));
+  return LUTRA_OK;
+}
+
+int lutra_linear_core_init(lutra_linear_core *c, const lutra_linear_desc *d, const char *fn) {
+  CHECK_ARG(d->in_features > 0 && d->out_features > 0,
+            "in_features and out_features must be positive (got %lld, %lld)",
+            (long long)d->in_features, (long long)d->out_features);
+  CHECK_ARG(d->dtype == LUTRA_F32 || d->dtype == LUTRA_BF16, "dtype must be f32 or bf16, got %s",
+            lutra_dtype_name(d->dtype));
+  const lutra_backend *be;
+  TRY(lutra_backend_get(d->device, &be, fn));
+  memset(c, 0, sizeof *c);
+  c->in = d->in_features;
+  c->out = d->out_features;
+  c->dtype = d->dtype;
+  c->device = d->device;
+  c->has_bias = d->bias != 0;
+  c->accumulate_main_grad = d->accumulate_main_grad != 0;
+  c->be = be;
+  int st = make_param(c, c->out, c->in, c->dtype, &c->weight, fn);
+  if (st == LUTRA_OK) st = make_param(c, c->out, c->in, c->dtype, &c->wgrad, fn);
+  if (st == LUTRA_OK && c->has_bias) st = make_param(c, c->out, 0, c->dtype, &c->bias, fn);
+  if (st == LUTRA_OK && c->has_bias) st = make_param(c, c->out, 0, c->dtype, &c->bgrad, fn);
+  if (st == LUTRA_OK && c->accumulate_main_grad) {
+    st = make_param(c, c->out, c->in, LUTRA_F32, &c->weight_main_grad, fn);
+    if (st == LUTRA_OK && c->has_bias)
+      st = make_param(c, c->out, 0, LUTRA_F32, &c->bias_main_grad, fn);
+  }
+  /* torch's default: uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias */
+  float bound = (float)(1.0 / sqrt((double)c->in));
+  if (st == LUTRA_OK) st = lutra_tensor_uniform(c->weight, d->seed, -bound, bound);
+  if (st == LUTRA_OK && c->has_bias)
+    st = lutra_tensor_uniform(c->bias, d->seed ^ 0x5bd1e995u, -bound, bound);
+  if (st == LUTRA_OK) st = zero_grads(c);
+  if (st != LUTRA_OK) lutra_linear_core_release(c);
+  return st;
+}
