@@ -231,8 +231,13 @@ static int linear_backward_impl(lutra_module *m, const lutra_tensor *dy, const l
     if (fuse_bias) bg = NULL;
   }
   if (bg) {
-    TRY(l->be->bias_grad(dy->data, dy->dtype, lutra_rows(dy), l->out, bg->data, bg->dtype,
-                         accumulate));
+    TRY(l->be->bias_grad(&(lutra_bias_grad_args){.dy = dy->data,
+                                                 .dtype = dy->dtype,
+                                                 .rows = lutra_rows(dy),
+                                                 .cols = l->out,
+                                                 .db = bg->data,
+                                                 .db_dtype = bg->dtype,
+                                                 .accumulate = accumulate}));
   }
   if (l->backward_trigger) {
     TRY(lutra_autocast_backward_done(fn));
