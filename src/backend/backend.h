@@ -164,8 +164,8 @@ typedef struct lutra_optim_args {
  * can be added (relu, silu, swiglu, erf GELU) without touching the public API; a backend
  * refuses a kind it does not implement with LUTRA_EUNSUPPORTED. */
 enum {
-  LUTRA_ACT_GELU_TANH =
-      0, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), TransformerEngine's */
+  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), TransformerEngine's and cuBLASLt's GELU */
+  LUTRA_ACT_GELU_TANH = 0,
 };
 
 /* An element-wise activation over n elements (F32/BF16/F16, all three buffers of one dtype):
