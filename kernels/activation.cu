@@ -1,5 +1,6 @@
-/* GELU forward/backward, bias gradient and bias add (kernels.h). Semantics: the lutra_cpu_*
- * functions of the same names in src/backend/cpu/ops_cpu.c; lk_add_bias is the bias step of
+/* GELU forward/backward, bias gradient and bias add (kernels.h). Semantics:
+ * lutra_cpu_activation_forward/backward and lutra_cpu_bias_grad in
+ * src/backend/cpu/activation_cpu.c; lk_add_bias is the bias step of
  * lutra_cpu_gemm done on an already stored D: d = round(d + bias) in f32. */
 #include "ops_common.cuh"
 
@@ -193,24 +194,23 @@ __global__ void __launch_bounds__(kAbThreads)
 
 } // namespace
 
-extern "C" cudaError_t lk_gelu_forward(const void *x, void *y, int dtype, int64_t n,
-                                       cudaStream_t s) {
-  return gelu_launch<false>(x, nullptr, y, dtype, n, s);
+extern "C" cudaError_t lk_activation_forward(const lutra_act_args *a, cudaStream_t s) {
+  if (!a || a->act != LUTRA_ACT_GELU_TANH) return cudaErrorInvalidValue;
+  return gelu_launch<false>(a->x, nullptr, a->out, a->dtype, a->n, s);
 }
 
-extern "C" cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx, int dtype,
-                                        int64_t n, cudaStream_t s) {
-  return gelu_launch<true>(x, dy, dx, dtype, n, s);
+extern "C" cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStream_t s) {
+  if (!a || a->act != LUTRA_ACT_GELU_TANH) return cudaErrorInvalidValue;
+  return gelu_launch<true>(a->x, a->dy, a->out, a->dtype, a->n, s);
 }
 
-extern "C" cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
-                                    int db_dtype, int accumulate, cudaStream_t s) {
-  return lk_bias_grad_skip(dy, dtype, rows, cols, db, db_dtype, accumulate, nullptr, s);
-}
-
-extern "C" cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows, int64_t cols,
-                                         void *db, int db_dtype, int accumulate,
-                                         const int32_t *skip, cudaStream_t s) {
+extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, cudaStream_t s) {
+  if (!a) return cudaErrorInvalidValue;
+  const void *dy = a->dy;
+  void *db = a->db;
+  const int dtype = a->dtype, db_dtype = a->db_dtype, accumulate = a->accumulate;
+  const int64_t rows = a->rows, cols = a->cols;
+  const int32_t *skip = a->skip;
   if (rows < 0 || cols < 0 || !float_dtype(dtype) || !float_dtype(db_dtype))
     return cudaErrorInvalidValue;
   if (cols == 0) return cudaSuccess;

@@ -1,8 +1,8 @@
 /* GEMM epilogues done by kernels (kernels.h), for the plans whose epilogue cuBLASLt does not run
- * (src/backend/cuda/gemm_cuda.c): the GEMM writes its f32 result (D itself, or an f32 staging scratch)
- * and these finish it in place, as src/backend/cpu/gemm_cpu.c does on the f32 result before its single
- * rounding. The GELU formulas are ops_common.cuh's, operation for operation the CPU's
- * (src/backend/cpu/ops_cpu.c: the tanh approximation, as cuBLASLt's GELU epilogue). */
+ * (src/backend/cuda/gemm_cuda.c): the GEMM writes its f32 result (D itself, or an f32 staging
+ * scratch) and these finish it in place, as src/backend/cpu/gemm_cpu.c does on the f32 result
+ * before its single rounding. The GELU formulas are ops_common.cuh's, operation for operation the
+ * CPU's (src/backend/cpu/activation_cpu.c: the tanh approximation, as cuBLASLt's GELU epilogue). */
 #include "ops_common.cuh"
 
 using namespace lkops;

@@ -2,8 +2,8 @@
  * given stream, checks the launch (cudaGetLastError) and returns the CUDA status; none
  * synchronizes, allocates or prints. Argument structs are the backend interface's
  * (src/backend.h); every pointer in them is device memory. Numerics match the CPU backend
- * (src/backend/cpu/) bit for bit where the CPU comments say "exact": FP8 casts are RNE and saturating,
- * scales are computed in f32 in the same order. */
+ * (src/backend/cpu/) bit for bit where the CPU comments say "exact": FP8 casts are RNE and
+ * saturating, scales are computed in f32 in the same order. */
 #ifndef LUTRA_KERNELS_H
 #define LUTRA_KERNELS_H
 
@@ -37,15 +37,12 @@ cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
 
-/* activations, losses, bias, optimizers (kernels/ops*.cu) */
-cudaError_t lk_gelu_forward(const void *x, void *y, int dtype, int64_t n, cudaStream_t s);
-cudaError_t lk_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n,
-                             cudaStream_t s);
-cudaError_t lk_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
-                         int db_dtype, int accumulate, cudaStream_t s);
-/* lk_bias_grad whose kernels write nothing when skip && *skip (a quantization's skip flag) */
-cudaError_t lk_bias_grad_skip(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
-                              int db_dtype, int accumulate, const int32_t *skip, cudaStream_t s);
+/* activations and the bias gradient (kernels/activation.cu). A kind the kernels do not
+ * implement is cudaErrorInvalidValue: the backend refuses it first, with its name. The bias
+ * gradient's kernels read a->skip (when set) on the device and write nothing when it is set. */
+cudaError_t lk_activation_forward(const lutra_act_args *a, cudaStream_t s);
+cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStream_t s);
+cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);
@@ -57,12 +54,11 @@ cudaError_t lk_gelu_aux(float *x, void *aux, int aux_dtype, int64_t n, cudaStrea
 cudaError_t lk_dgelu(float *x, const void *aux, int aux_dtype, int64_t n, cudaStream_t s);
 cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, void *out,
                        int out_dtype, cudaStream_t s);
-cudaError_t lk_mse(const void *pred, const void *target, int dtype, int64_t n, float *loss,
-                   void *dpred, cudaStream_t s);
-/* labels outside [0, cols) make the loss NaN (a device kernel cannot return an error) */
-cudaError_t lk_softmax_xent(const void *logits, int dtype, const int32_t *labels, int64_t rows,
-                            int64_t cols, float *loss, void *dlogits, cudaStream_t s);
-/* many tensors per launch (multi-tensor apply) */
+/* losses (kernels/loss.cu); softmax_xent: labels outside [0, cols) make the loss NaN (a device
+ * kernel cannot return an error) */
+cudaError_t lk_mse(const lutra_loss_args *a, cudaStream_t s);
+cudaError_t lk_softmax_xent(const lutra_loss_args *a, cudaStream_t s);
+/* optimizers, many tensors per launch (multi-tensor apply; kernels/optim.cu) */
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);
 

@@ -1,5 +1,5 @@
 /* MSE and softmax cross-entropy (kernels.h). Semantics: lutra_cpu_mse and
- * lutra_cpu_softmax_xent (src/backend/cpu/ops_cpu.c): f32 element math, double accumulation of the
+ * lutra_cpu_softmax_xent (src/backend/cpu/loss_cpu.c): f32 element math, double accumulation of the
  * loss, loss = (float)(sum / count).
  *
  * The mean is deterministic and takes one launch: each block writes one double partial (its
@@ -188,8 +188,13 @@ __global__ void __launch_bounds__(kThreads)
 
 } // namespace
 
-extern "C" cudaError_t lk_mse(const void *pred, const void *target, int dtype, int64_t n,
-                              float *loss, void *dpred, cudaStream_t s) {
+extern "C" cudaError_t lk_mse(const lutra_loss_args *a, cudaStream_t s) {
+  if (!a) return cudaErrorInvalidValue;
+  const void *pred = a->pred, *target = a->target;
+  void *dpred = a->dgrad;
+  float *loss = a->loss;
+  const int dtype = a->dtype;
+  const int64_t n = a->n;
   if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pred || !target || !loss) return cudaErrorInvalidValue;
@@ -208,9 +213,14 @@ extern "C" cudaError_t lk_mse(const void *pred, const void *target, int dtype, i
   });
 }
 
-extern "C" cudaError_t lk_softmax_xent(const void *logits, int dtype, const int32_t *labels,
-                                       int64_t rows, int64_t cols, float *loss, void *dlogits,
-                                       cudaStream_t s) {
+extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, cudaStream_t s) {
+  if (!a) return cudaErrorInvalidValue;
+  const void *logits = a->pred;
+  const int32_t *labels = a->labels;
+  void *dlogits = a->dgrad;
+  float *loss = a->loss;
+  const int dtype = a->dtype;
+  const int64_t rows = a->rows, cols = a->cols;
   if (rows < 0 || cols < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (!logits || !labels || !loss) return cudaErrorInvalidValue;

@@ -3,12 +3,12 @@
  * src/core/codec.h does), the CPU backend's element formulas, and warp/block reductions.
  *
  * The element formulas are __host__ __device__ so that they can be checked on the host
- * against src/backend/cpu/ops_cpu.c. Their f32 arithmetic goes through fadd/fsub/fmul/fdiv/fsqrt, which
- * on the device are the _rn intrinsics: nvcc never contracts those into FMAs, so every rounding
- * happens where the CPU's (ISO C, no contraction) code rounds, and the optimizer updates are bit
- * for bit the CPU's. Only expf (CUDA's, at most 2 ulp off) and the order of long reductions
- * differ. NaN payloads are not kept by the narrowing stores (the hardware writes its canonical
- * NaN where the CPU keeps the payload); NaN stays NaN. */
+ * against src/backend/cpu/activation_cpu.c and optim_cpu.c. Their f32 arithmetic goes through
+ * fadd/fsub/fmul/fdiv/fsqrt, which on the device are the _rn intrinsics: nvcc never contracts those
+ * into FMAs, so every rounding happens where the CPU's (ISO C, no contraction) code rounds, and the
+ * optimizer updates are bit for bit the CPU's. Only expf (CUDA's, at most 2 ulp off) and the order
+ * of long reductions differ. NaN payloads are not kept by the narrowing stores (the hardware writes
+ * its canonical NaN where the CPU keeps the payload); NaN stays NaN. */
 #ifndef LUTRA_KERNELS_OPS_COMMON_CUH
 #define LUTRA_KERNELS_OPS_COMMON_CUH
 
@@ -229,7 +229,7 @@ __device__ __forceinline__ void stv(void *p, int64_t i, const float (&f)[N]) {
   }
 }
 
-/* ---- element formulas (src/backend/cpu/ops_cpu.c, operation for operation) ---------------------- */
+/* ---- element formulas (src/backend/cpu/activation_cpu.c, optim_cpu.c, operation for operation) */
 
 constexpr float kGeluC = 0.7978845608028654f; /* sqrt(2/pi) */
 constexpr float kGeluA = 0.044715f;

@@ -1,5 +1,5 @@
 /* SGD and AdamW steps over many tensors per launch (kernels.h). Semantics: lutra_cpu_sgd_step
- * and lutra_cpu_adamw_step (src/backend/cpu/ops_cpu.c), bit for bit: the element updates are
+ * and lutra_cpu_adamw_step (src/backend/cpu/optim_cpu.c), bit for bit: the element updates are
  * ops_common.cuh's sgd_update / adamw_update, rounded where the CPU rounds.
  *
  * Multi-tensor apply: the kernel parameters (a __grid_constant__ struct, read in place) carry

@@ -13,9 +13,6 @@
 
 #include "lutra.h"
 
-/* Activations, as modules, fusions and the activation entries name them. */
-enum { LUTRA_ACT_NONE = 0, LUTRA_ACT_GELU_TANH = 1 };
-
 /* Delayed-scaling state of one quantizer. The struct lives on the host; the pointers point at
  * backend memory. scale and scale_inv are 16-byte aligned (cuBLASLt needs that for FP8). */
 typedef struct lutra_scale_meta {
@@ -163,6 +160,55 @@ typedef struct lutra_optim_args {
   uint32_t *arrivals;
 } lutra_optim_args;
 
+/* Activation kinds (lutra_act_args.act). Internal to the backends and modules, so that kinds
+ * can be added (relu, silu, swiglu, erf GELU) without touching the public API; a backend
+ * refuses a kind it does not implement with LUTRA_EUNSUPPORTED. */
+enum {
+  LUTRA_ACT_NONE = 0, /* no activation (modules and fusions; no backend entry takes it) */
+  /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), TransformerEngine's and cuBLASLt's GELU */
+  LUTRA_ACT_GELU_TANH = 1,
+};
+
+/* An element-wise activation over n elements (F32/BF16/F16, all three buffers of one dtype):
+ * forward out = act(x), backward out = dy * act'(x) in f32, rounded once. out may be x or dy
+ * (each element is read before it is written). */
+typedef struct lutra_act_args {
+  const void *x;  /* the activation's input */
+  const void *dy; /* backward: the gradient of its output; forward ignores it */
+  void *out;      /* forward: y; backward: dx */
+  int32_t dtype;
+  int32_t act; /* LUTRA_ACT_* */
+  int64_t n;
+} lutra_act_args;
+
+/* db[c] (+= when accumulate) sum_r dy[r, c], summed in double and rounded once into db_dtype. */
+typedef struct lutra_bias_grad_args {
+  const void *dy; /* [rows, cols] */
+  int32_t dtype;
+  int64_t rows, cols;
+  void *db; /* [cols] */
+  int32_t db_dtype;
+  int32_t accumulate;
+  /* when not NULL and *skip != 0 at the time the work runs, nothing is written: a
+   * quantization's skip flag (lutra_quant_args.skip), backend memory */
+  const int32_t *skip;
+} lutra_bias_grad_args;
+
+/* A loss and its gradient, in one struct for both losses (each reads its own fields):
+ * mse: loss = mean((pred - target)^2) over n elements, dgrad = 2 (pred - target) / n;
+ * softmax_xent: pred is logits [rows, cols], loss = mean_r -log softmax(pred[r])[labels[r]],
+ * dgrad = (softmax - onehot) / rows. The means accumulate in double. */
+typedef struct lutra_loss_args {
+  const void *pred;      /* mse: the prediction; softmax_xent: the logits */
+  const void *target;    /* mse: pred's dtype and size */
+  const int32_t *labels; /* softmax_xent: [rows], each in [0, cols) */
+  int32_t dtype;         /* pred's, target's and dgrad's */
+  int64_t rows, cols;    /* softmax_xent */
+  int64_t n;             /* mse */
+  float *loss;           /* f32 [1] */
+  void *dgrad;           /* if not NULL: d loss / d pred, pred's dtype and shape */
+} lutra_loss_args;
+
 typedef struct lutra_backend {
   const char *name;
   int32_t device;
@@ -198,16 +244,11 @@ typedef struct lutra_backend {
   void (*gemm_plan_free)(lutra_gemm_plan *p);
   int (*gemm)(const lutra_gemm_args *g);
 
-  int (*gelu_forward)(const void *x, void *y, int dtype, int64_t n);
-  int (*gelu_backward)(const void *x, const void *dy, void *dx, int dtype, int64_t n);
-  /* db[c] (+)= sum_r dy[r, c] */
-  int (*bias_grad)(const void *dy, int dtype, int64_t rows, int64_t cols, void *db, int db_dtype,
-                   int accumulate);
-  /* loss (f32 [1]) = mean((pred - target)^2); dpred = 2 (pred - target) / n */
-  int (*mse)(const void *pred, const void *target, int dtype, int64_t n, float *loss, void *dpred);
-  /* loss = mean_r -log softmax(logits[r])[labels[r]]; dlogits = (softmax - onehot) / rows */
-  int (*softmax_xent)(const void *logits, int dtype, const int32_t *labels, int64_t rows,
-                      int64_t cols, float *loss, void *dlogits);
+  int (*activation_forward)(const lutra_act_args *a);
+  int (*activation_backward)(const lutra_act_args *a);
+  int (*bias_grad)(const lutra_bias_grad_args *a);
+  int (*mse)(const lutra_loss_args *a);
+  int (*softmax_xent)(const lutra_loss_args *a);
   int (*sgd_step)(const lutra_optim_args *a);
   int (*adamw_step)(const lutra_optim_args *a);
   /* waits for the device's queued work (NULL: nothing is ever queued) */

@@ -26,7 +26,11 @@ static int gelu_forward(lutra_module *m, const lutra_tensor *x, const lutra_forw
   const lutra_backend *be;
   TRY(lutra_backend_get(x->device, &be, fn));
   TRY(lutra_tensor_ensure(&g->y, PLAIN_TENSOR(x->dtype, x->ndim, x->shape, x->device), fn));
-  TRY(be->gelu_forward(x->data, g->y->data, x->dtype, x->numel));
+  TRY(be->activation_forward(&(lutra_act_args){.x = x->data,
+                                               .out = g->y->data,
+                                               .dtype = x->dtype,
+                                               .act = LUTRA_ACT_GELU_TANH,
+                                               .n = x->numel}));
   g->x = x;
   g->out = g->y;
   *y = g->y;
@@ -45,7 +49,12 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   TRY(lutra_backend_get(dy->device, &be, fn));
   if (!dx) return LUTRA_OK; /* the input's gradient is not wanted */
   TRY(lutra_tensor_ensure(&g->dx, PLAIN_TENSOR(dy->dtype, dy->ndim, dy->shape, dy->device), fn));
-  TRY(be->gelu_backward(g->x->data, dy->data, g->dx->data, dy->dtype, dy->numel));
+  TRY(be->activation_backward(&(lutra_act_args){.x = g->x->data,
+                                                .dy = dy->data,
+                                                .out = g->dx->data,
+                                                .dtype = dy->dtype,
+                                                .act = LUTRA_ACT_GELU_TANH,
+                                                .n = dy->numel}));
   *dx = g->dx;
   return LUTRA_OK;
 }

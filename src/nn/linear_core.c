@@ -242,8 +242,13 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     if (fuse_bias) bg = NULL;
   }
   if (bg) {
-    TRY(c->be->bias_grad(dy->data, dy->dtype, lutra_rows(dy), c->out, bg->data, bg->dtype,
-                         accumulate));
+    TRY(c->be->bias_grad(&(lutra_bias_grad_args){.dy = dy->data,
+                                                 .dtype = dy->dtype,
+                                                 .rows = lutra_rows(dy),
+                                                 .cols = c->out,
+                                                 .db = bg->data,
+                                                 .db_dtype = bg->dtype,
+                                                 .accumulate = accumulate}));
   }
   if (c->backward_trigger) {
     TRY(lutra_autocast_backward_done(fn));

@@ -87,11 +87,16 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   int st = lutra_tensor_prepare(
       l->dpred, PLAIN_TENSOR(pred->dtype, pred->ndim, pred->shape, pred->device), &dpred, fn);
   if (st == LUTRA_OK) {
-    if (l->kind == LUTRA_LOSS_MSE)
-      st = be->mse(pred->data, target->data, pred->dtype, pred->numel, loss_t->data, dpred->data);
-    else
-      st = be->softmax_xent(pred->data, pred->dtype, target->data, lutra_rows(pred),
-                            lutra_cols(pred), loss_t->data, dpred->data);
+    const lutra_loss_args la = {.pred = pred->data,
+                                .target = target->data,
+                                .labels = target->data,
+                                .dtype = pred->dtype,
+                                .rows = lutra_rows(pred),
+                                .cols = lutra_cols(pred),
+                                .n = pred->numel,
+                                .loss = loss_t->data,
+                                .dgrad = dpred->data};
+    st = l->kind == LUTRA_LOSS_MSE ? be->mse(&la) : be->softmax_xent(&la);
     if (st != LUTRA_OK) {
       lutra_error_wrap(st, fn);
       lutra_tensor_discard(l->dpred, dpred);

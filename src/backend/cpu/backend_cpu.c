@@ -8,8 +8,14 @@
  * both. */
 static int with_dbias(int st, const lutra_quant_args *a) {
   if (st != LUTRA_OK || !a->dbias || (a->skip && *a->skip)) return st;
-  return lutra_cpu_bias_grad(a->x, a->x_dtype, a->rows, a->cols, a->dbias, a->dbias_dtype,
-                             a->dbias_accumulate);
+  return lutra_cpu_bias_grad(&(lutra_bias_grad_args){.dy = a->x,
+                                                     .dtype = a->x_dtype,
+                                                     .rows = a->rows,
+                                                     .cols = a->cols,
+                                                     .db = a->dbias,
+                                                     .db_dtype = a->dbias_dtype,
+                                                     .accumulate = a->dbias_accumulate,
+                                                     .skip = a->skip});
 }
 /* lutra_quant_args.act: the product x * gelu'(act) is formed in f32 first (a grow-once
  * per-thread buffer: the CPU backend is the reference, one pass more is its price), then cast
@@ -68,8 +74,8 @@ const lutra_backend lutra_cpu_backend = {
     .gemm_plan = lutra_cpu_gemm_plan,
     .gemm_plan_free = lutra_cpu_gemm_plan_free,
     .gemm = lutra_cpu_gemm,
-    .gelu_forward = lutra_cpu_gelu_forward,
-    .gelu_backward = lutra_cpu_gelu_backward,
+    .activation_forward = lutra_cpu_activation_forward,
+    .activation_backward = lutra_cpu_activation_backward,
     .bias_grad = lutra_cpu_bias_grad,
     .mse = lutra_cpu_mse,
     .softmax_xent = lutra_cpu_softmax_xent,

@@ -12,6 +12,14 @@
 
 extern const lutra_backend lutra_cpu_backend;
 
+/* the dtypes the element-wise ops, losses and optimizers take */
+static inline bool lutra_cpu_float_dtype(int dtype) {
+  return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16;
+}
+#define CHECK_FLOAT_DTYPE(dtype, what)                                                             \
+  CHECK_ARG(lutra_cpu_float_dtype(dtype), "unsupported %s dtype %d (expected F32, BF16, F16)",     \
+            what, (int)(dtype))
+
 /* memory (memory_cpu.c) */
 int lutra_cpu_alloc(size_t bytes, void **out);
 void lutra_cpu_free(void *p);
@@ -36,21 +44,22 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p);
 void lutra_cpu_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cpu_gemm(const lutra_gemm_args *g);
 
-/* activations, losses, optimizers (ops_cpu.c) */
+/* activations and the bias gradient (activation_cpu.c) */
 /* tanh GELU and its derivative in f32 (the formulas every GELU of lutra uses) */
 float lutra_cpu_gelu(float x);
 float lutra_cpu_gelu_grad(float x);
-int lutra_cpu_gelu_forward(const void *x, void *y, int dtype, int64_t n);
-int lutra_cpu_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n);
+int lutra_cpu_activation_forward(const lutra_act_args *a);
+int lutra_cpu_activation_backward(const lutra_act_args *a);
 /* out[i] = dy[i] * gelu'(x[i]) in f32 (GELU's backward before any rounding: a fused cast's input)
  */
 int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out);
-int lutra_cpu_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
-                        int db_dtype, int accumulate);
-int lutra_cpu_mse(const void *pred, const void *target, int dtype, int64_t n, float *loss,
-                  void *dpred);
-int lutra_cpu_softmax_xent(const void *logits, int dtype, const int32_t *labels, int64_t rows,
-                           int64_t cols, float *loss, void *dlogits);
+int lutra_cpu_bias_grad(const lutra_bias_grad_args *a);
+
+/* losses (loss_cpu.c) */
+int lutra_cpu_mse(const lutra_loss_args *a);
+int lutra_cpu_softmax_xent(const lutra_loss_args *a);
+
+/* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);
 int lutra_cpu_adamw_step(const lutra_optim_args *a);
 

@@ -27,10 +27,6 @@ static bool operand_dtype_ok(int dtype) {
          dtype == LUTRA_E5M2;
 }
 
-static bool float_dtype_ok(int dtype) {
-  return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16;
-}
-
 /* bytes for `count` f32 values rounded up to WS_ALIGN; false on overflow */
 static bool f32_region(int64_t rows, int64_t cols, size_t *bytes) {
   if (rows < 0 || cols < 0) return false;
@@ -68,17 +64,17 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p) {
             (int)key->a_dtype);
   CHECK_ARG(operand_dtype_ok(key->b_dtype), "unsupported dtype %d for operand B",
             (int)key->b_dtype);
-  CHECK_ARG(float_dtype_ok(key->d_dtype), "unsupported dtype %d for D (expected F32, BF16, F16)",
-            (int)key->d_dtype);
-  CHECK_ARG(key->bias_dtype == -1 || float_dtype_ok(key->bias_dtype),
+  CHECK_ARG(lutra_cpu_float_dtype(key->d_dtype),
+            "unsupported dtype %d for D (expected F32, BF16, F16)", (int)key->d_dtype);
+  CHECK_ARG(key->bias_dtype == -1 || lutra_cpu_float_dtype(key->bias_dtype),
             "unsupported bias dtype %d (expected F32, BF16, F16, or -1 for no bias)",
             (int)key->bias_dtype);
   CHECK_ARG(key->epilogue >= 0 && key->epilogue < LUTRA_NUM_EPILOGUES, "unknown epilogue %d",
             (int)key->epilogue);
-  CHECK_ARG(key->aux_dtype == -1 || float_dtype_ok(key->aux_dtype),
+  CHECK_ARG(key->aux_dtype == -1 || lutra_cpu_float_dtype(key->aux_dtype),
             "unsupported aux dtype %d (expected F32, BF16, F16, or -1 for no aux)",
             (int)key->aux_dtype);
-  CHECK_ARG(key->dbias_dtype == -1 || float_dtype_ok(key->dbias_dtype),
+  CHECK_ARG(key->dbias_dtype == -1 || lutra_cpu_float_dtype(key->dbias_dtype),
             "unsupported dbias dtype %d (expected F32, BF16, F16, or -1 for no dbias)",
             (int)key->dbias_dtype);
   size_t need;
@@ -161,11 +157,11 @@ static int check_epilogue(const lutra_gemm_args *g, const char *fn) {
     CHECK_ARG(g->aux != NULL || mn == 0, "epilogue %d needs aux", e);
   }
   if (dbias) {
-    CHECK_ARG(float_dtype_ok(g->dbias_dtype),
+    CHECK_ARG(lutra_cpu_float_dtype(g->dbias_dtype),
               "unsupported dbias dtype %d (expected F32, BF16, F16)", (int)g->dbias_dtype);
     CHECK_ARG(g->dbias != NULL || nb == 0, "epilogue %d needs dbias", e);
   }
-  CHECK_ARG(!(e == LUTRA_EPILOGUE_BGRADB && !float_dtype_ok(g->b.dtype)),
+  CHECK_ARG(!(e == LUTRA_EPILOGUE_BGRADB && !lutra_cpu_float_dtype(g->b.dtype)),
             "BGRADB sums operand B, which must be F32, BF16 or F16");
   return LUTRA_OK;
 }
@@ -173,7 +169,12 @@ static int check_epilogue(const lutra_gemm_args *g, const char *fn) {
 /* BGRADB: dbias[i] = sum_k op(B)[i, k], from B as stored ([m, k], or [k, m] when transposed) */
 static int bgradb(const lutra_gemm_args *g) {
   if (g->b.trans)
-    return lutra_cpu_bias_grad(g->b.data, g->b.dtype, g->k, g->m, g->dbias, g->dbias_dtype, 0);
+    return lutra_cpu_bias_grad(&(lutra_bias_grad_args){.dy = g->b.data,
+                                                       .dtype = g->b.dtype,
+                                                       .rows = g->k,
+                                                       .cols = g->m,
+                                                       .db = g->dbias,
+                                                       .db_dtype = g->dbias_dtype});
   for (int64_t i = 0; i < g->m; i++) {
     double acc = 0.0;
     for (int64_t c = 0; c < g->k; c++)
@@ -202,7 +203,12 @@ static int apply_epilogue(const lutra_gemm_args *g, float *df) {
     for (int64_t i = 0; i < mn; i++)
       df[i] = df[i] * lutra_cpu_gelu_grad(lutra_elem_load(g->aux, g->aux_dtype, i));
     if (g->epilogue == LUTRA_EPILOGUE_DGELU_BGRAD)
-      return lutra_cpu_bias_grad(df, LUTRA_F32, g->m, g->n, g->dbias, g->dbias_dtype, 0);
+      return lutra_cpu_bias_grad(&(lutra_bias_grad_args){.dy = df,
+                                                         .dtype = LUTRA_F32,
+                                                         .rows = g->m,
+                                                         .cols = g->n,
+                                                         .db = g->dbias,
+                                                         .db_dtype = g->dbias_dtype});
     return LUTRA_OK;
   default:
     return LUTRA_OK;
@@ -218,10 +224,10 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
   /* op(B) is [m, k], op(A) is [k, n] */
   TRY(check_operand(&g->a, "A", k, n, fn));
   TRY(check_operand(&g->b, "B", m, k, fn));
-  CHECK_ARG(float_dtype_ok(g->d_dtype), "unsupported dtype %d for D (expected F32, BF16, F16)",
-            (int)g->d_dtype);
+  CHECK_ARG(lutra_cpu_float_dtype(g->d_dtype),
+            "unsupported dtype %d for D (expected F32, BF16, F16)", (int)g->d_dtype);
   CHECK_ARG(g->d != NULL || m == 0 || n == 0, "D is NULL");
-  CHECK_ARG(g->bias == NULL || float_dtype_ok(g->bias_dtype),
+  CHECK_ARG(g->bias == NULL || lutra_cpu_float_dtype(g->bias_dtype),
             "unsupported bias dtype %d (expected F32, BF16, F16)", (int)g->bias_dtype);
   TRY(check_epilogue(g, fn));
   CHECK_ARG(m <= INT_MAX && n <= INT_MAX && k <= INT_MAX,

@@ -90,7 +90,8 @@ extern const lutra_backend lutra_cuda_table;
 
 int lutra_cuda_backend(const lutra_backend **out, const char *fn) {
   pthread_once(&cuda.once, init_once);
-  if (cuda.status != LUTRA_OK) return lutra_error(cuda.status, fn, "device 'cuda': %s", cuda.message);
+  if (cuda.status != LUTRA_OK)
+    return lutra_error(cuda.status, fn, "device 'cuda': %s", cuda.message);
   *out = &lutra_cuda_table;
   return LUTRA_OK;
 }
@@ -256,9 +257,15 @@ static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lu
   }
   q.dbias = NULL;
   TRY(lutra_cuda_status(launch(&q, cuda.stream), name, "kernel"));
-  return LAUNCH(bias_grad,
-                lk_bias_grad_skip(a->x, a->x_dtype, a->rows, a->cols, a->dbias, a->dbias_dtype,
-                                  a->dbias_accumulate, a->skip, cuda.stream));
+  const lutra_bias_grad_args b = {.dy = a->x,
+                                  .dtype = a->x_dtype,
+                                  .rows = a->rows,
+                                  .cols = a->cols,
+                                  .db = a->dbias,
+                                  .db_dtype = a->dbias_dtype,
+                                  .accumulate = a->dbias_accumulate,
+                                  .skip = a->skip};
+  return LAUNCH(bias_grad, lk_bias_grad(&b, cuda.stream));
 }
 
 static int k_cast(const lutra_quant_args *a) {
@@ -276,25 +283,32 @@ static int k_dequantize(const lutra_dequant_args *a) {
 static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
   return LAUNCH(delayed_update, lk_delayed_update(metas, n, cuda.stream));
 }
-static int k_gelu_forward(const void *x, void *y, int dtype, int64_t n) {
-  return LAUNCH(gelu_forward, lk_gelu_forward(x, y, dtype, n, cuda.stream));
+/* The kernels answer an unknown kind with cudaErrorInvalidValue only; the message is given
+ * here, where it can say which kind. */
+static int check_act(const lutra_act_args *a, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  if (a->act != LUTRA_ACT_GELU_TANH)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "activation kind %d is not implemented (only LUTRA_ACT_GELU_TANH is)",
+                       (int)a->act);
+  return LUTRA_OK;
 }
-static int k_gelu_backward(const void *x, const void *dy, void *dx, int dtype, int64_t n) {
-  return LAUNCH(gelu_backward, lk_gelu_backward(x, dy, dx, dtype, n, cuda.stream));
+static int k_activation_forward(const lutra_act_args *a) {
+  TRY(check_act(a, "lutra_cuda_activation_forward"));
+  return LAUNCH(activation_forward, lk_activation_forward(a, cuda.stream));
 }
-static int k_bias_grad(const void *dy, int dtype, int64_t rows, int64_t cols, void *db,
-                       int db_dtype, int accumulate) {
-  return LAUNCH(bias_grad,
-                lk_bias_grad(dy, dtype, rows, cols, db, db_dtype, accumulate, cuda.stream));
+static int k_activation_backward(const lutra_act_args *a) {
+  TRY(check_act(a, "lutra_cuda_activation_backward"));
+  return LAUNCH(activation_backward, lk_activation_backward(a, cuda.stream));
 }
-static int k_mse(const void *pred, const void *target, int dtype, int64_t n, float *loss,
-                 void *dpred) {
-  return LAUNCH(mse, lk_mse(pred, target, dtype, n, loss, dpred, cuda.stream));
+static int k_bias_grad(const lutra_bias_grad_args *a) {
+  return LAUNCH(bias_grad, lk_bias_grad(a, cuda.stream));
 }
-static int k_xent(const void *logits, int dtype, const int32_t *labels, int64_t rows, int64_t cols,
-                  float *loss, void *dlogits) {
-  return LAUNCH(softmax_xent,
-                lk_softmax_xent(logits, dtype, labels, rows, cols, loss, dlogits, cuda.stream));
+static int k_mse(const lutra_loss_args *a) {
+  return LAUNCH(mse, lk_mse(a, cuda.stream));
+}
+static int k_xent(const lutra_loss_args *a) {
+  return LAUNCH(softmax_xent, lk_softmax_xent(a, cuda.stream));
 }
 static int k_sgd(const lutra_optim_args *a) {
   return LAUNCH(sgd_step, lk_sgd_step(a, cuda.stream));
@@ -324,8 +338,8 @@ const lutra_backend lutra_cuda_table = {
     .gemm_plan = lutra_cuda_gemm_plan,
     .gemm_plan_free = lutra_cuda_gemm_plan_free,
     .gemm = lutra_cuda_gemm,
-    .gelu_forward = k_gelu_forward,
-    .gelu_backward = k_gelu_backward,
+    .activation_forward = k_activation_forward,
+    .activation_backward = k_activation_backward,
     .bias_grad = k_bias_grad,
     .mse = k_mse,
     .softmax_xent = k_xent,

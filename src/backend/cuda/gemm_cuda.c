@@ -422,7 +422,13 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
   const int64_t mn = g->m * g->n;
   cudaError_t e = cudaSuccess;
   if (g->epilogue == LUTRA_EPILOGUE_BGRADB) {
-    e = g->b.trans ? lk_bias_grad(g->b.data, g->b.dtype, g->k, g->m, g->dbias, g->dbias_dtype, 0, s)
+    const lutra_bias_grad_args b = {.dy = g->b.data,
+                                    .dtype = g->b.dtype,
+                                    .rows = g->k,
+                                    .cols = g->m,
+                                    .db = g->dbias,
+                                    .db_dtype = g->dbias_dtype};
+    e = g->b.trans ? lk_bias_grad(&b, s)
                    : lk_row_sum(g->b.data, g->b.dtype, g->m, g->k, g->dbias, g->dbias_dtype, s);
     return lutra_cuda_status(e, fn, "BGRADB bias gradient kernel");
   }
@@ -430,7 +436,10 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
     return lutra_error(LUTRA_EBACKEND, fn, "the GELU epilogue kernels need an f32 GEMM result");
   switch (g->epilogue) {
   case LUTRA_EPILOGUE_GELU:
-    e = lk_gelu_forward(x, x, LUTRA_F32, mn, s);
+    e = lk_activation_forward(
+        &(lutra_act_args){
+            .x = x, .out = x, .dtype = LUTRA_F32, .act = LUTRA_ACT_GELU_TANH, .n = mn},
+        s);
     break;
   case LUTRA_EPILOGUE_GELU_AUX:
     e = lk_gelu_aux(x, g->aux, g->aux_dtype, mn, s);
@@ -439,7 +448,13 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
   case LUTRA_EPILOGUE_DGELU_BGRAD:
     e = lk_dgelu(x, g->aux, g->aux_dtype, mn, s);
     if (e == cudaSuccess && g->epilogue == LUTRA_EPILOGUE_DGELU_BGRAD)
-      e = lk_bias_grad(x, LUTRA_F32, g->m, g->n, g->dbias, g->dbias_dtype, 0, s);
+      e = lk_bias_grad(&(lutra_bias_grad_args){.dy = x,
+                                               .dtype = LUTRA_F32,
+                                               .rows = g->m,
+                                               .cols = g->n,
+                                               .db = g->dbias,
+                                               .db_dtype = g->dbias_dtype},
+                       s);
     break;
   default:
     break;

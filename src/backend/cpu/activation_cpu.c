@@ -1,0 +1,128 @@
+/* Activations (GELU, tanh approximation) and the bias gradient on the CPU: the references of
+ * kernels/activation.cu. Plain loops over F32/BF16/F16 through lutra_elem_load/store, math in
+ * f32, the bias gradient's column sums in double. */
+#include "cpu.h"
+
+#include <math.h>
+
+/* ---- GELU (tanh approximation, as TransformerEngine) ------------------------------------- */
+
+#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+/* Evaluated through 0.5 (1 + tanh(u)) = 1 / (1 + e), e = exp(-2u): the same formula, without
+ * the cancellation in 1 + tanh(u) that costs the negative tail its digits in f32. */
+static inline float gelu_exp(float x) {
+  return expf(-2.0f * GELU_C * (x + GELU_A * x * x * x));
+}
+
+static inline float gelu(float x) {
+  return x / (1.0f + gelu_exp(x));
+}
+
+/* d/dx of 0.5 x (1 + tanh(u)), u = c (x + a x^3), t = tanh(u):
+ *   0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2)
+ * with s = 0.5 (1 + t) = 1 / (1 + e) and 0.5 (1 - t^2) = 2 s (1 - s) = 2 e s^2. */
+static inline float gelu_grad(float x) {
+  float e = gelu_exp(x);
+  if (isinf(e)) return 0.0f; /* far negative tail */
+  float s = 1.0f / (1.0f + e);
+  float k = e * s * s;
+  if (k == 0.0f) return s; /* far positive tail: skip 0 * inf for huge x */
+  return s + 2.0f * k * x * GELU_C * (1.0f + 3.0f * GELU_A * x * x);
+}
+
+/* the same formulas for the GEMM epilogues (gemm_cpu.c) */
+float lutra_cpu_gelu(float x) {
+  return gelu(x);
+}
+float lutra_cpu_gelu_grad(float x) {
+  return gelu_grad(x);
+}
+
+int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out) {
+  static const char fn[] = "lutra_cpu_gelu_grad_product";
+  CHECK_FLOAT_DTYPE(dtype, "tensor");
+  CHECK_ARG(n >= 0, "negative element count %lld", (long long)n);
+  CHECK_ARG(n == 0 || (x && dy && out), "x, dy and out must not be NULL");
+  for (int64_t i = 0; i < n; i++)
+    out[i] = lutra_elem_load(dy, dtype, i) * gelu_grad(lutra_elem_load(x, dtype, i));
+  return LUTRA_OK;
+}
+
+/* The checks both directions share; kinds other than the implemented ones are refused before
+ * any buffer is looked at. */
+static int check_act(const lutra_act_args *a, bool backward, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  if (a->act != LUTRA_ACT_GELU_TANH)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "activation kind %d is not implemented (only LUTRA_ACT_GELU_TANH is)",
+                       (int)a->act);
+  CHECK_FLOAT_DTYPE(a->dtype, "tensor");
+  CHECK_ARG(a->n >= 0, "negative element count %lld", (long long)a->n);
+  if (backward)
+    CHECK_ARG(a->n == 0 || (a->x && a->dy && a->out), "x, dy and dx must not be NULL");
+  else
+    CHECK_ARG(a->n == 0 || (a->x && a->out), "x and y must not be NULL");
+  return LUTRA_OK;
+}
+
+int lutra_cpu_activation_forward(const lutra_act_args *a) {
+  static const char fn[] = "lutra_cpu_activation_forward";
+  TRY(check_act(a, false, fn));
+  const void *x = a->x;
+  void *y = a->out;
+  const int dtype = a->dtype;
+  for (int64_t i = 0; i < a->n; i++)
+    lutra_elem_store(y, dtype, i, gelu(lutra_elem_load(x, dtype, i)));
+  return LUTRA_OK;
+}
+
+int lutra_cpu_activation_backward(const lutra_act_args *a) {
+  static const char fn[] = "lutra_cpu_activation_backward";
+  TRY(check_act(a, true, fn));
+  const void *x = a->x, *dy = a->dy;
+  void *dx = a->out;
+  const int dtype = a->dtype;
+  for (int64_t i = 0; i < a->n; i++) {
+    float xi = lutra_elem_load(x, dtype, i), gi = lutra_elem_load(dy, dtype, i);
+    lutra_elem_store(dx, dtype, i, gi * gelu_grad(xi));
+  }
+  return LUTRA_OK;
+}
+
+/* ---- bias gradient --------------------------------------------------------------------- */
+
+enum { BIAS_CHUNK = 256 };
+
+int lutra_cpu_bias_grad(const lutra_bias_grad_args *a) {
+  static const char fn[] = "lutra_cpu_bias_grad";
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  const void *dy = a->dy;
+  void *db = a->db;
+  const int dtype = a->dtype, db_dtype = a->db_dtype, accumulate = a->accumulate;
+  const int64_t rows = a->rows, cols = a->cols;
+  CHECK_FLOAT_DTYPE(dtype, "dy");
+  CHECK_FLOAT_DTYPE(db_dtype, "db");
+  CHECK_ARG(rows >= 0 && cols >= 0, "negative shape [%lld, %lld]", (long long)rows,
+            (long long)cols);
+  CHECK_ARG(cols == 0 || db, "db must not be NULL");
+  CHECK_ARG(rows == 0 || cols == 0 || dy, "dy must not be NULL");
+  /* after the checks, as on CUDA, whose host side cannot read the flag */
+  if (a->skip && *a->skip) return LUTRA_OK;
+  /* column chunks, rows walked in order: no allocation, row-major access */
+  double acc[BIAS_CHUNK];
+  for (int64_t c0 = 0; c0 < cols; c0 += BIAS_CHUNK) {
+    int64_t w = cols - c0 < BIAS_CHUNK ? cols - c0 : BIAS_CHUNK;
+    for (int64_t j = 0; j < w; j++)
+      acc[j] = accumulate ? lutra_elem_load(db, db_dtype, c0 + j) : 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+      int64_t base = r * cols + c0;
+      for (int64_t j = 0; j < w; j++)
+        acc[j] += lutra_elem_load(dy, dtype, base + j);
+    }
+    for (int64_t j = 0; j < w; j++)
+      lutra_elem_store(db, db_dtype, c0 + j, (float)acc[j]);
+  }
+  return LUTRA_OK;
+}
