@@ -26,6 +26,14 @@
 #define LUTRA_API
 #endif
 
+/* Fields Lua may read but not write: const in the cdef only, so that a script cannot make a
+ * tensor claim more elements than its buffers hold (C code owning a tensor still writes them). */
+#ifdef LUTRA_CDEF
+#define LUTRA_LUA_RO const
+#else
+#define LUTRA_LUA_RO
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -84,19 +92,19 @@ enum {
  *   Padding entries (r >= R; j >= NB) are 0: scale arrays are zeroed when allocated and
  *   quantizers never write them. */
 typedef struct lutra_tensor {
-  void *data;          /* rowwise values, or NULL when only the columnwise copy exists */
-  void *col_data;      /* columnwise (transposed) copy, or NULL */
-  void *scale_inv;     /* rowwise scale inverses (FP8 only) */
-  void *col_scale_inv; /* columnwise scale inverses (FP8 only) */
-  float *amax;         /* amax observed when this tensor was quantized, or NULL */
-  int64_t shape[4];
-  int64_t numel;
-  int32_t ndim;
-  int32_t dtype;
-  int32_t device;
-  int32_t scaling;
-  uint32_t flags;
-  int32_t refs;
+  void *LUTRA_LUA_RO data;          /* rowwise values, or NULL when only the columnwise copy exists */
+  void *LUTRA_LUA_RO col_data;      /* columnwise (transposed) copy, or NULL */
+  void *LUTRA_LUA_RO scale_inv;     /* rowwise scale inverses (FP8 only) */
+  void *LUTRA_LUA_RO col_scale_inv; /* columnwise scale inverses (FP8 only) */
+  float *LUTRA_LUA_RO amax;         /* amax observed when this tensor was quantized, or NULL */
+  LUTRA_LUA_RO int64_t shape[4];
+  LUTRA_LUA_RO int64_t numel;
+  LUTRA_LUA_RO int32_t ndim;
+  LUTRA_LUA_RO int32_t dtype;
+  LUTRA_LUA_RO int32_t device;
+  LUTRA_LUA_RO int32_t scaling;
+  LUTRA_LUA_RO uint32_t flags;
+  LUTRA_LUA_RO int32_t refs;
 } lutra_tensor;
 
 /* ---- errors, version, backends -------------------------------------------------------- */
