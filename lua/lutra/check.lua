@@ -30,7 +30,9 @@ end
 -- an integer in [min, max] (bounds optional); a number is needed, "1" is refused
 function M.integer(v, name, where, min, max, level)
   level = level or 3
-  if not is_integer(v) then raise(level, where, name, "an integer", v) end
+  if not is_integer(v) then
+    raise(level, where, name, min == 1 and "a positive integer" or "an integer", v)
+  end
   if (min and v < min) or (max and v > max) then
     local range
     if min == 1 then range = "a positive integer"

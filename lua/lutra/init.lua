@@ -30,7 +30,7 @@ local function trans_flag(v, name, where)
   if v == true or v == "T" then return 1 end
   if v == false or v == "N" then return 0 end
   error(string.format("%s: %s must be a boolean or \"N\"/\"T\" (got %s)", where, name,
-                      chk.got(v)), 3)
+                      chk.got(v)), 4)
 end
 
 local function gemm_args(a, transa, b, transb, d, bias, accumulate, where)
