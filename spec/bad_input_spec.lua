@@ -250,11 +250,9 @@ describe("bad inputs: the seed generator", function()
   }
 end)
 
--- the number of bad inputs this file checked, for the suite's total (bad_input_c_spec.lua)
-_G.LUTRA_BAD_INPUTS = (_G.LUTRA_BAD_INPUTS or 0)
+-- bad_input_c_spec.lua holds the rest (at least 50): the suite has at least 130
 describe("bad inputs: count", function()
   it("this file checks at least 80 bad inputs", function()
-    _G.LUTRA_BAD_INPUTS = _G.LUTRA_BAD_INPUTS + count
-    assert.is_true(count >= 80, "only " .. count)
+    io.stderr:write("bad inputs in this file: ", count, "\n"); assert.is_true(count >= 80, "only " .. count)
   end)
 end)
