@@ -50,7 +50,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-gpu run bench install clean format sim-mx
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx
 
 all: $(LIB) $(CDEF)
 
@@ -72,6 +72,24 @@ $(CDEF): src/lutra.h tools/gen_cdef.sh
 
 test: all
 	$(RUN_ENV) $(BUSTED) --lpath="lua/?.lua;lua/?/init.lua" spec
+
+# The CPU suite against an ASan + UBSan build of the CPU library (its own objects and
+# liblutra.so under build/asan). LuaJIT itself is not instrumented, so the ASan runtime is
+# preloaded; leak checking is off because LuaJIT's own allocations at exit are not ours.
+ASAN_SAN    = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ASAN_SRC    = $(sort $(wildcard src/*/*.c src/backend/cpu/*.c))
+ASAN_OBJ    = $(ASAN_SRC:%.c=build/asan/%.o)
+ASAN_LIB    = build/asan/liblutra.so
+ASAN_CFLAGS = $(filter-out -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include,$(LUTRA_CFLAGS))
+build/asan/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(ASAN_CFLAGS) -O1 -g $(ASAN_SAN) -c -o $@ $<
+$(ASAN_LIB): $(ASAN_OBJ)
+	$(CC) -shared $(ASAN_SAN) -o $@ $(ASAN_OBJ) $(BLAS_LIBS) -lm -lpthread
+test-asan: $(ASAN_LIB) $(CDEF)
+	$(RUN_ENV) LUTRA_LIB=$(CURDIR)/$(ASAN_LIB) LD_PRELOAD="$$($(CC) -print-file-name=libasan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  $(BUSTED) --lpath="lua/?.lua;lua/?/init.lua" spec
 
 # The GPU specs (spec/gpu/*_gpu.lua, which `make test` does not pick up): every op on cuda
 # against the CPU backend. Needs a CUDA device.

@@ -92,9 +92,9 @@ describe("recipe defaults", function()
                       grad_output = { "current", "e5m2" } }, roles(R.custom()))
     local r = R.custom { input = { kind = "mxfp8", format = "e4m3" },
                          weight = { kind = "block_2d", format = "e5m2" },
-                         grad_output = { kind = "delayed", format = "e5m2" } }
+                         grad_output = { kind = "delayed", format = "e4m3" } }
     assert.are.same({ input = { "mxfp8", "e4m3" }, weight = { "block_2d", "e5m2" },
-                      grad_output = { "delayed", "e5m2" } }, roles(r))
+                      grad_output = { "delayed", "e4m3" } }, roles(r))
     local hp = R.custom { input = { kind = "none" }, weight = { kind = "none" },
                           grad_output = { kind = "none" } }
     assert.are.equal("none", (hp:role("input")))
@@ -175,7 +175,7 @@ end)
 describe("recipe validation", function()
   it("delayed: negative margin", function()
     assert_error(function() R.delayed { margin = -1 } end,
-                 "lutra_recipe_delayed: margin must be >= 0")
+                 "lutra_recipe_delayed: margin must be in 0..32")
   end)
 
   it("delayed: amax_history_len 0 and negative, and too long", function()
@@ -269,8 +269,9 @@ describe("recipe validation", function()
       R.custom { input = { kind = "current", format = "e5m2" },
                  weight = { kind = "current", format = "e5m2" } }
     end, "lutra_recipe_custom: input and weight cannot both be e5m2")
-    -- one of them e5m2 is a valid E4M3 x E5M2 GEMM
-    local r = R.custom { input = { kind = "current", format = "e5m2" } }
+    -- one of them e5m2 is a valid E4M3 x E5M2 GEMM (grad_output e4m3: wgrad pairs it with input)
+    local r = R.custom { input = { kind = "current", format = "e5m2" },
+                         grad_output = { format = "e4m3" } }
     assert.are.same({ "current", "e5m2" }, { r:role("input") })
   end)
 
@@ -295,7 +296,7 @@ describe("recipe validation", function()
   it("custom: delayed-role fields are validated (margin, history length)", function()
     assert_error(function()
       R.custom { grad_output = { kind = "delayed" }, margin = -2 }
-    end, "lutra_recipe_custom: margin must be >= 0")
+    end, "lutra_recipe_custom: margin must be in 0..32")
     assert_error(function()
       R.custom { input = { kind = "delayed" }, weight = { kind = "delayed" }, amax_history_len = 0 }
     end, "lutra_recipe_custom: amax_history_len must be >= 1")
@@ -307,7 +308,8 @@ describe("recipe validation", function()
     d.margin = -3
     local box = ffi.new("lutra_recipe*[1]")
     assert.are.equal(C.LUTRA_EINVAL, C.lutra_recipe_delayed(d, box))
-    assert.are.equal("lutra_recipe_delayed: margin must be >= 0 (got -3)",
+    assert.are.equal("lutra_recipe_delayed: margin must be in 0..32 so that the scale fp8_max / amax / "
+                     .. "2^margin stays a normal float (got -3)",
                      ffi.string(C.lutra_last_error()))
     assert.are.equal(C.LUTRA_EINVAL, C.lutra_recipe_delayed(nil, box))
     assert.is_truthy(ffi.string(C.lutra_last_error()):find("lutra_recipe_delayed: desc is NULL", 1, true))

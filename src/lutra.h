@@ -26,6 +26,14 @@
 #define LUTRA_API
 #endif
 
+/* Fields Lua may read but not write: const in the cdef only, so that a script cannot make a
+ * tensor claim more elements than its buffers hold (C code owning a tensor still writes them). */
+#ifdef LUTRA_CDEF
+#define LUTRA_LUA_RO const
+#else
+#define LUTRA_LUA_RO
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -84,19 +92,19 @@ enum {
  *   Padding entries (r >= R; j >= NB) are 0: scale arrays are zeroed when allocated and
  *   quantizers never write them. */
 typedef struct lutra_tensor {
-  void *data;          /* rowwise values, or NULL when only the columnwise copy exists */
-  void *col_data;      /* columnwise (transposed) copy, or NULL */
-  void *scale_inv;     /* rowwise scale inverses (FP8 only) */
-  void *col_scale_inv; /* columnwise scale inverses (FP8 only) */
-  float *amax;         /* amax observed when this tensor was quantized, or NULL */
-  int64_t shape[4];
-  int64_t numel;
-  int32_t ndim;
-  int32_t dtype;
-  int32_t device;
-  int32_t scaling;
-  uint32_t flags;
-  int32_t refs;
+  void *LUTRA_LUA_RO data;          /* rowwise values, or NULL when only the columnwise copy exists */
+  void *LUTRA_LUA_RO col_data;      /* columnwise (transposed) copy, or NULL */
+  void *LUTRA_LUA_RO scale_inv;     /* rowwise scale inverses (FP8 only) */
+  void *LUTRA_LUA_RO col_scale_inv; /* columnwise scale inverses (FP8 only) */
+  float *LUTRA_LUA_RO amax;         /* amax observed when this tensor was quantized, or NULL */
+  LUTRA_LUA_RO int64_t shape[4];
+  LUTRA_LUA_RO int64_t numel;
+  LUTRA_LUA_RO int32_t ndim;
+  LUTRA_LUA_RO int32_t dtype;
+  LUTRA_LUA_RO int32_t device;
+  LUTRA_LUA_RO int32_t scaling;
+  LUTRA_LUA_RO uint32_t flags;
+  LUTRA_LUA_RO int32_t refs;
 } lutra_tensor;
 
 /* ---- errors, version, backends -------------------------------------------------------- */
@@ -120,6 +128,7 @@ LUTRA_API size_t lutra_dtype_size(int dtype);            /* bytes per element, 0
 LUTRA_API const char *lutra_dtype_name(int dtype);
 
 /* ---- tensors ---------------------------------------------------------------------------- */
+/* Zero-filled (every dtype). Refused with LUTRA_EINVAL when a byte count overflows. */
 LUTRA_API int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device,
                                lutra_tensor **out);
 LUTRA_API int lutra_tensor_free(lutra_tensor *t);
@@ -133,6 +142,11 @@ LUTRA_API int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void
                                      size_t bytes);
 LUTRA_API int lutra_tensor_fill(lutra_tensor *t, float value);
 /* Deterministic fills (xoshiro256**, Box-Muller), the same on every backend. */
+/* The process-wide seed generator: lutra_seed_next hands out the next seed (splitmix64 of a
+ * state that lutra_manual_seed sets; it starts from a fixed value, so unseeded runs repeat).
+ * Fills and layers created without a seed of their own draw theirs from it. */
+LUTRA_API int lutra_manual_seed(uint64_t seed);
+LUTRA_API int lutra_seed_next(uint64_t *out);
 LUTRA_API int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev);
 LUTRA_API int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi);
 LUTRA_API int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src); /* converts */
@@ -171,7 +185,7 @@ enum {
 /* TransformerEngine's DelayedScaling. Defaults: lutra_delayed_defaults(). */
 typedef struct lutra_delayed_desc {
   int32_t fp8_format;        /* HYBRID (default) or E4M3; E5M2 is refused */
-  int32_t margin;            /* >= 0; scale = fp8_max / amax / 2^margin */
+  int32_t margin;            /* 0..32; scale = fp8_max / amax / 2^margin */
   int32_t amax_history_len;  /* >= 1, default 1024 */
   int32_t amax_compute_algo; /* LUTRA_AMAX_MAX (default) or LUTRA_AMAX_MOST_RECENT */
   int32_t reduce_amax;       /* reduce amaxes across the scope's group (default 1) */

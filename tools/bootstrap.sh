@@ -2,6 +2,7 @@
 # Installs the Debian packages lutra needs when they are missing, then runs a make target:
 #   sh tools/bootstrap.sh run     # builds and trains the example MLP
 #   sh tools/bootstrap.sh test    # builds and runs the specs
+#   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
 # Nothing is downloaded but Debian packages.
 set -eu
 cd "$(dirname "$0")/.."

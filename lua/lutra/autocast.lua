@@ -1,6 +1,7 @@
 -- Autocast scopes: reusable objects with :enter() and :exit(), plus :run(fn, ...) which always
 -- exits, also when fn raises. enter/exit are single FFI calls: nothing else happens in Lua.
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -12,6 +13,15 @@ Scope.__index = Scope
 function M.new(opts)
   opts = core.check_options(opts, { recipe = true, enabled = true, calibrating = true, group = true },
                             "lutra.autocast")
+  local where = "lutra.autocast"
+  if opts.recipe ~= nil and not ffi.istype(chk.recipe_t, opts.recipe) then
+    error(string.format("%s: recipe must be a recipe (got %s)", where, chk.got(opts.recipe)), 2)
+  end
+  if opts.group ~= nil and not ffi.istype(chk.group_t, opts.group) then
+    error(string.format("%s: group must be a group (got %s)", where, chk.got(opts.group)), 2)
+  end
+  if opts.enabled ~= nil then chk.boolean(opts.enabled, "enabled", where) end
+  if opts.calibrating ~= nil then chk.boolean(opts.calibrating, "calibrating", where) end
   local calibrating = opts.calibrating and true or false
   local enabled = opts.enabled
   if enabled == nil then enabled = opts.recipe ~= nil and not calibrating end

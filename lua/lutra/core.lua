@@ -48,7 +48,12 @@ M.role_list = { "input", "weight", "grad_output" }
 
 -- Looks a name up in one of the tables above; a number passes through. For option parsing.
 function M.code(tbl, value, what, where)
-  if type(value) == "number" then return value end
+  if type(value) == "number" then
+    if value ~= math.floor(value) or value < -2 ^ 31 or value >= 2 ^ 31 then
+      error(string.format("%s: %s code must be an integer (got %s)", where, what, tostring(value)), 3)
+    end
+    return value
+  end
   local code = tbl[value]
   if code == nil then
     local names = {}

@@ -1,5 +1,6 @@
 -- lutra: FP8/BF16 training of linear layers from LuaJIT. See README.md for the API by example.
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local tensor = require("lutra.tensor")
 local autocast = require("lutra.autocast")
 local quantizer = require("lutra.quantizer")
@@ -23,10 +24,28 @@ local M = {
   now = core.now, -- monotonic wall clock in seconds
 }
 
+-- transa/transb: true/false or "T"/"N". Anything else is refused: 0 is true in Lua, so
+-- lutra.gemm(A, 0, B, 0, D) would otherwise have run TT.
+local function trans_flag(v, name, where)
+  if v == true or v == "T" then return 1 end
+  if v == false or v == "N" then return 0 end
+  error(string.format("%s: %s must be a boolean or \"N\"/\"T\" (got %s)", where, name,
+                      chk.got(v)), 4)
+end
+
+local function gemm_args(a, transa, b, transb, d, bias, accumulate, where)
+  chk.tensor(a, "A", where, 4)
+  chk.tensor(b, "B", where, 4)
+  chk.tensor(d, "D", where, 4)
+  chk.tensor(bias, "bias", where, 4)
+  local ta, tb = trans_flag(transa, "transa", where), trans_flag(transb, "transb", where)
+  return ta, tb, chk.flag(accumulate, "accumulate", where, 0, 4)
+end
+
 -- D = op(B) @ op(A) (+ bias) (+ D): TransformerEngine's layout naming, see lutra.h.
 function M.gemm(a, transa, b, transb, d, bias, accumulate)
-  core.check(C.lutra_gemm(a, transa and 1 or 0, b, transb and 1 or 0, d, bias,
-                          accumulate and 1 or 0))
+  local ta, tb, acc = gemm_args(a, transa, b, transb, d, bias, accumulate, "lutra.gemm")
+  core.check(C.lutra_gemm(a, ta, b, tb, d, bias, acc))
   return d
 end
 
@@ -45,14 +64,14 @@ function M.gemm_ex(a, transa, b, transb, d, opts)
   opts = core.check_options(opts, gemm_ex_options, where)
   epilogue_box.kind = core.code(epilogues, opts.epilogue or "none", "epilogue", where)
   for _, key in ipairs { "aux", "dbias" } do
-    if opts[key] ~= nil and type(opts[key]) ~= "cdata" then
+    if opts[key] ~= nil and not chk.is_tensor(opts[key]) then
       error(string.format("%s: %s must be a tensor", where, key), 2)
     end
   end
+  local ta, tb, acc = gemm_args(a, transa, b, transb, d, opts.bias, opts.accumulate, where)
   epilogue_box.aux = opts.aux
   epilogue_box.dbias = opts.dbias
-  local st = C.lutra_gemm_ex(a, transa and 1 or 0, b, transb and 1 or 0, d, opts.bias,
-                             opts.accumulate and 1 or 0, epilogue_box)
+  local st = C.lutra_gemm_ex(a, ta, b, tb, d, opts.bias, acc, epilogue_box)
   -- drop the references before raising, so that the box never keeps tensors alive
   epilogue_box.aux, epilogue_box.dbias = nil, nil
   if st ~= 0 then core.fail() end
@@ -70,6 +89,13 @@ function M.gemm_graph_stats()
   local g, l = core.ffi.new("int64_t[1]"), core.ffi.new("int64_t[1]")
   core.check(C.lutra_gemm_graph_stats(g, l))
   return tonumber(g[0]), tonumber(l[0])
+end
+
+-- Seeds the global generator that unseeded fills (x:randn(), x:uniform()) and nn.Linear
+-- without seed draw their seeds from: the same seed, the same draws.
+function M.manual_seed(seed)
+  chk.seed(seed, "seed", "lutra.manual_seed")
+  core.check(C.lutra_manual_seed(seed))
 end
 
 function M.device_available(name)

@@ -5,7 +5,9 @@
 -- Forward saves a reference to its input for backward: keep x alive and unchanged until then.
 -- Returned tensors belong to the module (or loss): keep it referenced while using them.
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
+local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
 local Module = {}
@@ -15,21 +17,30 @@ local module_box = ffi.new("lutra_module*[1]")
 
 local function own(m) return ffi.gc(m, C.lutra_module_free) end
 
--- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=1,
+-- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=,
 --                                        accumulate_main_grad=false})
+-- Without seed the weights' seed comes from the global generator (lutra.manual_seed), so two
+-- layers of one shape start different.
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
                                     accumulate_main_grad = true }, where)
+  -- 2^53: exact in a Lua number; the C side refuses sizes it cannot allocate
+  chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
+  chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
   local d = ffi.new("lutra_linear_desc")
   C.lutra_linear_defaults(d)
   d.in_features = in_features
   d.out_features = out_features
-  if opts.bias ~= nil then d.bias = opts.bias and 1 or 0 end
+  d.bias = chk.flag(opts.bias, "bias", where, d.bias)
   if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
   d.device = core.device(opts.device, where)
-  if opts.seed ~= nil then d.seed = opts.seed end
-  if opts.accumulate_main_grad then d.accumulate_main_grad = 1 end
+  if opts.seed ~= nil then
+    d.seed = chk.seed(opts.seed, "seed", where)
+  else
+    d.seed = require("lutra.tensor").next_seed()
+  end
+  d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
   check(C.lutra_linear_new(d, module_box))
   return own(module_box[0])
 end
@@ -43,7 +54,14 @@ function M.Sequential(...)
   local mods = { ... }
   local n = select("#", ...)
   local arr = ffi.new("lutra_module*[?]", math.max(n, 1))
-  for i = 1, n do arr[i - 1] = mods[i] end
+  for i = 1, n do
+    -- nil passes on: lutra_sequential_new names the NULL entry itself
+    if mods[i] ~= nil and not istype(chk.module_t, mods[i]) then
+      error(string.format("lutra.nn.Sequential: argument %d must be a module (got %s)", i,
+                          chk.got(mods[i])), 2)
+    end
+    arr[i - 1] = mods[i]
+  end
   check(C.lutra_sequential_new(arr, n, module_box))
   return own(module_box[0])
 end
@@ -57,6 +75,11 @@ end
 -- e.g. net:forward(x, true) or net:forward(x, {is_first_microbatch = false, grad = false}).
 local forward_args = ffi.new("lutra_forward_args")
 
+-- a tensor or nil (C refuses NULL naming itself); inline so that traces keep no call frame
+local function bad_tensor(x)
+  return x ~= nil and not istype(tensor_t, x) and not istype(struct_tensor_t, x)
+end
+
 local function microbatch_flag(v)
   if v == nil then return -1 end
   if v == true then return 1 end
@@ -67,6 +90,7 @@ local function microbatch_flag(v)
 end
 
 function Module:forward(x, opts)
+  if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
   local grad = true
   local first = opts
   if type(opts) == "table" then
@@ -87,6 +111,10 @@ end
 -- input_grad = false: the input's gradient is not wanted (the input is data): a Linear skips
 -- its dgrad GEMM; returns nothing then
 function Module:backward(dy, input_grad)
+  if bad_tensor(dy) then chk.tensor(dy, "grad_output", "module:backward") end
+  if input_grad ~= nil and input_grad ~= true and input_grad ~= false then
+    chk.boolean(input_grad, "input_grad", "module:backward")
+  end
   if input_grad == false then
     if C.lutra_module_backward(self, dy, nil) ~= 0 then core.fail() end
     return nil
@@ -148,6 +176,8 @@ function M.MSELoss() return new_loss(C.LUTRA_LOSS_MSE) end
 function M.CrossEntropyLoss() return new_loss(C.LUTRA_LOSS_SOFTMAX_XENT) end
 
 function Loss:forward(pred, target)
+  if bad_tensor(pred) then chk.tensor(pred, "pred", "loss:forward") end
+  if bad_tensor(target) then chk.tensor(target, "target", "loss:forward") end
   if C.lutra_loss_forward(self, pred, target, core.tensor_box) ~= 0 then core.fail() end
   return core.tensor_box[0]
 end

@@ -2,6 +2,7 @@
 --   local opt = lutra.optim.AdamW(net, {lr=1e-3, weight_decay=0.01})
 --   opt:step()
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -10,9 +11,13 @@ Optim.__index = Optim
 
 local function new(kind, module, opts, allowed, where)
   opts = core.check_options(opts, allowed, where)
+  if module ~= nil and not ffi.istype(chk.module_t, module) then
+    error(string.format("%s: module must be a module (got %s)", where, chk.got(module)), 3)
+  end
   local d = ffi.new("lutra_optim_desc")
   C.lutra_optim_defaults(kind, d)
-  for k, v in pairs(opts) do d[k] = v end
+  -- numbers only (the C side checks their ranges); "x" would be a raw FFI conversion error
+  for k, v in pairs(opts) do d[k] = chk.number(v, k, where, 4) end
   local box = ffi.new("lutra_optim*[1]")
   check(C.lutra_optim_new(d, module, box))
   return ffi.gc(box[0], C.lutra_optim_free)
@@ -33,7 +38,10 @@ function Optim:step()
   if C.lutra_optim_step(self) ~= 0 then core.fail() end
 end
 
-function Optim:set_lr(lr) check(C.lutra_optim_set_lr(self, lr)) end
+function Optim:set_lr(lr)
+  chk.number(lr, "lr", "optim:set_lr")
+  check(C.lutra_optim_set_lr(self, lr))
+end
 function Optim:free() check(C.lutra_optim_release(self)) end
 
 ffi.metatype("struct lutra_optim", { __index = Optim })

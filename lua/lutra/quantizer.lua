@@ -5,6 +5,7 @@
 --   local scale, scale_inv = q:scale() -- delayed and current scaling
 -- The FP8 tensor belongs to q: keep q referenced while using it (the GC frees it with q).
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -14,23 +15,31 @@ Quantizer.__index = Quantizer
 function M.new(recipe, role, opts)
   local where = "lutra.quantizer"
   opts = core.check_options(opts, { rowwise = true, columnwise = true, device = true }, where)
+  if recipe ~= nil and not ffi.istype(chk.recipe_t, recipe) then
+    error(string.format("%s: recipe must be a recipe (got %s)", where, chk.got(recipe)), 2)
+  end
   local r = core.code(core.roles, role, "role", where)
-  local rowwise = opts.rowwise == nil or opts.rowwise
-  local columnwise = opts.columnwise == nil or opts.columnwise
+  local rowwise = chk.flag(opts.rowwise, "rowwise", where, 1)
+  local columnwise = chk.flag(opts.columnwise, "columnwise", where, 1)
   local box = ffi.new("lutra_quantizer*[1]")
-  check(C.lutra_quantizer_new(recipe, r, rowwise and 1 or 0, columnwise and 1 or 0,
+  check(C.lutra_quantizer_new(recipe, r, rowwise, columnwise,
                               core.device(opts.device, where), box))
   return ffi.gc(box[0], C.lutra_quantizer_free)
 end
 
 function Quantizer:quantize(x)
+  chk.tensor(x, "x", "quantizer:quantize")
   if C.lutra_quantize(self, x, core.tensor_box) ~= 0 then core.fail() end
   return core.tensor_box[0]
 end
 
 -- quantize x and write its bias gradient (column sums) into dbias; accumulate adds to dbias
 function Quantizer:quantize_dbias(x, dbias, accumulate)
-  if C.lutra_quantize_dbias(self, x, dbias, accumulate and 1 or 0, core.tensor_box) ~= 0 then
+  local where = "quantizer:quantize_dbias"
+  chk.tensor(x, "x", where)
+  chk.tensor(dbias, "dbias", where)
+  local acc = chk.flag(accumulate, "accumulate", where, 0)
+  if C.lutra_quantize_dbias(self, x, dbias, acc, core.tensor_box) ~= 0 then
     core.fail()
   end
   return core.tensor_box[0]
@@ -40,7 +49,12 @@ end
 -- runs: then nothing is written (codes, scales, amax, history, dbias keep their values).
 -- dbias (optional): as quantize_dbias.
 function Quantizer:quantize_skip(x, skip, dbias, accumulate)
-  if C.lutra_quantize_skip(self, x, skip, dbias, accumulate and 1 or 0, core.tensor_box) ~= 0 then
+  local where = "quantizer:quantize_skip"
+  chk.tensor(x, "x", where)
+  chk.tensor(skip, "skip", where)
+  chk.tensor(dbias, "dbias", where)
+  local acc = chk.flag(accumulate, "accumulate", where, 0)
+  if C.lutra_quantize_skip(self, x, skip, dbias, acc, core.tensor_box) ~= 0 then
     core.fail()
   end
   return core.tensor_box[0]
@@ -55,6 +69,7 @@ function Quantizer:scale()
 end
 
 function Quantizer:history(n)
+  chk.integer(n, "n", "quantizer:history", 1, 2 ^ 20)
   local buf = ffi.new("float[?]", n)
   check(C.lutra_quantizer_history(self, buf, n))
   local t = {}
@@ -62,7 +77,10 @@ function Quantizer:history(n)
   return t
 end
 
-function Quantizer:record_amax(v) check(C.lutra_quantizer_record_amax(self, v)) end
+function Quantizer:record_amax(v)
+  chk.number(v, "amax", "quantizer:record_amax")
+  check(C.lutra_quantizer_record_amax(self, v))
+end
 
 function Quantizer:free() check(C.lutra_quantizer_release(self)) end
 
@@ -71,6 +89,9 @@ ffi.metatype("struct lutra_quantizer", { __index = Quantizer })
 -- lutra.dequantize(q, out, columnwise?): FP8 -> out's dtype. The columnwise copy comes out
 -- transposed ([cols, rows]).
 function M.dequantize(q, out, columnwise)
+  chk.tensor(q, "q", "lutra.dequantize")
+  chk.tensor(out, "out", "lutra.dequantize")
+  columnwise = chk.flag(columnwise, "columnwise", "lutra.dequantize", 0) == 1
   check(C.lutra_dequantize(q, columnwise and 1 or 0, out))
   return out
 end

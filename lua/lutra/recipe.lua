@@ -10,6 +10,7 @@
 -- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
 -- table {input=..., weight=..., grad_output=...}.
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -28,7 +29,19 @@ Recipe.__index = Recipe
 
 local function own(r) return ffi.gc(r, C.lutra_recipe_free) end
 
-local function bool(v) return (v and v ~= 0) and 1 or 0 end
+-- Converters for option values: each refuses what it cannot take exactly ("no" for a boolean,
+-- 1.5 or "1" for an integer) instead of truncating or treating it as true. Level 5: the
+-- converter, per_role or fill, make, the constructor, its caller.
+local I32 = 2 ^ 31
+local function bool(where, name)
+  return function(v) return chk.flag(v, name, where, nil, 5) end
+end
+local function int32(where, name)
+  return function(v) return chk.integer(v, name, where, -I32, I32 - 1, 5) end
+end
+local function num(where, name)
+  return function(v) return chk.number(v, name, where, 5) end
+end
 
 -- Writes a per-role option into arr[0..2].
 local function per_role(arr, value, where, name, convert)
@@ -43,7 +56,8 @@ local function per_role(arr, value, where, name, convert)
       if value[role] ~= nil then arr[i - 1] = convert(value[role]) end
     end
   else
-    for i = 0, 2 do arr[i] = convert(value) end
+    local v = convert(value)
+    for i = 0, 2 do arr[i] = v end
   end
 end
 
@@ -59,12 +73,14 @@ end
 
 -- The delayed-scaling fields shared by the delayed and custom recipes.
 local function fill_delayed(d, o, where)
-  if o.margin ~= nil then d.margin = o.margin end
-  if o.amax_history_len ~= nil then d.amax_history_len = o.amax_history_len end
+  if o.margin ~= nil then d.margin = int32(where, "margin")(o.margin) end
+  if o.amax_history_len ~= nil then
+    d.amax_history_len = int32(where, "amax_history_len")(o.amax_history_len)
+  end
   if o.amax_compute_algo ~= nil then
     d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
   end
-  if o.reduce_amax ~= nil then d.reduce_amax = bool(o.reduce_amax) end
+  if o.reduce_amax ~= nil then d.reduce_amax = bool(where, "reduce_amax")(o.reduce_amax) end
 end
 
 function M.delayed(opts)
@@ -82,8 +98,8 @@ function M.current(opts)
   return make(C.lutra_recipe_current, "lutra_current_desc", C.lutra_current_defaults, opts,
     { fp8_format = true, power_2_scale = true, amax_epsilon = true }, where, function(d, o)
       if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
-      per_role(d.power_2_scale, o.power_2_scale, where, "power_2_scale", bool)
-      per_role(d.amax_epsilon, o.amax_epsilon, where, "amax_epsilon", tonumber)
+      per_role(d.power_2_scale, o.power_2_scale, where, "power_2_scale", bool(where, "power_2_scale"))
+      per_role(d.amax_epsilon, o.amax_epsilon, where, "amax_epsilon", num(where, "amax_epsilon"))
     end)
 end
 
@@ -92,7 +108,7 @@ function M.mxfp8(opts)
   return make(C.lutra_recipe_mxfp8, "lutra_mxfp8_desc", C.lutra_mxfp8_defaults, opts,
     { fp8_format = true, margin = true }, where, function(d, o)
       if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
-      if o.margin ~= nil then d.margin = o.margin end
+      if o.margin ~= nil then d.margin = int32(where, "margin")(o.margin) end
     end)
 end
 
@@ -102,9 +118,9 @@ function M.block(opts)
     { fp8_format = true, power_2_scale = true, amax_epsilon = true, block_dim = true }, where,
     function(d, o)
       if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
-      per_role(d.power_2_scale, o.power_2_scale, where, "power_2_scale", bool)
-      per_role(d.amax_epsilon, o.amax_epsilon, where, "amax_epsilon", tonumber)
-      per_role(d.block_dim, o.block_dim, where, "block_dim", tonumber)
+      per_role(d.power_2_scale, o.power_2_scale, where, "power_2_scale", bool(where, "power_2_scale"))
+      per_role(d.amax_epsilon, o.amax_epsilon, where, "amax_epsilon", num(where, "amax_epsilon"))
+      per_role(d.block_dim, o.block_dim, where, "block_dim", int32(where, "block_dim"))
     end)
 end
 
@@ -116,12 +132,19 @@ function M.custom(opts)
       for i, role in ipairs(core.role_list) do
         local r = o[role]
         if r ~= nil then
+          if type(r) ~= "table" then
+            error(string.format("%s: %s must be a table (got %s)", where, role, chk.got(r)), 5)
+          end
           core.check_options(r, { kind = true, format = true, power_2_scale = true,
                                   amax_epsilon = true }, where .. " " .. role)
           if r.kind ~= nil then d.kind[i - 1] = core.code(quant_kinds, r.kind, "kind", where) end
           if r.format ~= nil then d.format[i - 1] = core.code(fp8_dtypes, r.format, "format", where) end
-          if r.power_2_scale ~= nil then d.power_2_scale[i - 1] = bool(r.power_2_scale) end
-          if r.amax_epsilon ~= nil then d.amax_epsilon[i - 1] = r.amax_epsilon end
+          if r.power_2_scale ~= nil then
+            d.power_2_scale[i - 1] = bool(where, role .. ".power_2_scale")(r.power_2_scale)
+          end
+          if r.amax_epsilon ~= nil then
+            d.amax_epsilon[i - 1] = num(where, role .. ".amax_epsilon")(r.amax_epsilon)
+          end
         end
       end
       fill_delayed(d, o, where)

@@ -1,6 +1,7 @@
 -- Tensors: lutra_tensor* cdata with methods. Tensors made here are owned by Lua (freed by the
 -- GC or by :free()); tensors returned by modules and quantizers are owned by them.
 local core = require("lutra.core")
+local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -21,8 +22,10 @@ local function fill_shape(shape, where)
   if n < 1 or n > 4 then error(where .. ": shape must have 1 to 4 dims", 3) end
   for i = 1, n do
     local d = shape[i]
-    if type(d) ~= "number" or d ~= math.floor(d) then
-      error(string.format("%s: dim %d is not an integer", where, i), 3)
+    -- |d| <= 2^53: a Lua number holds it exactly and int64_t takes it; the C side refuses
+    -- dims < 1 and products whose byte count overflows
+    if type(d) ~= "number" or d ~= math.floor(d) or d > 2 ^ 53 or d < -2 ^ 53 then
+      error(string.format("%s: dim %d must be an integer (got %s)", where, i, chk.got(d)), 3)
     end
     shape_buf[i - 1] = d
   end
@@ -39,10 +42,9 @@ function M.new(shape, dtype, device)
   local n = fill_shape(shape, where)
   local dt = core.code(core.dtypes, dtype or "f32", "dtype", where)
   local dev = core.device(device, where)
+  -- lutra_tensor_new zero-fills every dtype (i32 too)
   check(C.lutra_tensor_new(dt, n, shape_buf, dev, core.tensor_box))
-  local t = own(core.tensor_box[0])
-  if dt ~= C.LUTRA_I32 then check(C.lutra_tensor_fill(t, 0)) end
-  return t
+  return own(core.tensor_box[0])
 end
 
 -- lutra.from_table(values, shape?, dtype?, device?): values is a flat Lua array.
@@ -58,38 +60,70 @@ function M.from_table(values, shape, dtype, device)
   return t
 end
 
+local function check_live(t, where)
+  if bit.band(t.flags, C.LUTRA_TENSOR_FREED) ~= 0 then error(where .. ": tensor was freed", 3) end
+end
+
+-- The largest int32 a label may be; floats are refused rather than truncated.
+local I32_MIN, I32_MAX = -2 ^ 31, 2 ^ 31 - 1
+
+-- values: a Lua array of numel numbers, or a sized cdata array (float[n] for float tensors,
+-- int32_t[n] for i32) of at least numel elements. A bare pointer is refused: it carries no
+-- length, and a short buffer behind it would be read past its end.
 function Tensor:set(values)
-  if bit.band(self.flags, C.LUTRA_TENSOR_FREED) ~= 0 then error("tensor:set: tensor was freed", 2) end
+  local where = "tensor:set"
+  check_live(self, where)
   local n = tonumber(self.numel)
+  local i32 = self.dtype == C.LUTRA_I32
   if type(values) == "table" then
     if #values ~= n then
-      error(string.format("tensor:set: %d values for a tensor of %d", #values, n), 2)
+      error(string.format("%s: %d values for a tensor of %d", where, #values, n), 2)
     end
-    if self.dtype == C.LUTRA_I32 then
-      local buf = ffi.new("int32_t[?]", n)
-      for i = 1, n do buf[i - 1] = values[i] end
-      check(C.lutra_tensor_set_i32(self, buf, n))
-    else
-      local buf = ffi.new("float[?]", n)
-      for i = 1, n do buf[i - 1] = values[i] end
-      check(C.lutra_tensor_set_f32(self, buf, n))
+    local buf = ffi.new(i32 and "int32_t[?]" or "float[?]", math.max(n, 1))
+    for i = 1, n do
+      local v = values[i]
+      if type(v) ~= "number" then
+        error(string.format("%s: value %d must be a number (got %s)", where, i, chk.got(v)), 2)
+      end
+      if i32 and (v ~= math.floor(v) or v < I32_MIN or v > I32_MAX) then
+        error(string.format("%s: value %d must be an int32 for an i32 tensor (got %s)", where, i,
+                            tostring(v)), 2)
+      end
+      buf[i - 1] = v
     end
-  else -- a float* / int32_t* cdata of numel values
-    if self.dtype == C.LUTRA_I32 then
-      check(C.lutra_tensor_set_i32(self, values, n))
-    else
-      check(C.lutra_tensor_set_f32(self, values, n))
-    end
+    if i32 then check(C.lutra_tensor_set_i32(self, buf, n)) else check(C.lutra_tensor_set_f32(self, buf, n)) end
+    return self
   end
+  local elem = i32 and "int" or "float"
+  local count = chk.array_count(values, elem)
+  if count == nil then
+    error(string.format("%s: values must be a table or a %s array (ffi.new(\"%s[?]\", n)) "
+                        .. "(got %s)", where, i32 and "int32_t" or "float",
+                        i32 and "int32_t" or "float", chk.got(values)), 2)
+  end
+  if count < n then
+    error(string.format("%s: the array holds %d values, the tensor %d", where, count, n), 2)
+  end
+  if i32 then check(C.lutra_tensor_set_i32(self, values, n)) else check(C.lutra_tensor_set_f32(self, values, n)) end
   return self
 end
 
--- Values as f32 (FP8 tensors dequantized): into a float[numel] cdata, or a new Lua array.
+-- Values as f32 (FP8 tensors dequantized): into buf, a float array (ffi.new("float[?]", n))
+-- of at least numel elements, or into a new one.
 function Tensor:read(buf)
   local n = tonumber(self.numel)
-  local out = buf or ffi.new("float[?]", n)
-  check(C.lutra_tensor_get_f32(self, out, n))
-  return out
+  if buf == nil then buf = ffi.new("float[?]", math.max(n, 1)) else
+    local count = chk.array_count(buf, "float")
+    if count == nil then
+      error("tensor:read: buf must be a float array (ffi.new(\"float[?]\", n)) (got "
+            .. chk.got(buf) .. ")", 2)
+    end
+    if count < n then
+      error(string.format("tensor:read: buf holds %d floats, the tensor %d", count, n), 2)
+    end
+  end
+  check(C.lutra_tensor_get_f32(self, buf, n))
+  return buf
 end
 
 function Tensor:to_table()
@@ -109,22 +143,50 @@ end
 
 -- Raw bytes of the rowwise (or columnwise) data as a Lua string, e.g. FP8 codes.
 function Tensor:bytes(columnwise)
+  if columnwise ~= nil then chk.boolean(columnwise, "columnwise", "tensor:bytes") end
   local size = tonumber(self.numel) * tonumber(C.lutra_dtype_size(self.dtype))
   local buf = ffi.new("uint8_t[?]", size)
   check(C.lutra_tensor_get_bytes(self, columnwise and 1 or 0, buf, size))
   return ffi.string(buf, size)
 end
 
-function Tensor:fill(v) check(C.lutra_tensor_fill(self, v)) return self end
+function Tensor:fill(v)
+  chk.number(v, "value", "tensor:fill")
+  check(C.lutra_tensor_fill(self, v))
+  return self
+end
+
+-- Without a seed the fill draws one from the global generator (lutra.manual_seed), so two
+-- unseeded fills differ and a seeded program repeats.
+local seed_box = ffi.new("uint64_t[1]")
+local function next_seed()
+  check(C.lutra_seed_next(seed_box))
+  return seed_box[0]
+end
+M.next_seed = next_seed
+
+local function random_args(seed, a, b, da, db, where, na, nb)
+  if seed == nil then seed = next_seed() else chk.seed(seed, "seed", where, 4) end
+  if a == nil then a = da else chk.number(a, na, where, 4) end
+  if b == nil then b = db else chk.number(b, nb, where, 4) end
+  return seed, a, b
+end
+
 function Tensor:randn(seed, mean, std)
-  check(C.lutra_tensor_randn(self, seed or 0, mean or 0, std or 1))
+  seed, mean, std = random_args(seed, mean, std, 0, 1, "tensor:randn", "mean", "std")
+  check(C.lutra_tensor_randn(self, seed, mean, std))
   return self
 end
 function Tensor:uniform(seed, lo, hi)
-  check(C.lutra_tensor_uniform(self, seed or 0, lo or 0, hi or 1))
+  seed, lo, hi = random_args(seed, lo, hi, 0, 1, "tensor:uniform", "lo", "hi")
+  check(C.lutra_tensor_uniform(self, seed, lo, hi))
   return self
 end
-function Tensor:copy(src) check(C.lutra_tensor_copy(self, src)) return self end
+function Tensor:copy(src)
+  chk.tensor(src, "src", "tensor:copy")
+  check(C.lutra_tensor_copy(self, src))
+  return self
+end
 function Tensor:reshape(shape)
   local n = fill_shape(shape, "tensor:reshape")
   check(C.lutra_tensor_reshape(self, n, shape_buf))
@@ -160,7 +222,18 @@ local function tostring_tensor(t)
                        t.scaling ~= 0 and (", " .. t:scaling_name()) or "")
 end
 
-ffi.metatype("lutra_tensor", { __index = Tensor, __tostring = tostring_tensor })
+-- The struct's fields are const in the cdef (lutra.h's LUTRA_LUA_RO): a write such as
+-- x.numel = 512 raises LuaJIT's "attempt to write to constant location" instead of letting the
+-- next call read past the allocation. Chosen over checking numel against the allocation in C
+-- because it also covers data, shape, dtype and the scale pointers, which C cannot verify.
+-- Keys that are no field land here.
+local function newindex(_, k)
+  error(string.format("lutra.tensor: cannot set '%s' (a tensor's fields are read-only)",
+                      tostring(k)), 2)
+end
+
+ffi.metatype("lutra_tensor", { __index = Tensor, __newindex = newindex,
+                               __tostring = tostring_tensor })
 
 M.Tensor = Tensor
 M.dtype_names = dtype_names

@@ -24,10 +24,10 @@ end
 -- count elements of dtype at ptr (backend memory of device) as bytes; the owner must be alive
 function M.view_bytes(ptr, count, dtype, device)
   assert(ptr ~= nil, "view_bytes: NULL pointer")
-  local v = ffi.new("lutra_tensor")
-  v.data = ptr
-  v.shape[0], v.numel, v.ndim = count, count, 1
-  v.dtype, v.device, v.flags = dtype, device, C.LUTRA_TENSOR_BORROWED
+  -- the fields are const to Lua (lutra.h's LUTRA_LUA_RO): set them through the initializer
+  local v = ffi.new("lutra_tensor", { data = ptr, shape = { count }, numel = count, ndim = 1,
+                                      dtype = dtype, device = device,
+                                      flags = C.LUTRA_TENSOR_BORROWED })
   return v:bytes(false)
 end
 

@@ -68,8 +68,20 @@ static int format_dtypes(int format, int dtypes[LUTRA_NUM_ROLES], const char *fn
   return LUTRA_OK;
 }
 
+/* scale = fp8_max / 2^margin / amax. With margin <= 32 the scale is a normal float for every
+ * amax up to 2^100 (E4M3: 448 / 2^32 / 2^100 > FLT_MIN) and scale_inv stays finite; a margin
+ * of 200 made 2^margin infinite, the scale 0 and scale_inv inf. */
+enum { MAX_MARGIN = 32 };
+static int check_margin(int margin, const char *fn) {
+  CHECK_ARG(margin >= 0 && margin <= MAX_MARGIN,
+            "margin must be in 0..%d so that the scale fp8_max / amax / 2^margin stays a normal "
+            "float (got %d)",
+            MAX_MARGIN, margin);
+  return LUTRA_OK;
+}
+
 static int check_delayed_fields(int margin, int history_len, int algo, const char *fn) {
-  CHECK_ARG(margin >= 0, "margin must be >= 0 (got %d)", margin);
+  TRY(check_margin(margin, fn));
   CHECK_ARG(history_len >= 1, "amax_history_len must be >= 1 (got %d)", history_len);
   CHECK_ARG(history_len <= 1 << 20, "amax_history_len %d is too long", history_len);
   CHECK_ARG(algo == LUTRA_AMAX_MAX || algo == LUTRA_AMAX_MOST_RECENT,
@@ -194,6 +206,8 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
   static const char fn[] = "lutra_recipe_custom";
   CHECK_ARG(d, "desc is NULL");
   TRY(check_epsilon(d->amax_epsilon, fn));
+  /* margin is checked even without a delayed role: a value no recipe could use is a mistake */
+  TRY(check_margin(d->margin, fn));
   lutra_recipe r;
   init(&r, LUTRA_RECIPE_CUSTOM);
   r.reduce_amax = d->reduce_amax != 0;
@@ -221,12 +235,22 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
     if (k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D)
       s->block_dim = k == LUTRA_QUANT_BLOCK_1D ? 1 : 2;
   }
-  /* Hopper's FP8 GEMMs take E4M3 x E4M3 or E4M3 x E5M2, never E5M2 x E5M2 */
-  CHECK_ARG(!(r.roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE &&
-              r.roles[LUTRA_ROLE_WEIGHT].kind != LUTRA_QUANT_NONE &&
-              r.roles[LUTRA_ROLE_INPUT].dtype == LUTRA_E5M2 &&
-              r.roles[LUTRA_ROLE_WEIGHT].dtype == LUTRA_E5M2),
-            "input and weight cannot both be e5m2 (no E5M2 x E5M2 GEMM)");
+  /* Hopper's FP8 GEMMs (cuBLASLt) take E4M3 x E4M3 or E4M3 x E5M2, never E5M2 x E5M2: check
+   * the three GEMMs of a Linear now rather than at the first backward that would run them */
+  static const struct {
+    int a, b;
+    const char *gemm;
+  } pairs[] = {{LUTRA_ROLE_INPUT, LUTRA_ROLE_WEIGHT, "fprop"},
+               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_WEIGHT, "dgrad"},
+               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_INPUT, "wgrad"}};
+  for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
+    const lutra_quantizer_spec *x = &r.roles[pairs[i].a], *y = &r.roles[pairs[i].b];
+    CHECK_ARG(!(x->kind != LUTRA_QUANT_NONE && y->kind != LUTRA_QUANT_NONE &&
+                x->dtype == LUTRA_E5M2 && y->dtype == LUTRA_E5M2),
+              "%s and %s cannot both be e5m2 (the %s GEMM would be E5M2 x E5M2, which FP8 "
+              "GEMMs do not run)",
+              role_names[pairs[i].a], role_names[pairs[i].b], pairs[i].gemm);
+  }
   CHECK_ARG((r.roles[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
                 (r.roles[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),
             "input and weight must both be quantized or both be kept in high precision");

@@ -320,19 +320,43 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   return st;
 }
 
-int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
-               lutra_tensor *d, const lutra_tensor *bias, int accumulate) {
-  static const char fn[] = "lutra_gemm";
+/* The CPU GEMM writes D while it still reads A and B: D sharing a buffer with either gives
+ * wrong results (and the CUDA one is undefined), so the public entries refuse it. */
+static bool shares(const lutra_tensor *d, const lutra_tensor *x) {
+  if (!x) return false;
+  if (d == x) return true;
+  const void *dp[] = {d->data, d->col_data};
+  const void *xp[] = {x->data, x->col_data};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++)
+      if (dp[i] && dp[i] == xp[j]) return true;
+  return false;
+}
+
+static int check_public(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+                        const lutra_tensor *d, const lutra_tensor *bias, const char *fn) {
   TRY(lutra_check_tensor(a, fn, "A"));
   TRY(lutra_check_tensor(b, fn, "B"));
   TRY(lutra_check_tensor(d, fn, "D"));
   if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
+  CHECK_ARG(transa == 0 || transa == 1, "transa must be 0 or 1 (got %d)", transa);
+  CHECK_ARG(transb == 0 || transb == 1, "transb must be 0 or 1 (got %d)", transb);
+  CHECK_ARG(!shares(d, a), "D aliases A (the output must be a separate tensor)");
+  CHECK_ARG(!shares(d, b), "D aliases B (the output must be a separate tensor)");
+  CHECK_ARG(!shares(d, bias), "D aliases bias (the output must be a separate tensor)");
+  return LUTRA_OK;
+}
+
+int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
+               lutra_tensor *d, const lutra_tensor *bias, int accumulate) {
+  static const char fn[] = "lutra_gemm";
+  TRY(check_public(a, transa, b, transb, d, bias, fn));
   return lutra_gemm_run(&(lutra_gemm_op){.a = a,
                                          .b = b,
                                          .d = d,
                                          .bias = bias,
-                                         .transa = transa != 0,
-                                         .transb = transb != 0,
+                                         .transa = transa,
+                                         .transb = transb,
                                          .accumulate = accumulate != 0},
                         fn);
 }
@@ -341,17 +365,14 @@ int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int 
                   lutra_tensor *d, const lutra_tensor *bias, int accumulate,
                   const lutra_gemm_epilogue *epi) {
   static const char fn[] = "lutra_gemm_ex";
-  TRY(lutra_check_tensor(a, fn, "A"));
-  TRY(lutra_check_tensor(b, fn, "B"));
-  TRY(lutra_check_tensor(d, fn, "D"));
-  if (bias) TRY(lutra_check_tensor(bias, fn, "bias"));
+  TRY(check_public(a, transa, b, transb, d, bias, fn));
   return lutra_gemm_run(&(lutra_gemm_op){.a = a,
                                          .b = b,
                                          .d = d,
                                          .bias = bias,
                                          .epilogue = epi,
-                                         .transa = transa != 0,
-                                         .transb = transb != 0,
+                                         .transa = transa,
+                                         .transb = transb,
                                          .accumulate = accumulate != 0},
                         fn);
 }

@@ -1,5 +1,5 @@
 /* Tensors: allocation through the owning device's backend, host transfers with conversion,
- * deterministic random fills. None of this is on a training step's hot path except
+ * (the random fills are in random.c). None of this is on a training step's hot path except
  * lutra_tensor_ensure, which returns at once while the shape stays the same. */
 #include "runtime/tensor.h"
 #include "backend/backend.h"
@@ -11,6 +11,7 @@
 #include "core/object.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -24,18 +25,35 @@ int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwi
     rows = cols;
     cols = t;
   }
+  /* rows and cols come from a shape whose product fits int64, so the rounded-up factors
+   * below fit too (each is at most its dim + 127); only their product can overflow: -1 then */
+  int64_t a, b, n;
   switch (scaling) {
   case LUTRA_SCALING_TENSOR:
     return 1;
   case LUTRA_SCALING_MXFP8:
-    return rows * ((cols + 31) / 32);
+    a = rows, b = cols / 32 + (cols % 32 != 0);
+    break;
   case LUTRA_SCALING_BLOCK_1D: /* [ceil(cols/128)][roundup(rows, 4)] (lutra.h) */
-    return ((cols + 127) / 128) * ((rows + 3) / 4 * 4);
+    a = cols / 128 + (cols % 128 != 0), b = rows / 4 * 4 + (rows % 4 ? 4 : 0);
+    break;
   case LUTRA_SCALING_BLOCK_2D: /* [ceil(rows/128)][roundup(ceil(cols/128), 4)] */
-    return ((rows + 127) / 128) * (((cols + 127) / 128 + 3) / 4 * 4);
+    a = rows / 128 + (rows % 128 != 0), b = cols / 128 + (cols % 128 != 0);
+    b = b / 4 * 4 + (b % 4 ? 4 : 0);
+    break;
   default:
     return 0;
   }
+  if (__builtin_mul_overflow(a, b, &n)) return -1;
+  return n;
+}
+
+/* count * size in *out; true when it exceeds PTRDIFF_MAX (what an allocator can hand out). */
+static bool byte_count(int64_t count, size_t size, size_t *out) {
+  size_t n;
+  if (count < 0 || __builtin_mul_overflow((size_t)count, size, &n) || n > PTRDIFF_MAX) return true;
+  *out = n;
+  return false;
 }
 
 static int check_shape(int ndim, const int64_t *shape, int64_t *numel, const char *fn) {
@@ -83,6 +101,24 @@ int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char
   t->refs = 1;
   int64_t rows = lutra_rows(t), cols = lutra_cols(t);
   size_t ssize = scale_elem_size(scaling);
+  /* A shape whose element count fits int64 can still overflow size_t once multiplied by the
+   * element size (2^31 x 2^31 f32 is 2^64 bytes, which wraps to a 0-byte allocation that later
+   * writes overrun): every byte count is checked before anything is allocated. */
+  size_t bytes, sbytes = 0, cbytes = 0;
+  bool overflow = byte_count(numel, esize, &bytes);
+  if (scaling != LUTRA_SCALING_NONE) {
+    int64_t sc = lutra_scale_count(scaling, rows, cols, false);
+    int64_t cc = lutra_scale_count(scaling, rows, cols, true);
+    overflow = overflow || sc < 0 || cc < 0 || byte_count(sc, ssize, &sbytes) ||
+               byte_count(cc, ssize, &cbytes);
+  }
+  if (overflow) {
+    lutra_tensor_destroy(t);
+    return lutra_error(LUTRA_EINVAL, fn,
+                       "a %lld-element %s tensor needs more than %lld bytes (the byte count "
+                       "overflows)",
+                       (long long)numel, lutra_dtype_name(dtype), (long long)PTRDIFF_MAX);
+  }
   if (lutra_capture_active) {
     lutra_tensor_destroy(t);
     return lutra_error(LUTRA_ESTATE, fn,
@@ -92,11 +128,9 @@ int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char
                        (long long)numel, lutra_dtype_name(dtype));
   }
   int st = LUTRA_OK;
-  if (s->rowwise) st = be->alloc((size_t)numel * esize, &t->data);
-  if (st == LUTRA_OK && s->columnwise) st = be->alloc((size_t)numel * esize, &t->col_data);
+  if (s->rowwise) st = be->alloc(bytes, &t->data);
+  if (st == LUTRA_OK && s->columnwise) st = be->alloc(bytes, &t->col_data);
   /* scale arrays start zeroed: block scaling's padding entries are never written (lutra.h) */
-  const size_t sbytes = (size_t)lutra_scale_count(scaling, rows, cols, false) * ssize;
-  const size_t cbytes = (size_t)lutra_scale_count(scaling, rows, cols, true) * ssize;
   if (st == LUTRA_OK && scaling != LUTRA_SCALING_NONE && s->rowwise) {
     st = be->alloc(sbytes, &t->scale_inv);
     if (st == LUTRA_OK) st = be->memset(t->scale_inv, 0, sbytes);
@@ -160,6 +194,14 @@ int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device, lutr
             lutra_dtype_name(dtype));
   lutra_tensor *t;
   TRY(lutra_tensor_make(PLAIN_TENSOR(dtype, ndim, shape, device), &t, fn));
+  /* zero-filled for every dtype, as lutra.h says: i32 label tensors have no fill of their own */
+  const lutra_backend *be;
+  int st = lutra_backend_get(device, &be, fn);
+  if (st == LUTRA_OK) st = be->memset(t->data, 0, (size_t)t->numel * lutra_dtype_size(dtype));
+  if (st != LUTRA_OK) {
+    lutra_tensor_destroy(t);
+    return st;
+  }
   *out = t;
   return LUTRA_OK;
 }
@@ -317,68 +359,6 @@ int lutra_tensor_fill(lutra_tensor *t, float value) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   return be->fill(t->data, t->dtype, t->numel, value);
-}
-
-/* xoshiro256** seeded by splitmix64: the same stream on every machine and backend. */
-typedef struct rng {
-  uint64_t s[4];
-} rng;
-static uint64_t splitmix64(uint64_t *x) {
-  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-static void rng_seed(rng *r, uint64_t seed) {
-  for (int i = 0; i < 4; i++)
-    r->s[i] = splitmix64(&seed);
-}
-static uint64_t rotl(uint64_t x, int k) {
-  return (x << k) | (x >> (64 - k));
-}
-static uint64_t rng_next(rng *r) {
-  uint64_t *s = r->s, result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-  s[2] ^= s[0];
-  s[3] ^= s[1];
-  s[1] ^= s[2];
-  s[0] ^= s[3];
-  s[2] ^= t;
-  s[3] = rotl(s[3], 45);
-  return result;
-}
-static double rng_unit(rng *r) {
-  return (double)(rng_next(r) >> 11) * 0x1.0p-53;
-} /* [0,1) */
-
-static int fill_random(lutra_tensor *t, uint64_t seed, float a, float b, bool normal,
-                       const char *fn) {
-  TRY(lutra_check_tensor(t, fn, "tensor"));
-  CHECK_ARG(lutra_dtype_is_float(t->dtype), "tensor dtype %s is not f32, bf16 or f16",
-            lutra_dtype_name(t->dtype));
-  CHECK_ARG(isfinite(a) && isfinite(b), "parameters must be finite");
-  float *host;
-  TRY(host_buffer((size_t)t->numel * 4, (void **)&host, fn));
-  rng r;
-  rng_seed(&r, seed);
-  for (int64_t i = 0; i < t->numel; i++) {
-    if (normal) {
-      double u1 = 1.0 - rng_unit(&r), u2 = rng_unit(&r);
-      host[i] = (float)(a + b * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
-    } else {
-      host[i] = (float)(a + (b - a) * rng_unit(&r));
-    }
-  }
-  int st = lutra_tensor_set_f32(t, host, t->numel);
-  free(host);
-  return st;
-}
-
-int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev) {
-  return fill_random(t, seed, mean, stddev, true, "lutra_tensor_randn");
-}
-
-int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi) {
-  return fill_random(t, seed, lo, hi, false, "lutra_tensor_uniform");
 }
 
 int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {

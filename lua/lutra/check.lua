@@ -1,0 +1,148 @@
+-- Argument checks shared by every file of the front. Each raises "where: name must be ...
+-- (got ...)" at the caller of the front function (level 3 by default: this helper, the front
+-- function, its caller), before anything reaches the FFI, whose own conversion errors name
+-- no call and would truncate 1.5 to 1 or turn "1" into 1 without a word. The checks are
+-- plain type/compare tests and ffi.istype on ctypes made once, so they compile into the
+-- traces of a training loop without building anything.
+local ffi = require("lutra.core").ffi
+
+local M = {}
+
+local function got(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  if type(v) == "cdata" then return tostring(ffi.typeof(v)) end
+  return tostring(v)
+end
+M.got = got
+
+function M.fail(where, fmt, ...)
+  error(where .. ": " .. string.format(fmt, ...), 4)
+end
+
+local function raise(level, where, name, what, v)
+  error(string.format("%s: %s must be %s (got %s)", where, name, what, got(v)), level + 1)
+end
+
+local function is_integer(v)
+  return type(v) == "number" and v == v and v == math.floor(v) and v > -math.huge and v < math.huge
+end
+
+-- an integer in [min, max] (bounds optional); a number is needed, "1" is refused
+function M.integer(v, name, where, min, max, level)
+  level = level or 3
+  if not is_integer(v) then
+    raise(level, where, name, min == 1 and "a positive integer" or "an integer", v)
+  end
+  if (min and v < min) or (max and v > max) then
+    local range
+    if min == 1 then range = "a positive integer"
+    elseif min and max then range = string.format("an integer in %d..%d", min, max)
+    elseif min then range = string.format("an integer >= %d", min)
+    else range = string.format("an integer <= %d", max) end
+    raise(level, where, name, range, v)
+  end
+  return v
+end
+
+-- a positive integer (a dim, a feature count)
+function M.positive(v, name, where, level)
+  if not is_integer(v) or v < 1 then raise(level or 3, where, name, "a positive integer", v) end
+  return v
+end
+
+-- a seed: an integer in 0..2^53 (what a Lua number holds exactly) or a uint64_t cdata
+local u64 = ffi.typeof("uint64_t")
+local i64 = ffi.typeof("int64_t")
+function M.seed(v, name, where, level)
+  if ffi.istype(u64, v) then return v end
+  if ffi.istype(i64, v) and v >= 0 then return v end
+  if not is_integer(v) or v < 0 or v > 2 ^ 53 then
+    raise(level or 3, where, name, "an integer in 0..2^53 or a uint64_t", v)
+  end
+  return v
+end
+
+-- a finite number (NaN and infinities refused)
+function M.finite(v, name, where, level)
+  if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
+    raise(level or 3, where, name, "a finite number", v)
+  end
+  return v
+end
+
+-- any number, NaN and infinities included (the C side decides what it accepts)
+function M.number(v, name, where, level)
+  if type(v) ~= "number" then raise(level or 3, where, name, "a number", v) end
+  return v
+end
+
+function M.boolean(v, name, where, level)
+  if type(v) ~= "boolean" then raise(level or 3, where, name, "a boolean", v) end
+  return v
+end
+
+-- nil or a boolean; returns 1/0 for the C struct, or dflt when nil
+function M.flag(v, name, where, dflt, level)
+  if v == nil then return dflt end
+  if type(v) ~= "boolean" then raise(level or 3, where, name, "a boolean", v) end
+  return v and 1 or 0
+end
+
+function M.table(v, name, where, level)
+  if type(v) ~= "table" then raise(level or 3, where, name, "a table", v) end
+  return v
+end
+
+-- a cdata of one of the front's object types (ct: a ctype made once with ffi.typeof);
+-- what: the kind named in the message ("a tensor")
+function M.object(v, ct, what, name, where, level)
+  if not ffi.istype(ct, v) then raise(level or 3, where, name, what, v) end
+  return v
+end
+
+function M.optional_object(v, ct, what, name, where, level)
+  if v ~= nil and not ffi.istype(ct, v) then raise(level or 3, where, name, what .. " or nil", v) end
+  return v
+end
+
+M.tensor_t = ffi.typeof("lutra_tensor *")
+-- a lutra_tensor made by ffi.new (a view the specs build over borrowed memory) is one too
+local tensor_struct_t = ffi.typeof("lutra_tensor")
+M.module_t = ffi.typeof("lutra_module *")
+M.recipe_t = ffi.typeof("lutra_recipe *")
+M.group_t = ffi.typeof("lutra_group *")
+
+local function is_tensor(v)
+  return ffi.istype(M.tensor_t, v) or ffi.istype(tensor_struct_t, v)
+end
+M.is_tensor = is_tensor
+
+-- nil passes: the C call refuses NULL with its own name ("lutra_module_forward: input is
+-- NULL"); anything else that is not a tensor would reach the FFI's conversion error
+function M.tensor(v, name, where, level)
+  if v ~= nil and not is_tensor(v) then raise(level or 3, where, name, "a tensor", v) end
+  return v
+end
+
+-- the number of elem-typed elements a sized cdata array (ffi.new("float[?]", n), float[8])
+-- holds, or nil when v is not one: a pointer carries no length, so a short buffer behind it
+-- would be overrun
+local array_elems = {} -- ctype id -> element type name, or false when not an array
+local function elem_name(ct)
+  return tostring(ct):match("^ctype<(.-) ?%[[%d?]*%]>$") or false
+end
+local elem_sizes = { float = 4, int = 4 }
+function M.array_count(v, elem)
+  if type(v) ~= "cdata" then return nil end
+  local ct = ffi.typeof(v)
+  local id = tonumber(ct)
+  local name = array_elems[id]
+  if name == nil then
+    name = elem_name(ct)
+    array_elems[id] = name
+  end
+  if name ~= elem then return nil end
+  return ffi.sizeof(v) / elem_sizes[elem]
+end
+
+return M
