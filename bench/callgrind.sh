@@ -12,7 +12,7 @@
 # start-up, JIT compilation and first-call costs (plans, buffers). Figures:
 #   autocast_pair_lua    whole program per pair: Lua methods, FFI calls and C (JIT on)
 #   autocast_pair_c      inclusive Ir of lutra_autocast_enter + lutra_autocast_exit per pair
-#   linear_fwd_c_nogemm  inclusive Ir of lutra_module_forward minus that of cblas_sgemm, per
+#   linear_fwd_c_nogemm  inclusive Ir of lutra_module_forward_ex minus that of cblas_sgemm, per
 #                        forward: lutra's C work around the GEMM (checks, plan lookup, buffers)
 #   linear_fwd_gemm      inclusive Ir of cblas_sgemm per forward (OpenBLAS; for reference)
 # The C-side figures are collected only inside the named functions (--toggle-collect) and are
@@ -89,7 +89,7 @@ echo "== callgrind runs (about two minutes)"
 autocast_lua=$(per autocast 1000000)
 autocast_c=$(per autocast 100000 --toggle-collect=lutra_autocast_enter \
   --toggle-collect=lutra_autocast_exit)
-linear_fwd=$(per linear 1000 --toggle-collect=lutra_module_forward)
+linear_fwd=$(per linear 1000 --toggle-collect=lutra_module_forward_ex)
 linear_gemm=$(per linear 1000 --toggle-collect=cblas_sgemm)
 linear_nogemm=$(awk -v f="$linear_fwd" -v g="$linear_gemm" 'BEGIN { printf "%.2f", f - g }')
 
@@ -107,7 +107,7 @@ TABLE=$(cat << EOF
 |---|---:|
 | autocast enter+exit from Lua (scope:enter() scope:exit(), whole program) | $autocast_lua |
 | autocast enter+exit, C side (lutra_autocast_enter + lutra_autocast_exit, inclusive) | $autocast_c |
-| Linear forward f32 64x64 -> 64, CPU: lutra_module_forward minus cblas_sgemm (inclusive) | $linear_nogemm |
+| Linear forward f32 64x64 -> 64, CPU: lutra_module_forward_ex minus cblas_sgemm (inclusive) | $linear_nogemm |
 | (the cblas_sgemm of that forward, OpenBLAS) | $linear_gemm |
 EOF
 )
