@@ -133,8 +133,18 @@ local function hex_at(s, e, esize)
     return string.format("%02x", c:byte()) end))
 end
 
--- byte strings must be identical; esize groups bytes into elements for the message
-function S.assert_same_bytes(got, want, what, esize)
+-- the value of element e of a byte string of float dtype code (nil for other dtypes)
+local function value_at(s, e, code)
+  if code == C.LUTRA_F32 then return ffi.cast("const float*", s)[e] end
+  if code == C.LUTRA_BF16 or code == C.LUTRA_F16 then
+    return C.lutra_decode(code, ffi.cast("const uint16_t*", s)[e])
+  end
+  if code == C.LUTRA_E4M3 or code == C.LUTRA_E5M2 then return C.lutra_decode(code, s:byte(e + 1)) end
+end
+
+-- byte strings must be identical; esize groups bytes into elements for the message, and a
+-- float dtype code (optional) decodes both values there
+function S.assert_same_bytes(got, want, what, esize, code)
   if got == want then return end
   esize = esize or 1
   if #got ~= #want then S.fail("%s: %d bytes, reference %d", what, #got, #want) end
@@ -146,15 +156,19 @@ function S.assert_same_bytes(got, want, what, esize)
     end
   end
   local e = math.floor((first - 1) / esize)
-  S.fail("%s: %d of %d bytes differ; first at element %d: %s vs reference %s", what, count, #want,
-         e, hex_at(got, e, esize), hex_at(want, e, esize))
+  local values = ""
+  if code and value_at(want, e, code) then
+    values = string.format(" (%.9g vs %.9g)", value_at(got, e, code), value_at(want, e, code))
+  end
+  S.fail("%s: %d of %d bytes differ; first at element %d: 0x%s vs reference 0x%s%s", what, count,
+         #want, e, hex_at(got, e, esize), hex_at(want, e, esize), values)
 end
 
 -- two tensors hold the same bits (rowwise data, or the columnwise copy)
 function S.assert_same_tensor(got, want, what, columnwise)
   S.same_meta(got, want, what)
   S.assert_same_bytes(got:bytes(columnwise), want:bytes(columnwise), what,
-                      tonumber(C.lutra_dtype_size(want.dtype)))
+                      tonumber(C.lutra_dtype_size(want.dtype)), want.dtype)
 end
 
 -- Elements of a float dtype (code: LUTRA_F32, LUTRA_BF16 or LUTRA_F16) as bytes: identical

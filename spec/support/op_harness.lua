@@ -70,11 +70,11 @@ local function compare_one(got, want, mode, what)
       return S.assert_same_bits_nan(got:bytes(), want:bytes(), want.dtype, what)
     end
     return S.assert_same_bytes(got:bytes(), want:bytes(), what,
-                               tonumber(C.lutra_dtype_size(want.dtype)))
+                               tonumber(C.lutra_dtype_size(want.dtype)), want.dtype)
   elseif getmetatable(want) == blob_mt then
     if mode == "bits_nan" then return S.assert_same_bits_nan(got.bytes, want.bytes, want.code, what) end
     return S.assert_same_bytes(got.bytes, want.bytes, what,
-                               want.code and tonumber(C.lutra_dtype_size(want.code)) or 1)
+                               want.code and tonumber(C.lutra_dtype_size(want.code)) or 1, want.code)
   elseif type(want) == "string" then
     return S.assert_same_bytes(got, want, what)
   elseif type(want) == "number" then
