@@ -21,7 +21,7 @@
 --   BGRADB's dbias (k-sums of op(B), exact inputs, f32 vs double summation): f32 1e-9, bf16 2e-5.
 --   FP8 operands (per-tensor scaling): D 2e-6 for f32 (the FP8 GEMM's 1e-6 plus the GELU
 --     above), aux 1e-6, bf16 2e-5 (see ops_gpu.lua's FP8 bounds).
--- LUTRA_GPU_SPEC_VERBOSE=1 prints each measured NMSE. LUTRA_GPU_SPEC_DEVICE=cpu dry-runs the
+-- LUTRA_GPU_SPEC_VERBOSE=1 prints each measured NMSE. LUTRA_TEST_DEVICE=cpu dry-runs the
 -- suite CPU against CPU.
 local string, ipairs, error = string, ipairs, error
 local lutra = require("lutra")
@@ -29,16 +29,8 @@ local R = lutra.recipe
 
 local S = require("spec.gpu.support")
 local DEV, REF, hold, assert_nmse = S.DEV, S.REF, S.hold, S.assert_nmse
+local poisoned, randn_pair = S.poisoned, S.randn_pair
 local function test(name, fn) S.test(it, name, fn) end
-
-local function poisoned(shape, dtype, device)
-  return lutra.tensor(shape, dtype, device):fill(0 / 0)
-end
-
-local function randn_pair(shape, dtype, seed, std, mean)
-  return lutra.tensor(shape, dtype, REF):randn(seed, mean or 0, std or 1),
-         lutra.tensor(shape, dtype, DEV):randn(seed, mean or 0, std or 1)
-end
 
 -- stored shapes for D [m, n] = op(B) [m, k] op(A) [k, n]
 local GL = require("spec.support.gemm_layouts")

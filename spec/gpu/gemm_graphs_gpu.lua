@@ -12,10 +12,7 @@ local S = require("spec.gpu.support")
 local DEV, REF, assert_nmse, hold = S.DEV, S.REF, S.assert_nmse, S.hold
 local function test(name, fn) S.test(it, name, fn) end
 
-local function pair(shape, dtype, seed, std)
-  return lutra.tensor(shape, dtype, REF):randn(seed, 0, std),
-         lutra.tensor(shape, dtype, DEV):randn(seed, 0, std)
-end
+local function pair(shape, dtype, seed, std) return S.randn_pair(shape, dtype, seed, std, 0) end
 
 local function served()
   local _, launches = lutra.gemm_graph_stats()

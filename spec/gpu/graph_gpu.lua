@@ -2,7 +2,7 @@
 -- the model exactly where N eager steps leave it (bit for bit: every kernel of the step is
 -- deterministic, and the optimizer's step count lives on the device), and what a graph cannot
 -- hold must be refused at capture time with an error naming it.
--- On the CPU (LUTRA_GPU_SPEC_DEVICE=cpu) graphs do not exist: the suite checks that refusal.
+-- On the CPU (LUTRA_TEST_DEVICE=cpu) graphs do not exist: the suite checks that refusal.
 local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
 local S = require("spec.gpu.support")

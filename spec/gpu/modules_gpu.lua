@@ -11,7 +11,7 @@
 -- finite (a non-finite value fails with its index), and modules run more than once so that their
 -- reused buffers hold the previous call's values.
 --
--- The device is LUTRA_GPU_SPEC_DEVICE (default "cuda"); LUTRA_GPU_SPEC_DEVICE=cpu dry-runs the
+-- The device is LUTRA_TEST_DEVICE (default "cuda"); LUTRA_TEST_DEVICE=cpu dry-runs the
 -- suite CPU against CPU. When the device is not available, every test fails saying so.
 
 -- ---- helpers (the device choice and test wrapper are shared: spec/gpu/support.lua) ---------
@@ -21,7 +21,6 @@ local math, string, table, type, tostring, ipairs, pairs, pcall, error =
   math, string, table, type, tostring, ipairs, pairs, pcall, error
 local HUGE = math.huge
 local lutra = require("lutra")
-local ffi = require("ffi")
 local C = lutra.C
 local R = lutra.recipe
 local nn = lutra.nn
@@ -32,14 +31,11 @@ local DEV, REF, note, hold, fail, isfinite = S.DEV, S.REF, S.note, S.hold, S.fai
 local function test(name, fn) S.test(it, name, fn) end
 
 -- the same random tensor on both devices (generated on the host from the seed)
-local function randn_pair(shape, dtype, seed, std, mean)
-  return lutra.tensor(shape, dtype, REF):randn(seed, mean or 0, std or 1),
-         lutra.tensor(shape, dtype, DEV):randn(seed, mean or 0, std or 1)
-end
+local randn_pair, keep, f32 = S.randn_pair, S.keep, S.f32
 
+-- dims and dtype as the reference's, and the result on the device under test
 local function same_meta(got, want, what)
-  assert.are.same(want:dims(), got:dims(), what .. ": dims")
-  assert.are.equal(want:dtype_name(), got:dtype_name(), what .. ": dtype")
+  S.same_meta(got, want, what)
   assert.are.equal(DEV, got:device_name(), what .. ": device of the result")
 end
 
@@ -73,13 +69,6 @@ local function same_values(a, b, what)
   assert_same_bytes(a:bytes(), b:bytes(), what)
 end
 
--- a copy that survives the owner's next call
-local function keep(t)
-  return lutra.tensor(t:dims(), t:dtype_name(), t:device_name()):copy(t)
-end
-
-local fbox = ffi.new("float[1]")
-local function f32(x) fbox[0] = x return fbox[0] end
 
 -- f32 outputs / bf16 outputs (see each test for why)
 local function hp_bound(dtype) return dtype == "bf16" and 1e-5 or 1e-10 end

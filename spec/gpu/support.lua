@@ -1,32 +1,56 @@
--- Shared by the GPU specs: which device is under test (LUTRA_GPU_SPEC_DEVICE, default cuda;
--- "cpu" dry-runs the suite CPU against CPU), whether it can run, and a test wrapper that fails
--- at once, saying why, when it cannot. Not a spec itself (no _gpu in its name).
+-- Shared by the GPU specs: which device is under test, whether it can run, a test wrapper that
+-- fails at once, saying why, when it cannot, and the helpers every GPU spec needs (poisoned
+-- outputs, the same random inputs on both devices, exact and NMSE comparisons). The table-driven
+-- harness over these is spec/support/op_harness.lua. Not a spec itself (no _gpu in its name).
+--
+-- Device choice: LUTRA_TEST_DEVICE (LUTRA_GPU_SPEC_DEVICE, the older name, is still read),
+-- default "cuda".
+--   cpu   the "device" side runs on the CPU too: a smoke test of every spec on a machine without
+--         a GPU (CPU against CPU, so it checks the Lua, the poisoning and the comparisons).
+--   auto  cuda when it is available, else cpu (said on stderr).
+--   cuda  (or unset) cuda; when it is not available every test fails, saying why, so that a GPU
+--         run can never pass silently on the CPU.
 local lutra = require("lutra")
+local ffi = require("ffi")
 local assert = require("luassert")
+local C = lutra.C
 local HUGE = math.huge
 
 local S = {}
-local DEV = os.getenv("LUTRA_GPU_SPEC_DEVICE")
-if DEV == nil or DEV == "" then DEV = "cuda" end
-S.DEV, S.REF = DEV, "cpu"
--- LUTRA_GPU_SPEC_VERBOSE=1 prints every measured NMSE (or loss) to stderr, to see the margins
-local VERBOSE = (os.getenv("LUTRA_GPU_SPEC_VERBOSE") or "") ~= "" and os.getenv("LUTRA_GPU_SPEC_VERBOSE") ~= "0"
-function S.note(fmt, ...)
-  if VERBOSE then io.stderr:write(string.format(fmt, ...), "\n") end
+
+local function env(name)
+  local v = os.getenv(name)
+  if v == "" then return nil end
+  return v
 end
 
+local function probe(dev)
+  local ok, avail = pcall(lutra.device_available, dev)
+  if not ok then return false, tostring(avail) end
+  if avail then return true end
+  local ok2, err = pcall(lutra.tensor, { 1 }, "f32", dev)
+  return false, ok2 and "lutra.device_available returned false" or tostring(err)
+end
+
+local DEV = env("LUTRA_TEST_DEVICE") or env("LUTRA_GPU_SPEC_DEVICE") or "cuda"
 local DEV_OK, DEV_WHY
-do
-  local ok, avail = pcall(lutra.device_available, DEV)
-  if not ok then
-    DEV_OK, DEV_WHY = false, tostring(avail)
-  elseif avail then
-    DEV_OK = true
+if DEV == "auto" then
+  DEV_OK, DEV_WHY = probe("cuda")
+  if DEV_OK then
+    DEV = "cuda"
   else
-    local ok2, err = pcall(lutra.tensor, { 1 }, "f32", DEV)
-    DEV_OK = false
-    DEV_WHY = ok2 and "lutra.device_available returned false" or tostring(err)
+    io.stderr:write("LUTRA_TEST_DEVICE=auto: cuda is not available (", DEV_WHY, "): running the ",
+                    "GPU specs CPU against CPU\n")
+    DEV = "cpu"
   end
+end
+DEV_OK, DEV_WHY = probe(DEV)
+S.DEV, S.REF = DEV, "cpu"
+
+-- LUTRA_GPU_SPEC_VERBOSE=1 prints every measured NMSE (or loss) to stderr, to see the margins
+local VERBOSE = (env("LUTRA_GPU_SPEC_VERBOSE") or "0") ~= "0"
+function S.note(fmt, ...)
+  if VERBOSE then io.stderr:write(string.format(fmt, ...), "\n") end
 end
 
 -- Owners (quantizers, modules, losses) of tensors that are read later are held here until the
@@ -41,8 +65,8 @@ end
 function S.test(it, name, fn)
   it(name, function()
     if not DEV_OK then
-      error(string.format("GPU spec device '%s' is not available: %s (set LUTRA_GPU_SPEC_DEVICE=cpu "
-                          .. "to dry-run this suite on the CPU)", DEV, DEV_WHY), 0)
+      error(string.format("GPU spec device '%s' is not available: %s (set LUTRA_TEST_DEVICE=cpu "
+                          .. "to smoke-test this suite on the CPU)", DEV, DEV_WHY), 0)
     end
     held = {}
     fn()
@@ -54,7 +78,126 @@ function S.fail(fmt, ...) error(string.format(fmt, ...), 2) end
 
 function S.isfinite(v) return v == v and v ~= HUGE and v ~= -HUGE end
 
--- NMSE of got against ref (float* of n values); fails on a non-finite element of either
+-- ---- inputs and outputs ----------------------------------------------------------------------
+
+-- a tensor full of NaN: what a kernel does not write stays non-finite
+function S.poisoned(shape, dtype, device)
+  return lutra.tensor(shape, dtype, device):fill(0 / 0)
+end
+
+-- the same random tensor on both devices (generated on the host from the seed)
+function S.randn_pair(shape, dtype, seed, std, mean)
+  return lutra.tensor(shape, dtype, S.REF):randn(seed, mean or 0, std or 1),
+         lutra.tensor(shape, dtype, S.DEV):randn(seed, mean or 0, std or 1)
+end
+
+-- the same host values (a float* of the tensor's size) on both devices
+function S.from_buf_pair(buf, shape, dtype)
+  return lutra.tensor(shape, dtype, S.REF):set(buf), lutra.tensor(shape, dtype, S.DEV):set(buf)
+end
+
+-- a float[] holding a Lua array of numbers
+function S.buf_of(values)
+  local b = ffi.new("float[?]", #values)
+  for i = 1, #values do b[i - 1] = values[i] end
+  return b
+end
+
+-- a copy of t that the owner's next call does not overwrite
+function S.keep(t)
+  return lutra.tensor(t:dims(), t:dtype_name(), t:device_name()):copy(t)
+end
+
+local fbox = ffi.new("float[1]")
+-- x rounded to f32
+function S.f32(x) fbox[0] = x return fbox[0] end
+
+-- t:amax() cannot be called from Lua: the struct field lutra_tensor.amax (a float*) hides the
+-- method of the same name in lua/lutra/tensor.lua, so the C call is used directly.
+local amax_box = ffi.new("float[1]")
+function S.amax_of(t)
+  local st = C.lutra_tensor_amax(t, amax_box)
+  if st ~= 0 then error(ffi.string(C.lutra_last_error()), 2) end
+  return amax_box[0]
+end
+
+-- ---- comparisons -----------------------------------------------------------------------------
+
+function S.same_meta(got, want, what)
+  assert.are.same(want:dims(), got:dims(), what .. ": dims")
+  assert.are.equal(want:dtype_name(), got:dtype_name(), what .. ": dtype")
+end
+
+local function hex_at(s, e, esize)
+  return (s:sub(e * esize + 1, e * esize + esize):gsub(".", function(c)
+    return string.format("%02x", c:byte()) end))
+end
+
+-- the value of element e of a byte string of float dtype code (nil for other dtypes)
+local function value_at(s, e, code)
+  if code == C.LUTRA_F32 then return ffi.cast("const float*", s)[e] end
+  if code == C.LUTRA_BF16 or code == C.LUTRA_F16 then
+    return C.lutra_decode(code, ffi.cast("const uint16_t*", s)[e])
+  end
+  if code == C.LUTRA_E4M3 or code == C.LUTRA_E5M2 then return C.lutra_decode(code, s:byte(e + 1)) end
+end
+
+-- byte strings must be identical; esize groups bytes into elements for the message, and a
+-- float dtype code (optional) decodes both values there
+function S.assert_same_bytes(got, want, what, esize, code)
+  if got == want then return end
+  esize = esize or 1
+  if #got ~= #want then S.fail("%s: %d bytes, reference %d", what, #got, #want) end
+  local first, count = nil, 0
+  for i = 1, #want do
+    if got:byte(i) ~= want:byte(i) then
+      count = count + 1
+      first = first or i
+    end
+  end
+  local e = math.floor((first - 1) / esize)
+  local values = ""
+  if code and value_at(want, e, code) then
+    values = string.format(" (%.9g vs %.9g)", value_at(got, e, code), value_at(want, e, code))
+  end
+  S.fail("%s: %d of %d bytes differ; first at element %d: 0x%s vs reference 0x%s%s", what, count,
+         #want, e, hex_at(got, e, esize), hex_at(want, e, esize), values)
+end
+
+-- two tensors hold the same bits (rowwise data, or the columnwise copy)
+function S.assert_same_tensor(got, want, what, columnwise)
+  S.same_meta(got, want, what)
+  S.assert_same_bytes(got:bytes(columnwise), want:bytes(columnwise), what,
+                      tonumber(C.lutra_dtype_size(want.dtype)), want.dtype)
+end
+
+-- Elements of a float dtype (code: LUTRA_F32, LUTRA_BF16 or LUTRA_F16) as bytes: identical
+-- bits, except that NaN only has to stay NaN (the payload of a NaN is not specified across
+-- backends).
+local BITS = { [4] = "const uint32_t*", [2] = "const uint16_t*" }
+function S.assert_same_bits_nan(got, want, code, what)
+  if got == want then return end
+  assert.are.equal(#want, #got, what .. ": byte count")
+  local esize = tonumber(C.lutra_dtype_size(code))
+  local g, w = ffi.cast(BITS[esize], got), ffi.cast(BITS[esize], want)
+  local gf, wf = ffi.cast("const float*", got), ffi.cast("const float*", want)
+  for i = 0, #want / esize - 1 do
+    if g[i] ~= w[i] then
+      local gv, wv
+      if esize == 4 then gv, wv = gf[i], wf[i]
+      else gv, wv = C.lutra_decode(code, g[i]), C.lutra_decode(code, w[i]) end
+      if not (gv ~= gv and wv ~= wv) then
+        S.fail("%s: element %d is 0x%s (%.9g), reference 0x%s (%.9g)", what, i,
+               hex_at(got, i, esize), gv, hex_at(want, i, esize), wv)
+      end
+    end
+  end
+end
+-- the older name, for 16-bit floats
+S.assert_same_half_bits = S.assert_same_bits_nan
+
+-- NMSE of got against ref (float* of n values) and the largest difference and its index; fails
+-- on a non-finite element of either
 function S.nmse_buf(got, ref, n, what)
   local num, den, worst, wi = 0, 0, -1, 0
   for i = 0, n - 1 do
@@ -72,16 +215,20 @@ function S.nmse_buf(got, ref, n, what)
   return e, wi, worst
 end
 
--- NMSE of two tensors (same dims and dtype) <= bound; returns the NMSE
-function S.assert_nmse(got, want, bound, what)
-  assert.are.same(want:dims(), got:dims(), what .. ": dims")
-  assert.are.equal(want:dtype_name(), got:dtype_name(), what .. ": dtype")
+-- NMSE of two tensors (same dims and dtype) <= bound (and, when given, every |difference| <=
+-- max_abs); returns the NMSE
+function S.assert_nmse(got, want, bound, what, max_abs)
+  S.same_meta(got, want, what)
   local g, w = got:read(), want:read()
   local e, wi, worst = S.nmse_buf(g, w, want:size(), what)
-  S.note("NMSE %.3e (bound %.0e)  %s", e, bound, what)
-  if not (e <= bound) then
+  S.note("NMSE %.3e (bound %.0e), max |diff| %.3g  %s", e, bound or -1, worst, what)
+  if bound and not (e <= bound) then
     S.fail("%s: NMSE %.3e > bound %.1e (largest difference %.3g at element %d: %.9g vs reference %.9g)",
            what, e, bound, worst, wi, g[wi], w[wi])
+  end
+  if max_abs and not (worst <= max_abs) then
+    S.fail("%s: |difference| %.3g > max_abs %.3g at element %d: %.9g vs reference %.9g (NMSE %.3e)",
+           what, worst, max_abs, wi, g[wi], w[wi], e)
   end
   return e
 end

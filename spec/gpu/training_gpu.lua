@@ -20,7 +20,7 @@
 -- Plus: bf16 parameters, classification with cross-entropy and SGD with momentum, and
 -- micro-batches with weight caching and main_grad accumulation.
 --
--- The device is LUTRA_GPU_SPEC_DEVICE (default "cuda"); LUTRA_GPU_SPEC_DEVICE=cpu dry-runs the
+-- The device is LUTRA_TEST_DEVICE (default "cuda"); LUTRA_TEST_DEVICE=cpu dry-runs the
 -- suite CPU against CPU. When the device is not available, every test fails saying so.
 
 -- ---- helpers (the device choice and test wrapper are shared: spec/gpu/support.lua) ---------
