@@ -395,7 +395,8 @@ typedef struct lutra_linear_desc {
   int32_t dtype;                /* parameter and activation dtype: F32 (default) or BF16 */
   int32_t device;               /* LUTRA_CPU (default) */
   int32_t accumulate_main_grad; /* wgrad accumulates into an f32 main_grad buffer */
-  uint64_t seed;                /* weight init: uniform(-1/sqrt(in), 1/sqrt(in)) */
+  uint64_t seed; /* weight init: uniform(-1/sqrt(in), 1/sqrt(in)); default: the next seed of
+                    the global generator (lutra_seed_next) */
 } lutra_linear_desc;
 
 LUTRA_API void lutra_linear_defaults(lutra_linear_desc *d);

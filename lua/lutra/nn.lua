@@ -35,11 +35,8 @@ function M.Linear(in_features, out_features, opts)
   d.bias = chk.flag(opts.bias, "bias", where, d.bias)
   if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
   d.device = core.device(opts.device, where)
-  if opts.seed ~= nil then
-    d.seed = chk.seed(opts.seed, "seed", where)
-  else
-    d.seed = require("lutra.tensor").next_seed()
-  end
+  -- without a seed, lutra_linear_defaults drew one from the global generator
+  if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
   check(C.lutra_linear_new(d, module_box))
   return own(module_box[0])

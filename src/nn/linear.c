@@ -105,7 +105,9 @@ static const lutra_module_ops linear_ops = {
 
 void lutra_linear_defaults(lutra_linear_desc *d) {
   if (!d) return;
-  *d = (lutra_linear_desc){.bias = 1, .dtype = LUTRA_F32, .device = LUTRA_CPU, .seed = 1};
+  *d = (lutra_linear_desc){.bias = 1, .dtype = LUTRA_F32, .device = LUTRA_CPU};
+  /* two layers made from the defaults must not start from the same weights */
+  lutra_seed_next(&d->seed);
 }
 
 int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out) {
