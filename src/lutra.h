@@ -351,9 +351,10 @@ LUTRA_API int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tenso
 /* Plans (one per shape/dtype/layout/epilogue) and workspace bytes held by the caches. */
 LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
 /* Eager cuda GEMMs replayed as one-GEMM CUDA graphs: a call seen again with the same arguments
- * (pointers, beta, stream) runs as a cudaGraphLaunch of its captured cublasLtMatmul, 1.3-2.2 us
- * of host time instead of 7-17 us on the H200 host, with the same results (src/backend/cuda/gemm_graphs.c;
- * LUTRA_GEMM_GRAPHS=0 at load turns it off). graphs: cached now; launches: calls served so far. */
+ * (pointers, beta, stream) runs as a cudaGraphLaunch of its captured cublasLtMatmul, which costs
+ * the host several times less than the call itself (BENCHMARKS.md), with the same results
+ * (src/backend/cuda/gemm_graphs.c; LUTRA_GEMM_GRAPHS=0 at load turns it off). graphs: cached now;
+ * launches: calls served so far. */
 LUTRA_API int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches);
 
 /* ---- CUDA graphs --------------------------------------------------------------------------- */

@@ -1,5 +1,5 @@
-/* Eager GEMMs replayed as CUDA graphs. On the lent H200's host a cublasLtMatmul costs 7-17 us of
- * CPU time and a cudaGraphLaunch 1.3-2.2 us (BENCHMARKS.md), and in a training loop every GEMM is
+/* Eager GEMMs replayed as CUDA graphs. A cublasLtMatmul costs the host several times what a
+ * cudaGraphLaunch does (BENCHMARKS.md has the figures), and in a training loop every GEMM is
  * called again and again with the same arguments: modules own their outputs, gradients and
  * quantized copies, so the pointers do not change from step to step. A plan therefore keeps a
  * few calls it has seen, keyed by every argument the call bakes into its kernels (operand,
