@@ -1,7 +1,7 @@
-/* 64x64 tiles: the per-tensor cast with a columnwise output (any input dtype, and the only path
- * for a fused bias gradient or GELU gradient) and MXFP8 of inputs that quantize_mx16.cu does not
- * take (f32, unaligned, dims not multiples of 32, a bias gradient); and the two entry points that
- * choose between these and the 128x128 kernels (lk_quantize_mxfp8, lkc::cast_transpose).
+/* 64x64 tiles: the per-tensor cast with a columnwise output and MXFP8, for what the 128x128
+ * kernels of quantize_mx16.cu do not take (f32 inputs, unaligned buffers, dims that are not
+ * multiples of 16 (cast) or 32 (MXFP8), a fused bias gradient or GELU gradient); and the two
+ * entry points that choose between the two (lk_quantize_mxfp8, lkc::cast_transpose).
  *
  * For the columnwise output (the transpose, quantized along its own rows) the tile goes through
  * shared memory as f32; a thread then takes 32 consecutive rows of one column, reduces its block
