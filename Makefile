@@ -99,16 +99,18 @@ test-gpu: all
 run: all
 	$(RUN_ENV) $(LUAJIT) examples/train_mlp.lua $(ARGS)
 
-# kernels/quantize_mx.cu's MXFP8 kernels emulated on the CPU (a thread per CUDA thread) against
-# the CPU backend, byte for byte: needs the CUDA headers and a C++20 compiler, not a GPU.
+# the tiled quantizers (kernels/quantize_tile64.cu, quantize_mx16.cu, quantize_block.cu) emulated
+# on the CPU (a thread per CUDA thread) against the CPU backend, byte for byte: needs the CUDA
+# headers and a C++20 compiler, not a GPU.
 # ARGS=quick for the small shapes only.
 CXX ?= c++
 SIM_OBJ = $(SIM_SRC:%.c=build/sim/%.o)
 build/sim/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_CFLAGS) $(CFLAGS) -c -o $@ $<
-build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) kernels/quantize_mx.cu kernels/common.cuh kernels/ops_common.cuh \
-                       kernels/kernels.h $(HDRS)
+SIM_KERNELS = kernels/quantize_tile64.cu kernels/quantize_mx16.cu kernels/quantize_block.cu \
+              kernels/quantize_tiles.cuh kernels/common.cuh kernels/ops_common.cuh kernels/kernels.h
+build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDRS)
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx

@@ -1,6 +1,6 @@
 /* Device helpers shared by lutra's CUDA kernels: element loads and stores by dtype, the exact
- * FP8 / E8M0 / bf16 / f16 conversions of src/core/codec.h, the f32 rules of src/backend/cpu/quantize_cpu.c,
- * reductions and launch plumbing.
+ * FP8 / E8M0 / bf16 / f16 conversions of src/core/codec.h, the f32 rules of
+ * src/backend/cpu/quantize_cpu.c, reductions and launch plumbing.
  *
  * Bit-exactness with the CPU backend
  * - Conversions follow src/core/codec.h bit for bit. FP8 and f16 use the hardware's RNE conversions
@@ -108,7 +108,7 @@ LKC_HD float div_x86(float a, float b) {
   return is_nan(r) ? nan_result(a, b) : r;
 }
 
-/* ---- bf16 / f16 (src/core/codec.h) ---------------------------------------------------------------- */
+/* ---- bf16 / f16 (src/core/codec.h) ----------------------------------------------------------- */
 
 LKC_HD uint32_t bf16_bits(float f) {
   uint32_t u = f32_bits(f);
@@ -142,7 +142,7 @@ LKC_HD float f16_value(uint32_t h) {
   return bits_f32(f32_bits(v) | sign);
 }
 
-/* ---- FP8 (src/core/codec.h) ----------------------------------------------------------------------- */
+/* ---- FP8 (src/core/codec.h) ------------------------------------------------------------------ */
 
 /* the integer mirror of src/core/codec.h's narrow_rne (finite |x| only, sign cleared) */
 LKC_HD uint32_t narrow_rne(uint32_t mag, int mbits, int bias) {
@@ -288,7 +288,7 @@ LKC_HD float mx_scale_rcp(uint32_t e) {
   return bits_f32((254u - e) << 23);
 }
 
-/* ---- f32 scale rules (src/backend/cpu/quantize_cpu.c) ------------------------------------------------ */
+/* ---- f32 scale rules (src/backend/cpu/quantize_cpu.c) ---------------------------------------- */
 
 /* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX) */
 LKC_HD float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {
@@ -575,10 +575,11 @@ template <typename K> cudaError_t allow_smem(K *kernel, int bytes, std::atomic<u
   return e;
 }
 
-/* ---- the tiled quantizers (kernels/quantize_mx.cu) ------------------------------------------- */
+/* ---- the tiled quantizers (kernels/quantize_tile64.cu) --------------------------------------- */
 
-/* Per-tensor cast with a columnwise (transposed) output, through 64x64 shared-memory tiles;
- * lk_cast uses it when col_data is set. Arguments are checked by the caller. */
+/* Per-tensor cast with a columnwise (transposed) output, through shared-memory tiles (k_cast16's
+ * 128x128 or k_tile64's 64x64); lk_cast uses it when col_data is set. Arguments are checked by
+ * the caller. */
 cudaError_t cast_transpose(const lutra_quant_args *a, cudaStream_t s);
 
 } // namespace lkc

@@ -1,6 +1,7 @@
-/* Element-wise conversion, fill, amax, current-scaling scale, per-tensor FP8 cast (rowwise;
- * the transposed output is in quantize_mx.cu), dequantization and the delayed-scaling update.
- * Each matches its lutra_cpu_* namesake in src/backend/cpu/quantize_cpu.c bit for bit (see common.cuh).
+/* Element-wise conversion, fill, amax, current-scaling scale, per-tensor FP8 cast (rowwise; the
+ * transposed output is in quantize_tile64.cu and quantize_mx16.cu), dequantization and the
+ * delayed-scaling update. Each matches its lutra_cpu_* namesake in src/backend/cpu/quantize_cpu.c
+ * bit for bit (see common.cuh).
  *
  * The element-wise kernels work on units of 16 consecutive elements (16-byte loads and stores:
  * 4 x 16 B of f32, 2 x 16 B of bf16/f16, 16 B of FP8) over a grid-stride loop; the last n % 16

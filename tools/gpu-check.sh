@@ -70,7 +70,8 @@ if has host; then
   note "host overhead suite exit $?"
 fi
 if has ncu; then
-  # where the tiled quantizers spend their time (Nsight Compute, if the machine has it);
+  # where the tiled quantizers (kernels/quantize_tile64.cu, quantize_mx16.cu) spend their time
+  # (Nsight Compute, if the machine has it);
   # NCU_KERNEL: a regex of the kernels to profile
   LUTRA_DEVICE=cuda timeout 300 ncu --kernel-name regex:"${NCU_KERNEL:-k_tile64|k_mx16}" --launch-count 4 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy \

@@ -1,4 +1,5 @@
-/* Runs kernels/quantize_mx.cu's MXFP8 kernels and its per-tensor cast + transpose on the CPU, one
+/* Runs the tiled quantizers' MXFP8 kernels and their per-tensor cast + transpose
+ * (kernels/quantize_tile64.cu, kernels/quantize_mx16.cu) on the CPU, one
  * std::thread per CUDA thread, and compares every output byte with the CPU backend
  * (lutra_cpu_quantize_mxfp8, lutra_cpu_cast): for checking the kernels' indexing, shuffles and
  * barriers on a machine without a GPU. FP8 conversions take
@@ -199,7 +200,10 @@ cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int, c
 }
 }
 
-#include "quantize_mx.cu"
+/* the three in one translation unit: their file-local (anonymous namespace) names must differ */
+#include "quantize_block.cu"
+#include "quantize_mx16.cu"
+#include "quantize_tile64.cu"
 
 /* ---- the check ------------------------------------------------------------------------------ */
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tunes the tile order of the 64x64 quantize kernels (LUTRA_TILE_BAND, kernels/quantize_mx.cu):
+# Tunes the tile order of the 64x64 quantize kernels (LUTRA_TILE_BAND, kernels/quantize_tile64.cu):
 # runs the memory-bound part of bench/cuda_throughput.c against liblutra.so builds made with
 # other bands, one after the other on the GPU machine. Build the variants first (anywhere with
 # nvcc; the lent machine's time is scarce), e.g. for band 8:
