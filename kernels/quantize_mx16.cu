@@ -25,9 +25,10 @@ namespace {
  * (xor 8, 16), so both amaxes come from registers and shuffles and the inputs never go through
  * shared memory. Both code tiles do, 1 byte per element, so that they leave as whole 128-byte
  * lines (8 lanes per row of the tile or of its transpose, 16 bytes each), and so do the scales, so
- * that each row (column) gets one 4-byte store per tile. Measured on the H200 (tools/mx_probe.cu):
- * 128x64 tiles whose row codes left as 64-byte halves, in a persistent grid, ran at 55-66% of copy;
- * storing the row codes as whole lines is what moved it most, and one block per tile in row-major
+ * that each row (column) gets one 4-byte store per tile. tools/mx_probe.cu chose this layout
+ * (BENCHMARKS.md has its figures): 128x64 tiles whose row codes left as 64-byte halves, in a
+ * persistent grid, were far slower; storing the row codes as whole lines is what moved it most,
+ * and one block per tile in row-major
  * order (the tiles in flight then cover a few whole tile rows) beat persistent blocks, bands, a
  * cp.async pipeline and clusters sharing the scales through distributed shared memory; the scales'
  * stores ask L2 to keep their lines (st_keep_in_l2). */
@@ -198,10 +199,10 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
 /* A 4-byte store that asks L2 to keep its line (evict_last). The scales' 4-byte pieces are
  * partial sectors that the neighbouring tiles complete later (8 tiles along a row for a rowwise
  * sector, 8 tile rows for a columnwise one); evicted before then, a partial sector costs HBM a
- * read-modify-write. Kept, they cost about 1 point of copy bandwidth instead of 7-12 (the code
- * stores and input loads with the default policy; tools/mx_probe.cu, H200: 84-87%
- * of copy against 80-81%). Later accesses with the default policy (the GEMM's dequantize reading
- * the scales) make the lines ordinary again. */
+ * read-modify-write. Kept, they cost a fraction of what they cost evicted (the code stores and
+ * input loads keep the default policy; tools/mx_probe.cu, figures in BENCHMARKS.md). Later accesses
+ * with the default policy (the GEMM's dequantize reading the scales) make the lines ordinary again.
+ */
 __device__ __forceinline__ void st_keep_in_l2(uint8_t *d, uint32_t v) {
 #ifdef __CUDA_ARCH__
   uint64_t policy;
@@ -343,8 +344,8 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx1
  * The same 128x128 tiles and thread layout as k_mx16, one scale for all: a thread encodes its
  * 8x8 values once, and its columnwise codes are its rowwise codes transposed in registers (an 8x8
  * byte transpose), both staged in shared memory and stored as whole 128-byte lines. The 64x64
- * kernel (k_tile64, MODE_CAST_CODES) stores 64-byte half lines and measured 79.8-81.4% of copy at
- * 16384^2 with delayed scaling. The per-tensor amax (delayed scaling) is the maximum magnitude
+ * kernel (k_tile64, MODE_CAST_CODES) stores 64-byte half lines, which costs it bandwidth
+ * (BENCHMARKS.md). The per-tensor amax (delayed scaling) is the maximum magnitude
  * over the matrix's values, NaNs left out as fmaxf leaves them out. Inputs with a bias gradient or
  * a fused GELU gradient stay on k_tile64. */
 

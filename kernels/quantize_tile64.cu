@@ -24,13 +24,12 @@ using namespace lkq;
 
 namespace {
 
-/* Tile order: bands of 16 tile rows, column by column inside a band. The tiles in flight at
- * once (a few hundred) then cover whole 32-byte sectors of both scale arrays (16 tiles x 2
- * E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row, so L2 writes
+/* Tile order: bands of LUTRA_TILE_BAND tile rows, column by column inside a band. The tiles in
+ * flight at once (a few hundred) then cover whole 32-byte sectors of both scale arrays (16 tiles x
+ * 2 E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row, so L2 writes
  * back full sectors instead of partial ones it would have to read from HBM first. */
-/* 8 tile rows: 81.3% of copy for the delayed cast + transpose at 16384^2 and 87.2% at 8192^2,
- * against 80.0% / 86.8% with 16 and 76.1% / 83.3% with 32 (tools/tile_band_sweep.sh, H200). The
- * macros are for tuning builds only. */
+/* 8 tile rows measured best of 8, 16 and 32 for the delayed cast + transpose
+ * (tools/tile_band_sweep.sh; BENCHMARKS.md). The macros are for tuning builds only. */
 #ifndef LUTRA_TILE_BAND
 #define LUTRA_TILE_BAND 8
 #endif
