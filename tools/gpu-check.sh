@@ -26,7 +26,7 @@ if has cpu-specs; then
   note "cpu specs: $(grep -E 'successes' "$OUT/cpu-specs.log" | tail -1)"
 fi
 if has gpu-specs; then
-  timeout 300 luajit /tmp/devkit/usr/bin/busted --pattern=_gpu spec/gpu > "$OUT/gpu-specs.log" 2>&1
+  timeout ${GPU_SPECS_TIMEOUT:-420} luajit /tmp/devkit/usr/bin/busted --pattern=_gpu spec/gpu > "$OUT/gpu-specs.log" 2>&1
   note "gpu specs: $(grep -E 'successes' "$OUT/gpu-specs.log" | tail -1)"
 fi
 if has sanitizer; then
