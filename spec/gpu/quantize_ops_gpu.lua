@@ -52,8 +52,15 @@ end
 
 -- every quantizer kind and format: tensor = one scale (q:scale() is compared), mx = MXFP8 (dims
 -- must be multiples of 32), delayed = scale from an update
+-- a custom recipe cannot make input and grad_output both E5M2 (no GEMM takes E5M2 x E5M2), so the
+-- E5M2 input quantizer and the E5M2 grad_output quantizer come from two recipes
 local function custom_recipe()
   return R.custom { input = { kind = "current", format = "e5m2" },
+                    weight = { kind = "block_2d", format = "e4m3" },
+                    grad_output = { kind = "mxfp8", format = "e4m3" } }
+end
+local function custom_recipe_e5m2_grad()
+  return R.custom { input = { kind = "current", format = "e4m3" },
                     weight = { kind = "block_2d", format = "e4m3" },
                     grad_output = { kind = "mxfp8", format = "e5m2" } }
 end
@@ -86,7 +93,7 @@ local QCONFIGS = {
   { name = "custom input (current, e5m2)", make = custom_recipe, role = "input", fmt = "e5m2",
     tensor = true },
   { name = "custom weight (block_2d, e4m3)", make = custom_recipe, role = "weight", fmt = "e4m3" },
-  { name = "custom grad_output (mxfp8, e5m2)", make = custom_recipe, role = "grad_output",
+  { name = "custom grad_output (mxfp8, e5m2)", make = custom_recipe_e5m2_grad, role = "grad_output",
     fmt = "e5m2", mx = true },
 }
 
