@@ -7,18 +7,9 @@ local E = require("spec.support.errors")
 local expect_error = E.expect_error
 local R = lutra.recipe
 
-local count = 0
-local function c_check(st)
-  if st ~= 0 then error(ffi.string(C.lutra_last_error()), 0) end
-end
-local function cases(list)
-  for _, c in ipairs(list) do
-    it(c[1], function()
-      expect_error(c[2], c[3], c[4])
-      count = count + 1
-    end)
-  end
-end
+local counter = { n = 0 }
+local c_check = E.c_check
+local function cases(list) E.cases(list, counter, it) end
 
 describe("bad inputs: recipes", function()
   cases {
@@ -192,6 +183,7 @@ end)
 describe("bad inputs: the suite's count", function()
   -- (busted gives each spec file its own globals: bad_input_spec.lua checks its own count)
   it("this file checks at least 50 bad inputs (bad_input_spec.lua at least 80)", function()
-    io.stderr:write("bad inputs in this file: ", count, "\n"); assert.is_true(count >= 50, "only " .. count)
+    io.stderr:write("bad inputs in this file: ", counter.n, "\n")
+    assert.is_true(counter.n >= 50, "only " .. counter.n)
   end)
 end)

@@ -8,20 +8,9 @@ local ffi = lutra.ffi
 local E = require("spec.support.errors")
 local expect_error = E.expect_error
 
-local count = 0
--- a C call's status as a Lua error carrying lutra_last_error()
-local function c_check(st)
-  if st ~= 0 then error(ffi.string(lutra.C.lutra_last_error()), 0) end
-end
--- each case: { name, fn, call, reason }
-local function cases(list)
-  for _, c in ipairs(list) do
-    it(c[1], function()
-      expect_error(c[2], c[3], c[4])
-      count = count + 1
-    end)
-  end
-end
+local counter = { n = 0 }
+local c_check = E.c_check
+local function cases(list) E.cases(list, counter, it) end
 
 -- a tensor's values as bytes, for "unchanged" checks
 local function snap(t) return t:bytes() end
@@ -95,7 +84,7 @@ describe("bad inputs: tensors", function()
                          function() x.shape[0] = 99 end, function() x.dtype = 6 end } do
       local msg = E.message_of(f)
       assert.is_truthy(msg:find("constant location", 1, true), msg)
-      count = count + 1
+      counter.n = counter.n + 1
     end
     assert.are.equal(32, x:size())
     assert.are.same({ 4, 8 }, x:dims())
@@ -113,7 +102,7 @@ describe("bad inputs: tensors", function()
     expect_error(function() t:set(ffi.new("int32_t[63]")) end, "tensor:set", "holds 63 values")
     expect_error(function() lutra.from_table({ 1.7, -2.2 }, nil, "i32") end, "tensor:set",
                  "must be an int32")
-    count = count + 5
+    counter.n = counter.n + 5
     assert.are.equal(zero, t:bytes())
     t:set(ffi.new("int32_t[64]", 5))
   end)
@@ -171,7 +160,7 @@ describe("bad inputs: gemm", function()
                  "lutra_gemm", "transa must be 0 or 1 (got 2)")
     expect_error(function() c_check(lutra.C.lutra_gemm_ex(A, 1, B, -1, D, nil, 0, nil)) end,
                  "lutra_gemm_ex", "transb must be 0 or 1 (got -1)")
-    count = count + 2
+    counter.n = counter.n + 2
   end)
 end)
 
@@ -253,6 +242,7 @@ end)
 -- bad_input_c_spec.lua holds the rest (at least 50): the suite has at least 130
 describe("bad inputs: count", function()
   it("this file checks at least 80 bad inputs", function()
-    io.stderr:write("bad inputs in this file: ", count, "\n"); assert.is_true(count >= 80, "only " .. count)
+    io.stderr:write("bad inputs in this file: ", counter.n, "\n")
+    assert.is_true(counter.n >= 80, "only " .. counter.n)
   end)
 end)

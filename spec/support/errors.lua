@@ -25,4 +25,24 @@ function M.expect_error(fn, call, reason)
   return msg
 end
 
+-- A C call's status as a Lua error carrying lutra_last_error(), for cases that call ffi.C.
+function M.c_check(st)
+  if st ~= 0 then
+    local lutra = require("lutra")
+    error(lutra.ffi.string(lutra.C.lutra_last_error()), 0)
+  end
+end
+
+-- One busted `it` per case { name, fn, call, reason }, each expecting fn to fail naming call and
+-- containing reason; counter.n counts the cases that ran (a file checks its own total). it: the
+-- calling spec file's busted `it` (each spec file has its own environment).
+function M.cases(list, counter, it)
+  for _, c in ipairs(list) do
+    it(c[1], function()
+      M.expect_error(c[2], c[3], c[4])
+      counter.n = counter.n + 1
+    end)
+  end
+end
+
 return M
