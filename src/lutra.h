@@ -92,9 +92,9 @@ enum {
  *   Padding entries (r >= R; j >= NB) are 0: scale arrays are zeroed when allocated and
  *   quantizers never write them. */
 typedef struct lutra_tensor {
-  void *LUTRA_LUA_RO data;          /* rowwise values, or NULL when only the columnwise copy exists */
-  void *LUTRA_LUA_RO col_data;      /* columnwise (transposed) copy, or NULL */
-  void *LUTRA_LUA_RO scale_inv;     /* rowwise scale inverses (FP8 only) */
+  void *LUTRA_LUA_RO data;      /* rowwise values, or NULL when only the columnwise copy exists */
+  void *LUTRA_LUA_RO col_data;  /* columnwise (transposed) copy, or NULL */
+  void *LUTRA_LUA_RO scale_inv; /* rowwise scale inverses (FP8 only) */
   void *LUTRA_LUA_RO col_scale_inv; /* columnwise scale inverses (FP8 only) */
   float *LUTRA_LUA_RO amax;         /* amax observed when this tensor was quantized, or NULL */
   LUTRA_LUA_RO int64_t shape[4];
@@ -254,6 +254,11 @@ LUTRA_API int lutra_autocast_free(lutra_autocast *a);
 LUTRA_API int lutra_autocast_release(lutra_autocast *a);
 LUTRA_API int lutra_autocast_enter(lutra_autocast *a); /* refuses a scope already entered */
 LUTRA_API int lutra_autocast_exit(lutra_autocast *a);  /* refuses a scope not innermost */
+/* Error recovery: exits every scope of this thread above depth (lutra_autocast_state's depth
+ * saved before entering), innermost first. Exiting the outermost scope this way discards the
+ * amaxes recorded inside it instead of updating the scales with them (what a failed step
+ * observed must not feed the next update). */
+LUTRA_API int lutra_autocast_unwind(int depth);
 /* The calling thread's state: depth of nesting, whether FP8 compute is on, calibration. */
 LUTRA_API int lutra_autocast_state(int *depth, int *enabled, int *calibrating);
 /* Number of delayed-scaling updates run on this thread (forward and backward), and the

@@ -38,17 +38,37 @@ function Scope:exit()
   if C.lutra_autocast_exit(self) ~= 0 then core.fail() end
 end
 
-local function finish(scope, ok, ...)
-  local st = C.lutra_autocast_exit(scope)
-  if not ok then error((...), 0) end
-  if st ~= 0 then error(ffi.string(C.lutra_last_error()), 2) end
+local run_depth = ffi.new("int[3]")
+
+local function finish(scope, depth, ok, ...)
+  if not ok then
+    -- fn raised, maybe inside scopes of its own it never exited: leave all of them and this one
+    -- (the amaxes of the failed step are dropped, not used for the update)
+    C.lutra_autocast_unwind(depth)
+    error((...), 0)
+  end
+  if C.lutra_autocast_exit(scope) ~= 0 then
+    local msg = ffi.string(C.lutra_last_error())
+    C.lutra_autocast_unwind(depth)
+    error("scope:run: " .. msg, 2)
+  end
   return ...
 end
 
--- Runs fn(...) inside the scope and returns its results; the scope is exited on error too.
+-- Runs fn(...) inside the scope and returns its results. On an error in fn the thread is back
+-- at the depth it had before, whatever fn entered; the error is raised again.
 function Scope:run(fn, ...)
+  C.lutra_autocast_state(run_depth, run_depth + 1, run_depth + 2)
+  local depth = run_depth[0]
   self:enter()
-  return finish(self, pcall(fn, ...))
+  return finish(self, depth, pcall(fn, ...))
+end
+
+-- lutra.autocast_unwind(depth): exits every scope of this thread above depth (error recovery
+-- for code that enters scopes by hand; depth from lutra.autocast_state())
+function M.unwind(depth)
+  chk.integer(depth, "depth", "lutra.autocast_unwind", 0, 2 ^ 31 - 1)
+  check(C.lutra_autocast_unwind(depth))
 end
 
 function Scope:free() check(C.lutra_autocast_release(self)) end

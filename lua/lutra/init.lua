@@ -14,6 +14,7 @@ local M = {
   recipe = require("lutra.recipe"),
   autocast = autocast.new,
   autocast_state = autocast.state,
+  autocast_unwind = autocast.unwind,
   update_stats = autocast.update_stats,
   quantizer = quantizer.new,
   dequantize = quantizer.dequantize,

@@ -22,6 +22,7 @@ struct lutra_autocast {
   int32_t enabled;
   int32_t calibrating;
   bool active;
+  const struct thread_state *owner; /* the thread that entered it (its thread state) */
   lutra_tls_state saved;
   lutra_autocast *saved_innermost;
 };
@@ -85,6 +86,27 @@ int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn
   return note(&tls.bwd, m, device, fn);
 }
 
+/* Forgets what the list's quantizers recorded this step: their amax slots back to zero (what a
+ * step that observed nothing leaves, so the next update keeps their scales) and an empty list. */
+static int discard(meta_list *l, const char *fn) {
+  if (!l->count) return LUTRA_OK;
+  const lutra_backend *be;
+  int st = lutra_backend_get(l->device, &be, fn);
+  for (int i = 0; st == LUTRA_OK && i < l->count; i++)
+    st = be->memset(l->items[i]->amax_history, 0, sizeof(float));
+  l->count = 0;
+  l->epoch = new_epoch();
+  return st;
+}
+
+int lutra_autocast_discard_forward(const char *fn) {
+  return discard(&tls.fwd, fn);
+}
+
+int lutra_autocast_discard_backward(const char *fn) {
+  return discard(&tls.bwd, fn);
+}
+
 /* One backend call over the whole list, then a fresh epoch so each meta can join again. */
 static int flush(meta_list *l, const char *fn) {
   if (!l->count) return LUTRA_OK;
@@ -145,13 +167,38 @@ int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibra
   return LUTRA_OK;
 }
 
+static void leave(lutra_autocast *a) {
+  tls.st = a->saved;
+  tls.innermost = a->saved_innermost;
+  a->active = false;
+  a->owner = NULL;
+}
+
+int lutra_autocast_unwind(int depth) {
+  static const char fn[] = "lutra_autocast_unwind";
+  CHECK_ARG(depth >= 0, "depth must be >= 0 (got %d)", depth);
+  int st = LUTRA_OK;
+  while (tls.st.depth > depth && tls.innermost) {
+    if (tls.st.depth == 1) {
+      int d = discard(&tls.fwd, fn);
+      if (st == LUTRA_OK) st = d;
+      tls.trigger_claimed = false;
+    }
+    leave(tls.innermost);
+  }
+  return st;
+}
+
 int lutra_autocast_free(lutra_autocast *a) {
   if (!a) return LUTRA_OK;
+  /* collected (or freed) while still entered on this thread: nobody can exit it any more, so
+   * leave it and every scope inside it now rather than keep the thread in its state forever */
+  if (a->active && a->owner == &tls) lutra_autocast_unwind(a->saved.depth);
   if (a->active) {
     /* still entered: keep it (the thread state points at it); release marks it instead */
     a->obj.flags |= LUTRA_OBJ_FREED;
     return lutra_error(LUTRA_ESTATE, "lutra_autocast_free",
-                       "scope is still entered; exit it first");
+                       "scope is still entered by another thread; exit it there first");
   }
   if (a->recipe) lutra_recipe_free(a->recipe);
   free(a);
@@ -173,6 +220,7 @@ int lutra_autocast_enter(lutra_autocast *a) {
   a->saved = tls.st;
   a->saved_innermost = tls.innermost;
   a->active = true;
+  a->owner = &tls;
   tls.st.recipe = a->recipe;
   tls.st.group = a->group;
   tls.st.enabled = a->enabled;
@@ -186,14 +234,13 @@ int lutra_autocast_exit(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_exit";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
   CHECK_STATE(a->active, "scope is not entered");
+  CHECK_STATE(a->owner == &tls, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
   if (tls.st.depth == 1) {
     TRY(flush(&tls.fwd, fn));
     tls.trigger_claimed = false;
   }
-  tls.st = a->saved;
-  tls.innermost = a->saved_innermost;
-  a->active = false;
+  leave(a);
   return LUTRA_OK;
 }
 

@@ -23,6 +23,10 @@ int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn
 bool lutra_autocast_claim_backward_trigger(void);
 /* Runs the pending backward update (one backend call); called by the trigger module. */
 int lutra_autocast_backward_done(const char *fn);
+/* A failed forward / backward: what the pending list's quantizers recorded so far this step is
+ * forgotten (their amax slots zeroed, the list emptied), so it cannot feed the next update. */
+int lutra_autocast_discard_forward(const char *fn);
+int lutra_autocast_discard_backward(const char *fn);
 /* Removes a meta from the pending lists (its owner is being freed). */
 void lutra_autocast_forget(lutra_scale_meta *m);
 

@@ -2,6 +2,7 @@
 #include "nn/module.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "fp8/autocast.h"
 
 #include <stdlib.h>
 
@@ -64,7 +65,12 @@ int lutra_module_forward_ex(lutra_module *m, const lutra_tensor *x, const lutra_
   CHECK_ARG(y, "y is NULL");
   CHECK_ARG(a->is_first_microbatch >= -1 && a->is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
             "is_first_microbatch must be -1 (none), 0, 1 or 2 (device flag)");
-  return m->ops->forward(m, x, a, y);
+  int st = m->ops->forward(m, x, a, y);
+  /* a forward that failed half-way may have recorded amaxes already (the layers before the bad
+   * one): they must not feed the scope's update, which would then change those scales */
+  if (st != LUTRA_OK && lutra_autocast_current()->depth > 0)
+    (void)lutra_autocast_discard_forward(fn);
+  return st;
 }
 
 int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
@@ -77,7 +83,9 @@ int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor 
   static const char fn[] = "lutra_module_backward";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(dy, fn, "grad_output"));
-  return m->ops->backward(m, dy, dx);
+  int st = m->ops->backward(m, dy, dx);
+  if (st != LUTRA_OK) (void)lutra_autocast_discard_backward(fn);
+  return st;
 }
 
 int lutra_module_num_params(const lutra_module *m, int *n) {

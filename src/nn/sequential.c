@@ -145,6 +145,14 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
     char what[32];
     snprintf(what, sizeof what, "module %d", i + 1);
     TRY(lutra_check_object(mods[i], LUTRA_MAGIC_MODULE, fn, what));
+    /* every module keeps what its backward needs (its input, its outputs) from its last forward:
+     * listed twice, the second forward would overwrite the first's, and a tied weight would get
+     * only one of its two gradients */
+    for (int j = 0; j < i; j++)
+      CHECK_ARG(mods[j] != mods[i],
+                "module %d is module %d again: a module can appear only once (weight tying is "
+                "not supported)",
+                i + 1, j + 1);
   }
   sequential *s = calloc(1, sizeof *s);
   lutra_module **copy = calloc((size_t)n, sizeof *copy);
@@ -158,18 +166,13 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   }
   memcpy(copy, mods, (size_t)n * sizeof *copy);
-  /* a module listed twice would run its fused and plain halves on one set of buffers */
   for (int i = 0; i + 1 < n; i++) {
-    bool repeated = false;
-    for (int j = 0; j < n; j++)
-      repeated |= j != i && j != i + 1 && (copy[j] == copy[i] || copy[j] == copy[i + 1]);
     /* a module is in at most one pair: an activation fused into its producer is not itself a
      * producer of the next pair */
     int act = lutra_module_activation(copy[i + 1]);
     const lutra_fusion_ops *fu = lutra_module_fusion(copy[i]);
-    bool pairs = !repeated && act != LUTRA_ACT_NONE && fu && fu->ends_in &&
-                 fu->ends_in(copy[i], act) && copy[i + 1]->ops->fusion->adopt &&
-                 (i == 0 || fused_act[i - 1] == LUTRA_ACT_NONE);
+    bool pairs = act != LUTRA_ACT_NONE && fu && fu->ends_in && fu->ends_in(copy[i], act) &&
+                 copy[i + 1]->ops->fusion->adopt && (i == 0 || fused_act[i - 1] == LUTRA_ACT_NONE);
     fused_act[i] = pairs ? act : LUTRA_ACT_NONE;
   }
   for (int i = 0; i < n; i++)
