@@ -25,6 +25,9 @@ struct lutra_optim {
   lutra_optim_args args;
   void **buffers; /* backend allocations behind master, m, v and the device step counter */
   int nbuffers;
+  /* [i]: the parameter whose f32 master is args.master[i] (NULL: none), watched for writes made
+   * through the API, which must reach the master before the next step or be overwritten by it */
+  lutra_tensor **mastered;
 };
 
 void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
@@ -60,11 +63,13 @@ static void optim_buffers_free(lutra_optim *o) {
   free(o->args.grad);
   free(o->args.grad_dtype);
   free(o->args.master);
+  free(o->mastered);
   free(o->args.m);
   free(o->args.v);
   free(o->args.numel);
   memset(&o->args, 0, sizeof o->args);
   o->buffers = NULL;
+  o->mastered = NULL;
   o->nbuffers = 0;
   if (o->module) lutra_module_free(o->module);
   o->module = NULL;
@@ -90,11 +95,12 @@ static int gather(lutra_optim *o, int count, const char *fn) {
   a->grad = calloc((size_t)count, sizeof *a->grad);
   a->grad_dtype = calloc((size_t)count, sizeof *a->grad_dtype);
   a->master = calloc((size_t)count, sizeof *a->master);
+  o->mastered = calloc((size_t)count, sizeof *o->mastered);
   a->m = calloc((size_t)count, sizeof *a->m);
   a->v = calloc((size_t)count, sizeof *a->v);
   a->numel = calloc((size_t)count, sizeof *a->numel);
   o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
-  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !a->m || !a->v ||
+  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered || !a->m || !a->v ||
       !a->numel || !o->buffers)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
   bool adamw = o->desc.kind == LUTRA_OPTIM_ADAMW;
@@ -108,8 +114,11 @@ static int gather(lutra_optim *o, int count, const char *fn) {
     a->grad[i] = g->data;
     a->grad_dtype[i] = g->dtype;
     a->numel[i] = p.value->numel;
-    if (p.value->dtype != LUTRA_F32)
+    if (p.value->dtype != LUTRA_F32) {
       TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
+      o->mastered[i] = p.value;
+      p.value->flags &= ~(uint32_t)LUTRA_TENSOR_WRITTEN;
+    }
     if (adamw || o->desc.momentum != 0) TRY(state_buffer(o, p.value->numel, NULL, &a->m[i], fn));
     if (adamw) TRY(state_buffer(o, p.value->numel, NULL, &a->v[i], fn));
   }
@@ -173,6 +182,14 @@ int lutra_optim_step(lutra_optim *o) {
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
   lutra_optim_args *a = &o->args;
+  /* a parameter written through the API since the last step: its master follows the new value
+   * (a host flag per parameter; no work when nothing was written) */
+  for (int32_t i = 0; i < a->count; i++) {
+    lutra_tensor *p = o->mastered[i];
+    if (!p || !(p->flags & LUTRA_TENSOR_WRITTEN)) continue;
+    TRY(o->be->convert(p->data, p->dtype, a->master[i], LUTRA_F32, p->numel));
+    p->flags &= ~(uint32_t)LUTRA_TENSOR_WRITTEN;
+  }
   a->lr = o->desc.lr;
   a->momentum = o->desc.momentum;
   a->weight_decay = o->desc.weight_decay;

@@ -275,13 +275,13 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
-  if (t->dtype == LUTRA_F32) return be->from_host(t->data, src, bytes);
+  if (t->dtype == LUTRA_F32) return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
   void *tmp;
   TRY(host_buffer(bytes, &tmp, fn));
   host_convert(src, LUTRA_F32, tmp, t->dtype, n);
   int st = be->from_host(t->data, tmp, bytes);
   free(tmp);
-  return st;
+  return lutra_tensor_mark_written(t, st);
 }
 
 int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
@@ -292,7 +292,7 @@ int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
   TRY(check_count(t, n, fn));
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
-  return be->from_host(t->data, src, (size_t)n * 4);
+  return lutra_tensor_mark_written(t, be->from_host(t->data, src, (size_t)n * 4));
 }
 
 int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
@@ -358,7 +358,7 @@ int lutra_tensor_fill(lutra_tensor *t, float value) {
             lutra_dtype_name(t->dtype));
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
-  return be->fill(t->data, t->dtype, t->numel, value);
+  return lutra_tensor_mark_written(t, be->fill(t->data, t->dtype, t->numel, value));
 }
 
 int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
@@ -370,14 +370,15 @@ int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
   CHECK_ARG(dst->device == src->device, "dst and src are on different devices");
   CHECK_ARG(lutra_dtype_is_float(dst->dtype), "dst dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(dst->dtype));
-  if (lutra_dtype_is_fp8(src->dtype)) return lutra_dequantize(src, 0, dst);
+  if (lutra_dtype_is_fp8(src->dtype)) return lutra_tensor_mark_written(dst, lutra_dequantize(src, 0, dst));
   CHECK_ARG(lutra_dtype_is_float(src->dtype), "src dtype %s cannot be copied",
             lutra_dtype_name(src->dtype));
   const lutra_backend *be;
   TRY(lutra_backend_get(dst->device, &be, fn));
-  if (src->dtype == dst->dtype)
-    return be->copy(dst->data, src->data, (size_t)src->numel * lutra_dtype_size(src->dtype));
-  return be->convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
+  int st = src->dtype == dst->dtype
+               ? be->copy(dst->data, src->data, (size_t)src->numel * lutra_dtype_size(src->dtype))
+               : be->convert(src->data, src->dtype, dst->data, dst->dtype, src->numel);
+  return lutra_tensor_mark_written(dst, st);
 }
 
 int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape) {

@@ -50,6 +50,13 @@ void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t);
 void lutra_tensor_destroy(lutra_tensor *t);
 bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b);
 
+/* st, after marking t as written through the API when st is LUTRA_OK (an optimizer's f32 master
+ * copy of t is then refreshed from t before its next step) */
+static inline int lutra_tensor_mark_written(lutra_tensor *t, int st) {
+  if (st == LUTRA_OK) t->flags |= LUTRA_TENSOR_WRITTEN;
+  return st;
+}
+
 /* Element count of the scale_inv arrays of a quantized [rows, cols] matrix. */
 int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwise);
 
