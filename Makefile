@@ -50,7 +50,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check
 
 all: $(LIB) $(CDEF)
 
@@ -115,6 +115,17 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
+
+# Threads training their own models at once against one thread alone, bit for bit, and the
+# release of per-thread caches at thread exit (tools/threads_check.c; spec/threads_spec.lua runs
+# it on the cpu, spec/gpu/threads_gpu.lua on cuda with LUTRA_GEMM_GRAPHS on and off).
+# ARGS=cuda for the GPU.
+build/threads_check: tools/threads_check.c src/lutra.h $(LIB)
+	@mkdir -p build
+	$(CC) -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -o $@ $< -L. -llutra \
+	  -Wl,-rpath,$(CURDIR) -lpthread
+threads-check: build/threads_check
+	./build/threads_check $(or $(ARGS),cpu)
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)

@@ -73,26 +73,25 @@ cudaError_t gelu_launch(const void *x, const void *dy, void *out, int dtype, int
  *           threadIdx.x picks N consecutive columns (16-byte loads, coalesced across the warp),
  *           threadIdx.y (8) strides the rows; the 8 row partials are added in order in shared
  *           memory. With one row block it writes db directly; otherwise it writes double
- *           partials [by][c] into a static scratch and
+ *           partials [by][c] into the caller's scratch (lk_scratch.bias_partial) and
  *   pass 2: block of 32 columns x 8 threads: thread (tx, ty) adds partials ty, ty + 8, ... of
  *           its column in order, then the 8 sums are added in order (plus db when
  *           accumulating) and db is stored.
- * The split depends only on (rows, cols), so results repeat bit for bit. The scratch is shared
- * by all calls on a device: calls on different streams must not overlap. */
+ * The split depends only on (rows, cols), so results repeat bit for bit. The scratch comes from
+ * the caller, one per stream: a device-global one was shared by every stream of the process, so
+ * two threads' bias gradients (each on its own stream) overwrote each other's partials. */
 
 constexpr int kBgTx = 32, kBgTy = 8;
-constexpr int64_t kBgScratch = 1 << 18; /* doubles (2 MiB) */
+constexpr int64_t kBgScratch = LK_BIAS_PARTIALS;
 constexpr int64_t kBgTargetBlocks = 1024;
 constexpr int64_t kBgMaxRowBlocks = 256;
 constexpr int64_t kBgMinRowsPerBlock = 64;
 
-__device__ double g_bias_partial[kBgScratch];
-
 template <int DT, int N>
 __global__ void __launch_bounds__(kBgTx *kBgTy)
     bias_grad_partial(const void *__restrict__ dy, int64_t rows, int64_t cols,
-                      int64_t rows_per_block, bool to_scratch, void *db, int db_dtype,
-                      int accumulate, const int32_t *skip) {
+                      int64_t rows_per_block, double *__restrict__ partial, void *db,
+                      int db_dtype, int accumulate, const int32_t *skip) {
   /* slot k * 32 + tx holds column tx * N + k of the tile: conflict-free both ways */
   __shared__ double sm[kBgTy][kBgTx * N];
   if (skip && *skip) return; /* the whole block returns, before its barrier */
@@ -130,8 +129,8 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
 #pragma unroll
       for (int y = 0; y < kBgTy; y++)
         sum += sm[y][t];
-      if (to_scratch) {
-        g_bias_partial[static_cast<int64_t>(blockIdx.y) * cols + col] = sum;
+      if (partial) {
+        partial[static_cast<int64_t>(blockIdx.y) * cols + col] = sum;
       } else {
         if (accumulate) sum = static_cast<double>(ld_rt(db, db_dtype, col)) + sum;
         st_rt(db, db_dtype, col, static_cast<float>(sum));
@@ -141,14 +140,13 @@ __global__ void __launch_bounds__(kBgTx *kBgTy)
 }
 
 /* Pass 2: thread (tx, ty) adds rows ty, ty + 8, ... of column c of the partials (the bias
- * gradient's static scratch) in order, in double, then the 8 sums are added in order, so results
+ * gradient's scratch) in order, in double, then the 8 sums are added in order, so results
  * repeat bit for bit. */
 __global__ void __launch_bounds__(kBgTx *kBgTy)
-    column_sums_final(int64_t ny, int64_t cols, void *db, int db_dtype, int accumulate,
-                      const int32_t *skip) {
+    column_sums_final(const double *__restrict__ partials, int64_t ny, int64_t cols, void *db,
+                      int db_dtype, int accumulate, const int32_t *skip) {
   __shared__ double sm[kBgTy][kBgTx];
   if (skip && *skip) return;
-  const double *partials = g_bias_partial;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kBgTx + tx;
   double sum = 0.0;
@@ -204,8 +202,9 @@ extern "C" cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStrea
   return gelu_launch<true>(a->x, a->dy, a->out, a->dtype, a->n, s);
 }
 
-extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, cudaStream_t s) {
-  if (!a) return cudaErrorInvalidValue;
+extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch,
+                                    cudaStream_t s) {
+  if (!a || !scratch || !scratch->bias_partial) return cudaErrorInvalidValue;
   const void *dy = a->dy;
   void *db = a->db;
   const int dtype = a->dtype, db_dtype = a->db_dtype, accumulate = a->accumulate;
@@ -230,21 +229,21 @@ extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, cudaStream_t 
     ny = imax<int64_t>(ny, 1);
     const int64_t rpb = cdiv<int64_t>(rows, ny);
     if (rpb > 0) ny = cdiv<int64_t>(rows, rpb); /* no empty row blocks */
-    const bool to_scratch = ny > 1;
+    double *partial = ny > 1 ? scratch->bias_partial : nullptr;
     const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(ny));
     const dim3 block(kBgTx, kBgTy);
     if (vec)
       bias_grad_partial<DT, V>
-          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate, skip);
+          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, partial, db, db_dtype, accumulate, skip);
     else
       bias_grad_partial<DT, 1>
-          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, to_scratch, db, db_dtype, accumulate, skip);
-    if (to_scratch) {
+          <<<grid, block, 0, s>>>(dy, rows, cols, rpb, partial, db, db_dtype, accumulate, skip);
+    if (partial) {
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
       /* ny > 1 means cols <= kBgScratch / 2: the grid fits */
       column_sums_final<<<static_cast<unsigned>(cdiv<int64_t>(cols, kBgTx)), block, 0, s>>>(
-          ny, cols, db, db_dtype, accumulate, skip);
+          partial, ny, cols, db, db_dtype, accumulate, skip);
     }
     return cudaGetLastError();
   });

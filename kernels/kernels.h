@@ -40,9 +40,19 @@ cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_
 /* activations and the bias gradient (kernels/activation.cu). A kind the kernels do not
  * implement is cudaErrorInvalidValue: the backend refuses it first, with its name. The bias
  * gradient's kernels read a->skip (when set) on the device and write nothing when it is set. */
+/* Device scratch of the reducing kernels (bias gradient, losses), owned by the caller, one per
+ * stream: kernels on two streams may run at once and must not share it. loss_done is zero
+ * between calls (the loss kernel's last block clears it), so it is zeroed once when allocated. */
+enum { LK_BIAS_PARTIALS = 1 << 18, LK_LOSS_PARTIALS = 1024 }; /* doubles */
+typedef struct lk_scratch {
+  double *bias_partial; /* LK_BIAS_PARTIALS */
+  double *loss_partial; /* LK_LOSS_PARTIALS */
+  unsigned *loss_done;  /* 1 */
+} lk_scratch;
 cudaError_t lk_activation_forward(const lutra_act_args *a, cudaStream_t s);
 cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStream_t s);
-cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, cudaStream_t s);
+cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch,
+                         cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);
@@ -56,8 +66,8 @@ cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, voi
                        int out_dtype, cudaStream_t s);
 /* losses (kernels/loss.cu); softmax_xent: labels outside [0, cols) make the loss NaN (a device
  * kernel cannot return an error) */
-cudaError_t lk_mse(const lutra_loss_args *a, cudaStream_t s);
-cudaError_t lk_softmax_xent(const lutra_loss_args *a, cudaStream_t s);
+cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
+cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
 /* optimizers, many tensors per launch (multi-tensor apply; kernels/optim.cu) */
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);

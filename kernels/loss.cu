@@ -4,9 +4,10 @@
  *
  * The mean is deterministic and takes one launch: each block writes one double partial (its
  * share of the work depends only on the shape, and every sum inside a block is a fixed tree)
- * into a static scratch; the last block to finish adds the partials in a fixed order and writes
- * *loss. No host synchronization, no allocation. The scratch and the arrival count are shared
- * by all calls of a loss on a device: calls on different streams must not overlap. */
+ * into the caller's scratch (lk_scratch: one per stream; device globals were shared by every
+ * stream, so two threads' losses mixed their partials and arrival counts); the last block to
+ * finish adds the partials in a fixed order and writes *loss. No host synchronization, no
+ * allocation. */
 #include "ops_common.cuh"
 
 using namespace lkops;
@@ -15,29 +16,21 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kMaxPartials = 1024; /* pass-1 grid cap */
-
-__device__ double g_mse_partial[kMaxPartials];
-__device__ double g_xent_partial[kMaxPartials];
-
-/* blocks of the loss kernel that have written their partial (the last one zeroes it again) */
-__device__ unsigned g_mse_done, g_xent_done;
+constexpr int kMaxPartials = LK_LOSS_PARTIALS; /* pass-1 grid cap */
 
 /* Called by every thread of every block once its block's partial is written: the last block to
- * arrive sets *loss = (float)(sum(partials[0 .. gridDim.x)) / divisor), partials: XENT ? xent's
- * : mse's, thread i adding partials i, i + kThreads, ... in order, then a block sum, so the
+ * arrive sets *loss = (float)(sum(partial[0 .. gridDim.x)) / divisor), thread i adding partials i, i + kThreads, ... in order, then a block sum, so the
  * result does not depend on which block is last; one launch per loss instead of two. */
-template <bool XENT> __device__ void mean_by_last_block(double divisor, float *loss) {
+__device__ void mean_by_last_block(const double *partial, unsigned *done, double divisor,
+                                   float *loss) {
   __shared__ double red[kWarps];
   __shared__ bool last;
-  unsigned *done = XENT ? &g_xent_done : &g_mse_done;
   __threadfence(); /* this block's partial is visible before it is counted */
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const double *partial = XENT ? g_xent_partial : g_mse_partial;
   double s = 0.0;
   for (unsigned i = threadIdx.x; i < gridDim.x; i += kThreads)
     s += __ldcg(partial + i);
@@ -50,12 +43,12 @@ template <bool XENT> __device__ void mean_by_last_block(double divisor, float *l
 
 /* ---- MSE ------------------------------------------------------------------------------- */
 
-/* sum (pred - target)^2 over this block's elements into g_mse_partial[blockIdx.x];
+/* sum (pred - target)^2 over this block's elements into partial[blockIdx.x];
  * dpred = scale * (pred - target) when not NULL (scale = 2 / n, f32, from the host) */
 template <int DT, int N>
 __global__ void __launch_bounds__(kThreads)
     mse_kernel(const void *pred, const void *target, void *dpred, int64_t n, float scale,
-               float *loss) {
+               float *loss, double *partial, unsigned *done) {
   __shared__ double red[kWarps];
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -79,8 +72,8 @@ __global__ void __launch_bounds__(kThreads)
     if (dpred) st<DT>(dpred, i, fmul(scale, diff));
   }
   acc = block_sum<kThreads>(acc, red);
-  if (threadIdx.x == 0) g_mse_partial[blockIdx.x] = acc;
-  mean_by_last_block<false>(static_cast<double>(n), loss);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  mean_by_last_block(partial, done, static_cast<double>(n), loss);
 }
 
 /* ---- softmax cross-entropy ----------------------------------------------------------------
@@ -103,7 +96,7 @@ template <bool BLOCK> __device__ __forceinline__ void group_sync() {
 template <int DT, int N, bool BLOCK>
 __global__ void __launch_bounds__(kThreads)
     xent_kernel(const void *logits, const int32_t *__restrict__ labels, int64_t rows, int64_t cols,
-                void *dlogits, float inv_rows, float *loss) {
+                void *dlogits, float inv_rows, float *loss, double *partial, unsigned *done) {
   constexpr int G = BLOCK ? kThreads : 32; /* threads per row */
   __shared__ double red_d[kWarps];
   __shared__ float red_f[kWarps];
@@ -171,7 +164,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   if constexpr (BLOCK) {
-    if (threadIdx.x == 0) g_xent_partial[blockIdx.x] = acc;
+    if (threadIdx.x == 0) partial[blockIdx.x] = acc;
   } else {
     if (lane == 0) warp_acc[threadIdx.x >> 5] = acc;
     __syncthreads();
@@ -180,16 +173,17 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int w = 0; w < kWarps; w++)
         s += warp_acc[w];
-      g_xent_partial[blockIdx.x] = s;
+      partial[blockIdx.x] = s;
     }
   }
-  mean_by_last_block<true>(static_cast<double>(rows), loss);
+  mean_by_last_block(partial, done, static_cast<double>(rows), loss);
 }
 
 } // namespace
 
-extern "C" cudaError_t lk_mse(const lutra_loss_args *a, cudaStream_t s) {
-  if (!a) return cudaErrorInvalidValue;
+extern "C" cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch,
+                              cudaStream_t s) {
+  if (!a || !scratch || !scratch->loss_partial || !scratch->loss_done) return cudaErrorInvalidValue;
   const void *pred = a->pred, *target = a->target;
   void *dpred = a->dgrad;
   float *loss = a->loss;
@@ -198,6 +192,8 @@ extern "C" cudaError_t lk_mse(const lutra_loss_args *a, cudaStream_t s) {
   if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pred || !target || !loss) return cudaErrorInvalidValue;
+  double *sp = scratch->loss_partial;
+  unsigned *sd = scratch->loss_done;
   return with_dtype(dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     constexpr int V = vec16<DT>();
@@ -206,15 +202,16 @@ extern "C" cudaError_t lk_mse(const lutra_loss_args *a, cudaStream_t s) {
     const int64_t work = vec ? cdiv<int64_t>(n, V) : n;
     const int blocks = static_cast<int>(imin<int64_t>(cdiv<int64_t>(work, kThreads), kMaxPartials));
     if (vec)
-      mse_kernel<DT, V><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale, loss);
+      mse_kernel<DT, V><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale, loss, sp, sd);
     else
-      mse_kernel<DT, 1><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale, loss);
+      mse_kernel<DT, 1><<<blocks, kThreads, 0, s>>>(pred, target, dpred, n, scale, loss, sp, sd);
     return cudaGetLastError();
   });
 }
 
-extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, cudaStream_t s) {
-  if (!a) return cudaErrorInvalidValue;
+extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratch *scratch,
+                                       cudaStream_t s) {
+  if (!a || !scratch || !scratch->loss_partial || !scratch->loss_done) return cudaErrorInvalidValue;
   const void *logits = a->pred;
   const int32_t *labels = a->labels;
   void *dlogits = a->dgrad;
@@ -224,6 +221,8 @@ extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, cudaStream_t s)
   if (rows < 0 || cols < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (!logits || !labels || !loss) return cudaErrorInvalidValue;
+  double *sp = scratch->loss_partial;
+  unsigned *sd = scratch->loss_done;
   return with_dtype(dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     constexpr int V = vec16<DT>();
@@ -235,17 +234,21 @@ extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, cudaStream_t s)
     if (block_rows) {
       if (vec)
         xent_kernel<DT, V, true>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
+                                             sd);
       else
         xent_kernel<DT, 1, true>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
+                                             sd);
     } else {
       if (vec)
         xent_kernel<DT, V, false>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
+                                             sd);
       else
         xent_kernel<DT, 1, false>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss);
+            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
+                                             sd);
     }
     return cudaGetLastError();
   });

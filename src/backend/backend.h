@@ -243,6 +243,11 @@ typedef struct lutra_backend {
   int (*gemm_plan)(lutra_gemm_plan *p); /* fills workspace_bytes and backend_plan from p->key */
   void (*gemm_plan_free)(lutra_gemm_plan *p);
   int (*gemm)(const lutra_gemm_args *g);
+  /* The GEMM workspace of the calling thread's stream, grown to bytes (0: as it is). NULL: the
+   * GEMM front keeps one per thread (a thread is the CPU analogue of a stream). A backend with
+   * streams keeps one per stream: a workspace used on two streams is written by two GEMMs (or
+   * dequantizations into it) at once. */
+  int (*gemm_workspace)(size_t bytes, void **ptr, size_t *have);
 
   int (*activation_forward)(const lutra_act_args *a);
   int (*activation_backward)(const lutra_act_args *a);

@@ -5,6 +5,7 @@
 #include "backend/cpu/cpu.h"
 #include "core/capture.h"
 #include "core/error.h"
+#include "gemm/gemm.h"
 
 #ifdef LUTRA_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -66,6 +67,17 @@ int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches) {
   *graphs = *launches = 0;
 #ifdef LUTRA_WITH_CUDA
   lutra_gemm_graphs_stats(graphs, launches);
+#endif
+  return LUTRA_OK;
+}
+
+int lutra_thread_caches(int *gemm, int *cuda) {
+  static const char fn[] = "lutra_thread_caches";
+  CHECK_ARG(gemm && cuda, "output pointers must not be NULL");
+  *gemm = lutra_gemm_live_threads();
+  *cuda = 0;
+#ifdef LUTRA_WITH_CUDA
+  *cuda = lutra_cuda_live_threads();
 #endif
   return LUTRA_OK;
 }

@@ -3,8 +3,12 @@
  * algorithm heuristic) and hands the backend a workspace that was sized when the plan was
  * made. A steady loop does one hash lookup and no allocation per GEMM.
  *
- * Plans and workspaces are per thread (a thread is the CPU analogue of a stream): two
- * threads never share scratch memory. */
+ * Plans are per thread: a plan's descriptor is written per call (scale and bias pointers) and
+ * its one-GEMM graphs are captured on the thread's stream, so two threads never share one.
+ * Workspaces are per stream where the backend has streams (gemm_workspace: CUDA keeps one per
+ * thread and stream), else per thread (a thread is the CPU analogue of a stream): two GEMMs
+ * that may run at once never share scratch memory. A thread's plans and CPU workspace are
+ * freed when it exits (a pthread key destructor). */
 #include "gemm/gemm.h"
 #include "backend/backend.h"
 #include "backend/device.h"
@@ -15,6 +19,8 @@
 #include "core/trace.h"
 #include "runtime/tensor.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,8 +35,60 @@ typedef struct workspace {
 } workspace;
 
 enum { NUM_DEVICES = 2 };
-static _Thread_local plan_cache caches[NUM_DEVICES];
-static _Thread_local workspace workspaces[NUM_DEVICES];
+typedef struct thread_gemm {
+  plan_cache caches[NUM_DEVICES];
+  workspace workspaces[NUM_DEVICES]; /* for backends without gemm_workspace */
+  const lutra_backend *backends[NUM_DEVICES]; /* which frees the plans and workspace */
+  bool registered; /* the exit destructor will run */
+} thread_gemm;
+static _Thread_local thread_gemm tg;
+
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+static bool key_ok;
+static atomic_int live_threads; /* threads whose plans or workspace are not freed yet */
+
+/* Thread exit: the plans (their cuBLASLt descriptors and one-GEMM graphs; a graph the GPU
+ * still runs is released when it completes) and the per-thread workspace. Nothing here is
+ * reachable from another thread. */
+static void thread_exit(void *arg) {
+  (void)arg;
+  for (int d = 0; d < NUM_DEVICES; d++) {
+    const lutra_backend *be = tg.backends[d];
+    plan_cache *c = &tg.caches[d];
+    for (int i = 0; i < c->cap; i++) {
+      lutra_gemm_plan *p = c->slots[i];
+      if (!p) continue;
+      if (be && be->gemm_plan_free) be->gemm_plan_free(p);
+      free(p);
+    }
+    free(c->slots);
+    *c = (plan_cache){0};
+    if (tg.workspaces[d].ptr && be) be->free(tg.workspaces[d].ptr);
+    tg.workspaces[d] = (workspace){0};
+  }
+  tg.registered = false;
+  atomic_fetch_sub(&live_threads, 1);
+}
+
+static void make_key(void) {
+  key_ok = pthread_key_create(&exit_key, thread_exit) == 0;
+}
+
+/* Arms the exit destructor the first time this thread keeps something (any non-NULL value). */
+static void register_thread(const lutra_backend *be) {
+  tg.backends[be->device] = be;
+  if (tg.registered) return;
+  pthread_once(&key_once, make_key);
+  if (key_ok && pthread_setspecific(exit_key, &tg) == 0) {
+    tg.registered = true;
+    atomic_fetch_add(&live_threads, 1);
+  }
+}
+
+int lutra_gemm_live_threads(void) {
+  return atomic_load(&live_threads);
+}
 
 /* FNV-1a over the key's 8-byte words (the key is a whole number of them, without padding):
  * a fifth of the instructions of the byte-wise loop on the per-GEMM path */
@@ -77,7 +135,12 @@ static int cache_grow(plan_cache *c, const char *fn) {
 }
 
 static int ensure_workspace(const lutra_backend *be, size_t bytes, const char *fn) {
-  workspace *w = &workspaces[be->device];
+  if (be->gemm_workspace) {
+    void *p;
+    size_t have;
+    return be->gemm_workspace(bytes, &p, &have);
+  }
+  workspace *w = &tg.workspaces[be->device];
   if (w->bytes >= bytes) return LUTRA_OK;
   void *p;
   if (be->alloc(bytes, &p) != LUTRA_OK)
@@ -90,7 +153,7 @@ static int ensure_workspace(const lutra_backend *be, size_t bytes, const char *f
 
 static int plan_for(const lutra_backend *be, const lutra_gemm_key *k, const lutra_gemm_plan **out,
                     const char *fn) {
-  plan_cache *c = &caches[be->device];
+  plan_cache *c = &tg.caches[be->device];
   uint64_t h = key_hash(k);
   lutra_gemm_plan *p = cache_find(c, k, h);
   if (p) {
@@ -101,6 +164,7 @@ static int plan_for(const lutra_backend *be, const lutra_gemm_key *k, const lutr
               "a GEMM of a new shape (%lldx%lldx%lld) while capturing a CUDA graph: run the step "
               "once eagerly with the same shapes before capturing",
               (long long)k->m, (long long)k->n, (long long)k->k);
+  register_thread(be);
   TRY(cache_grow(c, fn));
   p = calloc(1, sizeof *p);
   if (!p) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
@@ -311,9 +375,14 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   k.aux_dtype = g.aux_dtype;
   k.dbias_dtype = g.dbias_dtype;
   TRY(plan_for(be, &k, &g.plan, fn));
-  workspace *w = &workspaces[be->device];
-  g.workspace = w->ptr;
-  g.workspace_bytes = w->bytes;
+  if (be->gemm_workspace) {
+    /* the plan may have been made on another of this thread's streams */
+    TRY(be->gemm_workspace(g.plan->workspace_bytes, &g.workspace, &g.workspace_bytes));
+  } else {
+    workspace *w = &tg.workspaces[be->device];
+    g.workspace = w->ptr;
+    g.workspace_bytes = w->bytes;
+  }
   RANGE_PUSH("lutra.gemm");
   int st = be->gemm(&g);
   RANGE_POP();
@@ -383,8 +452,14 @@ int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {
   *plans = 0;
   *workspace_bytes = 0;
   for (int i = 0; i < NUM_DEVICES; i++) {
-    *plans += caches[i].count;
-    *workspace_bytes += workspaces[i].bytes;
+    *plans += tg.caches[i].count;
+    const lutra_backend *be = tg.backends[i];
+    void *p;
+    size_t have = 0;
+    if (be && be->gemm_workspace && be->gemm_workspace(0, &p, &have) == LUTRA_OK)
+      *workspace_bytes += have;
+    else
+      *workspace_bytes += tg.workspaces[i].bytes;
   }
   return LUTRA_OK;
 }

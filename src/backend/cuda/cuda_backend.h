@@ -16,9 +16,16 @@
 int lutra_cuda_backend(const lutra_backend **out, const char *fn);
 int lutra_cuda_use_stream(void *stream);
 
-/* The stream and cuBLASLt handle every CUDA call of lutra uses. */
+/* The calling thread's stream and cuBLASLt handle (valid once lutra_cuda_backend succeeded on
+ * this thread), and the scratch its stream's reducing kernels use (kernels.h's lk_scratch). */
 cudaStream_t lutra_cuda_stream(void);
 cublasLtHandle_t lutra_cuda_lt(void);
+struct lk_scratch;
+const struct lk_scratch *lutra_cuda_reduce_scratch(void);
+/* The GEMM workspace of this thread's stream, grown to bytes (the table's gemm_workspace). */
+int lutra_cuda_workspace(size_t bytes, void **ptr, size_t *have);
+/* Threads holding a CUDA context (stream, handle, scratch): for checking thread-exit release. */
+int lutra_cuda_live_threads(void);
 
 /* CUDA / cuBLAS status to a lutra status, with the library's message. */
 int lutra_cuda_status(cudaError_t e, const char *fn, const char *what);
@@ -27,6 +34,7 @@ int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what);
 /* Frees deferred while a capture was in progress (backend_cuda.c); graph_cuda.c runs them once
  * the capture has ended. */
 void lutra_cuda_free_deferred(void);
+void lutra_cuda_deferred_release(void); /* thread exit: the list itself */
 
 /* graph_cuda.c */
 int lutra_cuda_capture_begin(void);

@@ -106,13 +106,14 @@ static bool set_attr(cuda_plan *c, cublasLtMatmulDescAttributes_t attr, const vo
 
 /* LUTRA_LOG_PLANS=1: stderr lines saying which configurations a new plan tried and which path
  * it took (plans are made once per shape, so this costs nothing in a steady loop). */
+static bool plans_logged;
+/* read at load, not at first use: two threads' first plans would race on a lazy flag */
+__attribute__((constructor)) static void read_log_plans(void) {
+  const char *v = getenv("LUTRA_LOG_PLANS");
+  plans_logged = v && *v && strcmp(v, "0") != 0;
+}
 static bool log_plans(void) {
-  static int enabled = -1;
-  if (enabled < 0) {
-    const char *v = getenv("LUTRA_LOG_PLANS");
-    enabled = v && *v && strcmp(v, "0") != 0;
-  }
-  return enabled;
+  return plans_logged;
 }
 
 /* The heuristic's best algorithm for the current descriptor, or false when it has none. */
@@ -428,7 +429,7 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
                                     .cols = g->m,
                                     .db = g->dbias,
                                     .db_dtype = g->dbias_dtype};
-    e = g->b.trans ? lk_bias_grad(&b, s)
+    e = g->b.trans ? lk_bias_grad(&b, lutra_cuda_reduce_scratch(), s)
                    : lk_row_sum(g->b.data, g->b.dtype, g->m, g->k, g->dbias, g->dbias_dtype, s);
     return lutra_cuda_status(e, fn, "BGRADB bias gradient kernel");
   }
@@ -454,7 +455,7 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
                                                .cols = g->n,
                                                .db = g->dbias,
                                                .db_dtype = g->dbias_dtype},
-                       s);
+                       lutra_cuda_reduce_scratch(), s);
     break;
   default:
     break;

@@ -16,9 +16,16 @@
  * belong in lutra_graph_begin/end. A plan keeps at most LUTRA_GEMM_GRAPHS_PER_PLAN calls (the
  * layers that share a shape); further ones run directly, and nothing is evicted, so a graph
  * is never destroyed while the GPU may still run it. LUTRA_GEMM_GRAPHS=0 in the environment at
- * load turns the cache off. */
+ * load turns the cache off.
+ *
+ * Threads: plans are per thread and each thread captures its own stream (thread-local capture
+ * mode: another thread's calls neither invalidate this capture nor are refused by it), so a
+ * plan's cache is never seen by two threads. The key holds the stream and the workspace (one
+ * per thread and stream), so a thread that switches streams captures a graph per stream. Only
+ * the statistics are process-wide (atomic). */
 #include "cuda_backend.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +43,7 @@ struct lutra_gemm_graphs {
 };
 
 static bool graphs_on = true;
-static int64_t stat_graphs, stat_launches;
+static _Atomic int64_t stat_graphs, stat_launches;
 
 __attribute__((constructor)) static void read_graphs_switch(void) {
   const char *v = getenv("LUTRA_GEMM_GRAPHS");
