@@ -50,7 +50,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx check-codecs
 
 all: $(LIB) $(CDEF)
 
@@ -115,6 +115,14 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
+
+# src/core/codec.h against CUDA's host conversion functions over every f32 bit pattern and every
+# code (tools/check_codecs.cu): needs nvcc, not a GPU. ARGS=STRIDE checks every STRIDE-th pattern.
+build/check_codecs: tools/check_codecs.cu src/core/codec.h src/lutra.h
+	@mkdir -p build
+	$(NVCC) -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra -Werror all-warnings -Isrc -o $@ $< -lgomp
+check-codecs: build/check_codecs
+	./build/check_codecs $(ARGS)
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)
