@@ -88,6 +88,9 @@ LKC_HD bool is_finite(float f) {
 }
 
 /* ---- what x86-64 (the CPU backend) computes when a product or quotient is NaN ---------------- */
+/* Only for results written as f32 (scales, scale inverses, dequantized f32 values), whose NaN
+ * bits a GPU would otherwise give as 0x7FFFFFFF where x86 keeps an operand's sign or gives
+ * 0xFFC00000; an encoded result needs none of this. */
 
 LKC_HD float quiet(float a) {
   return bits_f32(f32_bits(a) | 0x00400000u);
