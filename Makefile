@@ -50,7 +50,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs
 
 all: $(LIB) $(CDEF)
 
@@ -126,6 +126,14 @@ build/threads_check: tools/threads_check.c src/lutra.h $(LIB)
 	  -Wl,-rpath,$(CURDIR) -lpthread
 threads-check: build/threads_check
 	./build/threads_check $(or $(ARGS),cpu)
+
+# src/core/codec.h against CUDA's host conversion functions over every f32 bit pattern and every
+# code (tools/check_codecs.cu): needs nvcc, not a GPU. ARGS=STRIDE checks every STRIDE-th pattern.
+build/check_codecs: tools/check_codecs.cu src/core/codec.h src/lutra.h
+	@mkdir -p build
+	$(NVCC) -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra -Werror all-warnings -Isrc -o $@ $< -lgomp
+check-codecs: build/check_codecs
+	./build/check_codecs $(ARGS)
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)

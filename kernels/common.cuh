@@ -3,16 +3,18 @@
  * src/backend/cpu/quantize_cpu.c, reductions and launch plumbing.
  *
  * Bit-exactness with the CPU backend
- * - Conversions follow src/core/codec.h bit for bit. FP8 and f16 use the hardware's RNE conversions
- *   (cvt.rn.satfinite.e4m3x2/e5m2x2.f32, cvt.rn.f16.f32), which agree with lutra_encode for every
- *   non-NaN input; NaN is patched to lutra_encode's codes (0x7F|sign for E4M3, 0x7E|sign for
- *   E5M2, payload-keeping quiet NaNs for bf16/f16). Build with -DLKC_SOFT_FP8 to encode FP8 with
- *   the integer mirror of dtype.c instead (slower; for cross-checking).
+ * - Conversions follow src/core/codec.h bit for bit, NaN included: codec.h gives what the
+ *   hardware gives (one positive NaN per format: 0x7F for E4M3 and E5M2, 0x7FFF for bf16 and
+ *   f16; 0x7FFFFFFF when a NaN code is widened), so the results of the hardware's RNE conversions
+ *   (cvt.rn.satfinite.e4m3x2/e5m2x2.f32, cvt.rn.f16.f32, cvt.rn.f16x2.e4m3x2/e5m2x2) are stored
+ *   as they are. Build with -DLKC_SOFT_FP8 to encode FP8 with the integer mirror of codec.h
+ *   instead (slower; for cross-checking).
  * - The CPU backend runs on x86-64, whose SSE arithmetic propagates NaN operands (quieted; the
  *   first operand when both are NaN) and produces the negative "default NaN" 0xFFC00000 for
- *   inf*0, 0/0, inf-inf; a GPU returns the canonical 0x7FFFFFFF. Wherever a NaN product or
- *   quotient reaches an output (its sign reaches an FP8 code, its bits an f32 output),
- *   mul_x86/div_x86 recompute what the CPU gets.
+ *   inf*0, 0/0, inf-inf; a GPU returns the canonical 0x7FFFFFFF. That no longer matters where a
+ *   NaN result is encoded (every NaN has the same code), but an f32 output keeps all 32 bits:
+ *   mul_x86/div_x86 remain only where a product or quotient can be a NaN written as f32 (scales,
+ *   scale inverses, dequantized f32 values).
  * - No fused multiply-adds: every expression here is a single f32 multiply or divide, so nvcc's
  *   contraction cannot change a result; divisions are IEEE (nvcc's default -prec-div=true) and
  *   subnormals are kept (default -ftz=false). Do not build these files with --use_fast_math.
@@ -86,6 +88,9 @@ LKC_HD bool is_finite(float f) {
 }
 
 /* ---- what x86-64 (the CPU backend) computes when a product or quotient is NaN ---------------- */
+/* Only for results written as f32 (scales, scale inverses, dequantized f32 values), whose NaN
+ * bits a GPU would otherwise give as 0x7FFFFFFF where x86 keeps an operand's sign or gives
+ * 0xFFC00000; an encoded result needs none of this. */
 
 LKC_HD float quiet(float a) {
   return bits_f32(f32_bits(a) | 0x00400000u);
@@ -112,7 +117,7 @@ LKC_HD float div_x86(float a, float b) {
 
 LKC_HD uint32_t bf16_bits(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x40u) & 0xFFFFu; /* quiet NaN */
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu; /* cvt.rn.bf16.f32's NaN */
   u += 0x7FFFu + ((u >> 16) & 1u);
   return u >> 16;
 }
@@ -121,22 +126,17 @@ LKC_HD float bf16_value(uint32_t h) {
   return bits_f32((h & 0xFFFFu) << 16);
 }
 
-LKC_HD uint32_t f16_nan_bits(uint32_t u) {
-  return ((u >> 16) & 0x8000u) | 0x7E00u | ((u >> 13) & 0x3FFu);
-}
-
-/* f32 -> f16 bits: IEEE RNE (overflow to inf, exact subnormals); NaN as src/core/codec.h */
+/* f32 -> f16 bits: IEEE RNE (overflow to inf, exact subnormals, NaN 0x7FFF) */
 LKC_HD uint32_t f16_bits(float f) {
-  uint32_t u = f32_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return f16_nan_bits(u);
   __half_raw r = __float2half_rn(f);
   return r.x;
 }
 
-/* f16 bits -> f32, exact (NaN payload kept as src/core/codec.h does) */
+/* f16 bits -> f32, exact; NaN 0x7FFFFFFF as cvt.f32.f16 and src/core/codec.h give it */
 LKC_HD float f16_value(uint32_t h) {
   const uint32_t sign = (h & 0x8000u) << 16, em = h & 0x7FFFu;
-  if (em >= 0x7C00u) return bits_f32(sign | 0x7F800000u | ((em & 0x3FFu) << 13));
+  if (em > 0x7C00u) return bits_f32(0x7FFFFFFFu);
+  if (em == 0x7C00u) return bits_f32(sign | 0x7F800000u);
   /* em << 13 is the f32 pattern of value * 2^-112 (normal or subnormal): rescale exactly */
   const float v = bits_f32(em << 13) * 0x1p112f;
   return bits_f32(f32_bits(v) | sign);
@@ -175,7 +175,7 @@ LKC_HD uint32_t e4m3_soft(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return sign | 0x7Fu;
+  if (mag > 0x7F800000u) return 0x7Fu;
   if (mag > 0x43E00000u) return sign | 0x7Eu;
   uint32_t c = narrow_rne(mag, 3, 7);
   if (c > 0x7Eu) c = 0x7Eu;
@@ -186,7 +186,7 @@ LKC_HD uint32_t e5m2_soft(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return sign | 0x7Eu;
+  if (mag > 0x7F800000u) return 0x7Fu;
   if (mag > 0x47600000u) return sign | 0x7Bu;
   uint32_t c = narrow_rne(mag, 2, 15);
   if (c > 0x7Bu) c = 0x7Bu;
@@ -197,13 +197,7 @@ template <int OD> LKC_HD uint32_t fp8_soft(float f) {
   return OD == LUTRA_E4M3 ? e4m3_soft(f) : e5m2_soft(f);
 }
 
-/* lutra_encode's code for a NaN of the given sign */
-template <int OD> LKC_HD uint32_t fp8_nan_code(float nan_value) {
-  return ((f32_bits(nan_value) >> 24) & 0x80u) | (OD == LUTRA_E4M3 ? 0x7Fu : 0x7Eu);
-}
-
-/* Two FP8 codes (lo in bits 0..7, hi in bits 8..15). Exact for non-NaN inputs; a NaN input
- * gives some NaN code, which callers replace (encode16, encode1). */
+/* Two FP8 codes (lo in bits 0..7, hi in bits 8..15), as lutra_encode gives them */
 template <int OD> LKC_HD uint32_t fp8x2(float lo, float hi) {
 #if defined(__CUDA_ARCH__) && !defined(LKC_SOFT_FP8)
   unsigned short r;
@@ -217,7 +211,7 @@ template <int OD> LKC_HD uint32_t fp8x2(float lo, float hi) {
 #endif
 }
 
-/* FP8 code -> f32, exact, as lutra_decode (NaN codes give +NaN 0x7FC00000) */
+/* FP8 code -> f32, exact, as lutra_decode (NaN codes give 0x7FFFFFFF) */
 LKC_HD float fp8_value_soft(uint32_t c, int mbits, int bias) {
   uint32_t sign = (c & 0x80u) << 24;
   uint32_t e = (c & 0x7Fu) >> mbits;
@@ -232,18 +226,18 @@ LKC_HD float fp8_value_soft(uint32_t c, int mbits, int bias) {
 template <int DT> LKC_HD float fp8_value(uint32_t c) {
   c &= 0xFFu;
   if (DT == LUTRA_E4M3) {
-    if ((c & 0x7Fu) == 0x7Fu) return bits_f32(0x7FC00000u);
+    if ((c & 0x7Fu) == 0x7Fu) return bits_f32(0x7FFFFFFFu);
     return fp8_value_soft(c, 3, 7);
   }
   if ((c & 0x7Cu) == 0x7Cu) {
     if ((c & 0x03u) == 0) return bits_f32((c & 0x80u) ? 0xFF800000u : 0x7F800000u);
-    return bits_f32(0x7FC00000u);
+    return bits_f32(0x7FFFFFFFu);
   }
   return fp8_value_soft(c, 2, 15);
 }
 
-/* Two FP8 codes (bits 0..15 of c2) -> f32. Exact for non-NaN codes; NaN codes give some NaN
- * (callers that output it recompute with fp8_value). */
+/* Two FP8 codes (bits 0..15 of c2) -> f32, as fp8_value (the f16 NaN 0x7FFF widens to
+ * 0x7FFFFFFF) */
 template <int DT> LKC_HD float2 fp8x2_values(uint32_t c2) {
 #ifdef __CUDA_ARCH__
   unsigned int h2;
@@ -276,7 +270,7 @@ LKC_HD uint32_t e8m0_bits(float f) {
 
 LKC_HD float e8m0_value(uint32_t e) {
   e &= 0xFFu;
-  if (e == 0xFFu) return bits_f32(0x7FC00000u);
+  if (e == 0xFFu) return bits_f32(0x7FFFFFFFu);
   if (e == 0) return bits_f32(0x00400000u);
   return bits_f32(e << 23);
 }
@@ -385,8 +379,8 @@ template <int DT> LKC_HD void store16(void *p, int64_t i, const float (&v)[16]) 
 
 /* ---- FP8 encoding of products, 16 at a time -------------------------------------------------- */
 
-/* codes of v[k] * s for k = 0..15, as lutra_encode(od, v[k] * s) on the CPU (NaN products get
- * the sign x86 gives them) */
+/* codes of v[k] * s for k = 0..15, as lutra_encode(od, v[k] * s) on the CPU (a NaN product's
+ * bits differ between x86 and the GPU, but every NaN has the one code) */
 template <int OD> LKC_HD uint4 encode16(const float (&v)[16], float s) {
   float p[16];
   LKC_UNROLL
@@ -396,28 +390,11 @@ template <int OD> LKC_HD uint4 encode16(const float (&v)[16], float s) {
   LKC_UNROLL
   for (int j = 0; j < 4; j++)
     w[j] = fp8x2<OD>(p[4 * j], p[4 * j + 1]) | (fp8x2<OD>(p[4 * j + 2], p[4 * j + 3]) << 16);
-  /* NaN products are found from the products, not the codes: that does not depend on which
-   * NaN code the hardware returns */
-  bool any = false;
-  LKC_UNROLL
-  for (int k = 0; k < 16; k += 2)
-    any |= !(p[k] == p[k] && p[k + 1] == p[k + 1]);
-  if (any) {
-    LKC_UNROLL
-    for (int k = 0; k < 16; k++) {
-      if (is_nan(p[k])) {
-        const uint32_t sh = 8u * (k & 3);
-        w[k >> 2] = (w[k >> 2] & ~(0xFFu << sh)) | (fp8_nan_code<OD>(mul_x86(v[k], s)) << sh);
-      }
-    }
-  }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 template <int OD> LKC_HD uint32_t encode1(float v, float s) {
-  const float p = v * s;
-  if (is_nan(p)) return fp8_nan_code<OD>(mul_x86(v, s));
-  return fp8x2<OD>(p, 0.0f) & 0xFFu;
+  return fp8x2<OD>(v * s, 0.0f) & 0xFFu;
 }
 
 LKC_HD uint32_t byte_of(const uint4 &w, int k) {

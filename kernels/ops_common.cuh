@@ -7,8 +7,8 @@
  * fadd/fsub/fmul/fdiv/fsqrt, which on the device are the _rn intrinsics: nvcc never contracts those
  * into FMAs, so every rounding happens where the CPU's (ISO C, no contraction) code rounds, and the
  * optimizer updates are bit for bit the CPU's. Only expf (CUDA's, at most 2 ulp off) and the order
- * of long reductions differ. NaN payloads are not kept by the narrowing stores (the hardware writes
- * its canonical NaN where the CPU keeps the payload); NaN stays NaN. */
+ * of long reductions differ. The narrowing stores write the hardware's one NaN (0x7FFF), which is
+ * also src/core/codec.h's. */
 #ifndef LUTRA_KERNELS_OPS_COMMON_CUH
 #define LUTRA_KERNELS_OPS_COMMON_CUH
 

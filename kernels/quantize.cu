@@ -221,29 +221,39 @@ __global__ void __launch_bounds__(THREADS) k_dequant(DequantArgs a) {
       const float f = dequant_factor(a, u * UNIT);
       const uint32_t w[4] = {q.x, q.y, q.z, q.w};
       float v[UNIT];
-      bool any_nan = false;
+      float c[UNIT];
 #pragma unroll
       for (int j = 0; j < 4; j++) {
         const float2 lo = fp8x2_values<DT>(w[j]), hi = fp8x2_values<DT>(w[j] >> 16);
-        v[4 * j] = lo.x * f;
-        v[4 * j + 1] = lo.y * f;
-        v[4 * j + 2] = hi.x * f;
-        v[4 * j + 3] = hi.y * f;
+        c[4 * j] = lo.x;
+        c[4 * j + 1] = lo.y;
+        c[4 * j + 2] = hi.x;
+        c[4 * j + 3] = hi.y;
       }
 #pragma unroll
       for (int k = 0; k < UNIT; k++)
-        any_nan |= is_nan(v[k]);
-      if (any_nan) {
+        v[k] = c[k] * f;
+      /* an f32 output keeps a NaN product's bits, which are x86's on the CPU (the NaN scale
+       * inverse's sign, or inf * 0's default NaN); a bf16 / f16 output has one NaN */
+      if (OD == LUTRA_F32) {
+        bool any_nan = false;
 #pragma unroll
         for (int k = 0; k < UNIT; k++)
-          if (is_nan(v[k])) v[k] = mul_x86(fp8_value<DT>(w[k >> 2] >> (8 * (k & 3))), f);
+          any_nan |= is_nan(v[k]);
+        if (any_nan) {
+#pragma unroll
+          for (int k = 0; k < UNIT; k++)
+            if (is_nan(v[k])) v[k] = mul_x86(c[k], f);
+        }
       }
       store16<OD>(a.out, u * UNIT, v);
     }
     done = units * UNIT;
   }
-  for (int64_t i = done + tid; i < a.n; i += nt)
-    store1<OD>(a.out, i, mul_x86(fp8_value<DT>(a.data[i]), dequant_factor(a, i)));
+  for (int64_t i = done + tid; i < a.n; i += nt) {
+    const float c = fp8_value<DT>(a.data[i]), f = dequant_factor(a, i);
+    store1<OD>(a.out, i, OD == LUTRA_F32 ? mul_x86(c, f) : c * f);
+  }
 }
 
 /* ---- delayed scaling update ------------------------------------------------------------------ */

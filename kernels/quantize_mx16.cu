@@ -51,11 +51,9 @@ __device__ __forceinline__ uint32_t word_of(const uint4 &u, int j) {
   return j == 0 ? u.x : j == 1 ? u.y : j == 2 ? u.z : u.w;
 }
 
-/* value of half s of w. Exact either way; the fast form only for finite values (f16 NaN
- * payloads follow src/core/codec.h in the SAFE form) */
-template <int XD, bool SAFE> __device__ __forceinline__ float value16(uint32_t w, int s) {
+/* value of half s of w, exact (an f16 NaN widens to 0x7FFFFFFF, as f16_value) */
+template <int XD> __device__ __forceinline__ float value16(uint32_t w, int s) {
   if (XD == LUTRA_BF16) return bits_f32(s ? w & 0xFFFF0000u : w << 16);
-  if (SAFE) return f16_value((w >> (16 * s)) & 0xFFFFu);
   return __half2float(__ushort_as_half((unsigned short)(w >> (16 * s))));
 }
 
@@ -99,7 +97,7 @@ __device__ __forceinline__ void mx_amax(const uint4 (&x)[8], bool row_out, bool 
  * sees 0xFF. */
 template <int XD, bool SAFE>
 __device__ __forceinline__ float mx_scale(uint32_t m, float max_rcp, uint32_t &e) {
-  const float f = value16<XD, SAFE>(m, 0) * max_rcp;
+  const float f = value16<XD>(m, 0) * max_rcp;
   if (SAFE) {
     e = e8m0_bits(f);
     return mx_scale_rcp(e);
@@ -109,9 +107,8 @@ __device__ __forceinline__ float mx_scale(uint32_t m, float max_rcp, uint32_t &e
   return e ? bits_f32((254u - e) << 23) : 1.0f;
 }
 
-/* codes of v[k] * s as encode16. Without SAFE no product is NaN (finite values, finite
- * non-zero scale), so the NaN patch is left out. */
-template <int OD, bool SAFE>
+/* codes of v[k] * s as encode16 */
+template <int OD>
 __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
   float p[8];
 #pragma unroll
@@ -121,15 +118,6 @@ __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
 #pragma unroll
   for (int j = 0; j < 2; j++)
     w[j] = fp8x2<OD>(p[4 * j], p[4 * j + 1]) | (fp8x2<OD>(p[4 * j + 2], p[4 * j + 3]) << 16);
-  if (SAFE) {
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-      if (is_nan(p[k])) {
-        const uint32_t sh = 8u * (k & 3);
-        w[k >> 2] = (w[k >> 2] & ~(0xFFu << sh)) | (fp8_nan_code<OD>(mul_x86(v[k], s)) << sh);
-      }
-    }
-  }
   return make_uint2(w[0], w[1]);
 }
 
@@ -167,9 +155,9 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
       float v[8];
 #pragma unroll
       for (int j = 0; j < 8; j++)
-        v[j] = value16<XD, SAFE>(word_of(x[i], j >> 1), j & 1);
+        v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
       *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
-                                 8 * (k & 1)) = encode8<OD, SAFE>(v, s);
+                                 8 * (k & 1)) = encode8<OD>(v, s);
       es[i >> 2] |= e << (8 * (i & 3));
     }
     /* lanes k = 0, 4 hold the scales of their 32-column block (tc >> 5) */
@@ -185,9 +173,9 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
       float v[8];
 #pragma unroll
       for (int i = 0; i < 8; i++)
-        v[i] = value16<XD, SAFE>(word_of(x[i], jj >> 1), jj & 1);
+        v[i] = value16<XD>(word_of(x[i], jj >> 1), jj & 1);
       *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + jj) + 16 * mx_cb_chunk(tc + jj, tr >> 4) +
-                                 8 * (h & 1)) = encode8<OD, SAFE>(v, s);
+                                 8 * (h & 1)) = encode8<OD>(v, s);
       es[jj >> 2] |= e << (8 * (jj & 3));
     }
     /* lanes h = 0 hold the scales of their 32-row block (tr >> 5) */
@@ -352,7 +340,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx1
 /* the largest magnitude of the thread's values, NaNs left out, as a float; -inf when all of them
  * are NaN. Magnitudes are shifted up by 1 so that 0 means "none". */
 template <int XD> __device__ __forceinline__ float cast_amax(const uint4 (&x)[8], bool special) {
-  if (!special) return value16<XD, false>(mx_top<XD>(x), 0);
+  if (!special) return value16<XD>(mx_top<XD>(x), 0);
   constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
   uint32_t top = 0u;
 #pragma unroll
@@ -365,7 +353,7 @@ template <int XD> __device__ __forceinline__ float cast_amax(const uint4 (&x)[8]
       top = h1 > top ? h1 : top;
     }
   }
-  return top ? value16<XD, false>(top - 1u, 0) : -INFINITY;
+  return top ? value16<XD>(top - 1u, 0) : -INFINITY;
 }
 
 /* bytes (row i, columns 0..7) in w[i] -> bytes (rows 0..7, column j) in out[j] */
@@ -394,8 +382,8 @@ __device__ __forceinline__ void cast_encode(const uint4 (&x)[8], float s, uint2 
     float v[8];
 #pragma unroll
     for (int j = 0; j < 8; j++)
-      v[j] = value16<XD, SAFE>(word_of(x[i], j >> 1), j & 1);
-    w[i] = encode8<OD, SAFE>(v, s);
+      v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
+    w[i] = encode8<OD>(v, s);
   }
 }
 

@@ -3,13 +3,22 @@
  * the integer bit patterns (round to nearest, ties to even), so the results do not depend on the
  * floating-point environment.
  *
- *   bf16  f32's top 16 bits, RNE; NaN stays a (quiet) NaN
- *   f16   IEEE binary16, RNE, overflow to inf, exact subnormals
+ * NaN follows NVIDIA's conversions (cvt.rn[.satfinite], and cuda_bf16.h / cuda_fp16.h /
+ * cuda_fp8.h's host functions): every NaN, whatever its sign or payload, encodes to the format's
+ * one canonical positive NaN, and a NaN code decodes to f32's canonical NaN 0x7FFFFFFF. The
+ * kernels then store the hardware's result as it is, with nothing to patch, and
+ * tools/check_codecs.cu (make check-codecs) compares every f32 pattern and every code with
+ * CUDA's functions.
+ *
+ *   bf16  f32's top 16 bits, RNE; NaN gives 0x7FFF; decoding is exact (NaN bits kept, as
+ *         __bfloat162float keeps them)
+ *   f16   IEEE binary16, RNE, overflow to inf, exact subnormals; NaN gives 0x7FFF
  *   e4m3  "fn": bias 7, 3 mantissa bits, no inf, S.1111.111 is NaN, max 448;
- *         encoding saturates (+-inf and |x| > 448 give +-448), NaN gives 0x7F | sign
+ *         encoding saturates (+-inf and |x| > 448 give +-448), NaN gives 0x7F
  *   e5m2  bias 15, 2 mantissa bits, IEEE-like inf/NaN, max 57344;
- *         encoding saturates (+-inf and |x| > 57344 give +-57344), NaN gives 0x7E | sign
- *   e8m0  2^(e-127), 0xFF is NaN; encoding rounds up (TransformerEngine's float_to_e8m0) */
+ *         encoding saturates (+-inf and |x| > 57344 give +-57344), NaN gives 0x7F
+ *   e8m0  2^(e-127), 0xFF is NaN; encoding rounds up (TransformerEngine's float_to_e8m0, which
+ *         is also CUDA's cvt.rp.satfinite.ue8m0x2) */
 #ifndef LUTRA_CORE_CODEC_H
 #define LUTRA_CORE_CODEC_H
 
@@ -18,6 +27,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* the NaN every NaN code decodes to (what the hardware's widening conversions give) */
+#define LUTRA_F32_NAN_BITS 0x7FFFFFFFu
 
 /* f32 bit patterns, for the exact conversions */
 static inline uint32_t f32_bits(float f) {
@@ -35,7 +47,7 @@ static inline float bits_f32(uint32_t u) {
 
 static inline uint16_t f32_to_bf16(float f) {
   uint32_t u = f32_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FFFu;
   u += 0x7FFFu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
@@ -86,7 +98,7 @@ static inline uint16_t f32_to_f16(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return (uint16_t)(sign | 0x7E00u | ((mag >> 13) & 0x3FFu)); /* NaN */
+  if (mag > 0x7F800000u) return 0x7FFFu;
   if (mag == 0x7F800000u) return (uint16_t)(sign | 0x7C00u);
   if (mag >= 0x47800000u) return (uint16_t)(sign | 0x7C00u); /* >= 65536: overflow */
   uint32_t c = narrow_rne(mag, 10, 15);
@@ -98,7 +110,7 @@ static inline float f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t e = (h >> 10) & 0x1Fu;
   uint32_t m = h & 0x3FFu;
-  if (e == 0x1F) return bits_f32(sign | 0x7F800000u | (m << 13)); /* inf or NaN (payload kept) */
+  if (e == 0x1F) return m ? bits_f32(LUTRA_F32_NAN_BITS) : bits_f32(sign | 0x7F800000u);
   if (e == 0) {
     float v = (float)m * 0x1p-24f; /* exact */
     return sign ? -v : v;
@@ -112,7 +124,7 @@ static inline uint8_t f32_to_e4m3(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return (uint8_t)(sign | 0x7Fu);
+  if (mag > 0x7F800000u) return 0x7Fu;
   if (mag > 0x43E00000u) return (uint8_t)(sign | 0x7Eu); /* > 448, inf included: saturate */
   uint32_t c = narrow_rne(mag, 3, 7);
   if (c > 0x7Eu) c = 0x7Eu;
@@ -123,7 +135,7 @@ static inline uint8_t f32_to_e5m2(float f) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return (uint8_t)(sign | 0x7Eu);
+  if (mag > 0x7F800000u) return 0x7Fu;
   if (mag > 0x47600000u) return (uint8_t)(sign | 0x7Bu); /* > 57344, inf included: saturate */
   uint32_t c = narrow_rne(mag, 2, 15);
   if (c > 0x7Bu) c = 0x7Bu;
@@ -144,7 +156,7 @@ static inline float fp8_to_f32(uint32_t c, int mbits, int bias) {
 
 static inline float e4m3_to_f32(uint32_t c) {
   c &= 0xFFu;
-  if ((c & 0x7Fu) == 0x7Fu) return NAN;
+  if ((c & 0x7Fu) == 0x7Fu) return bits_f32(LUTRA_F32_NAN_BITS);
   return fp8_to_f32(c, 3, 7);
 }
 
@@ -152,7 +164,7 @@ static inline float e5m2_to_f32(uint32_t c) {
   c &= 0xFFu;
   if ((c & 0x7Cu) == 0x7Cu) {
     if ((c & 0x03u) == 0) return (c & 0x80u) ? -INFINITY : INFINITY;
-    return NAN;
+    return bits_f32(LUTRA_F32_NAN_BITS);
   }
   return fp8_to_f32(c, 2, 15);
 }
@@ -172,7 +184,7 @@ static inline uint8_t f32_to_e8m0(float f) {
 
 static inline float e8m0_to_f32(uint32_t e) {
   e &= 0xFFu;
-  if (e == 0xFF) return NAN;
+  if (e == 0xFF) return bits_f32(LUTRA_F32_NAN_BITS);
   if (e == 0) return bits_f32(0x00400000u); /* 2^-127, an f32 subnormal */
   return bits_f32(e << 23);
 }

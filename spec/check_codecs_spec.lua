@@ -1,0 +1,32 @@
+-- src/core/codec.h against CUDA's host conversion functions (tools/check_codecs.cu, built with
+-- nvcc as host code; no GPU needed): a strided subset of the f32 bit patterns plus every
+-- 16-bit and 8-bit code here, all 2^32 patterns in `make check-codecs`. Pending without nvcc.
+
+-- runs cmd in a shell; true when it exits 0, and its output (LuaJIT's popen close does not
+-- give the exit status, so the shell prints it)
+local function sh(cmd)
+  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local code = tonumber(out:match("exit=(%d+)%s*$"))
+  return code == 0, (out:gsub("exit=%d+%s*$", ""))
+end
+
+-- where the Makefile looks for it
+local has_nvcc = sh("command -v nvcc || test -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+
+describe("codecs against CUDA's conversions", function()
+  if not has_nvcc then
+    pending("nvcc not found: tools/check_codecs.cu needs the CUDA toolkit (make check-codecs)")
+    return
+  end
+
+  it("agree on every code and on every 65521st f32 pattern", function()
+    local built, log = sh("make -s build/check_codecs")
+    assert.is_true(built, "building tools/check_codecs.cu failed:\n" .. log)
+    local ok, out = sh("./build/check_codecs 65521")
+    assert.is_truthy(out:find("check%-codecs: %d+ f32 patterns"), out)
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find(" 0 mismatches,"), out)
+  end)
+end)
