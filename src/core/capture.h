@@ -8,4 +8,10 @@
 extern _Thread_local bool lutra_capture_active;
 bool lutra_capturing(void);
 
+/* What the graph being captured must keep: an object (module, loss, quantizer: its header's
+ * refs and holds) or a tensor (its shell's refs). The graph drops them when freed, and refuses
+ * to replay once one of them was freed (runtime/graph.c). */
+enum { LUTRA_HOLD_OBJECT = 0, LUTRA_HOLD_TENSOR = 1 };
+int lutra_capture_hold(int kind, void *p, const char *fn);
+
 #endif
