@@ -8,7 +8,7 @@
 -- replaced the buffer, using them is an error ("tensor ... was freed").
 local core = require("lutra.core")
 local chk = require("lutra.check")
-local borrow = require("lutra.tensor").borrow
+local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
@@ -157,11 +157,9 @@ function Module:quantizer(role)
   check(C.lutra_linear_quantizer(self, core.code(core.roles, role, "role", "module:quantizer"), box))
   if box[0] == nil then return nil end
   C.lutra_quantizer_retain(box[0])
-  local owner = self
-  return ffi.gc(box[0], function(q)
-    C.lutra_quantizer_unref(q)
-    return owner
-  end)
+  local q = ffi.gc(box[0], C.lutra_quantizer_unref)
+  owners[q] = self
+  return q
 end
 
 function Module:free() check(C.lutra_module_release(self)) end

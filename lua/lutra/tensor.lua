@@ -40,21 +40,30 @@ end
 -- One handle per borrowed tensor shell, keyed by its address: a forward that returns the same
 -- buffer again returns the same handle, so the steady loop allocates nothing and registers no
 -- finalizer. The handle holds a reference to the shell (the C side marks it FREED when the
--- owner frees or replaces its buffers, and frees it only after this reference goes) and, by
--- its finalizer's upvalue, the owner, so that the garbage collector cannot free a module while
--- its output is in use. A key stays valid while its handle lives: the shell, hence its
--- address, cannot be reused before the finalizer has removed the entry.
+-- owner frees or replaces its buffers, and frees it only after this reference goes) and, through
+-- M.owners, the owner, so that the garbage collector cannot free a module while its output is
+-- in use. A key stays valid while its handle lives: the shell, hence its address, cannot be
+-- reused before the handle's finalizer has run. One shared finalizer and no closure: a handle
+-- made inside a compiled loop (after the GC took the previous one) must not abort the trace.
 local handles = setmetatable({}, { __mode = "v" })
+-- handle -> owner: weak keys, strong values (no ephemerons in LuaJIT): the owner lives while
+-- the handle does, and the entry goes with the handle
+local owners = setmetatable({}, { __mode = "k" })
+M.owners = owners
 local uintptr_t = ffi.typeof("uintptr_t")
+
+local function release_handle(p)
+  local key = tonumber(ffi.cast(uintptr_t, p))
+  -- rawequal: another handle of the same shell (made after this one became garbage) stays
+  if rawequal(handles[key], p) then handles[key] = nil end
+  C.lutra_tensor_unref(p)
+end
 
 local function new_handle(t, key, owner)
   C.lutra_tensor_retain(t)
-  local h = ffi.gc(t, function(p)
-    if handles[key] == p then handles[key] = nil end
-    C.lutra_tensor_unref(p)
-    return owner
-  end)
+  local h = ffi.gc(t, release_handle)
   handles[key] = h
+  owners[h] = owner
   return h
 end
 
