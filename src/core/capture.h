@@ -6,6 +6,10 @@
 #include <stdbool.h>
 
 extern _Thread_local bool lutra_capture_active;
+/* How many threads are capturing: a plain global the hot paths test before the thread-local
+ * (which, in a shared library, costs a __tls_get_addr call). */
+extern int lutra_capture_threads;
+#define LUTRA_CAPTURING() (lutra_capture_threads && lutra_capture_active)
 bool lutra_capturing(void);
 
 /* What the graph being captured must keep: an object (module, loss, quantizer: its header's

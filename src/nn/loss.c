@@ -110,7 +110,7 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   lutra_tensor_commit(&l->loss, loss_t);
   lutra_tensor_commit(&l->dpred, dpred);
   l->forward_done = true;
-  if (lutra_capture_active) {
+  if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, l, fn));
     TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)pred, fn));
     TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)target, fn));

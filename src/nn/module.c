@@ -76,7 +76,7 @@ int lutra_module_forward_ex(lutra_module *m, const lutra_tensor *x, const lutra_
   CHECK_ARG(a->is_first_microbatch >= -1 && a->is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
             "is_first_microbatch must be -1 (none), 0, 1 or 2 (device flag)");
   TRY(m->ops->forward(m, x, a, y));
-  if (lutra_capture_active) TRY(hold_captured(m, x, *y, fn));
+  if (LUTRA_CAPTURING()) TRY(hold_captured(m, x, *y, fn));
   return LUTRA_OK;
 }
 
@@ -91,7 +91,7 @@ int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor 
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(dy, fn, "grad_output"));
   TRY(m->ops->backward(m, dy, dx));
-  if (lutra_capture_active) TRY(hold_captured(m, dy, dx ? *dx : NULL, fn));
+  if (LUTRA_CAPTURING()) TRY(hold_captured(m, dy, dx ? *dx : NULL, fn));
   return LUTRA_OK;
 }
 

@@ -129,12 +129,14 @@ int lutra_graph_begin(int device) {
   TRY(be->capture_begin());
   capturing = be;
   lutra_capture_active = true;
+  __atomic_add_fetch(&lutra_capture_threads, 1, __ATOMIC_RELAXED);
   return LUTRA_OK;
 }
 
 int lutra_graph_abort(void) {
   if (!lutra_capture_active) return LUTRA_OK;
   lutra_capture_active = false;
+  __atomic_sub_fetch(&lutra_capture_threads, 1, __ATOMIC_RELAXED);
   capturing->capture_abort();
   capturing = NULL;
   drop_held(&capture_held);
@@ -150,6 +152,7 @@ int lutra_graph_end(lutra_graph **out) {
   }
   const lutra_backend *be = capturing;
   lutra_capture_active = false;
+  __atomic_sub_fetch(&lutra_capture_threads, 1, __ATOMIC_RELAXED);
   capturing = NULL;
   void *exec = NULL;
   int64_t nodes = 0;
