@@ -135,6 +135,12 @@ LUTRA_API int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int de
                                lutra_tensor **out);
 LUTRA_API int lutra_tensor_free(lutra_tensor *t);
 LUTRA_API int lutra_tensor_release(lutra_tensor *t);
+/* References to a tensor's shell. A tensor owned by a module, quantizer or loss stays readable
+ * while its owner keeps it; a reference taken here keeps the shell (not the buffers) beyond
+ * that, so that a later call on it fails with "was freed" instead of reading freed memory. The
+ * Lua front takes one for every such tensor it hands out. Unref drops one (the last frees). */
+LUTRA_API void lutra_tensor_retain(lutra_tensor *t);
+LUTRA_API int lutra_tensor_unref(lutra_tensor *t);
 /* Copy n values in or out, converting from/to f32 (FP8 tensors are dequantized on read). */
 LUTRA_API int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n);
 LUTRA_API int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n);
@@ -275,6 +281,10 @@ LUTRA_API int lutra_quantizer_new(const lutra_recipe *r, int role, int rowwise, 
                                   int device, lutra_quantizer **out);
 LUTRA_API int lutra_quantizer_free(lutra_quantizer *q);
 LUTRA_API int lutra_quantizer_release(lutra_quantizer *q);
+/* A reference to a quantizer (one a module owns, too): it keeps the struct, not the state, so
+ * that calls after its owner freed or rebuilt it fail with "was freed". Unref drops one. */
+LUTRA_API void lutra_quantizer_retain(lutra_quantizer *q);
+LUTRA_API int lutra_quantizer_unref(lutra_quantizer *q);
 /* Quantize x into the quantizer's own output tensor (reused while the shape stays). */
 LUTRA_API int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor **out);
 /* lutra_quantize that also writes the bias gradient of x: dbias[c] (+= when accumulate)

@@ -2,10 +2,13 @@
 --   local net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10))
 --   local y = net:forward(x)          -- output buffer owned by the module, reused
 --   local dx = net:backward(dy)
--- Forward saves a reference to its input for backward: keep x alive and unchanged until then.
--- Returned tensors belong to the module (or loss): keep it referenced while using them.
+-- Forward holds its input until the next forward (the GC cannot free it before the backward);
+-- keep it unchanged until the backward. Returned tensors belong to the module (or loss) and
+-- keep it alive while referenced; after module:free(), or once a later forward with a new shape
+-- replaced the buffer, using them is an error ("tensor ... was freed").
 local core = require("lutra.core")
 local chk = require("lutra.check")
+local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
@@ -102,7 +105,7 @@ function Module:forward(x, opts)
   forward_args.is_first_microbatch = microbatch_flag(first)
   forward_args.grad = grad and 1 or 0
   if C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box) ~= 0 then core.fail() end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 -- input_grad = false: the input's gradient is not wanted (the input is data): a Linear skips
@@ -117,7 +120,7 @@ function Module:backward(dy, input_grad)
     return nil
   end
   if C.lutra_module_backward(self, dy, core.tensor_box) ~= 0 then core.fail() end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 function Module:zero_grad()
@@ -130,8 +133,8 @@ function Module:parameters()
   local out, p = {}, ffi.new("lutra_param")
   for i = 0, core.int_box[0] - 1 do
     check(C.lutra_module_param(self, i, p))
-    out[i + 1] = { value = p.value, grad = p.grad,
-                   main_grad = p.main_grad ~= nil and p.main_grad or nil }
+    out[i + 1] = { value = borrow(p.value, self), grad = borrow(p.grad, self),
+                   main_grad = p.main_grad ~= nil and borrow(p.main_grad, self) or nil }
   end
   return out
 end
@@ -147,11 +150,16 @@ function Module:fusions()
 end
 
 -- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
+-- The handle keeps the module alive; once the module rebuilt its quantizers (a new recipe) or
+-- was freed, calls on it fail with "quantizer was freed".
 function Module:quantizer(role)
   local box = ffi.new("lutra_quantizer*[1]")
   check(C.lutra_linear_quantizer(self, core.code(core.roles, role, "role", "module:quantizer"), box))
   if box[0] == nil then return nil end
-  return box[0]
+  C.lutra_quantizer_retain(box[0])
+  local q = ffi.gc(box[0], C.lutra_quantizer_unref)
+  owners[q] = self
+  return q
 end
 
 function Module:free() check(C.lutra_module_release(self)) end
@@ -176,12 +184,12 @@ function Loss:forward(pred, target)
   if bad_tensor(pred) then chk.tensor(pred, "pred", "loss:forward") end
   if bad_tensor(target) then chk.tensor(target, "target", "loss:forward") end
   if C.lutra_loss_forward(self, pred, target, core.tensor_box) ~= 0 then core.fail() end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 function Loss:backward()
   if C.lutra_loss_backward(self, core.tensor_box) ~= 0 then core.fail() end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 function Loss:value()

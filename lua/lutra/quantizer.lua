@@ -3,9 +3,11 @@
 --   local q = lutra.quantizer(recipe, "input", {rowwise=true, columnwise=true})
 --   local xq = q:quantize(x)          -- FP8 tensor owned by q, reused while x's shape stays
 --   local scale, scale_inv = q:scale() -- delayed and current scaling
--- The FP8 tensor belongs to q: keep q referenced while using it (the GC frees it with q).
+-- The FP8 tensor belongs to q and keeps q alive while referenced; after q:free(), or once a
+-- quantize of a new shape replaced it, using it is an error ("tensor ... was freed").
 local core = require("lutra.core")
 local chk = require("lutra.check")
+local borrow = require("lutra.tensor").borrow
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -30,7 +32,7 @@ end
 function Quantizer:quantize(x)
   chk.tensor(x, "x", "quantizer:quantize")
   if C.lutra_quantize(self, x, core.tensor_box) ~= 0 then core.fail() end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 -- quantize x and write its bias gradient (column sums) into dbias; accumulate adds to dbias
@@ -42,7 +44,7 @@ function Quantizer:quantize_dbias(x, dbias, accumulate)
   if C.lutra_quantize_dbias(self, x, dbias, acc, core.tensor_box) ~= 0 then
     core.fail()
   end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 -- quantize x unless skip (an i32 tensor of one element on q's device) is nonzero when the work
@@ -57,7 +59,7 @@ function Quantizer:quantize_skip(x, skip, dbias, accumulate)
   if C.lutra_quantize_skip(self, x, skip, dbias, acc, core.tensor_box) ~= 0 then
     core.fail()
   end
-  return core.tensor_box[0]
+  return borrow(core.tensor_box[0], self)
 end
 
 function Quantizer:update() check(C.lutra_quantizer_update(self)) end

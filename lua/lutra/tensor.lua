@@ -1,5 +1,6 @@
 -- Tensors: lutra_tensor* cdata with methods. Tensors made here are owned by Lua (freed by the
--- GC or by :free()); tensors returned by modules and quantizers are owned by them.
+-- GC or by :free()); tensors returned by modules, quantizers and losses are owned by them and
+-- reach Lua through M.borrow, whose handle keeps the owner alive.
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -34,6 +35,45 @@ end
 
 local function own(t)
   return ffi.gc(t, C.lutra_tensor_free)
+end
+
+-- One handle per borrowed tensor shell, keyed by its address: a forward that returns the same
+-- buffer again returns the same handle, so the steady loop allocates nothing and registers no
+-- finalizer. The handle holds a reference to the shell (the C side marks it FREED when the
+-- owner frees or replaces its buffers, and frees it only after this reference goes) and, through
+-- M.owners, the owner, so that the garbage collector cannot free a module while its output is
+-- in use. A key stays valid while its handle lives: the shell, hence its address, cannot be
+-- reused before the handle's finalizer has run. One shared finalizer and no closure: a handle
+-- made inside a compiled loop (after the GC took the previous one) must not abort the trace.
+local handles = setmetatable({}, { __mode = "v" })
+-- handle -> owner: weak keys, strong values (no ephemerons in LuaJIT): the owner lives while
+-- the handle does, and the entry goes with the handle
+local owners = setmetatable({}, { __mode = "k" })
+M.owners = owners
+local uintptr_t = ffi.typeof("uintptr_t")
+
+local function release_handle(p)
+  local key = tonumber(ffi.cast(uintptr_t, p))
+  -- rawequal: another handle of the same shell (made after this one became garbage) stays
+  if rawequal(handles[key], p) then handles[key] = nil end
+  C.lutra_tensor_unref(p)
+end
+
+local function new_handle(t, key, owner)
+  C.lutra_tensor_retain(t)
+  local h = ffi.gc(t, release_handle)
+  handles[key] = h
+  owners[h] = owner
+  return h
+end
+
+-- t: a tensor a C call returned that owner (module, quantizer, loss) owns; nil passes on.
+function M.borrow(t, owner)
+  if t == nil then return nil end
+  local key = tonumber(ffi.cast(uintptr_t, t))
+  local h = handles[key]
+  if h ~= nil then return h end
+  return new_handle(t, key, owner)
 end
 
 -- lutra.tensor(shape, dtype?, device?) -> zero-filled tensor

@@ -4,6 +4,7 @@
 #include "core/capture.h"
 
 _Thread_local bool lutra_capture_active;
+int lutra_capture_threads;
 
 bool lutra_capturing(void) {
   return lutra_capture_active;

@@ -12,7 +12,9 @@ typedef struct lutra_object {
   uint32_t magic;
   uint32_t flags;
   int32_t refs;
-  int32_t pad;
+  /* of refs, those held by captured graphs: they keep the object alive, but do not make it
+   * "still in use" to an explicit free (the graph refuses to replay instead) */
+  int32_t holds;
 } lutra_object;
 
 enum {

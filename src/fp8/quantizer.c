@@ -97,12 +97,34 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   return LUTRA_OK;
 }
 
-void lutra_quantizer_destroy(lutra_quantizer *q) {
-  if (!q) return;
+static void drop_resources(lutra_quantizer *q) {
   lutra_autocast_forget(&q->meta);
   if (q->state) q->be->free(q->state);
   lutra_tensor_destroy(q->out);
+  q->state = NULL;
+  q->out = NULL;
+}
+
+void lutra_quantizer_retain(lutra_quantizer *q) {
+  if (q) q->obj.refs++;
+}
+
+int lutra_quantizer_unref(lutra_quantizer *q) {
+  if (!q || --q->obj.refs > 0) return LUTRA_OK;
+  if (!(q->obj.flags & LUTRA_OBJ_FREED)) drop_resources(q);
   free(q);
+  return LUTRA_OK;
+}
+
+/* A module letting go of its quantizer (freed, or rebuilt for a new recipe): a handle Lua still
+ * holds (module:quantizer()) keeps the struct, marked FREED, so its calls fail cleanly. */
+void lutra_quantizer_destroy(lutra_quantizer *q) {
+  if (!q) return;
+  if (q->obj.refs > 1 && !(q->obj.flags & LUTRA_OBJ_FREED)) {
+    drop_resources(q);
+    q->obj.flags |= LUTRA_OBJ_FREED;
+  }
+  lutra_quantizer_unref(q);
 }
 
 lutra_scale_meta *lutra_quantizer_meta(lutra_quantizer *q) {
@@ -238,23 +260,14 @@ int lutra_quantizer_free(lutra_quantizer *q) {
   if (!q->user_owned)
     return lutra_error(LUTRA_ESTATE, "lutra_quantizer_free",
                        "quantizer is owned by a module and is freed with it");
-  if (q->obj.flags & LUTRA_OBJ_FREED) {
-    free(q);
-    return LUTRA_OK;
-  }
-  lutra_quantizer_destroy(q);
-  return LUTRA_OK;
+  return lutra_quantizer_unref(q);
 }
 
 int lutra_quantizer_release(lutra_quantizer *q) {
   static const char fn[] = "lutra_quantizer_release";
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
   CHECK_STATE(q->user_owned, "quantizer is owned by a module and is freed with it");
-  lutra_autocast_forget(&q->meta);
-  if (q->state) q->be->free(q->state);
-  lutra_tensor_destroy(q->out);
-  q->state = NULL;
-  q->out = NULL;
+  drop_resources(q);
   q->obj.flags |= LUTRA_OBJ_FREED;
   return LUTRA_OK;
 }

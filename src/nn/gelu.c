@@ -11,7 +11,8 @@
 
 typedef struct gelu {
   lutra_module base;
-  const lutra_tensor *x;   /* borrowed until backward */
+  /* held (lutra_tensor_hold) until the next forward: the backward reads them */
+  const lutra_tensor *x;
   const lutra_tensor *out; /* the last forward's output: y, or one adopted from a fused GEMM */
   lutra_tensor *y, *dx;
 } gelu;
@@ -31,8 +32,8 @@ static int gelu_forward(lutra_module *m, const lutra_tensor *x, const lutra_forw
                                                .dtype = x->dtype,
                                                .act = LUTRA_ACT_GELU_TANH,
                                                .n = x->numel}));
-  g->x = x;
-  g->out = g->y;
+  lutra_tensor_hold(&g->x, x);
+  lutra_tensor_hold(&g->out, g->y);
   *y = g->y;
   return LUTRA_OK;
 }
@@ -42,6 +43,8 @@ static int gelu_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   gelu *g = (gelu *)m;
   CHECK_STATE(g->x, "backward called before forward");
   CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
+  CHECK_STATE(!(g->out->flags & LUTRA_TENSOR_FREED),
+              "the output of the last forward was freed by the module that made it");
   CHECK_ARG(lutra_same_shape(dy, g->out) && dy->dtype == g->out->dtype &&
                 dy->device == g->out->device,
             "grad_output does not match the forward output's shape, dtype or device");
@@ -64,14 +67,15 @@ static void gelu_release(lutra_module *m) {
   lutra_tensor_destroy(g->y);
   lutra_tensor_destroy(g->dx);
   g->y = g->dx = NULL;
-  g->x = g->out = NULL;
+  lutra_tensor_hold(&g->x, NULL);
+  lutra_tensor_hold(&g->out, NULL);
 }
 
 /* the GELU's forward happened inside the neighbour's GEMM: x = pre-activation, y = its output */
 static void gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
   gelu *g = (gelu *)m;
-  g->x = x;
-  g->out = y;
+  lutra_tensor_hold(&g->x, x);
+  lutra_tensor_hold(&g->out, y);
 }
 
 static const lutra_fusion_ops gelu_fusion = {

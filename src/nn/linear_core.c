@@ -1,5 +1,7 @@
-/* The Linear core's GEMM sequence (see nn/linear_core.h). The input x is borrowed until the
- * backward: the module keeps it alive and unchanged. */
+/* The Linear core's GEMM sequence (see nn/linear_core.h). The forward holds a reference to its
+ * input until the next forward or the module's release, so that the garbage collector cannot
+ * free it before the backward reads it; a tensor freed explicitly, or replaced by its owner,
+ * is then refused by the backward with an error. */
 #include "nn/linear_core.h"
 #include "backend/device.h"
 #include "core/error.h"
@@ -158,7 +160,7 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
             .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
         fn));
   }
-  c->x = x;
+  lutra_tensor_hold(&c->x, x);
   c->forward_act = act;
   c->forward_fp8 = fp8;
   c->forward_grad = a->grad != 0;
@@ -283,6 +285,9 @@ void lutra_linear_core_release(lutra_linear_core *c) {
     lutra_tensor_destroy(owned[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
   c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = NULL;
+  lutra_tensor_hold(&c->x, NULL);
+  c->xq = c->wq = NULL;
+  c->forward_done = false;
 }
 
 static int make_param(const lutra_linear_core *c, int64_t n0, int64_t n1, int dtype,

@@ -3,6 +3,7 @@
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/dtype.h"
+#include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "runtime/tensor.h"
@@ -38,7 +39,7 @@ static void loss_buffers_free(lutra_loss *l) {
 }
 
 int lutra_loss_free(lutra_loss *l) {
-  if (!l) return LUTRA_OK;
+  if (!l || --l->obj.refs > 0) return LUTRA_OK; /* a captured graph still holds it */
   loss_buffers_free(l);
   free(l);
   return LUTRA_OK;
@@ -109,6 +110,11 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   lutra_tensor_commit(&l->loss, loss_t);
   lutra_tensor_commit(&l->dpred, dpred);
   l->forward_done = true;
+  if (LUTRA_CAPTURING()) {
+    TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, l, fn));
+    TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)pred, fn));
+    TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)target, fn));
+  }
   *loss = l->loss;
   return LUTRA_OK;
 }

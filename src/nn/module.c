@@ -1,5 +1,6 @@
 /* The module protocol every module kind shares: checks, reference counting, parameters. */
 #include "nn/module.h"
+#include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "fp8/autocast.h"
@@ -39,7 +40,7 @@ int lutra_module_free(lutra_module *m) {
 int lutra_module_release(lutra_module *m) {
   static const char fn[] = "lutra_module_release";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
-  CHECK_STATE(m->obj.refs <= 1,
+  CHECK_STATE(m->obj.refs - m->obj.holds <= 1,
               "module is still used by a Sequential or an optimizer; free those first");
   m->ops->release(m);
   m->obj.flags |= LUTRA_OBJ_FREED;
@@ -50,6 +51,16 @@ const char *lutra_module_kind(const lutra_module *m) {
   if (lutra_check_object(m, LUTRA_MAGIC_MODULE, "lutra_module_kind", "module") != LUTRA_OK)
     return "?";
   return m->ops->kind;
+}
+
+/* A graph replays into these buffers: it keeps the module and both tensors referenced, and
+ * refuses to replay once one of them was freed. */
+static int hold_captured(lutra_module *m, const lutra_tensor *in, const lutra_tensor *out,
+                         const char *fn) {
+  TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, m, fn));
+  TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)in, fn));
+  if (out) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)out, fn));
+  return LUTRA_OK;
 }
 
 void lutra_forward_defaults(lutra_forward_args *a) {
@@ -66,11 +77,14 @@ int lutra_module_forward_ex(lutra_module *m, const lutra_tensor *x, const lutra_
   CHECK_ARG(a->is_first_microbatch >= -1 && a->is_first_microbatch <= LUTRA_FIRST_MICROBATCH_DEVICE,
             "is_first_microbatch must be -1 (none), 0, 1 or 2 (device flag)");
   int st = m->ops->forward(m, x, a, y);
-  /* a forward that failed half-way may have recorded amaxes already (the layers before the bad
-   * one): they must not feed the scope's update, which would then change those scales */
-  if (st != LUTRA_OK && lutra_autocast_current()->depth > 0)
-    (void)lutra_autocast_discard_forward(fn);
-  return st;
+  if (st != LUTRA_OK) {
+    /* a forward that failed half-way may have recorded amaxes already (the layers before the bad
+     * one): they must not feed the scope's update, which would then change those scales */
+    if (lutra_autocast_current()->depth > 0) (void)lutra_autocast_discard_forward(fn);
+    return st;
+  }
+  if (LUTRA_CAPTURING()) TRY(hold_captured(m, x, *y, fn));
+  return LUTRA_OK;
 }
 
 int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int is_first_microbatch,
@@ -84,8 +98,12 @@ int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor 
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(dy, fn, "grad_output"));
   int st = m->ops->backward(m, dy, dx);
-  if (st != LUTRA_OK) (void)lutra_autocast_discard_backward(fn);
-  return st;
+  if (st != LUTRA_OK) {
+    (void)lutra_autocast_discard_backward(fn);
+    return st;
+  }
+  if (LUTRA_CAPTURING()) TRY(hold_captured(m, dy, dx ? *dx : NULL, fn));
+  return LUTRA_OK;
 }
 
 int lutra_module_num_params(const lutra_module *m, int *n) {

@@ -12,15 +12,31 @@
  * is refused while capturing, with an error, instead of making a graph that replays something
  * else: allocations (first use of a shape, a shape change), host transfers and synchronizations
  * (reading a loss value), and any work on the cpu device. After such an error the capture is
- * over: lutra_graph_abort (or the Lua wrapper) discards it. */
+ * over: lutra_graph_abort (or the Lua wrapper) discards it.
+ *
+ * Because the graph holds addresses, it also holds what owns them: every module, loss and
+ * tensor a captured call was handed or returned (core/capture.h). The garbage collector cannot
+ * free them while the graph lives, and a replay after one was freed explicitly (or replaced by
+ * its owner) is refused instead of writing into freed memory. */
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
+#include "runtime/tensor.h"
 
 #include <stdlib.h>
+
+typedef struct held {
+  int kind; /* LUTRA_HOLD_* */
+  void *p;
+} held;
+
+typedef struct held_list {
+  held *items;
+  int n, cap;
+} held_list;
 
 struct lutra_graph {
   lutra_object obj;
@@ -28,9 +44,81 @@ struct lutra_graph {
   void *exec;
   int64_t nodes;
   int64_t replays;
+  held_list held;
 };
 
 static _Thread_local const lutra_backend *capturing;
+static _Thread_local held_list capture_held;
+
+static void drop_held(held_list *l) {
+  for (int i = 0; i < l->n; i++) {
+    void *p = l->items[i].p;
+    if (l->items[i].kind == LUTRA_HOLD_TENSOR) {
+      lutra_tensor_unref(p);
+      continue;
+    }
+    lutra_object *o = p;
+    o->holds--;
+    switch (o->magic) {
+    case LUTRA_MAGIC_MODULE:
+      lutra_module_free(p);
+      break;
+    case LUTRA_MAGIC_LOSS:
+      lutra_loss_free(p);
+      break;
+    case LUTRA_MAGIC_QUANTIZER:
+      lutra_quantizer_unref(p);
+      break;
+    default:
+      o->refs--;
+    }
+  }
+  free(l->items);
+  *l = (held_list){0};
+}
+
+int lutra_capture_hold(int kind, void *p, const char *fn) {
+  held_list *l = &capture_held;
+  /* a step passes the same objects again and again: the recent ones are enough to dedupe */
+  for (int i = l->n - 1; i >= 0 && i >= l->n - 8; i--)
+    if (l->items[i].p == p) return LUTRA_OK;
+  if (l->n == l->cap) {
+    int cap = l->cap ? 2 * l->cap : 32;
+    held *items = realloc(l->items, (size_t)cap * sizeof *items);
+    if (!items) return lutra_error(LUTRA_ENOMEM, fn, "cannot record what the graph uses");
+    l->items = items;
+    l->cap = cap;
+  }
+  if (kind == LUTRA_HOLD_TENSOR) {
+    lutra_tensor_retain(p);
+  } else {
+    lutra_object *o = p;
+    o->refs++;
+    o->holds++;
+  }
+  l->items[l->n++] = (held){kind, p};
+  return LUTRA_OK;
+}
+
+static int check_held(const held_list *l, const char *fn) {
+  for (int i = 0; i < l->n; i++) {
+    const held *h = &l->items[i];
+    if (h->kind == LUTRA_HOLD_TENSOR) {
+      const lutra_tensor *t = h->p;
+      CHECK_STATE(!(t->flags & LUTRA_TENSOR_FREED),
+                  "a tensor this graph uses was freed (or replaced by its module, e.g. by a "
+                  "forward with a new shape) after the capture: capture the graph again");
+    } else {
+      const lutra_object *o = h->p;
+      CHECK_STATE(!(o->flags & LUTRA_OBJ_FREED),
+                  "a %s this graph uses was freed after the capture: capture the graph again",
+                  o->magic == LUTRA_MAGIC_MODULE ? "module"
+                  : o->magic == LUTRA_MAGIC_LOSS ? "loss"
+                                                 : "quantizer");
+    }
+  }
+  return LUTRA_OK;
+}
 
 int lutra_graph_begin(int device) {
   static const char fn[] = "lutra_graph_begin";
@@ -41,14 +129,17 @@ int lutra_graph_begin(int device) {
   TRY(be->capture_begin());
   capturing = be;
   lutra_capture_active = true;
+  __atomic_add_fetch(&lutra_capture_threads, 1, __ATOMIC_RELAXED);
   return LUTRA_OK;
 }
 
 int lutra_graph_abort(void) {
   if (!lutra_capture_active) return LUTRA_OK;
   lutra_capture_active = false;
+  __atomic_sub_fetch(&lutra_capture_threads, 1, __ATOMIC_RELAXED);
   capturing->capture_abort();
   capturing = NULL;
+  drop_held(&capture_held);
   return LUTRA_OK;
 }
 
@@ -61,15 +152,23 @@ int lutra_graph_end(lutra_graph **out) {
   }
   const lutra_backend *be = capturing;
   lutra_capture_active = false;
+  __atomic_sub_fetch(&lutra_capture_threads, 1, __ATOMIC_RELAXED);
   capturing = NULL;
   void *exec = NULL;
   int64_t nodes = 0;
-  TRY(be->capture_end(&exec, &nodes));
+  int st = be->capture_end(&exec, &nodes);
+  if (st != LUTRA_OK) {
+    drop_held(&capture_held);
+    return st;
+  }
   lutra_graph *g = calloc(1, sizeof *g);
   if (!g) {
     be->graph_destroy(exec);
+    drop_held(&capture_held);
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a graph");
   }
+  g->held = capture_held;
+  capture_held = (held_list){0};
   g->obj.magic = LUTRA_MAGIC_GRAPH;
   g->obj.refs = 1;
   g->be = be;
@@ -83,6 +182,7 @@ int lutra_graph_replay(lutra_graph *g) {
   static const char fn[] = "lutra_graph_replay";
   TRY(lutra_check_object(g, LUTRA_MAGIC_GRAPH, fn, "graph"));
   CHECK_STATE(!lutra_capture_active, "cannot replay a graph while capturing one");
+  TRY(check_held(&g->held, fn));
   RANGE_PUSH("lutra.graph.replay");
   int st = g->be->graph_launch(g->exec);
   RANGE_POP();
@@ -108,13 +208,17 @@ int lutra_graph_release(lutra_graph *g) {
   TRY(lutra_check_object(g, LUTRA_MAGIC_GRAPH, fn, "graph"));
   g->be->graph_destroy(g->exec);
   g->exec = NULL;
+  drop_held(&g->held);
   g->obj.flags |= LUTRA_OBJ_FREED;
   return LUTRA_OK;
 }
 
 int lutra_graph_free(lutra_graph *g) {
   if (!g) return LUTRA_OK;
-  if (!(g->obj.flags & LUTRA_OBJ_FREED)) g->be->graph_destroy(g->exec);
+  if (!(g->obj.flags & LUTRA_OBJ_FREED)) {
+    g->be->graph_destroy(g->exec);
+    drop_held(&g->held);
+  }
   free(g);
   return LUTRA_OK;
 }

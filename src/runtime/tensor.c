@@ -74,10 +74,35 @@ static int check_shape(int ndim, const int64_t *shape, int64_t *numel, const cha
 
 static void free_buffers(lutra_tensor *t);
 
+/* The shell (the struct) lives while anyone holds a reference: its owner, a Lua handle, a
+ * module that saved it as an input, a captured graph. Only the last one frees it, so a stale
+ * pointer reads a shell marked FREED rather than freed memory. */
+void lutra_tensor_retain(lutra_tensor *t) {
+  if (t) t->refs++;
+}
+
+int lutra_tensor_unref(lutra_tensor *t) {
+  if (!t || --t->refs > 0) return LUTRA_OK;
+  if (!(t->flags & LUTRA_TENSOR_FREED)) free_buffers(t);
+  free(t);
+  return LUTRA_OK;
+}
+
+/* The buffers go now; the shell stays, marked, while other references remain. BORROWED is kept
+ * so that the error can say the owner freed or replaced it. */
+static void drop_buffers(lutra_tensor *t) {
+  if (!(t->flags & LUTRA_TENSOR_FREED)) free_buffers(t);
+  uint32_t borrowed = t->flags & LUTRA_TENSOR_BORROWED;
+  int32_t refs = t->refs;
+  memset(t, 0, sizeof *t);
+  t->flags = LUTRA_TENSOR_FREED | borrowed;
+  t->refs = refs;
+}
+
 void lutra_tensor_destroy(lutra_tensor *t) {
   if (!t) return;
-  free_buffers(t);
-  free(t);
+  if (t->refs > 1) drop_buffers(t);
+  lutra_tensor_unref(t);
 }
 
 int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char *fn) {
@@ -216,13 +241,10 @@ static int check_owned(const lutra_tensor *t, const char *fn) {
 int lutra_tensor_free(lutra_tensor *t) {
   static const char fn[] = "lutra_tensor_free";
   if (!t) return LUTRA_OK;
-  if (t->flags & LUTRA_TENSOR_FREED) {
-    free(t); /* the shell kept by lutra_tensor_release */
-    return LUTRA_OK;
-  }
-  TRY(check_owned(t, fn));
-  lutra_tensor_destroy(t);
-  return LUTRA_OK;
+  /* a shell kept by lutra_tensor_release, or one a module still holds as its saved input:
+   * the buffers stay for that module until it lets go */
+  if (!(t->flags & LUTRA_TENSOR_FREED)) TRY(check_owned(t, fn));
+  return lutra_tensor_unref(t);
 }
 
 static void free_buffers(lutra_tensor *t) {
@@ -239,9 +261,7 @@ static void free_buffers(lutra_tensor *t) {
 int lutra_tensor_release(lutra_tensor *t) {
   static const char fn[] = "lutra_tensor_release";
   TRY(check_owned(t, fn));
-  free_buffers(t);
-  memset(t, 0, sizeof *t);
-  t->flags = LUTRA_TENSOR_FREED;
+  drop_buffers(t);
   return LUTRA_OK;
 }
 
