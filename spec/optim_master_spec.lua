@@ -23,3 +23,21 @@ describe("optimizer master copies", function()
     end)
   end
 end)
+
+describe("accumulate_main_grad", function()
+  it("refuses a second backward of one forward (it would add the gradients twice)", function()
+    local E = require("spec.support.errors")
+    local m = nn.Linear(16, 16, { accumulate_main_grad = true, seed = 4 })
+    local x = lutra.tensor({ 16, 16 }):randn(5)
+    local dy = lutra.tensor({ 16, 16 }):randn(6)
+    m:forward(x)
+    m:backward(dy)
+    local mg = m:parameters()[1].main_grad:to_table()
+    E.expect_error(function() m:backward(dy) end, "lutra_linear_backward", "main_grad twice")
+    assert.are.same(mg, m:parameters()[1].main_grad:to_table())
+    m:forward(x)
+    m:backward(dy) -- a new forward: accumulates once more
+    local twice = m:parameters()[1].main_grad:to_table()
+    for i = 1, #mg do assert.is_true(math.abs(twice[i] - 2 * mg[i]) <= 1e-5 * (1 + math.abs(mg[i]))) end
+  end)
+end)

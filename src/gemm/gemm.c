@@ -37,9 +37,9 @@ typedef struct workspace {
 enum { NUM_DEVICES = 2 };
 typedef struct thread_gemm {
   plan_cache caches[NUM_DEVICES];
-  workspace workspaces[NUM_DEVICES]; /* for backends without gemm_workspace */
+  workspace workspaces[NUM_DEVICES];          /* for backends without gemm_workspace */
   const lutra_backend *backends[NUM_DEVICES]; /* which frees the plans and workspace */
-  bool registered; /* the exit destructor will run */
+  bool registered;                            /* the exit destructor will run */
 } thread_gemm;
 static _Thread_local thread_gemm tg;
 

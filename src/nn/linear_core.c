@@ -165,6 +165,7 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   c->forward_fp8 = fp8;
   c->forward_grad = a->grad != 0;
   c->forward_done = true;
+  c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
   c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(r) &&
                         lutra_autocast_claim_backward_trigger();
@@ -200,6 +201,9 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   const lutra_tensor *dy = op->dy;
   if (dact_fused) *dact_fused = false;
   CHECK_STATE(c->forward_done, "backward called before forward");
+  CHECK_STATE(!(c->backward_done && c->accumulate_main_grad),
+              "a second backward of one forward would add its gradients into main_grad twice: "
+              "run a forward before each backward");
   CHECK_STATE(c->forward_grad, "the last forward ran with grad = false (inference): it kept "
                                "nothing for a backward");
   CHECK_STATE(!(c->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
@@ -256,6 +260,7 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
+  c->backward_done = true;
   if (dx) *dx = c->dx;
   return LUTRA_OK;
 }

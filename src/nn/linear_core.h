@@ -31,6 +31,7 @@ typedef struct lutra_linear_core {
   lutra_tensor *xq, *wq;
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
+  bool backward_done; /* a backward ran since the last forward */
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
