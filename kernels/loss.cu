@@ -19,8 +19,9 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kMaxPartials = LK_LOSS_PARTIALS; /* pass-1 grid cap */
 
 /* Called by every thread of every block once its block's partial is written: the last block to
- * arrive sets *loss = (float)(sum(partial[0 .. gridDim.x)) / divisor), thread i adding partials i, i + kThreads, ... in order, then a block sum, so the
- * result does not depend on which block is last; one launch per loss instead of two. */
+ * arrive sets *loss = (float)(sum(partial[0 .. gridDim.x)) / divisor), thread i adding partials i,
+ * i + kThreads, ... in order, then a block sum, so the result does not depend on which block is
+ * last; one launch per loss instead of two. */
 __device__ void mean_by_last_block(const double *partial, unsigned *done, double divisor,
                                    float *loss) {
   __shared__ double red[kWarps];
@@ -96,7 +97,8 @@ template <bool BLOCK> __device__ __forceinline__ void group_sync() {
 template <int DT, int N, bool BLOCK>
 __global__ void __launch_bounds__(kThreads)
     xent_kernel(const void *logits, const int32_t *__restrict__ labels, int64_t rows, int64_t cols,
-                void *dlogits, float inv_rows, float *loss, double *partial, unsigned *done) {
+                void *dlogits, float inv_rows, float *loss, double *partial, unsigned *done,
+                int32_t *bad_label) {
   constexpr int G = BLOCK ? kThreads : 32; /* threads per row */
   __shared__ double red_d[kWarps];
   __shared__ float red_f[kWarps];
@@ -144,6 +146,7 @@ __global__ void __launch_bounds__(kThreads)
       const float log_sum = static_cast<float>(log(sum));
       const double row_loss = static_cast<double>(fsub(mx, target)) + static_cast<double>(log_sum);
       acc += ok ? row_loss : static_cast<double>(NAN);
+      if (!ok && bad_label) *bad_label = 1; /* every writer stores the same value */
     }
 
     if (dlogits) {
@@ -181,8 +184,7 @@ __global__ void __launch_bounds__(kThreads)
 
 } // namespace
 
-extern "C" cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch,
-                              cudaStream_t s) {
+extern "C" cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s) {
   if (!a || !scratch || !scratch->loss_partial || !scratch->loss_done) return cudaErrorInvalidValue;
   const void *pred = a->pred, *target = a->target;
   void *dpred = a->dgrad;
@@ -233,22 +235,18 @@ extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratc
         imin<int64_t>(block_rows ? rows : cdiv<int64_t>(rows, kWarps), kMaxPartials));
     if (block_rows) {
       if (vec)
-        xent_kernel<DT, V, true>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
-                                             sd);
+        xent_kernel<DT, V, true><<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits,
+                                                             inv_rows, loss, sp, sd, a->bad_label);
       else
-        xent_kernel<DT, 1, true>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
-                                             sd);
+        xent_kernel<DT, 1, true><<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits,
+                                                             inv_rows, loss, sp, sd, a->bad_label);
     } else {
       if (vec)
-        xent_kernel<DT, V, false>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
-                                             sd);
+        xent_kernel<DT, V, false><<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits,
+                                                              inv_rows, loss, sp, sd, a->bad_label);
       else
-        xent_kernel<DT, 1, false>
-            <<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits, inv_rows, loss, sp,
-                                             sd);
+        xent_kernel<DT, 1, false><<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits,
+                                                              inv_rows, loss, sp, sd, a->bad_label);
     }
     return cudaGetLastError();
   });

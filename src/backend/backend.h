@@ -207,6 +207,11 @@ typedef struct lutra_loss_args {
   int64_t n;             /* mse */
   float *loss;           /* f32 [1] */
   void *dgrad;           /* if not NULL: d loss / d pred, pred's dtype and shape */
+  /* softmax_xent on a device, if not NULL: backend memory set to 1 when a label is outside
+   * [0, cols) (never cleared by the backend; the loss is NaN then). A kernel cannot return an
+   * error, and reading a flag back would cost a synchronization per call, so the loss module
+   * reads it with the loss value. The CPU refuses such labels at once instead. */
+  int32_t *bad_label;
 } lutra_loss_args;
 
 typedef struct lutra_backend {

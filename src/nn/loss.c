@@ -16,6 +16,10 @@ struct lutra_loss {
   bool forward_done;
   lutra_tensor *loss;  /* f32 [1] */
   lutra_tensor *dpred; /* pred's shape and dtype */
+  /* cross-entropy on a device: i32 [1], set by the kernel when a label was out of range (see
+   * lutra_loss_args.bad_label), read and cleared by lutra_loss_value */
+  lutra_tensor *bad_label;
+  int64_t classes; /* cols of the last cross-entropy forward, for the message */
 };
 
 int lutra_loss_new(int kind, lutra_loss **out) {
@@ -35,7 +39,8 @@ int lutra_loss_new(int kind, lutra_loss **out) {
 static void loss_buffers_free(lutra_loss *l) {
   lutra_tensor_destroy(l->loss);
   lutra_tensor_destroy(l->dpred);
-  l->loss = l->dpred = NULL;
+  lutra_tensor_destroy(l->bad_label);
+  l->loss = l->dpred = l->bad_label = NULL;
 }
 
 int lutra_loss_free(lutra_loss *l) {
@@ -81,6 +86,19 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   TRY(check_target(l, pred, target, fn));
   const lutra_backend *be;
   TRY(lutra_backend_get(pred->device, &be, fn));
+  if (l->kind == LUTRA_LOSS_SOFTMAX_XENT && pred->device != LUTRA_CPU && !l->bad_label) {
+    int64_t one_flag = 1;
+    lutra_tensor_spec spec = *PLAIN_TENSOR(LUTRA_I32, 1, &one_flag, pred->device);
+    spec.flags = LUTRA_TENSOR_BORROWED;
+    lutra_tensor *flag;
+    TRY(lutra_tensor_make(&spec, &flag, fn));
+    int zeroed = be->memset(flag->data, 0, sizeof(int32_t));
+    if (zeroed != LUTRA_OK) {
+      lutra_tensor_destroy(flag);
+      return lutra_error_wrap(zeroed, fn);
+    }
+    l->bad_label = flag;
+  }
   /* new buffers (a new shape) are installed only once the backend has accepted the call */
   int64_t one = 1;
   lutra_tensor *loss_t, *dpred;
@@ -96,7 +114,8 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
                                 .cols = lutra_cols(pred),
                                 .n = pred->numel,
                                 .loss = loss_t->data,
-                                .dgrad = dpred->data};
+                                .dgrad = dpred->data,
+                                .bad_label = l->bad_label ? l->bad_label->data : NULL};
     st = l->kind == LUTRA_LOSS_MSE ? be->mse(&la) : be->softmax_xent(&la);
     if (st != LUTRA_OK) {
       lutra_error_wrap(st, fn);
@@ -110,6 +129,7 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   lutra_tensor_commit(&l->loss, loss_t);
   lutra_tensor_commit(&l->dpred, dpred);
   l->forward_done = true;
+  l->classes = lutra_cols(pred);
   if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, l, fn));
     TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)pred, fn));
@@ -133,5 +153,18 @@ int lutra_loss_value(const lutra_loss *l, float *value) {
   TRY(lutra_check_object(l, LUTRA_MAGIC_LOSS, fn, "loss"));
   CHECK_ARG(value, "value is NULL");
   CHECK_STATE(l->forward_done, "no loss computed yet");
+  if (l->bad_label) {
+    const lutra_backend *be;
+    TRY(lutra_backend_get(l->bad_label->device, &be, fn));
+    int32_t bad = 0;
+    TRY(be->to_host(&bad, l->bad_label->data, sizeof bad));
+    if (bad) {
+      TRY(be->memset(l->bad_label->data, 0, sizeof bad));
+      return lutra_error(LUTRA_EINVAL, fn,
+                         "a label of a cross-entropy forward since the last read was outside "
+                         "[0, %lld): the loss and its gradient are NaN",
+                         (long long)l->classes);
+    }
+  }
   return lutra_tensor_get_f32(l->loss, value, 1);
 }
