@@ -223,6 +223,47 @@ static size_t heap_in_use(void) {
 #endif
 }
 
+/* A scope entered on one thread and exited from another must be refused, saying so, and leave
+ * the entering thread's state as it was. */
+typedef struct cross_exit {
+  lutra_autocast *scope;
+  int status;
+  char error[256];
+} cross_exit;
+
+static void *exit_elsewhere(void *arg) {
+  cross_exit *c = arg;
+  c->status = lutra_autocast_exit(c->scope);
+  snprintf(c->error, sizeof c->error, "%s", lutra_last_error());
+  return NULL;
+}
+
+static int check_cross_thread_exit(void) {
+  lutra_recipe *r = NULL;
+  lutra_autocast *scope = NULL;
+  if (make_recipe(LUTRA_RECIPE_DELAYED, &r) != LUTRA_OK ||
+      lutra_autocast_new(r, NULL, 1, 0, &scope) != LUTRA_OK ||
+      lutra_autocast_enter(scope) != LUTRA_OK) {
+    printf("FAIL cross-thread exit: setup: %s\n", lutra_last_error());
+    return 1;
+  }
+  cross_exit c = {.scope = scope, .status = LUTRA_OK};
+  pthread_t t;
+  pthread_create(&t, NULL, exit_elsewhere, &c);
+  pthread_join(t, NULL);
+  int depth = 0, enabled = 0, calibrating = 0;
+  lutra_autocast_state(&depth, &enabled, &calibrating);
+  int bad = c.status != LUTRA_ESTATE || !strstr(c.error, "another thread") || depth != 1 ||
+            lutra_autocast_exit(scope) != LUTRA_OK;
+  if (bad)
+    printf("FAIL cross-thread exit: status %d (%s), depth %d after it\n", c.status, c.error, depth);
+  else
+    printf("ok cross-thread exit refused: %s\n", c.error);
+  lutra_autocast_free(scope);
+  lutra_recipe_free(r);
+  return bad;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
     fprintf(stderr, "usage: %s cpu|cuda [steps]\n", argv[0]);
@@ -330,6 +371,8 @@ int main(int argc, char **argv) {
            "live\n",
            churn, growth);
   }
+  checks++;
+  failures += check_cross_thread_exit();
   printf("threads_check: %d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;
 }

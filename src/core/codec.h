@@ -120,26 +120,27 @@ static inline float f16_to_f32(uint16_t h) {
 
 /* ---- FP8 ------------------------------------------------------------------------------- */
 
-static inline uint8_t f32_to_e4m3(float f) {
+/* Saturating RNE encode of a format with mbits mantissa bits and exponent bias: |x| above
+ * max_bits (the largest finite value's f32 bits), inf included, gives max_code; NaN the hardware's
+ * one positive NaN (0x7F for both E4M3 and E5M2). */
+static inline uint8_t f32_to_fp8(float f, int mbits, int bias, uint32_t max_bits,
+                                 uint32_t max_code) {
   uint32_t u = f32_bits(f);
   uint32_t sign = (u >> 24) & 0x80u;
   uint32_t mag = u & 0x7FFFFFFFu;
   if (mag > 0x7F800000u) return 0x7Fu;
-  if (mag > 0x43E00000u) return (uint8_t)(sign | 0x7Eu); /* > 448, inf included: saturate */
-  uint32_t c = narrow_rne(mag, 3, 7);
-  if (c > 0x7Eu) c = 0x7Eu;
+  if (mag > max_bits) return (uint8_t)(sign | max_code);
+  uint32_t c = narrow_rne(mag, mbits, bias);
+  if (c > max_code) c = max_code;
   return (uint8_t)(sign | c);
 }
 
+static inline uint8_t f32_to_e4m3(float f) {
+  return f32_to_fp8(f, 3, 7, 0x43E00000u /* 448 */, 0x7Eu);
+}
+
 static inline uint8_t f32_to_e5m2(float f) {
-  uint32_t u = f32_bits(f);
-  uint32_t sign = (u >> 24) & 0x80u;
-  uint32_t mag = u & 0x7FFFFFFFu;
-  if (mag > 0x7F800000u) return 0x7Fu;
-  if (mag > 0x47600000u) return (uint8_t)(sign | 0x7Bu); /* > 57344, inf included: saturate */
-  uint32_t c = narrow_rne(mag, 2, 15);
-  if (c > 0x7Bu) c = 0x7Bu;
-  return (uint8_t)(sign | c);
+  return f32_to_fp8(f, 2, 15, 0x47600000u /* 57344 */, 0x7Bu);
 }
 
 static inline float fp8_to_f32(uint32_t c, int mbits, int bias) {
