@@ -2,13 +2,14 @@
  * backend/backend.h). Plain loops over F32/BF16/F16 through lutra_elem_load/store.
  *
  * What the CUDA kernels match exactly and what only within a bound:
- * - the row statistics (mean, rstd) are sums: here in double, rounded once into f32; the kernels
- *   sum in f32 in a tree order, so mean and rstd agree within a few f32 ulps, not bit for bit;
+ * - the row statistics (mean, rstd) and the backward's row sums (c1, c2) are double sums rounded
+ *   once into f32; the kernels sum in double too, in a tree order, so they agree to the f32
+ *   rounding (an occasional 1-ulp difference), not bit for bit;
  * - given the same mean and rstd, every element formula below (xhat, y, dxhat, dx) is a fixed
  *   sequence of f32 roundings without FMA that the kernels repeat through fadd/fmul
  *   (kernels/ops_common.cuh): exact;
- * - the backward's row sums (c1, c2) and the column sums dgamma/dbeta are in double here; the
- *   kernels sum rows in f32 and columns in f32 per block then double across blocks: within a
+ * - the column sums dgamma/dbeta are double here and double in the kernels' two passes (row
+ *   blocks, then the blocks in order): deterministic there, equal to these within a
  *   bound (spec/gpu/norm_gpu.lua states it as an NMSE). */
 #include "cpu.h"
 
