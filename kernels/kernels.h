@@ -68,6 +68,14 @@ cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, voi
  * kernel cannot return an error) */
 cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
 cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
+/* LayerNorm and RMSNorm (kernels/norm.cu; lutra_norm_args): one block per row; the backward's
+ * dgamma/dbeta column sums go through scratch->bias_partial in two deterministic passes, which
+ * needs 2 * hidden <= LK_BIAS_PARTIALS (the backend refuses larger hidden sizes first).
+ * lk_norm_row_blocks: the row blocks of that split (a function of rows and hidden only). */
+cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s);
+cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
+                                  cudaStream_t s);
+int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden);
 /* optimizers, many tensors per launch (multi-tensor apply; kernels/optim.cu) */
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);

@@ -420,6 +420,19 @@ typedef struct lutra_linear_desc {
 LUTRA_API void lutra_linear_defaults(lutra_linear_desc *d);
 LUTRA_API int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out);
 LUTRA_API int lutra_gelu_new(lutra_module **out);
+/* LayerNorm and RMSNorm over the last dim (TransformerEngine's LayerNorm / RMSNorm): weight
+ * [hidden] (ones, or zeros when zero_centered_gamma: the stored weight is gamma - 1) and, for
+ * LayerNorm, bias [hidden] (zeros), in dtype; the input must have dtype and hidden features. */
+typedef struct lutra_norm_desc {
+  int64_t hidden;
+  float eps;                   /* default 1e-5 */
+  int32_t rms;                 /* 1: RMSNorm (no bias) */
+  int32_t zero_centered_gamma; /* default 0 */
+  int32_t dtype;               /* F32 (default) or BF16 */
+  int32_t device;              /* LUTRA_CPU (default) */
+} lutra_norm_desc;
+LUTRA_API void lutra_norm_defaults(lutra_norm_desc *d);
+LUTRA_API int lutra_layernorm_new(const lutra_norm_desc *d, lutra_module **out);
 /* A chain of modules; it holds a reference to each. A Linear followed by a GELU runs as one
  * GEMM with the GELU in its epilogue, and the Linear after that GELU applies gelu' in its dgrad
  * GEMM (not with FP8 operands, where the GELU's backward kernel runs). */

@@ -50,6 +50,34 @@ function M.GELU()
   return own(module_box[0])
 end
 
+-- nn.LayerNorm(hidden, {eps=1e-5, zero_centered_gamma=false, dtype="f32", device=}) and
+-- nn.RMSNorm(hidden, {...}): over the last dim; parameters weight (and LayerNorm's bias) of
+-- dtype (f32 or bf16), the input of that dtype. zero_centered_gamma: the weight stored is
+-- gamma - 1 (TransformerEngine's), starting at zeros.
+local norm_box = ffi.new("lutra_norm_desc")
+local function new_norm(hidden, opts, rms, where)
+  opts = core.check_options(opts, { eps = true, zero_centered_gamma = true, dtype = true,
+                                    device = true }, where)
+  chk.integer(hidden, "hidden", where, 1, 2 ^ 53, 4)
+  C.lutra_norm_defaults(norm_box)
+  norm_box.hidden = hidden
+  norm_box.rms = rms
+  if opts.eps ~= nil then
+    chk.finite(opts.eps, "eps", where, 4)
+    if opts.eps < 0 then chk.fail(where, "eps must be >= 0 (got %s)", tostring(opts.eps)) end
+    norm_box.eps = opts.eps
+  end
+  norm_box.zero_centered_gamma = chk.flag(opts.zero_centered_gamma, "zero_centered_gamma",
+                                          where, 0, 4)
+  if opts.dtype ~= nil then norm_box.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  norm_box.device = core.device(opts.device, where)
+  check(C.lutra_layernorm_new(norm_box, module_box))
+  return own(module_box[0])
+end
+
+function M.LayerNorm(hidden, opts) return new_norm(hidden, opts, 0, "lutra.nn.LayerNorm") end
+function M.RMSNorm(hidden, opts) return new_norm(hidden, opts, 1, "lutra.nn.RMSNorm") end
+
 function M.Sequential(...)
   local mods = { ... }
   local n = select("#", ...)

@@ -214,6 +214,32 @@ typedef struct lutra_loss_args {
   int32_t *bad_label;
 } lutra_loss_args;
 
+/* ---- norms (LayerNorm, RMSNorm; src/backend/cpu/norm_cpu.c, kernels/norm.cu) ----
+ * Over the last dim of x [rows, hidden], statistics in f32 (the CPU sums in double):
+ *   LayerNorm  y = (x - mean) * rstd * g + beta,  rstd = 1 / sqrt(var + eps)  (biased var)
+ *   RMSNorm    y = x * rstd * g,                  rstd = 1 / sqrt(mean(x^2) + eps)
+ * with g = gamma, or gamma + 1 when zero_centered_gamma (TransformerEngine's: the stored weight
+ * is gamma - 1). x, y, dy and dx have dtype; gamma, beta, dgamma and dbeta param_dtype. */
+typedef struct lutra_norm_args {
+  const void *x;     /* [rows, hidden] */
+  const void *gamma; /* [hidden] */
+  const void *beta;  /* [hidden]; LayerNorm only (RMSNorm ignores it) */
+  int32_t dtype, param_dtype;
+  int64_t rows, hidden;
+  float eps;
+  int32_t rms;                 /* 1: RMSNorm (no mean, no beta) */
+  int32_t zero_centered_gamma; /* 1: g = gamma + 1 */
+  int32_t pad;
+  /* forward writes y, and mean (LayerNorm) and rstd [rows] f32 when not NULL; backward reads
+   * the mean and rstd of that forward */
+  void *y;
+  float *mean, *rstd;
+  /* backward: dx [rows, hidden] (may be NULL: not wanted), dgamma and dbeta [hidden] (dbeta
+   * NULL for RMSNorm), overwritten; the column sums are deterministic (a fixed order) */
+  const void *dy;
+  void *dx, *dgamma, *dbeta;
+} lutra_norm_args;
+
 typedef struct lutra_backend {
   const char *name;
   int32_t device;
@@ -261,6 +287,9 @@ typedef struct lutra_backend {
   int (*softmax_xent)(const lutra_loss_args *a);
   int (*sgd_step)(const lutra_optim_args *a);
   int (*adamw_step)(const lutra_optim_args *a);
+  /* norms (lutra_norm_args) */
+  int (*layernorm_forward)(const lutra_norm_args *a);
+  int (*layernorm_backward)(const lutra_norm_args *a);
   /* waits for the device's queued work (NULL: nothing is ever queued) */
   int (*synchronize)(void);
 

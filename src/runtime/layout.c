@@ -72,6 +72,14 @@ static const field fields[] = {
     F(lutra_linear_desc, accumulate_main_grad),
     F(lutra_linear_desc, seed),
 
+    S(lutra_norm_desc),
+    F(lutra_norm_desc, hidden),
+    F(lutra_norm_desc, eps),
+    F(lutra_norm_desc, rms),
+    F(lutra_norm_desc, zero_centered_gamma),
+    F(lutra_norm_desc, dtype),
+    F(lutra_norm_desc, device),
+
     S(lutra_forward_args),
     F(lutra_forward_args, is_first_microbatch),
     F(lutra_forward_args, grad),

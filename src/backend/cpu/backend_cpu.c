@@ -81,4 +81,6 @@ const lutra_backend lutra_cpu_backend = {
     .softmax_xent = lutra_cpu_softmax_xent,
     .sgd_step = lutra_cpu_sgd_step,
     .adamw_step = lutra_cpu_adamw_step,
+    .layernorm_forward = lutra_cpu_layernorm_forward,
+    .layernorm_backward = lutra_cpu_layernorm_backward,
 };

@@ -55,6 +55,10 @@ int lutra_cpu_activation_backward(const lutra_act_args *a);
 int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out);
 int lutra_cpu_bias_grad(const lutra_bias_grad_args *a);
 
+/* LayerNorm and RMSNorm (norm_cpu.c) */
+int lutra_cpu_layernorm_forward(const lutra_norm_args *a);
+int lutra_cpu_layernorm_backward(const lutra_norm_args *a);
+
 /* losses (loss_cpu.c) */
 int lutra_cpu_mse(const lutra_loss_args *a);
 int lutra_cpu_softmax_xent(const lutra_loss_args *a);

@@ -495,6 +495,26 @@ static int k_adamw(const lutra_optim_args *a) {
   return LAUNCH(adamw_step, lk_adamw_step(a, lutra_cuda_stream()));
 }
 
+/* norms: the kernels' limits are refused here with a message (kernels.h) */
+static int check_norm(const lutra_norm_args *a, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  CHECK_ARG(a->hidden > 0 && 2 * a->hidden <= LK_BIAS_PARTIALS,
+            "hidden %lld is outside the kernels' range 1..%d", (long long)a->hidden,
+            LK_BIAS_PARTIALS / 2);
+  CHECK_ARG(a->rows >= 0 && a->rows <= 0x7FFFFFFF, "%lld rows (one block per row: at most 2^31-1)",
+            (long long)a->rows);
+  return LUTRA_OK;
+}
+static int k_layernorm_forward(const lutra_norm_args *a) {
+  TRY(check_norm(a, "lutra_cuda_layernorm_forward"));
+  return LAUNCH(layernorm_forward, lk_layernorm_forward(a, lutra_cuda_stream()));
+}
+static int k_layernorm_backward(const lutra_norm_args *a) {
+  TRY(check_norm(a, "lutra_cuda_layernorm_backward"));
+  return LAUNCH(layernorm_backward,
+                lk_layernorm_backward(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
+}
+
 const lutra_backend lutra_cuda_table = {
     .name = "cuda",
     .device = LUTRA_CUDA,
@@ -524,6 +544,8 @@ const lutra_backend lutra_cuda_table = {
     .softmax_xent = k_xent,
     .sgd_step = k_sgd,
     .adamw_step = k_adamw,
+    .layernorm_forward = k_layernorm_forward,
+    .layernorm_backward = k_layernorm_backward,
     .synchronize = cuda_sync,
     .capture_begin = lutra_cuda_capture_begin,
     .capture_end = lutra_cuda_capture_end,

@@ -1,0 +1,109 @@
+/* LayerNorm and RMSNorm on the CPU: the references of kernels/norm.cu (lutra_norm_args in
+ * backend/backend.h). Plain loops over F32/BF16/F16 through lutra_elem_load/store.
+ *
+ * What the CUDA kernels match exactly and what only within a bound:
+ * - the row statistics (mean, rstd) and the backward's row sums (c1, c2) are double sums rounded
+ *   once into f32; the kernels sum in double too, in a tree order, so they agree to the f32
+ *   rounding (an occasional 1-ulp difference), not bit for bit;
+ * - given the same mean and rstd, every element formula below (xhat, y, dxhat, dx) is a fixed
+ *   sequence of f32 roundings without FMA that the kernels repeat through fadd/fmul
+ *   (kernels/ops_common.cuh): exact;
+ * - the column sums dgamma/dbeta are double here and double in the kernels' two passes (row
+ *   blocks, then the blocks in order): deterministic there, equal to these within a
+ *   bound (spec/gpu/norm_gpu.lua states it as an NMSE). */
+#include "cpu.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+static int check_args(const lutra_norm_args *a, bool backward, const char *fn) {
+  CHECK_ARG(a, "arguments are NULL");
+  CHECK_FLOAT_DTYPE(a->dtype, "activation");
+  CHECK_ARG(a->param_dtype == LUTRA_F32 || a->param_dtype == LUTRA_BF16,
+            "unsupported parameter dtype %d (expected F32 or BF16)", (int)a->param_dtype);
+  CHECK_ARG(a->rows >= 0 && a->hidden > 0, "bad shape [%lld, %lld]", (long long)a->rows,
+            (long long)a->hidden);
+  CHECK_ARG(a->x && a->gamma && (a->rms || a->beta), "x, gamma or beta is NULL");
+  if (backward)
+    CHECK_ARG(a->dy && a->rstd && (a->rms || a->mean) && a->dgamma && (a->rms || a->dbeta),
+              "dy, the saved statistics, dgamma or dbeta is NULL");
+  else
+    CHECK_ARG(a->y, "y is NULL");
+  return LUTRA_OK;
+}
+
+/* the effective scale g of column c */
+static inline float gamma_at(const lutra_norm_args *a, int64_t c) {
+  float g = lutra_elem_load(a->gamma, a->param_dtype, c);
+  return a->zero_centered_gamma ? g + 1.0f : g;
+}
+
+int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
+  TRY(check_args(a, false, "lutra_cpu_layernorm_forward"));
+  const int64_t h = a->hidden;
+  for (int64_t r = 0; r < a->rows; r++) {
+    const int64_t o = r * h;
+    double mean_d = 0.0;
+    if (!a->rms) {
+      for (int64_t c = 0; c < h; c++)
+        mean_d += lutra_elem_load(a->x, a->dtype, o + c);
+      mean_d /= (double)h;
+    }
+    double var = 0.0; /* LayerNorm: the biased variance; RMSNorm: mean(x^2) */
+    for (int64_t c = 0; c < h; c++) {
+      double d = lutra_elem_load(a->x, a->dtype, o + c) - mean_d;
+      var += d * d;
+    }
+    var /= (double)h;
+    const float mean = (float)mean_d;
+    const float rstd = (float)(1.0 / sqrt(var + (double)a->eps));
+    for (int64_t c = 0; c < h; c++) {
+      float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
+      float y = xhat * gamma_at(a, c);
+      if (!a->rms) y = y + lutra_elem_load(a->beta, a->param_dtype, c);
+      lutra_elem_store(a->y, a->dtype, o + c, y);
+    }
+    if (a->mean && !a->rms) a->mean[r] = mean;
+    if (a->rstd) a->rstd[r] = rstd;
+  }
+  return LUTRA_OK;
+}
+
+/* dx = rstd (dxhat - xhat c1 - c2), dxhat = dy g, c1 = mean(dxhat xhat), c2 = mean(dxhat)
+ * (RMSNorm: c2 = 0, xhat = x rstd); dgamma = sum_r dy xhat, dbeta = sum_r dy. */
+int lutra_cpu_layernorm_backward(const lutra_norm_args *a) {
+  static const char fn[] = "lutra_cpu_layernorm_backward";
+  TRY(check_args(a, true, fn));
+  const int64_t h = a->hidden;
+  double *acc = calloc((size_t)h * 2, sizeof *acc); /* dgamma, dbeta column sums */
+  if (!acc) return lutra_error(LUTRA_ENOMEM, fn, "no memory for %lld column sums", (long long)h);
+  for (int64_t r = 0; r < a->rows; r++) {
+    const int64_t o = r * h;
+    const float mean = a->rms ? 0.0f : a->mean[r], rstd = a->rstd[r];
+    double s1 = 0.0, s2 = 0.0;
+    for (int64_t c = 0; c < h; c++) {
+      float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
+      float dy = lutra_elem_load(a->dy, a->dtype, o + c);
+      float dxhat = dy * gamma_at(a, c);
+      s1 += (double)(dxhat * xhat);
+      s2 += dxhat;
+      acc[c] += (double)(dy * xhat);
+      acc[h + c] += dy;
+    }
+    if (!a->dx) continue;
+    const float c1 = (float)(s1 / (double)h), c2 = a->rms ? 0.0f : (float)(s2 / (double)h);
+    for (int64_t c = 0; c < h; c++) {
+      float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
+      float dxhat = lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
+      float t = xhat * c1;
+      t = t + c2;
+      lutra_elem_store(a->dx, a->dtype, o + c, (dxhat - t) * rstd);
+    }
+  }
+  for (int64_t c = 0; c < h; c++) {
+    lutra_elem_store(a->dgamma, a->param_dtype, c, (float)acc[c]);
+    if (!a->rms) lutra_elem_store(a->dbeta, a->param_dtype, c, (float)acc[h + c]);
+  }
+  free(acc);
+  return LUTRA_OK;
+}
