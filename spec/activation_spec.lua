@@ -110,7 +110,7 @@ end
 
 describe("activation modules", function()
   for _, k in ipairs(KINDS) do
-    local shape = k.gated and { 3, 2, 8 } or { 3, 2, 8 }
+    local shape = { 3, 2, 8 }
     local yshape = k.gated and { 3, 2, 4 } or shape
     local rows, cols = 6, 8
 
@@ -194,6 +194,15 @@ describe("activation modules", function()
     assert.has_error(function() nn.GELU({ approx = "tanh" }) end,
                      "lutra.nn.GELU: unknown option 'approx'")
     assert.has_error(function() nn.SiLU(1) end, "lutra.nn.SiLU: takes no arguments")
+  end)
+
+  it("lutra_activation_new refuses a kind that is not LUTRA_ACTIVATION_*", function()
+    local box = require("ffi").new("lutra_module*[1]")
+    for _, kind in ipairs({ 0, 10, -1 }) do
+      assert.are_not.equal(0, lutra.C.lutra_activation_new(kind, box))
+      assert.matches("lutra_activation_new: activation kind " .. kind,
+                     require("ffi").string(lutra.C.lutra_last_error()), 1, true)
+    end
   end)
 
   it("bf16: gated and element-wise kinds keep shapes and agree with f32 to bf16 rounding", function()
