@@ -50,7 +50,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs check-activations
 
 all: $(LIB) $(CDEF)
 
@@ -115,6 +115,15 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
+
+# kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
+# for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.
+build/check_activation_math: tools/check_activation_math.cu $(SIM_OBJ) kernels/activation_math.cuh \
+                             kernels/ops_common.cuh kernels/kernels.h $(HDRS)
+	$(NVCC) -std=c++17 -O1 -Xcompiler -Wall,-Wextra -Werror all-warnings -Ikernels -Isrc \
+	  -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+check-activations: build/check_activation_math
+	./build/check_activation_math
 
 # Threads training their own models at once against one thread alone, bit for bit, and the
 # release of per-thread caches at thread exit (tools/threads_check.c; spec/threads_spec.lua runs

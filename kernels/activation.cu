@@ -1,7 +1,8 @@
-/* GELU forward/backward, bias gradient and bias add (kernels.h). Semantics:
- * lutra_cpu_activation_forward/backward and lutra_cpu_bias_grad in
+/* Activations forward/backward (every LUTRA_ACT_* kind), bias gradient and bias add (kernels.h).
+ * Semantics: lutra_cpu_activation_forward/backward and lutra_cpu_bias_grad in
  * src/backend/cpu/activation_cpu.c; lk_add_bias is the bias step of
  * lutra_cpu_gemm done on an already stored D: d = round(d + bias) in f32. */
+#include "activation_math.cuh"
 #include "ops_common.cuh"
 
 #include <type_traits>
@@ -13,14 +14,14 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192; /* grid-stride beyond this */
 
-/* ---- GELU ------------------------------------------------------------------------------ */
+/* ---- element-wise activations ------------------------------------------------------------ */
 
-/* out = gelu(x) (BWD false) or dy * gelu'(x) (BWD true), N-element vectors for the first
+/* out = K::f(x) (BWD false) or dy * K::df(x) (BWD true), N-element vectors for the first
  * nvec * N elements, scalars for the rest. In-place use (out == x or out == dy) is fine: each
  * element is read and written by one thread. */
-template <int DT, int N, bool BWD>
+template <class K, int DT, int N, bool BWD>
 __global__ void __launch_bounds__(kThreads)
-    gelu_kernel(const void *x, const void *dy, void *out, int64_t n) {
+    act_kernel(const void *x, const void *dy, void *out, int64_t n) {
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   const int64_t nvec = n / N;
@@ -32,38 +33,84 @@ __global__ void __launch_bounds__(kThreads)
       ldv<DT, N>(dy, v * N, g);
 #pragma unroll
       for (int k = 0; k < N; k++)
-        r[k] = gelu_backward(xv[k], g[k]);
+        r[k] = fmul(g[k], K::df(xv[k]));
     } else {
 #pragma unroll
       for (int k = 0; k < N; k++)
-        r[k] = gelu(xv[k]);
+        r[k] = K::f(xv[k]);
     }
     stv<DT, N>(out, v * N, r);
   }
   for (int64_t i = nvec * N + tid; i < n; i += stride) {
     const float xi = ld<DT>(x, i);
-    st<DT>(out, i, BWD ? gelu_backward(xi, ld<DT>(dy, i)) : gelu(xi));
+    st<DT>(out, i, BWD ? fmul(ld<DT>(dy, i), K::df(xi)) : K::f(xi));
   }
 }
 
 template <bool BWD>
-cudaError_t gelu_launch(const void *x, const void *dy, void *out, int dtype, int64_t n,
-                        cudaStream_t s) {
+cudaError_t act_launch(int act, const void *x, const void *dy, void *out, int dtype, int64_t n,
+                       cudaStream_t s) {
   if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x || !out || (BWD && !dy)) return cudaErrorInvalidValue;
-  return with_dtype(dtype, [&](auto tag) {
-    constexpr int DT = decltype(tag)::value;
-    constexpr int V = vec16<DT>();
-    const bool vec = aligned(x, 16) && aligned(out, 16) && (!BWD || aligned(dy, 16));
-    const int64_t work = vec ? cdiv<int64_t>(n, V) : n;
-    const unsigned blocks =
-        static_cast<unsigned>(imin<int64_t>(cdiv<int64_t>(work, kThreads), kMaxBlocks));
-    if (vec)
-      gelu_kernel<DT, V, BWD><<<blocks, kThreads, 0, s>>>(x, dy, out, n);
-    else
-      gelu_kernel<DT, 1, BWD><<<blocks, kThreads, 0, s>>>(x, dy, out, n);
-    return cudaGetLastError();
+  return with_act(act, [&](auto kind) {
+    using K = decltype(kind);
+    return with_dtype(dtype, [&](auto tag) {
+      constexpr int DT = decltype(tag)::value;
+      constexpr int V = vec16<DT>();
+      const bool vec = aligned(x, 16) && aligned(out, 16) && (!BWD || aligned(dy, 16));
+      const int64_t work = vec ? cdiv<int64_t>(n, V) : n;
+      const unsigned blocks =
+          static_cast<unsigned>(imin<int64_t>(cdiv<int64_t>(work, kThreads), kMaxBlocks));
+      if (vec)
+        act_kernel<K, DT, V, BWD><<<blocks, kThreads, 0, s>>>(x, dy, out, n);
+      else
+        act_kernel<K, DT, 1, BWD><<<blocks, kThreads, 0, s>>>(x, dy, out, n);
+      return cudaGetLastError();
+    });
+  });
+}
+
+/* ---- gated activations ---------------------------------------------------------------------
+ * x [rows, 2h]: one thread per (r, j < h), grid-stride over rows * h. Forward y[r, j] =
+ * K::f(a) * b; backward dx[r, j] = dy * b * K::df(a), dx[r, h + j] = dy * K::f(a), the CPU's
+ * order. Scalar accesses: a row's halves start at any element offset (h need not be a multiple
+ * of the vector width), and these kernels are memory-bound either way. */
+template <class K, int DT, bool BWD>
+__global__ void __launch_bounds__(kThreads)
+    gated_kernel(const void *x, const void *dy, void *out, int64_t rows, int64_t h) {
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t total = rows * h;
+  for (int64_t i = tid; i < total; i += stride) {
+    const int64_t r = i / h, j = i - r * h;
+    const int64_t ia = r * 2 * h + j, ib = ia + h;
+    const float a = ld<DT>(x, ia), b = ld<DT>(x, ib);
+    if constexpr (BWD) {
+      const float d = ld<DT>(dy, i);
+      st<DT>(out, ia, fmul(fmul(d, b), K::df(a)));
+      st<DT>(out, ib, fmul(d, K::f(a)));
+    } else {
+      st<DT>(out, i, fmul(K::f(a), b));
+    }
+  }
+}
+
+template <bool BWD> cudaError_t gated_launch(const lutra_act_args *a, cudaStream_t s) {
+  const int64_t rows = a->rows, cols = a->cols;
+  if (rows < 0 || cols < 0 || cols % 2 != 0 || !float_dtype(a->dtype)) return cudaErrorInvalidValue;
+  const int64_t h = cols / 2;
+  if (rows == 0 || h == 0) return cudaSuccess;
+  if (!a->x || !a->out || (BWD && !a->dy)) return cudaErrorInvalidValue;
+  const unsigned blocks =
+      static_cast<unsigned>(imin<int64_t>(cdiv<int64_t>(rows * h, kThreads), kMaxBlocks));
+  return with_act(a->act, [&](auto kind) {
+    using K = decltype(kind);
+    return with_dtype(a->dtype, [&](auto tag) {
+      constexpr int DT = decltype(tag)::value;
+      gated_kernel<K, DT, BWD><<<blocks, kThreads, 0, s>>>(a->x, a->dy, a->out, rows, h);
+      return cudaGetLastError();
+    });
   });
 }
 
@@ -90,8 +137,8 @@ constexpr int64_t kBgMinRowsPerBlock = 64;
 template <int DT, int N>
 __global__ void __launch_bounds__(kBgTx *kBgTy)
     bias_grad_partial(const void *__restrict__ dy, int64_t rows, int64_t cols,
-                      int64_t rows_per_block, double *__restrict__ partial, void *db,
-                      int db_dtype, int accumulate, const int32_t *skip) {
+                      int64_t rows_per_block, double *__restrict__ partial, void *db, int db_dtype,
+                      int accumulate, const int32_t *skip) {
   /* slot k * 32 + tx holds column tx * N + k of the tile: conflict-free both ways */
   __shared__ double sm[kBgTy][kBgTx * N];
   if (skip && *skip) return; /* the whole block returns, before its barrier */
@@ -193,13 +240,15 @@ __global__ void __launch_bounds__(kAbThreads)
 } // namespace
 
 extern "C" cudaError_t lk_activation_forward(const lutra_act_args *a, cudaStream_t s) {
-  if (!a || a->act != LUTRA_ACT_GELU_TANH) return cudaErrorInvalidValue;
-  return gelu_launch<false>(a->x, nullptr, a->out, a->dtype, a->n, s);
+  if (!a) return cudaErrorInvalidValue;
+  if (lutra_act_is_gated(a->act)) return gated_launch<false>(a, s);
+  return act_launch<false>(a->act, a->x, nullptr, a->out, a->dtype, a->n, s);
 }
 
 extern "C" cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStream_t s) {
-  if (!a || a->act != LUTRA_ACT_GELU_TANH) return cudaErrorInvalidValue;
-  return gelu_launch<true>(a->x, a->dy, a->out, a->dtype, a->n, s);
+  if (!a) return cudaErrorInvalidValue;
+  if (lutra_act_is_gated(a->act)) return gated_launch<true>(a, s);
+  return act_launch<true>(a->act, a->x, a->dy, a->out, a->dtype, a->n, s);
 }
 
 extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch,

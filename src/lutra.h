@@ -433,6 +433,24 @@ typedef struct lutra_norm_desc {
 } lutra_norm_desc;
 LUTRA_API void lutra_norm_defaults(lutra_norm_desc *d);
 LUTRA_API int lutra_layernorm_new(const lutra_norm_desc *d, lutra_module **out);
+/* ---- activations (TransformerEngine's set) ----
+ * lutra_activation_new(kind): an activation module of a LUTRA_ACTIVATION_* kind; lutra_gelu_new
+ * is kind GELU_TANH, the only one a Linear before it runs in its GEMM's epilogue. Gated kinds
+ * take an input whose last dim is 2h and give h: the first half a is the gate, the second b the
+ * linear part (TE's order), y = f(a) b; their last dim must be even (LUTRA_EINVAL otherwise). */
+enum {
+  LUTRA_ACTIVATION_GELU_TANH = 1, /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+  LUTRA_ACTIVATION_RELU = 2,      /* max(x, 0) */
+  LUTRA_ACTIVATION_SILU = 3,      /* x sigmoid(x) */
+  LUTRA_ACTIVATION_QGELU = 4,     /* x sigmoid(1.702 x), QuickGELU */
+  LUTRA_ACTIVATION_SRELU = 5,     /* relu(x)^2, SquaredReLU */
+  LUTRA_ACTIVATION_GELU_ERF = 6,  /* 0.5 x (1 + erf(x / sqrt 2)), the exact GELU */
+  LUTRA_ACTIVATION_SWIGLU = 7,    /* silu(a) b */
+  LUTRA_ACTIVATION_GEGLU = 8,     /* gelu_tanh(a) b */
+  LUTRA_ACTIVATION_REGLU = 9,     /* relu(a) b */
+};
+LUTRA_API int lutra_activation_new(int kind, lutra_module **out);
+/* ---- end activations ---- */
 /* A chain of modules; it holds a reference to each. A Linear followed by a GELU runs as one
  * GEMM with the GELU in its epilogue, and the Linear after that GELU applies gelu' in its dgrad
  * GEMM (not with FP8 operands, where the GELU's backward kernel runs). */

@@ -45,8 +45,21 @@ function M.Linear(in_features, out_features, opts)
   return own(module_box[0])
 end
 
-function M.GELU()
-  check(C.lutra_gelu_new(module_box))
+-- ---- activations (TransformerEngine's set; src/nn/activation.c) ----
+-- nn.GELU{approximate = "tanh" | "none"}: "tanh" (the default, TE's "gelu" and the one a Linear
+-- before it runs in its GEMM epilogue) or "none", the exact 0.5 x (1 + erf(x / sqrt 2)).
+function M.GELU(opts)
+  local where = "lutra.nn.GELU"
+  opts = core.check_options(opts, { approximate = true }, where)
+  local approx = opts.approximate
+  if approx == nil or approx == "tanh" then
+    check(C.lutra_gelu_new(module_box))
+  elseif approx == "none" then
+    check(C.lutra_activation_new(C.LUTRA_ACTIVATION_GELU_ERF, module_box))
+  else
+    error(string.format("%s: approximate must be \"tanh\" or \"none\" (got %s)", where,
+                        tostring(approx)), 2)
+  end
   return own(module_box[0])
 end
 
@@ -77,6 +90,23 @@ end
 
 function M.LayerNorm(hidden, opts) return new_norm(hidden, opts, 0, "lutra.nn.LayerNorm") end
 function M.RMSNorm(hidden, opts) return new_norm(hidden, opts, 1, "lutra.nn.RMSNorm") end
+
+local function activation(kind, where)
+  return function(...)
+    if select("#", ...) > 0 then error(where .. ": takes no arguments", 2) end
+    check(C.lutra_activation_new(kind, module_box))
+    return own(module_box[0])
+  end
+end
+M.ReLU = activation(C.LUTRA_ACTIVATION_RELU, "lutra.nn.ReLU")
+M.SiLU = activation(C.LUTRA_ACTIVATION_SILU, "lutra.nn.SiLU")
+M.QuickGELU = activation(C.LUTRA_ACTIVATION_QGELU, "lutra.nn.QuickGELU")
+M.SquaredReLU = activation(C.LUTRA_ACTIVATION_SRELU, "lutra.nn.SquaredReLU")
+-- gated: the input's last dim 2h is split into the gate (first half) and the linear part
+M.SwiGLU = activation(C.LUTRA_ACTIVATION_SWIGLU, "lutra.nn.SwiGLU")
+M.GeGLU = activation(C.LUTRA_ACTIVATION_GEGLU, "lutra.nn.GeGLU")
+M.ReGLU = activation(C.LUTRA_ACTIVATION_REGLU, "lutra.nn.ReGLU")
+-- ---- end activations ----
 
 function M.Sequential(...)
   local mods = { ... }

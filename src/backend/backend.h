@@ -13,6 +13,8 @@
 
 #include "lutra.h"
 
+#include <stdbool.h>
+
 /* Delayed-scaling state of one quantizer. The struct lives on the host; the pointers point at
  * backend memory. scale and scale_inv are 16-byte aligned (cuBLASLt needs that for FP8). */
 typedef struct lutra_scale_meta {
@@ -167,11 +169,32 @@ enum {
   LUTRA_ACT_NONE = 0, /* no activation (modules and fusions; no backend entry takes it) */
   /* 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), TransformerEngine's and cuBLASLt's GELU */
   LUTRA_ACT_GELU_TANH = 1,
+  /* ---- activations beside the tanh GELU (TransformerEngine's set); the values are the public
+   * LUTRA_ACTIVATION_* of lutra.h, which src/nn/activation.c asserts ---- */
+  LUTRA_ACT_RELU = 2,     /* max(x, 0) */
+  LUTRA_ACT_SILU = 3,     /* x sigmoid(x) */
+  LUTRA_ACT_QGELU = 4,    /* x sigmoid(1.702 x) */
+  LUTRA_ACT_SRELU = 5,    /* relu(x)^2 */
+  LUTRA_ACT_GELU_ERF = 6, /* 0.5 x (1 + erf(x / sqrt 2)) */
+  /* gated: x [rows, cols], cols = 2h even, gate a = x[:, :h], linear b = x[:, h:] (TE's order);
+   * y [rows, h] = f(a) b */
+  LUTRA_ACT_SWIGLU = 7, /* silu(a) b */
+  LUTRA_ACT_GEGLU = 8,  /* gelu_tanh(a) b */
+  LUTRA_ACT_REGLU = 9,  /* relu(a) b */
+  LUTRA_ACT_COUNT = 10, /* one past the last kind */
 };
+
+/* whether kind act is gated (its input's last dim is split in two halves) */
+static inline bool lutra_act_is_gated(int act) {
+  return act == LUTRA_ACT_SWIGLU || act == LUTRA_ACT_GEGLU || act == LUTRA_ACT_REGLU;
+}
 
 /* An element-wise activation over n elements (F32/BF16/F16, all three buffers of one dtype):
  * forward out = act(x), backward out = dy * act'(x) in f32, rounded once. out may be x or dy
- * (each element is read before it is written). */
+ * (each element is read before it is written).
+ * Gated kinds read rows and cols (x [rows, cols], cols even, h = cols / 2) instead of n:
+ * forward out [rows, h] = f(a) b; backward dy [rows, h], out = dx [rows, cols] with
+ * da = dy b f'(a), db = dy f(a), each in f32 and rounded once; out must not alias x or dy. */
 typedef struct lutra_act_args {
   const void *x;  /* the activation's input */
   const void *dy; /* backward: the gradient of its output; forward ignores it */
@@ -179,6 +202,7 @@ typedef struct lutra_act_args {
   int32_t dtype;
   int32_t act; /* LUTRA_ACT_* */
   int64_t n;
+  int64_t rows, cols; /* gated kinds: the input's shape as a matrix (n is ignored) */
 } lutra_act_args;
 
 /* db[c] (+= when accumulate) sum_r dy[r, c], summed in double and rounded once into db_dtype. */

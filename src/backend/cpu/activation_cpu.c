@@ -1,6 +1,6 @@
-/* Activations (GELU, tanh approximation) and the bias gradient on the CPU: the references of
- * kernels/activation.cu. Plain loops over F32/BF16/F16 through lutra_elem_load/store, math in
- * f32, the bias gradient's column sums in double. */
+/* Activations (the tanh GELU and TransformerEngine's other kinds) and the bias gradient on the CPU:
+ * the references of kernels/activation.cu. Plain loops over F32/BF16/F16 through
+ * lutra_elem_load/store, math in f32, the bias gradient's column sums in double. */
 #include "cpu.h"
 
 #include <math.h>
@@ -50,20 +50,113 @@ int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_
   return LUTRA_OK;
 }
 
-/* The checks both directions share; kinds other than the implemented ones are refused before
- * any buffer is looked at. */
+/* ---- the other kinds (TransformerEngine's activations) -------------------------------------
+ * Each is the f32 operation sequence of kernels/activation_math.cuh, operation for operation:
+ * ReLU and SquaredReLU are exact there; the sigmoid kinds go through expf and the erf GELU
+ * through erff, whose CUDA versions may differ from libm in the last bits. */
+
+#define QGELU_K      1.702f
+#define SQRT1_2      0.70710678118654752f /* 1 / sqrt 2 */
+#define INV_SQRT_2PI 0.39894228040143268f /* 1 / sqrt(2 pi) */
+
+static inline float relu(float x) {
+  return x > 0.0f ? x : 0.0f;
+}
+static inline float relu_grad(float x) {
+  return x > 0.0f ? 1.0f : 0.0f;
+}
+
+/* x sigmoid(k x) = x / (1 + e), e = exp(-k x); k = 1 for SiLU, 1.702 for QuickGELU */
+static inline float sig_act(float x, float k) {
+  return x / (1.0f + expf(-k * x));
+}
+/* d/dx = s + k x s (1 - s), s = 1 / (1 + e), 1 - s = e s; the tails as gelu_grad's */
+static inline float sig_act_grad(float x, float k) {
+  float e = expf(-k * x);
+  if (isinf(e)) return 0.0f;
+  float s = 1.0f / (1.0f + e);
+  float q = e * s * s;
+  if (q == 0.0f) return s;
+  return s + k * x * q;
+}
+
+static inline float srelu(float x) {
+  return x > 0.0f ? x * x : 0.0f;
+}
+static inline float srelu_grad(float x) {
+  return x > 0.0f ? 2.0f * x : 0.0f;
+}
+
+static inline float gelu_erf(float x) {
+  return 0.5f * x * (1.0f + erff(x * SQRT1_2));
+}
+/* Phi(x) + x phi(x) */
+static inline float gelu_erf_grad(float x) {
+  return 0.5f * (1.0f + erff(x * SQRT1_2)) + x * (INV_SQRT_2PI * expf(-0.5f * x * x));
+}
+
+/* the element function of kind act (the gate's for gated kinds) and its derivative */
+static float act_f(int act, float x) {
+  switch (act) {
+  case LUTRA_ACT_GELU_TANH:
+  case LUTRA_ACT_GEGLU:
+    return gelu(x);
+  case LUTRA_ACT_RELU:
+  case LUTRA_ACT_REGLU:
+    return relu(x);
+  case LUTRA_ACT_SILU:
+  case LUTRA_ACT_SWIGLU:
+    return sig_act(x, 1.0f);
+  case LUTRA_ACT_QGELU:
+    return sig_act(x, QGELU_K);
+  case LUTRA_ACT_SRELU:
+    return srelu(x);
+  default:
+    return gelu_erf(x);
+  }
+}
+
+static float act_df(int act, float x) {
+  switch (act) {
+  case LUTRA_ACT_GELU_TANH:
+  case LUTRA_ACT_GEGLU:
+    return gelu_grad(x);
+  case LUTRA_ACT_RELU:
+  case LUTRA_ACT_REGLU:
+    return relu_grad(x);
+  case LUTRA_ACT_SILU:
+  case LUTRA_ACT_SWIGLU:
+    return sig_act_grad(x, 1.0f);
+  case LUTRA_ACT_QGELU:
+    return sig_act_grad(x, QGELU_K);
+  case LUTRA_ACT_SRELU:
+    return srelu_grad(x);
+  default:
+    return gelu_erf_grad(x);
+  }
+}
+
+/* The checks both directions share; unknown kinds are refused before any buffer is looked at. */
 static int check_act(const lutra_act_args *a, bool backward, const char *fn) {
   CHECK_ARG(a != NULL, "arguments are NULL");
-  if (a->act != LUTRA_ACT_GELU_TANH)
-    return lutra_error(LUTRA_EUNSUPPORTED, fn,
-                       "activation kind %d is not implemented (only LUTRA_ACT_GELU_TANH is)",
+  if (a->act <= LUTRA_ACT_NONE || a->act >= LUTRA_ACT_COUNT)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn, "activation kind %d is not implemented",
                        (int)a->act);
   CHECK_FLOAT_DTYPE(a->dtype, "tensor");
-  CHECK_ARG(a->n >= 0, "negative element count %lld", (long long)a->n);
+  int64_t n = a->n;
+  if (lutra_act_is_gated(a->act)) {
+    CHECK_ARG(a->rows >= 0 && a->cols >= 0, "negative shape [%lld, %lld]", (long long)a->rows,
+              (long long)a->cols);
+    CHECK_ARG(a->cols % 2 == 0,
+              "gated activation input [%lld, %lld]: the last dim must be even (2h)",
+              (long long)a->rows, (long long)a->cols);
+    n = a->rows * a->cols;
+  }
+  CHECK_ARG(n >= 0, "negative element count %lld", (long long)n);
   if (backward)
-    CHECK_ARG(a->n == 0 || (a->x && a->dy && a->out), "x, dy and dx must not be NULL");
+    CHECK_ARG(n == 0 || (a->x && a->dy && a->out), "x, dy and dx must not be NULL");
   else
-    CHECK_ARG(a->n == 0 || (a->x && a->out), "x and y must not be NULL");
+    CHECK_ARG(n == 0 || (a->x && a->out), "x and y must not be NULL");
   return LUTRA_OK;
 }
 
@@ -72,9 +165,19 @@ int lutra_cpu_activation_forward(const lutra_act_args *a) {
   TRY(check_act(a, false, fn));
   const void *x = a->x;
   void *y = a->out;
-  const int dtype = a->dtype;
+  const int dtype = a->dtype, act = a->act;
+  if (lutra_act_is_gated(act)) {
+    const int64_t h = a->cols / 2;
+    for (int64_t r = 0; r < a->rows; r++)
+      for (int64_t j = 0; j < h; j++) {
+        float g = lutra_elem_load(x, dtype, r * a->cols + j);
+        float b = lutra_elem_load(x, dtype, r * a->cols + h + j);
+        lutra_elem_store(y, dtype, r * h + j, act_f(act, g) * b);
+      }
+    return LUTRA_OK;
+  }
   for (int64_t i = 0; i < a->n; i++)
-    lutra_elem_store(y, dtype, i, gelu(lutra_elem_load(x, dtype, i)));
+    lutra_elem_store(y, dtype, i, act_f(act, lutra_elem_load(x, dtype, i)));
   return LUTRA_OK;
 }
 
@@ -83,10 +186,22 @@ int lutra_cpu_activation_backward(const lutra_act_args *a) {
   TRY(check_act(a, true, fn));
   const void *x = a->x, *dy = a->dy;
   void *dx = a->out;
-  const int dtype = a->dtype;
+  const int dtype = a->dtype, act = a->act;
+  if (lutra_act_is_gated(act)) {
+    const int64_t h = a->cols / 2;
+    for (int64_t r = 0; r < a->rows; r++)
+      for (int64_t j = 0; j < h; j++) {
+        const int64_t ia = r * a->cols + j, ib = ia + h;
+        float g = lutra_elem_load(x, dtype, ia), b = lutra_elem_load(x, dtype, ib);
+        float d = lutra_elem_load(dy, dtype, r * h + j);
+        lutra_elem_store(dx, dtype, ia, d * b * act_df(act, g));
+        lutra_elem_store(dx, dtype, ib, d * act_f(act, g));
+      }
+    return LUTRA_OK;
+  }
   for (int64_t i = 0; i < a->n; i++) {
     float xi = lutra_elem_load(x, dtype, i), gi = lutra_elem_load(dy, dtype, i);
-    lutra_elem_store(dx, dtype, i, gi * gelu_grad(xi));
+    lutra_elem_store(dx, dtype, i, gi * act_df(act, xi));
   }
   return LUTRA_OK;
 }

@@ -465,10 +465,13 @@ static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
  * here, where it can say which kind. */
 static int check_act(const lutra_act_args *a, const char *fn) {
   CHECK_ARG(a != NULL, "arguments are NULL");
-  if (a->act != LUTRA_ACT_GELU_TANH)
-    return lutra_error(LUTRA_EUNSUPPORTED, fn,
-                       "activation kind %d is not implemented (only LUTRA_ACT_GELU_TANH is)",
+  if (a->act <= LUTRA_ACT_NONE || a->act >= LUTRA_ACT_COUNT)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn, "activation kind %d is not implemented",
                        (int)a->act);
+  if (lutra_act_is_gated(a->act))
+    CHECK_ARG(a->rows >= 0 && a->cols >= 0 && a->cols % 2 == 0,
+              "gated activation input [%lld, %lld]: the last dim must be even (2h)",
+              (long long)a->rows, (long long)a->cols);
   return LUTRA_OK;
 }
 static int k_activation_forward(const lutra_act_args *a) {
