@@ -466,8 +466,8 @@ static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
 static int check_act(const lutra_act_args *a, const char *fn) {
   CHECK_ARG(a != NULL, "arguments are NULL");
   if (a->act <= LUTRA_ACT_NONE || a->act >= LUTRA_ACT_COUNT)
-    return lutra_error(LUTRA_EUNSUPPORTED, fn, "activation kind %d is not implemented",
-                       (int)a->act);
+    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)",
+                       (int)a->act, LUTRA_ACT_COUNT - 1);
   if (lutra_act_is_gated(a->act))
     CHECK_ARG(a->rows >= 0 && a->cols >= 0 && a->cols % 2 == 0,
               "gated activation input [%lld, %lld]: the last dim must be even (2h)",
