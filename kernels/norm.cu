@@ -68,6 +68,21 @@ __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
   }
 }
 
+/* The normalized input and its gradient at V elements from c of row offset o: the same
+ * operations in both passes of norm_dx, so the second pass sees exactly what the sums saw. */
+template <int DT, int PDT, int V>
+__device__ __forceinline__ void dx_terms(const lutra_norm_args &a, int64_t o, int64_t c, float mean,
+                                         float rstd, float (&xhat)[V], float (&dxhat)[V]) {
+  float x[V], dy[V];
+  ldv<DT, V>(a.x, o + c, x);
+  ldv<DT, V>(a.dy, o + c, dy);
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    xhat[k] = fmul(fsub(x[k], mean), rstd);
+    dxhat[k] = fmul(dy[k], gamma_at<PDT>(a, c + k));
+  }
+}
+
 template <int DT, int PDT, int V>
 __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
   __shared__ double smem[kRowThreads / 32];
@@ -75,31 +90,24 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
   const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
   double s1 = 0.0, s2 = 0.0;
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
-    float x[V], dy[V];
-    ldv<DT, V>(a.x, o + c, x);
-    ldv<DT, V>(a.dy, o + c, dy);
+    float xhat[V], dxhat[V];
+    dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat, dxhat);
 #pragma unroll
     for (int k = 0; k < V; k++) {
-      const float xhat = fmul(fsub(x[k], mean), rstd);
-      const float dxhat = fmul(dy[k], gamma_at<PDT>(a, c + k));
-      s1 += static_cast<double>(fmul(dxhat, xhat));
-      s2 += dxhat;
+      s1 += static_cast<double>(fmul(dxhat[k], xhat[k]));
+      s2 += dxhat[k];
     }
   }
   const float c1 = static_cast<float>(block_sum<kRowThreads>(s1, smem) / static_cast<double>(h));
   const double t2 = block_sum<kRowThreads>(s2, smem);
   const float c2 = a.rms ? 0.0f : static_cast<float>(t2 / static_cast<double>(h));
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
-    float x[V], dy[V];
-    ldv<DT, V>(a.x, o + c, x);
-    ldv<DT, V>(a.dy, o + c, dy);
+    float xhat[V], dxhat[V], dx[V];
+    dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat, dxhat);
 #pragma unroll
-    for (int k = 0; k < V; k++) {
-      const float xhat = fmul(fsub(x[k], mean), rstd);
-      const float dxhat = fmul(dy[k], gamma_at<PDT>(a, c + k));
-      x[k] = fmul(fsub(dxhat, fadd(fmul(xhat, c1), c2)), rstd);
-    }
-    stv<DT, V>(a.dx, o + c, x);
+    for (int k = 0; k < V; k++)
+      dx[k] = fmul(fsub(dxhat[k], fadd(fmul(xhat[k], c1), c2)), rstd);
+    stv<DT, V>(a.dx, o + c, dx);
   }
 }
 
