@@ -24,10 +24,10 @@ using namespace lkq;
 
 namespace {
 
-/* Tile order: bands of LUTRA_TILE_BAND tile rows (8 by default), column by column inside a band. The tiles in
- * flight at once (a few hundred) then cover whole 32-byte sectors of both scale arrays (16 tiles x
- * 2 E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row, so L2 writes
- * back full sectors instead of partial ones it would have to read from HBM first. */
+/* Tile order: bands of LUTRA_TILE_BAND tile rows (8 by default), column by column inside a band.
+ * The tiles in flight at once (a few hundred) then cover whole 32-byte sectors of both scale arrays
+ * (16 tiles x 2 E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row,
+ * so L2 writes back full sectors instead of partial ones it would have to read from HBM first. */
 /* 8 tile rows measured best of 8, 16 and 32 for the delayed cast + transpose
  * (tools/tile_band_sweep.sh; BENCHMARKS.md). The macros are for tuning builds only. */
 #ifndef LUTRA_TILE_BAND
