@@ -67,7 +67,7 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS)
 	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
-$(CDEF): src/lutra.h tools/gen_cdef.sh
+$(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
 	sh tools/gen_cdef.sh "$(CC)" src/lutra.h > $@.tmp && mv $@.tmp $@
 
 test: all

@@ -1,0 +1,123 @@
+/* lutra/base.h: status codes, dtypes, the tensor struct, errors, scalar conversions.
+ * Part of lutra.h (include that one; its conventions hold here). */
+#ifndef LUTRA_BASE_H
+#define LUTRA_BASE_H
+
+#ifndef LUTRA_CDEF
+#include <stddef.h>
+#include <stdint.h>
+#define LUTRA_API __attribute__((visibility("default")))
+#else
+#define LUTRA_API
+#endif
+
+/* Fields Lua may read but not write: const in the cdef only, so that a script cannot make a
+ * tensor claim more elements than its buffers hold (C code owning a tensor still writes them). */
+#ifdef LUTRA_CDEF
+#define LUTRA_LUA_RO const
+#else
+#define LUTRA_LUA_RO
+#endif
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum {
+  LUTRA_OK = 0,
+  LUTRA_EINVAL = 1,       /* bad argument: NULL, wrong shape, dtype, range */
+  LUTRA_ESTATE = 2,       /* call not valid now: freed object, scope misuse, no forward */
+  LUTRA_ENOMEM = 3,       /* allocation failed */
+  LUTRA_EUNSUPPORTED = 4, /* valid request this build or device cannot run */
+  LUTRA_EBACKEND = 5      /* a library under a backend (BLAS, CUDA) failed */
+};
+
+enum {
+  LUTRA_F32 = 0,
+  LUTRA_BF16 = 1,
+  LUTRA_F16 = 2,
+  LUTRA_E4M3 = 3, /* FP8 E4M3 (fn: no infinities, max 448) */
+  LUTRA_E5M2 = 4, /* FP8 E5M2 (IEEE-like, max 57344) */
+  LUTRA_E8M0 = 5, /* unsigned power-of-two scale, bias 127, 0xFF is NaN */
+  LUTRA_I32 = 6,  /* class labels */
+  LUTRA_NUM_DTYPES = 7
+};
+
+enum { LUTRA_CPU = 0, LUTRA_CUDA = 1 };
+
+/* How the values of an FP8 tensor are scaled: value = fp8 * scale_inv(block). */
+enum {
+  LUTRA_SCALING_NONE = 0,     /* not quantized */
+  LUTRA_SCALING_TENSOR = 1,   /* one f32 scale_inv for the whole tensor */
+  LUTRA_SCALING_MXFP8 = 2,    /* one E8M0 scale per 1x32 block along the row */
+  LUTRA_SCALING_BLOCK_1D = 3, /* one f32 scale_inv per 1x128 block along the row */
+  LUTRA_SCALING_BLOCK_2D = 4  /* one f32 scale_inv per 128x128 tile */
+};
+
+enum { LUTRA_MAX_DIMS = 4 };
+
+enum {
+  LUTRA_TENSOR_OWNS_DATA = 1, /* data and scales were allocated by this tensor */
+  LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: do not free it */
+  LUTRA_TENSOR_FREED = 4,     /* released: every call on it fails */
+  LUTRA_TENSOR_WRITTEN = 8    /* written through the API (set, fill, copy, random fills) since an
+                                 optimizer last synchronized its f32 master copy from it */
+};
+
+/* A tensor. Lua reads these fields directly (spec/layout_spec.lua checks the offsets).
+ * An FP8 tensor carries its rowwise data and, when asked for, a columnwise copy: the
+ * transpose [cols, rows], quantized along its own rows, which is what Hopper's TN-only FP8
+ * GEMMs need for dgrad and wgrad. Scale layouts (rows x cols = the matrix view):
+ *   TENSOR   scale_inv: 1 f32 (col_scale_inv: 1 f32, same value)
+ *   MXFP8    scale_inv: [rows][cols/32] E8M0; col_scale_inv: [cols][rows/32] E8M0
+ *   BLOCK_1D and BLOCK_2D (f32) are in the layout cuBLASLt's VEC128_32F / BLK128x128_32F
+ *   scale modes read (TransformerEngine's GEMM_READY): for a stored FP8 matrix of R rows and
+ *   C cols quantized along its rows (the rowwise data: R = rows, C = cols; the columnwise
+ *   copy: R = cols, C = rows), with R4 = roundup(R, 4), NB = ceil(C/128), NB4 = roundup(NB, 4):
+ *     BLOCK_1D [NB][R4]: the scale of row r, block j at j * R4 + r (rows are the fast index)
+ *     BLOCK_2D [ceil(R/128)][NB4]: tile (i, j) at i * NB4 + j
+ *   Padding entries (r >= R; j >= NB) are 0: scale arrays are zeroed when allocated and
+ *   quantizers never write them. */
+typedef struct lutra_tensor {
+  void *LUTRA_LUA_RO data;      /* rowwise values, or NULL when only the columnwise copy exists */
+  void *LUTRA_LUA_RO col_data;  /* columnwise (transposed) copy, or NULL */
+  void *LUTRA_LUA_RO scale_inv; /* rowwise scale inverses (FP8 only) */
+  void *LUTRA_LUA_RO col_scale_inv; /* columnwise scale inverses (FP8 only) */
+  float *LUTRA_LUA_RO amax;         /* amax observed when this tensor was quantized, or NULL */
+  LUTRA_LUA_RO int64_t shape[4];
+  LUTRA_LUA_RO int64_t numel;
+  LUTRA_LUA_RO int32_t ndim;
+  LUTRA_LUA_RO int32_t dtype;
+  LUTRA_LUA_RO int32_t device;
+  LUTRA_LUA_RO int32_t scaling;
+  LUTRA_LUA_RO uint32_t flags;
+  LUTRA_LUA_RO int32_t refs;
+} lutra_tensor;
+
+/* ---- errors, version, backends -------------------------------------------------------- */
+LUTRA_API const char *lutra_last_error(void);
+LUTRA_API const char *lutra_status_name(int status);
+LUTRA_API int lutra_version(int *major, int *minor, int *patch);
+LUTRA_API int lutra_device_available(int device); /* 1 when the backend can run here */
+/* Waits until the device has finished all work lutra queued on it (results read by the host
+ * are synchronized already; this is for timing and for sharing buffers with other code). */
+LUTRA_API int lutra_device_synchronize(int device);
+/* CUDA: run lutra's work on this cudaStream_t (NULL: lutra's own stream). Call it between
+ * steps: work already queued stays on the old stream. */
+LUTRA_API int lutra_cuda_set_stream(void *stream);
+LUTRA_API int lutra_nvtx_active(void); /* 1 when LUTRA_NVTX=1 was set at load */
+
+/* ---- scalar conversions (bit-exact; the reference for every backend) ----------------- */
+LUTRA_API float lutra_decode(int dtype, uint32_t bits);  /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */
+LUTRA_API uint32_t lutra_encode(int dtype, float value); /* f32 -> bits, RNE, FP8 saturating */
+LUTRA_API float lutra_dtype_max(int dtype);              /* largest finite value */
+LUTRA_API size_t lutra_dtype_size(int dtype);            /* bytes per element, 0 if unknown */
+LUTRA_API const char *lutra_dtype_name(int dtype);
+
+/* ---- layout check: the C compiler's view of the structs Lua reads ----------------------- */
+LUTRA_API int lutra_layout(int i, const char **type, const char **field, size_t *offset,
+                           size_t *size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUTRA_BASE_H */

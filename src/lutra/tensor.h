@@ -1,0 +1,47 @@
+/* lutra/tensor.h: tensors and the global seed generator.
+ * Part of lutra.h (include that one; its conventions hold here). */
+#ifndef LUTRA_TENSOR_H
+#define LUTRA_TENSOR_H
+
+#include "base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- tensors ---------------------------------------------------------------------------- */
+/* Zero-filled (every dtype). Refused with LUTRA_EINVAL when a byte count overflows. */
+LUTRA_API int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device,
+                               lutra_tensor **out);
+LUTRA_API int lutra_tensor_free(lutra_tensor *t);
+LUTRA_API int lutra_tensor_release(lutra_tensor *t);
+/* References to a tensor's shell. A tensor owned by a module, quantizer or loss stays readable
+ * while its owner keeps it; a reference taken here keeps the shell (not the buffers) beyond
+ * that, so that a later call on it fails with "was freed" instead of reading freed memory. The
+ * Lua front takes one for every such tensor it hands out. Unref drops one (the last frees). */
+LUTRA_API void lutra_tensor_retain(lutra_tensor *t);
+LUTRA_API int lutra_tensor_unref(lutra_tensor *t);
+/* Copy n values in or out, converting from/to f32 (FP8 tensors are dequantized on read). */
+LUTRA_API int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n);
+LUTRA_API int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n);
+LUTRA_API int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n);
+/* Raw bytes of the rowwise data (or of the columnwise copy when columnwise != 0). */
+LUTRA_API int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst,
+                                     size_t bytes);
+LUTRA_API int lutra_tensor_fill(lutra_tensor *t, float value);
+/* Deterministic fills (xoshiro256**, Box-Muller), the same on every backend. */
+/* The process-wide seed generator: lutra_seed_next hands out the next seed (splitmix64 of a
+ * state that lutra_manual_seed sets; it starts from a fixed value, so unseeded runs repeat).
+ * Fills and layers created without a seed of their own draw theirs from it. */
+LUTRA_API int lutra_manual_seed(uint64_t seed);
+LUTRA_API int lutra_seed_next(uint64_t *out);
+LUTRA_API int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev);
+LUTRA_API int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi);
+LUTRA_API int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src); /* converts */
+LUTRA_API int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape);
+LUTRA_API int lutra_tensor_amax(const lutra_tensor *t, float *amax); /* host result */
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUTRA_TENSOR_H */
