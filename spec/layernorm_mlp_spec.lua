@@ -210,3 +210,37 @@ describe("nn.LayerNormMLP", function()
     fails("not a layernorm_mlp", nn.Linear(2, 2).mlp_fusions, nn.Linear(2, 2))
   end)
 end)
+
+describe("nn.Residual", function()
+  it("y = x + m(x), dx = dy + m's input gradient, bit for bit (one f32 sum rounded once)", function()
+    for _, dtype in ipairs { "f32", "bf16" } do
+      local lin = nn.Linear(16, 16, { dtype = dtype })
+      local r = nn.Residual(lin)
+      assert.are.equal("residual", r:kind())
+      assert.are.equal(2, #r:parameters())
+      local x = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
+      local dy = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
+      local y = r:forward(x):to_table()
+      local h = lin:forward(x):to_table()
+      local dx = r:backward(dy):to_table()
+      local dh = lin:backward(dy):to_table()
+      local xv, dyv = x:to_table(), dy:to_table()
+      local function rounded(v) return lutra.tensor({ 1 }, dtype):set({ v }):to_table()[1] end
+      for i = 1, #y do
+        assert.are.equal(rounded(xv[i] + h[i]), y[i], dtype .. " y[" .. i .. "]")
+        assert.are.equal(rounded(dyv[i] + dh[i]), dx[i], dtype .. " dx[" .. i .. "]")
+      end
+      assert.is_nil(r:backward(dy, false))
+    end
+  end)
+
+  it("refuses a module whose output does not match its input", function()
+    local r = nn.Residual(nn.Linear(8, 4))
+    local ok, err = pcall(r.forward, r, lutra.tensor({ 2, 8 }))
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("lutra_residual_forward", 1, true), tostring(err))
+    ok, err = pcall(nn.Residual, 3)
+    assert.is_false(ok)
+    assert.is_truthy(tostring(err):find("must be a module", 1, true), tostring(err))
+  end)
+end)

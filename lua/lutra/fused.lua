@@ -83,6 +83,15 @@ function M.LayerNormMLP(hidden, ffn_hidden, opts)
   return own(module_box[0])
 end
 
+-- nn.Residual(m): y = x + m(x), backward dx = dy + m's input gradient; m's parameters
+function M.Residual(m)
+  if not ffi.istype(chk.module_t, m) then
+    error(string.format("lutra.nn.Residual: argument must be a module (got %s)", chk.got(m)), 2)
+  end
+  check(C.lutra_residual_new(m, module_box))
+  return own(module_box[0])
+end
+
 -- LayerNormLinear made with return_layernorm_output: the norm's output of the last forward
 function M.layernorm_output(m)
   if C.lutra_layernorm_linear_ln_output(m, core.tensor_box) ~= 0 then core.fail() end

@@ -199,3 +199,22 @@ describe("nn.LayerNormLinear on " .. DEV .. ": the fused path is taken", functio
     assert.is_not_nil(ffi.cast("void *", C.lutra_norm_quantize))
   end)
 end)
+
+describe("nn.Residual on " .. DEV, function()
+  test("the sum is the CPU's bit for bit (one f32 addition rounded once)", function()
+    for _, dtype in ipairs { "f32", "bf16", "f16" } do
+      for _, shape in ipairs { { 64, 256 }, { 7, 13 } } do -- vector and scalar paths
+        local out = {}
+        for i, dev in ipairs { REF, DEV } do
+          local r = hold(nn.Residual(nn.ReLU()))
+          local x = lutra.tensor(shape, dtype, dev):randn(shape[2] + 5)
+          local dy = lutra.tensor(shape, dtype, dev):randn(shape[2] + 6)
+          out[i] = { S.keep(r:forward(x)), r:backward(dy) }
+        end
+        local what = dtype .. " " .. shape[1] .. "x" .. shape[2]
+        S.assert_same_tensor(out[2][1], out[1][1], what .. " y")
+        S.assert_same_tensor(out[2][2], out[1][2], what .. " dx")
+      end
+    end
+  end)
+end)

@@ -351,6 +351,9 @@ typedef struct lutra_backend {
   void (*graph_destroy)(void *exec);
   /* the norm writing its output FP8 (lutra_norm_quant_args); NULL where the backend has none */
   int (*norm_quantize)(const lutra_norm_quant_args *a);
+  /* out[i] = a[i] + b[i] over n elements of dtype (F32/BF16/F16), the sum in f32 rounded once;
+   * out may be a or b (a residual connection's forward and backward) */
+  int (*add)(const void *a, const void *b, void *out, int dtype, int64_t n);
 } lutra_backend;
 
 #endif

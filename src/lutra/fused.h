@@ -75,6 +75,10 @@ LUTRA_API int lutra_layernorm_mlp_new(const lutra_layernorm_mlp_desc *d, lutra_m
 /* Linear+activation pairs its last forward and backward fused (lutra_sequential_fusions). */
 LUTRA_API int lutra_layernorm_mlp_fusions(const lutra_module *m, int *forward, int *backward);
 
+/* Residual: y = x + m(x) (m's output must have x's dtype and shape); backward: dx = dy + m's
+ * input gradient. It holds a reference to m; its parameters are m's. */
+LUTRA_API int lutra_residual_new(lutra_module *m, lutra_module **out);
+
 #ifdef __cplusplus
 }
 #endif

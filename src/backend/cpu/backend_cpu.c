@@ -84,4 +84,5 @@ const lutra_backend lutra_cpu_backend = {
     .layernorm_forward = lutra_cpu_layernorm_forward,
     .layernorm_backward = lutra_cpu_layernorm_backward,
     .norm_quantize = lutra_cpu_norm_quantize,
+    .add = lutra_cpu_add,
 };

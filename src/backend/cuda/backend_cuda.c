@@ -530,6 +530,10 @@ static int k_norm_quantize(const lutra_norm_quant_args *a) {
   return LAUNCH(norm_quantize, lk_norm_quantize(a, lutra_cuda_stream()));
 }
 
+static int k_add(const void *a, const void *b, void *out, int dtype, int64_t n) {
+  return LAUNCH(add, lk_add(a, b, out, dtype, n, lutra_cuda_stream()));
+}
+
 const lutra_backend lutra_cuda_table = {
     .name = "cuda",
     .device = LUTRA_CUDA,
@@ -568,4 +572,5 @@ const lutra_backend lutra_cuda_table = {
     .graph_launch = lutra_cuda_graph_launch,
     .graph_destroy = lutra_cuda_graph_destroy,
     .norm_quantize = k_norm_quantize,
+    .add = k_add,
 };
