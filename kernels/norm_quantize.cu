@@ -290,9 +290,8 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
   return bytes % 16 == 0 && aligned(a->x, 16) && (!a->y || aligned(a->y, 16));
 }
 
-cudaError_t launch(const Params &p, int scaling, int out_dtype, cudaStream_t s) {
+cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
-  const bool vec = vec_ok(&n, n.dtype);
   return with_dtype(n.dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
     return with_param_dtype(n.param_dtype, [&](auto pt) {
@@ -352,16 +351,18 @@ extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStre
   p.power_2_scale = q.power_2_scale;
   if (a->current) p.fp8_max = a->fp8_max;
   p.write_tensor_inv = a->scaling == LUTRA_SCALING_TENSOR;
+  /* one vector width for both passes of current scaling: the same statistics in each */
+  const bool vec = vec_ok(&a->norm, a->norm.dtype);
   if (a->scaling == LUTRA_SCALING_TENSOR && a->current) {
     Params first = p;
     first.amax_pass = 1;
     first.work = a->work;
     first.data = first.col_data = nullptr;
     first.write_tensor_inv = 0;
-    const cudaError_t e = launch(first, a->scaling, q.out_dtype, s);
+    const cudaError_t e = launch(first, a->scaling, q.out_dtype, vec, s);
     if (e != cudaSuccess) return e;
     p.amax = nullptr;
     p.n.y = nullptr; /* written by the first pass */
   }
-  return launch(p, a->scaling, q.out_dtype, s);
+  return launch(p, a->scaling, q.out_dtype, vec, s);
 }

@@ -11,10 +11,14 @@
 --      boundary: at most 0.1% of the codes (and of the scales) may differ, and the dequantized
 --      values (both copies) agree within NMSE 1e-6.
 --   3. The modules, per recipe and without one, device against CPU: the same parameters and
---      inputs; y, dx and every gradient within the bounds modules_gpu.lua states for nn.Linear
---      (f32: 1e-10 without FP8, 1e-6 with; bf16: 1e-5), the norm's gradients 1e-5 (their
---      reductions sum in another order; an FP8 code flip above moves them). The LayerNormMLP
---      cases cover a gated activation (swiglu) and the tanh GELU fused into FC1's epilogue.
+--      inputs; y, dx and every gradient in NMSE. Without FP8: LayerNormLinear 1e-10 (f32) and
+--      1e-5 (bf16), as norm_gpu.lua and modules_gpu.lua state for the pieces; LayerNormMLP 1e-6
+--      and 1e-4, fusion_gpu.lua's bounds for an MLP (cuBLASLt's GELU epilogue and the CPU's differ
+--      in ulps). With FP8: an ulp of mean/rstd (or of the GELU) can flip a code at a rounding
+--      boundary, one FP8 step (~6% of that element): f32 1e-5 (LayerNormLinear, as modules_gpu's
+--      Sequential under FP8) and 1e-4 (LayerNormMLP, two quantized activations), bf16 1e-3
+--      (fusion_gpu.lua's FP8 bound). The LayerNormMLP cases cover a gated activation (swiglu)
+--      and the tanh GELU fused into FC1's epilogue.
 local lutra = require("lutra")
 local ffi = require("ffi")
 local nn = lutra.nn
@@ -130,9 +134,14 @@ local function module_pair(make, seed)
   return a, b, pa, pb
 end
 
-local function bound(rc, dtype)
-  if dtype == "bf16" then return 1e-5 end
-  return rc.make and 1e-6 or 1e-10
+-- NMSE bounds of the module cases (see the header)
+local function bound(rc, dtype, mlp)
+  if not rc.make then
+    if dtype == "bf16" then return mlp and 1e-4 or 1e-5 end
+    return mlp and 1e-6 or 1e-10
+  end
+  if dtype == "bf16" then return 1e-3 end
+  return mlp and 1e-4 or 1e-5
 end
 
 local CASES = { { name = "no recipe" } }
@@ -143,9 +152,9 @@ local MODULES = {
     make = function(o) return nn.LayerNormLinear(256, 128, o) end },
   { name = "LayerNormLinear RMSNorm", rows = 64, in_ = 256, out = 128,
     make = function(o) o.normalization = "RMSNorm" return nn.LayerNormLinear(256, 128, o) end },
-  { name = "LayerNormMLP swiglu", rows = 64, in_ = 128, out = 128,
+  { name = "LayerNormMLP swiglu", rows = 64, in_ = 128, out = 128, mlp = true,
     make = function(o) o.activation = "swiglu" return nn.LayerNormMLP(128, 256, o) end },
-  { name = "LayerNormMLP gelu", rows = 64, in_ = 128, out = 128,
+  { name = "LayerNormMLP gelu", rows = 64, in_ = 128, out = 128, mlp = true,
     make = function(o) o.activation = "gelu" return nn.LayerNormMLP(128, 256, o) end },
 }
 
@@ -173,12 +182,10 @@ for _, md in ipairs(MODULES) do
               res[i] = { y = y, dx = dx }
             end
             local what = name .. " step " .. step
-            local bd = bound(rc, dtype)
+            local bd = bound(rc, dtype, md.mlp)
             S.assert_nmse(res[2].y, res[1].y, bd, what .. ": y")
-            S.assert_nmse(res[2].dx, res[1].dx, math.max(bd, 1e-5), what .. ": dx")
-            for i = 1, #pa do
-              S.assert_nmse(pb[i].grad, pa[i].grad, math.max(bd, 1e-5), what .. ": grad " .. i)
-            end
+            S.assert_nmse(res[2].dx, res[1].dx, bd, what .. ": dx")
+            for i = 1, #pa do S.assert_nmse(pb[i].grad, pa[i].grad, bd, what .. ": grad " .. i) end
           end
         end)
       end
