@@ -350,3 +350,50 @@ describe("nn.LayerNormLinear", function()
     assert.is_truthy(tostring(err):find("multiples of 32", 1, true), tostring(err))
   end)
 end)
+
+describe("the fused modules' C API refuses bad calls naming itself", function()
+  local ffi, C = lutra.ffi, lutra.C
+  local function c_fails(status, fn, pat, st)
+    assert.are.equal(status, st, fn .. ": status")
+    local msg = ffi.string(C.lutra_last_error())
+    assert.is_truthy(msg:find(fn, 1, true), msg)
+    assert.is_truthy(msg:find(pat, 1, true), msg)
+  end
+  it("constructors, accessors and norm_quantize", function()
+    local box = ffi.new("lutra_module*[1]")
+    local tbox = ffi.new("lutra_tensor*[1]")
+    c_fails(C.LUTRA_EINVAL, "lutra_layernorm_linear_new", "desc is NULL",
+            C.lutra_layernorm_linear_new(nil, box))
+    local d = ffi.new("lutra_layernorm_linear_desc")
+    C.lutra_layernorm_linear_defaults(d)
+    d.in_features, d.out_features, d.normalization = 8, 8, 7
+    c_fails(C.LUTRA_EINVAL, "lutra_layernorm_linear_new", "normalization 7",
+            C.lutra_layernorm_linear_new(d, box))
+    d.normalization, d.eps = 0, -1
+    c_fails(C.LUTRA_EINVAL, "lutra_layernorm_linear_new", "eps must be finite",
+            C.lutra_layernorm_linear_new(d, box))
+    local md = ffi.new("lutra_layernorm_mlp_desc")
+    C.lutra_layernorm_mlp_defaults(md)
+    md.hidden, md.ffn_hidden, md.activation = 8, 8, 99
+    c_fails(C.LUTRA_EINVAL, "lutra_layernorm_mlp_new", "99", C.lutra_layernorm_mlp_new(md, box))
+    local lin = nn.Linear(4, 4)
+    c_fails(C.LUTRA_EINVAL, "lutra_layernorm_linear_ln_output", "not a layernorm_linear",
+            C.lutra_layernorm_linear_ln_output(lin, tbox))
+    c_fails(C.LUTRA_EINVAL, "lutra_residual_new", "module", C.lutra_residual_new(nil, box))
+    local x, g = lutra.tensor({ 16, 16 }), lutra.tensor({ 16 })
+    c_fails(C.LUTRA_EINVAL, "lutra_norm_quantize", "quantizer",
+            C.lutra_norm_quantize(nil, x, g, g, 1e-5, 0, 0, nil, tbox))
+    local q = lutra.quantizer(lutra.recipe.delayed{}, "input")
+    c_fails(C.LUTRA_EINVAL, "lutra_norm_quantize", "out is NULL",
+            C.lutra_norm_quantize(q, x, g, g, 1e-5, 0, 0, nil, nil))
+    c_fails(C.LUTRA_EINVAL, "lutra_norm_quantize", "y must not alias x",
+            C.lutra_norm_quantize(q, x, g, g, 1e-5, 0, 0, x, tbox))
+    -- a refused call leaves the quantizer working: the next call equals a fresh quantizer's
+    local q2 = lutra.quantizer(lutra.recipe.delayed{}, "input")
+    local xr = lutra.tensor({ 16, 16 }):randn(5)
+    g:fill(1)
+    local b = lutra.tensor({ 16 })
+    FB.same_bytes(lutra.norm_quantize(q, xr, g, b):bytes(true),
+                  lutra.norm_quantize(q2, xr, g, b):bytes(true), "after the refusals")
+  end)
+end)
