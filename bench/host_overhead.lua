@@ -389,6 +389,81 @@ figures[#figures + 1] = { key = "mlp16_graph_fp8_delayed",
   name = "16-Linear MLP step FP8 delayed, CUDA graph replay (depth check)",
   target = { kind = "floor", max = 1.5 }, work = { graph = 1 }, setup = graphed_mlp_step(true, 14) }
 
+-- ---- the norm-fused modules (src/nn/layernorm_linear.c, layernorm_mlp.c) -------------------
+-- LayerNormLinear(in, out) without bias and LayerNormMLP(in -> hidden -> in, tanh GELU, biases),
+-- BF16 parameters. Launches from the code: the norm forward is 1 (FP8: the norm writes the GEMM's
+-- FP8 input and its columnwise copy, amax fused, in that 1), its backward 3 (dx; dgamma/dbeta's
+-- two deterministic passes); per FP8 Linear as for nn.Linear (cast of W; backward: cast of dy with
+-- the bias gradient, and gelu' for FC1, whose forward GEMM ran the GELU in its epilogue); the
+-- delayed scale updates at the scope's exit and after the backward.
+local function ln_linear()
+  return nn.LayerNormLinear(K, N, { dtype = "bf16", device = DEV, seed = 1, bias = false })
+end
+local function ln_mlp()
+  return nn.LayerNormMLP(K, H, { dtype = "bf16", device = DEV, seed = 1, activation = "gelu" })
+end
+local function delayed() return lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } } end
+local fused_figures = {
+  { key = "lnlinear_fwd_bf16", name = "LayerNormLinear forward BF16", torch = "ln_linear_fwd",
+    target = { kind = "floor", max = 1.15 },
+    work = { launch = 1, matmul = { "lt_bf16_fprop" } },
+    setup = function()
+      local m, x = ln_linear(), randn(M, K, 1)
+      return function() m:forward(x) end
+    end },
+  { key = "lnlinear_fwd_fp8_delayed", name = "LayerNormLinear forward FP8 delayed (enter, forward, exit)",
+    torch = "ln_linear_fwd", target = { kind = "floor", max = 1.15 },
+    -- the norm writing FP8 x rowwise + columnwise, the cast of W, the scale update at exit
+    work = { launch = 3, matmul = { "lt_fp8_fprop" } },
+    setup = function()
+      local m, x, fp8 = ln_linear(), randn(M, K, 1), delayed()
+      return function() fp8:enter() m:forward(x) fp8:exit() end
+    end },
+  { key = "lnlinear_fwdbwd_bf16", name = "LayerNormLinear forward+backward BF16",
+    torch = "ln_linear_fwdbwd", target = { kind = "floor", max = 1.15 },
+    work = { launch = 4, matmul = { "lt_bf16_fprop", "lt_bf16_dgrad", "lt_bf16_wgrad" } },
+    setup = function()
+      local m, x, dy = ln_linear(), randn(M, K, 1), randn(M, N, 2)
+      return function() m:forward(x) m:backward(dy) end
+    end },
+  { key = "lnlinear_fwdbwd_fp8_delayed", name = "LayerNormLinear forward+backward FP8 delayed",
+    torch = "ln_linear_fwdbwd", target = { kind = "floor", max = 1.15 },
+    -- forward 3 as above; backward: cast of dy, the norm's 3, the backward scale update
+    work = { launch = 8, matmul = { "lt_fp8_fprop", "lt_fp8_dgrad", "lt_fp8_wgrad" } },
+    setup = function()
+      local m, x, dy, fp8 = ln_linear(), randn(M, K, 1), randn(M, N, 2), delayed()
+      return function() fp8:enter() m:forward(x) fp8:exit() m:backward(dy) end
+    end },
+  { key = "lnmlp_fwd_bf16", name = "LayerNormMLP forward BF16 (GELU in FC1's epilogue)",
+    torch = "ln_mlp_fwd", target = { kind = "floor", max = 1.15 },
+    work = { launch = 1, matmul = { "lt_bf16_fprop_gelu_aux_bias", "lt_bf16_fprop_bias" } },
+    setup = function()
+      local m, x = ln_mlp(), randn(M, K, 1)
+      return function() m:forward(x) end
+    end },
+  { key = "lnmlp_fwdbwd_bf16", name = "LayerNormMLP forward+backward BF16",
+    torch = "ln_mlp_fwdbwd", target = { kind = "floor", max = 1.15 },
+    -- GEMMs: FC1 GELU_AUX_BIAS, FC2 BIAS; FC2's dgrad with DGELU, both wgrads with BGRADB
+    work = { launch = 4, matmul = { "lt_bf16_fprop_gelu_aux_bias", "lt_bf16_fprop_bias",
+      "lt_bf16_dgrad_dgelu", "lt_bf16_wgrad_bgradb", "lt_bf16_dgrad", "lt_bf16_wgrad_bgradb" } },
+    setup = function()
+      local m, x, dy = ln_mlp(), randn(M, K, 1), randn(M, K, 2)
+      return function() m:forward(x) m:backward(dy) end
+    end },
+  { key = "lnmlp_fwdbwd_fp8_delayed", name = "LayerNormMLP forward+backward FP8 delayed",
+    torch = "ln_mlp_fwdbwd", target = { kind = "floor", max = 1.15 },
+    -- forward 5: norm -> FP8 x (+ columnwise), cast W1, cast of FC2's input, cast W2, scale update;
+    -- backward 6: cast of dy (FC2's dbias), cast of gelu'-applied dh (FC1's dbias), the norm's 3,
+    -- the backward scale update; GEMMs: FC1 with GELU_AUX_BIAS, FC2 with BIAS, 2 dgrads, 2 wgrads
+    work = { launch = 11, matmul = { "lt_fp8_fprop_gelu_aux_bias", "lt_fp8_fprop_bias",
+      "lt_fp8_dgrad", "lt_fp8_wgrad", "lt_fp8_dgrad", "lt_fp8_wgrad" } },
+    setup = function()
+      local m, x, dy, fp8 = ln_mlp(), randn(M, K, 1), randn(M, K, 2), delayed()
+      return function() fp8:enter() m:forward(x) fp8:exit() m:backward(dy) end
+    end },
+}
+for _, fig in ipairs(fused_figures) do figures[#figures + 1] = fig end
+
 local function work_ops(w)
   return (w.launch or 0) + (w.launch_big or 0) + (w.memset or 0) + (w.memcpy or 0) + #(w.matmul or {})
 end
@@ -543,6 +618,10 @@ local torch_names = {
   adamw_step = "AdamW(fused=True) step, same MLP",
   mlp_step = "4-layer MLP step, BF16 params, AdamW(fused=True)",
   mlp_step_fp8 = "4-layer MLP step, FP8 Linears in eager PyTorch (torch._scaled_mm), AdamW(fused=True)",
+  ln_linear_fwd = "F.layer_norm + nn.Linear BF16 forward (grad on)",
+  ln_linear_fwdbwd = "F.layer_norm + nn.Linear BF16 forward + backward",
+  ln_mlp_fwd = "F.layer_norm + Linear + GELU(tanh) + Linear BF16 forward (grad on)",
+  ln_mlp_fwdbwd = "F.layer_norm + Linear + GELU(tanh) + Linear BF16 forward + backward",
 }
 
 local function fmt_ratio(v)

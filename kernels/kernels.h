@@ -76,6 +76,11 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s);
 cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
                                   cudaStream_t s);
 int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden);
+/* the norm writing its output FP8 (kernels/norm_quantize.cu; lutra_norm_quant_args): one launch,
+ * two for per-tensor current scaling (its amax first); hidden within the norm kernels' range */
+cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s);
+/* out = a + b element-wise, the sum in f32 rounded once (kernels/residual.cu) */
+cudaError_t lk_add(const void *a, const void *b, void *out, int dtype, int64_t n, cudaStream_t s);
 /* optimizers, many tensors per launch (multi-tensor apply; kernels/optim.cu) */
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
-# steps: build cpu-specs gpu-specs sanitizer example bench (default: all). Logs go to $OUT.
+# steps: build cpu-specs gpu-specs sanitizer example bench norm-bench host (default: all). Logs
+# go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
 # $LOGS and come back as $OUT/logs.tgz, beside $OUT/summary.txt.
@@ -10,7 +11,7 @@ FINAL_OUT=$OUT
 OUT=${LOGS:-/tmp/lutra-logs}
 rm -rf "$OUT"
 mkdir -p "$OUT" "$FINAL_OUT"
-steps=${*:-build cpu-specs gpu-specs sanitizer example bench host}
+steps=${*:-build cpu-specs gpu-specs sanitizer example bench norm-bench host}
 # the devkit's LuaJIT keeps its jit.* modules (for -jv) under its own prefix
 export LUA_PATH="lua/?.lua;lua/?/init.lua;/tmp/devkit/usr/share/luajit-2.1.0-beta3/?.lua;${LUA_PATH:-;}"
 summary=()
@@ -64,6 +65,13 @@ if has bench; then
     -Wl,-rpath,"$PWD" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/bench-build.log" 2>&1 &&
     timeout 240 ./build/cuda_throughput "$OUT/throughput.md" > "$OUT/bench.log" 2>&1
   note "throughput bench exit $?"
+fi
+if has norm-bench; then
+  gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include bench/norm_throughput.c \
+    -o build/norm_throughput -L. -llutra -L/usr/local/cuda/lib64 -lcudart \
+    -Wl,-rpath,"$PWD" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/norm-bench-build.log" 2>&1 &&
+    timeout 240 ./build/norm_throughput "$OUT/norm_throughput.md" > "$OUT/norm-bench.log" 2>&1
+  note "norm throughput bench exit $?"
 fi
 if has host; then
   timeout 300 bash bench/host_suite.sh "$OUT/host_overhead.md" > "$OUT/host-suite.log" 2>&1

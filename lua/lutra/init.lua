@@ -24,6 +24,7 @@ local M = {
   default_device = core.default_device_name,
   now = core.now, -- monotonic wall clock in seconds
 }
+M.norm_quantize = require("lutra.fused").norm_quantize
 
 -- transa/transb: true/false or "T"/"N". Anything else is refused: 0 is true in Lua, so
 -- lutra.gemm(A, 0, B, 0, D) would otherwise have run TT.

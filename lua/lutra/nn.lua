@@ -222,6 +222,14 @@ end
 
 function Module:free() check(C.lutra_module_release(self)) end
 
+-- ---- the norm-fused modules (lua/lutra/fused.lua) ----
+local fused = require("lutra.fused")
+M.LayerNormLinear, M.LayerNormMLP = fused.LayerNormLinear, fused.LayerNormMLP
+M.Residual = fused.Residual
+Module.layernorm_output, Module.norm_fused = fused.layernorm_output, fused.norm_fused
+Module.mlp_fusions = fused.mlp_fusions
+-- ---- end norm-fused modules ----
+
 ffi.metatype("struct lutra_module", { __index = Module,
   __tostring = function(m) return "lutra.nn." .. m:kind() end })
 

@@ -264,6 +264,31 @@ typedef struct lutra_norm_args {
   void *dx, *dgamma, *dbeta;
 } lutra_norm_args;
 
+/* ---- the norm writing a GEMM's FP8 input (src/backend/cpu/norm_quantize_cpu.c,
+ * kernels/norm_quantize.cu; TransformerEngine's layernorm_fwd with an FP8 output) ----
+ * The norm of norm (its y may be NULL: no high-precision output) is rounded into norm.dtype,
+ * exactly as layernorm_forward stores it, and that value is quantized as the quantizer of
+ * quant.scaling would quantize the stored y: the codes, scales and amax equal those of
+ * layernorm_forward followed by cast / quantize_mxfp8 / quantize_block (block_dim 1) on its y.
+ * quant.x, x_dtype, rows, cols, act, dbias* are ignored (the input is norm's). Per-tensor:
+ *   delayed  (current 0) quant.scale is read, *quant.amax max-accumulates max|y|: one pass;
+ *   current  (current 1) *quant.amax = max|y| and *quant.scale from it (fp8_max,
+ *            quant.power_2_scale, quant.amax_epsilon; TE's compute_scale_from_amax), then the
+ *            cast with that scale: the scale depends on every row's output, so the norm runs
+ *            twice (CUDA: two launches; work: 2 words of backend memory, zero on entry, left
+ *            zero, as current_scale's).
+ * MXFP8 needs hidden % 32 == 0 (and rows % 32 for the columnwise copy); BLOCK_1D is 1x128
+ * blocks (quant.block_dim is ignored). quant.skip as for the quantizers: nothing is written. */
+typedef struct lutra_norm_quant_args {
+  lutra_norm_args norm;
+  lutra_quant_args quant;
+  int32_t scaling; /* LUTRA_SCALING_TENSOR, LUTRA_SCALING_MXFP8 or LUTRA_SCALING_BLOCK_1D */
+  int32_t current; /* TENSOR: 1 for current scaling */
+  float fp8_max;   /* current scaling */
+  int32_t pad;
+  uint32_t *work; /* current scaling */
+} lutra_norm_quant_args;
+
 typedef struct lutra_backend {
   const char *name;
   int32_t device;
@@ -324,6 +349,11 @@ typedef struct lutra_backend {
   void (*capture_abort)(void);
   int (*graph_launch)(void *exec);
   void (*graph_destroy)(void *exec);
+  /* the norm writing its output FP8 (lutra_norm_quant_args); NULL where the backend has none */
+  int (*norm_quantize)(const lutra_norm_quant_args *a);
+  /* out[i] = a[i] + b[i] over n elements of dtype (F32/BF16/F16), the sum in f32 rounded once;
+   * out may be a or b (a residual connection's forward and backward) */
+  int (*add)(const void *a, const void *b, void *out, int dtype, int64_t n);
 } lutra_backend;
 
 #endif

@@ -39,4 +39,13 @@ typedef struct lutra_quantize_op {
 int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
                        const char *fn);
 
+/* The norm writing this quantizer's output (backend norm_quantize, lutra_norm_quant_args):
+ * whether q's scaling can (per-tensor delayed or current, MXFP8, 1x128 blocks; the backend has
+ * the op), and that quantization of norm(n) into q's output for shape's shape (record_amax as in
+ * lutra_quantize_op; n.y may be NULL). The output is what lutra_quantize_run of the norm's
+ * stored output gives, codes, scales and amax. */
+bool lutra_quantizer_fuses_norm(const lutra_quantizer *q);
+int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const lutra_tensor *shape,
+                            bool record_amax, lutra_tensor **out, const char *fn);
+
 #endif

@@ -87,7 +87,10 @@ static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_mi
                 "the skip-weight-update flag is set but this Linear has no quantized weight yet "
                 "(first FP8 forward, or the recipe changed): run it with the flag 0 first");
   }
-  TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
+  if (c->given_xq)
+    c->xq = c->given_xq;
+  else
+    TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
   bool reuse = first_microbatch == 0 && c->weight_cached;
   if (!reuse) {
@@ -269,6 +272,19 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
   const lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   return act == LUTRA_ACT_GELU_TANH && c->forward_done && c->forward_act == act && c->forward_fp8 &&
          c->pre && qg && lutra_quantizer_takes_dgelu(qg);
+}
+
+int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
+                                      lutra_quantizer **q, const char *fn) {
+  *q = NULL;
+  TRY(check_input(c, x, fn));
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  if (!(r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE)) return LUTRA_OK;
+  TRY(check_fp8_dims(r, x, c, fn));
+  TRY(ensure_quantizers(c, r, fn));
+  *q = c->q[LUTRA_ROLE_INPUT];
+  return LUTRA_OK;
 }
 
 int lutra_linear_core_num_params(const lutra_linear_core *c) {

@@ -32,6 +32,9 @@ typedef struct lutra_linear_core {
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
   bool backward_done; /* a backward ran since the last forward */
+  /* set by a producer that wrote the next forward's FP8 input itself (LayerNormLinear's norm,
+   * through lutra_linear_core_input_quantizer's quantizer): that forward uses it as it is */
+  lutra_tensor *given_xq;
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
@@ -63,6 +66,11 @@ typedef struct lutra_linear_backward_op {
 int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward_op *op,
                                lutra_tensor **dx, bool *dact_fused, const char *fn);
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act);
+
+/* The input quantizer of the next forward of x under the current scope when that forward is FP8
+ * (built for the recipe; x checked as the forward checks it), else *q = NULL. */
+int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
+                                      lutra_quantizer **q, const char *fn);
 
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);

@@ -58,6 +58,10 @@ int lutra_cpu_bias_grad(const lutra_bias_grad_args *a);
 /* LayerNorm and RMSNorm (norm_cpu.c) */
 int lutra_cpu_layernorm_forward(const lutra_norm_args *a);
 int lutra_cpu_layernorm_backward(const lutra_norm_args *a);
+/* the norm writing its output FP8 (norm_quantize_cpu.c) */
+int lutra_cpu_norm_quantize(const lutra_norm_quant_args *a);
+/* out = a + b element-wise (residual_cpu.c) */
+int lutra_cpu_add(const void *a, const void *b, void *out, int dtype, int64_t n);
 
 /* losses (loss_cpu.c) */
 int lutra_cpu_mse(const lutra_loss_args *a);

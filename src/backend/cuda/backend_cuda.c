@@ -518,6 +518,22 @@ static int k_layernorm_backward(const lutra_norm_args *a) {
                 lk_layernorm_backward(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
 }
 
+static int k_norm_quantize(const lutra_norm_quant_args *a) {
+  static const char fn[] = "lutra_cuda_norm_quantize";
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  TRY(check_norm(&a->norm, fn));
+  CHECK_ARG(a->scaling == LUTRA_SCALING_TENSOR || a->scaling == LUTRA_SCALING_MXFP8 ||
+                a->scaling == LUTRA_SCALING_BLOCK_1D,
+            "scaling %d is not tensor, mxfp8 or block_1d", (int)a->scaling);
+  CHECK_ARG(a->quant.out_dtype == LUTRA_E4M3 || a->quant.out_dtype == LUTRA_E5M2,
+            "output dtype %d is not e4m3 or e5m2", (int)a->quant.out_dtype);
+  return LAUNCH(norm_quantize, lk_norm_quantize(a, lutra_cuda_stream()));
+}
+
+static int k_add(const void *a, const void *b, void *out, int dtype, int64_t n) {
+  return LAUNCH(add, lk_add(a, b, out, dtype, n, lutra_cuda_stream()));
+}
+
 const lutra_backend lutra_cuda_table = {
     .name = "cuda",
     .device = LUTRA_CUDA,
@@ -555,4 +571,6 @@ const lutra_backend lutra_cuda_table = {
     .capture_abort = lutra_cuda_capture_abort,
     .graph_launch = lutra_cuda_graph_launch,
     .graph_destroy = lutra_cuda_graph_destroy,
+    .norm_quantize = k_norm_quantize,
+    .add = k_add,
 };
