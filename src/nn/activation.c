@@ -1,9 +1,9 @@
 /* Activation modules: one module type parameterized by a LUTRA_ACT_* kind (the tanh GELU, as
- * TransformerEngine's "gelu", and TE's other activations, element-wise and gated). Only the tanh
- * GELU answers the fusion protocol with adopt: cuBLASLt's GELU epilogues are that formula, so it
- * is the only kind a Linear's forward can end in (lutra_linear_core_ends_in); the other kinds
- * still say which activation they are, and no producer accepts them, so they always run their
- * own kernels. */
+ * TransformerEngine's "gelu", and TE's other activations, element-wise and gated). Every kind
+ * answers the fusion protocol with adopt: a neighbour may run its forward for it, the Linear
+ * before it in its GEMM's epilogue (the tanh GELU only: cuBLASLt's GELU epilogues are that
+ * formula, lutra_linear_core_ends_in) or the Linear after it inside the cast of its FP8 input
+ * (every kind, lutra_linear_core_forward_from_act). */
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/dtype.h"
@@ -128,27 +128,20 @@ static void act_release(lutra_module *m) {
   lutra_tensor_hold(&g->out, NULL);
 }
 
-/* the GELU's forward happened inside the neighbour's GEMM: x = pre-activation, y = its output */
-static void gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
+/* the forward happened inside a neighbour (its GEMM's epilogue or its input cast): x = the
+ * activation's input, y = its output (whose data a fused cast may have left unwritten: the
+ * backward reads only its shape) */
+static void act_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
   activation *g = (activation *)m;
   lutra_tensor_hold(&g->x, x);
   lutra_tensor_hold(&g->out, y);
 }
 
-/* The tanh GELU can be adopted; the other kinds say which activation they are, so a consumer
- * after them (a Linear, whose dgrad applies only the tanh GELU's derivative) sees them, but
- * without adopt and with no producer ending in them, Sequential never fuses them. */
-#define FUSION(k) [k] = {.activation = k}
+#define FUSION(k) [k] = {.activation = k, .adopt = act_adopt}
 static const lutra_fusion_ops FUSIONS[LUTRA_ACT_COUNT] = {
-    [LUTRA_ACT_GELU_TANH] = {.activation = LUTRA_ACT_GELU_TANH, .adopt = gelu_adopt},
-    FUSION(LUTRA_ACT_RELU),
-    FUSION(LUTRA_ACT_SILU),
-    FUSION(LUTRA_ACT_QGELU),
-    FUSION(LUTRA_ACT_SRELU),
-    FUSION(LUTRA_ACT_GELU_ERF),
-    FUSION(LUTRA_ACT_SWIGLU),
-    FUSION(LUTRA_ACT_GEGLU),
-    FUSION(LUTRA_ACT_REGLU),
+    FUSION(LUTRA_ACT_GELU_TANH), FUSION(LUTRA_ACT_RELU),  FUSION(LUTRA_ACT_SILU),
+    FUSION(LUTRA_ACT_QGELU),     FUSION(LUTRA_ACT_SRELU), FUSION(LUTRA_ACT_GELU_ERF),
+    FUSION(LUTRA_ACT_SWIGLU),    FUSION(LUTRA_ACT_GEGLU), FUSION(LUTRA_ACT_REGLU),
 };
 
 #define OPS(k, name)                                                                               \

@@ -59,10 +59,26 @@ static bool linear_starts_from_act_grad(const lutra_module *m, int act) {
   return lutra_linear_core_starts_from_act_grad(const_core_of(m), act);
 }
 
-static int linear_backward_from_act_grad(lutra_module *m, const lutra_tensor *dy,
+static int linear_backward_from_act_grad(lutra_module *m, int act, const lutra_tensor *dy,
                                          lutra_tensor **dx) {
-  return linear_backward_op(m, &(lutra_linear_backward_op){.dy = dy, .from_act_grad = true}, dx,
-                            NULL);
+  return linear_backward_op(
+      m, &(lutra_linear_backward_op){.dy = dy, .from_act_grad = true, .act_grad_act = act}, dx,
+      NULL);
+}
+
+static bool linear_starts_with_act(const lutra_module *m, int act) {
+  (void)m;
+  return lutra_linear_core_starts_with_act(act);
+}
+
+static int linear_forward_from_act(lutra_module *m, const lutra_tensor *pre,
+                                   const lutra_forward_args *a, int act, lutra_tensor **y,
+                                   const lutra_tensor **act_y, bool *fused) {
+  RANGE_PUSH("lutra.linear.forward");
+  int st = lutra_linear_core_forward_from_act(core_of(m), pre, a, act, y, act_y, fused,
+                                              "lutra_linear_forward");
+  RANGE_POP();
+  return st;
 }
 
 static int linear_backward_into_act(lutra_module *m, const lutra_tensor *dy, int act,
@@ -91,6 +107,8 @@ static const lutra_fusion_ops linear_fusion = {
     .starts_from_act_grad = linear_starts_from_act_grad,
     .backward_from_act_grad = linear_backward_from_act_grad,
     .backward_into_act = linear_backward_into_act,
+    .starts_with_act = linear_starts_with_act,
+    .forward_from_act = linear_forward_from_act,
 };
 
 static const lutra_module_ops linear_ops = {
