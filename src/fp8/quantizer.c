@@ -11,6 +11,7 @@
 #include "fp8/autocast.h"
 #include "fp8/recipe.h"
 #include "runtime/tensor.h"
+#include "runtime/tensor_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,11 +23,12 @@ struct lutra_quantizer {
   bool rowwise, columnwise;
   bool user_owned; /* made by lutra_quantizer_new; else owned by a module */
   const lutra_backend *be;
-  lutra_scale_meta meta; /* delayed scaling; current scaling uses meta.scale and amax */
-  float *amax;           /* current scaling: this call's amax */
-  uint32_t *work;        /* current scaling: 2 words, zero between calls (current_scale) */
-  void *state;           /* one backend allocation behind meta, amax and work */
-  lutra_tensor *out;
+  lutra_scale_meta meta;   /* delayed scaling; current scaling uses meta.scale and amax */
+  float *amax;             /* current scaling: this call's amax */
+  uint32_t *work;          /* current scaling: 2 words, zero between calls (current_scale) */
+  void *state;             /* one backend allocation behind meta, amax and work */
+  lutra_tensor *out;       /* the last output: one of outs */
+  lutra_tensor_cache outs; /* the outputs, one per shape and layout seen */
 };
 
 static int scaling_of(int kind) {
@@ -100,7 +102,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
 static void drop_resources(lutra_quantizer *q) {
   lutra_autocast_forget(&q->meta);
   if (q->state) q->be->free(q->state);
-  lutra_tensor_destroy(q->out);
+  lutra_tensor_cache_release(&q->outs);
   q->state = NULL;
   q->out = NULL;
 }
@@ -221,15 +223,15 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     CHECK_ARG(dbias->device == q->device, "dbias is on another device than the quantizer");
     CHECK_ARG(dbias->data && dbias->data != x->data, "dbias has no data or aliases x");
   }
-  TRY(lutra_tensor_ensure(&q->out,
-                          &(lutra_tensor_spec){.dtype = s->dtype,
-                                               .scaling = scaling_of(s->kind),
-                                               .ndim = mdim,
-                                               .device = q->device,
-                                               .shape = mshape,
-                                               .rowwise = q->rowwise,
-                                               .columnwise = q->columnwise},
-                          fn));
+  TRY(lutra_tensor_cache_get(&q->outs,
+                             &(lutra_tensor_spec){.dtype = s->dtype,
+                                                  .scaling = scaling_of(s->kind),
+                                                  .ndim = mdim,
+                                                  .device = q->device,
+                                                  .shape = mshape,
+                                                  .rowwise = q->rowwise || op->rowwise_only,
+                                                  .columnwise = q->columnwise && !op->rowwise_only},
+                             &q->out, fn));
   lutra_tensor *o = q->out;
   lutra_quant_args a = {
       .x = op->act_forward ? NULL : x->data,

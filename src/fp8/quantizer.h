@@ -42,6 +42,9 @@ typedef struct lutra_quantize_op {
   bool dbias_accumulate;
   /* device flag (lutra_quant_args.skip): nonzero when the work runs -> nothing is written */
   const int32_t *skip;
+  /* an inference forward's cast: the rowwise output only (no columnwise copy made), into a
+   * buffer of its own (the quantizer keeps one per shape and layout seen) */
+  bool rowwise_only;
 } lutra_quantize_op;
 int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
                        const char *fn);

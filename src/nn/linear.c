@@ -29,7 +29,8 @@ static int linear_forward_act(lutra_module *m, const lutra_tensor *x, const lutr
   RANGE_PUSH("lutra.linear.forward");
   int st = lutra_linear_core_forward(core_of(m), x, a, act, y, "lutra_linear_forward");
   RANGE_POP();
-  if (st == LUTRA_OK && pre) *pre = core_of(m)->pre;
+  /* an inference forward keeps no pre-activation */
+  if (st == LUTRA_OK && pre) *pre = core_of(m)->forward_grad ? core_of(m)->pre : NULL;
   return st;
 }
 
@@ -151,5 +152,17 @@ int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **ou
   CHECK_ARG(role >= 0 && role < LUTRA_NUM_ROLES, "unknown role %d", role);
   CHECK_ARG(out, "out is NULL");
   *out = const_core_of(m)->q[role];
+  return LUTRA_OK;
+}
+
+int lutra_linear_quantized(const lutra_module *m, int role, lutra_tensor **out) {
+  static const char fn[] = "lutra_linear_quantized";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &linear_ops, "module is a %s, not a linear", m->ops->kind);
+  CHECK_ARG(role == LUTRA_ROLE_INPUT || role == LUTRA_ROLE_WEIGHT,
+            "role %d is not the input's or the weight's", role);
+  CHECK_ARG(out, "out is NULL");
+  const lutra_linear_core *c = const_core_of(m);
+  *out = !c->forward_done || !c->forward_fp8 ? NULL : role == LUTRA_ROLE_INPUT ? c->xq : c->wq;
   return LUTRA_OK;
 }

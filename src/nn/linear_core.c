@@ -65,16 +65,23 @@ static int note_forward(lutra_quantizer *q, const lutra_linear_core *c, const ch
 }
 
 /* The GEMM's epilogue for a forward ending in act (NULL: none). */
-static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act,
+static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act, bool grad,
                                                    lutra_gemm_epilogue *epi) {
   if (act == LUTRA_ACT_NONE) return NULL;
-  *epi = (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre};
+  /* an inference forward keeps no pre-activation: the plain GELU epilogue */
+  *epi = grad ? (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre}
+              : (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU};
   return epi;
 }
 
 /* xop: the input's quantization (x itself, or an activation's output formed inside the cast) */
 static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int first_microbatch,
                        const lutra_gemm_epilogue *epi, const char *fn) {
+  /* an inference forward (xop->rowwise_only) quantizes no columnwise copies: only the dgrad and
+   * wgrad GEMMs read them. Not under the device flag, whose skipped casts keep the codes of the
+   * tensor quantized last, which must then be the full one. */
+  const bool w_rowwise_only =
+      xop->rowwise_only && first_microbatch != LUTRA_FIRST_MICROBATCH_DEVICE;
   lutra_quantizer *qi = c->q[LUTRA_ROLE_INPUT], *qw = c->q[LUTRA_ROLE_WEIGHT];
   /* DEVICE: the weight is quantized on every call, skipped on the device while the
    * skip-weight-update flag is set: the weight quantizer's output then keeps the codes of its
@@ -90,10 +97,13 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
   }
   TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
-  bool reuse = first_microbatch == 0 && c->weight_cached;
+  bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || c->wq->col_data);
   if (!reuse) {
     TRY(lutra_quantize_run(
-        qw, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wq, fn));
+        qw,
+        &(lutra_quantize_op){
+            .x = c->weight, .record_amax = true, .skip = skip, .rowwise_only = w_rowwise_only},
+        &c->wq, fn));
     TRY(note_forward(qw, c, fn));
     c->weight_cached = true;
   }
@@ -158,9 +168,12 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = c->out;
-  TRY(lutra_tensor_ensure(&c->y, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
-  if (act != LUTRA_ACT_NONE)
-    TRY(lutra_tensor_ensure(&c->pre, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
+  TRY(lutra_tensor_cache_get(&c->y_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), &c->y,
+                             fn));
+  /* the pre-activation is kept for the backward only */
+  if (act != LUTRA_ACT_NONE && grad)
+    TRY(lutra_tensor_cache_get(&c->pre_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device),
+                               &c->pre, fn));
   if (pre && !fuse_in) {
     lutra_act_args aa = {.x = pre->data, .out = c->act_y->data, .dtype = pre->dtype, .act = act_in};
     if (lutra_act_is_gated(act_in)) {
@@ -172,9 +185,9 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
     TRY(c->be->activation_forward(&aa));
   }
   lutra_gemm_epilogue epi_store;
-  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, &epi_store);
+  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, grad, &epi_store);
   if (fp8) {
-    lutra_quantize_op xop = {.x = x, .record_amax = true};
+    lutra_quantize_op xop = {.x = x, .record_amax = true, .rowwise_only = !grad};
     if (fuse_in) {
       /* the activation's output in high precision only where a backward reads it: the plain
        * backward of a recipe without a grad_output quantizer uses the saved input */
@@ -183,7 +196,8 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
                                 .record_amax = true,
                                 .act_forward = true,
                                 .act_kind = act_in,
-                                .act_out = hp ? c->act_y : NULL};
+                                .act_out = hp ? c->act_y : NULL,
+                                .rowwise_only = !grad};
     }
     TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
   } else {
@@ -193,7 +207,8 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
             .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
         fn));
   }
-  lutra_tensor_hold(&c->x, x);
+  /* an inference forward is never backpropagated: it lets go of the last input too */
+  lutra_tensor_hold(&c->x, grad ? x : NULL);
   c->forward_act = act;
   c->forward_fp8 = fp8;
   c->forward_grad = grad;
@@ -230,7 +245,8 @@ int lutra_linear_core_forward_from_act(lutra_linear_core *c, const lutra_tensor 
             (long long)lutra_cols(pre));
   int64_t shape[LUTRA_MAX_DIMS];
   act_out_shape(pre, act, shape);
-  TRY(lutra_tensor_ensure(&c->act_y, PLAIN_TENSOR(c->dtype, pre->ndim, shape, c->device), fn));
+  TRY(lutra_tensor_cache_get(&c->act_y_cache, PLAIN_TENSOR(c->dtype, pre->ndim, shape, c->device),
+                             &c->act_y, fn));
   TRY(forward_impl(c, c->act_y, pre, act, a, LUTRA_ACT_NONE, y, fused, fn));
   *act_y = c->act_y;
   return LUTRA_OK;
@@ -297,8 +313,8 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   }
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
   if (dx)
-    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device),
-                            fn));
+    TRY(lutra_tensor_cache_get(
+        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), &c->dx, fn));
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
@@ -369,10 +385,13 @@ void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out
 void lutra_linear_core_release(lutra_linear_core *c) {
   free_quantizers(c->q);
   lutra_tensor_hold(&c->x, NULL); /* before the tensors: it may be act_y */
-  lutra_tensor *owned[] = {c->weight,         c->bias, c->wgrad, c->bgrad, c->weight_main_grad,
-                           c->bias_main_grad, c->y,    c->dx,    c->pre,   c->act_y};
+  lutra_tensor *owned[] = {c->weight,           c->bias,          c->wgrad, c->bgrad,
+                           c->weight_main_grad, c->bias_main_grad};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
+  lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
+  for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
+    lutra_tensor_cache_release(caches[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
   c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = c->act_y = NULL;
   c->xq = c->wq = NULL;

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "lutra.h"
+#include "runtime/tensor_cache.h"
 
 #include <stdbool.h>
 
@@ -26,6 +27,8 @@ typedef struct lutra_linear_core {
   /* the output of the activation before this module, when the forward started from it
    * (lutra_linear_core_forward_from_act): written only where a backward reads it */
   lutra_tensor *act_y;
+  /* the buffers behind y, dx, pre and act_y, one per shape seen (runtime/tensor_cache.h) */
+  lutra_tensor_cache y_cache, dx_cache, pre_cache, act_y_cache;
   lutra_quantizer *q[LUTRA_NUM_ROLES];
   bool quantized_for_recipe; /* q[] were built for qkey */
   uint64_t qkey;

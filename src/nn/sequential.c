@@ -48,7 +48,7 @@ static int seq_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwa
       const lutra_tensor *act_y;
       bool fused;
       TRY(next->ops->fusion->forward_from_act(next, h, a, s->in_act[i + 1], &out, &act_y, &fused));
-      act->ops->fusion->adopt(act, h, act_y);
+      act->ops->fusion->adopt(act, a->grad ? h : NULL, act_y); /* inference: keeps nothing */
       if (fused) s->fused_forward++;
       i++;
     } else if (s->fused_act[i] != LUTRA_ACT_NONE) {
@@ -229,5 +229,26 @@ int lutra_sequential_fusions(const lutra_module *m, int *forward, int *backward)
   const sequential *s = (const sequential *)m;
   *forward = s->fused_forward;
   *backward = s->fused_backward;
+  return LUTRA_OK;
+}
+
+int lutra_sequential_count(const lutra_module *m, int *n) {
+  static const char fn[] = "lutra_sequential_count";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &seq_ops, "module is a %s, not a sequential", m->ops->kind);
+  CHECK_ARG(n, "n is NULL");
+  *n = ((const sequential *)m)->count;
+  return LUTRA_OK;
+}
+
+int lutra_sequential_child(const lutra_module *m, int i, lutra_module **out) {
+  static const char fn[] = "lutra_sequential_child";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &seq_ops, "module is a %s, not a sequential", m->ops->kind);
+  CHECK_ARG(out, "out is NULL");
+  const sequential *s = (const sequential *)m;
+  CHECK_ARG(i >= 0 && i < s->count, "index %d is out of range 0..%d", i, s->count - 1);
+  lutra_module_retain(s->mods[i]);
+  *out = s->mods[i];
   return LUTRA_OK;
 }
