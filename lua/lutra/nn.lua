@@ -199,8 +199,10 @@ end
 
 function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 
--- Sequential only: how many Linear+GELU pairs the last forward and backward ran as GEMM
--- epilogues (GELU_AUX in forward, DGELU in the next Linear's dgrad).
+-- Sequential only: how many activations the last forward and backward ran inside a neighbour,
+-- with no kernel of their own: a GEMM epilogue (the tanh GELU: GELU_AUX in forward, DGELU in the
+-- next Linear's dgrad) or an FP8 cast (every kind, delayed scaling: act inside the next Linear's
+-- input cast, act' inside the previous Linear's grad_output cast).
 local fusion_box = ffi.new("int[2]")
 function Module:fusions()
   check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))
