@@ -287,6 +287,18 @@ local figures = {
       local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
       return function() fp8:enter() lin:forward(x) fp8:exit() end
     end },
+  -- the inference forward beside it: x and W cast rowwise only (no transposes), the same
+  -- launch count; the options table is built once, outside the loop
+  { key = "linear_fwd_fp8_delayed_infer",
+    name = "Linear forward FP8 delayed, inference {grad = false} (enter, forward, exit)",
+    torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
+    work = { launch = 3, matmul = { "lt_fp8_fprop" } },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      local eval = { grad = false }
+      return function() fp8:enter() lin:forward(x, eval) fp8:exit() end
+    end },
   { key = "linear_fwd_fp8_current", name = "Linear forward FP8 current (enter, forward, exit)",
     torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
     -- per tensor (x, W): amax and scale (one launch, no memset), cast+transpose; the GEMM
@@ -295,6 +307,14 @@ local figures = {
       local lin, x = linear(K, N, 1, false), randn(M, K, 1)
       local fp8 = lutra.autocast { recipe = lutra.recipe.current() }
       return function() fp8:enter() lin:forward(x) fp8:exit() end
+    end },
+  { key = "linear_fwd_bf16_infer", name = "Linear forward BF16, inference {grad = false}",
+    torch = "linear_fwd", work = { matmul = { "lt_bf16_fprop" } },
+    target = { kind = "floor", max = 1.15 },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      local eval = { grad = false }
+      return function() lin:forward(x, eval) end
     end },
   { key = "linear_fwdbwd_bf16", name = "Linear forward+backward BF16", torch = "linear_fwdbwd",
     work = { matmul = { "lt_bf16_fprop", "lt_bf16_dgrad", "lt_bf16_wgrad" } },
@@ -333,6 +353,26 @@ local figures = {
         net:backward(loss:backward(), false) -- x is data: no dgrad for the first Linear
         opt_:step()
       end
+    end },
+  -- the MLP's forward alone, training and inference side by side: 4 Linears, x and W cast per
+  -- Linear (transposes in training only) and the scale update; 3 Linear+GELU pairs in the GEMM
+  -- epilogue (GELU_AUX_BIAS in training; inference keeps no pre-activation: GELU_BIAS)
+  { key = "mlp_fwd_fp8_delayed", name = "MLP forward FP8 delayed (4 Linear), training",
+    work = { launch = 9, matmul = { "lt_fp8_fprop_gelu_aux_bias", "lt_fp8_fprop_gelu_aux_bias",
+                                    "lt_fp8_fprop_gelu_aux_bias", "lt_fp8_fprop_bias" } },
+    setup = function()
+      local net, x = mlp(), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      return function() fp8:enter() net:forward(x) fp8:exit() end
+    end },
+  { key = "mlp_fwd_fp8_delayed_infer", name = "MLP forward FP8 delayed (4 Linear), inference",
+    work = { launch = 9, matmul = { "lt_fp8_fprop_gelu_bias", "lt_fp8_fprop_gelu_bias",
+                                    "lt_fp8_fprop_gelu_bias", "lt_fp8_fprop_bias" } },
+    setup = function()
+      local net, x = mlp(), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      local eval = { grad = false }
+      return function() fp8:enter() net:forward(x, eval) fp8:exit() end
     end },
   { key = "mlp_step_bf16", name = "MLP step BF16 (4 Linear, MSE, AdamW)", torch = "mlp_step",
     target = { kind = "torch", max = 0.1 }, work = mlp_work(false),

@@ -24,6 +24,7 @@
 #include "lutra/fused.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
+#include "lutra/inspect.h"
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"

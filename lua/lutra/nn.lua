@@ -114,14 +114,14 @@ function M.Sequential(...)
   local arr = ffi.new("lutra_module*[?]", math.max(n, 1))
   for i = 1, n do
     -- nil passes on: lutra_sequential_new names the NULL entry itself
-    if mods[i] ~= nil and not istype(chk.module_t, mods[i]) then
+    if mods[i] ~= nil and not chk.is_module(mods[i]) then
       error(string.format("lutra.nn.Sequential: argument %d must be a module (got %s)", i,
                           chk.got(mods[i])), 2)
     end
     arr[i - 1] = mods[i]
   end
   check(C.lutra_sequential_new(arr, n, module_box))
-  return own(module_box[0])
+  return require("lutra.module_tree").own_ref(module_box[0]) -- indexable: seq[i], #seq
 end
 
 -- The second argument is is_first_microbatch, or a table of forward options:
@@ -199,8 +199,10 @@ end
 
 function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 
--- Sequential only: how many Linear+GELU pairs the last forward and backward ran as GEMM
--- epilogues (GELU_AUX in forward, DGELU in the next Linear's dgrad).
+-- Sequential only: how many activations the last forward and backward ran inside a neighbour,
+-- with no kernel of their own: a GEMM epilogue (the tanh GELU: GELU_AUX in forward, DGELU in the
+-- next Linear's dgrad) or an FP8 cast (every kind, delayed scaling: act inside the next Linear's
+-- input cast, act' inside the previous Linear's grad_output cast).
 local fusion_box = ffi.new("int[2]")
 function Module:fusions()
   check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))
@@ -230,8 +232,12 @@ Module.layernorm_output, Module.norm_fused = fused.layernorm_output, fused.norm_
 Module.mlp_fusions = fused.mlp_fusions
 -- ---- end norm-fused modules ----
 
-ffi.metatype("struct lutra_module", { __index = Module,
-  __tostring = function(m) return "lutra.nn." .. m:kind() end })
+-- print(module) shows the tree; a Sequential is indexed seq[i] (1-based) and #seq
+-- (lutra/module_tree.lua); Linear's module:quantized(role) gives its last FP8 input or weight
+local tree = require("lutra.module_tree")
+Module.quantized = tree.quantized
+ffi.metatype("struct lutra_module", { __index = tree.index(Module), __len = tree.count,
+  __tostring = tree.tostring })
 
 -- Losses: forward(pred, target) -> loss tensor [1]; backward() -> dpred; value() -> number
 local Loss = {}

@@ -11,7 +11,7 @@ Optim.__index = Optim
 
 local function new(kind, module, opts, allowed, where)
   opts = core.check_options(opts, allowed, where)
-  if module ~= nil and not ffi.istype(chk.module_t, module) then
+  if module ~= nil and not chk.is_module(module) then
     error(string.format("%s: module must be a module (got %s)", where, chk.got(module)), 3)
   end
   local d = ffi.new("lutra_optim_desc")

@@ -59,14 +59,31 @@ typedef struct lutra_quant_args {
   /* GELU's backward fused in front (TransformerEngine's dgelu + cast + transpose + dbias): when
    * not NULL, the matrix quantized (and summed into dbias, and max'ed into amax) is
    * x * gelu'(act), in f32, where act is the GELU's input (x's dtype and shape): x is then the
-   * gradient of the GELU's output. Per-tensor casts only (backend->cast); CUDA needs a
-   * columnwise output. */
+   * gradient of the GELU's output. Per-tensor casts only (backend->cast); act_kind below
+   * generalizes it to every activation kind and to the forward direction. */
   const void *act;
   /* TransformerEngine's noop flag: when not NULL and *skip != 0 at the time the work runs, the
    * quantization writes nothing at all (codes, scales, scale_inv, amax, dbias). Backend memory,
    * read by every kernel of the quantization on the device (so a CUDA graph can be replayed with
    * a different value); the CPU reads it directly. */
   const int32_t *skip;
+  /* The activation kind of `act` (LUTRA_ACT_*; 0 with act set: the tanh GELU above) and its
+   * direction, so that every kind's backward (TE's dact + dbias + cast + transpose) and forward
+   * (quantize(act(x)) in one pass) runs inside the cast. rows and cols are always the shape of
+   * the matrix quantized; act is the activation's input (the pre-activation):
+   *   act_forward 0  x is the gradient of the activation's output ([rows, cols / 2] for gated
+   *                  kinds, else [rows, cols]), act [rows, cols]; the matrix quantized is the
+   *                  gradient of act (the gated kinds' both halves)
+   *   act_forward 1  x is not read; act is [rows, 2 cols] for gated kinds, else [rows, cols];
+   *                  the matrix quantized is act's output
+   * Either way each value is the f32 formula of the activation backend entry, rounded once into
+   * x_dtype, as activation_forward / activation_backward store it: the fused cast sees the
+   * values the activation's own kernel would have written, bit for bit. act_out, when not
+   * NULL, receives that matrix (x_dtype, [rows, cols]): the activation's output or input
+   * gradient in high precision, written only when a caller needs it. */
+  int32_t act_kind;
+  int32_t act_forward;
+  void *act_out;
 } lutra_quant_args;
 
 /* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */

@@ -54,7 +54,7 @@ int lutra_norm_quantize(lutra_quantizer *q, const lutra_tensor *x, const lutra_t
                         .rms = rms != 0,
                         .zero_centered_gamma = zero_centered_gamma != 0,
                         .y = y ? y->data : NULL};
-  TRY(lutra_quantize_norm_run(q, &na, x, true, out, fn));
+  TRY(lutra_quantize_norm_run(q, &na, x, true, false, out, fn));
   if (y) y->flags |= LUTRA_TENSOR_WRITTEN;
   return LUTRA_OK;
 }

@@ -41,7 +41,7 @@ static int forward_impl(layernorm_linear *l, const lutra_tensor *x, const lutra_
     lutra_norm_args na = lutra_norm_core_args(n, x);
     na.y = l->return_ln ? n->y->data : NULL;
     lutra_tensor *xq;
-    TRY(lutra_quantize_norm_run(qi, &na, n->y, true, &xq, fn));
+    TRY(lutra_quantize_norm_run(qi, &na, n->y, true, a->grad == 0, &xq, fn));
     l->lin.given_xq = xq;
   } else {
     TRY(lutra_norm_core_forward(n, x, fn));
@@ -100,8 +100,10 @@ static bool lnl_starts_from_act_grad(const lutra_module *m, int act) {
   return lutra_linear_core_starts_from_act_grad(&((const layernorm_linear *)m)->lin, act);
 }
 
-static int lnl_backward_from_act_grad(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
-  return lnl_backward_op(m, &(lutra_linear_backward_op){.dy = dy, .from_act_grad = true}, dx);
+static int lnl_backward_from_act_grad(lutra_module *m, int act, const lutra_tensor *dy,
+                                      lutra_tensor **dx) {
+  return lnl_backward_op(
+      m, &(lutra_linear_backward_op){.dy = dy, .from_act_grad = true, .act_grad_act = act}, dx);
 }
 
 static int lnl_num_params(const lutra_module *m) {

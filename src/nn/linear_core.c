@@ -65,15 +65,23 @@ static int note_forward(lutra_quantizer *q, const lutra_linear_core *c, const ch
 }
 
 /* The GEMM's epilogue for a forward ending in act (NULL: none). */
-static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act,
+static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act, bool grad,
                                                    lutra_gemm_epilogue *epi) {
   if (act == LUTRA_ACT_NONE) return NULL;
-  *epi = (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre};
+  /* an inference forward keeps no pre-activation: the plain GELU epilogue */
+  *epi = grad ? (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre}
+              : (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU};
   return epi;
 }
 
-static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_microbatch,
+/* xop: the input's quantization (x itself, or an activation's output formed inside the cast) */
+static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int first_microbatch,
                        const lutra_gemm_epilogue *epi, const char *fn) {
+  /* an inference forward (xop->rowwise_only) quantizes no columnwise copies: only the dgrad and
+   * wgrad GEMMs read them. Not under the device flag, whose skipped casts keep the codes of the
+   * tensor quantized last, which must then be the full one. */
+  const bool w_rowwise_only =
+      xop->rowwise_only && first_microbatch != LUTRA_FIRST_MICROBATCH_DEVICE;
   lutra_quantizer *qi = c->q[LUTRA_ROLE_INPUT], *qw = c->q[LUTRA_ROLE_WEIGHT];
   /* DEVICE: the weight is quantized on every call, skipped on the device while the
    * skip-weight-update flag is set: the weight quantizer's output then keeps the codes of its
@@ -90,12 +98,15 @@ static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_mi
   if (c->given_xq)
     c->xq = c->given_xq;
   else
-    TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
+    TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
-  bool reuse = first_microbatch == 0 && c->weight_cached;
+  bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || c->wq->col_data);
   if (!reuse) {
     TRY(lutra_quantize_run(
-        qw, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wq, fn));
+        qw,
+        &(lutra_quantize_op){
+            .x = c->weight, .record_amax = true, .skip = skip, .rowwise_only = w_rowwise_only},
+        &c->wq, fn));
     TRY(note_forward(qw, c, fn));
     c->weight_cached = true;
   }
@@ -133,9 +144,17 @@ bool lutra_linear_core_ends_in(int act) {
   return act == LUTRA_ACT_GELU_TANH; /* cuBLASLt's GELU epilogues are the tanh form */
 }
 
-int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
-                              const lutra_forward_args *a, int act, lutra_tensor **y,
-                              const char *fn) {
+/* the activation act's output shape for its input pre (gated kinds halve the last dim) */
+static void act_out_shape(const lutra_tensor *pre, int act, int64_t *shape) {
+  memcpy(shape, pre->shape, sizeof(int64_t) * LUTRA_MAX_DIMS);
+  if (lutra_act_is_gated(act) && pre->ndim >= 1) shape[pre->ndim - 1] /= 2;
+}
+
+/* The forward of x (the module's input), or, when pre is not NULL, of act_in(pre): x is then
+ * c->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused). */
+static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pre,
+                        int act_in, const lutra_forward_args *a, int act, lutra_tensor **y,
+                        bool *fused, const char *fn) {
   TRY(check_input(c, x, fn));
   CHECK_ARG(act == LUTRA_ACT_NONE || lutra_linear_core_ends_in(act),
             "the forward cannot end in activation %d", act);
@@ -145,17 +164,45 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   bool calibrate = r && !s->enabled && s->calibrating;
   if (fp8) TRY(check_fp8_dims(r, x, c, fn));
   if (fp8 || calibrate) TRY(ensure_quantizers(c, r, fn));
+  /* act inside the input cast where the input quantizer takes it (delayed scaling) */
+  const bool fuse_in = pre && fp8 && lutra_quantizer_takes_act(c->q[LUTRA_ROLE_INPUT]);
+  const bool grad = a->grad != 0;
 
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = c->out;
-  TRY(lutra_tensor_ensure(&c->y, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
-  if (act != LUTRA_ACT_NONE)
-    TRY(lutra_tensor_ensure(&c->pre, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
+  TRY(lutra_tensor_cache_get(&c->y_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), &c->y,
+                             fn));
+  /* the pre-activation is kept for the backward only */
+  if (act != LUTRA_ACT_NONE && grad)
+    TRY(lutra_tensor_cache_get(&c->pre_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device),
+                               &c->pre, fn));
+  if (pre && !fuse_in) {
+    lutra_act_args aa = {.x = pre->data, .out = c->act_y->data, .dtype = pre->dtype, .act = act_in};
+    if (lutra_act_is_gated(act_in)) {
+      aa.cols = lutra_cols(pre);
+      aa.rows = lutra_rows(pre);
+    } else {
+      aa.n = pre->numel;
+    }
+    TRY(c->be->activation_forward(&aa));
+  }
   lutra_gemm_epilogue epi_store;
-  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, &epi_store);
+  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, grad, &epi_store);
   if (fp8) {
-    TRY(forward_fp8(c, x, a->is_first_microbatch, epi, fn));
+    lutra_quantize_op xop = {.x = x, .record_amax = true, .rowwise_only = !grad};
+    if (fuse_in) {
+      /* the activation's output in high precision only where a backward reads it: the plain
+       * backward of a recipe without a grad_output quantizer uses the saved input */
+      bool hp = grad && !c->q[LUTRA_ROLE_GRAD_OUTPUT];
+      xop = (lutra_quantize_op){.x = pre,
+                                .record_amax = true,
+                                .act_forward = true,
+                                .act_kind = act_in,
+                                .act_out = hp ? c->act_y : NULL,
+                                .rowwise_only = !grad};
+    }
+    TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
     TRY(lutra_gemm_run(
@@ -163,17 +210,55 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
             .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
         fn));
   }
-  lutra_tensor_hold(&c->x, x);
+  /* an inference forward is never backpropagated: it lets go of the last input too */
+  lutra_tensor_hold(&c->x, grad ? x : NULL);
   c->forward_act = act;
   c->forward_fp8 = fp8;
-  c->forward_grad = a->grad != 0;
+  c->forward_grad = grad;
   c->forward_done = true;
   c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
   c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(r) &&
                         lutra_autocast_claim_backward_trigger();
+  if (fused) *fused = fuse_in;
   *y = c->y;
   return LUTRA_OK;
+}
+
+int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
+                              const lutra_forward_args *a, int act, lutra_tensor **y,
+                              const char *fn) {
+  return forward_impl(c, x, NULL, LUTRA_ACT_NONE, a, act, y, NULL, fn);
+}
+
+bool lutra_linear_core_starts_with_act(int act) {
+  return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT;
+}
+
+int lutra_linear_core_forward_from_act(lutra_linear_core *c, const lutra_tensor *pre,
+                                       const lutra_forward_args *a, int act, lutra_tensor **y,
+                                       const lutra_tensor **act_y, bool *fused, const char *fn) {
+  CHECK_ARG(lutra_linear_core_starts_with_act(act), "unknown activation kind %d", act);
+  CHECK_ARG(pre->dtype == c->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(pre->dtype), lutra_dtype_name(c->dtype));
+  CHECK_ARG(pre->device == c->device, "input is on another device than the module");
+  CHECK_ARG(pre->ndim >= 1, "the activation's input needs a last dim");
+  CHECK_ARG(!lutra_act_is_gated(act) || lutra_cols(pre) % 2 == 0,
+            "the input's last dim %lld is odd: a gated activation splits it into two halves",
+            (long long)lutra_cols(pre));
+  int64_t shape[LUTRA_MAX_DIMS];
+  act_out_shape(pre, act, shape);
+  TRY(lutra_tensor_cache_get(&c->act_y_cache, PLAIN_TENSOR(c->dtype, pre->ndim, shape, c->device),
+                             &c->act_y, fn));
+  TRY(forward_impl(c, c->act_y, pre, act, a, LUTRA_ACT_NONE, y, fused, fn));
+  *act_y = c->act_y;
+  return LUTRA_OK;
+}
+
+/* the input of activation act after this core: its pre-activation when the forward ended in
+ * act, else its output */
+static const lutra_tensor *act_input(const lutra_linear_core *c, int act) {
+  return c->forward_act == act && c->pre ? c->pre : c->y;
 }
 
 static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op, lutra_tensor *bg,
@@ -181,10 +266,12 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
   lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   lutra_tensor *dyq;
   /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
+  const int act = op->act_grad_act ? op->act_grad_act : c->forward_act;
   TRY(lutra_quantize_run(qg,
                          &(lutra_quantize_op){.x = op->dy,
                                               .record_amax = true,
-                                              .act = op->from_act_grad ? c->pre : NULL,
+                                              .act = op->from_act_grad ? act_input(c, act) : NULL,
+                                              .act_kind = act,
                                               .dbias = bg,
                                               .dbias_accumulate = c->accumulate_main_grad},
                          &dyq, fn));
@@ -212,14 +299,25 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   CHECK_STATE(!(c->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
   CHECK_ARG(dy->dtype == c->dtype, "grad_output dtype %s does not match the module's %s",
             lutra_dtype_name(dy->dtype), lutra_dtype_name(c->dtype));
-  CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
   CHECK_ARG(dy->device == c->device, "grad_output is on another device than the module");
-  CHECK_ARG(!op->from_act_grad || lutra_linear_core_starts_from_act_grad(c, c->forward_act),
-            "this backward cannot apply the activation's gradient in its grad_output cast");
+  if (op->from_act_grad) {
+    const int act = op->act_grad_act ? op->act_grad_act : c->forward_act;
+    CHECK_ARG(lutra_linear_core_starts_from_act_grad(c, act),
+              "this backward cannot apply the activation's gradient in its grad_output cast");
+    const lutra_tensor *pre = act_input(c, act);
+    int64_t shape[LUTRA_MAX_DIMS];
+    act_out_shape(pre, act, shape);
+    bool fits = dy->ndim == pre->ndim;
+    for (int i = 0; fits && i < dy->ndim; i++)
+      fits = dy->shape[i] == shape[i];
+    CHECK_ARG(fits, "grad_output shape does not match the activation's output");
+  } else {
+    CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
+  }
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
   if (dx)
-    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device),
-                            fn));
+    TRY(lutra_tensor_cache_get(
+        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), &c->dx, fn));
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
@@ -270,8 +368,10 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
 
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act) {
   const lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
-  return act == LUTRA_ACT_GELU_TANH && c->forward_done && c->forward_act == act && c->forward_fp8 &&
-         c->pre && qg && lutra_quantizer_takes_dgelu(qg);
+  const bool input_known = (c->forward_act == act && c->pre) || c->forward_act == LUTRA_ACT_NONE;
+  return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT && c->forward_done && c->forward_grad &&
+         input_known && c->forward_fp8 && qg && lutra_quantizer_takes_act(qg) &&
+         (!lutra_act_is_gated(act) || c->out % 2 == 0);
 }
 
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
@@ -300,13 +400,16 @@ void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out
 
 void lutra_linear_core_release(lutra_linear_core *c) {
   free_quantizers(c->q);
-  lutra_tensor *owned[] = {c->weight,         c->bias, c->wgrad, c->bgrad, c->weight_main_grad,
-                           c->bias_main_grad, c->y,    c->dx,    c->pre};
+  lutra_tensor_hold(&c->x, NULL); /* before the tensors: it may be act_y */
+  lutra_tensor *owned[] = {c->weight,           c->bias,          c->wgrad, c->bgrad,
+                           c->weight_main_grad, c->bias_main_grad};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
+  lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
+  for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
+    lutra_tensor_cache_release(caches[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
-  c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = NULL;
-  lutra_tensor_hold(&c->x, NULL);
+  c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = c->act_y = NULL;
   c->xq = c->wq = NULL;
   c->forward_done = false;
 }

@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "lutra.h"
+#include "runtime/tensor_cache.h"
 
 #include <stdbool.h>
 
@@ -23,6 +24,11 @@ typedef struct lutra_linear_core {
   lutra_tensor *weight, *bias, *wgrad, *bgrad, *weight_main_grad, *bias_main_grad;
   lutra_tensor *y, *dx;
   lutra_tensor *pre; /* y's pre-activation when the forward ended in an activation */
+  /* the output of the activation before this module, when the forward started from it
+   * (lutra_linear_core_forward_from_act): written only where a backward reads it */
+  lutra_tensor *act_y;
+  /* the buffers behind y, dx, pre and act_y, one per shape seen (runtime/tensor_cache.h) */
+  lutra_tensor_cache y_cache, dx_cache, pre_cache, act_y_cache;
   lutra_quantizer *q[LUTRA_NUM_ROLES];
   bool quantized_for_recipe; /* q[] were built for qkey */
   uint64_t qkey;
@@ -48,20 +54,32 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
                               const lutra_forward_args *a, int act, lutra_tensor **y,
                               const char *fn);
 
+/* The forward of the module right after activation act, from pre, the activation's input:
+ * *y = act(pre) W^T + b. Under FP8 with a recipe whose input cast takes an activation
+ * (lutra_quantizer_takes_act), act runs inside that cast (*fused true); otherwise the
+ * activation's kernel writes c->act_y first and the forward runs from it. *act_y is the
+ * activation's output (c->act_y), its data written unless only the fused cast needed it. */
+bool lutra_linear_core_starts_with_act(int act);
+int lutra_linear_core_forward_from_act(lutra_linear_core *c, const lutra_tensor *pre,
+                                       const lutra_forward_args *a, int act, lutra_tensor **y,
+                                       const lutra_tensor **act_y, bool *fused, const char *fn);
+
 /* The backward of the last forward, from dy = the gradient of its output. dx NULL: the input's
  * gradient is not wanted (no dgrad GEMM). Fusions:
  *   dact_act, dact_pre  the input of this core's forward was an activation's output, pre that
  *                       activation's input: dx is multiplied by act'(pre) in the dgrad GEMM's
  *                       epilogue where that GEMM can (*dact_fused says), so *dx is the gradient
  *                       of the activation's input
- *   from_act_grad       the last forward ended in an activation and dy is the gradient of its
- *                       output: act' goes into the grad_output cast (lutra_linear_core_starts_
- *                       from_act_grad said it can) */
+ *   from_act_grad       dy is the gradient of the output of activation act_grad_act (0: the
+ *                       one the last forward ended in), whose input was this core's output (or
+ *                       its pre-activation when the forward ended in it): act' goes into the
+ *                       grad_output cast (lutra_linear_core_starts_from_act_grad said it can) */
 typedef struct lutra_linear_backward_op {
   const lutra_tensor *dy;
   int dact_act;
   const lutra_tensor *dact_pre;
   bool from_act_grad;
+  int act_grad_act;
 } lutra_linear_backward_op;
 int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward_op *op,
                                lutra_tensor **dx, bool *dact_fused, const char *fn);

@@ -26,15 +26,27 @@ typedef struct lutra_fusion_ops {
   bool (*ends_in)(const lutra_module *m, int act);
   int (*forward_ending_in)(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                            int act, lutra_tensor **y, const lutra_tensor **pre);
-  /* a producer whose last forward ended in act: whether its backward can start from dy, the
-   * gradient of act's output (act' applied inside its grad_output cast), and that backward */
+  /* a producer whose last forward's output was act's input (or whose last forward ended in
+   * act, the pre-activation its input): whether its backward can start from dy, the gradient of
+   * act's output (act' applied inside its grad_output cast, with the bias gradient: TE's dact +
+   * dbias + cast + transpose), and that backward */
   bool (*starts_from_act_grad)(const lutra_module *m, int act);
-  int (*backward_from_act_grad)(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
+  int (*backward_from_act_grad)(lutra_module *m, int act, const lutra_tensor *dy,
+                                lutra_tensor **dx);
   /* a consumer right after an activation: its backward with the returned gradient multiplied by
    * act'(pre) (pre: the activation's input), so *dx is the gradient of the activation's input;
    * *fused is false (and *dx the plain input gradient) where it could not apply it */
   int (*backward_into_act)(lutra_module *m, const lutra_tensor *dy, int act,
                            const lutra_tensor *pre, lutra_tensor **dx, bool *fused);
+  /* a consumer right after an activation: whether its forward can take the activation's input
+   * pre and run act itself, inside the cast of its FP8 input (quantize(act(pre)) in one pass),
+   * and that forward: *y its output, *act_y the activation's output (the consumer's tensor,
+   * valid until its next forward; its data written only where a backward reads it), *fused
+   * whether act ran inside the cast (false: the consumer ran the activation's own kernel first,
+   * where its recipe or precision has no fused cast; the results are the same either way) */
+  bool (*starts_with_act)(const lutra_module *m, int act);
+  int (*forward_from_act)(lutra_module *m, const lutra_tensor *pre, const lutra_forward_args *a,
+                          int act, lutra_tensor **y, const lutra_tensor **act_y, bool *fused);
 } lutra_fusion_ops;
 
 typedef struct lutra_module_ops {

@@ -50,9 +50,10 @@ float lutra_cpu_gelu(float x);
 float lutra_cpu_gelu_grad(float x);
 int lutra_cpu_activation_forward(const lutra_act_args *a);
 int lutra_cpu_activation_backward(const lutra_act_args *a);
-/* out[i] = dy[i] * gelu'(x[i]) in f32 (GELU's backward before any rounding: a fused cast's input)
- */
-int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out);
+/* The matrix a cast with an activation quantizes (lutra_quant_args.act_kind: the activation's
+ * output, or the gradient of its input), [rows, cols] in f32, each value rounded into x_dtype
+ * as the activation entries above store it: the input of the fused casts. */
+int lutra_cpu_act_matrix(const lutra_quant_args *a, float *out);
 int lutra_cpu_bias_grad(const lutra_bias_grad_args *a);
 
 /* LayerNorm and RMSNorm (norm_cpu.c) */

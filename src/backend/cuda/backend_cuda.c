@@ -446,13 +446,28 @@ static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lu
   return LAUNCH(bias_grad, lk_bias_grad(&b, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
 }
 
+/* an activation inside the cast (lutra_quant_args.act) is the per-tensor casts' (the block
+ * kernels read no activation); its bias gradient comes from the tiled kernel's columnwise pass */
+static int check_cast_act(const lutra_quant_args *a, bool per_tensor, const char *fn) {
+  if (!a || !a->act) return LUTRA_OK;
+  if (!per_tensor)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "an activation inside the cast is for per-tensor scaling only");
+  if (a->dbias && !a->col_data)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "an activation's bias gradient inside the cast needs a columnwise output");
+  return LUTRA_OK;
+}
 static int k_cast(const lutra_quant_args *a) {
+  TRY(check_cast_act(a, true, "lutra_cuda_cast"));
   return quantize_with_dbias(lk_cast, true, a, "lutra_cuda_cast");
 }
 static int k_mxfp8(const lutra_quant_args *a) {
+  TRY(check_cast_act(a, false, "lutra_cuda_quantize_mxfp8"));
   return quantize_with_dbias(lk_quantize_mxfp8, true, a, "lutra_cuda_quantize_mxfp8");
 }
 static int k_block(const lutra_quant_args *a) {
+  TRY(check_cast_act(a, false, "lutra_cuda_quantize_block"));
   return quantize_with_dbias(lk_quantize_block, false, a, "lutra_cuda_quantize_block");
 }
 static int k_dequantize(const lutra_dequant_args *a) {
