@@ -24,6 +24,8 @@ local M = {
   default_device = core.default_device_name,
   now = core.now, -- monotonic wall clock in seconds
 }
+M.save = require("lutra.checkpoint").save -- checkpoints: lua/lutra/checkpoint.lua
+M.load = require("lutra.checkpoint").load
 
 -- transa/transb: true/false or "T"/"N". Anything else is refused: 0 is true in Lua, so
 -- lutra.gemm(A, 0, B, 0, D) would otherwise have run TT.

@@ -39,4 +39,13 @@ typedef struct lutra_quantize_op {
 int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
                        const char *fn);
 
+/* Checkpoints: the scaling state, in backend memory: scale and scale_inv (f32 [1] each, every
+ * kind) and the delayed amax history (f32 [history_len], NULL for other kinds). */
+typedef struct lutra_quantizer_state_view {
+  float *scale, *scale_inv, *amax_history;
+  int32_t history_len;
+  const lutra_backend *be;
+} lutra_quantizer_state_view;
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v);
+
 #endif

@@ -93,6 +93,13 @@ static const lutra_fusion_ops linear_fusion = {
     .backward_into_act = linear_backward_into_act,
 };
 
+static int linear_quantizers(lutra_module *m, const lutra_recipe *build_for,
+                             lutra_module_quantizers *out, const char *fn) {
+  return lutra_linear_core_quantizers(core_of(m), build_for, NULL, out, fn);
+}
+
+static const lutra_checkpoint_ops linear_checkpoint = {.quantizers = linear_quantizers};
+
 static const lutra_module_ops linear_ops = {
     .kind = "linear",
     .forward = linear_forward,
@@ -101,6 +108,7 @@ static const lutra_module_ops linear_ops = {
     .param = linear_param,
     .release = linear_release,
     .fusion = &linear_fusion,
+    .checkpoint = &linear_checkpoint,
 };
 
 void lutra_linear_defaults(lutra_linear_desc *d) {

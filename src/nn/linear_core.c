@@ -9,6 +9,7 @@
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
+#include "nn/module.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 
@@ -343,4 +344,23 @@ int lutra_linear_core_init(lutra_linear_core *c, const lutra_linear_desc *d, con
   if (st == LUTRA_OK) st = zero_grads(c);
   if (st != LUTRA_OK) lutra_linear_core_release(c);
   return st;
+}
+
+int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
+                                 const char *const *names, lutra_module_quantizers *out,
+                                 const char *fn) {
+  static const char *const roles[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
+  if (build_for) {
+    CHECK_STATE(!c->quantized_for_recipe || c->qkey == build_for->key,
+                "the module's quantizers were built for another recipe than the one given");
+    TRY(ensure_quantizers(c, build_for, fn));
+  }
+  CHECK_ARG(out->count + LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
+            "a module owns more than %d quantizers", LUTRA_MODULE_MAX_QUANTIZERS);
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (!c->q[i]) continue;
+    out->name[out->count] = names ? names[i] : roles[i];
+    out->q[out->count++] = c->q[i];
+  }
+  return LUTRA_OK;
 }
