@@ -105,14 +105,25 @@ static int sync_dir(const char *path, const char *fn) {
   return st;
 }
 
-/* ".NAME.tmp.XXXXXX" beside path */
-static char *temp_name(const char *path) {
+/* A new file ".NAME.tmp.PID.N" beside path, made with the mode a plain fopen would give it
+ * (0666 less the umask; mkstemp's 0600 would then be the checkpoint's mode). */
+static int create_temp(const char *path, char **tmp, const char *fn) {
+  static _Atomic unsigned counter;
   const char *slash = strrchr(path, '/');
   size_t dir = slash ? (size_t)(slash - path + 1) : 0;
-  size_t n = strlen(path) + 16;
-  char *tmp = malloc(n);
-  if (tmp) snprintf(tmp, n, "%.*s.%s.tmp.XXXXXX", (int)dir, path, path + dir);
-  return tmp;
+  size_t n = strlen(path) + 48;
+  *tmp = malloc(n);
+  if (!*tmp) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a path");
+  for (int attempt = 0; attempt < 100; attempt++) {
+    snprintf(*tmp, n, "%.*s.%s.tmp.%ld.%u", (int)dir, path, path + dir, (long)getpid(), counter++);
+    int fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd >= 0 || errno != EEXIST) {
+      if (fd < 0) lutra_error(LUTRA_EINVAL, fn, "cannot create '%s': %s", *tmp, strerror(errno));
+      return fd;
+    }
+  }
+  lutra_error(LUTRA_EINVAL, fn, "cannot create a temporary file beside '%s'", path);
+  return -1;
 }
 
 int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
@@ -120,14 +131,13 @@ int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
   TRY(check_call(path, o, fn));
   ckpt_entries E;
   TRY(ckpt_collect(o, false, &E, fn));
-  char *header = NULL, *tmp = temp_name(path);
+  char *header = NULL, *tmp = NULL;
   size_t header_len = 0;
-  int st = tmp ? header_of(&E, o, &header, &header_len, fn)
-               : lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a path");
+  int st = header_of(&E, o, &header, &header_len, fn);
   int fd = -1;
   if (st == LUTRA_OK) {
-    fd = mkstemp(tmp);
-    if (fd < 0) st = lutra_error(LUTRA_EINVAL, fn, "cannot create '%s': %s", tmp, strerror(errno));
+    fd = create_temp(path, &tmp, fn);
+    if (fd < 0) st = LUTRA_EINVAL;
   }
   if (st == LUTRA_OK) st = write_all(fd, header, header_len, tmp, fn);
   if (st == LUTRA_OK) st = write_entries(fd, &E, tmp, fn);
@@ -138,8 +148,7 @@ int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
   if (st == LUTRA_OK && rename(tmp, path) != 0)
     st =
         lutra_error(LUTRA_EINVAL, fn, "cannot rename '%s' to '%s': %s", tmp, path, strerror(errno));
-  else if (st != LUTRA_OK && fd >= 0)
-    unlink(tmp);
+  if (st != LUTRA_OK && fd >= 0) unlink(tmp); /* the old file stays as it was */
   if (st == LUTRA_OK) st = sync_dir(path, fn);
   free(header);
   free(tmp);

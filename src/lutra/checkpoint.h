@@ -21,7 +21,7 @@
  * the first byte is written into any object; on failure no object changed. The parts of a lutra
  * checkpoint the objects do not ask for (optim.*, rng.state, *.fp8.*, *.main_grad) are skipped,
  * so a model alone loads from a full checkpoint; in the parts asked for, names match exactly.
- * Saving writes a temporary file in the destination's directory (.NAME.tmp.XXXXXX), fsyncs it,
+ * Saving writes a temporary file in the destination's directory (.NAME.tmp.PID.N), fsyncs it,
  * renames it over the destination and fsyncs the directory: a crash leaves the old file (and
  * possibly the temporary one), never a partial checkpoint. Both are refused inside an autocast
  * scope or a graph capture (a step half-done is no state to save). */
