@@ -183,6 +183,7 @@ describe("checkpoints", function()
       { header:gsub('"shape":%[', '"shape":[01,', 1), "leading zero" },
       { header:gsub("}%s*$", "}x"), "bytes follow the header" },
       { header:gsub('"data_offsets":%[0,', '"data_offsets":[4,', 1), "do not hold" },
+      { header:gsub('"version":"1"', '"version":"2"', 1), "format version 2; this lutra reads" },
     }
     for i, c in ipairs(cases) do
       local p = path("bad" .. i .. ".st")

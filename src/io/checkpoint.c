@@ -216,14 +216,12 @@ static int check_opts(const lutra_checkpoint_load_opts *opts, const st_file *f, 
 static int check_meta(const st_file *f, const lutra_checkpoint_objects *o, const char *path,
                       float *lr, bool *have_lr, const char *fn) {
   const char *format = st_meta(f, "format"), *version = st_meta(f, "version");
-  /* a file without lutra's metadata (Python's, a converted state dict) holds tensors only */
-  if (format) {
-    CHECK_ARG(strcmp(format, format_name) == 0, "'%s' is a '%s' file, not a lutra checkpoint", path,
-              format);
+  /* a file of another format (torch's save_file writes {"format": "pt"}, a converted state
+   * dict has none) holds tensors only: it is loaded by name (and map) alone */
+  if (format && strcmp(format, format_name) == 0)
     CHECK_ARG(version && strcmp(version, "1") == 0,
               "'%s' has checkpoint format version %s; this lutra reads version %d", path,
               version ? version : "(none)", FORMAT_VERSION);
-  }
   *have_lr = false;
   if (!o->optim) return LUTRA_OK;
   lutra_optim_view v;
@@ -248,7 +246,8 @@ static int match(const st_file *f, ckpt_entries *E, const lutra_checkpoint_objec
                  const lutra_checkpoint_load_opts *opts, const st_tensor **src, const char *path,
                  const char *fn) {
   bool convert = opts && opts->convert;
-  bool lutra_file = st_meta(f, "format") != NULL;
+  const char *format = st_meta(f, "format");
+  bool lutra_file = format && strcmp(format, format_name) == 0;
   for (int i = 0; i < f->count; i++) {
     const st_tensor *t = &f->t[i];
     const char *to = target_of(t->name, opts, o, lutra_file);
