@@ -29,5 +29,6 @@
 #include "lutra/recipe.h"
 #include "lutra/tensor.h"
 #include "lutra/train.h"
+#include "lutra/wrap.h"
 
 #endif

@@ -26,6 +26,7 @@ local M = {
 }
 M.save = require("lutra.checkpoint").save -- checkpoints: lua/lutra/checkpoint.lua
 M.load = require("lutra.checkpoint").load
+M.wrap = require("lutra.wrap").wrap -- caller-owned buffers: lua/lutra/wrap.lua
 
 -- transa/transb: true/false or "T"/"N". Anything else is refused: 0 is true in Lua, so
 -- lutra.gemm(A, 0, B, 0, D) would otherwise have run TT.
