@@ -296,3 +296,17 @@ int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const fl
   if (o->rng) TRY(lutra_manual_seed(E->host.rng));
   return LUTRA_OK;
 }
+
+int lutra_optim_steps(const lutra_optim *o, int64_t *host, int64_t *device) {
+  static const char fn[] = "lutra_optim_steps";
+  lutra_optim_view v;
+  TRY(lutra_optim_view_of((lutra_optim *)o, &v, fn));
+  if (host) *host = v.args->step;
+  if (!device) return LUTRA_OK;
+  if (!v.args->device_step) {
+    *device = v.args->step;
+    return LUTRA_OK;
+  }
+  int st = v.be->to_host(device, v.args->device_step, sizeof *device);
+  return st == LUTRA_OK ? st : lutra_error_wrap(st, fn);
+}

@@ -72,6 +72,10 @@ LUTRA_API int lutra_checkpoint_save(const char *path, const lutra_checkpoint_obj
 LUTRA_API int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
                                     const lutra_checkpoint_load_opts *opts);
 
+/* An optimizer's step count: step calls made (host), and steps run (device: the count a CUDA
+ * graph replaying a captured step advances; the host count on the cpu). Either may be NULL. For
+ * a resumed loop to know where it is. */
+LUTRA_API int lutra_optim_steps(const lutra_optim *o, int64_t *host, int64_t *device);
 /* The global seed generator's state (what lutra_manual_seed sets). */
 LUTRA_API int lutra_seed_state(uint64_t *state);
 
