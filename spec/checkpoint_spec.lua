@@ -162,6 +162,44 @@ describe("checkpoints", function()
     end
   end)
 
+  it("name an optimizer's state by the model's tree, or by its own module's alone", function()
+    lutra.manual_seed(12)
+    local head = nn.Linear(64, 16, { dtype = "bf16" })
+    local net = nn.Sequential(nn.Linear(32, 64, { dtype = "bf16" }), nn.GELU(), head)
+    local opt = lutra.optim.AdamW(head) -- only the last layer trains
+    local p = path("head.st")
+    lutra.save(p, { model = net, optim = opt })
+    local h = split(read(p))
+    assert.truthy(h:find('"optim.2.weight.master"', 1, true))
+    assert.is_nil(h:find('"optim.0.weight', 1, true))
+    lutra.save(p, { optim = opt })
+    h = split(read(p))
+    assert.truthy(h:find('"optim.weight.exp_avg"', 1, true))
+    assert.is_nil(h:find('"weight":', 1, true)) -- no parameters without a model
+    -- an optimizer of a module outside the model is refused
+    local ok, err = pcall(lutra.save, p, { model = nn.Linear(4, 4), optim = opt })
+    assert.is_false(ok)
+    assert.matches("is not in the model", err, 1, true)
+  end)
+
+  it("refresh an optimizer's masters from parameters loaded without it", function()
+    lutra.manual_seed(13)
+    local src = mlp { dtype = "bf16" }
+    local p = path("bfmodel.st")
+    lutra.save(p, { model = src })
+    lutra.manual_seed(14)
+    local net = mlp { dtype = "bf16" }
+    local opt = lutra.optim.SGD(net, { lr = 0 }) -- lr 0: a step only rounds the masters back
+    lutra.load(p, { model = net })
+    local x, t = lutra.tensor({ 4, 32 }, "bf16"), lutra.tensor({ 4, 16 }, "bf16")
+    local loss = nn.MSELoss()
+    loss:forward(net:forward(x), t)
+    net:backward(loss:backward())
+    opt:step()
+    local a, b = net:parameters(), src:parameters()
+    for i = 1, #a do assert.is_true(a[i].value:bytes() == b[i].value:bytes()) end
+  end)
+
   it("refuse truncated files, whatever the cut", function()
     local bytes = read(good)
     for _, cut in ipairs { 0, 5, 8, 8 + 10, 8 + #header - 1, #bytes - #data + 4, #bytes - 1 } do

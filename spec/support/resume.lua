@@ -56,4 +56,18 @@ function M.compare(device, recipe, dtype, optim, n, skip)
   return res
 end
 
+-- the premise of the comparison: two straight runs of the same steps write the same bytes
+function M.straight_twice(device, recipe, dtype, optim, n)
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir) == 0)
+  local a, b = dir .. "/a.st", dir .. "/b.st"
+  local out_a = run(device, "straight", recipe, dtype, optim, n, dir .. "/c.st", a)
+  local out_b = run(device, "straight", recipe, dtype, optim, n, dir .. "/c.st", b)
+  local ok, ra, rb = pcall(function() return read(a), read(b) end)
+  os.execute("rm -rf " .. dir)
+  if not ok then error("a run failed:\n" .. out_a .. "\n" .. out_b, 2) end
+  return ra, rb
+end
+
 return M
