@@ -116,12 +116,24 @@ describe("checkpoints", function()
 
   it("build a fresh model's quantizers for the recipe given, then load their state", function()
     lutra.manual_seed(5)
-    local net = mlp() -- no FP8 forward ran: it has no quantizers yet
+    local first = nn.Linear(32, 64)
+    local net = nn.Sequential(first, nn.GELU(), nn.Linear(64, 16))
+    -- no FP8 forward ran: it has no quantizers yet
+    assert.is_nil(first:quantizer("input"))
     local ok, err = pcall(lutra.load, good, { model = net })
     assert.is_false(ok) -- the file's FP8 state has nowhere to go
     assert.matches("holds tensor '0.fp8.grad_output.amax_history', which the objects do not have",
                    err, 1, true)
+    -- a load that fails after building them for the recipe (the file lacks their state)
+    -- leaves the module without them
+    local nofp8 = path("nofp8.st")
+    lutra.save(nofp8, { model = net0, fp8 = false })
+    ok, err = pcall(lutra.load, nofp8, { model = net, recipe = recipe })
+    assert.is_false(ok)
+    assert.matches("lacks tensor '0.fp8.", err, 1, true)
+    assert.is_nil(first:quantizer("input"))
     lutra.load(good, { model = net, recipe = recipe })
+    assert.is_not_nil(first:quantizer("input"))
     local p, p0 = path("rt.st"), path("rt0.st")
     lutra.save(p, { model = net })
     lutra.save(p0, { model = net0 })

@@ -348,6 +348,7 @@ int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
   /* everything is checked: from here on the objects change */
   for (int k = 0; st == LUTRA_OK && k < E.count; k++)
     st = write_into(&E.e[k], src[k], f.data, fn);
+  if (st == LUTRA_OK) ckpt_adopt(&E);
   if (st == LUTRA_OK) st = ckpt_apply_host(&E, o, have_lr ? &lr : NULL, fn);
   free(src);
   ckpt_entries_free(&E);

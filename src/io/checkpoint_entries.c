@@ -93,12 +93,42 @@ static int f32_entry(ckpt_entries *E, float *p, int64_t n, const lutra_backend *
   return add(E, &e, fn, "%s%s%s", prefix, name, suffix);
 }
 
+static void destroy_fresh(lutra_module_quantizers *q) {
+  for (int i = 0; i < q->count; i++)
+    lutra_quantizer_destroy(q->q[i]);
+  q->count = 0;
+}
+
+static int keep_pending(ckpt_entries *E, lutra_module *m, const lutra_recipe *r,
+                        lutra_module_quantizers *q, const char *fn) {
+  if (E->npending == E->pending_cap) {
+    int cap = E->pending_cap ? E->pending_cap * 2 : 8;
+    ckpt_pending *p = realloc(E->pending, (size_t)cap * sizeof *p);
+    if (!p) {
+      destroy_fresh(q);
+      return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the quantizer list");
+    }
+    E->pending = p, E->pending_cap = cap;
+  }
+  E->pending[E->npending++] = (ckpt_pending){m, r, *q};
+  return LUTRA_OK;
+}
+
+void ckpt_adopt(ckpt_entries *E) {
+  for (int i = 0; i < E->npending; i++) {
+    ckpt_pending *p = &E->pending[i];
+    p->module->ops->checkpoint->adopt_quantizers(p->module, p->recipe, &p->q);
+    p->q.count = 0; /* the module's now */
+  }
+}
+
 static int quantizer_entries(ckpt_entries *E, lutra_module *m, const lutra_recipe *build_for,
                              const char *prefix, const char *fn) {
   const lutra_checkpoint_ops *ck = m->ops->checkpoint;
   if (!ck || !ck->quantizers) return LUTRA_OK;
   lutra_module_quantizers qs = {0};
   TRY(ck->quantizers(m, build_for, &qs, fn));
+  if (qs.fresh) TRY(keep_pending(E, m, build_for, &qs, fn));
   for (int i = 0; i < qs.count; i++) {
     if (!qs.q[i]) continue;
     lutra_quantizer_state_view v;
@@ -269,6 +299,9 @@ int ckpt_collect(const lutra_checkpoint_objects *o, bool for_load, ckpt_entries 
 void ckpt_entries_free(ckpt_entries *E) {
   for (int i = 0; i < E->count; i++)
     free(E->e[i].name);
+  for (int i = 0; i < E->npending; i++)
+    destroy_fresh(&E->pending[i].q);
+  free(E->pending);
   free(E->e);
   memset(E, 0, sizeof *E);
 }

@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "lutra.h"
+#include "nn/module.h"
 
 #include <stdbool.h>
 
@@ -36,9 +37,19 @@ typedef struct ckpt_host {
   uint64_t rng;
 } ckpt_host;
 
+/* Quantizers a load built for a module (lutra_checkpoint_ops.quantizers' fresh ones): the
+ * module adopts them once the load succeeded; else they are freed with the entries. */
+typedef struct ckpt_pending {
+  lutra_module *module;
+  const lutra_recipe *recipe;
+  lutra_module_quantizers q;
+} ckpt_pending;
+
 typedef struct ckpt_entries {
   ckpt_entry *e;
   int count, cap;
+  ckpt_pending *pending;
+  int npending, pending_cap;
   ckpt_host host;
   lutra_optim *optim; /* the objects' optimizer, when they had one */
 } ckpt_entries;
@@ -49,6 +60,8 @@ typedef struct ckpt_entries {
 int ckpt_collect(const lutra_checkpoint_objects *o, bool for_load, ckpt_entries *E, const char *fn);
 void ckpt_entries_free(ckpt_entries *E);
 ckpt_entry *ckpt_find(const ckpt_entries *E, const char *name);
+/* Loading, once every entry was written: the modules adopt the quantizers built for them. */
+void ckpt_adopt(ckpt_entries *E);
 /* Loading: the host values into the objects, the written flags of the loaded parameters (set,
  * or cleared where their master was loaded too), the optimizer's lr when lr is not NULL. */
 int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const float *lr,

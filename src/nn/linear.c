@@ -98,7 +98,15 @@ static int linear_quantizers(lutra_module *m, const lutra_recipe *build_for,
   return lutra_linear_core_quantizers(core_of(m), build_for, NULL, out, fn);
 }
 
-static const lutra_checkpoint_ops linear_checkpoint = {.quantizers = linear_quantizers};
+static void linear_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
+                                    const lutra_module_quantizers *q) {
+  lutra_linear_core_adopt_quantizers(core_of(m), r, q);
+}
+
+static const lutra_checkpoint_ops linear_checkpoint = {
+    .quantizers = linear_quantizers,
+    .adopt_quantizers = linear_adopt_quantizers,
+};
 
 static const lutra_module_ops linear_ops = {
     .kind = "linear",

@@ -64,13 +64,15 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
                                lutra_tensor **dx, bool *dact_fused, const char *fn);
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act);
 
-/* Checkpoints: the core's quantizers appended to out, role i named names[i] (NULL: "input",
- * "weight", "grad_output"); build_for not NULL builds them for that recipe first when none
- * exist yet, and refuses when they were built for another recipe. */
+/* Checkpoints (lutra_checkpoint_ops.quantizers): the core's quantizers appended to out, role i
+ * named names[i] (NULL: "input", "weight", "grad_output"), slot = role; with build_for and none
+ * built yet, fresh ones for it, not installed (out->fresh) until adopt. */
 struct lutra_module_quantizers;
 int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
                                  const char *const *names, struct lutra_module_quantizers *out,
                                  const char *fn);
+void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                        const struct lutra_module_quantizers *q);
 
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);

@@ -43,18 +43,26 @@ typedef struct lutra_fusion_ops {
 enum { LUTRA_MODULE_MAX_QUANTIZERS = 8 };
 typedef struct lutra_module_quantizers {
   int count;
-  const char *name[LUTRA_MODULE_MAX_QUANTIZERS];   /* "input", or "fc1.input" for a module of two */
-  lutra_quantizer *q[LUTRA_MODULE_MAX_QUANTIZERS]; /* NULL where a role is not quantized */
+  const char *name[LUTRA_MODULE_MAX_QUANTIZERS]; /* "input", or "fc1.input" for a module of two */
+  lutra_quantizer *q[LUTRA_MODULE_MAX_QUANTIZERS];
+  int32_t slot[LUTRA_MODULE_MAX_QUANTIZERS]; /* the module's own index of each (a Linear: role) */
+  /* q were made for the recipe asked for and are not the module's yet: adopt_quantizers installs
+   * them, or the caller frees them (lutra_quantizer_destroy) */
+  bool fresh;
 } lutra_module_quantizers;
 typedef struct lutra_checkpoint_ops {
   int (*num_children)(const lutra_module *m);
   /* child i, and its name (NULL: its index, as Sequential's) */
   lutra_module *(*child)(const lutra_module *m, int i, const char **name);
   const char *(*param_name)(const lutra_module *m, int i);
-  /* the quantizers the module owns; build_for not NULL: those not built yet are built for that
-   * recipe first, as a first FP8 forward under it would (refused when they exist for another) */
+  /* the quantizers the module owns. build_for not NULL and none built yet: fresh ones for that
+   * recipe, as its first FP8 forward under it would build them, returned without being
+   * installed (out->fresh), so that a load that fails leaves the module as it was; refused when
+   * the module's were built for another recipe */
   int (*quantizers)(lutra_module *m, const lutra_recipe *build_for, lutra_module_quantizers *out,
                     const char *fn);
+  void (*adopt_quantizers)(lutra_module *m, const lutra_recipe *r,
+                           const lutra_module_quantizers *q);
 } lutra_checkpoint_ops;
 
 typedef struct lutra_module_ops {
