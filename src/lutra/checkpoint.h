@@ -39,9 +39,10 @@ typedef struct lutra_checkpoint_objects {
   lutra_module *model; /* parameters (and FP8 state) of the module tree */
   lutra_optim *optim;  /* its state; parameters named by model's tree (by its own module's when
                           model is NULL); its module must be model or inside it */
-  /* load only: a module whose quantizers do not exist yet (no FP8 forward ran) builds them for
-   * this recipe first, as its first FP8 forward under it would, so that a freshly built model
-   * takes the FP8 state. One whose quantizers were built for another recipe is refused. */
+  /* load only: a module whose quantizers do not exist yet (no FP8 forward ran) gets them built
+   * for this recipe, as its first FP8 forward under it would, to take the file's FP8 state (so
+   * that a freshly built model resumes); they become the module's only when the whole load
+   * succeeds. A module whose quantizers were built for another recipe is refused. */
   const lutra_recipe *recipe;
   int32_t fp8;        /* quantizer state (default 1) */
   int32_t main_grads; /* main grads (default 0) */
