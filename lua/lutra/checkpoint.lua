@@ -106,10 +106,10 @@ function M.load(path, objects, opts)
   local where = "lutra.load"
   path_of(path, where)
   local o = objects_of(objects, where, true)
+  -- lo points at the rename array (held by keep) and at opts' strings: both stay referenced
+  -- from this frame during the call, which runs no Lua code (so no collection)
   local lo, keep = options_of(opts, where)
   local st = C.lutra_checkpoint_load(path, o, lo)
-  -- the strings and the rename array stay reachable until the call returned
-  if keep then keep.arr = nil end
   if st ~= 0 then core.fail() end
   return objects
 end
