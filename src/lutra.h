@@ -22,6 +22,7 @@
 #include "lutra/autocast.h"
 #include "lutra/base.h"
 #include "lutra/fused.h"
+#include "lutra/checkpoint.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
 #include "lutra/inspect.h"
@@ -30,5 +31,6 @@
 #include "lutra/recipe.h"
 #include "lutra/tensor.h"
 #include "lutra/train.h"
+#include "lutra/wrap.h"
 
 #endif

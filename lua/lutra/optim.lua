@@ -44,6 +44,13 @@ function Optim:set_lr(lr)
 end
 function Optim:free() check(C.lutra_optim_release(self)) end
 
+-- step calls made, and steps run on the device (a captured step's replays; the same on the cpu)
+local steps_box = ffi.new("int64_t[2]")
+function Optim:steps()
+  check(C.lutra_optim_steps(self, steps_box, steps_box + 1))
+  return tonumber(steps_box[0]), tonumber(steps_box[1])
+end
+
 ffi.metatype("struct lutra_optim", { __index = Optim })
 
 return M

@@ -479,3 +479,12 @@ int lutra_quantizer_record_amax(lutra_quantizer *q, float amax) {
   TRY(check_delayed(q, fn));
   return q->be->from_host(q->meta.amax_history, &amax, sizeof amax);
 }
+
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v) {
+  *v = (lutra_quantizer_state_view){.scale = q->meta.scale,
+                                    .scale_inv = q->meta.scale_inv,
+                                    .amax_history = q->meta.amax_history,
+                                    .history_len = q->meta.history_len,
+                                    .be = q->be};
+  return LUTRA_OK;
+}

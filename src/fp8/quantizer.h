@@ -59,5 +59,13 @@ bool lutra_quantizer_fuses_norm(const lutra_quantizer *q);
 int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const lutra_tensor *shape,
                             bool record_amax, bool rowwise_only, lutra_tensor **out,
                             const char *fn);
+/* Checkpoints: the scaling state, in backend memory: scale and scale_inv (f32 [1] each, every
+ * kind) and the delayed amax history (f32 [history_len], NULL for other kinds). */
+typedef struct lutra_quantizer_state_view {
+  float *scale, *scale_inv, *amax_history;
+  int32_t history_len;
+  const lutra_backend *be;
+} lutra_quantizer_state_view;
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v);
 
 #endif

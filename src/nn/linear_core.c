@@ -9,6 +9,7 @@
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
+#include "nn/module.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 
@@ -22,10 +23,11 @@ static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   }
 }
 
-/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
-static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
-  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+/* Quantizers for a recipe, not installed yet. */
+static int build_quantizers(const lutra_linear_core *c, const lutra_recipe *r,
+                            lutra_quantizer *fresh[LUTRA_NUM_ROLES], const char *fn) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    fresh[i] = NULL;
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (r->roles[i].kind == LUTRA_QUANT_NONE) continue;
     int st = lutra_quantizer_create(&r->roles[i], 1, 1, c->device, &fresh[i], fn);
@@ -34,12 +36,25 @@ static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const 
       return st;
     }
   }
+  return LUTRA_OK;
+}
+
+static void install_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                               lutra_quantizer *fresh[LUTRA_NUM_ROLES]) {
   free_quantizers(c->q);
-  memcpy(c->q, fresh, sizeof fresh);
+  memcpy(c->q, fresh, sizeof c->q);
   c->qkey = r->key;
   c->quantized_for_recipe = true;
   c->weight_cached = false;
   c->xq = c->wq = NULL;
+}
+
+/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
+static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
+  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES];
+  TRY(build_quantizers(c, r, fresh, fn));
+  install_quantizers(c, r, fresh);
   return LUTRA_OK;
 }
 
@@ -462,4 +477,37 @@ int lutra_linear_core_init(lutra_linear_core *c, const lutra_linear_desc *d, con
   if (st == LUTRA_OK) st = zero_grads(c);
   if (st != LUTRA_OK) lutra_linear_core_release(c);
   return st;
+}
+
+int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
+                                 const char *const *names, lutra_module_quantizers *out,
+                                 const char *fn) {
+  static const char *const roles[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
+  CHECK_ARG(out->count + LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
+            "a module owns more than %d quantizers", LUTRA_MODULE_MAX_QUANTIZERS);
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *const *q = c->q;
+  if (build_for) {
+    CHECK_STATE(!c->quantized_for_recipe || c->qkey == build_for->key,
+                "the module's quantizers were built for another recipe than the one given");
+    if (!c->quantized_for_recipe) {
+      TRY(build_quantizers(c, build_for, fresh, fn));
+      out->fresh = true;
+      q = fresh;
+    }
+  }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (!q[i]) continue;
+    out->name[out->count] = names ? names[i] : roles[i];
+    out->slot[out->count] = i;
+    out->q[out->count++] = q[i];
+  }
+  return LUTRA_OK;
+}
+
+void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                        const lutra_module_quantizers *q) {
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+  for (int i = 0; i < q->count; i++)
+    fresh[q->slot[i]] = q->q[i];
+  install_quantizers(c, r, fresh);
 }

@@ -89,6 +89,15 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
  * (built for the recipe; x checked as the forward checks it), else *q = NULL. */
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
                                       lutra_quantizer **q, const char *fn);
+/* Checkpoints (lutra_checkpoint_ops.quantizers): the core's quantizers appended to out, role i
+ * named names[i] (NULL: "input", "weight", "grad_output"), slot = role; with build_for and none
+ * built yet, fresh ones for it, not installed (out->fresh) until adopt. */
+struct lutra_module_quantizers;
+int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
+                                 const char *const *names, struct lutra_module_quantizers *out,
+                                 const char *fn);
+void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                        const struct lutra_module_quantizers *q);
 
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);
