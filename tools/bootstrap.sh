@@ -7,7 +7,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev"
+packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev libopenmpi-dev openmpi-bin"
 missing=""
 for p in $packages; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then

@@ -1,0 +1,40 @@
+/* Process-group internals (dist/): what the layers above (autocast, the parallel modules) call.
+ * Buffers are raw pointers on `device` (host memory for LUTRA_CPU: MPI; device memory for
+ * LUTRA_CUDA: NCCL on lutra's stream). Each call counts itself in the group's stats. */
+#ifndef LUTRA_DIST_GROUP_H
+#define LUTRA_DIST_GROUP_H
+
+#include "backend/backend.h"
+#include "lutra.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+/* LUTRA_OK when g is a live, unbroken group. */
+int lutra_group_check(const lutra_group *g, const char *fn);
+/* A holder (scope, module) taking a reference; dropped with lutra_group_free. */
+void lutra_group_retain(lutra_group *g);
+int lutra_group_rank_of(const lutra_group *g);
+int lutra_group_size_of(const lutra_group *g);
+
+int lutra_dist_all_reduce(lutra_group *g, void *buf, int64_t n, int dtype, int op, int device,
+                          const char *fn);
+/* recv [size][bytes]: each rank's `bytes` of send stacked by rank */
+int lutra_dist_all_gather(lutra_group *g, const void *send, void *recv, size_t bytes, int device,
+                          const char *fn);
+/* send [size][n] (n elements per rank) summed; this rank's block into recv [n] */
+int lutra_dist_reduce_scatter(lutra_group *g, const void *send, void *recv, int64_t n, int dtype,
+                              int device, const char *fn);
+/* The cheap agreement check: every rank passes the same n values (shapes, a recipe key); one
+ * all-reduce(MAX) of (v, -v) finds a disagreement, then one all-gather names the ranks. */
+int lutra_dist_agree(lutra_group *g, const int64_t *v, int n, const char *what, const char *fn);
+/* The amaxes of metas (amax_history[0] of each) replaced by their max over the group: one
+ * all-reduce(MAX) over one contiguous buffer (the group keeps it, grown when n grows). */
+int lutra_dist_reduce_amax(lutra_group *g, lutra_scale_meta *const *metas, int n, int device,
+                           const char *fn);
+
+/* the group's NCCL side (dist/nccl.c; CUDA builds with MPI only) */
+typedef struct lutra_nccl lutra_nccl;
+void lutra_nccl_destroy(lutra_nccl *n);
+
+#endif

@@ -1,0 +1,31 @@
+/* NCCL communicators of a group (dist/nccl.c), bootstrapped over the group's MPI communicator.
+ * Only in CUDA builds with MPI; elsewhere the calls fail saying so. Non-blocking communicators:
+ * every NCCL call that returns ncclInProgress is polled (ncclCommGetAsyncError) until it is done
+ * or the timeout passes, when the communicator is aborted (ncclCommAbort) and the call fails. */
+#ifndef LUTRA_DIST_NCCL_H
+#define LUTRA_DIST_NCCL_H
+
+#include "dist/group.h"
+
+typedef struct lutra_nccl_boot {
+  void *mpi_comm; /* the group's MPI_Comm, by address */
+  int rank, size;
+  double timeout_s;
+} lutra_nccl_boot;
+
+/* *slot made at the first call (collective over the group), then returned as it is. */
+int lutra_nccl_get(lutra_nccl **slot, const lutra_nccl_boot *b, const char *fn);
+int lutra_nccl_all_reduce(lutra_nccl *n, void *buf, int64_t count, int dtype, int op,
+                          const char *fn);
+int lutra_nccl_all_gather(lutra_nccl *n, const void *send, void *recv, size_t bytes,
+                          const char *fn);
+int lutra_nccl_reduce_scatter(lutra_nccl *n, const void *send, void *recv, int64_t count, int dtype,
+                              const char *fn);
+/* amax_history[0] of each meta replaced by its max over the group: gathered into the
+ * communicator's contiguous device buffer, one ncclAllReduce(max), scattered back. */
+int lutra_nccl_reduce_amax(lutra_nccl *n, lutra_scale_meta *const *metas, int count,
+                           const char *fn);
+/* Waits for lutra's stream, polling the communicator's async error, at most the timeout. */
+int lutra_nccl_wait(lutra_nccl *n, const char *fn);
+
+#endif
