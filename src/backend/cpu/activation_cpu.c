@@ -140,8 +140,8 @@ static float act_df(int act, float x) {
 static int check_act(const lutra_act_args *a, bool backward, const char *fn) {
   CHECK_ARG(a != NULL, "arguments are NULL");
   if (a->act <= LUTRA_ACT_NONE || a->act >= LUTRA_ACT_COUNT)
-    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)", (int)a->act,
-                       LUTRA_ACT_COUNT - 1);
+    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)",
+                       (int)a->act, LUTRA_ACT_COUNT - 1);
   CHECK_FLOAT_DTYPE(a->dtype, "tensor");
   int64_t n = a->n;
   if (lutra_act_is_gated(a->act)) {
