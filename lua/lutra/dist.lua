@@ -103,4 +103,41 @@ function Group:barrier() check(C.lutra_group_barrier(self)) end
 
 ffi.metatype("struct lutra_group", { __index = Group })
 
+-- the lutra_tp_desc of a parallel module's options {parallel_mode = "column"|"row", tp_group =,
+-- sequence_parallel = false} (parsed once, at construction)
+local tp_modes = { column = C.LUTRA_TP_COLUMN, row = C.LUTRA_TP_ROW }
+function M.tp_desc(opts, where)
+  local d = ffi.new("lutra_tp_desc")
+  if tp_modes[opts.parallel_mode] == nil then
+    chk.fail(where, "parallel_mode must be \"column\" or \"row\" (got %s)", chk.got(opts.parallel_mode))
+  end
+  d.mode = tp_modes[opts.parallel_mode]
+  if not ffi.istype(chk.group_t, opts.tp_group) then
+    chk.fail(where, "tp_group must be a group (got %s)", chk.got(opts.tp_group))
+  end
+  d.group = opts.tp_group
+  d.sequence_parallel = chk.flag(opts.sequence_parallel, "sequence_parallel", where, 0)
+  return d
+end
+
+-- Data parallel: dist.grad_sync(group, module, {bucket_bytes = 25 MiB}); sync:run() after the
+-- backward averages the gradients over the group (one all-reduce per bucket)
+local Sync = {}
+Sync.__index = Sync
+local sync_box = ffi.new("lutra_grad_sync*[1]")
+function M.grad_sync(group, module, opts)
+  local where = "lutra.dist.grad_sync"
+  opts = core.check_options(opts, { bucket_bytes = true }, where)
+  chk.integer(opts.bucket_bytes or 0, "bucket_bytes", where, 0, 2 ^ 53)
+  check(C.lutra_grad_sync_new(group, module, opts.bucket_bytes or 0, sync_box))
+  return ffi.gc(sync_box[0], C.lutra_grad_sync_free)
+end
+function Sync:run() check(C.lutra_grad_sync_run(self)) end
+local buckets_box, elems_box = ffi.new("int[1]"), ffi.new("int64_t[1]")
+function Sync:info()
+  check(C.lutra_grad_sync_info(self, buckets_box, elems_box))
+  return buckets_box[0], tonumber(elems_box[0])
+end
+ffi.metatype("struct lutra_grad_sync", { __index = Sync })
+
 return M

@@ -16,6 +16,7 @@
 #define LUTRA_DIST_H
 
 #include "autocast.h"
+#include "nn.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +70,43 @@ LUTRA_API int lutra_group_all_reduce(lutra_group *g, lutra_tensor *t, int op);
 LUTRA_API int lutra_group_all_gather(lutra_group *g, const lutra_tensor *x, lutra_tensor *y);
 LUTRA_API int lutra_group_reduce_scatter(lutra_group *g, const lutra_tensor *x, lutra_tensor *y);
 LUTRA_API int lutra_group_barrier(lutra_group *g);
+
+/* ---- tensor-parallel modules (TransformerEngine's / Megatron's definitions) ----------------
+ * d gives the FULL layer (in_features, out_features as unsharded); each rank holds its shard:
+ *   COLUMN  W [out/size, in], bias [out/size]: the output features are sharded; the input is
+ *           whole (with sequence_parallel: this rank's [rows, in] of the sequence, all-gathered
+ *           to [size * rows, in] before the GEMM); the backward's dgrad is all-reduced (with
+ *           sequence_parallel: reduce-scattered back to this rank's rows); wgrad and the bias
+ *           gradient stay local.
+ *   ROW     W [out, in/size], bias [out] (whole, added once after the reduction): the input
+ *           features are sharded (the input is [rows, in/size]); the output is all-reduced
+ *           (with sequence_parallel: reduce-scattered to [rows/size, out]); the backward gathers
+ *           dy (sequence_parallel) and its dgrad stays local; the bias gradient is over all rows
+ *           and the same on every rank.
+ * size must divide the sharded dimension (and the rows, for a sequence-parallel row layer).
+ * Weights are drawn per shard (seed + rank) with the full layer's bound 1/sqrt(in_features).
+ * The ranks' shapes, dtype and recipe are compared once per input shape (first call). */
+enum { LUTRA_TP_NONE = 0, LUTRA_TP_COLUMN = 1, LUTRA_TP_ROW = 2 };
+typedef struct lutra_tp_desc {
+  int32_t mode; /* LUTRA_TP_* */
+  int32_t sequence_parallel;
+  lutra_group *group; /* the tensor-parallel group (held by the module) */
+} lutra_tp_desc;
+LUTRA_API int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_tp_desc *tp,
+                                        lutra_module **out);
+
+/* ---- data parallel: gradients averaged over a group ----------------------------------------
+ * Collects m's parameter gradients once (main_grad where the module accumulates into one, else
+ * grad); lutra_grad_sync_run all-reduces them (AVG) in buckets of about bucket_bytes (<= 0:
+ * 25 MiB) of one dtype, contiguous copies of the gradients packed in order, one collective per
+ * bucket. Call it after the backward, before the optimizer step. */
+typedef struct lutra_grad_sync lutra_grad_sync;
+LUTRA_API int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,
+                                  lutra_grad_sync **out);
+LUTRA_API int lutra_grad_sync_run(lutra_grad_sync *s);
+/* buckets: how many collectives one run issues */
+LUTRA_API int lutra_grad_sync_info(const lutra_grad_sync *s, int *buckets, int64_t *elements);
+LUTRA_API int lutra_grad_sync_free(lutra_grad_sync *s);
 
 #ifdef __cplusplus
 }

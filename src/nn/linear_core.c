@@ -99,7 +99,7 @@ static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_mi
   return lutra_gemm_run(&(lutra_gemm_op){.a = c->wq,
                                          .b = c->xq,
                                          .d = c->y,
-                                         .bias = c->bias,
+                                         .bias = c->skip_forward_bias ? NULL : c->bias,
                                          .epilogue = epi,
                                          .transa = true,
                                          .fast_accum = true},
@@ -157,7 +157,12 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
     if (calibrate) TRY(observe(c, x, fn));
     TRY(lutra_gemm_run(
         &(lutra_gemm_op){
-            .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
+            .a = c->weight,
+            .b = x,
+            .d = c->y,
+            .bias = c->skip_forward_bias ? NULL : c->bias,
+            .epilogue = epi,
+            .transa = true},
         fn));
   }
   lutra_tensor_hold(&c->x, x);

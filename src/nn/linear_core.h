@@ -32,6 +32,9 @@ typedef struct lutra_linear_core {
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
   bool backward_done; /* a backward ran since the last forward */
+  /* the forward GEMM adds no bias (a row-parallel shard off rank 0: the bias goes in once, before
+   * the output's reduction); its gradient is computed as always */
+  bool skip_forward_bias;
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
