@@ -154,14 +154,12 @@ int lutra_dist_all_reduce(lutra_group *g, void *buf, int64_t n, int dtype, int o
   CHECK_ARG(n >= 0 && n <= INT32_MAX, "element count %lld out of range", (long long)n);
   g->stats.all_reduce++;
   g->stats.bytes += (uint64_t)n * lutra_dtype_size(dtype);
-  if (g->size == 1 || n == 0) {
-    if (device == LUTRA_CUDA) TRY(nccl_of(g, fn)); /* the communicator exists from the first call */
-    return LUTRA_OK;
-  }
+  /* on CUDA even a group of one runs NCCL: the same launches (and graph nodes) at every size */
   if (device == LUTRA_CUDA) {
     TRY(nccl_of(g, fn));
     return nccl_status(g, lutra_nccl_all_reduce(g->nccl, buf, n, dtype, op, fn));
   }
+  if (g->size == 1 || n == 0) return LUTRA_OK;
   MPI_Datatype t = MPI_DATATYPE_NULL;
   TRY(mpi_type(dtype, &t, fn));
   MPI_Request req;

@@ -148,7 +148,7 @@ static ncclRedOp_t nccl_op(int op) {
 
 int lutra_nccl_all_reduce(lutra_nccl *n, void *buf, int64_t count, int dtype, int op,
                           const char *fn) {
-  ncclDataType_t t;
+  ncclDataType_t t = ncclFloat32;
   TRY(nccl_type(dtype, &t, fn));
   ncclResult_t r =
       ncclAllReduce(buf, buf, (size_t)count, t, nccl_op(op), n->comm, lutra_cuda_stream());
@@ -163,7 +163,7 @@ int lutra_nccl_all_gather(lutra_nccl *n, const void *send, void *recv, size_t by
 
 int lutra_nccl_reduce_scatter(lutra_nccl *n, const void *send, void *recv, int64_t count, int dtype,
                               const char *fn) {
-  ncclDataType_t t;
+  ncclDataType_t t = ncclFloat32;
   TRY(nccl_type(dtype, &t, fn));
   ncclResult_t r =
       ncclReduceScatter(send, recv, (size_t)count, t, ncclSum, n->comm, lutra_cuda_stream());
@@ -185,11 +185,8 @@ int lutra_nccl_reduce_amax(lutra_nccl *n, lutra_scale_meta *const *metas, int co
   }
   cudaStream_t s = lutra_cuda_stream();
   TRY(lutra_cuda_status(lk_amax_gather(metas, count, n->amax, s), fn, "kernel amax_gather"));
-  if (n->size > 1) {
-    ncclResult_t r =
-        ncclAllReduce(n->amax, n->amax, (size_t)count, ncclFloat32, ncclMax, n->comm, s);
-    TRY(settle(n, r, fn, "ncclAllReduce of the amaxes"));
-  }
+  ncclResult_t r = ncclAllReduce(n->amax, n->amax, (size_t)count, ncclFloat32, ncclMax, n->comm, s);
+  TRY(settle(n, r, fn, "ncclAllReduce of the amaxes"));
   return lutra_cuda_status(lk_amax_scatter(metas, count, n->amax, s), fn, "kernel amax_scatter");
 }
 
