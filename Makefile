@@ -67,7 +67,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench bench-dist install clean format sim-mx threads-check check-codecs check-activations
 
 all: $(LIB) $(CDEF)
 
@@ -163,6 +163,12 @@ check-codecs: build/check_codecs
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)
+
+# process groups: host time of the parallel Linear beside Linear + collective, collectives per
+# step of a 16-layer TP MLP, SP all-gather bytes (bench/dist_overhead.lua; 2 MPI ranks on the cpu)
+bench-dist: all
+	$(RUN_ENV) OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 -x LUA_PATH \
+	  $(LUAJIT) bench/dist_overhead.lua $(ARGS)
 
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(LUADIR)/lutra

@@ -26,7 +26,7 @@ int lutra_group_all_reduce(lutra_group *g, lutra_tensor *t, int op) {
   CHECK_ARG(t->dtype == LUTRA_F32 || t->dtype == LUTRA_BF16, "t must be f32 or bf16 (got %s)",
             lutra_dtype_name(t->dtype));
   int64_t key[3] = {t->numel, t->dtype, op};
-  TRY(lutra_dist_agree(g, key, 3, "the all-reduce's (numel, dtype, op)", fn));
+  TRY(lutra_dist_agree_once(g, 0, key, 3, "the all-reduce's (numel, dtype, op)", fn));
   return lutra_tensor_mark_written(
       t, lutra_dist_all_reduce(g, t->data, t->numel, t->dtype, op, t->device, fn));
 }
@@ -42,7 +42,7 @@ int lutra_group_all_gather(lutra_group *g, const lutra_tensor *x, lutra_tensor *
   CHECK_ARG(x->scaling == LUTRA_SCALING_NONE || x->scaling == LUTRA_SCALING_TENSOR,
             "FP8 tensors gather with per-tensor scaling only");
   int64_t key[3] = {x->numel, x->dtype, x->scaling};
-  TRY(lutra_dist_agree(g, key, 3, "the all-gather's (numel, dtype, scaling)", fn));
+  TRY(lutra_dist_agree_once(g, 1, key, 3, "the all-gather's (numel, dtype, scaling)", fn));
   TRY(lutra_dist_all_gather(g, x->data, y->data, (size_t)x->numel * lutra_dtype_size(x->dtype),
                             x->device, fn));
   if (x->scaling == LUTRA_SCALING_TENSOR && y->scale_inv && x->scale_inv) {
@@ -65,7 +65,7 @@ int lutra_group_reduce_scatter(lutra_group *g, const lutra_tensor *x, lutra_tens
             "x has %lld rows and y %lld: x needs a multiple of %d rows and y 1/%d of them",
             (long long)lutra_rows(x), (long long)lutra_rows(y), size, size);
   int64_t key[2] = {x->numel, x->dtype};
-  TRY(lutra_dist_agree(g, key, 2, "the reduce-scatter's (numel, dtype)", fn));
+  TRY(lutra_dist_agree_once(g, 2, key, 2, "the reduce-scatter's (numel, dtype)", fn));
   return lutra_tensor_mark_written(
       y, lutra_dist_reduce_scatter(g, x->data, y->data, y->numel, x->dtype, x->device, fn));
 }

@@ -28,6 +28,8 @@ struct lutra_group {
   lutra_nccl *nccl;
   float *amax; /* the contiguous amax buffer of lutra_dist_reduce_amax (host side) */
   int amax_cap;
+  int64_t agreed[LUTRA_AGREE_SLOTS][LUTRA_AGREE_MAX]; /* lutra_dist_agree_once's last keys */
+  bool agreed_set[LUTRA_AGREE_SLOTS];
 };
 
 static struct {
@@ -217,7 +219,7 @@ int lutra_dist_reduce_scatter(lutra_group *g, const void *send, void *recv, int6
   return wait_request(g, &req, "MPI_Ireduce_scatter_block", fn);
 }
 
-enum { AGREE_MAX = 8 };
+enum { AGREE_MAX = LUTRA_AGREE_MAX };
 
 static void format_values(char *buf, size_t cap, const int64_t *v, int n) {
   size_t used = 0;
@@ -259,6 +261,17 @@ int lutra_dist_agree(lutra_group *g, const int64_t *v, int n, const char *what, 
   }
   free(all);
   return st;
+}
+
+int lutra_dist_agree_once(lutra_group *g, int slot, const int64_t *v, int n, const char *what,
+                          const char *fn) {
+  CHECK_ARG(slot >= 0 && slot < LUTRA_AGREE_SLOTS && n > 0 && n <= AGREE_MAX,
+            "agreement slot %d of %d values", slot, n);
+  if (g->agreed_set[slot] && !memcmp(g->agreed[slot], v, (size_t)n * sizeof *v)) return LUTRA_OK;
+  TRY(lutra_dist_agree(g, v, n, what, fn));
+  memcpy(g->agreed[slot], v, (size_t)n * sizeof *v);
+  g->agreed_set[slot] = true;
+  return LUTRA_OK;
 }
 
 int lutra_dist_reduce_amax(lutra_group *g, lutra_scale_meta *const *metas, int n, int device,
@@ -493,6 +506,11 @@ int lutra_dist_reduce_scatter(lutra_group *g, const void *send, void *recv, int6
 }
 int lutra_dist_agree(lutra_group *g, const int64_t *v, int n, const char *what, const char *fn) {
   (void)g, (void)v, (void)n, (void)what;
+  return NO_MPI(fn);
+}
+int lutra_dist_agree_once(lutra_group *g, int slot, const int64_t *v, int n, const char *what,
+                          const char *fn) {
+  (void)g, (void)slot, (void)v, (void)n, (void)what;
   return NO_MPI(fn);
 }
 int lutra_dist_reduce_amax(lutra_group *g, lutra_scale_meta *const *metas, int n, int device,

@@ -28,6 +28,11 @@ int lutra_dist_reduce_scatter(lutra_group *g, const void *send, void *recv, int6
 /* The cheap agreement check: every rank passes the same n values (shapes, a recipe key); one
  * all-reduce(MAX) of (v, -v) finds a disagreement, then one all-gather names the ranks. */
 int lutra_dist_agree(lutra_group *g, const int64_t *v, int n, const char *what, const char *fn);
+/* lutra_dist_agree for the calls that repeat: only when v differs from what this slot's last
+ * agreement covered (a new shape), so a steady loop runs no check. */
+enum { LUTRA_AGREE_SLOTS = 3, LUTRA_AGREE_MAX = 8 };
+int lutra_dist_agree_once(lutra_group *g, int slot, const int64_t *v, int n, const char *what,
+                          const char *fn);
 /* The amaxes of metas (amax_history[0] of each) replaced by their max over the group: one
  * all-reduce(MAX) over one contiguous buffer (the group keeps it, grown when n grows). */
 int lutra_dist_reduce_amax(lutra_group *g, lutra_scale_meta *const *metas, int n, int device,

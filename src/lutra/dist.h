@@ -59,8 +59,9 @@ typedef struct lutra_group_stats {
 } lutra_group_stats;
 LUTRA_API int lutra_group_stats_get(const lutra_group *g, lutra_group_stats *out);
 
-/* Tensor collectives (every rank calls them with the same dtype and shape; checked once per
- * call site shape at the first call: a mismatch names the ranks that disagree).
+/* Tensor collectives (every rank calls them with the same dtype and shape: checked by a small
+ * extra all-reduce when a call's shape differs from the last of its kind, so a steady loop runs
+ * none; a mismatch names the ranks that disagree).
  *   all_reduce      t = op over ranks of t, in place (F32 or BF16; AVG divides the sum)
  *   all_gather      y [size * rows(x), cols] = the ranks' x stacked by rank (any dtype: FP8
  *                   tensors gather their codes, with the rowwise scale_inv of rank 0)
