@@ -57,6 +57,30 @@ describe("dist groups", function()
     end
   end)
 
+  it("all_gather of FP8 codes equals gathering in high precision then quantizing", function()
+    local r = lutra.recipe.delayed() -- every rank's scale is the initial 1: the codes agree
+    for _, dtype in ipairs({ "f32", "bf16" }) do
+      local ql = lutra.quantizer(r, "input", { columnwise = false })
+      local qf = lutra.quantizer(r, "input", { columnwise = false })
+      local qo = lutra.quantizer(r, "input", { columnwise = false })
+      local xq = ql:quantize(D.rank_data(16 * 16, rank, 14, dtype):reshape({ 16, 16 }))
+      local full = lutra.tensor({ 16 * size, 16 }, dtype)
+      local vals = {}
+      for k = 0, size - 1 do
+        for _, v in ipairs(D.rank_data(16 * 16, k, 14, dtype):to_table()) do vals[#vals + 1] = v end
+      end
+      full:set(vals)
+      local want = qf:quantize(full)
+      local poison = lutra.tensor({ 16 * size, 16 }, dtype)
+      poison:fill(0 / 0)
+      local got = qo:quantize(poison)
+      local before = w:stats().bytes
+      w:all_gather(xq, got)
+      assert.are.equal(16 * 16, w:stats().bytes - before) -- one byte per element sent
+      assert.are.equal(want:bytes(), got:bytes())
+    end
+  end)
+
   it("reduce_scatter gives this rank's row block of the sum", function()
     local x = D.rank_data(4 * size * 3, rank, 13):reshape({ 4 * size, 3 })
     local y = lutra.tensor({ 4, 3 }, "f32")

@@ -89,6 +89,8 @@ static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_mi
   }
   TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
+  if (c->gather_rows > 1)
+    TRY(c->gather_fp8(c->gather_ctx, c->xq, lutra_quantizer_meta(qi)->scale, &c->xq, fn));
   bool reuse = first_microbatch == 0 && c->weight_cached;
   if (!reuse) {
     TRY(lutra_quantize_run(
@@ -146,6 +148,8 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = c->out;
+  bool gathered = fp8 && c->gather_rows > 1;
+  if (gathered) shape[0] *= c->gather_rows;
   TRY(lutra_tensor_ensure(&c->y, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
   if (act != LUTRA_ACT_NONE)
     TRY(lutra_tensor_ensure(&c->pre, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
@@ -168,6 +172,7 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   lutra_tensor_hold(&c->x, x);
   c->forward_act = act;
   c->forward_fp8 = fp8;
+  c->forward_gathered = gathered;
   c->forward_grad = a->grad != 0;
   c->forward_done = true;
   c->backward_done = false;
@@ -219,9 +224,12 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   CHECK_ARG(!op->from_act_grad || lutra_linear_core_starts_from_act_grad(c, c->forward_act),
             "this backward cannot apply the activation's gradient in its grad_output cast");
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
-  if (dx)
-    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device),
-                            fn));
+  if (dx) {
+    int64_t xshape[LUTRA_MAX_DIMS];
+    memcpy(xshape, c->x->shape, sizeof xshape);
+    if (c->forward_gathered) xshape[0] *= c->gather_rows;
+    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device), fn));
+  }
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;

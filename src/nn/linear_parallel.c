@@ -30,7 +30,7 @@ static int lp_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwar
   RANGE_PUSH("lutra.linear_parallel.forward");
   const lutra_tensor *gx;
   lutra_tensor *partial;
-  int st = lutra_tp_forward_input(&l->tp, x, &gx, fn);
+  int st = lutra_tp_forward_input(&l->tp, x, &gx, &l->core.gather_rows, fn);
   if (st == LUTRA_OK) st = lutra_linear_core_forward(&l->core, gx, a, LUTRA_ACT_NONE, &partial, fn);
   if (st == LUTRA_OK) st = lutra_tp_forward_output(&l->tp, partial, y, fn);
   RANGE_POP();
@@ -112,6 +112,8 @@ int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_tp_desc *t
   }
   /* a row-parallel bias is whole on every rank: added once, by rank 0, before the reduction */
   l->core.skip_forward_bias = tp->mode == LUTRA_TP_ROW && l->tp.rank != 0;
+  l->core.gather_fp8 = lutra_tp_gather_fp8;
+  l->core.gather_ctx = &l->tp;
   lutra_module_init(&l->base, &linear_parallel_ops);
   *out = &l->base;
   return LUTRA_OK;

@@ -1,5 +1,6 @@
 /* Tensor-parallel collectives around the Linear core's GEMMs (see nn/tp.h). */
 #include "nn/tp.h"
+#include "backend/device.h"
 #include "core/error.h"
 #include "dist/group.h"
 #include "fp8/autocast.h"
@@ -34,10 +35,10 @@ int lutra_tp_init(lutra_tp *tp, const lutra_tp_desc *d, int64_t in, int64_t out,
 }
 
 void lutra_tp_release(lutra_tp *tp) {
-  lutra_tensor *owned[] = {tp->x_full, tp->y, tp->dy_full, tp->dx};
+  lutra_tensor *owned[] = {tp->x_full, tp->y, tp->dy_full, tp->dx, tp->xq_full, tp->deq};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
-  tp->x_full = tp->y = tp->dy_full = tp->dx = NULL;
+  tp->x_full = tp->y = tp->dy_full = tp->dx = tp->xq_full = tp->deq = NULL;
   lutra_group_free(tp->group);
   tp->group = NULL;
 }
@@ -71,10 +72,23 @@ static int ensure_rows(lutra_tensor **t, const lutra_tensor *like, int64_t num, 
   return lutra_tensor_ensure(t, PLAIN_TENSOR(dtype, nd, shape, like->device), fn);
 }
 
+static bool gathers_fp8(const lutra_tp *tp) {
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  return r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_DELAYED &&
+         (tp->size == 1 || (r->reduce_amax && s->group == tp->group));
+}
+
 int lutra_tp_forward_input(lutra_tp *tp, const lutra_tensor *x, const lutra_tensor **gemm_x,
-                           const char *fn) {
+                           int32_t *gather_rows, const char *fn) {
   TRY(agree(tp, x, fn));
+  *gather_rows = 1;
   if (!(tp->mode == LUTRA_TP_COLUMN && tp->sp)) {
+    *gemm_x = x;
+    return LUTRA_OK;
+  }
+  if (gathers_fp8(tp)) {
+    *gather_rows = tp->size;
     *gemm_x = x;
     return LUTRA_OK;
   }
@@ -135,5 +149,49 @@ int lutra_tp_backward_output(lutra_tp *tp, lutra_tensor *dx_partial, lutra_tenso
   TRY(lutra_dist_reduce_scatter(tp->group, dx_partial->data, tp->dx->data, tp->dx->numel,
                                 dx_partial->dtype, dx_partial->device, fn));
   *dx = tp->dx;
+  return LUTRA_OK;
+}
+
+int lutra_tp_gather_fp8(void *ctx, const lutra_tensor *xq, const float *scale, lutra_tensor **full,
+                        const char *fn) {
+  lutra_tp *tp = ctx;
+  CHECK_STATE(xq->scaling == LUTRA_SCALING_TENSOR && xq->data,
+              "the FP8 all-gather needs per-tensor scaled rowwise codes");
+  int64_t shape[LUTRA_MAX_DIMS];
+  memcpy(shape, xq->shape, sizeof shape);
+  shape[0] *= tp->size;
+  lutra_tensor_spec spec = {.dtype = xq->dtype,
+                            .scaling = LUTRA_SCALING_TENSOR,
+                            .ndim = xq->ndim,
+                            .device = xq->device,
+                            .shape = shape,
+                            .rowwise = true,
+                            .columnwise = true};
+  TRY(lutra_tensor_ensure(&tp->xq_full, &spec, fn));
+  TRY(lutra_tensor_ensure(&tp->deq, PLAIN_TENSOR(LUTRA_F32, xq->ndim, shape, xq->device), fn));
+  lutra_tensor *f = tp->xq_full;
+  TRY(lutra_dist_all_gather(tp->group, xq->data, f->data, (size_t)xq->numel, xq->device, fn));
+  const lutra_backend *be;
+  TRY(lutra_backend_get(xq->device, &be, fn));
+  /* every rank quantized with the same scale (its amaxes are reduced over this group) */
+  TRY(be->copy(f->scale_inv, xq->scale_inv, sizeof(float)));
+  int64_t rows = lutra_rows(f), cols = lutra_cols(f);
+  TRY(be->dequantize(&(lutra_dequant_args){.data = f->data,
+                                           .scale_inv = f->scale_inv,
+                                           .dtype = f->dtype,
+                                           .scaling = LUTRA_SCALING_TENSOR,
+                                           .rows = rows,
+                                           .cols = cols,
+                                           .out = tp->deq->data,
+                                           .out_dtype = LUTRA_F32}));
+  TRY(be->cast(&(lutra_quant_args){.x = tp->deq->data,
+                                   .x_dtype = LUTRA_F32,
+                                   .out_dtype = f->dtype,
+                                   .rows = rows,
+                                   .cols = cols,
+                                   .col_data = f->col_data,
+                                   .col_scale_inv = f->col_scale_inv,
+                                   .scale = scale}));
+  *full = f;
   return LUTRA_OK;
 }

@@ -29,6 +29,8 @@ typedef struct lutra_tp {
   lutra_tensor *y;       /* row + SP: this rank's rows of the reduced output */
   lutra_tensor *dy_full; /* row + SP: the gathered output gradient */
   lutra_tensor *dx;      /* column + SP: this rank's rows of the reduced input gradient */
+  lutra_tensor *xq_full; /* column + SP in FP8: the gathered codes (and their columnwise copy) */
+  lutra_tensor *deq;     /* ... the gathered codes dequantized, to cast the columnwise copy from */
 } lutra_tp;
 
 /* Checks desc against the full layer [out, in] and gives the shard's features. */
@@ -36,8 +38,17 @@ int lutra_tp_init(lutra_tp *tp, const lutra_tp_desc *d, int64_t in, int64_t out,
                   int device, int64_t *local_in, int64_t *local_out, const char *fn);
 void lutra_tp_release(lutra_tp *tp);
 
+/* *gather_rows: 1, or the group size when the module's core is to gather the input's FP8 codes
+ * itself (lutra_linear_core.gather_fp8 = lutra_tp_gather_fp8; *gemm_x is then x): column + SP
+ * under delayed scaling whose amaxes are reduced over this group (every rank then quantizes
+ * with the same scale). Other recipes gather in high precision, before their quantization. */
 int lutra_tp_forward_input(lutra_tp *tp, const lutra_tensor *x, const lutra_tensor **gemm_x,
-                           const char *fn);
+                           int32_t *gather_rows, const char *fn);
+/* TE's FP8 all-gather: every rank's codes of xq (per-tensor scale) stacked by rank; the
+ * columnwise copy the wgrad GEMM needs is cast locally from the gathered codes with the same
+ * scale (dequantize + cast reproduce each code exactly), so only one byte per element moves. */
+int lutra_tp_gather_fp8(void *tp, const lutra_tensor *xq, const float *scale, lutra_tensor **full,
+                        const char *fn);
 int lutra_tp_forward_output(lutra_tp *tp, lutra_tensor *y_partial, lutra_tensor **y,
                             const char *fn);
 int lutra_tp_backward_input(lutra_tp *tp, const lutra_tensor *dy, const lutra_tensor **gemm_dy,
