@@ -132,11 +132,17 @@ function M.grad_sync(group, module, opts)
   check(C.lutra_grad_sync_new(group, module, opts.bucket_bytes or 0, sync_box))
   return ffi.gc(sync_box[0], C.lutra_grad_sync_free)
 end
+-- sync:begin() before the backward starts each bucket's all-reduce as soon as its gradients
+-- are done (overlapped with the rest of the backward); sync:finish() before the optimizer step
+-- waits for them; sync:run() does both after the backward
+function Sync:begin() check(C.lutra_grad_sync_begin(self)) end
+function Sync:finish() check(C.lutra_grad_sync_finish(self)) end
 function Sync:run() check(C.lutra_grad_sync_run(self)) end
-local buckets_box, elems_box = ffi.new("int[1]"), ffi.new("int64_t[1]")
+local buckets_box, elems_box, early_box = ffi.new("int[1]"), ffi.new("int64_t[1]"), ffi.new("int[1]")
+-- buckets (collectives per step), elements, and how many buckets the last step started early
 function Sync:info()
-  check(C.lutra_grad_sync_info(self, buckets_box, elems_box))
-  return buckets_box[0], tonumber(elems_box[0])
+  check(C.lutra_grad_sync_info(self, buckets_box, elems_box, early_box))
+  return buckets_box[0], tonumber(elems_box[0]), early_box[0]
 end
 ffi.metatype("struct lutra_grad_sync", { __index = Sync })
 

@@ -78,4 +78,22 @@ describe("dist amax reduction", function()
       assert.are.equal(steps * 3 * depth * 4, after.bytes - before.bytes)
     end)
   end
+  it("ranks with another recipe are named at the first reduction, and the scope is left", function()
+    local g = w:split(0, rank)
+    local mine = rank == size - 1 and lutra.recipe.delayed({ amax_history_len = HIST, margin = 1 })
+                 or recipe
+    local net = make(1, 500)
+    local scope = lutra.autocast({ recipe = mine, group = g })
+    local ok, err = pcall(scope.run, scope, function() net:forward(data(rank, 90, ROWS * H)) end)
+    assert.is_false(ok)
+    assert.matches("lutra_autocast_exit: ranks disagree on the forward amax reduction's "
+                   .. "%(quantizers, device, recipe key%): rank 0 has %(2, 0, %d+%), rank "
+                   .. (size - 1) .. " has %(2, 0, %d+%)", err)
+    assert.are.equal(0, (lutra.autocast_state()))
+    -- the same model and recipe everywhere works on that group afterwards
+    local ok2 = pcall(scope.run, lutra.autocast({ recipe = recipe, group = g }), function()
+      make(1, 501):forward(data(rank, 91, ROWS * H))
+    end)
+    assert.is_true(ok2)
+  end)
 end)

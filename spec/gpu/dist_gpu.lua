@@ -126,6 +126,29 @@ describe("dist on " .. DEV .. " (one rank)", function()
     for i, p in ipairs(net:parameters()) do assert.are.same(want[i], p.grad:to_table()) end
   end)
 
+  test("data-parallel buckets armed before the backward (the comm stream on cuda) start inside "
+       .. "it and leave one rank's gradients as they are", function()
+    local g = group()
+    local net = lutra.nn.Sequential(lutra.nn.Linear(IN, OUT, { device = DEV, seed = 5 }),
+                                    lutra.nn.Linear(OUT, OUT, { device = DEV, seed = 6 }))
+    local x = lutra.tensor({ ROWS, IN }, "f32", DEV):randn(1)
+    local dy = lutra.tensor({ ROWS, OUT }, "f32", DEV):randn(2)
+    net:forward(x)
+    net:backward(dy)
+    local want = {}
+    for i, p in ipairs(net:parameters()) do want[i] = p.grad:to_table() end
+    local sync = lutra.dist.grad_sync(g, net, { bucket_bytes = (OUT * OUT + OUT) * 4 })
+    for _ = 1, 2 do
+      net:forward(x)
+      sync:begin()
+      net:backward(dy)
+      local buckets, _, early = sync:info()
+      assert.are.equal(buckets, early)
+      sync:finish()
+      for i, p in ipairs(net:parameters()) do assert.are.same(want[i], p.grad:to_table()) end
+    end
+  end)
+
   test("a tensor-parallel step captured in a CUDA graph (NCCL inside) replays to the eager "
        .. "results", function()
     if DEV ~= "cuda" then

@@ -219,6 +219,66 @@ int lutra_dist_reduce_scatter(lutra_group *g, const void *send, void *recv, int6
   return wait_request(g, &req, "MPI_Ireduce_scatter_block", fn);
 }
 
+int lutra_dist_bucket_start(lutra_group *g, const lutra_dist_piece *pieces, int count, void *buf,
+                            int64_t n, int dtype, int device, lutra_dist_pending *p,
+                            const char *fn) {
+  CHECK_ARG(n >= 0 && n <= INT32_MAX, "element count %lld out of range", (long long)n);
+  CHECK_STATE(!p->active, "the bucket's all-reduce is already running");
+  g->stats.all_reduce++;
+  g->stats.bytes += (uint64_t)n * lutra_dtype_size(dtype);
+  if (device == LUTRA_CUDA) {
+    TRY(nccl_of(g, fn));
+    TRY(nccl_status(g,
+                    lutra_nccl_bucket_start(g->nccl, pieces, count, buf, n, dtype, &p->done, fn)));
+    p->active = true;
+    return LUTRA_OK;
+  }
+  size_t es = lutra_dtype_size(dtype), off = 0;
+  if (count > 1)
+    for (int i = 0; i < count; i++) {
+      memcpy((char *)buf + off, pieces[i].data, (size_t)pieces[i].n * es);
+      off += (size_t)pieces[i].n * es;
+    }
+  MPI_Request req = MPI_REQUEST_NULL;
+  if (g->size > 1) {
+    MPI_Datatype t = MPI_DATATYPE_NULL;
+    TRY(mpi_type(dtype, &t, fn));
+    MPI_TRY(MPI_Iallreduce(MPI_IN_PLACE, buf, (int)n, t, mpi_op(dtype, LUTRA_REDUCE_SUM), g->comm,
+                           &req),
+            "MPI_Iallreduce");
+  }
+  _Static_assert(sizeof(MPI_Request) <= sizeof p->request, "MPI_Request does not fit");
+  memcpy(&p->request, &req, sizeof req);
+  p->active = true;
+  return LUTRA_OK;
+}
+
+int lutra_dist_bucket_finish(lutra_group *g, const lutra_dist_piece *pieces, int count, void *buf,
+                             int64_t n, int dtype, int device, lutra_dist_pending *p,
+                             const char *fn) {
+  if (!p->active) return LUTRA_OK;
+  p->active = false;
+  if (device == LUTRA_CUDA) return nccl_status(g, lutra_nccl_bucket_finish(g->nccl, p->done, fn));
+  MPI_Request req;
+  memcpy(&req, &p->request, sizeof req);
+  if (req != MPI_REQUEST_NULL) TRY(wait_request(g, &req, "the gradient bucket's all-reduce", fn));
+  float inv = 1.0f / (float)g->size;
+  for (int64_t i = 0; i < n && g->size > 1; i++)
+    lutra_elem_store(buf, dtype, i, lutra_elem_load(buf, dtype, i) * inv);
+  size_t es = lutra_dtype_size(dtype), off = 0;
+  if (count > 1)
+    for (int i = 0; i < count; i++) {
+      memcpy(pieces[i].data, (char *)buf + off, (size_t)pieces[i].n * es);
+      off += (size_t)pieces[i].n * es;
+    }
+  return LUTRA_OK;
+}
+
+void lutra_dist_pending_release(lutra_dist_pending *p) {
+  lutra_nccl_event_destroy(p->done);
+  p->done = NULL;
+}
+
 enum { AGREE_MAX = LUTRA_AGREE_MAX };
 
 static void format_values(char *buf, size_t cap, const int64_t *v, int n) {
@@ -275,8 +335,14 @@ int lutra_dist_agree_once(lutra_group *g, int slot, const int64_t *v, int n, con
 }
 
 int lutra_dist_reduce_amax(lutra_group *g, lutra_scale_meta *const *metas, int n, int device,
-                           const char *fn) {
+                           bool backward, uint64_t recipe_key, const char *fn) {
   if (n <= 0) return LUTRA_OK;
+  int64_t v[3] = {n, device, (int64_t)(recipe_key >> 1)};
+  TRY(lutra_dist_agree_once(g, backward ? 4 : 3, v, 3,
+                            backward
+                                ? "the backward amax reduction's (quantizers, device, recipe key)"
+                                : "the forward amax reduction's (quantizers, device, recipe key)",
+                            fn));
   if (device == LUTRA_CUDA) {
     g->stats.all_reduce++;
     g->stats.amax_reduce++;
@@ -514,9 +580,24 @@ int lutra_dist_agree_once(lutra_group *g, int slot, const int64_t *v, int n, con
   return NO_MPI(fn);
 }
 int lutra_dist_reduce_amax(lutra_group *g, lutra_scale_meta *const *metas, int n, int device,
-                           const char *fn) {
-  (void)g, (void)metas, (void)n, (void)device;
+                           bool backward, uint64_t recipe_key, const char *fn) {
+  (void)g, (void)metas, (void)n, (void)device, (void)backward, (void)recipe_key;
   return NO_MPI(fn);
+}
+int lutra_dist_bucket_start(lutra_group *g, const lutra_dist_piece *pieces, int count, void *buf,
+                            int64_t n, int dtype, int device, lutra_dist_pending *p,
+                            const char *fn) {
+  (void)g, (void)pieces, (void)count, (void)buf, (void)n, (void)dtype, (void)device, (void)p;
+  return NO_MPI(fn);
+}
+int lutra_dist_bucket_finish(lutra_group *g, const lutra_dist_piece *pieces, int count, void *buf,
+                             int64_t n, int dtype, int device, lutra_dist_pending *p,
+                             const char *fn) {
+  (void)g, (void)pieces, (void)count, (void)buf, (void)n, (void)dtype, (void)device, (void)p;
+  return NO_MPI(fn);
+}
+void lutra_dist_pending_release(lutra_dist_pending *p) {
+  (void)p;
 }
 int lutra_dist_available(void) {
   return 0;

@@ -26,6 +26,7 @@ struct lutra_nccl {
   bool aborted;
   float *amax; /* contiguous device buffer of the amax all-reduce */
   int amax_cap;
+  cudaStream_t comm_stream; /* data-parallel buckets, overlapped with lutra's stream */
 };
 
 static double now_s(void) {
@@ -128,6 +129,7 @@ void lutra_nccl_destroy(lutra_nccl *n) {
       abort_comm(n);
   }
   if (n->amax) cudaFree(n->amax);
+  if (n->comm_stream) cudaStreamDestroy(n->comm_stream);
   free(n);
 }
 
@@ -188,6 +190,57 @@ int lutra_nccl_reduce_amax(lutra_nccl *n, lutra_scale_meta *const *metas, int co
   ncclResult_t r = ncclAllReduce(n->amax, n->amax, (size_t)count, ncclFloat32, ncclMax, n->comm, s);
   TRY(settle(n, r, fn, "ncclAllReduce of the amaxes"));
   return lutra_cuda_status(lk_amax_scatter(metas, count, n->amax, s), fn, "kernel amax_scatter");
+}
+
+/* Forks the comm stream off lutra's stream at this point, packs the pieces, all-reduces (AVG)
+ * and unpacks there, and records *done for the join. */
+int lutra_nccl_bucket_start(lutra_nccl *n, const lutra_dist_piece *pieces, int count, void *buf,
+                            int64_t elems, int dtype, void **done, const char *fn) {
+  ncclDataType_t t = ncclFloat32;
+  TRY(nccl_type(dtype, &t, fn));
+  if (!n->comm_stream) {
+    CHECK_STATE(!lutra_graph_capturing(), "the first overlapped gradient all-reduce cannot be "
+                                          "captured: run a step before capturing");
+    TRY(lutra_cuda_status(cudaStreamCreateWithFlags(&n->comm_stream, cudaStreamNonBlocking), fn,
+                          "cudaStreamCreateWithFlags"));
+  }
+  if (!*done) {
+    CHECK_STATE(!lutra_graph_capturing(), "a gradient bucket's first all-reduce cannot be "
+                                          "captured: run a step before capturing");
+    TRY(lutra_cuda_status(cudaEventCreateWithFlags((cudaEvent_t *)done, cudaEventDisableTiming), fn,
+                          "cudaEventCreateWithFlags"));
+  }
+  cudaEvent_t ev = *done;
+  cudaStream_t s = lutra_cuda_stream(), c = n->comm_stream;
+  TRY(lutra_cuda_status(cudaEventRecord(ev, s), fn, "cudaEventRecord"));
+  TRY(lutra_cuda_status(cudaStreamWaitEvent(c, ev, 0), fn, "cudaStreamWaitEvent"));
+  size_t es = dtype == LUTRA_F32 ? 4 : 2, off = 0;
+  for (int i = 0; count > 1 && i < count; i++) {
+    TRY(lutra_cuda_status(cudaMemcpyAsync((char *)buf + off, pieces[i].data,
+                                          (size_t)pieces[i].n * es, cudaMemcpyDeviceToDevice, c),
+                          fn, "cudaMemcpyAsync"));
+    off += (size_t)pieces[i].n * es;
+  }
+  ncclResult_t r = ncclAllReduce(buf, buf, (size_t)elems, t, ncclAvg, n->comm, c);
+  TRY(settle(n, r, fn, "ncclAllReduce of a gradient bucket"));
+  off = 0;
+  for (int i = 0; count > 1 && i < count; i++) {
+    TRY(lutra_cuda_status(cudaMemcpyAsync(pieces[i].data, (char *)buf + off,
+                                          (size_t)pieces[i].n * es, cudaMemcpyDeviceToDevice, c),
+                          fn, "cudaMemcpyAsync"));
+    off += (size_t)pieces[i].n * es;
+  }
+  return lutra_cuda_status(cudaEventRecord(ev, c), fn, "cudaEventRecord");
+}
+
+int lutra_nccl_bucket_finish(lutra_nccl *n, void *done, const char *fn) {
+  (void)n;
+  return lutra_cuda_status(cudaStreamWaitEvent(lutra_cuda_stream(), (cudaEvent_t)done, 0), fn,
+                           "cudaStreamWaitEvent");
+}
+
+void lutra_nccl_event_destroy(void *event) {
+  if (event) cudaEventDestroy((cudaEvent_t)event);
 }
 
 int lutra_nccl_wait(lutra_nccl *n, const char *fn) {
@@ -256,5 +309,17 @@ int lutra_nccl_reduce_amax(lutra_nccl *n, lutra_scale_meta *const *metas, int co
 int lutra_nccl_wait(lutra_nccl *n, const char *fn) {
   (void)n;
   return no_nccl(fn);
+}
+int lutra_nccl_bucket_start(lutra_nccl *n, const lutra_dist_piece *pieces, int count, void *buf,
+                            int64_t elems, int dtype, void **done, const char *fn) {
+  (void)n, (void)pieces, (void)count, (void)buf, (void)elems, (void)dtype, (void)done;
+  return no_nccl(fn);
+}
+int lutra_nccl_bucket_finish(lutra_nccl *n, void *done, const char *fn) {
+  (void)n, (void)done;
+  return no_nccl(fn);
+}
+void lutra_nccl_event_destroy(void *event) {
+  (void)event;
 }
 #endif

@@ -25,6 +25,11 @@ int lutra_nccl_reduce_scatter(lutra_nccl *n, const void *send, void *recv, int64
  * communicator's contiguous device buffer, one ncclAllReduce(max), scattered back. */
 int lutra_nccl_reduce_amax(lutra_nccl *n, lutra_scale_meta *const *metas, int count,
                            const char *fn);
+/* the CUDA side of lutra_dist_bucket_start / _finish (dist/group.h) */
+int lutra_nccl_bucket_start(lutra_nccl *n, const lutra_dist_piece *pieces, int count, void *buf,
+                            int64_t elems, int dtype, void **done, const char *fn);
+int lutra_nccl_bucket_finish(lutra_nccl *n, void *done, const char *fn);
+void lutra_nccl_event_destroy(void *event);
 /* Waits for lutra's stream, polling the communicator's async error, at most the timeout. */
 int lutra_nccl_wait(lutra_nccl *n, const char *fn);
 

@@ -45,6 +45,7 @@ typedef struct thread_state {
   uint64_t next_epoch;
   bool trigger_claimed;
   lutra_group *bwd_group; /* held from the trigger's claim until the backward update ran */
+  uint64_t bwd_recipe_key;
   uint64_t updates;
   int last_count;
 } thread_state;
@@ -114,13 +115,14 @@ int lutra_autocast_discard_backward(const char *fn) {
 
 /* One backend call over the whole list (after one amax all-reduce across group, when given),
  * then a fresh epoch so each meta can join again. */
-static int flush(meta_list *l, lutra_group *group, const char *fn) {
+static int flush(meta_list *l, lutra_group *group, bool backward, uint64_t recipe_key,
+                 const char *fn) {
   if (!l->count) return LUTRA_OK;
   const lutra_backend *be;
   TRY(lutra_backend_get(l->device, &be, fn));
   if (group) {
     TRY(lutra_group_check(group, fn));
-    TRY(lutra_dist_reduce_amax(group, l->items, l->count, l->device, fn));
+    TRY(lutra_dist_reduce_amax(group, l->items, l->count, l->device, backward, recipe_key, fn));
   }
   RANGE_PUSH("lutra.scale_update");
   int st = be->delayed_update(l->items, l->count);
@@ -142,11 +144,12 @@ bool lutra_autocast_claim_backward_trigger(void) {
     lutra_group_free(tls.bwd_group);
     tls.bwd_group = g;
   }
+  tls.bwd_recipe_key = tls.st.recipe ? tls.st.recipe->key : 0;
   return true;
 }
 
 int lutra_autocast_backward_done(const char *fn) {
-  return flush(&tls.bwd, tls.bwd_group, fn);
+  return flush(&tls.bwd, tls.bwd_group, true, tls.bwd_recipe_key, fn);
 }
 
 static void forget_in(meta_list *l, lutra_scale_meta *m) {
@@ -255,7 +258,8 @@ int lutra_autocast_exit(lutra_autocast *a) {
   CHECK_STATE(a->owner == &tls, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
   if (tls.st.depth == 1) {
-    TRY(flush(&tls.fwd, a->recipe && a->recipe->reduce_amax ? a->group : NULL, fn));
+    TRY(flush(&tls.fwd, a->recipe && a->recipe->reduce_amax ? a->group : NULL, false,
+              a->recipe ? a->recipe->key : 0, fn));
     tls.trigger_claimed = false;
   }
   leave(a);

@@ -98,15 +98,25 @@ LUTRA_API int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_
 
 /* ---- data parallel: gradients averaged over a group ----------------------------------------
  * Collects m's parameter gradients once (main_grad where the module accumulates into one, else
- * grad); lutra_grad_sync_run all-reduces them (AVG) in buckets of about bucket_bytes (<= 0:
- * 25 MiB) of one dtype, contiguous copies of the gradients packed in order, one collective per
- * bucket. Call it after the backward, before the optimizer step. */
+ * grad) into buckets of about bucket_bytes (<= 0: 25 MiB) of one dtype, in the order a backward
+ * finishes them (the parameters' order reversed), each all-reduced (AVG) by one collective.
+ *   begin   arms the sync for this thread's next backward: each bucket's all-reduce starts as
+ *           soon as the Linear cores have finished all of its gradients (their wgrad done), while
+ *           the rest of the backward runs (on CUDA on the group's comm stream, ordered by events)
+ *   finish  starts what has not started (gradients of modules that do not report), waits for
+ *           every bucket (CUDA: lutra's stream waits for the comm stream, the host does not) and
+ *           disarms; call it before the optimizer step
+ *   run     begin (when not armed) + finish: everything after the backward
+ * With gradient accumulation, arm only the last micro-batch's backward. */
 typedef struct lutra_grad_sync lutra_grad_sync;
 LUTRA_API int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,
                                   lutra_grad_sync **out);
+LUTRA_API int lutra_grad_sync_begin(lutra_grad_sync *s);
+LUTRA_API int lutra_grad_sync_finish(lutra_grad_sync *s);
 LUTRA_API int lutra_grad_sync_run(lutra_grad_sync *s);
-/* buckets: how many collectives one run issues */
-LUTRA_API int lutra_grad_sync_info(const lutra_grad_sync *s, int *buckets, int64_t *elements);
+/* buckets: collectives per step; early: of those, how many the last step started before finish */
+LUTRA_API int lutra_grad_sync_info(const lutra_grad_sync *s, int *buckets, int64_t *elements,
+                                   int *early);
 LUTRA_API int lutra_grad_sync_free(lutra_grad_sync *s);
 
 #ifdef __cplusplus

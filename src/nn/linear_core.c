@@ -5,6 +5,7 @@
 #include "nn/linear_core.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "dist/group.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
@@ -273,6 +274,9 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
+  /* final for this backward: an armed data-parallel sync can start their bucket now */
+  lutra_dist_grad_ready(wgrad_out);
+  if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
   if (dx) *dx = c->dx;
   return LUTRA_OK;
