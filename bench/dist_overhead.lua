@@ -31,7 +31,7 @@ local function time_us(calls, fn)
     for _ = 1, calls do fn() end
     ts[b] = (lutra.now() - t0) / calls * 1e6
   end
-  if device == "cuda" then lutra.device_synchronize("cuda") end
+  if device == "cuda" then lutra.synchronize("cuda") end
   return median(ts)
 end
 
