@@ -40,17 +40,34 @@ ifeq ($(CUDA),1)
   LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include
   LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
+# MPI (process groups, src/dist/): on when mpicc is found (MPI=0 or MPI=1 overrides); its flags
+# come from the wrapper (Open MPI's -showme, MPICH's -compile_info/-link_info). With CUDA too,
+# NCCL (which comes with the CUDA toolkit) carries the CUDA collectives.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(origin MPI),undefined)
+  MPI := $(if $(MPICC),1,0)
+endif
+ifeq ($(MPI),1)
+  MPI_CFLAGS ?= $(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile_info 2>/dev/null | cut -d' ' -f2- | tr ' ' '\n' | grep '^-I' | tr '\n' ' ')
+  MPI_LIBS   ?= $(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)
+  LUTRA_CFLAGS += -DLUTRA_WITH_MPI $(MPI_CFLAGS)
+  LIBS        += $(MPI_LIBS)
+  BLAS_LIBS   += $(MPI_LIBS)
+  ifeq ($(CUDA),1)
+    LIBS += -lnccl
+  endif
+endif
 # objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
-BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)
+BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)$(if $(filter 0,$(MPI)),-nompi)
 OBJ  = $(SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o)
 # build/config changes when the configuration does, so switching CUDA=0/1 relinks the library
-$(shell mkdir -p build && (echo 'CUDA=$(CUDA)' | cmp -s - build/config || echo 'CUDA=$(CUDA)' > build/config))
+$(shell mkdir -p build && (echo 'CUDA=$(CUDA) MPI=$(MPI)' | cmp -s - build/config || echo 'CUDA=$(CUDA) MPI=$(MPI)' > build/config))
 LIB  = liblutra.so
 CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench bench-dist install clean format sim-mx threads-check check-codecs check-activations
 
 all: $(LIB) $(CDEF)
 
@@ -146,6 +163,12 @@ check-codecs: build/check_codecs
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)
+
+# process groups: host time of the parallel Linear beside Linear + collective, collectives per
+# step of a 16-layer TP MLP, SP all-gather bytes (bench/dist_overhead.lua; 2 MPI ranks on the cpu)
+bench-dist: all
+	$(RUN_ENV) OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 -x LUA_PATH \
+	  $(LUAJIT) bench/dist_overhead.lua $(ARGS)
 
 install: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(LUADIR)/lutra

@@ -37,6 +37,12 @@ cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
 
+/* process groups (kernels/dist.cu): amax_history[0] of n metas copied into the contiguous
+ * buf[n] (gather) or back from it (scatter), one launch per 256 metas */
+cudaError_t lk_amax_gather(lutra_scale_meta *const *metas, int n, float *buf, cudaStream_t s);
+cudaError_t lk_amax_scatter(lutra_scale_meta *const *metas, int n, const float *buf,
+                            cudaStream_t s);
+
 /* activations and the bias gradient (kernels/activation.cu). A kind the kernels do not
  * implement is cudaErrorInvalidValue: the backend refuses it first, with its name. The bias
  * gradient's kernels read a->skip (when set) on the device and write nothing when it is set. */

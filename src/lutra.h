@@ -23,6 +23,7 @@
 #include "lutra/base.h"
 #include "lutra/fused.h"
 #include "lutra/checkpoint.h"
+#include "lutra/dist.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
 #include "lutra/inspect.h"

@@ -8,7 +8,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 
-packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev"
+packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev libopenmpi-dev openmpi-bin"
 # lua-argparse: the examples' command lines; python3 + pip: the checkpoint interop spec's side
 packages="$packages lua-argparse python3 python3-pip"
 missing=""

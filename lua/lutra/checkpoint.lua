@@ -36,7 +36,9 @@ local function objects_of(objects, where, for_load)
   core.check_options(objects, object_keys, where)
   local o = ffi.new("lutra_checkpoint_objects")
   C.lutra_checkpoint_defaults(o)
-  chk.optional_object(objects.model, chk.module_t, "a module", "model", where, 4)
+  if objects.model ~= nil and not chk.is_module(objects.model) then
+    error(string.format("%s: model must be a module or nil (got %s)", where, chk.got(objects.model)), 3)
+  end
   chk.optional_object(objects.optim, optim_t, "an optimizer", "optim", where, 4)
   chk.optional_object(objects.recipe, chk.recipe_t, "a recipe", "recipe", where, 4)
   if objects.recipe ~= nil and not for_load then

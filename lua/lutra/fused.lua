@@ -85,7 +85,7 @@ end
 
 -- nn.Residual(m): y = x + m(x), backward dx = dy + m's input gradient; m's parameters
 function M.Residual(m)
-  if not ffi.istype(chk.module_t, m) then
+  if not chk.is_module(m) then
     error(string.format("lutra.nn.Residual: argument must be a module (got %s)", chk.got(m)), 2)
   end
   check(C.lutra_residual_new(m, module_box))

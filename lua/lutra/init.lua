@@ -21,6 +21,7 @@ local M = {
   nn = require("lutra.nn"),
   optim = require("lutra.optim"),
   graph = require("lutra.graph"),
+  dist = require("lutra.dist"),
   default_device = core.default_device_name,
   now = core.now, -- monotonic wall clock in seconds
 }

@@ -27,7 +27,8 @@ local function own(m) return ffi.gc(m, C.lutra_module_free) end
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
-                                    accumulate_main_grad = true }, where)
+                                    accumulate_main_grad = true, parallel_mode = true,
+                                    tp_group = true, sequence_parallel = true }, where)
   -- 2^53: exact in a Lua number; the C side refuses sizes it cannot allocate
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
@@ -41,6 +42,11 @@ function M.Linear(in_features, out_features, opts)
   -- without a seed, lutra_linear_defaults drew one from the global generator
   if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+  -- tensor parallel (lua/lutra/dist.lua): in_features/out_features are the full layer's
+  if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
+    check(C.lutra_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where), module_box))
+    return own(module_box[0])
+  end
   check(C.lutra_linear_new(d, module_box))
   return own(module_box[0])
 end

@@ -5,6 +5,7 @@
 #include "nn/linear_core.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "dist/group.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
@@ -115,6 +116,8 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
   else
     TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
+  if (c->gather_rows > 1)
+    TRY(c->gather_fp8(c->gather_ctx, c->xq, lutra_quantizer_meta(qi)->scale, &c->xq, fn));
   bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || c->wq->col_data);
   if (!reuse) {
     TRY(lutra_quantize_run(
@@ -128,7 +131,7 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
   return lutra_gemm_run(&(lutra_gemm_op){.a = c->wq,
                                          .b = c->xq,
                                          .d = c->y,
-                                         .bias = c->bias,
+                                         .bias = c->skip_forward_bias ? NULL : c->bias,
                                          .epilogue = epi,
                                          .transa = true,
                                          .fast_accum = true},
@@ -186,6 +189,8 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = c->out;
+  bool gathered = fp8 && c->gather_rows > 1;
+  if (gathered) shape[0] *= c->gather_rows;
   TRY(lutra_tensor_cache_get(&c->y_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), &c->y,
                              fn));
   /* the pre-activation is kept for the backward only */
@@ -222,13 +227,19 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
     if (calibrate) TRY(observe(c, x, fn));
     TRY(lutra_gemm_run(
         &(lutra_gemm_op){
-            .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
+            .a = c->weight,
+            .b = x,
+            .d = c->y,
+            .bias = c->skip_forward_bias ? NULL : c->bias,
+            .epilogue = epi,
+            .transa = true},
         fn));
   }
   /* an inference forward is never backpropagated: it lets go of the last input too */
   lutra_tensor_hold(&c->x, grad ? x : NULL);
   c->forward_act = act;
   c->forward_fp8 = fp8;
+  c->forward_gathered = gathered;
   c->forward_grad = grad;
   c->forward_done = true;
   c->backward_done = false;
@@ -330,9 +341,13 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
   }
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
-  if (dx)
+  if (dx) {
+    int64_t xshape[LUTRA_MAX_DIMS];
+    memcpy(xshape, c->x->shape, sizeof xshape);
+    if (c->forward_gathered) xshape[0] *= c->gather_rows;
     TRY(lutra_tensor_cache_get(
-        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), &c->dx, fn));
+        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device), &c->dx, fn));
+  }
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
@@ -376,6 +391,9 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
+  /* final for this backward: an armed data-parallel sync can start their bucket now */
+  lutra_dist_grad_ready(wgrad_out);
+  if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
   if (dx) *dx = c->dx;
   return LUTRA_OK;

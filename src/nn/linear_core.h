@@ -41,6 +41,19 @@ typedef struct lutra_linear_core {
   /* set by a producer that wrote the next forward's FP8 input itself (LayerNormLinear's norm,
    * through lutra_linear_core_input_quantizer's quantizer): that forward uses it as it is */
   lutra_tensor *given_xq;
+  /* the forward GEMM adds no bias (a row-parallel shard off rank 0: the bias goes in once, before
+   * the output's reduction); its gradient is computed as always */
+  bool skip_forward_bias;
+  /* sequence parallelism in FP8 (nn/tp.h): when gather_rows > 1 for an FP8 forward, the input is
+   * this rank's rows and gather_fp8 replaces its quantized codes by every rank's, gathered (TE's
+   * FP8 all-gather: one byte per element on the wire); the output, and the dgrad before its
+   * reduce-scatter, have gather_rows times the input's leading dim. Set per forward by the
+   * caller; scale is the input quantizer's (the gathered codes' columnwise copy needs it). */
+  int (*gather_fp8)(void *ctx, const lutra_tensor *xq, const float *scale, lutra_tensor **full,
+                    const char *fn);
+  void *gather_ctx;
+  int32_t gather_rows;
+  bool forward_gathered; /* the last forward gathered its input's codes */
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
