@@ -5,6 +5,7 @@
 #include "cpu.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- top-k router -------------------------------------------------------------------------- */
@@ -186,21 +187,46 @@ int lutra_cpu_moe_permute(const lutra_permute_args *a) {
   return LUTRA_OK;
 }
 
-/* out[t] = sum_i w_i x[row_map[t k + i]], w_i = probs[t k + i] or 1 */
-static int combine(const lutra_permute_args *a, bool weighted) {
+/* out[t] = sum_i w_i x[row_map[t k + i]], w_i = probs[t k + i] or 1: row by row into an f32
+ * accumulator row (a grow-once per-thread buffer), each element's adds in the order i = 0..k-1 */
+static _Thread_local struct {
+  float *ptr;
+  int64_t n;
+} acc_row;
+
+static int combine(const lutra_permute_args *a, bool weighted, const char *fn) {
   const int k = a->k;
   const int64_t hidden = a->hidden;
+  if (hidden > acc_row.n) {
+    float *p = realloc(acc_row.ptr, (size_t)hidden * sizeof(float));
+    if (!p)
+      return lutra_error(LUTRA_ENOMEM, fn, "no memory for an accumulator row (%lld floats)",
+                         (long long)hidden);
+    acc_row.ptr = p;
+    acc_row.n = hidden;
+  }
+  float *acc = acc_row.ptr;
   for (int64_t t = 0; t < a->tokens; t++) {
-    for (int64_t h = 0; h < hidden; h++) {
-      float acc = 0.0f;
-      for (int i = 0; i < k; i++) {
-        const int32_t r = a->row_map[t * k + i];
-        if (r < 0) continue;
-        const float v = lutra_elem_load(a->x, a->dtype, (int64_t)r * hidden + h);
-        acc = acc + (weighted ? lutra_elem_load(a->probs, a->probs_dtype, t * k + i) * v : v);
+    for (int64_t h = 0; h < hidden; h++)
+      acc[h] = 0.0f;
+    for (int i = 0; i < k; i++) {
+      const int32_t r = a->row_map[t * k + i];
+      if (r < 0) continue;
+      const float w = weighted ? lutra_elem_load(a->probs, a->probs_dtype, t * k + i) : 1.0f;
+      const int64_t base = (int64_t)r * hidden;
+      if (a->dtype == LUTRA_F32) {
+        const float *x = (const float *)a->x + base;
+        for (int64_t h = 0; h < hidden; h++)
+          acc[h] = acc[h] + (weighted ? w * x[h] : x[h]);
+      } else {
+        for (int64_t h = 0; h < hidden; h++) {
+          const float v = lutra_elem_load(a->x, a->dtype, base + h);
+          acc[h] = acc[h] + (weighted ? w * v : v);
+        }
       }
-      lutra_elem_store(a->out, a->dtype, t * hidden + h, acc);
     }
+    for (int64_t h = 0; h < hidden; h++)
+      lutra_elem_store(a->out, a->dtype, t * hidden + h, acc[h]);
   }
   return LUTRA_OK;
 }
@@ -209,7 +235,7 @@ int lutra_cpu_moe_permute_backward(const lutra_permute_args *a) {
   static const char fn[] = "lutra_cpu_moe_permute_backward";
   TRY(check_permute(a, fn));
   CHECK_ARG(a->x && a->out, "x and out must not be NULL");
-  return combine(a, false);
+  return combine(a, false, fn);
 }
 
 int lutra_cpu_moe_unpermute(const lutra_permute_args *a) {
@@ -217,7 +243,7 @@ int lutra_cpu_moe_unpermute(const lutra_permute_args *a) {
   TRY(check_permute(a, fn));
   CHECK_ARG(a->x && a->out && a->probs, "x, out and probs must not be NULL");
   CHECK_FLOAT_DTYPE(a->probs_dtype, "probs");
-  return combine(a, true);
+  return combine(a, true, fn);
 }
 
 int lutra_cpu_moe_unpermute_backward(const lutra_permute_args *a) {
