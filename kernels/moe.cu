@@ -21,14 +21,38 @@
 
 #include <limits.h>
 
+/* tools/sim_moe.cpp runs these kernels on the host, one thread per CUDA thread: it defines its
+ * own launch, dynamic shared memory and grid cap (small, so that the grid-stride loops loop) */
+#ifndef LKM_LAUNCH
+#define LKM_LAUNCH(kernel, grid, block, smem, stream, ...)                                         \
+  kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#endif
+#ifndef LKM_MAX_GRID
+#define LKM_MAX_GRID 65535
+#endif
+
 using namespace lkops;
 
 namespace {
+
+#ifndef LKM_SIM
+/* the block's dynamic shared memory: experts ints */
+__device__ __forceinline__ int32_t *dyn_ints() {
+  extern __shared__ int32_t lkm_dyn_smem[];
+  return lkm_dyn_smem;
+}
+#else
+int32_t *dyn_ints() {
+  return reinterpret_cast<int32_t *>(dyn_smem());
+}
+#endif
 
 constexpr int kMaxK = LUTRA_MOE_MAX_K;
 constexpr int kChunk = LUTRA_MOE_CHUNK;
 constexpr int kThreads = 256;
 constexpr int kScanThreads = 1024;
+/* the router's threads per block: few, so that a few thousand tokens still fill the SMs */
+constexpr int kRouterThreads = 64;
 
 __device__ __forceinline__ float topk_key(float v) {
   return isnan(v) ? -INFINITY : v;
@@ -57,10 +81,10 @@ __device__ double topk_denominator(const void *logits, int64_t base, int64_t exp
 }
 
 template <int DT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kRouterThreads)
     topk_forward_kernel(const void *logits, int64_t tokens, int64_t experts, int k, int renormalize,
                         double scale, float *probs, int32_t *indices) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouterThreads + threadIdx.x;
   if (t >= tokens) return;
   const int64_t base = t * experts;
   float bv[kMaxK];
@@ -97,11 +121,11 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int DT>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kRouterThreads)
     topk_backward_kernel(const void *logits, const int32_t *indices, const float *dprobs,
                          int64_t tokens, int64_t experts, int k, int renormalize, double s,
                          void *dlogits) {
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouterThreads + threadIdx.x;
   if (t >= tokens) return;
   const int64_t base = t * experts;
   float key[kMaxK];
@@ -147,7 +171,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(32)
     count_kernel(const int32_t *indices, int64_t slots, int experts, int32_t *counts,
                  int32_t *bad_index) {
-  extern __shared__ int32_t cnt[];
+  int32_t *cnt = dyn_ints();
   const int lane = threadIdx.x;
   for (int e = lane; e < experts; e += 32)
     cnt[e] = 0;
@@ -171,7 +195,7 @@ __global__ void __launch_bounds__(32)
 
 __global__ void __launch_bounds__(kScanThreads)
     scan_kernel(int32_t *counts, int64_t chunks, int experts, int32_t *m_splits) {
-  extern __shared__ int32_t total[]; /* [experts] */
+  int32_t *total = dyn_ints(); /* [experts] */
   __shared__ int32_t part[kScanThreads];
   const int tid = threadIdx.x;
   /* per expert: the counts of earlier chunks (exclusive), and the total */
@@ -218,7 +242,7 @@ __global__ void __launch_bounds__(kScanThreads)
 __global__ void __launch_bounds__(32)
     rank_kernel(const int32_t *indices, int64_t slots, int experts, const int32_t *first,
                 int32_t *row_map) {
-  extern __shared__ int32_t next[];
+  int32_t *next = dyn_ints();
   const int lane = threadIdx.x;
   const int32_t *mine = first + static_cast<int64_t>(blockIdx.x) * experts;
   for (int e = lane; e < experts; e += 32)
@@ -320,7 +344,8 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 unsigned grid_for(int64_t items, int64_t per_block) {
-  return static_cast<unsigned>(imax<int64_t>(1, imin<int64_t>(cdiv(items, per_block), 65535)));
+  return static_cast<unsigned>(
+      imax<int64_t>(1, imin<int64_t>(cdiv(items, per_block), LKM_MAX_GRID)));
 }
 
 /* the vector width of a row-wise kernel: 16-byte groups when every row starts aligned */
@@ -333,67 +358,70 @@ bool rows_vectorizable(int64_t hidden, const void *a, const void *b, const void 
 
 extern "C" cudaError_t lk_moe_topk_forward(const lutra_topk_args *a, cudaStream_t s) {
   if (a->k < 1 || a->k > kMaxK) return cudaErrorInvalidValue;
-  const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->tokens, kThreads));
+  const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->tokens, kRouterThreads));
   return with_dtype(a->dtype, [&](auto dt) {
-    topk_forward_kernel<decltype(dt)::value>
-        <<<grid, kThreads, 0, s>>>(a->logits, a->tokens, a->experts, a->k, a->renormalize,
-                                   a->scaling_factor, a->probs, a->indices);
+    auto kernel = topk_forward_kernel<decltype(dt)::value>;
+    LKM_LAUNCH(kernel, grid, kRouterThreads, 0, s, a->logits, a->tokens, a->experts, a->k,
+               a->renormalize, static_cast<double>(a->scaling_factor), a->probs, a->indices);
     return cudaGetLastError();
   });
 }
 
 extern "C" cudaError_t lk_moe_topk_backward(const lutra_topk_args *a, cudaStream_t s) {
   if (a->k < 1 || a->k > kMaxK) return cudaErrorInvalidValue;
-  const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->tokens, kThreads));
+  const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->tokens, kRouterThreads));
   return with_dtype(a->dtype, [&](auto dt) {
-    topk_backward_kernel<decltype(dt)::value>
-        <<<grid, kThreads, 0, s>>>(a->logits, a->indices, a->dprobs, a->tokens, a->experts, a->k,
-                                   a->renormalize, a->scaling_factor, a->dlogits);
+    auto kernel = topk_backward_kernel<decltype(dt)::value>;
+    LKM_LAUNCH(kernel, grid, kRouterThreads, 0, s, a->logits, a->indices, a->dprobs, a->tokens,
+               a->experts, a->k, a->renormalize, static_cast<double>(a->scaling_factor),
+               a->dlogits);
     return cudaGetLastError();
   });
 }
 
+template <class V>
+static void scatter_rows(const lutra_permute_args *a, unsigned grid, cudaStream_t s) {
+  const int64_t words =
+      a->hidden * (a->dtype == LUTRA_F32 ? 4 : 2) / static_cast<int64_t>(sizeof(V));
+  auto kernel = scatter_rows_kernel<V>;
+  LKM_LAUNCH(kernel, grid, kThreads, 0, s, static_cast<const V *>(a->x), static_cast<V *>(a->out),
+             static_cast<const int32_t *>(a->row_map), a->tokens * a->k, static_cast<int>(a->k),
+             words);
+}
+
 extern "C" cudaError_t lk_moe_permute(const lutra_permute_args *a, cudaStream_t s) {
   const int64_t slots = a->tokens * a->k;
-  const int64_t chunks = cdiv<int64_t>(slots, kChunk);
+  const unsigned chunks = static_cast<unsigned>(cdiv<int64_t>(slots, kChunk));
   const size_t smem = static_cast<size_t>(a->experts) * sizeof(int32_t);
-  count_kernel<<<static_cast<unsigned>(chunks), 32, smem, s>>>(a->indices, slots, a->experts,
-                                                               a->scratch, a->bad_index);
-  scan_kernel<<<1, kScanThreads, smem, s>>>(a->scratch, chunks, a->experts, a->m_splits);
-  rank_kernel<<<static_cast<unsigned>(chunks), 32, smem, s>>>(a->indices, slots, a->experts,
-                                                              a->scratch, a->row_map);
+  const int experts = a->experts;
+  const int32_t *indices = a->indices;
+  LKM_LAUNCH(count_kernel, chunks, 32, smem, s, indices, slots, experts, a->scratch, a->bad_index);
+  LKM_LAUNCH(scan_kernel, 1, kScanThreads, smem, s, a->scratch, static_cast<int64_t>(chunks),
+             experts, a->m_splits);
+  LKM_LAUNCH(rank_kernel, chunks, 32, smem, s, indices, slots, experts,
+             static_cast<const int32_t *>(a->scratch), a->row_map);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !a->x) return e;
   const int64_t bytes = a->hidden * (a->dtype == LUTRA_F32 ? 4 : 2);
   const unsigned grid = grid_for(slots, 1);
   if (bytes % 16 == 0 && aligned(a->x, 16) && aligned(a->out, 16))
-    scatter_rows_kernel<uint4><<<grid, kThreads, 0, s>>>(static_cast<const uint4 *>(a->x),
-                                                         static_cast<uint4 *>(a->out), a->row_map,
-                                                         slots, a->k, bytes / 16);
+    scatter_rows<uint4>(a, grid, s);
   else if (bytes % 4 == 0)
-    scatter_rows_kernel<uint32_t><<<grid, kThreads, 0, s>>>(static_cast<const uint32_t *>(a->x),
-                                                            static_cast<uint32_t *>(a->out),
-                                                            a->row_map, slots, a->k, bytes / 4);
+    scatter_rows<uint32_t>(a, grid, s);
   else
-    scatter_rows_kernel<uint16_t><<<grid, kThreads, 0, s>>>(static_cast<const uint16_t *>(a->x),
-                                                            static_cast<uint16_t *>(a->out),
-                                                            a->row_map, slots, a->k, bytes / 2);
+    scatter_rows<uint16_t>(a, grid, s);
   return cudaGetLastError();
 }
 
 template <bool WEIGHTED> static cudaError_t combine(const lutra_permute_args *a, cudaStream_t s) {
   return with_dtype(a->dtype, [&](auto dt) {
     constexpr int DT = decltype(dt)::value;
-    if (rows_vectorizable<DT>(a->hidden, a->x, a->out, nullptr)) {
-      constexpr int N = vec16<DT>();
-      combine_kernel<DT, N, WEIGHTED>
-          <<<grid_for(a->tokens * (a->hidden / N), kThreads), kThreads, 0, s>>>(
-              a->x, a->row_map, a->probs, a->probs_dtype, a->tokens, a->k, a->hidden, a->out);
-    } else {
-      combine_kernel<DT, 1, WEIGHTED>
-          <<<grid_for(a->tokens * a->hidden, kThreads), kThreads, 0, s>>>(
-              a->x, a->row_map, a->probs, a->probs_dtype, a->tokens, a->k, a->hidden, a->out);
-    }
+    const bool vec = rows_vectorizable<DT>(a->hidden, a->x, a->out, nullptr);
+    auto kernel = vec ? combine_kernel<DT, vec16<DT>(), WEIGHTED> : combine_kernel<DT, 1, WEIGHTED>;
+    const int64_t groups = a->tokens * (vec ? a->hidden / vec16<DT>() : a->hidden);
+    LKM_LAUNCH(kernel, grid_for(groups, kThreads), kThreads, 0, s, a->x,
+               static_cast<const int32_t *>(a->row_map), a->probs, static_cast<int>(a->probs_dtype),
+               a->tokens, static_cast<int>(a->k), a->hidden, a->out);
     return cudaGetLastError();
   });
 }
@@ -413,15 +441,12 @@ extern "C" cudaError_t lk_moe_unpermute_backward(const lutra_permute_args *a, cu
   const unsigned grid = grid_for(slots, 1);
   return with_dtype(a->dtype, [&](auto dt) {
     constexpr int DT = decltype(dt)::value;
-    if (rows_vectorizable<DT>(a->hidden, a->x, a->dy, a->out)) {
-      unpermute_backward_kernel<DT, vec16<DT>()>
-          <<<grid, kThreads, 0, s>>>(a->x, a->dy, a->row_map, a->probs, a->probs_dtype, slots, a->k,
-                                     a->hidden, a->out, a->dprobs);
-    } else {
-      unpermute_backward_kernel<DT, 1><<<grid, kThreads, 0, s>>>(a->x, a->dy, a->row_map, a->probs,
-                                                                 a->probs_dtype, slots, a->k,
-                                                                 a->hidden, a->out, a->dprobs);
-    }
+    const bool vec = rows_vectorizable<DT>(a->hidden, a->x, a->dy, a->out);
+    auto kernel =
+        vec ? unpermute_backward_kernel<DT, vec16<DT>()> : unpermute_backward_kernel<DT, 1>;
+    LKM_LAUNCH(kernel, grid, kThreads, 0, s, a->x, a->dy, static_cast<const int32_t *>(a->row_map),
+               a->probs, static_cast<int>(a->probs_dtype), slots, static_cast<int>(a->k), a->hidden,
+               a->out, a->dprobs);
     return cudaGetLastError();
   });
 }

@@ -515,3 +515,58 @@ describe("moe lifetimes", function()
     assert.is_true(probs:size() == 6)
   end)
 end)
+
+describe("moe C entry points", function()
+  local C = lutra.C
+  local tb = ffi.new("lutra_tensor*[2]")
+  local function call(fn) return function() E.c_check(fn()) end end
+  local x = lutra.tensor({ 4, 3 }):randn(1)
+  local idx = tensor_of({ 0, 1, 2, 3 }, { 4, 1 }, "i32")
+  local cases = {
+    { "router_new(NULL desc)", function() return C.lutra_moe_router_new(nil, ffi.new("lutra_moe_router*[1]")) end,
+      "lutra_moe_router_new", "desc is NULL" },
+    { "router_forward(NULL router)", function() return C.lutra_moe_router_forward(nil, x, tb, tb + 1) end,
+      "lutra_moe_router_forward", "router" },
+    { "router_forward(NULL logits)", function() return C.lutra_moe_router_forward(moe.TopK(3, 1), nil, tb, tb + 1) end,
+      "lutra_moe_router_forward", "logits" },
+    { "router_forward(NULL outputs)", function() return C.lutra_moe_router_forward(moe.TopK(3, 1), x, nil, nil) end,
+      "lutra_moe_router_forward", "must not be NULL" },
+    { "router_backward(NULL dlogits)", function() return C.lutra_moe_router_backward(moe.TopK(3, 1), x, nil) end,
+      "lutra_moe_router_backward", "dlogits is NULL" },
+    { "dispatch_new(NULL out)", function() return C.lutra_moe_dispatch_new(4, 0, nil) end,
+      "lutra_moe_dispatch_new", "out is NULL" },
+    { "dispatch_new on an unknown device", function() return C.lutra_moe_dispatch_new(4, 7, ffi.new("lutra_moe_dispatch*[1]")) end,
+      "lutra_moe_dispatch_new", nil },
+    { "permute(NULL dispatcher)", function() return C.lutra_moe_permute(nil, x, idx, tb, tb + 1) end,
+      "lutra_moe_permute", "dispatcher" },
+    { "permute(NULL indices)", function() return C.lutra_moe_permute(moe.Dispatcher(4), x, nil, tb, tb + 1) end,
+      "lutra_moe_permute", "indices" },
+    { "permute(NULL outputs)", function() return C.lutra_moe_permute(moe.Dispatcher(4), x, idx, nil, tb) end,
+      "lutra_moe_permute", "must not be NULL" },
+    { "permute with a router as the dispatcher", function()
+        return C.lutra_moe_permute(ffi.cast("lutra_moe_dispatch*", moe.TopK(3, 1)), x, idx, tb, tb + 1)
+      end, "lutra_moe_permute", "is not a" },
+    { "unpermute(NULL y)", function() return C.lutra_moe_unpermute(moe.Dispatcher(4), x, x, nil) end,
+      "lutra_moe_unpermute", "y is NULL" },
+    { "unpermute_backward(NULL outputs)", function() return C.lutra_moe_unpermute_backward(moe.Dispatcher(4), x, nil, tb) end,
+      "lutra_moe_unpermute_backward", "must not be NULL" },
+    { "permute_backward(NULL dx)", function() return C.lutra_moe_permute_backward(moe.Dispatcher(4), x, nil) end,
+      "lutra_moe_permute_backward", "dx is NULL" },
+    { "row_map(NULL out)", function() return C.lutra_moe_row_map(moe.Dispatcher(4), nil) end,
+      "lutra_moe_row_map", "row_map is NULL" },
+    { "dispatch_check(NULL)", function() return C.lutra_moe_dispatch_check(nil) end,
+      "lutra_moe_dispatch_check", "dispatcher" },
+  }
+  for _, c in ipairs(cases) do
+    it("refuses " .. c[1], function() E.expect_error(call(c[2]), c[3], c[4]) end)
+  end
+
+  it("the free functions take NULL and the last reference", function()
+    assert.are.equal(0, C.lutra_moe_router_free(nil))
+    assert.are.equal(0, C.lutra_moe_dispatch_free(nil))
+    local box = ffi.new("lutra_moe_dispatch*[1]")
+    assert.are.equal(0, C.lutra_moe_dispatch_new(4, 0, box))
+    assert.are.equal(0, C.lutra_moe_permute(box[0], x, idx, tb, tb + 1))
+    assert.are.equal(0, C.lutra_moe_dispatch_free(box[0]))
+  end)
+end)
