@@ -6,7 +6,7 @@
  * products summed in double in another order) gets a bound of 2^-22 relative. The grid cap is
  * 8 blocks, so every grid-stride loop loops.
  *
- *   make CUDA=0 && make sim-moe    (build/sim_moe, run by the target) */
+ *   make CUDA=0 && make sim-moe    (build/sim_moe, run by the target; ARGS=quick: two cases) */
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -330,7 +330,13 @@ static void check_permute(int64_t T, int k, int E, int64_t H, int dt, int routin
   }
 }
 
-int main() {
+int main(int argc, char **argv) {
+  if (argc > 1 && strcmp(argv[1], "quick") == 0) { /* one router and one permute case */
+    check_router(150, 40, 3, 0, LUTRA_BF16, 2.5f);
+    check_permute(700, 3, 37, 12, LUTRA_F32, 0, false);
+    printf("%d checks, %d failures\n", checks, failures);
+    return failures ? 1 : 0;
+  }
   for (int dt : {LUTRA_F32, LUTRA_BF16, LUTRA_F16})
     for (int k : {1, 2, 3, 8})
       for (int renorm : {0, 1})
