@@ -3,9 +3,11 @@
 --   bit for bit: the router's indices, the row map, m_splits, the permuted rows, the unpermute's
 --     combine, the permute backward and the unpermute backward's rows (all f32 operations in
 --     the CPU's order, or copies);
---   router probs and dlogits: NMSE <= 1e-12 and |diff| <= 1e-6 (f32 and f16 logits; bf16
---     dlogits: NMSE <= 1e-10): both compute in double and round once, and differ only where
---     CUDA's double exp differs from libm's in the last bit (before the rounding to f32);
+--   router probs and dlogits: NMSE <= 1e-12 and |diff| <= 1e-6 (f32; bf16 and f16 dlogits:
+--     NMSE <= 1e-8, room for one element a 16-bit ulp apart): both compute in double and round
+--     once, and differ only where CUDA's double exp differs from libm's in the last bit, which
+--     the final rounding almost always absorbs (tools/sim_moe.cpp, on the host's exp, gets the
+--     same bits);
 --   dprobs: NMSE <= 1e-12 (exact products summed in double in another order, rounded once).
 -- A CUDA graph of router + permute + unpermute and their backwards, replayed with new logits
 -- and inputs each replay, equals eager calls bit for bit. Smoke test on a machine without a GPU:
@@ -58,7 +60,7 @@ describe("moe router on " .. DEV, function()
       S.assert_nmse(pd, pr, 1e-12, "probs", 1e-6)
       local gr, gd = S.randn_pair({ c.T, c.k }, "f32", 5)
       local dr, dd = rr:backward(gr), rd:backward(gd)
-      S.assert_nmse(dd, dr, dtype == "bf16" and 1e-10 or 1e-12, "dlogits",
+      S.assert_nmse(dd, dr, dtype == "f32" and 1e-12 or 1e-8, "dlogits",
                     dtype == "f32" and 1e-6 or nil)
     end)
   end
@@ -182,5 +184,10 @@ describe("moe CUDA graph on " .. DEV, function()
     end
     local nodes = graph:info()
     assert.is_true(nodes >= 9, "router, 4 permute kernels, unpermute and 3 backward kernels")
+    -- the graph holds the router and the dispatcher: once one is freed, it refuses to replay
+    g_m.disp:free()
+    local ok, err = pcall(graph.replay, graph)
+    assert.is_false(ok)
+    assert.matches("MoE dispatcher this graph uses was freed", err, 1, true)
   end)
 end)
