@@ -67,7 +67,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist install clean format sim-mx threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench bench-dist install clean format sim-mx sim-moe threads-check check-codecs check-activations
 
 all: $(LIB) $(CDEF)
 
@@ -132,6 +132,14 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
+
+# kernels/moe.cu (router, permute, combines) emulated on the CPU the same way, against the CPU
+# backend (tools/sim_moe.cpp): needs the CUDA headers and a C++20 compiler, not a GPU.
+build/sim_moe: tools/sim_moe.cpp $(SIM_OBJ) kernels/moe.cu kernels/ops_common.cuh kernels/kernels.h $(HDRS)
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-moe: build/sim_moe
+	./build/sim_moe $(ARGS)
 
 # kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
 # for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.

@@ -91,6 +91,17 @@ cudaError_t lk_add(const void *a, const void *b, void *out, int dtype, int64_t n
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);
 
+/* MoE routing (kernels/moe.cu; lutra_topk_args, lutra_permute_args): the router one thread
+ * per token (k <= LUTRA_MOE_MAX_K); the permute four launches (count, scan, rank, copy) over a
+ * fixed grid, its shared memory experts ints (experts <= LUTRA_MOE_MAX_EXPERTS), scratch
+ * lutra_moe_scratch_ints(tokens * k, experts) ints; the others one launch each. */
+cudaError_t lk_moe_topk_forward(const lutra_topk_args *a, cudaStream_t s);
+cudaError_t lk_moe_topk_backward(const lutra_topk_args *a, cudaStream_t s);
+cudaError_t lk_moe_permute(const lutra_permute_args *a, cudaStream_t s);
+cudaError_t lk_moe_permute_backward(const lutra_permute_args *a, cudaStream_t s);
+cudaError_t lk_moe_unpermute(const lutra_permute_args *a, cudaStream_t s);
+cudaError_t lk_moe_unpermute_backward(const lutra_permute_args *a, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

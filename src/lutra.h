@@ -27,6 +27,7 @@
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
 #include "lutra/inspect.h"
+#include "lutra/moe.h"
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"

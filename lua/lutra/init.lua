@@ -20,6 +20,7 @@ local M = {
   dequantize = quantizer.dequantize,
   nn = require("lutra.nn"),
   optim = require("lutra.optim"),
+  moe = require("lutra.moe"),
   graph = require("lutra.graph"),
   dist = require("lutra.dist"),
   default_device = core.default_device_name,

@@ -80,6 +80,13 @@ static const field fields[] = {
     F(lutra_norm_desc, dtype),
     F(lutra_norm_desc, device),
 
+    S(lutra_moe_router_desc),
+    F(lutra_moe_router_desc, experts),
+    F(lutra_moe_router_desc, k),
+    F(lutra_moe_router_desc, renormalize),
+    F(lutra_moe_router_desc, scaling_factor),
+    F(lutra_moe_router_desc, device),
+
     S(lutra_forward_args),
     F(lutra_forward_args, is_first_microbatch),
     F(lutra_forward_args, grad),

@@ -99,4 +99,10 @@ const lutra_backend lutra_cpu_backend = {
     .layernorm_backward = lutra_cpu_layernorm_backward,
     .norm_quantize = lutra_cpu_norm_quantize,
     .add = lutra_cpu_add,
+    .moe_topk_forward = lutra_cpu_moe_topk_forward,
+    .moe_topk_backward = lutra_cpu_moe_topk_backward,
+    .moe_permute = lutra_cpu_moe_permute,
+    .moe_permute_backward = lutra_cpu_moe_permute_backward,
+    .moe_unpermute = lutra_cpu_moe_unpermute,
+    .moe_unpermute_backward = lutra_cpu_moe_unpermute_backward,
 };

@@ -72,4 +72,12 @@ int lutra_cpu_softmax_xent(const lutra_loss_args *a);
 int lutra_cpu_sgd_step(const lutra_optim_args *a);
 int lutra_cpu_adamw_step(const lutra_optim_args *a);
 
+/* MoE routing (moe_cpu.c) */
+int lutra_cpu_moe_topk_forward(const lutra_topk_args *a);
+int lutra_cpu_moe_topk_backward(const lutra_topk_args *a);
+int lutra_cpu_moe_permute(const lutra_permute_args *a);
+int lutra_cpu_moe_permute_backward(const lutra_permute_args *a);
+int lutra_cpu_moe_unpermute(const lutra_permute_args *a);
+int lutra_cpu_moe_unpermute_backward(const lutra_permute_args *a);
+
 #endif

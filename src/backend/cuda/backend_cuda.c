@@ -549,6 +549,57 @@ static int k_add(const void *a, const void *b, void *out, int dtype, int64_t n) 
   return LAUNCH(add, lk_add(a, b, out, dtype, n, lutra_cuda_stream()));
 }
 
+/* MoE routing: the kernels' limits are refused here with a message (kernels.h) */
+static int check_topk(const lutra_topk_args *a, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  CHECK_ARG(lutra_dtype_is_float(a->dtype), "logits dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(a->dtype));
+  CHECK_ARG(a->tokens > 0 && a->experts > 0 && a->experts <= LUTRA_MOE_MAX_EXPERTS,
+            "logits [%lld, %lld]: tokens must be positive, experts in 1..%d", (long long)a->tokens,
+            (long long)a->experts, LUTRA_MOE_MAX_EXPERTS);
+  CHECK_ARG(a->k >= 1 && a->k <= LUTRA_MOE_MAX_K && a->k <= a->experts,
+            "k = %d is outside 1..min(%d, experts)", (int)a->k, LUTRA_MOE_MAX_K);
+  return LUTRA_OK;
+}
+static int check_permute(const lutra_permute_args *a, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  CHECK_ARG(lutra_dtype_is_float(a->dtype), "rows dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(a->dtype));
+  CHECK_ARG(a->tokens > 0 && a->k > 0 && a->hidden > 0 && a->tokens * a->k <= 0x7FFFFFFF,
+            "tokens %lld, k %d, hidden %lld: all positive, tokens * k at most 2^31-1",
+            (long long)a->tokens, (int)a->k, (long long)a->hidden);
+  CHECK_ARG(a->experts >= 1 && a->experts <= LUTRA_MOE_MAX_EXPERTS,
+            "experts = %d is outside 1..%d", (int)a->experts, LUTRA_MOE_MAX_EXPERTS);
+  return LUTRA_OK;
+}
+static int k_moe_topk_forward(const lutra_topk_args *a) {
+  TRY(check_topk(a, "lutra_cuda_moe_topk_forward"));
+  return LAUNCH(moe_topk_forward, lk_moe_topk_forward(a, lutra_cuda_stream()));
+}
+static int k_moe_topk_backward(const lutra_topk_args *a) {
+  TRY(check_topk(a, "lutra_cuda_moe_topk_backward"));
+  return LAUNCH(moe_topk_backward, lk_moe_topk_backward(a, lutra_cuda_stream()));
+}
+static int k_moe_permute(const lutra_permute_args *a) {
+  static const char fn[] = "lutra_cuda_moe_permute";
+  TRY(check_permute(a, fn));
+  CHECK_ARG(a->bad_index && a->scratch && a->m_splits && a->indices,
+            "indices, m_splits, scratch and the bad-index flag must not be NULL");
+  return LAUNCH(moe_permute, lk_moe_permute(a, lutra_cuda_stream()));
+}
+static int k_moe_permute_backward(const lutra_permute_args *a) {
+  TRY(check_permute(a, "lutra_cuda_moe_permute_backward"));
+  return LAUNCH(moe_permute_backward, lk_moe_permute_backward(a, lutra_cuda_stream()));
+}
+static int k_moe_unpermute(const lutra_permute_args *a) {
+  TRY(check_permute(a, "lutra_cuda_moe_unpermute"));
+  return LAUNCH(moe_unpermute, lk_moe_unpermute(a, lutra_cuda_stream()));
+}
+static int k_moe_unpermute_backward(const lutra_permute_args *a) {
+  TRY(check_permute(a, "lutra_cuda_moe_unpermute_backward"));
+  return LAUNCH(moe_unpermute_backward, lk_moe_unpermute_backward(a, lutra_cuda_stream()));
+}
+
 const lutra_backend lutra_cuda_table = {
     .name = "cuda",
     .device = LUTRA_CUDA,
@@ -580,6 +631,12 @@ const lutra_backend lutra_cuda_table = {
     .adamw_step = k_adamw,
     .layernorm_forward = k_layernorm_forward,
     .layernorm_backward = k_layernorm_backward,
+    .moe_topk_forward = k_moe_topk_forward,
+    .moe_topk_backward = k_moe_topk_backward,
+    .moe_permute = k_moe_permute,
+    .moe_permute_backward = k_moe_permute_backward,
+    .moe_unpermute = k_moe_unpermute,
+    .moe_unpermute_backward = k_moe_unpermute_backward,
     .synchronize = cuda_sync,
     .capture_begin = lutra_cuda_capture_begin,
     .capture_end = lutra_cuda_capture_end,
