@@ -28,5 +28,6 @@
 #include "lutra/recipe.h"
 #include "lutra/tensor.h"
 #include "lutra/train.h"
+#include "lutra/version.h"
 
 #endif
