@@ -3,11 +3,15 @@
 #   sh tools/bootstrap.sh run     # builds and trains the example MLP
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
-# Nothing is downloaded but Debian packages.
+# Nothing is downloaded but Debian packages. make runs with one job per core (nproc); on a
+# machine without a usable GPU (nvidia-smi lists none) it builds the CPU backend only (CUDA=0):
+# the CUDA kernels take minutes to compile and nothing there could run them. CUDA=1 on the
+# command line builds them anyway (CI does, so that they compile on every submission).
 set -eu
 cd "$(dirname "$0")/.."
 
 packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev"
+packages="$packages luarocks"
 missing=""
 for p in $packages; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
@@ -24,4 +28,9 @@ if [ -n "$missing" ]; then
     { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends $missing; }
 fi
 
-exec make "$@"
+cuda=""
+case " $* " in
+  *" CUDA="*) ;;
+  *) if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then cuda="CUDA=0"; fi ;;
+esac
+exec make -j"$(nproc)" $cuda "$@"

@@ -22,8 +22,12 @@ function M.read(path)
   return s
 end
 
--- the build's CUDA setting ("CUDA=0" / "CUDA=1"), as build/config records it
+-- the CUDA setting liblutra.so was built with ("CUDA=0" / "CUDA=1"): whether it needs libcudart.
+-- Not build/config, which records the last make run (a make without CUDA= reconfigures it) and
+-- would have make rebuild the library in the other configuration.
 function M.cuda_setting()
+  local ok, dyn = M.sh("readelf -d liblutra.so")
+  if ok then return dyn:find("libcudart", 1, true) and "CUDA=1" or "CUDA=0" end
   local f = io.open("build/config", "r")
   if not f then return nil end
   local line = f:read("*l")
@@ -35,7 +39,7 @@ end
 -- (jobserver descriptors) mean nothing to a new make
 function M.make(args)
   local config = M.cuda_setting()
-  if not config then error("build/config missing: build the library first (make)", 0) end
+  if not config then error("cannot tell how liblutra.so was built (no readelf, no build/config)", 0) end
   return M.sh("env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL make --no-print-directory " .. config ..
               " " .. args)
 end
