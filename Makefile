@@ -27,7 +27,10 @@ LIBS = $(BLAS_LIBS) -lm -lpthread
 
 comma := ,
 # CUDA: on when nvcc and cuBLASLt's header are found (CUDA=0 or CUDA=1 overrides). The kernels
-# are built for sm_90 (Hopper) and, where this nvcc knows it, sm_100.
+# are built for sm_89 (Ada: FP8 conversions and tensor cores, the oldest they run on), sm_90
+# (Hopper) and, where this nvcc knows it, sm_100, plus the newest one's PTX, which the driver
+# compiles for GPUs after it. No kernel uses Hopper-only features (wgmma, TMA, clusters); the
+# GEMMs cuBLASLt has no Ada kernel for (block-scaled FP8) take its BF16 fallback.
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 ifeq ($(origin CUDA),undefined)
@@ -35,8 +38,10 @@ ifeq ($(origin CUDA),undefined)
 endif
 ifeq ($(CUDA),1)
   SM100       := $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),1)
-  CUDA_ARCHS  ?= -gencode arch=compute_90,code=sm_90 \
-                 $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100)
+  PTX_ARCH    := $(if $(SM100),100,90)
+  CUDA_ARCHS  ?= -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 \
+                 $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100) \
+                 -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
   NVCCFLAGS   ?= -O3 -lineinfo
   SRC         += $(sort $(wildcard src/backend/cuda/*.c))
   CU_SRC       = $(sort $(wildcard kernels/*.cu))
@@ -73,7 +78,11 @@ $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LUTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS)
+# build/cuda_archs changes with CUDA_ARCHS, so a new architecture list recompiles the kernels
+ifeq ($(CUDA),1)
+$(shell mkdir -p build && (echo '$(CUDA_ARCHS)' | cmp -s - build/cuda_archs || echo '$(CUDA_ARCHS)' > build/cuda_archs))
+endif
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS) $(if $(filter 1,$(CUDA)),build/cuda_archs)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
 	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
@@ -155,6 +164,15 @@ build/check_codecs: tools/check_codecs.cu src/core/codec.h src/lutra.h
 	$(NVCC) -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra -Werror all-warnings -Isrc -o $@ $< -lgomp
 check-codecs: build/check_codecs
 	./build/check_codecs $(ARGS)
+
+# the embedding examples (examples/embed/): plain C against lutra.h, and a host embedding LuaJIT;
+# spec/embed_examples_spec.lua builds and runs both on the cpu
+EXAMPLE_CFLAGS = -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc
+examples/embed/frame_loop: examples/embed/frame_loop.c examples/embed/alloc_count.h $(HDRS) $(LIB) $(SONAME)
+	$(CC) $(EXAMPLE_CFLAGS) -o $@ $< -L. -llutra -Wl,-rpath,$(CURDIR) -lm
+examples/embed/host: examples/embed/host.c $(HDRS) $(LIB) $(SONAME)
+	$(CC) $(EXAMPLE_CFLAGS) $(shell pkg-config --cflags luajit) -o $@ $< -L. -llutra \
+	  -Wl,-rpath,$(CURDIR) $(shell pkg-config --libs luajit) -lm
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)
