@@ -64,7 +64,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install install-rock clean format sim-mx threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench doc install install-rock clean format sim-mx threads-check check-codecs check-activations
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -173,6 +173,11 @@ examples/embed/frame_loop: examples/embed/frame_loop.c examples/embed/alloc_coun
 examples/embed/host: examples/embed/host.c $(HDRS) $(LIB) $(SONAME)
 	$(CC) $(EXAMPLE_CFLAGS) $(shell pkg-config --cflags luajit) -o $@ $< -L. -llutra \
 	  -Wl,-rpath,$(CURDIR) $(shell pkg-config --libs luajit) -lm
+
+# the Lua API reference from the Lua front's doc comments (LDoc, config.ld) into build/doc;
+# warnings are errors (spec/doc_spec.lua checks it builds and covers every public function)
+doc:
+	ldoc --fatalwarnings -c config.ld .
 
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)

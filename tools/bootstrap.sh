@@ -11,7 +11,7 @@ set -eu
 cd "$(dirname "$0")/.."
 
 packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev"
-packages="$packages luarocks"
+packages="$packages luarocks lua-ldoc lua-argparse"
 missing=""
 for p in $packages; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
