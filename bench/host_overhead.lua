@@ -21,25 +21,29 @@
 local lutra = require("lutra")
 local ffi, nn = lutra.ffi, lutra.nn
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { device = "cuda", batch = 64, ["in"] = 64, out = 64, hidden = 128, batches = 15 }
-  local files = { ["floors-lib"] = true, torch = true, counts = true, count = true, table = true }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if key == "quick" then
-      o.quick, i = true, i + 1
-    elseif key and (o[key] ~= nil or files[key]) and argv[i + 1] then
-      local v = argv[i + 1]
-      o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
-      i = i + 2
-    else
-      io.stderr:write("usage: host_overhead.lua [--device cuda|cpu] [--batch M] [--in K] [--out N] ",
-                      "[--hidden H] [--batches B] [--floors-lib F] [--torch F] [--counts F] ",
-                      "[--count F] [--table F] [--quick]\n")
-      os.exit(2)
-    end
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("host_overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
+  local p = argparse("host_overhead.lua", "Host time per call of lutra's Lua entry points beside "
+                     .. "the floors of the GPU work they issue and PyTorch doing the same work.")
+  p:option("--device", "cuda or cpu", "cuda"):choices({ "cuda", "cpu" })
+  p:option("--batch", "rows M", "64", tonumber)
+  p:option("--in", "input features K", "64", tonumber)
+  p:option("--out", "output features N", "64", tonumber)
+  p:option("--hidden", "hidden width H", "128", tonumber)
+  p:option("--batches", "timed batches per figure", "15", tonumber)
+  p:option("--floors-lib", "bench/host_floors.cu's library (default build/libhost_floors.so)")
+   :target("floors-lib")
+  p:option("--torch", "bench/torch_overhead.py's figures")
+  p:option("--counts", "launch and GEMM counts from a --count run")
+  p:option("--count", "count launches and GEMMs (under build/launch_count.so) into this file")
+  p:option("--table", "also write the table to this file")
+  p:flag("--quick", "3 batches per figure")
+  local o = p:parse(argv)
   if o.quick then o.batches = 3 end
   return o
 end

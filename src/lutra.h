@@ -34,5 +34,6 @@
 #include "lutra/tensor.h"
 #include "lutra/train.h"
 #include "lutra/wrap.h"
+#include "lutra/version.h"
 
 #endif

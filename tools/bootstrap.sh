@@ -4,13 +4,17 @@
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
 # Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors and
-# numpy, which the checkpoint interop spec runs).
+# numpy, which the checkpoint interop spec runs). make runs with one job per core (nproc); on a
+# machine without a usable GPU (nvidia-smi lists none) it builds the CPU backend only (CUDA=0):
+# the CUDA kernels take minutes to compile and nothing there could run them. CUDA=1 on the
+# command line builds them anyway (CI does, so that they compile on every submission).
 set -eu
 cd "$(dirname "$0")/.."
 
 packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev libopenmpi-dev openmpi-bin"
-# lua-argparse: the examples' command lines; python3 + pip: the checkpoint interop spec's side
-packages="$packages lua-argparse python3 python3-pip"
+# luarocks, LDoc (make doc), lua-argparse (command lines); python3 + pip: the checkpoint interop
+# spec's side
+packages="$packages luarocks lua-ldoc lua-argparse python3 python3-pip"
 missing=""
 for p in $packages; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
@@ -39,4 +43,9 @@ case " $* " in
   ;;
 esac
 
-exec make "$@"
+cuda=""
+case " $* " in
+  *" CUDA="*) ;;
+  *) if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then cuda="CUDA=0"; fi ;;
+esac
+exec make -j"$(nproc)" $cuda "$@"

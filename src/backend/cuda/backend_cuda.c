@@ -92,6 +92,23 @@ static void init_once(void) {
   }
   const char *step = "cudaGetDevice";
   e = cudaGetDevice(&cuda.device);
+  /* the kernels are built for sm_89 and later (their FP8 conversions need it): an older GPU
+   * would fail every launch, so it is reported as unavailable instead */
+  int cc_major = 0, cc_minor = 0;
+  if (e == cudaSuccess) {
+    step = "cudaDeviceGetAttribute";
+    e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, cuda.device);
+  }
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, cuda.device);
+  if (e == cudaSuccess && cc_major * 10 + cc_minor < 89) {
+    snprintf(cuda.message, sizeof cuda.message,
+             "CUDA device %d has compute capability %d.%d; lutra's kernels need 8.9 or later "
+             "(Ada, Hopper, Blackwell)",
+             cuda.device, cc_major, cc_minor);
+    cuda.status = LUTRA_EUNSUPPORTED;
+    return;
+  }
   cudaMemPool_t pool;
   if (e == cudaSuccess) {
     step = "cudaDeviceGetDefaultMemPool";
