@@ -23,6 +23,7 @@
 #include "lutra/base.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
+#include "lutra/grouped.h"
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"

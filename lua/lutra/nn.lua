@@ -10,6 +10,7 @@ local core = require("lutra.core")
 local chk = require("lutra.check")
 local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
+local grouped = require("lutra.grouped")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
@@ -147,8 +148,13 @@ local function microbatch_flag(v)
         .. tostring(v) .. ")", 3)
 end
 
-function Module:forward(x, opts)
+function Module:forward(x, opts, grouped_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
+  -- GroupedLinear: forward(x, m_splits, opts)
+  if grouped.is_splits(opts) then
+    grouped.set_splits(self, opts)
+    opts = grouped_opts
+  end
   local grad = true
   local first = opts
   if type(opts) == "table" then
@@ -221,6 +227,10 @@ function Module:quantizer(role)
 end
 
 function Module:free() check(C.lutra_module_release(self)) end
+
+-- GroupedLinear: nn.GroupedLinear(num_gemms, in, out, opts); m:forward(x, m_splits, opts)
+M.GroupedLinear = grouped.GroupedLinear
+for name, f in pairs(grouped.methods) do Module[name] = f end
 
 ffi.metatype("struct lutra_module", { __index = Module,
   __tostring = function(m) return "lutra.nn." .. m:kind() end })
