@@ -66,6 +66,28 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
 	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
 
+# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped_gemm_sm90.cu): PyPI's
+# nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA build
+# only; that one object is built for sm_90a alone (the only arch its kernels run on).
+PYTHON          ?= python3
+CUTLASS_VERSION ?= 4.2.0.0
+CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
+CUTLASS_STAMP    = $(CUTLASS_DIR)/.unpacked
+$(CUTLASS_STAMP):
+	rm -rf $(CUTLASS_DIR) && mkdir -p $(CUTLASS_DIR)/wheel
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: nvidia-cutlass==$(CUTLASS_VERSION) \
+	  -d $(CUTLASS_DIR)/wheel
+	$(PYTHON) -m zipfile -e $(CUTLASS_DIR)/wheel/nvidia_cutlass-$(CUTLASS_VERSION)-py3-none-any.whl \
+	  $(CUTLASS_DIR)/wheel/x
+	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/include $(CUTLASS_DIR)/include
+	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/tools/util/include $(CUTLASS_DIR)/util
+	rm -rf $(CUTLASS_DIR)/wheel
+	touch $@
+$(BUILD)/kernels/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
+$(BUILD)/kernels/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr \
+  -isystem $(CUTLASS_DIR)/include -isystem $(CUTLASS_DIR)/util
+$(BUILD)/kernels/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
+
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
 	sh tools/gen_cdef.sh "$(CC)" src/lutra.h > $@.tmp && mv $@.tmp $@

@@ -184,6 +184,25 @@ describe("nn.GroupedLinear", function()
     end
   end)
 
+  for _, case in ipairs { { "f32" }, { "bf16" }, { "f32", amg = true } } do
+    it("takes the per-expert path for host splits, equal to Linears bitwise (" .. case[1]
+       .. (case.amg and ", main_grad" or "") .. ")", function()
+      math.randomseed(next_seed())
+      local g, lins, per = pair(4, 16, 32, { dtype = case[1], amg = case.amg })
+      g:set_path("per_expert")
+      for _ = 1, 3 do
+        local splits, total = random_splits(4, 11)
+        step(g, lins, per, 16, 32, splits, total, { dtype = case[1], amg = case.amg })
+      end
+      -- the grouped path gives the same bits
+      local x = lutra.tensor({ 20, 16 }, case[1]):randn(next_seed())
+      local a = g:forward(x, { 5, 0, 9, 6 }):to_table()
+      g:set_path("grouped")
+      assert.are.same(a, g:forward(x, { 5, 0, 9, 6 }):to_table())
+      assert.has_error(function() g:set_path("fast") end)
+    end)
+  end
+
   it("runs without bias", function()
     math.randomseed(next_seed())
     local g, lins, per = pair(3, 16, 32, { bias = false })

@@ -101,6 +101,13 @@ function M.methods.check_splits(m)
   check(C.lutra_grouped_check(m))
 end
 
+-- "grouped" (default) or "per_expert": how a high-precision forward with host-known splits runs
+-- (lutra_grouped_set_path)
+local paths = { grouped = 0, per_expert = 1 }
+function M.methods.set_path(m, path)
+  check(C.lutra_grouped_set_path(m, core.code(paths, path, "path", "module:set_path")))
+end
+
 function M.methods.num_gemms(m)
   check(C.lutra_grouped_num_gemms(m, core.int_box))
   return core.int_box[0]

@@ -309,6 +309,9 @@ typedef struct lutra_grouped_quant_args {
   int32_t dbias_dtype;
   int32_t dbias_accumulate;
   const int32_t *skip; /* lutra_quant_args.skip */
+  /* device scratch of lutra_grouped_scratch_bytes(num, in, out) bytes owned by the caller (the
+   * offsets and GEMM argument arrays the kernels derive from splits); NULL on the CPU */
+  void *scratch;
 } lutra_grouped_quant_args;
 
 /* Which of a GroupedLinear's three GEMMs, per expert e with s_e rows (W_e [out, in]):
@@ -336,8 +339,7 @@ typedef struct lutra_grouped_gemm_args {
   void *const *db;         /* WGRAD, high precision: backend memory [num], or NULL */
   int32_t bias_dtype;      /* bias's and db's */
   int32_t fast_accum;      /* FP8 FPROP: no split accumulator */
-  void *workspace;         /* the GEMM workspace of the calling thread's stream */
-  size_t workspace_bytes;
+  void *scratch;           /* as lutra_grouped_quant_args.scratch */
 } lutra_grouped_gemm_args;
 
 typedef struct lutra_backend {

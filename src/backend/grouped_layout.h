@@ -86,4 +86,16 @@ static inline int64_t lutra_grouped_scale_cap(int scaling, int64_t total_rows, i
          (int64_t)num * (lutra_grouped_scale_elems(scaling, 128, cols, columnwise) + 16);
 }
 
+/* Device scratch of a grouped call (lutra_grouped_quant_args.scratch), zeroed once by its owner:
+ * per expert the row offsets, the GEMM's problem size, operand pointers, strides and alpha
+ * (256 bytes each, with room to spare), then lutra_grouped_zero_bytes(in, out) bytes that stay
+ * zero (the K = 16 operands a weight gradient of an empty expert reads: the GEMM kernels need
+ * at least one K step). */
+static inline size_t lutra_grouped_zero_bytes(int64_t in, int64_t out) {
+  return (size_t)(32 * (in > out ? in : out) + 255) / 256 * 256;
+}
+static inline size_t lutra_grouped_scratch_bytes(int num, int64_t in, int64_t out) {
+  return 1024 + (size_t)(num + 1) * 256 + lutra_grouped_zero_bytes(in, out);
+}
+
 #endif

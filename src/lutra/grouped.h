@@ -43,6 +43,13 @@ LUTRA_API int lutra_grouped_forward(lutra_module *m, const lutra_tensor *x,
  * undefined. A synchronization on a device: call it where the host reads anyway (the loss). */
 LUTRA_API int lutra_grouped_check(lutra_module *m);
 LUTRA_API int lutra_grouped_num_gemms(const lutra_module *m, int *n);
+/* How a high-precision forward and its backward run when the host knows the splits (a CPU
+ * tensor): GROUPED (the default) as with device splits, one grouped GEMM per pass; PER_EXPERT
+ * one GEMM per expert with an expert's rows through the GEMM front (cuBLASLt plans cached per
+ * shape, as a Linear's), which also runs f32 modules on cuda. FP8 forwards always take the
+ * grouped path. bench/grouped_bench.lua measures which is faster where. */
+enum { LUTRA_GROUPED_PATH_GROUPED = 0, LUTRA_GROUPED_PATH_PER_EXPERT = 1 };
+LUTRA_API int lutra_grouped_set_path(lutra_module *m, int path);
 
 #ifdef __cplusplus
 }

@@ -171,6 +171,7 @@ static lutra_grouped_quant_args quant_args(const grouped_linear *g, const groupe
                                 .kind = s->kind,
                                 .splits = g->splits_dev->data,
                                 .bad_split = g->bad_split ? g->bad_split->data : NULL,
+                                .scratch = g->scratch,
                                 .x_dtype = g->dtype,
                                 .power_2_scale = s->power_2_scale,
                                 .amax_epsilon = s->amax_epsilon,

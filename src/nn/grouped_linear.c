@@ -5,6 +5,7 @@
  * so that optimizers and checkpoints see num_gemms ordinary weights. */
 #include "nn/grouped_linear.h"
 #include "backend/device.h"
+#include "backend/grouped_layout.h"
 #include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
@@ -26,6 +27,7 @@ void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_g
   *a = (lutra_grouped_gemm_args){.num = g->num,
                                  .splits = g->splits_dev->data,
                                  .bad_split = g->bad_split ? g->bad_split->data : NULL,
+                                 .scratch = g->scratch,
                                  .total_rows = rows,
                                  .in = g->in,
                                  .out = g->out,
@@ -69,6 +71,7 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
   int64_t rows = lutra_rows(x);
+  const bool host = !fp8 && g->splits_host_known && g->host_path == LUTRA_GROUPED_PATH_PER_EXPERT;
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = g->out;
@@ -76,6 +79,9 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   int st = lutra_tensor_ensure(&g->y, PLAIN_TENSOR(g->dtype, x->ndim, shape, g->device), fn);
   if (st == LUTRA_OK && fp8) {
     st = lutra_grouped_fp8_forward(g, x, r, a->is_first_microbatch, fn);
+  } else if (st == LUTRA_OK && host) {
+    if (calibrate) st = lutra_grouped_observe(g, x, r, fn);
+    if (st == LUTRA_OK) st = lutra_grouped_host_forward(g, x, fn);
   } else if (st == LUTRA_OK) {
     if (calibrate) st = lutra_grouped_observe(g, x, r, fn);
     lutra_grouped_gemm_args ga;
@@ -90,6 +96,7 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   lutra_tensor_hold(&g->x, x);
   g->rows = rows;
   g->forward_fp8 = fp8;
+  g->forward_host = host;
   g->forward_grad = a->grad != 0;
   g->forward_done = true;
   g->backward_done = false;
@@ -138,7 +145,8 @@ static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tenso
   RANGE_PUSH("lutra.grouped_linear.backward");
   int st = g->forward_fp8 && g->roles[LUTRA_ROLE_GRAD_OUTPUT].spec.kind != LUTRA_QUANT_NONE
                ? lutra_grouped_fp8_backward(g, dy, dx != NULL, fn)
-               : backward_high_precision(g, dy, dx != NULL);
+           : g->forward_host ? lutra_grouped_host_backward(g, dy, dx != NULL, fn)
+                             : backward_high_precision(g, dy, dx != NULL);
   RANGE_POP();
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   if (g->backward_trigger) {
@@ -182,7 +190,8 @@ static void grouped_release(lutra_module *m) {
     destroy_all(sets[i], g->num);
   g->weight = g->bias = g->wgrad = g->bgrad = g->weight_main_grad = g->bias_main_grad = NULL;
   if (g->ptrs) g->be->free(g->ptrs);
-  g->ptrs = NULL;
+  if (g->scratch) g->be->free(g->scratch);
+  g->ptrs = g->scratch = NULL;
   lutra_tensor *owned[] = {g->y, g->dx, g->splits_dev, g->bad_split};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
@@ -275,6 +284,9 @@ static int init(grouped_linear *g, const lutra_grouped_linear_desc *d, const cha
     spec.shape = &one;
     TRY(lutra_tensor_make(&spec, &g->bad_split, fn));
     TRY(g->be->memset(g->bad_split->data, 0, sizeof(int32_t)));
+    size_t bytes = lutra_grouped_scratch_bytes(g->num, g->in, g->out);
+    TRY(g->be->alloc(bytes, &g->scratch));
+    TRY(g->be->memset(g->scratch, 0, bytes));
   }
   return LUTRA_OK;
 }
@@ -382,6 +394,17 @@ int lutra_grouped_check(lutra_module *m) {
   return lutra_error(LUTRA_EINVAL, fn,
                      "device m_splits of a call since the last check had a split < 0 or did not "
                      "sum to the input's rows: its outputs are undefined");
+}
+
+int lutra_grouped_set_path(lutra_module *m, int path) {
+  static const char fn[] = "lutra_grouped_set_path";
+  TRY(check_grouped(m, fn));
+  CHECK_ARG(path == LUTRA_GROUPED_PATH_GROUPED || path == LUTRA_GROUPED_PATH_PER_EXPERT,
+            "path must be LUTRA_GROUPED_PATH_GROUPED (0) or _PER_EXPERT (1), got %d", path);
+  grouped_linear *g = grouped_of(m);
+  g->host_path = path;
+  g->forward_done = false; /* a backward takes the path of its forward */
+  return LUTRA_OK;
 }
 
 int lutra_grouped_num_gemms(const lutra_module *m, int *n) {

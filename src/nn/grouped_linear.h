@@ -43,15 +43,18 @@ typedef struct grouped_linear {
   int32_t *splits_host;     /* [num]: valid when splits_host_known */
   bool splits_set, splits_host_known;
   lutra_tensor *bad_split; /* I32 [1] device error flag (devices only) */
+  void *scratch;           /* devices only: lutra_grouped_scratch_bytes, zeroed */
   /* FP8 */
   grouped_role roles[LUTRA_NUM_ROLES];
   bool roles_built;
   uint64_t qkey;
   grouped_fp8_buf xq, wq, dyq;
+  int32_t host_path; /* LUTRA_GROUPED_PATH_*: for host-known splits in high precision */
   /* what the last forward did */
   const lutra_tensor *x;
   int64_t rows;
-  bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger, backward_done;
+  bool forward_done, forward_grad, forward_fp8, forward_host, weight_cached, backward_trigger,
+      backward_done;
 } grouped_linear;
 
 /* FP8 (nn/grouped_fp8.c). Errors name fn. */
@@ -62,6 +65,10 @@ int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool d
 int lutra_grouped_observe(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
                           const char *fn);
 bool lutra_grouped_uses_delayed(const lutra_recipe *r);
+/* the per-expert path (nn/grouped_host.c): splits_host holds the splits */
+int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const char *fn);
+int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
+                                const char *fn);
 void lutra_grouped_fp8_release(grouped_linear *g);
 /* the arguments every grouped call shares */
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);

@@ -555,4 +555,6 @@ const lutra_backend lutra_cuda_table = {
     .capture_abort = lutra_cuda_capture_abort,
     .graph_launch = lutra_cuda_graph_launch,
     .graph_destroy = lutra_cuda_graph_destroy,
+    .grouped_quantize = lutra_cuda_grouped_quantize,
+    .grouped_gemm = lutra_cuda_grouped_gemm,
 };
