@@ -69,9 +69,9 @@ local function bad_split(where, i, v)
                       chk.got(v)), 4)
 end
 
--- hands m_splits to the module (lutra_grouped_set_splits); the forward follows
-function M.set_splits(m, splits)
-  local where = "module:forward"
+-- m_splits as an i32 tensor: a table is written into the module's host buffer
+function M.splits_tensor(m, splits, where)
+  where = where or "module:forward"
   if type(splits) == "table" then
     local entry = host_splits[m] or new_host_splits(m)
     local n = entry.n
@@ -87,13 +87,25 @@ function M.set_splits(m, splits)
       end
       p[i - 1] = v
     end
-    splits = entry.tensor
+    return entry.tensor
   end
-  if C.lutra_grouped_set_splits(m, splits) ~= 0 then core.fail() end
+  return splits
 end
 
 -- Module methods for grouped modules (nn.lua installs them)
 M.methods = {}
+
+-- The splits of the next forward(x) (a forward of a Sequential holding this module): a table
+-- or an i32 tensor, as forward's second argument.
+function M.methods.set_splits(m, splits)
+  if not M.is_splits(splits) then
+    error("module:set_splits: m_splits must be a table of row counts or an i32 tensor (got "
+          .. chk.got(splits) .. ")", 2)
+  end
+  if C.lutra_grouped_set_splits(m, M.splits_tensor(m, splits, "module:set_splits")) ~= 0 then
+    core.fail()
+  end
+end
 
 -- Raises the error of a bad device m_splits since the last call (a host read: it waits for
 -- the device), else returns nothing.

@@ -151,9 +151,9 @@ end
 function Module:forward(x, opts, grouped_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
   -- GroupedLinear: forward(x, m_splits, opts)
+  local splits
   if grouped.is_splits(opts) then
-    grouped.set_splits(self, opts)
-    opts = grouped_opts
+    splits, opts = grouped.splits_tensor(self, opts), grouped_opts
   end
   local grad = true
   local first = opts
@@ -168,7 +168,9 @@ function Module:forward(x, opts, grouped_opts)
   end
   forward_args.is_first_microbatch = microbatch_flag(first)
   forward_args.grad = grad and 1 or 0
-  if C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box) ~= 0 then core.fail() end
+  local st = splits and C.lutra_grouped_forward(self, x, splits, forward_args, core.tensor_box)
+             or C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box)
+  if st ~= 0 then core.fail() end
   return borrow(core.tensor_box[0], self)
 end
 

@@ -339,7 +339,9 @@ static int check_grouped(const lutra_module *m, const char *fn) {
   return LUTRA_OK;
 }
 
-static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) {
+/* rows >= 0: the input's rows, which host splits must sum to (checked before anything changes) */
+static int check_splits(const grouped_linear *g, const lutra_tensor *s, int64_t rows,
+                        const char *fn) {
   TRY(lutra_check_tensor(s, fn, "m_splits"));
   CHECK_ARG(s->dtype == LUTRA_I32, "m_splits must be an i32 tensor (got %s)",
             lutra_dtype_name(s->dtype));
@@ -347,11 +349,23 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
             (long long)s->numel, (int)g->num);
   CHECK_ARG(s->device == LUTRA_CPU || s->device == g->device,
             "m_splits must be on the CPU (host splits) or on the module's device");
+  if (s->device != LUTRA_CPU) return LUTRA_OK;
+  const int32_t *v = s->data;
+  int64_t sum = 0;
+  for (int e = 0; e < g->num; e++) {
+    CHECK_ARG(v[e] >= 0, "m_splits[%d] is %d: a split must be >= 0", e, (int)v[e]);
+    sum += v[e];
+  }
+  CHECK_ARG(rows < 0 || sum == rows, "m_splits sum to %lld, the input has %lld rows",
+            (long long)sum, (long long)rows);
+  return LUTRA_OK;
+}
+
+static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) {
+  TRY(check_splits(g, s, -1, fn));
   size_t bytes = (size_t)g->num * sizeof(int32_t);
   if (s->device == LUTRA_CPU) {
     const int32_t *v = s->data;
-    for (int e = 0; e < g->num; e++)
-      CHECK_ARG(v[e] >= 0, "m_splits[%d] is %d: a split must be >= 0", e, (int)v[e]);
     CHECK_STATE(!(LUTRA_CAPTURING() && g->device != LUTRA_CPU),
                 "host m_splits while capturing a CUDA graph would be replayed unchanged: pass "
                 "the splits as a device tensor");
@@ -378,7 +392,19 @@ int lutra_grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_te
                           const lutra_forward_args *a, lutra_tensor **y) {
   static const char fn[] = "lutra_grouped_forward";
   TRY(check_grouped(m, fn));
-  TRY(set_splits(grouped_of(m), splits, fn));
+  grouped_linear *g = grouped_of(m);
+  /* what can be checked before the splits are replaced is, so that a refused call changes
+   * nothing (a bad device split is found on the device) */
+  TRY(lutra_check_tensor(x, fn, "input"));
+  CHECK_ARG(a, "args is NULL (lutra_forward_defaults gives the defaults)");
+  CHECK_ARG(y, "y is NULL");
+  CHECK_ARG(x->dtype == g->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(x->dtype), lutra_dtype_name(g->dtype));
+  CHECK_ARG(lutra_cols(x) == g->in, "input has %lld features, the module expects %lld",
+            (long long)lutra_cols(x), (long long)g->in);
+  CHECK_ARG(x->device == g->device, "input is on another device than the module");
+  TRY(check_splits(g, splits, lutra_rows(x), fn));
+  TRY(set_splits(g, splits, fn));
   return lutra_module_forward_ex(m, x, a, y);
 }
 
