@@ -167,17 +167,20 @@ static lutra_grouped_quant_args quant_args(const grouped_linear *g, const groupe
                                            bool record_amax, const grouped_fp8_buf *b) {
   const lutra_quantizer_spec *s = &r->spec;
   const int64_t n = g->num;
-  lutra_grouped_quant_args a = {.num = g->num,
-                                .kind = s->kind,
-                                .splits = g->splits_dev->data,
-                                .bad_split = g->bad_split ? g->bad_split->data : NULL,
-                                .scratch = g->scratch,
-                                .x_dtype = g->dtype,
-                                .power_2_scale = s->power_2_scale,
-                                .amax_epsilon = s->amax_epsilon,
-                                .fp8_max = lutra_dtype_max(s->dtype),
-                                .block_dim = s->block_dim,
-                                .out = b ? b->q : (lutra_grouped_fp8){.align = 16}};
+  lutra_grouped_quant_args a = {
+      .num = g->num,
+      .kind = s->kind,
+      .splits = g->splits_dev->data,
+      .bad_split = g->bad_split ? g->bad_split->data : NULL,
+      .scratch = g->scratch,
+      .x_dtype = g->dtype,
+      .power_2_scale = s->power_2_scale,
+      .amax_epsilon = s->amax_epsilon,
+      .fp8_max = lutra_dtype_max(s->dtype),
+      .block_dim = s->block_dim,
+      .out =
+          b ? b->q
+            : (lutra_grouped_fp8){.dtype = s->dtype, .scaling = LUTRA_SCALING_TENSOR, .align = 16}};
   if (s->kind == LUTRA_QUANT_DELAYED) {
     a.scale = r->state;
     a.amax = record_amax ? r->state + 12 * n : NULL;
@@ -291,13 +294,15 @@ int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool d
   if (dx_wanted) {
     ga.pass = LUTRA_GROUPED_DGRAD;
     ga.dx = g->dx->data;
-    TRY(g->be->grouped_gemm(&ga));
+    int st = g->be->grouped_gemm(&ga);
+    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   }
   ga.pass = LUTRA_GROUPED_WGRAD;
   ga.dw = g->ptrs + 2 * g->num;
   ga.dw_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
   ga.accumulate = g->accumulate_main_grad;
-  return g->be->grouped_gemm(&ga);
+  int st = g->be->grouped_gemm(&ga);
+  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
 /* calibration: delayed scaling records each expert's amax of input and weight, nothing else */

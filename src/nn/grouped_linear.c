@@ -89,10 +89,13 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
     ga.pass = LUTRA_GROUPED_FPROP;
     ga.x = x->data;
     ga.y = g->y->data;
-    if (st == LUTRA_OK) st = g->be->grouped_gemm(&ga);
+    if (st == LUTRA_OK) {
+      st = g->be->grouped_gemm(&ga);
+      if (st != LUTRA_OK) lutra_error_wrap(st, fn);
+    }
   }
   RANGE_POP();
-  if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  if (st != LUTRA_OK) return st;
   lutra_tensor_hold(&g->x, x);
   g->rows = rows;
   g->forward_fp8 = fp8;
@@ -106,7 +109,8 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   return LUTRA_OK;
 }
 
-static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted) {
+static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
+                                   const char *fn) {
   lutra_grouped_gemm_args ga;
   lutra_grouped_common(g, g->rows, &ga);
   ga.x = g->x->data;
@@ -114,7 +118,8 @@ static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bo
   if (dx_wanted) {
     ga.pass = LUTRA_GROUPED_DGRAD;
     ga.dx = g->dx->data;
-    TRY(g->be->grouped_gemm(&ga));
+    int st = g->be->grouped_gemm(&ga);
+    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   }
   ga.pass = LUTRA_GROUPED_WGRAD;
   ga.dw = g->ptrs + 2 * g->num;
@@ -122,7 +127,8 @@ static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bo
   ga.accumulate = g->accumulate_main_grad;
   ga.db = g->has_bias ? g->ptrs + 3 * g->num : NULL;
   ga.bias_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
-  return g->be->grouped_gemm(&ga);
+  int st = g->be->grouped_gemm(&ga);
+  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
 static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
@@ -146,9 +152,9 @@ static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tenso
   int st = g->forward_fp8 && g->roles[LUTRA_ROLE_GRAD_OUTPUT].spec.kind != LUTRA_QUANT_NONE
                ? lutra_grouped_fp8_backward(g, dy, dx != NULL, fn)
            : g->forward_host ? lutra_grouped_host_backward(g, dy, dx != NULL, fn)
-                             : backward_high_precision(g, dy, dx != NULL);
+                             : backward_high_precision(g, dy, dx != NULL, fn);
   RANGE_POP();
-  if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  if (st != LUTRA_OK) return st;
   if (g->backward_trigger) {
     TRY(lutra_autocast_backward_done(fn));
     g->backward_trigger = false;
