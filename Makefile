@@ -50,7 +50,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx sim-grouped threads-check check-codecs check-activations
 
 all: $(LIB) $(CDEF)
 
@@ -139,6 +139,15 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
+
+# GroupedLinear's split quantization (kernels/grouped_quantize.cu) emulated the same way against
+# the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
+build/sim_grouped_quantize: tools/sim_grouped_quantize.cpp $(SIM_OBJ) kernels/grouped_quantize.cu \
+                            kernels/grouped_kernels.h kernels/common.cuh $(HDRS)
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-grouped: build/sim_grouped_quantize
+	./build/sim_grouped_quantize
 
 # kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
 # for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.

@@ -159,7 +159,7 @@ struct Setup {
   void *y, *dx;         /* bf16 outputs */
   void *const *dw;      /* WGRAD outputs */
   lutra_grouped_fp8 xq, dyq, wq;
-  int64_t *R, *P;
+  int64_t *R, *P, *ok;
 };
 
 __device__ __forceinline__ float scale16(const void *p, int e) {
@@ -184,6 +184,7 @@ template <class C> __global__ void k_setup(Setup s, Arrays<C> a) {
       s.P[e + 1] = p;
     }
     if (r != s.total_rows) ok = 0;
+    *s.ok = ok;
     if (!ok && s.bad_split) *s.bad_split = 1;
   }
   __syncthreads();
@@ -391,6 +392,7 @@ extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *w
   s.wq = g->wq;
   s.R = lk_grouped_row_offsets(g->scratch, g->num);
   s.P = s.R + (g->num + 1);
+  s.ok = lk_grouped_splits_ok(g->scratch, g->num);
   const bool wgrad = g->pass == LUTRA_GROUPED_WGRAD;
   const bool f32_out = wgrad && g->dw_dtype == LUTRA_F32;
   if (wgrad && g->dw_dtype != LUTRA_F32 && g->dw_dtype != LUTRA_BF16) return cudaErrorNotSupported;

@@ -19,9 +19,14 @@ static inline int64_t *lk_grouped_row_offsets(void *scratch, int num) {
   (void)num;
   return (int64_t *)scratch;
 }
-/* where the GEMM's arrays start: after the offsets, 256-byte aligned */
+/* after them, 1 when the last kernel that read the splits found them good (0: bad, and the
+ * kernels after it that read the offsets write nothing) */
+static inline int64_t *lk_grouped_splits_ok(void *scratch, int num) {
+  return (int64_t *)scratch + 2 * (size_t)(num + 1);
+}
+/* where the GEMM's arrays start: after the offsets and the flag, 256-byte aligned */
 static inline char *lk_grouped_gemm_arrays(void *scratch, int num) {
-  size_t off = (2 * (size_t)(num + 1) * sizeof(int64_t) + 255) / 256 * 256;
+  size_t off = ((2 * (size_t)(num + 1) + 1) * sizeof(int64_t) + 255) / 256 * 256;
   return (char *)scratch + off;
 }
 

@@ -57,6 +57,7 @@ struct GroupedQuant {
   int dbias_dtype, dbias_accumulate;
   const int32_t *skip;
   int64_t *R, *P; /* scratch: [num + 1] each */
+  int64_t *ok;    /* scratch: the splits were good */
 };
 
 __global__ void k_offsets(GroupedQuant a) {
@@ -74,6 +75,7 @@ __global__ void k_offsets(GroupedQuant a) {
     a.P[e + 1] = p;
   }
   if (a.splits && r != a.total_rows) ok = false;
+  *a.ok = ok;
   if (!ok) {
     if (a.bad_split) *a.bad_split = 1;
     for (int e = 0; e <= a.num; e++) /* no expert has rows: every later kernel does nothing */
@@ -156,7 +158,7 @@ template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a)
   if (a.skip && *a.skip) return;
   const int e = blockIdx.y;
   const int64_t c = (int64_t)blockIdx.x * 128 + threadIdx.x;
-  if (c >= a.cols) return;
+  if (c >= a.cols || !*a.ok) return;
   void *db = a.dbias[e];
   double acc = a.dbias_accumulate ? (double)load1_any(db, a.dbias_dtype, c) : 0.0;
   for (int64_t r = a.R[e]; r < a.R[e + 1]; r++)
@@ -197,6 +199,7 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   a.skip = q->skip;
   a.R = lk_grouped_row_offsets(q->scratch, q->num);
   a.P = a.R + (q->num + 1);
+  a.ok = lk_grouped_splits_ok(q->scratch, q->num);
   LKC_LAUNCH(k_offsets, 1, 1, 0, st, a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -230,6 +233,7 @@ extern "C" cudaError_t lk_grouped_dbias(const void *dy, int dtype, int64_t cols,
   a.dbias_accumulate = accumulate;
   a.R = lk_grouped_row_offsets(scratch, num);
   a.P = a.R + (num + 1);
+  a.ok = lk_grouped_splits_ok(scratch, num);
   return with_float_dtype(dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;
     dim3 grid((unsigned)((cols + 127) / 128), (unsigned)num);
