@@ -81,7 +81,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped threads-check check-codecs check-activations
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -103,6 +103,30 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
 	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
+
+# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped_gemm_sm90.cu): PyPI's
+# nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA build
+# only; that one object is built for sm_90a alone (the only arch its kernels run on).
+PYTHON          ?= python3
+CUTLASS_VERSION ?= 4.2.0.0
+CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
+CUTLASS_STAMP    = $(CUTLASS_DIR)/.unpacked
+$(CUTLASS_STAMP):
+	rm -rf $(CUTLASS_DIR) && mkdir -p $(CUTLASS_DIR)/wheel
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: nvidia-cutlass==$(CUTLASS_VERSION) \
+	  -d $(CUTLASS_DIR)/wheel
+	$(PYTHON) -m zipfile -e $(CUTLASS_DIR)/wheel/nvidia_cutlass-$(CUTLASS_VERSION)-py3-none-any.whl \
+	  $(CUTLASS_DIR)/wheel/x
+	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/include $(CUTLASS_DIR)/include
+	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/tools/util/include $(CUTLASS_DIR)/util
+	rm -rf $(CUTLASS_DIR)/wheel
+	touch $@
+$(BUILD)/kernels/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
+# NDEBUG as CUTLASS's own release builds: a device assert between wgmma instructions is a call
+# that makes ptxas serialize them (its C7510 "Potential Performance Loss")
+$(BUILD)/kernels/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr -DNDEBUG \
+  -isystem $(CUTLASS_DIR)/include -isystem $(CUTLASS_DIR)/util
+$(BUILD)/kernels/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
@@ -161,6 +185,14 @@ build/sim_moe: tools/sim_moe.cpp $(SIM_OBJ) kernels/moe.cu kernels/ops_common.cu
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-moe: build/sim_moe
 	./build/sim_moe $(ARGS)
+# GroupedLinear's split quantization (kernels/grouped_quantize.cu) emulated the same way against
+# the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
+build/sim_grouped_quantize: tools/sim_grouped_quantize.cpp $(SIM_OBJ) kernels/grouped_quantize.cu \
+                            kernels/grouped_kernels.h kernels/common.cuh $(HDRS)
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-grouped: build/sim_grouped_quantize
+	./build/sim_grouped_quantize
 
 # kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
 # for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.

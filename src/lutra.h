@@ -28,6 +28,7 @@
 #include "lutra/graph.h"
 #include "lutra/inspect.h"
 #include "lutra/moe.h"
+#include "lutra/grouped.h"
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"

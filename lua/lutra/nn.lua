@@ -11,6 +11,7 @@ local core = require("lutra.core")
 local chk = require("lutra.check")
 local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
+local grouped = require("lutra.grouped")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
@@ -192,9 +193,16 @@ end
 -- @param x the input tensor
 --
 -- @param[opt] opts is_first_microbatch (nil, true, false or "device") or a table
--- {is_first_microbatch =, grad =} (see the comment above)
-function Module:forward(x, opts)
+-- {is_first_microbatch =, grad =} (see the comment above); for a GroupedLinear, m_splits (a
+-- table, a host or a device i32 tensor)
+-- @param[opt] grouped_opts for a GroupedLinear: the options table that follows m_splits
+function Module:forward(x, opts, grouped_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
+  -- GroupedLinear: forward(x, m_splits, opts)
+  local splits
+  if grouped.is_splits(opts) then
+    splits, opts = grouped.splits_tensor(self, opts), grouped_opts
+  end
   local grad = true
   local first = opts
   if type(opts) == "table" then
@@ -208,7 +216,9 @@ function Module:forward(x, opts)
   end
   forward_args.is_first_microbatch = microbatch_flag(first)
   forward_args.grad = grad and 1 or 0
-  if C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box) ~= 0 then core.fail() end
+  local st = splits and C.lutra_grouped_forward(self, x, splits, forward_args, core.tensor_box)
+             or C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box)
+  if st ~= 0 then core.fail() end
   return borrow(core.tensor_box[0], self)
 end
 
@@ -282,6 +292,10 @@ M.Residual = fused.Residual
 Module.layernorm_output, Module.norm_fused = fused.layernorm_output, fused.norm_fused
 Module.mlp_fusions = fused.mlp_fusions
 -- ---- end norm-fused modules ----
+
+-- GroupedLinear: nn.GroupedLinear(num_gemms, in, out, opts); m:forward(x, m_splits, opts)
+M.GroupedLinear = grouped.GroupedLinear
+for name, f in pairs(grouped.methods) do Module[name] = f end
 
 -- print(module) shows the tree; a Sequential is indexed seq[i] (1-based) and #seq
 -- (lutra/module_tree.lua); Linear's module:quantized(role) gives its last FP8 input or weight

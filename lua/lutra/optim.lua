@@ -63,8 +63,11 @@ end
 --- Frees the optimizer (its moments and masters) now.
 function Optim:free() check(C.lutra_optim_release(self)) end
 
--- step calls made, and steps run on the device (a captured step's replays; the same on the cpu)
 local steps_box = ffi.new("int64_t[2]")
+--- The step calls made, and the steps run on the device (a captured step's replays count
+-- there; on the cpu both are the same).
+-- @treturn number host steps
+-- @treturn number device steps
 function Optim:steps()
   check(C.lutra_optim_steps(self, steps_box, steps_box + 1))
   return tonumber(steps_box[0]), tonumber(steps_box[1])

@@ -105,4 +105,6 @@ const lutra_backend lutra_cpu_backend = {
     .moe_permute_backward = lutra_cpu_moe_permute_backward,
     .moe_unpermute = lutra_cpu_moe_unpermute,
     .moe_unpermute_backward = lutra_cpu_moe_unpermute_backward,
+    .grouped_quantize = lutra_cpu_grouped_quantize,
+    .grouped_gemm = lutra_cpu_grouped_gemm,
 };

@@ -44,6 +44,10 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p);
 void lutra_cpu_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cpu_gemm(const lutra_gemm_args *g);
 
+/* GroupedLinear's grouped quantization and GEMMs: loops over the experts (grouped_cpu.c) */
+int lutra_cpu_grouped_quantize(const lutra_grouped_quant_args *a);
+int lutra_cpu_grouped_gemm(const lutra_grouped_gemm_args *g);
+
 /* activations and the bias gradient (activation_cpu.c) */
 /* tanh GELU and its derivative in f32 (the formulas every GELU of lutra uses) */
 float lutra_cpu_gelu(float x);

@@ -662,4 +662,6 @@ const lutra_backend lutra_cuda_table = {
     .graph_destroy = lutra_cuda_graph_destroy,
     .norm_quantize = k_norm_quantize,
     .add = k_add,
+    .grouped_quantize = lutra_cuda_grouped_quantize,
+    .grouped_gemm = lutra_cuda_grouped_gemm,
 };
