@@ -103,6 +103,29 @@ if has moe; then
     --out "$OUT/moe_permute.md" > "$OUT/moe-bench.log" 2>&1
   note "moe permute bench exit $?"
 fi
+if has grouped; then
+  # GroupedLinear (bench/grouped_bench.lua: host time against the raw launches, grouped GEMM
+  # throughput against one dense GEMM of the same FLOPs) and PyTorch at the same shapes
+  [ -f build/libhost_floors.so ] || nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC \
+    -cudart shared bench/host_floors.cu -o build/libhost_floors.so -lcublasLt > "$OUT/grouped-floors.log" 2>&1
+  timeout 300 luajit bench/grouped_bench.lua --part all --floors-lib build/libhost_floors.so \
+    > "$OUT/grouped-bench.log" 2>&1
+  note "grouped bench exit $?"
+  timeout 200 python3 bench/torch_grouped.py > "$OUT/torch-grouped.log" 2>&1
+  note "torch grouped bench exit $?"
+fi
+if has dist; then
+  # process groups on one GPU (1-rank NCCL): parallel Linear host time beside Linear + the raw
+  # collective, collectives per step, SP all-gather bytes
+  NCCL_NVLS_ENABLE=0 timeout 200 luajit bench/dist_overhead.lua --device cuda > "$OUT/dist-bench.log" 2>&1
+  note "dist bench exit $?"
+fi
+if has prenorm; then
+  for r in none delayed current mxfp8 block; do
+    LUTRA_DEVICE=cuda timeout 120 luajit examples/train_prenorm.lua --device cuda --recipe $r > "$OUT/prenorm-$r.log" 2>&1
+    note "prenorm example $r: exit $? $(tail -1 "$OUT/prenorm-$r.log")"
+  done
+fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL_OUT/summary.txt"
 tar czf "$FINAL_OUT/logs.tgz" -C "$OUT" . 2> /dev/null

@@ -5,9 +5,11 @@
 -- the bias gradient inside the first Linear's grad_output cast, both in the tiled cast kernel,
 -- the second with its transpose; the inference forward writes the rowwise codes only); the
 -- other recipes run the activation's kernels and must count no cast fusion on either device.
--- Bounds: f32 modules 1e-5 and bf16 1e-3 under FP8 (the CPU and cuBLASLt accumulate the FP8
+-- Bounds: f32 modules 1e-4 and bf16 1e-3 under FP8 (the CPU and cuBLASLt accumulate the FP8
 -- products in another order, and the sigmoid / erf kinds round expf / erff a few ulps off libm,
--- so an FP8 code can move by one step); 1e-6 / 1e-4 in high precision.
+-- so an FP8 code can move by one step; two FP8 Linears in a chain, the second's E5M2 gradient
+-- codes a quarter of a value apart, put a handful of such steps at 2-6e-5 on the H200, in the
+-- unfused current-scaling path as much as in the fused one); 1e-6 / 1e-4 in high precision.
 local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
 local S = require("spec.gpu.support")
@@ -50,7 +52,7 @@ local function run(kind, rec, dtype, grad)
   local r = rec.make()
   lutra.autocast { recipe = r }:run(function() ya = sa:forward(xa, opts) end)
   lutra.autocast { recipe = r }:run(function() yb = sb:forward(xb, opts) end)
-  local bound = dtype == "f32" and 1e-5 or 1e-3
+  local bound = dtype == "f32" and 1e-4 or 1e-3
   local tag = string.format("%s %s %s", kind.name, rec.name, dtype)
   S.assert_nmse(yb, ya, bound, tag .. ": output")
   if grad then
