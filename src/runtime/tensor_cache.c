@@ -5,13 +5,14 @@
 
 #include <string.h>
 
-int lutra_tensor_cache_get(lutra_tensor_cache *c, const lutra_tensor_spec *s, lutra_tensor **out,
-                           const char *fn) {
+int lutra_tensor_cache_lookup(lutra_tensor_cache *c, const lutra_tensor_spec *s,
+                              lutra_tensor **out, const char *fn) {
   int victim = 0;
   for (int i = 0; i < LUTRA_TENSOR_CACHE_SLOTS; i++) {
     lutra_tensor *t = c->slot[i];
     if (t && lutra_tensor_fits(t, s)) {
       c->last_use[i] = ++c->clock;
+      c->recent = i;
       *out = t;
       return LUTRA_OK;
     }
@@ -25,6 +26,7 @@ int lutra_tensor_cache_get(lutra_tensor_cache *c, const lutra_tensor_spec *s, lu
   lutra_tensor_destroy(c->slot[victim]);
   c->slot[victim] = fresh;
   c->last_use[victim] = ++c->clock;
+  c->recent = victim;
   *out = fresh;
   return LUTRA_OK;
 }
