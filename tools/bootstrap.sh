@@ -3,11 +3,16 @@
 #   sh tools/bootstrap.sh run     # builds and trains the example MLP
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
-# Nothing is downloaded but Debian packages.
+# Nothing is downloaded but Debian packages (and, by a CUDA build's make, CUTLASS's headers from
+# PyPI's nvidia-cutlass, through pip).
 set -eu
 cd "$(dirname "$0")/.."
 
 packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev"
+# a CUDA build fetches CUTLASS's headers with pip (Makefile: CUTLASS_VERSION)
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  python3 -m pip --version >/dev/null 2>&1 || packages="$packages python3-pip"
+fi
 missing=""
 for p in $packages; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then
