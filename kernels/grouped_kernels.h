@@ -35,10 +35,11 @@ static inline char *lk_grouped_gemm_arrays(void *scratch, int num) {
 cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, int64_t rows_cap,
                                 cudaStream_t s);
 
-/* db[e] (+)= the column sums of expert e's rows of dy (in double, rows in order, as the CPU),
- * from the row offsets the grouped call before it wrote into scratch */
-cudaError_t lk_grouped_dbias(const void *dy, int dtype, int64_t cols, int num, void *scratch,
-                             void *const *db, int db_dtype, int accumulate, cudaStream_t s);
+/* db[e] (+)= the column sums of expert e's rows of dy (in double, rows in order, as the CPU);
+ * nothing is written when the splits are bad */
+cudaError_t lk_grouped_dbias(const void *dy, int dtype, int64_t rows, int64_t cols, int num,
+                             const int32_t *splits, void *const *db, int db_dtype, int accumulate,
+                             cudaStream_t s);
 
 /* One grouped GEMM pass through CUTLASS's Hopper pointer-array grouped GEMM (sm_90a): a setup
  * kernel turns the device splits into the problem sizes, operand pointers and alphas in

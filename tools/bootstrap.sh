@@ -4,7 +4,8 @@
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
 # Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors and
-# numpy, which the checkpoint interop spec runs). make runs with one job per core (nproc); on a
+# numpy, which the checkpoint interop spec runs; a CUDA build's make fetches CUTLASS's headers
+# from PyPI's nvidia-cutlass through pip, Makefile: CUTLASS_VERSION). make runs with one job per core (nproc); on a
 # machine without a usable GPU (nvidia-smi lists none) it builds the CPU backend only (CUDA=0):
 # the CUDA kernels take minutes to compile and nothing there could run them. CUDA=1 on the
 # command line builds them anyway (CI does, so that they compile on every submission).
@@ -13,7 +14,7 @@ cd "$(dirname "$0")/.."
 
 packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev libopenmpi-dev openmpi-bin"
 # luarocks, LDoc (make doc), lua-argparse (command lines); python3 + pip: the checkpoint interop
-# spec's side
+# spec's side and CUTLASS's headers
 packages="$packages luarocks lua-ldoc lua-argparse python3 python3-pip"
 missing=""
 for p in $packages; do

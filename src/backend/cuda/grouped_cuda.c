@@ -52,7 +52,7 @@ int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
                        "kernels/grouped_gemm_sm90.cu)");
   }
   if (e == cudaSuccess && g->pass == LUTRA_GROUPED_WGRAD && !g->fp8 && g->db)
-    e = lk_grouped_dbias(g->dy, g->dtype, g->out, g->num, g->scratch, g->db, g->bias_dtype,
-                         g->accumulate, lutra_cuda_stream());
+    e = lk_grouped_dbias(g->dy, g->dtype, g->total_rows, g->out, g->num, g->splits, g->db,
+                         g->bias_dtype, g->accumulate, lutra_cuda_stream());
   return lutra_cuda_status(e, fn, "grouped GEMM");
 }
