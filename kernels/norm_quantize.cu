@@ -3,8 +3,8 @@
  * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
  *
  * One block per tile of TR rows, in one launch from x to the codes:
- *   1. the row statistics of each of its rows, one row after the other over the whole block,
- *      with norm_fwd's thread split, vector width and block_sum tree (kernels/norm.cu): the same
+ *   1. the row statistics of each of its rows, a warp per row, with norm_fwd's thread split,
+ *      vector width and block_sum tree (kernels/norm.cu) played by the warp's lanes: the same
  *      mean and rstd bits as lk_layernorm_forward;
  *   2. per chunk of CW columns: y for the TR x CW sub-tile, with norm_fwd's f32 formula, rounded
  *      into the activation dtype as the stored y would be (and stored when a high-precision
@@ -25,12 +25,14 @@ using namespace lkops;
 
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32;
 enum Mode { kTensor = 0, kMx = 1, kBlock = 2 };
 
+/* rows x columns of a tile, and the block's threads (1x128 blocks: one tile per 128 rows, so
+ * larger blocks keep enough loads in flight) */
 template <int MODE> struct TileShape {
   static constexpr int TR = MODE == kBlock ? 128 : 32;
   static constexpr int CW = MODE == kBlock ? 128 : 64;
+  static constexpr int THREADS = MODE == kBlock ? 1024 : 256;
 };
 
 template <int MODE> constexpr int smem_bytes() {
@@ -67,33 +69,53 @@ template <int PDT> __device__ __forceinline__ float gamma_at(const lutra_norm_ar
   return a.zero_centered_gamma ? fadd(g, 1.0f) : g;
 }
 
-/* norm_fwd's statistics of row o (kernels/norm.cu), the whole block taking part */
+/* The row statistics of lk_layernorm_forward, computed by ONE warp: norm_fwd sums a row over
+ * kNormThreads = 256 threads (thread t: columns t V + j 256 V, in that order), reduces each warp
+ * with an xor butterfly (every lane ends with the same bits: each level adds the same two
+ * values, and addition commutes) and adds the 8 warp sums in order from 0. Here lane l plays the
+ * threads l + 32 w of the 8 warps w: the same partial sums, the same butterfly per w, the same
+ * ordered sum, hence the same mean and rstd bits, with no block barrier, so the block's warps
+ * take rows in parallel. */
+constexpr int kNormThreads = 256, kNormWarps = kNormThreads / 32;
+
+/* SQ: sum of (x - mean_d)^2, written as norm_fwd writes it (d = x - mean_d; q += d * d), so
+ * that nvcc makes the same multiply-add of it; else the sum of x */
+template <int DT, int V, bool SQ>
+__device__ __forceinline__ double row_sum(const void *x, int64_t o, int64_t h, int lane,
+                                          double mean_d) {
+  double part[kNormWarps];
+#pragma unroll
+  for (int w = 0; w < kNormWarps; w++) {
+    double s = 0.0;
+    for (int64_t c = static_cast<int64_t>(lane + 32 * w) * V; c < h; c += kNormThreads * V) {
+      float v[V];
+      ldv<DT, V>(x, o + c, v);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        if constexpr (SQ) {
+          const double d = v[k] - mean_d;
+          s += d * d;
+        } else {
+          s += v[k];
+        }
+      }
+    }
+    part[w] = warp_sum(s);
+  }
+  double r = 0.0;
+#pragma unroll
+  for (int w = 0; w < kNormWarps; w++)
+    r += part[w];
+  return r;
+}
+
 template <int DT, int V>
-__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, double *red,
+__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
                                           float &mean, float &rstd) {
   const int64_t h = a.hidden;
-  double s = 0.0;
-  if (!a.rms) {
-    for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kThreads * V) {
-      float v[V];
-      ldv<DT, V>(a.x, o + c, v);
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        s += v[k];
-    }
-  }
-  const double mean_d = a.rms ? 0.0 : block_sum<kThreads>(s, red) / static_cast<double>(h);
-  double q = 0.0;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kThreads * V) {
-    float v[V];
-    ldv<DT, V>(a.x, o + c, v);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      const double d = v[k] - mean_d;
-      q += d * d;
-    }
-  }
-  const double var = block_sum<kThreads>(q, red) / static_cast<double>(h);
+  const double mean_d =
+      a.rms ? 0.0 : row_sum<DT, V, false>(a.x, o, h, lane, 0.0) / static_cast<double>(h);
+  const double var = row_sum<DT, V, true>(a.x, o, h, lane, mean_d) / static_cast<double>(h);
   mean = static_cast<float>(mean_d);
   rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
 }
@@ -108,24 +130,23 @@ __device__ __forceinline__ float block_scale(const Params &p, float amax) {
 }
 
 template <int DT, int PDT, int OD, int V, int MODE>
-__global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
+__global__ void __launch_bounds__(TileShape<MODE>::THREADS) k_norm_quantize(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   using T = TileShape<MODE>;
-  constexpr int TR = T::TR, CW = T::CW, LD = CW + 1;
+  constexpr int TR = T::TR, CW = T::CW, LD = CW + 1, kThreads = T::THREADS, kWarps = kThreads / 32;
   float *tile = reinterpret_cast<float *>(lkc::dyn_smem());
   float *smean = tile + TR * LD, *srstd = smean + TR;
-  __shared__ double red[kWarps];
   __shared__ float fred[32];
   const lutra_norm_args &a = p.n;
   const int64_t rows = a.rows, h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * TR;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  for (int i = 0; i < TR; i++) {
+  for (int i = warp; i < TR; i += kWarps) {
     const int64_t r = r0 + i;
     if (r >= rows) break;
     float mean, rstd;
-    row_stats<DT, V>(a, r * h, red, mean, rstd);
-    if (tid == 0) {
+    row_stats<DT, V>(a, r * h, lane, mean, rstd);
+    if (lane == 0) {
       smean[i] = mean;
       srstd[i] = rstd;
       if (a.mean && !a.rms) a.mean[r] = mean;
@@ -306,7 +327,7 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
             cudaError_t e = lkc::allow_smem(
                 kernel, SMEM, smem_allowed[DT][PDT][OD == LUTRA_E4M3 ? 0 : 1][MODE][vi]);
             if (e != cudaSuccess) return e;
-            kernel<<<grid, kThreads, SMEM, s>>>(p);
+            kernel<<<grid, TileShape<MODE>::THREADS, SMEM, s>>>(p);
             return cudaGetLastError();
           };
           if (vec) return run(k_norm_quantize<DT, PDT, OD, vec16<DT>(), MODE>, 1);
