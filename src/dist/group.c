@@ -34,6 +34,7 @@ struct lutra_group {
 
 static struct {
   bool inited, we_initialized, finalized, exit_registered;
+  bool any_broken; /* a collective failed: MPI_Finalize's fence could wait for dead peers */
   double timeout_s;
   const void *host_comm;
   lutra_group *world;
@@ -102,12 +103,12 @@ static int wait_request(lutra_group *g, MPI_Request *req, const char *what, cons
     int done = 0;
     int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (rc != MPI_SUCCESS) {
-      g->broken = true;
+      g->broken = dist.any_broken = true;
       return mpi_fail(rc, fn, what);
     }
     if (done) return LUTRA_OK;
     if (MPI_Wtime() - t0 > g->timeout_s) {
-      g->broken = true;
+      g->broken = dist.any_broken = true;
       return lutra_error(LUTRA_EBACKEND, fn,
                          "%s on rank %d of a group of %d did not complete within %g s (a peer "
                          "died, hangs or called another collective); the group is broken",
@@ -142,12 +143,12 @@ static lutra_nccl_boot nccl_boot(lutra_group *g) {
 static int nccl_of(lutra_group *g, const char *fn) {
   lutra_nccl_boot b = nccl_boot(g);
   int st = lutra_nccl_get(&g->nccl, &b, fn);
-  if (st == LUTRA_EBACKEND) g->broken = true;
+  if (st == LUTRA_EBACKEND) g->broken = dist.any_broken = true;
   return st;
 }
 
 static int nccl_status(lutra_group *g, int st) {
-  if (st == LUTRA_EBACKEND) g->broken = true;
+  if (st == LUTRA_EBACKEND) g->broken = dist.any_broken = true;
   return st;
 }
 
@@ -411,7 +412,7 @@ int lutra_group_free(lutra_group *g) {
 
 static void finalize_at_exit(void) {
   /* a rank whose collective failed would wait in MPI_Finalize's fence for peers that are gone */
-  if (!dist.finalized && dist.we_initialized && !(dist.world && dist.world->broken))
+  if (!dist.finalized && dist.we_initialized && !dist.any_broken)
     lutra_dist_finalize();
 }
 
