@@ -22,7 +22,10 @@ function M.available()
 end
 
 local function mpirun_prefix(np, extra, limit_s)
-  return string.format("timeout %d mpirun --allow-run-as-root --oversubscribe %s -np %d "
+  -- containers often forbid the cross-process memory attach (CMA) Open MPI's shared-memory
+  -- transport tries first: copy through the shared segment instead
+  return string.format("timeout %d mpirun --allow-run-as-root --oversubscribe "
+                       .. "--mca btl_vader_single_copy_mechanism none %s -np %d "
                        .. "-x LUA_PATH -x LUTRA_LIB ", limit_s or 900, extra or "", np)
 end
 M.mpirun_prefix = mpirun_prefix
