@@ -64,7 +64,8 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench doc install install-rock clean format sim-mx threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs check-activations
+.PHONY: doc install-rock
 
 all: $(LIB) $(SONAME) $(CDEF)
 
