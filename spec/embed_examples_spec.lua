@@ -41,15 +41,15 @@ describe("examples/embed", function()
   end)
 
   it("host runs a Lua step per frame and recovers a failing one without a scope left entered", function()
-    local ok_lj, lj = I.sh("pkg-config --cflags --libs luajit")
-    if not ok_lj then
-      pending("LuaJIT's development files (libluajit-5.1-dev) are not installed")
+    local lj, why = I.luajit_flags()
+    if not lj then
+      pending(why)
       return
     end
     local exe = "build/embed_host_spec"
     local ok, out = I.sh(string.format("mkdir -p build && %s %s -o %s examples/embed/host.c " ..
                                        "-L. -llutra -Wl,-rpath,\"$PWD\" %s -lm", cc(), FLAGS, exe,
-                                       lj:gsub("%s+$", "")))
+                                       lj))
     assert(ok, "building host failed:\n" .. out)
     ok, out = I.sh("env -u LD_PRELOAD OPENBLAS_NUM_THREADS=1 LUA_PATH='lua/?.lua;lua/?/init.lua' " ..
                    exe .. " 300 examples/embed/train_step.lua")

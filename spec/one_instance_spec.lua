@@ -10,9 +10,13 @@ describe("one library instance per process", function()
     pending("skipped: liblutra.so is not built (make)")
     return
   end
-  local ok_lj, lj = I.sh("pkg-config --cflags --libs luajit")
-  if not ok_lj then
-    pending("skipped: LuaJIT's development files (libluajit-5.1-dev) are not installed")
+  local lj, why = I.luajit_flags()
+  if not lj then
+    pending("skipped: " .. why)
+    return
+  end
+  if not I.sh("command -v pkg-config") then
+    pending("skipped: no pkg-config")
     return
   end
   local tree = I.prefix()
@@ -24,8 +28,7 @@ describe("one library instance per process", function()
     local env = "PKG_CONFIG_PATH=" .. tree.pkgconfig .. " PKG_CONFIG_LIBDIR= "
     local ok, out = I.sh(string.format(
       "%s -std=c11 -Wall -Wextra -Werror -o %s spec/support/one_instance_host.c " ..
-      "$(%spkg-config --cflags --libs lutra) %s -Wl,-rpath,%s", cc, exe, env,
-      lj:gsub("%s+$", ""), tree.lib))
+      "$(%spkg-config --cflags --libs lutra) %s -Wl,-rpath,%s", cc, exe, env, lj, tree.lib))
     assert(ok, "building the host failed:\n" .. out)
     local _, pwd = I.sh("pwd")
     pwd = pwd:gsub("%s+$", "")

@@ -1,7 +1,7 @@
 -- lutra-scm-1.rockspec through luarocks, as README gives it
 -- (`luarocks --lua-version 5.1 make lutra-scm-1.rockspec`), into a temporary tree: from a copy
--- of the checkout's files as a clone has them (git ls-files) plus this build's outputs, so that
--- make finds the library built and only installs; then luajit on that tree's paths
+-- of the checkout's files as a clone has them (git ls-files) plus this build's outputs and
+-- configuration stamps, so that make finds the library built and only installs; then luajit on that tree's paths
 -- (`luarocks path`) requires lutra without LUTRA_LIB. Skipped without luarocks or git.
 local I = require("spec.support.install_tree")
 
@@ -38,8 +38,8 @@ describe("lutra-scm-1.rockspec", function()
     local build = config == "CUDA=1" and "build/cuda" or "build/cpu"
     local ok, out = I.sh(string.format(
       "mkdir -p %s && git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C %s && " ..
-      "tar -cf - build/config %s liblutra.so liblutra.so.0 lua/lutra/cdef.lua | tar -xf - -C %s",
-      src, src, build, src))
+      "tar -cf - build/config %s %s liblutra.so liblutra.so.0 lua/lutra/cdef.lua | tar -xf - -C %s",
+      src, src, build, config == "CUDA=1" and "build/cuda_archs" or "", src))
     assert(ok, out)
     -- the CUDA switch the library was built with goes to make through the environment
     ok, out = I.sh(string.format(

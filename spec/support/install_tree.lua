@@ -63,6 +63,25 @@ function M.prefix()
   return cached
 end
 
+-- compiler flags for a program embedding LuaJIT: pkg-config's, else the Debian paths (a machine
+-- without pkg-config, its headers and library found through C_INCLUDE_PATH / LIBRARY_PATH);
+-- nil and why when neither compiles
+function M.luajit_flags()
+  local ok, flags = M.sh("pkg-config --cflags --libs luajit")
+  if ok then return (flags:gsub("%s+$", "")) end
+  flags = "-I/usr/include/luajit-2.1 -lluajit-5.1"
+  local probe = os.tmpname()
+  local f = assert(io.open(probe .. ".c", "w"))
+  f:write("#include <lua.h>\n#include <lauxlib.h>\nint main(void) { lua_State *L = luaL_newstate(); " ..
+          "lua_close(L); return 0; }\n")
+  f:close()
+  local built = M.sh(string.format("cc -o %s %s.c %s", probe, probe, flags))
+  os.remove(probe .. ".c")
+  os.remove(probe)
+  if built then return flags end
+  return nil, "LuaJIT's development files (libluajit-5.1-dev) are not found"
+end
+
 -- LUA_PATH for the installed tree only (no build tree, no ;; default with the checkout)
 function M.lua_path(luadir)
   return luadir .. "/?.lua;" .. luadir .. "/?/init.lua"
