@@ -234,35 +234,43 @@ int lutra_autocast_release(lutra_autocast *a) {
   return LUTRA_OK;
 }
 
+/* enter and exit look the thread's state up once (t): each lookup of a thread-local in a shared
+ * library is a __tls_get_addr call, and they run on every step */
 int lutra_autocast_enter(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_enter";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
   CHECK_STATE(!a->active, "scope is already entered");
-  a->saved = tls.st;
-  a->saved_innermost = tls.innermost;
+  thread_state *t = &tls;
+  a->saved = t->st;
+  a->saved_innermost = t->innermost;
   a->active = true;
-  a->owner = &tls;
-  tls.st.recipe = a->recipe;
-  tls.st.group = a->group;
-  tls.st.enabled = a->enabled;
-  tls.st.calibrating = a->calibrating;
-  tls.st.depth++;
-  tls.innermost = a;
+  a->owner = t;
+  t->st.recipe = a->recipe;
+  t->st.group = a->group;
+  t->st.enabled = a->enabled;
+  t->st.calibrating = a->calibrating;
+  t->st.depth++;
+  t->innermost = a;
   return LUTRA_OK;
 }
 
 int lutra_autocast_exit(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_exit";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
+  thread_state *t = &tls;
   CHECK_STATE(a->active, "scope is not entered");
-  CHECK_STATE(a->owner == &tls, "scope was entered by another thread: exit it on that thread");
-  CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
-  if (tls.st.depth == 1) {
-    TRY(flush(&tls.fwd, a->recipe && a->recipe->reduce_amax ? a->group : NULL, false,
-              a->recipe ? a->recipe->key : 0, fn));
-    tls.trigger_claimed = false;
+  CHECK_STATE(a->owner == t, "scope was entered by another thread: exit it on that thread");
+  CHECK_STATE(t->innermost == a, "scope is not the innermost one (exit the inner scopes first)");
+  if (t->st.depth == 1) {
+    if (t->fwd.count)
+      TRY(flush(&t->fwd, a->recipe && a->recipe->reduce_amax ? a->group : NULL, false,
+                a->recipe ? a->recipe->key : 0, fn));
+    t->trigger_claimed = false;
   }
-  leave(a);
+  t->st = a->saved;
+  t->innermost = a->saved_innermost;
+  a->active = false;
+  a->owner = NULL;
   return LUTRA_OK;
 }
 
