@@ -341,6 +341,14 @@ typedef struct lutra_backend {
   void (*capture_abort)(void);
   int (*graph_launch)(void *exec);
   void (*graph_destroy)(void *exec);
+
+  /* Current scaling of a cast with an activation inside (lutra_quant_args.act_kind): *amax =
+   * max|v| over the matrix that cast quantizes (NaNs ignored), *scale from it as current_scale
+   * computes it (fp8_max, a->power_2_scale, a->amax_epsilon); work as current_scale's; nothing
+   * written when a->skip is set. The amax pass and the cast then each read the activation's
+   * input instead of a stored output. NULL where a backend has none. */
+  int (*current_scale_act)(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
+                           uint32_t *work);
 } lutra_backend;
 
 #endif
