@@ -1,4 +1,4 @@
--- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
+--- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
 --   lutra.recipe.delayed{margin=0, fp8_format="hybrid", amax_history_len=1024,
 --                        amax_compute_algo="max", reduce_amax=true}
 --   lutra.recipe.current{fp8_format="hybrid", power_2_scale=false, amax_epsilon=0}
@@ -9,6 +9,7 @@
 --                       grad_output={kind="delayed", format="e5m2"}, margin=0, ...}
 -- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
 -- table {input=..., weight=..., grad_output=...}.
+-- @module lutra.recipe
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -83,6 +84,11 @@ local function fill_delayed(d, o, where)
   if o.reduce_amax ~= nil then d.reduce_amax = bool(where, "reduce_amax")(o.reduce_amax) end
 end
 
+--- TransformerEngine's DelayedScaling: scales from an amax history, updated once per
+-- outermost autocast exit. FP8 shapes: both matrix dims multiples of 16.
+--
+-- @tparam[opt] table opts {margin = 0, fp8_format = "hybrid" (or "e4m3"),
+-- amax_history_len = 1024, amax_compute_algo = "max" (or "most_recent"), reduce_amax = true}
 function M.delayed(opts)
   local where = "lutra.recipe.delayed"
   return make(C.lutra_recipe_delayed, "lutra_delayed_desc", C.lutra_delayed_defaults, opts,
@@ -93,6 +99,10 @@ function M.delayed(opts)
     end)
 end
 
+--- Float8CurrentScaling: each tensor scaled by its own amax. FP8 shapes: multiples of 16.
+--
+-- @tparam[opt] table opts {fp8_format = "hybrid", power_2_scale = false, amax_epsilon = 0}
+-- (the last two per role: one value or {input =, weight =, grad_output =})
 function M.current(opts)
   local where = "lutra.recipe.current"
   return make(C.lutra_recipe_current, "lutra_current_desc", C.lutra_current_defaults, opts,
@@ -103,6 +113,9 @@ function M.current(opts)
     end)
 end
 
+--- MXFP8BlockScaling: 1x32 blocks with E8M0 scales. FP8 shapes: multiples of 32.
+--
+-- @tparam[opt] table opts {fp8_format = "e4m3" (or "hybrid")}
 function M.mxfp8(opts)
   local where = "lutra.recipe.mxfp8"
   return make(C.lutra_recipe_mxfp8, "lutra_mxfp8_desc", C.lutra_mxfp8_defaults, opts,
@@ -112,6 +125,12 @@ function M.mxfp8(opts)
     end)
 end
 
+--- Float8BlockScaling: 1x128 blocks (inputs, gradients) and 128x128 tiles (weights), f32
+-- scales. FP8 shapes: multiples of 16 are accepted (partial blocks are padded); multiples of 128
+-- fill every block.
+--
+-- @tparam[opt] table opts {fp8_format = "e4m3", power_2_scale = true, amax_epsilon = 0,
+-- block_dim = {input = 1, weight = 2, grad_output = 1}} (1: 1x128, 2: 128x128)
 function M.block(opts)
   local where = "lutra.recipe.block"
   return make(C.lutra_recipe_block, "lutra_block_desc", C.lutra_block_defaults, opts,
@@ -124,6 +143,11 @@ function M.block(opts)
     end)
 end
 
+--- A quantizer kind and format per role; refused when a GEMM would be E5M2 x E5M2.
+--
+-- @tparam table opts {input = {kind =, format =}, weight = {...}, grad_output = {...}, plus
+-- delayed's fields}; kinds "none", "delayed", "current", "mxfp8", "block_1d", "block_2d";
+-- formats "e4m3", "e5m2"
 function M.custom(opts)
   local where = "lutra.recipe.custom"
   return make(C.lutra_recipe_custom, "lutra_custom_desc", C.lutra_custom_defaults, opts,
@@ -151,7 +175,7 @@ function M.custom(opts)
     end)
 end
 
--- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
+--- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
 function M.named(name, opts)
   if name == nil or name == "none" then return nil end
   local ctor = M[name]
@@ -162,12 +186,17 @@ function M.named(name, opts)
   return ctor(opts)
 end
 
+--- A recipe (lutra.recipe.*): immutable, shared by the scopes and quantizers that use it.
+-- @type Recipe
+
+--- "delayed", "current", "mxfp8", "block" or "custom".
 function Recipe:kind()
   check(C.lutra_recipe_kind(self, core.int_box))
   return kind_names[core.int_box[0]]
 end
 
 local key_box = ffi.new("uint64_t[1]")
+--- A 64-bit key that equal recipes share (uint64 cdata).
 function Recipe:key()
   check(C.lutra_recipe_key(self, key_box))
   return key_box[0]
@@ -176,7 +205,7 @@ end
 local quant_kind_names = {}
 for k, v in pairs(quant_kinds) do quant_kind_names[tonumber(v)] = k end
 
--- What the recipe does with a role: quantizer kind name and FP8 dtype name.
+--- What the recipe does with a role: quantizer kind name and FP8 dtype name.
 function Recipe:role(role)
   local r = core.code(core.roles, role, "role", "recipe:role")
   check(C.lutra_recipe_role(self, r, core.int_box, core.int_box + 1))
@@ -184,6 +213,7 @@ function Recipe:role(role)
   return quant_kind_names[core.int_box[0]], dtype_names[core.int_box[1]]
 end
 
+--- Frees the recipe now; later calls on it are errors.
 function Recipe:free() check(C.lutra_recipe_release(self)) end
 
 ffi.metatype("struct lutra_recipe", { __index = Recipe,

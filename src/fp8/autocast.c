@@ -5,13 +5,17 @@
  * an epoch stamp) and updated together in ONE backend call when that scope exits; the
  * gradient quantizers used in backward are updated in one call when the first module of the
  * forward finishes its backward. Lists only grow when a new quantizer joins, so a steady
- * training loop allocates nothing here. */
+ * training loop allocates nothing here. With a process group on the outermost scope (and the
+ * recipe's reduce_amax), each of those updates first replaces the amaxes by their max over the
+ * group in ONE all-reduce over one contiguous buffer (dist/group.c); the backward's update
+ * reduces over the group of the scope its forward ran in. */
 #include "fp8/autocast.h"
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
+#include "dist/group.h"
 
 #include <stdlib.h>
 
@@ -40,6 +44,8 @@ typedef struct thread_state {
   meta_list fwd, bwd;
   uint64_t next_epoch;
   bool trigger_claimed;
+  lutra_group *bwd_group; /* held from the trigger's claim until the backward update ran */
+  uint64_t bwd_recipe_key;
   uint64_t updates;
   int last_count;
 } thread_state;
@@ -107,11 +113,17 @@ int lutra_autocast_discard_backward(const char *fn) {
   return discard(&tls.bwd, fn);
 }
 
-/* One backend call over the whole list, then a fresh epoch so each meta can join again. */
-static int flush(meta_list *l, const char *fn) {
+/* One backend call over the whole list (after one amax all-reduce across group, when given),
+ * then a fresh epoch so each meta can join again. */
+static int flush(meta_list *l, lutra_group *group, bool backward, uint64_t recipe_key,
+                 const char *fn) {
   if (!l->count) return LUTRA_OK;
   const lutra_backend *be;
   TRY(lutra_backend_get(l->device, &be, fn));
+  if (group) {
+    TRY(lutra_group_check(group, fn));
+    TRY(lutra_dist_reduce_amax(group, l->items, l->count, l->device, backward, recipe_key, fn));
+  }
   RANGE_PUSH("lutra.scale_update");
   int st = be->delayed_update(l->items, l->count);
   RANGE_POP();
@@ -126,11 +138,18 @@ static int flush(meta_list *l, const char *fn) {
 bool lutra_autocast_claim_backward_trigger(void) {
   if (tls.st.depth == 0 || tls.trigger_claimed) return false;
   tls.trigger_claimed = true;
+  lutra_group *g = tls.st.recipe && tls.st.recipe->reduce_amax ? tls.st.group : NULL;
+  if (g != tls.bwd_group) {
+    lutra_group_retain(g);
+    lutra_group_free(tls.bwd_group);
+    tls.bwd_group = g;
+  }
+  tls.bwd_recipe_key = tls.st.recipe ? tls.st.recipe->key : 0;
   return true;
 }
 
 int lutra_autocast_backward_done(const char *fn) {
-  return flush(&tls.bwd, fn);
+  return flush(&tls.bwd, tls.bwd_group, true, tls.bwd_recipe_key, fn);
 }
 
 static void forget_in(meta_list *l, lutra_scale_meta *m) {
@@ -153,7 +172,7 @@ int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibra
   if (r) TRY(lutra_check_object(r, LUTRA_MAGIC_RECIPE, fn, "recipe"));
   CHECK_ARG(r || (!enabled && !calibrating),
             "a recipe is needed when the scope is enabled or calibrating");
-  CHECK_ARG(!g, "process groups are not available in this build (pass NULL)");
+  if (g) TRY(lutra_group_check(g, fn));
   lutra_autocast *a = calloc(1, sizeof *a);
   if (!a) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a scope");
   a->obj.magic = LUTRA_MAGIC_AUTOCAST;
@@ -161,6 +180,7 @@ int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibra
   a->recipe = r;
   if (r) r->obj.refs++;
   a->group = g;
+  lutra_group_retain(g);
   a->enabled = enabled != 0;
   a->calibrating = calibrating != 0;
   *out = a;
@@ -201,6 +221,7 @@ int lutra_autocast_free(lutra_autocast *a) {
                        "scope is still entered by another thread; exit it there first");
   }
   if (a->recipe) lutra_recipe_free(a->recipe);
+  lutra_group_free(a->group);
   free(a);
   return LUTRA_OK;
 }
@@ -237,7 +258,8 @@ int lutra_autocast_exit(lutra_autocast *a) {
   CHECK_STATE(a->owner == &tls, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
   if (tls.st.depth == 1) {
-    TRY(flush(&tls.fwd, fn));
+    TRY(flush(&tls.fwd, a->recipe && a->recipe->reduce_amax ? a->group : NULL, false,
+              a->recipe ? a->recipe->key : 0, fn));
     tls.trigger_claimed = false;
   }
   leave(a);

@@ -298,6 +298,71 @@ int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_te
   return st;
 }
 
+/* ---- the norm writing the quantizer's output (lutra_norm_quant_args) ---------------------- */
+
+bool lutra_quantizer_fuses_norm(const lutra_quantizer *q) {
+  const int k = q->spec.kind;
+  return q->be->norm_quantize && (k == LUTRA_QUANT_DELAYED || k == LUTRA_QUANT_CURRENT ||
+                                  k == LUTRA_QUANT_MXFP8 || k == LUTRA_QUANT_BLOCK_1D);
+}
+
+static int quantize_norm_impl(lutra_quantizer *q, const lutra_norm_args *n,
+                              const lutra_tensor *shape, bool record_amax, bool rowwise_only,
+                              lutra_tensor **out, const char *fn) {
+  const lutra_quantizer_spec *s = &q->spec;
+  CHECK_ARG(lutra_quantizer_fuses_norm(q),
+            "this quantizer's scaling cannot be written by the norm (128x128 tiles, or the "
+            "backend has no fused norm)");
+  CHECK_ARG(shape->device == q->device, "input is on another device than the quantizer");
+  TRY(lutra_quantizer_check_input(s, shape, fn));
+  TRY(lutra_tensor_cache_get(&q->outs,
+                             &(lutra_tensor_spec){.dtype = s->dtype,
+                                                  .scaling = scaling_of(s->kind),
+                                                  .ndim = shape->ndim,
+                                                  .device = q->device,
+                                                  .shape = shape->shape,
+                                                  .rowwise = q->rowwise || rowwise_only,
+                                                  .columnwise = q->columnwise && !rowwise_only},
+                             &q->out, fn));
+  lutra_tensor *o = q->out;
+  lutra_norm_quant_args a = {
+      .norm = *n,
+      .quant = {.out_dtype = s->dtype,
+                .data = o->data,
+                .scale_inv = o->scale_inv,
+                .col_data = o->col_data,
+                .col_scale_inv = o->col_scale_inv,
+                .power_2_scale = s->power_2_scale,
+                .amax_epsilon = s->amax_epsilon,
+                .block_dim = 1},
+      .scaling = scaling_of(s->kind),
+  };
+  if (s->kind == LUTRA_QUANT_DELAYED) {
+    a.quant.scale = q->meta.scale;
+    a.quant.amax = record_amax ? q->meta.amax_history : NULL;
+    o->amax = q->meta.amax_history;
+  } else if (s->kind == LUTRA_QUANT_CURRENT) {
+    a.current = 1;
+    a.fp8_max = q->meta.fp8_max;
+    a.work = q->work;
+    a.quant.scale = q->meta.scale;
+    a.quant.amax = q->amax;
+    o->amax = q->amax;
+  }
+  TRY(q->be->norm_quantize(&a));
+  *out = o;
+  return LUTRA_OK;
+}
+
+int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const lutra_tensor *shape,
+                            bool record_amax, bool rowwise_only, lutra_tensor **out,
+                            const char *fn) {
+  RANGE_PUSH("lutra.norm_quantize");
+  int st = quantize_norm_impl(q, n, shape, record_amax, rowwise_only, out, fn);
+  RANGE_POP();
+  return st;
+}
+
 /* ---- public API --------------------------------------------------------------------------- */
 
 int lutra_quantizer_new(const lutra_recipe *r, int role, int rowwise, int columnwise, int device,
@@ -418,4 +483,13 @@ int lutra_quantizer_record_amax(lutra_quantizer *q, float amax) {
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
   TRY(check_delayed(q, fn));
   return q->be->from_host(q->meta.amax_history, &amax, sizeof amax);
+}
+
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v) {
+  *v = (lutra_quantizer_state_view){.scale = q->meta.scale,
+                                    .scale_inv = q->meta.scale_inv,
+                                    .amax_history = q->meta.amax_history,
+                                    .history_len = q->meta.history_len,
+                                    .be = q->be};
+  return LUTRA_OK;
 }

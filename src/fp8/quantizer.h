@@ -50,4 +50,23 @@ typedef struct lutra_quantize_op {
 int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
                        const char *fn);
 
+/* The norm writing this quantizer's output (backend norm_quantize, lutra_norm_quant_args):
+ * whether q's scaling can (per-tensor delayed or current, MXFP8, 1x128 blocks; the backend has
+ * the op), and that quantization of norm(n) into q's output for shape's shape (record_amax as in
+ * lutra_quantize_op; n.y may be NULL; rowwise_only: an inference forward, no columnwise copy).
+ * The output is what lutra_quantize_run of the norm's stored output gives, codes, scales and
+ * amax. */
+bool lutra_quantizer_fuses_norm(const lutra_quantizer *q);
+int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const lutra_tensor *shape,
+                            bool record_amax, bool rowwise_only, lutra_tensor **out,
+                            const char *fn);
+/* Checkpoints: the scaling state, in backend memory: scale and scale_inv (f32 [1] each, every
+ * kind) and the delayed amax history (f32 [history_len], NULL for other kinds). */
+typedef struct lutra_quantizer_state_view {
+  float *scale, *scale_inv, *amax_history;
+  int32_t history_len;
+  const lutra_backend *be;
+} lutra_quantizer_state_view;
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v);
+
 #endif

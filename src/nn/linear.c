@@ -112,6 +112,21 @@ static const lutra_fusion_ops linear_fusion = {
     .forward_from_act = linear_forward_from_act,
 };
 
+static int linear_quantizers(lutra_module *m, const lutra_recipe *build_for,
+                             lutra_module_quantizers *out, const char *fn) {
+  return lutra_linear_core_quantizers(core_of(m), build_for, NULL, out, fn);
+}
+
+static void linear_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
+                                    const lutra_module_quantizers *q) {
+  lutra_linear_core_adopt_quantizers(core_of(m), r, q);
+}
+
+static const lutra_checkpoint_ops linear_checkpoint = {
+    .quantizers = linear_quantizers,
+    .adopt_quantizers = linear_adopt_quantizers,
+};
+
 static const lutra_module_ops linear_ops = {
     .kind = "linear",
     .forward = linear_forward,
@@ -120,6 +135,7 @@ static const lutra_module_ops linear_ops = {
     .param = linear_param,
     .release = linear_release,
     .fusion = &linear_fusion,
+    .checkpoint = &linear_checkpoint,
 };
 
 void lutra_linear_defaults(lutra_linear_desc *d) {

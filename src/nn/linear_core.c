@@ -5,10 +5,12 @@
 #include "nn/linear_core.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "dist/group.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
+#include "nn/module.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 
@@ -22,10 +24,11 @@ static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   }
 }
 
-/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
-static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
-  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+/* Quantizers for a recipe, not installed yet. */
+static int build_quantizers(const lutra_linear_core *c, const lutra_recipe *r,
+                            lutra_quantizer *fresh[LUTRA_NUM_ROLES], const char *fn) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    fresh[i] = NULL;
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (r->roles[i].kind == LUTRA_QUANT_NONE) continue;
     int st = lutra_quantizer_create(&r->roles[i], 1, 1, c->device, &fresh[i], fn);
@@ -34,12 +37,25 @@ static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const 
       return st;
     }
   }
+  return LUTRA_OK;
+}
+
+static void install_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                               lutra_quantizer *fresh[LUTRA_NUM_ROLES]) {
   free_quantizers(c->q);
-  memcpy(c->q, fresh, sizeof fresh);
+  memcpy(c->q, fresh, sizeof c->q);
   c->qkey = r->key;
   c->quantized_for_recipe = true;
   c->weight_cached = false;
   c->xq = c->wq = NULL;
+}
+
+/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
+static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
+  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES];
+  TRY(build_quantizers(c, r, fresh, fn));
+  install_quantizers(c, r, fresh);
   return LUTRA_OK;
 }
 
@@ -95,8 +111,13 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
                 "the skip-weight-update flag is set but this Linear has no quantized weight yet "
                 "(first FP8 forward, or the recipe changed): run it with the flag 0 first");
   }
-  TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
+  if (c->given_xq)
+    c->xq = c->given_xq;
+  else
+    TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
+  if (c->gather_rows > 1)
+    TRY(c->gather_fp8(c->gather_ctx, c->xq, lutra_quantizer_meta(qi)->scale, &c->xq, fn));
   bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || c->wq->col_data);
   if (!reuse) {
     TRY(lutra_quantize_run(
@@ -110,7 +131,7 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
   return lutra_gemm_run(&(lutra_gemm_op){.a = c->wq,
                                          .b = c->xq,
                                          .d = c->y,
-                                         .bias = c->bias,
+                                         .bias = c->skip_forward_bias ? NULL : c->bias,
                                          .epilogue = epi,
                                          .transa = true,
                                          .fast_accum = true},
@@ -168,6 +189,8 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = c->out;
+  bool gathered = fp8 && c->gather_rows > 1;
+  if (gathered) shape[0] *= c->gather_rows;
   TRY(lutra_tensor_cache_get(&c->y_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), &c->y,
                              fn));
   /* the pre-activation is kept for the backward only */
@@ -204,13 +227,19 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
     if (calibrate) TRY(observe(c, x, fn));
     TRY(lutra_gemm_run(
         &(lutra_gemm_op){
-            .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
+            .a = c->weight,
+            .b = x,
+            .d = c->y,
+            .bias = c->skip_forward_bias ? NULL : c->bias,
+            .epilogue = epi,
+            .transa = true},
         fn));
   }
   /* an inference forward is never backpropagated: it lets go of the last input too */
   lutra_tensor_hold(&c->x, grad ? x : NULL);
   c->forward_act = act;
   c->forward_fp8 = fp8;
+  c->forward_gathered = gathered;
   c->forward_grad = grad;
   c->forward_done = true;
   c->backward_done = false;
@@ -312,9 +341,13 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
   }
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
-  if (dx)
+  if (dx) {
+    int64_t xshape[LUTRA_MAX_DIMS];
+    memcpy(xshape, c->x->shape, sizeof xshape);
+    if (c->forward_gathered) xshape[0] *= c->gather_rows;
     TRY(lutra_tensor_cache_get(
-        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), &c->dx, fn));
+        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device), &c->dx, fn));
+  }
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
@@ -358,6 +391,9 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
+  /* final for this backward: an armed data-parallel sync can start their bucket now */
+  lutra_dist_grad_ready(wgrad_out);
+  if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
   if (dx) *dx = c->dx;
   return LUTRA_OK;
@@ -369,6 +405,19 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
   return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT && c->forward_done && c->forward_grad &&
          input_known && c->forward_fp8 && qg && lutra_quantizer_takes_act(qg) &&
          (!lutra_act_is_gated(act) || c->out % 2 == 0);
+}
+
+int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
+                                      lutra_quantizer **q, const char *fn) {
+  *q = NULL;
+  TRY(check_input(c, x, fn));
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  if (!(r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE)) return LUTRA_OK;
+  TRY(check_fp8_dims(r, x, c, fn));
+  TRY(ensure_quantizers(c, r, fn));
+  *q = c->q[LUTRA_ROLE_INPUT];
+  return LUTRA_OK;
 }
 
 int lutra_linear_core_num_params(const lutra_linear_core *c) {
@@ -446,4 +495,37 @@ int lutra_linear_core_init(lutra_linear_core *c, const lutra_linear_desc *d, con
   if (st == LUTRA_OK) st = zero_grads(c);
   if (st != LUTRA_OK) lutra_linear_core_release(c);
   return st;
+}
+
+int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
+                                 const char *const *names, lutra_module_quantizers *out,
+                                 const char *fn) {
+  static const char *const roles[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
+  CHECK_ARG(out->count + LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
+            "a module owns more than %d quantizers", LUTRA_MODULE_MAX_QUANTIZERS);
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *const *q = c->q;
+  if (build_for) {
+    CHECK_STATE(!c->quantized_for_recipe || c->qkey == build_for->key,
+                "the module's quantizers were built for another recipe than the one given");
+    if (!c->quantized_for_recipe) {
+      TRY(build_quantizers(c, build_for, fresh, fn));
+      out->fresh = true;
+      q = fresh;
+    }
+  }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (!q[i]) continue;
+    out->name[out->count] = names ? names[i] : roles[i];
+    out->slot[out->count] = i;
+    out->q[out->count++] = q[i];
+  }
+  return LUTRA_OK;
+}
+
+void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                        const lutra_module_quantizers *q) {
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+  for (int i = 0; i < q->count; i++)
+    fresh[q->slot[i]] = q->q[i];
+  install_quantizers(c, r, fresh);
 }

@@ -38,6 +38,22 @@ typedef struct lutra_linear_core {
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
   bool backward_done; /* a backward ran since the last forward */
+  /* set by a producer that wrote the next forward's FP8 input itself (LayerNormLinear's norm,
+   * through lutra_linear_core_input_quantizer's quantizer): that forward uses it as it is */
+  lutra_tensor *given_xq;
+  /* the forward GEMM adds no bias (a row-parallel shard off rank 0: the bias goes in once, before
+   * the output's reduction); its gradient is computed as always */
+  bool skip_forward_bias;
+  /* sequence parallelism in FP8 (nn/tp.h): when gather_rows > 1 for an FP8 forward, the input is
+   * this rank's rows and gather_fp8 replaces its quantized codes by every rank's, gathered (TE's
+   * FP8 all-gather: one byte per element on the wire); the output, and the dgrad before its
+   * reduce-scatter, have gather_rows times the input's leading dim. Set per forward by the
+   * caller; scale is the input quantizer's (the gathered codes' columnwise copy needs it). */
+  int (*gather_fp8)(void *ctx, const lutra_tensor *xq, const float *scale, lutra_tensor **full,
+                    const char *fn);
+  void *gather_ctx;
+  int32_t gather_rows;
+  bool forward_gathered; /* the last forward gathered its input's codes */
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
@@ -81,6 +97,20 @@ typedef struct lutra_linear_backward_op {
 int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward_op *op,
                                lutra_tensor **dx, bool *dact_fused, const char *fn);
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act);
+
+/* The input quantizer of the next forward of x under the current scope when that forward is FP8
+ * (built for the recipe; x checked as the forward checks it), else *q = NULL. */
+int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
+                                      lutra_quantizer **q, const char *fn);
+/* Checkpoints (lutra_checkpoint_ops.quantizers): the core's quantizers appended to out, role i
+ * named names[i] (NULL: "input", "weight", "grad_output"), slot = role; with build_for and none
+ * built yet, fresh ones for it, not installed (out->fresh) until adopt. */
+struct lutra_module_quantizers;
+int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
+                                 const char *const *names, struct lutra_module_quantizers *out,
+                                 const char *fn);
+void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                        const struct lutra_module_quantizers *q);
 
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);

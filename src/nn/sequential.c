@@ -147,6 +147,20 @@ static void seq_release(lutra_module *m) {
   s->count = 0;
 }
 
+static int seq_num_children(const lutra_module *m) {
+  return ((const sequential *)m)->count;
+}
+
+static lutra_module *seq_child(const lutra_module *m, int i, const char **name) {
+  *name = NULL; /* named by index, as torch's Sequential */
+  return ((const sequential *)m)->mods[i];
+}
+
+static const lutra_checkpoint_ops seq_checkpoint = {
+    .num_children = seq_num_children,
+    .child = seq_child,
+};
+
 static const lutra_module_ops seq_ops = {
     .kind = "sequential",
     .forward = seq_forward,
@@ -154,6 +168,7 @@ static const lutra_module_ops seq_ops = {
     .num_params = seq_num_params,
     .param = seq_param,
     .release = seq_release,
+    .checkpoint = &seq_checkpoint,
 };
 
 int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {

@@ -43,6 +43,10 @@ void lutra_cuda_capture_abort(void);
 int lutra_cuda_graph_launch(void *exec);
 void lutra_cuda_graph_destroy(void *exec);
 
+/* grouped_cuda.c: GroupedLinear's grouped quantization and GEMMs */
+int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a);
+int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g);
+
 /* gemm_cuda.c */
 int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
 void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
