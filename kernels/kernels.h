@@ -31,6 +31,10 @@ cudaError_t lk_current_scale(const void *x, int dtype, int64_t n, float fp8_max,
  * columnwise output is written and a->dbias_scratch is given, else by lk_bias_grad after.
  * Every kernel they launch reads a->skip (when set) first and returns when it is nonzero. */
 cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s);
+/* current scaling over the values of a cast with an activation inside (a->act, act_kind):
+ * lutra_backend.current_scale_act, one launch, work as lk_current_scale's */
+cudaError_t lk_current_scale_act(const lutra_quant_args *a, float fp8_max, float *amax,
+                                 float *scale, uint32_t *work, cudaStream_t s);
 cudaError_t lk_quantize_mxfp8(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);

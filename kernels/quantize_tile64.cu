@@ -140,6 +140,31 @@ __device__ __forceinline__ void act_unit(const TileArgs &a, int64_t r, int64_t c
   }
 }
 
+/* *amax = max|v| over the activation's matrix, *scale = scale_rule(*amax): k_current_scale's
+ * scheme (quantize.cu) over act_value instead of x: each block's maximum into work[0], the last
+ * block to arrive (work[1]) writes both and clears the words again, so no memset precedes it. */
+template <int XD>
+__global__ void __launch_bounds__(T64_THREADS)
+    k_current_scale_act(TileArgs a, float fp8_max, float *amax, float *scale, uint32_t *work) {
+  if (a.skip && *a.skip) return;
+  __shared__ float red[32];
+  const int64_t n = a.rows * a.cols, stride = (int64_t)gridDim.x * T64_THREADS;
+  float m = -INFINITY;
+  for (int64_t i = (int64_t)blockIdx.x * T64_THREADS + threadIdx.x; i < n; i += stride)
+    m = fmaxf(m, fabsf(act_value<XD>(a, i / a.cols, i % a.cols)));
+  m = block_max(m, red);
+  if (threadIdx.x != 0) return;
+  float *acc = reinterpret_cast<float *>(work);
+  if (m >= 0.0f) atomic_fmax(acc, m);
+  __threadfence();
+  if (atomicAdd(work + 1, 1u) != gridDim.x - 1) return;
+  __threadfence();
+  const float v = bits_f32(atomicExch(work, 0u));
+  *amax = v;
+  *scale = scale_rule(v, fp8_max, a.power_2_scale, a.eps);
+  work[1] = 0u;
+}
+
 /* The block that completed tile column tc (its tiles' partials are all written): dbias[c] (+)=
  * the sum over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order
  * fixed by the shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running
@@ -451,4 +476,26 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
   a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
   if (t128_ok(q, a, 32)) return launch_t128(a, q->x_dtype, q->out_dtype, true, s);
   return launch_tile64_dbias(q, a, MODE_MX, s);
+}
+
+extern "C" cudaError_t lk_current_scale_act(const lutra_quant_args *q, float fp8_max, float *amax,
+                                            float *scale, uint32_t *work, cudaStream_t s) {
+  if (!q || !q->act || !is_float_dtype(q->x_dtype) || q->rows < 0 || q->cols < 0 || !amax ||
+      !scale || !work || q->act_kind < 0 || q->act_kind >= LUTRA_ACT_COUNT ||
+      (!q->act_forward && !q->x))
+    return cudaErrorInvalidValue;
+  TileArgs a = tile_args(q, 64);
+  a.act = q->act;
+  a.act_kind = q->act_kind ? q->act_kind : LUTRA_ACT_GELU_TANH;
+  a.act_forward = q->act_forward;
+  a.power_2_scale = q->power_2_scale;
+  a.eps = q->amax_epsilon;
+  /* n == 0 still launches (one block): amax 0 and its scale are written */
+  const int64_t blocks = (q->rows * q->cols + T64_THREADS - 1) / T64_THREADS;
+  return with_float_dtype(q->x_dtype, [&](auto xd) {
+    constexpr auto K = k_current_scale_act<decltype(xd)::value>;
+    LKC_LAUNCH(K, persistent_grid<K>(blocks > 0 ? blocks : 1, T64_THREADS, 0), T64_THREADS, 0, s, a,
+               fp8_max, amax, scale, work);
+    return cudaGetLastError();
+  });
 }

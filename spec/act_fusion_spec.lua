@@ -4,8 +4,8 @@
 --   backward  act' (+ the bias gradient) inside the first Linear's grad_output cast
 -- The fused casts form each value with the activation's own formula and round it into the
 -- module's dtype as the activation's kernel stores it, so every result is bit for bit the
--- unfused composition's, for f32 and bf16 and every recipe (the recipes whose cast cannot take
--- an activation run the activation's kernel instead, which is the composition itself). The
+-- unfused composition's, for f32 and bf16 and every recipe (the per-tensor recipes fuse; MXFP8 and
+-- the block recipes run the activation's kernel instead, which is the composition itself). The
 -- tanh GELU keeps running in the first Linear's GEMM epilogue (cuBLASLt has it), whose f32
 -- operations come in another order than the GELU module's: bounded instead (see below).
 -- Fresh random inputs each run.
@@ -26,7 +26,7 @@ local KINDS = {
 
 local RECIPES = {
   { name = "delayed", make = function() return R.delayed {} end, fuses = true },
-  { name = "current", make = function() return R.current {} end },
+  { name = "current", make = function() return R.current {} end, fuses = true },
   { name = "mxfp8", make = function() return R.mxfp8 {} end },
   { name = "block", make = function() return R.block {} end },
   -- no grad_output quantizer: the backward reads the activation's output in high precision, so

@@ -1,10 +1,11 @@
 -- Every activation kind inside its FP8 neighbours' casts on the device against the CPU backend:
 -- Sequential(Linear, act, Linear) with the same seeds on both, forward output, input gradient
 -- and every parameter gradient within NMSE bounds, and the same fusion counts on both devices.
--- Delayed scaling takes the fused paths (act inside the second Linear's input cast, act' and
+-- The per-tensor recipes (delayed, and current with an amax pass over the activation's values)
+-- take the fused paths (act inside the second Linear's input cast, act' and
 -- the bias gradient inside the first Linear's grad_output cast, both in the tiled cast kernel,
 -- the second with its transpose; the inference forward writes the rowwise codes only); the
--- other recipes run the activation's kernels and must count no cast fusion on either device.
+-- block recipes run the activation's kernels and must count no cast fusion on either device.
 -- Bounds: f32 modules 1e-4 and bf16 1e-3 under FP8 (the CPU and cuBLASLt accumulate the FP8
 -- products in another order, and the sigmoid / erf kinds round expf / erff a few ulps off libm,
 -- so an FP8 code can move by one step; two FP8 Linears in a chain, the second's E5M2 gradient
@@ -30,7 +31,7 @@ local KINDS = {
 
 local RECIPES = {
   { name = "delayed", make = function() return R.delayed {} end, fuses = true },
-  { name = "current", make = function() return R.current {} end },
+  { name = "current", make = function() return R.current {} end, fuses = true },
   { name = "mxfp8", make = function() return R.mxfp8 {} end },
 }
 

@@ -523,6 +523,14 @@ typedef struct lutra_backend {
   /* grouped operations (NULL where the backend has none: GroupedLinear refuses then) */
   int (*grouped_quantize)(const lutra_grouped_quant_args *a);
   int (*grouped_gemm)(const lutra_grouped_gemm_args *g);
+
+  /* Current scaling of a cast with an activation inside (lutra_quant_args.act_kind): *amax =
+   * max|v| over the matrix that cast quantizes (NaNs ignored), *scale from it as current_scale
+   * computes it (fp8_max, a->power_2_scale, a->amax_epsilon); work as current_scale's; nothing
+   * written when a->skip is set. The amax pass and the cast then each read the activation's
+   * input instead of a stored output. NULL where a backend has none. */
+  int (*current_scale_act)(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
+                           uint32_t *work);
 } lutra_backend;
 
 #endif

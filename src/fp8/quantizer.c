@@ -150,7 +150,8 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
 }
 
 bool lutra_quantizer_takes_act(const lutra_quantizer *q) {
-  return q->spec.kind == LUTRA_QUANT_DELAYED;
+  return q->spec.kind == LUTRA_QUANT_DELAYED ||
+         (q->spec.kind == LUTRA_QUANT_CURRENT && q->be->current_scale_act);
 }
 
 /* The matrix a quantization with an activation quantizes: its shape (into shape, ndim) after
@@ -161,8 +162,8 @@ static int act_matrix_shape(const lutra_quantizer *q, const lutra_quantize_op *o
   const int kind = op->act_kind ? op->act_kind : LUTRA_ACT_GELU_TANH;
   CHECK_ARG(kind > LUTRA_ACT_NONE && kind < LUTRA_ACT_COUNT, "unknown activation kind %d", kind);
   CHECK_ARG(lutra_quantizer_takes_act(q),
-            "an activation inside the cast needs delayed scaling (the cast's scale is known "
-            "before it reads the values)");
+            "an activation inside the cast needs per-tensor scaling (delayed, or current where "
+            "the backend computes the activation's amax)");
   CHECK_ARG(!(op->act && op->act_forward), "act and act_forward are exclusive");
   const bool gated = lutra_act_is_gated(kind);
   CHECK_ARG(pre->ndim >= 1, "the activation's input needs a last dim");
@@ -266,9 +267,13 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     TRY(be->cast(&a));
     break;
   case LUTRA_QUANT_CURRENT:
-    /* amax and scale in one backend call (one launch on CUDA, no memset: see current_scale) */
-    TRY(be->current_scale(x->data, x->dtype, x->numel, q->meta.fp8_max, s->power_2_scale,
-                          s->amax_epsilon, q->amax, q->meta.scale, q->work, op->skip));
+    /* amax and scale in one backend call (one launch on CUDA, no memset: see current_scale);
+     * with an activation inside the cast, over the activation's values */
+    if (with_act)
+      TRY(be->current_scale_act(&a, q->meta.fp8_max, q->amax, q->meta.scale, q->work));
+    else
+      TRY(be->current_scale(x->data, x->dtype, x->numel, q->meta.fp8_max, s->power_2_scale,
+                            s->amax_epsilon, q->amax, q->meta.scale, q->work, op->skip));
     a.scale = q->meta.scale;
     o->amax = q->amax;
     TRY(be->cast(&a));

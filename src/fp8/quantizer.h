@@ -14,9 +14,10 @@ void lutra_quantizer_destroy(lutra_quantizer *q);
 /* Checks dtype and the FP8 dims rule (multiples of 16; 32 for MXFP8) for a spec's input. */
 int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
                                 const char *fn);
-/* whether q can take an activation inside its cast (lutra_quantize_op.act / act_forward):
- * delayed scaling, whose scale is known before the cast reads the values (current scaling needs
- * their amax first, and the block scalings' kernels read no activation) */
+/* whether q can take an activation inside its cast (lutra_quantize_op.act / act_forward): the
+ * per-tensor scalings, delayed (its scale is known before the cast reads the values) and current
+ * (an amax pass over the activation's values first: backend current_scale_act); the block
+ * scalings' kernels read no activation */
 bool lutra_quantizer_takes_act(const lutra_quantizer *q);
 
 /* One quantization as modules ask for it (what TransformerEngine spreads over quantize,

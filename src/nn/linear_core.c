@@ -182,7 +182,7 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
   bool calibrate = r && !s->enabled && s->calibrating;
   if (fp8) TRY(check_fp8_dims(r, x, c, fn));
   if (fp8 || calibrate) TRY(ensure_quantizers(c, r, fn));
-  /* act inside the input cast where the input quantizer takes it (delayed scaling) */
+  /* act inside the input cast where the input quantizer takes it (the per-tensor scalings) */
   const bool fuse_in = pre && fp8 && lutra_quantizer_takes_act(c->q[LUTRA_ROLE_INPUT]);
   const bool grad = a->grad != 0;
 

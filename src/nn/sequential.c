@@ -6,8 +6,8 @@
  * such an activation applies its derivative in its own backward (a Linear: in the dgrad GEMM),
  * so the activation costs no pass over memory of its own in either direction, as in
  * TransformerEngine's LayerNormMLP. Where that backward cannot (an FP8 dgrad GEMM), the producer
- * may start its backward from the activation's output gradient (a Linear with delayed scaling:
- * act' inside its grad_output cast); else the activation's own backward runs.
+ * may start its backward from the activation's output gradient (a Linear under a per-tensor FP8
+ * recipe: act' inside its grad_output cast); else the activation's own backward runs.
  * An activation its producer cannot end in (every kind but the tanh GELU, which cuBLASLt's
  * epilogues have) is run by the module after it instead, inside the cast of that module's FP8
  * input (a Linear: quantize(act(x)) in one pass); its backward goes into the producer's

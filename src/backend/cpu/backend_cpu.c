@@ -1,6 +1,8 @@
 /* The CPU backend table and the device lookup every object uses at creation. */
 #include "cpu.h"
 
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 /* The quantizers with their bias gradient (lutra_quant_args.dbias): on the CPU the two are one
@@ -26,9 +28,16 @@ static _Thread_local struct {
   int64_t n;
 } act_buf;
 
-static int cpu_cast(const lutra_quant_args *a) {
-  if (!a || !a->act || (a->skip && *a->skip)) return with_dbias(lutra_cpu_cast(a), a);
-  static const char fn[] = "lutra_cpu_cast";
+/* the buffer is freed when its thread exits (a pthread key's destructor gets the pointer) */
+static pthread_once_t act_key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t act_key;
+static bool act_key_ok;
+static void make_act_key(void) {
+  act_key_ok = pthread_key_create(&act_key, free) == 0;
+}
+
+/* the activation's matrix of a (lutra_cpu_act_matrix) into act_buf */
+static int act_values(const lutra_quant_args *a, const char *fn) {
   CHECK_ARG(a->rows >= 0 && a->cols >= 0, "negative shape [%lld, %lld]", (long long)a->rows,
             (long long)a->cols);
   CHECK_FLOAT_DTYPE(a->x_dtype, "input");
@@ -38,10 +47,34 @@ static int cpu_cast(const lutra_quant_args *a) {
     if (!p)
       return lutra_error(LUTRA_ENOMEM, fn, "no memory for the activation's values (%lld floats)",
                          (long long)n);
+    pthread_once(&act_key_once, make_act_key);
+    if (act_key_ok && pthread_setspecific(act_key, p) != 0) {
+      free(p);
+      act_buf.ptr = NULL;
+      act_buf.n = 0;
+      return lutra_error(LUTRA_ENOMEM, fn, "cannot register the activation buffer's release");
+    }
     act_buf.ptr = p;
     act_buf.n = n;
   }
-  TRY(lutra_cpu_act_matrix(a, act_buf.ptr));
+  return lutra_cpu_act_matrix(a, act_buf.ptr);
+}
+
+static int cpu_current_scale_act(const lutra_quant_args *a, float fp8_max, float *amax,
+                                 float *scale, uint32_t *work) {
+  static const char fn[] = "lutra_cpu_current_scale_act";
+  CHECK_ARG(a && a->act, "arguments without an activation");
+  if (a->skip && *a->skip) return LUTRA_OK;
+  TRY(act_values(a, fn));
+  return lutra_cpu_current_scale(act_buf.ptr, LUTRA_F32, a->rows * a->cols, fp8_max,
+                                 a->power_2_scale, a->amax_epsilon, amax, scale, work, NULL);
+}
+
+static int cpu_cast(const lutra_quant_args *a) {
+  if (!a || !a->act || (a->skip && *a->skip)) return with_dbias(lutra_cpu_cast(a), a);
+  static const char fn[] = "lutra_cpu_cast";
+  TRY(act_values(a, fn));
+  const int64_t n = a->rows * a->cols;
   if (a->act_out) TRY(lutra_cpu_convert(act_buf.ptr, LUTRA_F32, a->act_out, a->x_dtype, n));
   lutra_quant_args f = *a;
   f.x = act_buf.ptr;
@@ -107,4 +140,5 @@ const lutra_backend lutra_cpu_backend = {
     .moe_unpermute_backward = lutra_cpu_moe_unpermute_backward,
     .grouped_quantize = lutra_cpu_grouped_quantize,
     .grouped_gemm = lutra_cpu_grouped_gemm,
+    .current_scale_act = cpu_current_scale_act,
 };

@@ -475,6 +475,11 @@ static int check_cast_act(const lutra_quant_args *a, bool per_tensor, const char
                        "an activation's bias gradient inside the cast needs a columnwise output");
   return LUTRA_OK;
 }
+static int k_current_scale_act(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
+                               uint32_t *work) {
+  return LAUNCH(current_scale_act,
+                lk_current_scale_act(a, fp8_max, amax, scale, work, lutra_cuda_stream()));
+}
 static int k_cast(const lutra_quant_args *a) {
   TRY(check_cast_act(a, true, "lutra_cuda_cast"));
   return quantize_with_dbias(lk_cast, true, a, "lutra_cuda_cast");
@@ -630,6 +635,7 @@ const lutra_backend lutra_cuda_table = {
     .fill = k_fill,
     .amax = k_amax,
     .current_scale = k_current_scale,
+    .current_scale_act = k_current_scale_act,
     .cast = k_cast,
     .quantize_mxfp8 = k_mxfp8,
     .quantize_block = k_block,
