@@ -161,6 +161,47 @@ describe("dist tensor-parallel LayerNormLinear and LayerNormMLP", function()
     end)
   end
 
+  it("LayerNormLinear column + SP under current scaling gathers in high precision and equals the "
+     .. "column layer on the gathered input", function()
+    -- current scaling's weight amax is the shard's (as TE's), so the reference is the same shard
+    -- without SP on the whole sequence; the input's amax is then over the gathered rows in both
+    local IN, OUT, R = 32, 16 * n, 16 * n
+    local sp = lutra.nn.LayerNormLinear(IN, OUT, { parallel_mode = "column", tp_group = g,
+                                                   sequence_parallel = true, seed = 12 })
+    local plain = lutra.nn.LayerNormLinear(IN, OUT, { parallel_mode = "column", tp_group = g,
+                                                      seed = 12 })
+    local s1 = lutra.autocast({ recipe = lutra.recipe.current(), group = g })
+    local s2 = lutra.autocast({ recipe = lutra.recipe.current(), group = g })
+    local s0, s1_ = rank * R / n, (rank + 1) * R / n
+    for k = 1, 2 do
+      local X = D.rank_data(R * IN, 0, 140 + k):reshape({ R, IN })
+      local x = from(block(X:to_table(), IN, s0, s1_, 0, IN), { R / n, IN })
+      local dY = D.rank_data(R * OUT / n, rank, 145 + k):reshape({ R, OUT / n })
+      local before = g:stats()
+      s1:enter()
+      local y = sp:forward(x):to_table()
+      s1:exit()
+      local mid = g:stats()
+      local dx = sp:backward(dY):to_table()
+      s2:enter()
+      local y_ref = plain:forward(X):to_table()
+      s2:exit()
+      local dx_ref = plain:backward(dY):to_table()
+      same(y, y_ref, nil, "step " .. k .. " y")
+      same(dx, block(dx_ref, IN, s0, s1_, 0, IN), 1e-12, "step " .. k .. " dx")
+      for i, p in ipairs(sp:parameters()) do
+        local got = i <= 2 and summed(g, p.grad) or p.grad:to_table()
+        same(got, plain:parameters()[i].grad:to_table(), i <= 2 and 1e-12 or nil,
+             "step " .. k .. " gradient " .. i)
+      end
+      assert.are.equal(1, mid.all_gather - before.all_gather)
+      if k == 2 then -- past the agreement checks: the forward moved the f32 norm output only
+        assert.are.equal(R / n * IN * 4, mid.bytes - before.bytes)
+      end
+    end
+    assert.is_false(sp:norm_fused(), "the norm cannot write codes quantized after the gather")
+  end)
+
   it("LayerNormLinear column + SP under delayed FP8 gathers the norm's FP8 codes (one byte per "
      .. "element)", function()
     local IN, OUT, R = 32, 16 * n, 16 * n
