@@ -4,7 +4,10 @@
 -- slice it holds. Bitwise where the shard computes the same sums in the same order (column
 -- GEMMs, wgrads, the bias gradients, FC1 and the activation: their reduction dims are not split);
 -- NMSE where a collective reassociates a sum over the split dim (column dgrads, FC2's output, the
--- norm's gradients), bound stated per check.
+-- norm's gradients), bound stated per check. FP8: delayed scaling with the amaxes reduced over
+-- the TP group and MXFP8 (32-aligned shards) quantize with the unsharded module's scales, so the
+-- same bounds hold against it; current scaling's weight scales are the shard's (as TE's), so SP
+-- under current scaling is checked against the same shard without SP.
 local lutra = require("lutra")
 local D = require("spec.dist.support")
 
