@@ -36,5 +36,6 @@
 #include "lutra/train.h"
 #include "lutra/wrap.h"
 #include "lutra/version.h"
+#include "lutra/tp_modules.h"
 
 #endif

@@ -40,13 +40,15 @@ end
 
 -- nn.LayerNormLinear(in_features, out_features, {normalization = "LayerNorm" | "RMSNorm",
 --   bias = true, return_layernorm_output = false, zero_centered_gamma = false, eps = 1e-5,
---   dtype = "f32", device =, accumulate_main_grad = false, seed =})
+--   dtype = "f32", device =, accumulate_main_grad = false, seed =, parallel_mode = "column",
+--   tp_group =, sequence_parallel = false})
 -- Parameters: the norm's weight (and LayerNorm's bias), then the Linear's weight (and bias).
 function M.LayerNormLinear(in_features, out_features, opts)
   local where = "lutra.nn.LayerNormLinear"
   opts = core.check_options(opts, { normalization = true, bias = true, eps = true,
     return_layernorm_output = true, zero_centered_gamma = true, dtype = true, device = true,
-    accumulate_main_grad = true, seed = true }, where)
+    accumulate_main_grad = true, seed = true, parallel_mode = true, tp_group = true,
+    sequence_parallel = true }, where)
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
   local d = ffi.new("lutra_layernorm_linear_desc")
@@ -56,19 +58,26 @@ function M.LayerNormLinear(in_features, out_features, opts)
   common(d, opts, where)
   d.return_layernorm_output = chk.flag(opts.return_layernorm_output, "return_layernorm_output",
                                        where, 0)
+  -- tensor parallel (lutra/tp_modules.h): column only; the features given are the full layer's
+  if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
+    check(C.lutra_layernorm_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where),
+                                                module_box))
+    return own(module_box[0])
+  end
   check(C.lutra_layernorm_linear_new(d, module_box))
   return own(module_box[0])
 end
 
 -- nn.LayerNormMLP(hidden, ffn_hidden, {normalization, activation = "gelu" | "relu" | "silu" |
 --   "swiglu" | "geglu" | "reglu" | "qgelu" | "srelu", bias, zero_centered_gamma, eps, dtype,
---   device, accumulate_main_grad, seed}): norm -> FC1 -> activation -> FC2 (gated activations:
+--   device, accumulate_main_grad, seed, tp_group, sequence_parallel}): norm -> FC1 -> activation -> FC2 (gated activations:
 --   FC1 gives 2 * ffn_hidden). "gelu" is the tanh GELU (TransformerEngine's).
 function M.LayerNormMLP(hidden, ffn_hidden, opts)
   local where = "lutra.nn.LayerNormMLP"
   opts = core.check_options(opts, { normalization = true, activation = true, bias = true,
     eps = true, zero_centered_gamma = true, dtype = true, device = true,
-    accumulate_main_grad = true, seed = true }, where)
+    accumulate_main_grad = true, seed = true, tp_group = true, sequence_parallel = true,
+    parallel_mode = true }, where)
   chk.integer(hidden, "hidden", where, 1, 2 ^ 52)
   chk.integer(ffn_hidden, "ffn_hidden", where, 1, 2 ^ 52)
   local d = ffi.new("lutra_layernorm_mlp_desc")
@@ -79,6 +88,18 @@ function M.LayerNormMLP(hidden, ffn_hidden, opts)
     d.activation = core.code(M.activations, opts.activation, "activation", where)
   end
   common(d, opts, where)
+  if opts.parallel_mode ~= nil then
+    chk.fail(where, "parallel_mode is not an option: with tp_group, FC1 is column- and FC2 "
+             .. "row-parallel")
+  end
+  -- tensor parallel over tp_group (lutra/tp_modules.h); hidden and ffn_hidden are the full layer's
+  if opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
+    local t = require("lutra.dist").tp_desc({ parallel_mode = "column", tp_group = opts.tp_group,
+      sequence_parallel = opts.sequence_parallel }, where)
+    t.mode = C.LUTRA_TP_NONE
+    check(C.lutra_layernorm_mlp_parallel_new(d, t, module_box))
+    return own(module_box[0])
+  end
   check(C.lutra_layernorm_mlp_new(d, module_box))
   return own(module_box[0])
 end

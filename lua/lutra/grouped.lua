@@ -33,12 +33,14 @@ local function new_host_splits(m)
 end
 
 -- nn.GroupedLinear(num_gemms, in_features, out_features, {bias=true, dtype="f32", device=,
---                  accumulate_main_grad=false, seed=}): expert e's weights start as a Linear's
--- made with seed + e
+--                  accumulate_main_grad=false, seed=, parallel_mode = "column" | "row",
+--                  tp_group =}): expert e's weights start as a Linear's made with seed + e
+--                  (tensor parallel: every expert sharded as a parallel Linear)
 function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   local where = "lutra.nn.GroupedLinear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
-                                    accumulate_main_grad = true }, where)
+                                    accumulate_main_grad = true, parallel_mode = true,
+                                    tp_group = true, sequence_parallel = true }, where)
   chk.integer(num_gemms, "num_gemms", where, 1, 65536)
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
@@ -52,7 +54,13 @@ function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   d.device = core.device(opts.device, where)
   if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
-  check(C.lutra_grouped_linear_new(d, module_box))
+  if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
+    -- tensor parallel (lutra/tp_modules.h): the features given are the full layer's
+    check(C.lutra_grouped_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where),
+                                              module_box))
+  else
+    check(C.lutra_grouped_linear_new(d, module_box))
+  end
   local m = ffi.gc(module_box[0], C.lutra_module_free)
   new_host_splits(m)
   return m

@@ -175,3 +175,113 @@ describe("dist on " .. DEV .. " (one rank)", function()
     assert.are.same(dx_eager, dx:to_table())
   end)
 end)
+
+-- The norm-fused and grouped modules' tensor-parallel forms on one rank (NCCL with a
+-- communicator of one on cuda) against the plain module on the CPU from the same parameters:
+-- LayerNormLinear (column, with and without SP; SP under delayed FP8 with the group gathers the
+-- norm's FP8 codes), LayerNormMLP (gelu and swiglu, with and without SP) and GroupedLinear
+-- (column and row), with their collectives counted.
+describe("tensor-parallel norm-fused and grouped modules on " .. DEV .. " (one rank)", function()
+  if not lutra.dist.available() then
+    pending("skipped: liblutra was built without MPI")
+    return
+  end
+
+  local function copy_params(ref, par, dtype)
+    local rp, pp = ref:parameters(), par:parameters()
+    assert.are.equal(#rp, #pp)
+    for i = 1, #rp do pp[i].value:copy(on_dev(rp[i].value, dtype)) end
+    return rp, pp
+  end
+
+  -- forward and backward twice on both, outputs and every gradient within bound; the group's
+  -- collectives over the two steps returned
+  local function run_pair(ref, par, g, x, dy, bound, fwd, scopes)
+    local before = g:stats()
+    for _ = 1, 2 do
+      if scopes then scopes[1]:enter() end
+      local y_ref = fwd(ref, x)
+      if scopes then scopes[1]:exit(); scopes[2]:enter() end
+      local y = fwd(par, on_dev(x, x:dtype_name()))
+      if scopes then scopes[2]:exit() end
+      S.assert_nmse(S.keep(y), y_ref, bound, "y")
+      local dx_ref, dx = ref:backward(dy), par:backward(on_dev(dy, dy:dtype_name()))
+      S.assert_nmse(dx, dx_ref, bound, "dx")
+    end
+    local rp, pp = ref:parameters(), par:parameters()
+    for i = 1, #rp do S.assert_nmse(pp[i].grad, rp[i].grad, bound, "gradient " .. i) end
+    local after = g:stats()
+    return after.all_reduce - before.all_reduce, after.all_gather - before.all_gather,
+           after.reduce_scatter - before.reduce_scatter
+  end
+  local function plain(m, x) return m:forward(x) end
+
+  for _, dtype in ipairs({ "f32", "bf16" }) do
+    local bound = dtype == "f32" and 1e-10 or 1e-4
+    for _, sp in ipairs({ false, true }) do
+      test(string.format("%s column-parallel LayerNormLinear%s equals the plain one on the cpu",
+                         dtype, sp and " + SP" or ""), function()
+        local g = group()
+        local ref = lutra.nn.LayerNormLinear(IN, OUT, { seed = 9, dtype = dtype, device = REF })
+        local par = lutra.nn.LayerNormLinear(IN, OUT, { seed = 3, dtype = dtype, device = DEV,
+          parallel_mode = "column", tp_group = g, sequence_parallel = sp })
+        copy_params(ref, par, dtype)
+        local x = lutra.tensor({ ROWS, IN }, dtype, REF):randn(51)
+        local dy = lutra.tensor({ ROWS, OUT }, dtype, REF):randn(52)
+        local ar, ag, rs = run_pair(ref, par, g, x, dy, bound, plain)
+        assert.are.same(sp and { 0, 2, 2 } or { 2, 0, 0 }, { ar, ag, rs })
+      end)
+
+      for _, act in ipairs({ "gelu", "swiglu" }) do
+        test(string.format("%s LayerNormMLP (%s) over a group%s equals the plain one on the cpu",
+                           dtype, act, sp and " + SP" or ""), function()
+          local g = group()
+          local ref = lutra.nn.LayerNormMLP(IN, OUT, { activation = act, seed = 9, dtype = dtype,
+                                                       device = REF })
+          local par = lutra.nn.LayerNormMLP(IN, OUT, { activation = act, seed = 3, dtype = dtype,
+            device = DEV, tp_group = g, sequence_parallel = sp })
+          copy_params(ref, par, dtype)
+          local x = lutra.tensor({ ROWS, IN }, dtype, REF):randn(53)
+          local dy = lutra.tensor({ ROWS, IN }, dtype, REF):randn(54)
+          local ar, ag, rs = run_pair(ref, par, g, x, dy, bound, plain)
+          assert.are.same(sp and { 0, 4, 4 } or { 4, 0, 0 }, { ar, ag, rs })
+        end)
+      end
+    end
+
+    for _, mode in ipairs({ "column", "row" }) do
+      test(string.format("%s %s-parallel GroupedLinear equals the plain one on the cpu", dtype,
+                         mode), function()
+        local g = group()
+        local ref = lutra.nn.GroupedLinear(3, IN, OUT, { seed = 9, dtype = dtype, device = REF })
+        local par = lutra.nn.GroupedLinear(3, IN, OUT, { seed = 3, dtype = dtype, device = DEV,
+                                                         parallel_mode = mode, tp_group = g })
+        copy_params(ref, par, dtype)
+        local x = lutra.tensor({ ROWS, IN }, dtype, REF):randn(55)
+        local dy = lutra.tensor({ ROWS, OUT }, dtype, REF):randn(56)
+        local splits = { 5, 0, ROWS - 5 }
+        local ar = run_pair(ref, par, g, x, dy, bound,
+                            function(m, t) return m:forward(t, splits) end)
+        assert.are.equal(2, ar) -- one per step: row the output, column the input gradient
+      end)
+    end
+  end
+
+  test("column-parallel LayerNormLinear + SP under delayed FP8 with the group gathers the norm's "
+       .. "FP8 codes and matches the plain one on the cpu", function()
+    local g = group()
+    local ref = lutra.nn.LayerNormLinear(IN, OUT, { seed = 9, device = REF })
+    local par = lutra.nn.LayerNormLinear(IN, OUT, { seed = 3, device = DEV,
+      parallel_mode = "column", tp_group = g, sequence_parallel = true })
+    copy_params(ref, par, "f32")
+    local r = lutra.recipe.delayed({ amax_history_len = 4 })
+    local scopes = { lutra.autocast({ recipe = r }), lutra.autocast({ recipe = r, group = g }) }
+    local x = lutra.tensor({ ROWS, IN }, "f32", REF):randn(57)
+    local dy = lutra.tensor({ ROWS, OUT }, "f32", REF):randn(58)
+    -- FP8 GEMMs on the device and the CPU's emulation accumulate in other orders
+    local _, ag = run_pair(ref, par, g, x, dy, 1e-4, plain, scopes)
+    -- a group of one gathers nothing: the codes the norm wrote are the whole input already
+    assert.are.equal(g:size() > 1 and 2 or 0, ag)
+    assert.is_true(par:norm_fused(), "the norm wrote the FP8 codes")
+  end)
+end)

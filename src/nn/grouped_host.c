@@ -36,6 +36,7 @@ static size_t esize(const grouped_linear *g) {
 int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const char *fn) {
   int64_t r = 0;
   const size_t es = esize(g);
+  const bool add_bias = g->has_bias && !g->skip_forward_bias; /* row-parallel: rank 0 only */
   for (int e = 0; e < g->num; e++) {
     const int64_t s = g->splits_host[e];
     if (s > 0) {
@@ -46,7 +47,7 @@ int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const c
       TRY(lutra_gemm_run(&(lutra_gemm_op){.a = g->weight[e],
                                           .b = &xe,
                                           .d = &ye,
-                                          .bias = g->has_bias ? g->bias[e] : NULL,
+                                          .bias = add_bias ? g->bias[e] : NULL,
                                           .transa = true},
                          fn));
     }

@@ -35,6 +35,7 @@ void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_g
                                  .w = (const void *const *)g->ptrs,
                                  .bias = g->has_bias ? (const void *const *)g->ptrs + g->num : NULL,
                                  .bias_dtype = g->dtype};
+  if (g->skip_forward_bias) a->bias = NULL;
 }
 
 /* the sum the host knows, checked before any work is queued */
@@ -66,6 +67,11 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   static const char fn[] = "lutra_grouped_forward";
   grouped_linear *g = grouped_of(m);
   TRY(check_input(g, x, fn));
+  if (g->parallel) { /* no sequence parallelism: the ranks' shapes are checked, x is used as is */
+    const lutra_tensor *gx;
+    int32_t gather_rows;
+    TRY(lutra_tp_forward_input(&g->tp, x, &gx, &gather_rows, fn));
+  }
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
   bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
@@ -94,6 +100,8 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
       if (st != LUTRA_OK) lutra_error_wrap(st, fn);
     }
   }
+  lutra_tensor *yr = g->y;
+  if (st == LUTRA_OK && g->parallel) st = lutra_tp_forward_output(&g->tp, g->y, &yr, fn);
   RANGE_POP();
   if (st != LUTRA_OK) return st;
   lutra_tensor_hold(&g->x, x);
@@ -153,6 +161,8 @@ static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tenso
                ? lutra_grouped_fp8_backward(g, dy, dx != NULL, fn)
            : g->forward_host ? lutra_grouped_host_backward(g, dy, dx != NULL, fn)
                              : backward_high_precision(g, dy, dx != NULL, fn);
+  lutra_tensor *dxr = g->dx;
+  if (st == LUTRA_OK && dx && g->parallel) st = lutra_tp_backward_output(&g->tp, g->dx, &dxr, fn);
   RANGE_POP();
   if (st != LUTRA_OK) return st;
   if (g->backward_trigger) {
@@ -206,6 +216,8 @@ static void grouped_release(lutra_module *m) {
   g->splits_host = NULL;
   lutra_tensor_hold(&g->x, NULL);
   g->forward_done = g->splits_set = false;
+  if (g->parallel) lutra_tp_release(&g->tp);
+  g->parallel = false;
 }
 
 static const lutra_module_ops grouped_ops = {
@@ -240,8 +252,8 @@ static int make_set(grouped_linear *g, int64_t n0, int64_t n1, int dtype, lutra_
 
 /* weights as torch initialises a Linear: uniform(-1/sqrt(in), 1/sqrt(in)), expert e from
  * seed + e (a Linear made with that seed starts from the same weights) */
-static int init_params(grouped_linear *g, uint64_t seed) {
-  float bound = (float)(1.0 / sqrt((double)g->in));
+static int init_params(grouped_linear *g, uint64_t seed, int64_t full_in) {
+  float bound = (float)(1.0 / sqrt((double)full_in));
   for (int e = 0; e < g->num; e++) {
     uint64_t s = seed + (uint64_t)e;
     TRY(lutra_tensor_uniform(g->weight[e], s, -bound, bound));
@@ -268,7 +280,9 @@ static int upload_ptrs(grouped_linear *g, const char *fn) {
   return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
-static int init(grouped_linear *g, const lutra_grouped_linear_desc *d, const char *fn) {
+/* d: this rank's shard (the full layer's in_features full_in give the weights' bound) */
+static int init(grouped_linear *g, const lutra_grouped_linear_desc *d, int64_t full_in,
+                const char *fn) {
   int64_t in = d->in_features, out = d->out_features;
   TRY(make_set(g, out, in, g->dtype, &g->weight, fn));
   TRY(make_set(g, out, in, g->dtype, &g->wgrad, fn));
@@ -278,7 +292,7 @@ static int init(grouped_linear *g, const lutra_grouped_linear_desc *d, const cha
     TRY(make_set(g, out, in, LUTRA_F32, &g->weight_main_grad, fn));
     if (g->has_bias) TRY(make_set(g, out, 0, LUTRA_F32, &g->bias_main_grad, fn));
   }
-  TRY(init_params(g, d->seed));
+  TRY(init_params(g, d->seed, full_in));
   TRY(upload_ptrs(g, fn));
   g->splits_host = calloc((size_t)g->num, sizeof *g->splits_host);
   if (!g->splits_host) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate splits");
@@ -303,8 +317,8 @@ void lutra_grouped_linear_defaults(lutra_grouped_linear_desc *d) {
   lutra_seed_next(&d->seed);
 }
 
-int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra_module **out) {
-  static const char fn[] = "lutra_grouped_linear_new";
+static int create(const lutra_grouped_linear_desc *d, const lutra_tp_desc *tp, lutra_module **out,
+                  const char *fn) {
   CHECK_ARG(d, "desc is NULL");
   CHECK_ARG(out, "out is NULL");
   CHECK_ARG(d->num_gemms > 0 && d->num_gemms <= 65536, "num_gemms must be in 1..65536 (got %d)",
@@ -326,7 +340,21 @@ int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra_module **
   g->has_bias = d->bias != 0;
   g->accumulate_main_grad = d->accumulate_main_grad != 0;
   g->be = be;
-  int st = init(g, d, fn);
+  lutra_grouped_linear_desc local = *d;
+  int st = LUTRA_OK;
+  if (tp) {
+    st = lutra_tp_init(&g->tp, tp, d->in_features, d->out_features, d->dtype, d->device,
+                       &local.in_features, &local.out_features, fn);
+    g->parallel = st == LUTRA_OK;
+    if (st == LUTRA_OK) {
+      /* expert e of rank r from seed + e + num r: the shards' draws do not repeat */
+      local.seed = d->seed + (uint64_t)g->tp.rank * (uint64_t)d->num_gemms;
+      g->in = local.in_features;
+      g->out = local.out_features;
+      g->skip_forward_bias = tp->mode == LUTRA_TP_ROW && g->tp.rank != 0;
+    }
+  }
+  if (st == LUTRA_OK) st = init(g, &local, d->in_features, fn);
   if (st != LUTRA_OK) {
     grouped_release(&g->base);
     free(g);
@@ -335,6 +363,19 @@ int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra_module **
   lutra_module_init(&g->base, &grouped_ops);
   *out = &g->base;
   return LUTRA_OK;
+}
+
+int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra_module **out) {
+  return create(d, NULL, out, "lutra_grouped_linear_new");
+}
+
+int lutra_grouped_linear_parallel_new(const lutra_grouped_linear_desc *d, const lutra_tp_desc *tp,
+                                      lutra_module **out) {
+  static const char fn[] = "lutra_grouped_linear_parallel_new";
+  CHECK_ARG(tp, "tp desc is NULL");
+  CHECK_ARG(!tp->sequence_parallel, "sequence parallelism is not supported (the experts' rows "
+                                    "are the tokens routed to them, not a slice of the sequence)");
+  return create(d, tp, out, fn);
 }
 
 /* ---- splits -------------------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "fp8/recipe.h"
 #include "nn/module.h"
+#include "nn/tp.h"
 
 #include <stdbool.h>
 
@@ -55,6 +56,11 @@ typedef struct grouped_linear {
   int64_t rows;
   bool forward_done, forward_grad, forward_fp8, forward_host, weight_cached, backward_trigger,
       backward_done;
+  /* tensor parallel (lutra_grouped_linear_parallel_new): every expert sharded alike, the
+   * collectives of nn/tp.h on the grouped output; a row-parallel bias is added by rank 0 only,
+   * before the output's all-reduce (its gradient is computed on every rank) */
+  bool parallel, skip_forward_bias;
+  lutra_tp tp;
 } grouped_linear;
 
 /* FP8 (nn/grouped_fp8.c). Errors name fn. */

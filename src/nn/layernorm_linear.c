@@ -7,7 +7,9 @@
  * Backward: the core's dgrad and wgrad, then the norm's backward from the dgrad (dgamma and
  * dbeta deterministic). The fusion protocol is answered as a Linear answers it for its output
  * side (an activation in the forward GEMM's epilogue, its derivative in the grad_output cast);
- * its input side starts with a norm, which takes no activation's derivative. */
+ * its input side starts with a norm, which takes no activation's derivative.
+ * Column-parallel (lutra_layernorm_linear_parallel_new): the collectives of nn/tp.h around the
+ * core, the norm before them on this rank's rows (lutra/tp_modules.h). */
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
@@ -15,6 +17,7 @@
 #include "nn/linear_core.h"
 #include "nn/module.h"
 #include "nn/norm_core.h"
+#include "nn/tp.h"
 
 #include <stdlib.h>
 
@@ -23,6 +26,8 @@ typedef struct layernorm_linear {
   lutra_norm_core norm;
   lutra_linear_core lin;
   bool return_ln, fused;
+  bool parallel;
+  lutra_tp tp; /* parallel: column, the norm output gathered with sequence parallelism */
 } layernorm_linear;
 
 static const lutra_module_ops lnl_ops;
@@ -36,7 +41,10 @@ static int forward_impl(layernorm_linear *l, const lutra_tensor *x, const lutra_
   TRY(lutra_norm_core_prepare(n, x, fn));
   lutra_quantizer *qi;
   TRY(lutra_linear_core_input_quantizer(&l->lin, n->y, &qi, fn));
-  bool fuse = qi && lutra_quantizer_fuses_norm(qi);
+  /* a sequence-parallel norm output gathered in high precision is quantized after the gather,
+   * by the core: the norm cannot write those codes */
+  bool hp_gather = l->parallel && l->tp.sp && !lutra_tp_gathers_fp8(&l->tp);
+  bool fuse = qi && lutra_quantizer_fuses_norm(qi) && !hp_gather;
   if (fuse) {
     lutra_norm_args na = lutra_norm_core_args(n, x);
     na.y = l->return_ln ? n->y->data : NULL;
@@ -46,7 +54,11 @@ static int forward_impl(layernorm_linear *l, const lutra_tensor *x, const lutra_
   } else {
     TRY(lutra_norm_core_forward(n, x, fn));
   }
-  int st = lutra_linear_core_forward(&l->lin, n->y, a, act, y, fn);
+  const lutra_tensor *gx = n->y;
+  int st = LUTRA_OK;
+  if (l->parallel) st = lutra_tp_forward_input(&l->tp, n->y, &gx, &l->lin.gather_rows, fn);
+  if (st == LUTRA_OK) st = lutra_linear_core_forward(&l->lin, gx, a, act, y, fn);
+  if (st == LUTRA_OK && l->parallel) st = lutra_tp_forward_output(&l->tp, *y, y, fn);
   l->lin.given_xq = NULL;
   TRY(st);
   lutra_norm_core_done(n, x, a->grad != 0);
@@ -77,6 +89,7 @@ static int backward_impl(layernorm_linear *l, const lutra_linear_backward_op *op
               "the input saved by forward was freed");
   lutra_tensor *dln;
   TRY(lutra_linear_core_backward(&l->lin, op, &dln, NULL, fn));
+  if (l->parallel) TRY(lutra_tp_backward_output(&l->tp, dln, &dln, fn));
   return lutra_norm_core_backward(&l->norm, dln, dx, fn);
 }
 
@@ -125,6 +138,7 @@ static void lnl_release(lutra_module *m) {
   layernorm_linear *l = (layernorm_linear *)m;
   lutra_norm_core_release(&l->norm);
   lutra_linear_core_release(&l->lin);
+  if (l->parallel) lutra_tp_release(&l->tp);
 }
 
 static const lutra_fusion_ops lnl_fusion = {
@@ -152,8 +166,8 @@ void lutra_layernorm_linear_defaults(lutra_layernorm_linear_desc *d) {
   lutra_seed_next(&d->seed);
 }
 
-int lutra_layernorm_linear_new(const lutra_layernorm_linear_desc *d, lutra_module **out) {
-  static const char fn[] = "lutra_layernorm_linear_new";
+static int lnl_create(const lutra_layernorm_linear_desc *d, const lutra_tp_desc *tp,
+                      lutra_module **out, const char *fn) {
   CHECK_ARG(d, "desc is NULL");
   CHECK_ARG(out, "out is NULL");
   CHECK_ARG(d->normalization == LUTRA_NORM_LAYERNORM || d->normalization == LUTRA_NORM_RMSNORM,
@@ -162,34 +176,66 @@ int lutra_layernorm_linear_new(const lutra_layernorm_linear_desc *d, lutra_modul
   CHECK_ARG(d->in_features > 0 && d->out_features > 0,
             "in_features and out_features must be positive (got %lld, %lld)",
             (long long)d->in_features, (long long)d->out_features);
+  if (tp) {
+    CHECK_ARG(tp->mode != LUTRA_TP_ROW,
+              "row-parallel is not supported: its input is a shard of the features, and the norm "
+              "needs every feature of a row (use column, or a LayerNorm and a row-parallel "
+              "Linear)");
+  }
   layernorm_linear *l = calloc(1, sizeof *l);
   if (!l) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  int64_t local_in = d->in_features, local_out = d->out_features;
+  if (tp) {
+    int st = lutra_tp_init(&l->tp, tp, d->in_features, d->out_features, d->dtype, d->device,
+                           &local_in, &local_out, fn);
+    if (st != LUTRA_OK) {
+      free(l);
+      return st;
+    }
+    l->parallel = true;
+  }
   lutra_norm_desc nd = {.hidden = d->in_features,
                         .eps = d->eps,
                         .rms = d->normalization == LUTRA_NORM_RMSNORM,
                         .zero_centered_gamma = d->zero_centered_gamma != 0,
                         .dtype = d->dtype,
                         .device = d->device};
-  lutra_linear_desc ld = {.in_features = d->in_features,
-                          .out_features = d->out_features,
+  lutra_linear_desc ld = {.in_features = local_in,
+                          .out_features = local_out,
                           .bias = d->bias,
                           .dtype = d->dtype,
                           .device = d->device,
                           .accumulate_main_grad = d->accumulate_main_grad,
-                          .seed = d->seed};
+                          .seed = d->seed + (l->parallel ? (uint64_t)l->tp.rank : 0)};
   int st = lutra_norm_core_init(&l->norm, &nd, fn);
   if (st == LUTRA_OK) {
     st = lutra_linear_core_init(&l->lin, &ld, fn);
     if (st != LUTRA_OK) lutra_norm_core_release(&l->norm);
   }
   if (st != LUTRA_OK) {
+    if (l->parallel) lutra_tp_release(&l->tp);
     free(l);
     return st;
   }
   l->return_ln = d->return_layernorm_output != 0;
+  if (l->parallel) {
+    l->lin.gather_fp8 = lutra_tp_gather_fp8;
+    l->lin.gather_ctx = &l->tp;
+  }
   lutra_module_init(&l->base, &lnl_ops);
   *out = &l->base;
   return LUTRA_OK;
+}
+
+int lutra_layernorm_linear_new(const lutra_layernorm_linear_desc *d, lutra_module **out) {
+  return lnl_create(d, NULL, out, "lutra_layernorm_linear_new");
+}
+
+int lutra_layernorm_linear_parallel_new(const lutra_layernorm_linear_desc *d,
+                                        const lutra_tp_desc *tp, lutra_module **out) {
+  static const char fn[] = "lutra_layernorm_linear_parallel_new";
+  CHECK_ARG(tp, "tp desc is NULL");
+  return lnl_create(d, tp, out, fn);
 }
 
 static int check_lnl(const lutra_module *m, const char *fn) {

@@ -2,9 +2,12 @@
  * activation module and a Linear, so that every fusion the fusion protocol knows between a
  * linear-like producer, an activation and a Linear consumer applies (the tanh GELU in FC1's
  * epilogue, its derivative in FC2's dgrad or FC1's grad_output cast), with no code of its own:
- * the module only names the pieces and forwards to the chain. */
+ * the module only names the pieces and forwards to the chain. Tensor-parallel
+ * (lutra_layernorm_mlp_parallel_new): the same chain of a column-parallel LayerNormLinear, the
+ * activation on its shard and a row-parallel Linear (lutra/tp_modules.h states the layout). */
 #include "core/error.h"
 #include "core/object.h"
+#include "dist/group.h"
 #include "nn/module.h"
 
 #include <stdlib.h>
@@ -61,8 +64,8 @@ static bool gated(int act) {
          act == LUTRA_ACTIVATION_REGLU;
 }
 
-int lutra_layernorm_mlp_new(const lutra_layernorm_mlp_desc *d, lutra_module **out) {
-  static const char fn[] = "lutra_layernorm_mlp_new";
+static int mlp_create(const lutra_layernorm_mlp_desc *d, const lutra_tp_desc *tp,
+                      lutra_module **out, const char *fn) {
   CHECK_ARG(d, "desc is NULL");
   CHECK_ARG(out, "out is NULL");
   CHECK_ARG(d->hidden > 0 && d->ffn_hidden > 0,
@@ -88,11 +91,27 @@ int lutra_layernorm_mlp_new(const lutra_layernorm_mlp_desc *d, lutra_module **ou
                           .device = d->device,
                           .accumulate_main_grad = d->accumulate_main_grad,
                           .seed = d->seed + 1};
+  lutra_tp_desc tp1, tp2;
+  if (tp) {
+    CHECK_ARG(tp->mode == LUTRA_TP_NONE,
+              "the parallel mode must be LUTRA_TP_NONE (%d), got %d: FC1 is column- and FC2 "
+              "row-parallel",
+              LUTRA_TP_NONE, (int)tp->mode);
+    TRY(lutra_group_check(tp->group, fn));
+    int size = lutra_group_size_of(tp->group);
+    CHECK_ARG(d->ffn_hidden % size == 0, "ffn_hidden %lld is not a multiple of the group size %d",
+              (long long)d->ffn_hidden, size);
+    tp1 = (lutra_tp_desc){LUTRA_TP_COLUMN, tp->sequence_parallel, tp->group};
+    tp2 = (lutra_tp_desc){LUTRA_TP_ROW, tp->sequence_parallel, tp->group};
+  }
   lutra_module *parts[3] = {NULL, NULL, NULL};
   int st = lutra_activation_new(d->activation, &parts[1]);
   if (st != LUTRA_OK) st = lutra_error_wrap(st, fn);
-  if (st == LUTRA_OK) st = lutra_layernorm_linear_new(&d1, &parts[0]);
-  if (st == LUTRA_OK) st = lutra_linear_new(&d2, &parts[2]);
+  if (st == LUTRA_OK)
+    st = tp ? lutra_layernorm_linear_parallel_new(&d1, &tp1, &parts[0])
+            : lutra_layernorm_linear_new(&d1, &parts[0]);
+  if (st == LUTRA_OK)
+    st = tp ? lutra_linear_parallel_new(&d2, &tp2, &parts[2]) : lutra_linear_new(&d2, &parts[2]);
   lutra_module *chain = NULL;
   if (st == LUTRA_OK) st = lutra_sequential_new(parts, 3, &chain);
   /* the Sequential holds its own references to the parts */
@@ -108,6 +127,17 @@ int lutra_layernorm_mlp_new(const lutra_layernorm_mlp_desc *d, lutra_module **ou
   lutra_module_init(&l->base, &mlp_ops);
   *out = &l->base;
   return LUTRA_OK;
+}
+
+int lutra_layernorm_mlp_new(const lutra_layernorm_mlp_desc *d, lutra_module **out) {
+  return mlp_create(d, NULL, out, "lutra_layernorm_mlp_new");
+}
+
+int lutra_layernorm_mlp_parallel_new(const lutra_layernorm_mlp_desc *d, const lutra_tp_desc *tp,
+                                     lutra_module **out) {
+  static const char fn[] = "lutra_layernorm_mlp_parallel_new";
+  CHECK_ARG(tp, "tp desc is NULL");
+  return mlp_create(d, tp, out, fn);
 }
 
 int lutra_layernorm_mlp_fusions(const lutra_module *m, int *forward, int *backward) {

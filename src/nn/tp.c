@@ -79,6 +79,10 @@ static bool gathers_fp8(const lutra_tp *tp) {
          (tp->size == 1 || (r->reduce_amax && s->group == tp->group));
 }
 
+bool lutra_tp_gathers_fp8(const lutra_tp *tp) {
+  return tp->mode == LUTRA_TP_COLUMN && tp->sp && gathers_fp8(tp);
+}
+
 int lutra_tp_forward_input(lutra_tp *tp, const lutra_tensor *x, const lutra_tensor **gemm_x,
                            int32_t *gather_rows, const char *fn) {
   TRY(agree(tp, x, fn));

@@ -38,6 +38,9 @@ int lutra_tp_init(lutra_tp *tp, const lutra_tp_desc *d, int64_t in, int64_t out,
                   int device, int64_t *local_in, int64_t *local_out, const char *fn);
 void lutra_tp_release(lutra_tp *tp);
 
+/* whether forward_input leaves the gather to the core's gather_fp8 under the current scope (a
+ * producer that writes the FP8 input itself, as LayerNormLinear's norm, may then still do so) */
+bool lutra_tp_gathers_fp8(const lutra_tp *tp);
 /* *gather_rows: 1, or the group size when the module's core is to gather the input's FP8 codes
  * itself (lutra_linear_core.gather_fp8 = lutra_tp_gather_fp8; *gemm_x is then x): column + SP
  * under delayed scaling whose amaxes are reduced over this group (every rank then quantizes
