@@ -57,7 +57,8 @@ typedef struct lk_scratch {
 } lk_scratch;
 cudaError_t lk_activation_forward(const lutra_act_args *a, cudaStream_t s);
 cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStream_t s);
-cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch, cudaStream_t s);
+cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch,
+                         cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);

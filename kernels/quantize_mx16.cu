@@ -108,7 +108,8 @@ __device__ __forceinline__ float mx_scale(uint32_t m, float max_rcp, uint32_t &e
 }
 
 /* codes of v[k] * s as encode16 */
-template <int OD> __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
+template <int OD>
+__device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
   float p[8];
 #pragma unroll
   for (int k = 0; k < 8; k++)

@@ -21,20 +21,20 @@
 
 #include "lutra/autocast.h"
 #include "lutra/base.h"
+#include "lutra/fused.h"
 #include "lutra/checkpoint.h"
 #include "lutra/dist.h"
-#include "lutra/fused.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
-#include "lutra/grouped.h"
 #include "lutra/inspect.h"
 #include "lutra/moe.h"
+#include "lutra/grouped.h"
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"
 #include "lutra/tensor.h"
 #include "lutra/train.h"
-#include "lutra/version.h"
 #include "lutra/wrap.h"
+#include "lutra/version.h"
 
 #endif

@@ -225,13 +225,15 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
     TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
-    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->weight,
-                                        .b = x,
-                                        .d = c->y,
-                                        .bias = c->skip_forward_bias ? NULL : c->bias,
-                                        .epilogue = epi,
-                                        .transa = true},
-                       fn));
+    TRY(lutra_gemm_run(
+        &(lutra_gemm_op){
+            .a = c->weight,
+            .b = x,
+            .d = c->y,
+            .bias = c->skip_forward_bias ? NULL : c->bias,
+            .epilogue = epi,
+            .transa = true},
+        fn));
   }
   /* an inference forward is never backpropagated: it lets go of the last input too */
   lutra_tensor_hold(&c->x, grad ? x : NULL);
@@ -343,8 +345,8 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     int64_t xshape[LUTRA_MAX_DIMS];
     memcpy(xshape, c->x->shape, sizeof xshape);
     if (c->forward_gathered) xshape[0] *= c->gather_rows;
-    TRY(lutra_tensor_cache_get(&c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device),
-                               &c->dx, fn));
+    TRY(lutra_tensor_cache_get(
+        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device), &c->dx, fn));
   }
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;

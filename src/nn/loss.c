@@ -2,8 +2,8 @@
  * what backward returns), so a training step makes one backend call per loss. */
 #include "backend/backend.h"
 #include "backend/device.h"
-#include "core/capture.h"
 #include "core/dtype.h"
+#include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "runtime/tensor.h"

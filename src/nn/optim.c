@@ -101,8 +101,8 @@ static int gather(lutra_optim *o, int count, const char *fn) {
   a->v = calloc((size_t)count, sizeof *a->v);
   a->numel = calloc((size_t)count, sizeof *a->numel);
   o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
-  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered ||
-      !a->m || !a->v || !a->numel || !o->buffers)
+  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered || !a->m || !a->v ||
+      !a->numel || !o->buffers)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
   bool adamw = o->desc.kind == LUTRA_OPTIM_ADAMW;
   for (int i = 0; i < count; i++) {

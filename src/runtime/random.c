@@ -4,9 +4,9 @@
  * x:randn(), nn.Linear without seed) differ from each other yet repeat after
  * lutra_manual_seed. */
 #include "backend/backend.h"
-#include "core/dtype.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "core/dtype.h"
 
 #include <math.h>
 #include <pthread.h>

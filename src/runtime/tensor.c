@@ -299,8 +299,7 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
-  if (t->dtype == LUTRA_F32)
-    return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
+  if (t->dtype == LUTRA_F32) return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
   void *tmp;
   TRY(host_buffer(bytes, &tmp, fn));
   host_convert(src, LUTRA_F32, tmp, t->dtype, n);
@@ -395,8 +394,7 @@ int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
   CHECK_ARG(dst->device == src->device, "dst and src are on different devices");
   CHECK_ARG(lutra_dtype_is_float(dst->dtype), "dst dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(dst->dtype));
-  if (lutra_dtype_is_fp8(src->dtype))
-    return lutra_tensor_mark_written(dst, lutra_dequantize(src, 0, dst));
+  if (lutra_dtype_is_fp8(src->dtype)) return lutra_tensor_mark_written(dst, lutra_dequantize(src, 0, dst));
   CHECK_ARG(lutra_dtype_is_float(src->dtype), "src dtype %s cannot be copied",
             lutra_dtype_name(src->dtype));
   const lutra_backend *be;

@@ -361,30 +361,27 @@ static int cuda_sync(void) {
 /* Host transfers synchronize: the host buffer may be reused as soon as the call returns. */
 static int cuda_from_host(void *dst, const void *src, size_t bytes) {
   TRY(refuse_in_capture("lutra_cuda_from_host", "a host-to-device copy (it waits for the copy)"));
-  TRY(lutra_cuda_status(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, lutra_cuda_stream()),
-      "lutra_cuda_from_host", "cudaMemcpyAsync"));
+  TRY(lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, lutra_cuda_stream()),
+                        "lutra_cuda_from_host", "cudaMemcpyAsync"));
   return cuda_sync();
 }
 
 static int cuda_to_host(void *dst, const void *src, size_t bytes) {
   TRY(refuse_in_capture("lutra_cuda_to_host",
                         "reading device memory on the host (e.g. a loss value)"));
-  TRY(lutra_cuda_status(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, lutra_cuda_stream()),
-      "lutra_cuda_to_host", "cudaMemcpyAsync"));
+  TRY(lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, lutra_cuda_stream()),
+                        "lutra_cuda_to_host", "cudaMemcpyAsync"));
   return cuda_sync();
 }
 
 static int cuda_copy(void *dst, const void *src, size_t bytes) {
-  return lutra_cuda_status(
-      cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lutra_cuda_stream()),
-      "lutra_cuda_copy", "cudaMemcpyAsync");
+  return lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, lutra_cuda_stream()),
+                           "lutra_cuda_copy", "cudaMemcpyAsync");
 }
 
 static int cuda_memset(void *dst, int value, size_t bytes) {
-  return lutra_cuda_status(cudaMemsetAsync(dst, value, bytes, lutra_cuda_stream()),
-                           "lutra_cuda_memset", "cudaMemsetAsync");
+  return lutra_cuda_status(cudaMemsetAsync(dst, value, bytes, lutra_cuda_stream()), "lutra_cuda_memset",
+                           "cudaMemsetAsync");
 }
 
 /* ---- kernels: each wrapper turns the launch status into a lutra status ------------------ */
@@ -501,8 +498,8 @@ static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
 static int check_act(const lutra_act_args *a, const char *fn) {
   CHECK_ARG(a != NULL, "arguments are NULL");
   if (a->act <= LUTRA_ACT_NONE || a->act >= LUTRA_ACT_COUNT)
-    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)", (int)a->act,
-                       LUTRA_ACT_COUNT - 1);
+    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)",
+                       (int)a->act, LUTRA_ACT_COUNT - 1);
   if (lutra_act_is_gated(a->act))
     CHECK_ARG(a->rows >= 0 && a->cols >= 0 && a->cols % 2 == 0,
               "gated activation input [%lld, %lld]: the last dim must be even (2h)",
@@ -588,8 +585,8 @@ static int check_permute(const lutra_permute_args *a, const char *fn) {
   CHECK_ARG(a->tokens > 0 && a->k > 0 && a->hidden > 0 && a->tokens * a->k <= 0x7FFFFFFF,
             "tokens %lld, k %d, hidden %lld: all positive, tokens * k at most 2^31-1",
             (long long)a->tokens, (int)a->k, (long long)a->hidden);
-  CHECK_ARG(a->experts >= 1 && a->experts <= LUTRA_MOE_MAX_EXPERTS, "experts = %d is outside 1..%d",
-            (int)a->experts, LUTRA_MOE_MAX_EXPERTS);
+  CHECK_ARG(a->experts >= 1 && a->experts <= LUTRA_MOE_MAX_EXPERTS,
+            "experts = %d is outside 1..%d", (int)a->experts, LUTRA_MOE_MAX_EXPERTS);
   return LUTRA_OK;
 }
 static int k_moe_topk_forward(const lutra_topk_args *a) {
