@@ -200,6 +200,27 @@ describe("checkpoint names per module kind", function()
     end
   end)
 
+  it("a refused load leaves fresh models without the FP8 state it built for them", function()
+    lutra.manual_seed(10)
+    for _, c in ipairs { cases[1], cases[2], cases[6] } do
+      local m = c.make()
+      step(m, input(ROWS, H), c.forward)
+      local path = saved(m)
+      -- the same kind in a Sequential of another name: every name differs, the load is refused
+      -- after the fresh quantizers (or a GroupedLinear's scaling state) were built
+      local fresh = nn.Sequential(nn.GELU(), c.make())
+      local ok, err = pcall(lutra.load, path, { model = fresh, recipe = recipe })
+      assert.is_false(ok)
+      assert.matches("which the objects do not have", tostring(err), 1, true)
+      local again = saved(fresh)
+      for name in pairs(names_of(contents(again))) do
+        assert.is_nil(name:find("fp8", 1, true), c.what .. ": " .. name .. " was adopted")
+      end
+      os.remove(path)
+      os.remove(again)
+    end
+  end)
+
   it("a MoE router checkpoints as its Linear", function()
     lutra.manual_seed(9)
     local router = lutra.moe.Router(H, 16, 2)
