@@ -2,7 +2,7 @@
 -- specialise: inputs come from several clusters, each with its own target function.
 --   luajit examples/train_moe.lua [--experts grouped|linear] [--recipe none|delayed|current|
 --          mxfp8|block] [--graph off|on] [--device cpu|cuda] [--steps 400] [--batch 256]
---          [--num-experts 8] [--clusters 8] [--k 2] [--hidden 64] [--lr 0.01] [--every 100] [--dtype auto]
+--          [--num-experts 8] [--clusters 8] [--k 2] [--hidden 64] [--lr 0.01] [--every 100]
 -- The layer: router (a Linear + the fused softmax-top-k, lutra.moe.Router) -> permute
 -- (lutra.moe.Dispatcher: expert-contiguous rows and the device m_splits) -> expert MLP
 -- (nn.GroupedLinear -> GELU -> nn.GroupedLinear, one grouped GEMM each, reading the splits on
@@ -26,14 +26,14 @@ local nn, moe = lutra.nn, lutra.moe
 local function parse(argv)
   local o = { experts = "grouped", recipe = "none", graph = "off", device = lutra.default_device,
               steps = 400, batch = 256, ["num-experts"] = 8, clusters = 8, k = 2, hidden = 64,
-              lr = 1e-2, every = 100, dtype = "auto" }
+              lr = 1e-2, every = 100 }
   local i = 1
   while i <= #argv do
     local key = argv[i]:match("^%-%-(.+)$")
     if not key or o[key] == nil or argv[i + 1] == nil then
       io.stderr:write("usage: train_moe.lua [--experts grouped|linear] [--recipe R] [--graph off|on] ",
                       "[--device cpu|cuda] [--steps N] [--batch N] [--num-experts N] [--clusters N] ",
-                      "[--k N] [--hidden N] [--lr X] [--every N] [--dtype auto|f32|bf16]\n")
+                      "[--k N] [--hidden N] [--lr X] [--every N]\n")
       os.exit(2)
     end
     local v = argv[i + 1]
@@ -46,12 +46,6 @@ end
 local opt = parse(arg)
 local D, E, K, C, B, F = 32, opt["num-experts"], opt.k, opt.clusters, opt.batch, opt.hidden
 local dev = opt.device
--- the layer's dtype: GroupedLinear's grouped GEMM on cuda runs in bf16 (it has no f32 kernels),
--- so "auto" is bf16 there and f32 elsewhere (the linear reference mode copies f32 rows)
-local DT = opt.dtype
-if DT == "auto" then DT = (dev == "cuda" and opt.experts == "grouped") and "bf16" or "f32" end
-assert(DT == "f32" or DT == "bf16", "--dtype must be auto, f32 or bf16")
-assert(DT == "f32" or opt.experts == "grouped", "--experts linear runs in f32")
 assert(opt.experts == "grouped" or opt.experts == "linear", "--experts must be grouped or linear")
 if opt.graph == "on" and (dev ~= "cuda" or opt.experts ~= "grouped") then
   io.stderr:write("--graph on needs --device cuda and --experts grouped (the linear reference ",
@@ -170,13 +164,12 @@ end
 local function make_experts(fin, fout, seed)
   local o = { seed = seed, device = dev }
   if opt.experts == "linear" then return host_grouped(E, fin, fout, o) end
-  o.dtype = DT
   if not nn.GroupedLinear then
     io.stderr:write("nn.GroupedLinear is not in this build (it comes with the GroupedLinear work ",
                     "of issue 13). Run with --experts linear for the host reference mode.\n")
     os.exit(3)
   end
-  return nn.GroupedLinear(E, fin, fout, o)
+  return nn.GroupedLinear(E, fin, fout, { seed = seed, device = dev })
 end
 
 -- optimizers over a module, or over each expert Linear of the reference mode
@@ -189,7 +182,7 @@ local function optimizers_of(m, list)
 end
 
 -- ---- the layer ---------------------------------------------------------------------------------
-local router = moe.Router(D, E, K, { seed = 11, device = dev, dtype = DT })
+local router = moe.Router(D, E, K, { seed = 11, device = dev })
 local disp = moe.Dispatcher(E, { device = dev })
 local fc1, act, fc2 = make_experts(D, F, 20), nn.GELU(), make_experts(F, D, 40)
 local opts = {}
@@ -199,8 +192,8 @@ optimizers_of(fc2, opts)
 local recipe = lutra.recipe.named(opt.recipe, opt.recipe == "delayed" and { amax_history_len = 16 } or nil)
 local fp8 = lutra.autocast { recipe = recipe }
 local loss = nn.MSELoss()
-local x = lutra.tensor({ B, D }, DT, dev)
-local target = lutra.tensor({ B, D }, DT, dev)
+local x = lutra.tensor({ B, D }, "f32", dev)
+local target = lutra.tensor({ B, D }, "f32", dev)
 
 local function train_step()
   local probs, idx = router:forward(x)
