@@ -299,6 +299,8 @@ describe("checkpoints", function()
       { function() lutra.save(good, net) end, "objects must be a table" },
       { function() lutra.save(good, { modle = net }) end, "unknown option 'modle'" },
       { function() lutra.save(good, { model = 3 }) end, "model must be a module or nil" },
+      { function() lutra.save(good, { model = { checkpoint_module = function() return 3 end } }) end,
+        "model must be a module or nil" },
       { function() lutra.save(good, { model = net, rng = 1 }) end, "rng must be a boolean" },
       { function() lutra.save(good, {}) end, "the objects name nothing" },
       { function() lutra.save(good, { model = net, recipe = recipe }) end, "recipe is for lutra.load" },

@@ -1,7 +1,7 @@
 -- The embedding examples on the cpu: examples/embed/frame_loop.c (a particle simulation that
 -- trains on its own state one step per frame; no heap allocation per step after warm-up) and
--- examples/embed/host.c (LuaJIT embedded, a Lua training step per frame, a failing step
--- recovered without an autocast scope left entered). Built with the system compiler against
+-- examples/embed/host.c (LuaJIT embedded, a Lua training step per frame on tensors wrapping the
+-- host's own arrays, a failing step recovered without an autocast scope left entered). Built with the system compiler against
 -- ./liblutra.so, as make's examples/embed/* targets build them (not through make, which would
 -- reconfigure the library), and run without LD_PRELOAD: frame_loop counts allocations by
 -- interposing malloc, which a preloaded allocator (ASan's) would bypass.
@@ -55,6 +55,8 @@ describe("examples/embed", function()
                    exe .. " 300 examples/embed/train_step.lua")
     assert(ok, out)
     assert.is_nil(out:find("FAIL", 1, true), out)
+    -- the script's tensors are lutra_tensor_wrap views of the host's arrays, not copies
+    assert(out:find("inputs: the host's own buffers, wrapped (no copy per frame)", 1, true), out)
     assert(out:find("frame 150: the script failed at autocast depth 1: [^\n]*lutra_linear_forward: " ..
                     "input has 17 features"), out)
     assert(out:find("frame 150: unwound the autocast scopes to depth 0", 1, true), out)

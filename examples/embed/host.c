@@ -5,9 +5,9 @@
  *
  * (LUA_PATH must let the script find lutra: the build tree's lua/?.lua;lua/?/init.lua, or the
  * installed tree's share/lua/5.1.) The host owns its observations and targets (a sensor-like
- * signal and a function of it), copies them each frame into two lutra tensors with
- * lutra_tensor_set_f32 and hands the script those tensors once (lutra_tensor_wrap, when it lands,
- * will let them sit on the host's arrays instead of a copy). The script
+ * signal and a function of it) and writes them in place each frame: the two lutra tensors it
+ * hands the script once are lutra_tensor_wrap views of those arrays, so no frame copies them
+ * (lutra reads the host's memory; the host keeps it alive past the tensors). The script
  * (examples/embed/train_step.lua, loaded with luaL_dofile) runs one step per frame under
  * lua_pcall. Lua and the host share one liblutra: the Lua front takes the copy this executable
  * is linked with.
@@ -68,8 +68,11 @@ int main(int argc, char **argv) {
   }
   const int64_t shape[2] = {ROWS, WIDTH};
   lutra_tensor *x = NULL, *target = NULL;
-  CK(lutra_tensor_new(LUTRA_F32, 2, shape, LUTRA_CPU, &x));
-  CK(lutra_tensor_new(LUTRA_F32, 2, shape, LUTRA_CPU, &target));
+  CK(lutra_tensor_wrap(observations, LUTRA_F32, 2, shape, LUTRA_CPU, sizeof observations, &x));
+  CK(lutra_tensor_wrap(wanted, LUTRA_F32, 2, shape, LUTRA_CPU, sizeof wanted, &target));
+  printf("inputs: %s\n", x->data == (void *)observations && target->data == (void *)wanted
+                             ? "the host's own buffers, wrapped (no copy per frame)"
+                             : "copies (not the host's buffers)");
 
   lua_State *L = luaL_newstate();
   luaL_openlibs(L);
@@ -89,9 +92,7 @@ int main(int argc, char **argv) {
   double first = 0.0, last = 0.0;
   int recovered = 0, failed = 0;
   for (long frame = 0; frame < frames; frame++) {
-    sense();
-    CK(lutra_tensor_set_f32(x, observations, ROWS * WIDTH));
-    CK(lutra_tensor_set_f32(target, wanted, ROWS * WIDTH));
+    sense(); /* into the arrays x and target wrap: the script's next step reads them */
     int depth = 0, enabled = 0, calibrating = 0;
     CK(lutra_autocast_state(&depth, &enabled, &calibrating));
     push_function(L, "step");
@@ -124,7 +125,7 @@ int main(int argc, char **argv) {
          "recovered; autocast depth at the end %d\n",
          first, last, failed, recovered, depth);
   lua_close(L); /* the script's objects go with its state; the host's tensors stay the host's */
-  lutra_tensor_free(x);
+  lutra_tensor_free(x); /* the tensor structs only: the arrays are the host's */
   lutra_tensor_free(target);
   int ok = failed == 1 && recovered == 1 && depth == 0 && last < 0.2 * first;
   if (!ok) printf("FAIL\n");

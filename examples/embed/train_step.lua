@@ -1,8 +1,8 @@
 -- The training script examples/embed/host.c runs: loaded once with luaL_dofile, it returns
 -- {init =, step =}. init(x, target) receives the host's two lutra tensors (light userdata:
 -- lutra_tensor pointers the host owns and keeps alive) and builds the model; step(frame,
--- fault) runs one training step on what the host copied into them this frame and returns the
--- loss. fault = true makes this step fail inside its autocast scope, as a script bug would
+-- fault) runs one training step on what the host wrote into them this frame (they wrap the
+-- host's arrays) and returns the loss. fault = true makes this step fail inside its autocast scope, as a script bug would
 -- (a forward on a tensor of the wrong width): the host must recover from that.
 local lutra = require("lutra")
 local ffi = require("ffi")

@@ -4,7 +4,9 @@
 --   lutra.load("run.safetensors", {model = net, optim = opt, rng = true, recipe = r})
 -- objects (a table; at least one of model, optim, rng):
 --   model       a module: its parameters ("0.weight", "2.bias", ...) and the state of every
---               quantizer it owns ("0.fp8.input.scale", ...)
+--               quantizer it owns ("0.fp8.input.scale", ...); names per module kind in README
+--               ("Checkpoints"); an object with a checkpoint_module method (lutra.moe.Router)
+--               stands for the module it returns
 --   optim       an optimizer over model or a module inside it: moments, f32 masters, step count
 --               (and the device's step)
 --   rng         true: the global seed generator (lutra.manual_seed's state)
@@ -36,7 +38,11 @@ local function objects_of(objects, where, for_load)
   core.check_options(objects, object_keys, where)
   local o = ffi.new("lutra_checkpoint_objects")
   C.lutra_checkpoint_defaults(o)
-  if objects.model ~= nil and not chk.is_module(objects.model) then
+  local model = objects.model
+  if type(model) == "table" and type(model.checkpoint_module) == "function" then
+    model = model:checkpoint_module()
+  end
+  if model ~= nil and not chk.is_module(model) then
     error(string.format("%s: model must be a module or nil (got %s)", where, chk.got(objects.model)), 3)
   end
   chk.optional_object(objects.optim, optim_t, "an optimizer", "optim", where, 4)
@@ -44,7 +50,7 @@ local function objects_of(objects, where, for_load)
   if objects.recipe ~= nil and not for_load then
     error(where .. ": recipe is for lutra.load (a saved model's quantizers exist already)", 3)
   end
-  o.model, o.optim, o.recipe = objects.model, objects.optim, objects.recipe
+  o.model, o.optim, o.recipe = model, objects.optim, objects.recipe
   for _, k in ipairs { "rng", "fp8", "main_grads" } do
     if objects[k] ~= nil then
       chk.boolean(objects[k], k, where, 4)

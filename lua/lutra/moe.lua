@@ -155,6 +155,9 @@ function Router:backward(dprobs, input_grad)
 end
 
 function Router:parameters() return self.linear:parameters() end
+-- what lutra.save / lutra.load take for a router: its Linear ("weight", "bias" when made with
+-- one, its quantizers "fp8.input", ...); the top-k keeps no state across steps
+function Router:checkpoint_module() return self.linear end
 function Router:zero_grad() self.linear:zero_grad() end
 function Router:free()
   self.linear:free()

@@ -1,7 +1,9 @@
 -- Resume on the device under test (spec/gpu/support.lua's LUTRA_TEST_DEVICE): N steps, save,
 -- load into fresh objects in a new process, N more steps gives the bytes of 2N steps straight,
 -- for each recipe, f32 and bf16 parameters (AdamW masters; the on-device step count is saved
--- and restored), and SGD momentum. The control: a load without the optimizer differs.
+-- and restored), and SGD momentum; and the models of the other module kinds (pre-norm block,
+-- LayerNormLinear, GroupedLinear). The controls: a load without the optimizer, or without the
+-- FP8 state, differs.
 local S = require("spec.gpu.support")
 local resume = require("spec.support.resume")
 
@@ -28,6 +30,35 @@ describe("checkpoint resume on " .. S.DEV, function()
       end)
     end
   end
+
+  -- every module kind's checkpoint entry (spec/support/resume_run.lua's models): the pre-norm
+  -- block (Residual, LayerNormMLP swiglu with RMSNorm, RMSNorm, Linear), a LayerNormLinear, a
+  -- GroupedLinear of 4 experts with their own amax histories
+  S.test(it, "rests on runs that repeat: the pre-norm block and the GroupedLinear", function()
+    for _, case in ipairs { { "prenorm", "delayed" }, { "grouped", "delayed" } } do
+      local a, b = resume.straight_twice(S.DEV, case[2], "bf16", "adamw", 2 * N, case[1])
+      assert.is_true(a == b, "two straight runs differ: " .. case[1] .. ", " .. case[2])
+    end
+  end)
+
+  for _, case in ipairs { { "prenorm", "delayed", "f32" }, { "prenorm", "mxfp8", "f32" },
+                          { "prenorm", "delayed", "bf16" }, { "prenorm", "mxfp8", "bf16" },
+                          { "lnl", "current", "f32" }, { "lnl", "current", "bf16" },
+                          { "grouped", "delayed", "f32" }, { "grouped", "delayed", "bf16" } } do
+    S.test(it, string.format("is bit-identical to a straight run: %s model, %s, recipe %s",
+                             case[1], case[3], case[2]), function()
+      local r = resume.compare(S.DEV, case[2], case[3], "adamw", N, nil, case[1])
+      assert.are.equal(2 * N, #r.straight_losses)
+      assert.are.same(r.straight_losses, r.resumed_losses)
+      assert.is_true(r.straight == r.resumed, "the final states differ")
+    end)
+  end
+
+  S.test(it, "differs when the FP8 state is left out of the load (control, grouped, delayed)",
+         function()
+    local r = resume.compare(S.DEV, "delayed", "f32", "adamw", N, "fp8", "grouped")
+    assert.is_false(r.straight == r.resumed)
+  end)
 
   S.test(it, "is bit-identical with SGD momentum, bf16, delayed", function()
     local r = resume.compare(S.DEV, "delayed", "bf16", "sgd", N)

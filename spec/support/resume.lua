@@ -15,10 +15,13 @@ local function read(path)
 end
 M.read = read
 
+-- the model of the runs (resume_run.lua's RESUME_MODEL), set by compare / straight_twice
+local model = "mlp"
+
 local function run(device, ...)
   local args = { ... }
-  local cmd = string.format("RESUME_DEVICE=%s %s %s %s 2>&1", device, LUAJIT, RUN,
-                            table.concat(args, " "))
+  local cmd = string.format("RESUME_MODEL=%s RESUME_DEVICE=%s %s %s %s 2>&1", model, device,
+                            LUAJIT, RUN, table.concat(args, " "))
   local p = assert(io.popen(cmd))
   local out = p:read("*a")
   p:close()
@@ -31,8 +34,10 @@ local function losses(out)
   return t
 end
 
--- {straight = bytes, resumed = bytes, straight_losses = {...}, resumed_losses = {...}}
-function M.compare(device, recipe, dtype, optim, n, skip)
+-- {straight = bytes, resumed = bytes, straight_losses = {...}, resumed_losses = {...}};
+-- model_name: resume_run.lua's RESUME_MODEL (default mlp)
+function M.compare(device, recipe, dtype, optim, n, skip, model_name)
+  model = model_name or "mlp"
   local dir = os.tmpname()
   os.remove(dir)
   assert(os.execute("mkdir -p " .. dir) == 0)
@@ -57,7 +62,8 @@ function M.compare(device, recipe, dtype, optim, n, skip)
 end
 
 -- the premise of the comparison: two straight runs of the same steps write the same bytes
-function M.straight_twice(device, recipe, dtype, optim, n)
+function M.straight_twice(device, recipe, dtype, optim, n, model_name)
+  model = model_name or "mlp"
   local dir = os.tmpname()
   os.remove(dir)
   assert(os.execute("mkdir -p " .. dir) == 0)

@@ -23,7 +23,33 @@ local recipe = recipes[recipe_name]()
 lutra.manual_seed(20261201)
 local nn = lutra.nn
 local opts = { dtype = dtype, device = device }
-local net = nn.Sequential(nn.Linear(128, 128, opts), nn.GELU(), nn.Linear(128, 128, opts))
+-- RESUME_MODEL picks the model (every module kind's checkpoint entry is exercised by one):
+--   mlp      Linear -> GELU -> Linear
+--   prenorm  Residual(LayerNormMLP swiglu, RMSNorm) -> RMSNorm -> Linear head
+--   lnl      LayerNormLinear -> GELU -> Linear
+--   grouped  GroupedLinear of 4 experts, each its own share of the rows (per-expert amaxes)
+local H = 128
+local models = {
+  mlp = function() return nn.Sequential(nn.Linear(H, H, opts), nn.GELU(), nn.Linear(H, H, opts)) end,
+  prenorm = function()
+    return nn.Sequential(
+      nn.Residual(nn.LayerNormMLP(H, 64, { normalization = "RMSNorm", activation = "swiglu",
+                                           dtype = dtype, device = device })),
+      nn.RMSNorm(H, opts), nn.Linear(H, H, opts))
+  end,
+  lnl = function()
+    return nn.Sequential(nn.LayerNormLinear(H, H, opts), nn.GELU(), nn.Linear(H, H, opts))
+  end,
+  grouped = function() return nn.GroupedLinear(4, H, H, opts) end,
+}
+local model_name = os.getenv("RESUME_MODEL") or "mlp"
+local net = assert(models[model_name], "unknown RESUME_MODEL " .. model_name)()
+-- the experts' rows: unequal, so each expert's amax (and history) is its own
+local splits = model_name == "grouped" and { 4, 12, 8, 8 } or nil
+local function forward(x)
+  if splits then return net:forward(x, splits) end
+  return net:forward(x)
+end
 local opt = optim_kind == "adamw" and lutra.optim.AdamW(net, { lr = 1e-2, weight_decay = 0.01 })
   or lutra.optim.SGD(net, { lr = 0.05, momentum = 0.9 })
 local scope = recipe and lutra.autocast{ recipe = recipe } or nil
@@ -43,7 +69,7 @@ for step = 1, steps do
   x:randn()
   target:uniform(nil, -1, 1)
   if scope then scope:enter() end
-  loss:forward(net:forward(x), target)
+  loss:forward(forward(x), target)
   net:backward(loss:backward(), false)
   if scope then scope:exit() end
   opt:step()

@@ -93,53 +93,84 @@ static int f32_entry(ckpt_entries *E, float *p, int64_t n, const lutra_backend *
   return add(E, &e, fn, "%s%s%s", prefix, name, suffix);
 }
 
-static void destroy_fresh(lutra_module_quantizers *q) {
-  for (int i = 0; i < q->count; i++)
-    lutra_quantizer_destroy(q->q[i]);
-  q->count = 0;
+static void destroy_fresh(ckpt_pending *p) {
+  for (int i = 0; i < p->q.count; i++)
+    lutra_quantizer_destroy(p->q.q[i]);
+  p->q.count = 0;
+  if (p->state) p->module->ops->checkpoint->drop_fp8_state(p->module, p->state);
+  p->state = NULL;
 }
 
-static int keep_pending(ckpt_entries *E, lutra_module *m, const lutra_recipe *r,
-                        lutra_module_quantizers *q, const char *fn) {
+/* p: fresh quantizers (p->q.fresh) or fresh state (p->state); freed when it cannot be kept */
+static int keep_pending(ckpt_entries *E, ckpt_pending *p, const char *fn) {
   if (E->npending == E->pending_cap) {
     int cap = E->pending_cap ? E->pending_cap * 2 : 8;
-    ckpt_pending *p = realloc(E->pending, (size_t)cap * sizeof *p);
-    if (!p) {
-      destroy_fresh(q);
+    ckpt_pending *grown = realloc(E->pending, (size_t)cap * sizeof *grown);
+    if (!grown) {
+      destroy_fresh(p);
       return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the quantizer list");
     }
-    E->pending = p, E->pending_cap = cap;
+    E->pending = grown, E->pending_cap = cap;
   }
-  E->pending[E->npending++] = (ckpt_pending){m, r, *q};
+  E->pending[E->npending++] = *p;
   return LUTRA_OK;
 }
 
 void ckpt_adopt(ckpt_entries *E) {
   for (int i = 0; i < E->npending; i++) {
     ckpt_pending *p = &E->pending[i];
-    p->module->ops->checkpoint->adopt_quantizers(p->module, p->recipe, &p->q);
+    const lutra_checkpoint_ops *ck = p->module->ops->checkpoint;
+    if (p->q.fresh) ck->adopt_quantizers(p->module, p->recipe, &p->q);
+    if (p->state) ck->adopt_fp8_state(p->module, p->recipe, p->state);
     p->q.count = 0; /* the module's now */
+    p->state = NULL;
   }
+}
+
+static int state_entries(ckpt_entries *E, const char *prefix, const char *name,
+                         const lutra_quantizer_state_view *v, const char *fn) {
+  char pre[512];
+  int n = snprintf(pre, sizeof pre, "%sfp8.%s.", prefix, name);
+  CHECK_ARG(n > 0 && (size_t)n < sizeof pre, "a quantizer name is too long");
+  TRY(f32_entry(E, v->scale, 1, v->be, fn, pre, "scale", ""));
+  TRY(f32_entry(E, v->scale_inv, 1, v->be, fn, pre, "scale_inv", ""));
+  if (v->amax_history)
+    TRY(f32_entry(E, v->amax_history, v->history_len, v->be, fn, pre, "amax_history", ""));
+  return LUTRA_OK;
+}
+
+/* lutra_fp8_state_sink.add: the entries of one view of a module's state */
+typedef struct sink_ctx {
+  ckpt_entries *E;
+  const char *prefix;
+} sink_ctx;
+
+static int sink_add(void *ctx, const char *name, const lutra_quantizer_state_view *v,
+                    const char *fn) {
+  sink_ctx *c = ctx;
+  return state_entries(c->E, c->prefix, name, v, fn);
 }
 
 static int quantizer_entries(ckpt_entries *E, lutra_module *m, const lutra_recipe *build_for,
                              const char *prefix, const char *fn) {
   const lutra_checkpoint_ops *ck = m->ops->checkpoint;
-  if (!ck || !ck->quantizers) return LUTRA_OK;
-  lutra_module_quantizers qs = {0};
-  TRY(ck->quantizers(m, build_for, &qs, fn));
-  if (qs.fresh) TRY(keep_pending(E, m, build_for, &qs, fn));
-  for (int i = 0; i < qs.count; i++) {
-    if (!qs.q[i]) continue;
+  if (ck->fp8_state) {
+    /* the entries are added before the fresh state is kept: on failure the state is freed
+     * here, and entries pointing into it are freed (not used) with the list */
+    ckpt_pending p = {.module = m, .recipe = build_for};
+    sink_ctx ctx = {E, prefix};
+    TRY(ck->fp8_state(m, build_for, &(lutra_fp8_state_sink){sink_add, &ctx}, &p.state, fn));
+    if (p.state) TRY(keep_pending(E, &p, fn));
+  }
+  if (!ck->quantizers) return LUTRA_OK;
+  ckpt_pending p = {.module = m, .recipe = build_for};
+  TRY(ck->quantizers(m, build_for, &p.q, fn));
+  if (p.q.fresh) TRY(keep_pending(E, &p, fn));
+  for (int i = 0; i < p.q.count; i++) {
+    if (!p.q.q[i]) continue;
     lutra_quantizer_state_view v;
-    TRY(lutra_quantizer_state(qs.q[i], &v));
-    char pre[512];
-    int n = snprintf(pre, sizeof pre, "%sfp8.%s.", prefix, qs.name[i]);
-    CHECK_ARG(n > 0 && (size_t)n < sizeof pre, "a quantizer name is too long");
-    TRY(f32_entry(E, v.scale, 1, v.be, fn, pre, "scale", ""));
-    TRY(f32_entry(E, v.scale_inv, 1, v.be, fn, pre, "scale_inv", ""));
-    if (v.amax_history)
-      TRY(f32_entry(E, v.amax_history, v.history_len, v.be, fn, pre, "amax_history", ""));
+    TRY(lutra_quantizer_state(p.q.q[i], &v));
+    TRY(state_entries(E, prefix, p.q.name[i], &v, fn));
   }
   return LUTRA_OK;
 }
@@ -150,14 +181,21 @@ static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   CHECK_ARG(depth < 64, "the module tree is deeper than 64 levels");
   const lutra_checkpoint_ops *ck = m->ops->checkpoint;
+  /* a kind that does not say what it holds may hold state a file would silently leave out */
+  if (!ck)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "module '%.*s' is a %s, a module kind that does not support checkpoints",
+                       *prefix ? (int)strlen(prefix) - 1 : 6, *prefix ? prefix : "(root)",
+                       m->ops->kind);
   char pre[512];
-  if (ck && ck->num_children) {
+  if (ck->num_children) {
     int n = ck->num_children(m);
     for (int i = 0; i < n; i++) {
       const char *name;
       lutra_module *c = ck->child(m, i, &name);
-      int len = name ? snprintf(pre, sizeof pre, "%s%s.", prefix, name)
-                     : snprintf(pre, sizeof pre, "%s%d.", prefix, i);
+      int len = !name   ? snprintf(pre, sizeof pre, "%s%d.", prefix, i)
+                : *name ? snprintf(pre, sizeof pre, "%s%s.", prefix, name)
+                        : snprintf(pre, sizeof pre, "%s", prefix); /* "": no level */
       CHECK_ARG(len > 0 && (size_t)len < sizeof pre, "a module name is too long");
       TRY(walk(E, c, pre, o, build_for, depth + 1, fn));
     }
@@ -166,7 +204,7 @@ static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
     for (int i = 0; i < n; i++) {
       lutra_param p;
       TRY(m->ops->param(m, i, &p));
-      const char *name = ck && ck->param_name ? ck->param_name(m, i) : NULL;
+      const char *name = ck->param_name ? ck->param_name(m, i) : NULL;
       char fallback[32];
       if (!name) {
         snprintf(fallback, sizeof fallback, "param%d", i);
@@ -300,7 +338,7 @@ void ckpt_entries_free(ckpt_entries *E) {
   for (int i = 0; i < E->count; i++)
     free(E->e[i].name);
   for (int i = 0; i < E->npending; i++)
-    destroy_fresh(&E->pending[i].q);
+    destroy_fresh(&E->pending[i]);
   free(E->pending);
   free(E->e);
   memset(E, 0, sizeof *E);

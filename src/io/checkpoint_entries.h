@@ -43,6 +43,7 @@ typedef struct ckpt_pending {
   lutra_module *module;
   const lutra_recipe *recipe;
   lutra_module_quantizers q;
+  void *state; /* lutra_checkpoint_ops.fp8_state's fresh state, or NULL */
 } ckpt_pending;
 
 typedef struct ckpt_entries {

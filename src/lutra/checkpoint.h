@@ -4,7 +4,12 @@
  * A checkpoint is a safetensors file (8-byte little-endian header length, a JSON header naming
  * each tensor's dtype, shape and data_offsets, then the data), readable by Python's safetensors.
  * What it holds, named from the module tree (Sequential children by index, "0.", "1.", ...;
- * modules with named children by those names; a leaf's parameters "weight" and "bias"):
+ * modules with named children by those names; a Residual adds no level; a leaf's parameters
+ * "weight" and "bias"; LayerNormLinear "norm.weight", "norm.bias", "weight", "bias";
+ * LayerNormMLP "norm.*", "fc1.*", "fc2.*" with quantizers "fp8.fc1.input", ...; GroupedLinear
+ * "weight0".., "bias0".. with one FP8 state per expert and role, "fp8.input0", ...; a
+ * tensor-parallel Linear its rank's shard, one file per rank; README lists them all). A module
+ * kind without a checkpoint entry is refused (LUTRA_EUNSUPPORTED, naming the module and kind):
  *   <m>.weight, <m>.bias                     parameters, in their dtype
  *   <m>.weight.main_grad                     f32 main grads (main_grads = 1)
  *   <m>.fp8.<role>.scale, .scale_inv         every quantizer the module owns (F32 [1];

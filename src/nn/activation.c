@@ -157,7 +157,8 @@ static const lutra_fusion_ops FUSIONS[LUTRA_ACT_COUNT] = {
          .num_params = lutra_module_no_params,                                                     \
          .param = lutra_module_no_param,                                                           \
          .release = act_release,                                                                   \
-         .fusion = &FUSIONS[k]}
+         .fusion = &FUSIONS[k],                                                                    \
+         .checkpoint = &lutra_checkpoint_stateless}
 static const lutra_module_ops OPS_OF[LUTRA_ACT_COUNT] = {
     OPS(LUTRA_ACT_GELU_TANH, "gelu"),     OPS(LUTRA_ACT_RELU, "relu"),
     OPS(LUTRA_ACT_SILU, "silu"),          OPS(LUTRA_ACT_QGELU, "quick_gelu"),

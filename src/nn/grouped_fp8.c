@@ -81,12 +81,8 @@ static int role_build(grouped_linear *g, const lutra_quantizer_spec *s, grouped_
   return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
-/* the roles of a recipe, replaced only once all are built */
-static int ensure_roles(grouped_linear *g, const lutra_recipe *rec, const char *fn) {
-  if (g->roles_built && g->qkey == rec->key) return LUTRA_OK;
-  CHECK_STATE(!LUTRA_CAPTURING(), "a GroupedLinear's first FP8 forward (or a new recipe) while "
-                                  "capturing a CUDA graph: run the step once eagerly first");
-  grouped_role fresh[LUTRA_NUM_ROLES];
+int lutra_grouped_roles_build(grouped_linear *g, const lutra_recipe *rec,
+                              grouped_role fresh[LUTRA_NUM_ROLES], const char *fn) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     int st = role_build(g, &rec->roles[i], &fresh[i], fn);
     if (st != LUTRA_OK) {
@@ -95,6 +91,16 @@ static int ensure_roles(grouped_linear *g, const lutra_recipe *rec, const char *
       return st;
     }
   }
+  return LUTRA_OK;
+}
+
+void lutra_grouped_roles_free(grouped_linear *g, grouped_role roles[LUTRA_NUM_ROLES]) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    role_free(g, &roles[i]);
+}
+
+void lutra_grouped_roles_install(grouped_linear *g, const lutra_recipe *rec,
+                                 grouped_role fresh[LUTRA_NUM_ROLES]) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     role_free(g, &g->roles[i]);
     g->roles[i] = fresh[i];
@@ -102,6 +108,16 @@ static int ensure_roles(grouped_linear *g, const lutra_recipe *rec, const char *
   g->qkey = rec->key;
   g->roles_built = true;
   g->weight_cached = false;
+}
+
+/* the roles of a recipe, replaced only once all are built */
+static int ensure_roles(grouped_linear *g, const lutra_recipe *rec, const char *fn) {
+  if (g->roles_built && g->qkey == rec->key) return LUTRA_OK;
+  CHECK_STATE(!LUTRA_CAPTURING(), "a GroupedLinear's first FP8 forward (or a new recipe) while "
+                                  "capturing a CUDA graph: run the step once eagerly first");
+  grouped_role fresh[LUTRA_NUM_ROLES];
+  TRY(lutra_grouped_roles_build(g, rec, fresh, fn));
+  lutra_grouped_roles_install(g, rec, fresh);
   return LUTRA_OK;
 }
 

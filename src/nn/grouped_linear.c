@@ -214,6 +214,8 @@ static void grouped_release(lutra_module *m) {
   g->y = g->dx = g->splits_dev = g->bad_split = NULL;
   free(g->splits_host);
   g->splits_host = NULL;
+  free(g->param_names);
+  g->param_names = NULL;
   lutra_tensor_hold(&g->x, NULL);
   g->forward_done = g->splits_set = false;
   if (g->parallel) lutra_tp_release(&g->tp);
@@ -228,6 +230,7 @@ static const lutra_module_ops grouped_ops = {
     .param = grouped_param,
     .release = grouped_release,
     .fusion = NULL,
+    .checkpoint = &lutra_grouped_checkpoint,
 };
 
 /* ---- construction -------------------------------------------------------------------------- */
@@ -294,6 +297,7 @@ static int init(grouped_linear *g, const lutra_grouped_linear_desc *d, int64_t f
   }
   TRY(init_params(g, d->seed, full_in));
   TRY(upload_ptrs(g, fn));
+  TRY(lutra_grouped_param_names(g, fn));
   g->splits_host = calloc((size_t)g->num, sizeof *g->splits_host);
   if (!g->splits_host) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate splits");
   int64_t n = g->num, one = 1;

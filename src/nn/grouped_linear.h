@@ -50,7 +50,8 @@ typedef struct grouped_linear {
   bool roles_built;
   uint64_t qkey;
   grouped_fp8_buf xq, wq, dyq;
-  int32_t host_path; /* LUTRA_GROUPED_PATH_*: for host-known splits in high precision */
+  int32_t host_path;       /* LUTRA_GROUPED_PATH_*: for host-known splits in high precision */
+  char (*param_names)[20]; /* checkpoint names of the parameters, in param order */
   /* what the last forward did */
   const lutra_tensor *x;
   int64_t rows;
@@ -76,6 +77,17 @@ int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const c
 int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
                                 const char *fn);
 void lutra_grouped_fp8_release(grouped_linear *g);
+/* the scaling state of a recipe's roles: built (not installed), installed (the old freed), or
+ * freed unused (checkpoints build it for a load before they know the load succeeds) */
+int lutra_grouped_roles_build(grouped_linear *g, const lutra_recipe *rec,
+                              grouped_role fresh[LUTRA_NUM_ROLES], const char *fn);
+void lutra_grouped_roles_install(grouped_linear *g, const lutra_recipe *rec,
+                                 grouped_role fresh[LUTRA_NUM_ROLES]);
+void lutra_grouped_roles_free(grouped_linear *g, grouped_role roles[LUTRA_NUM_ROLES]);
+/* checkpoints (nn/grouped_checkpoint.c): the names "weight0".. "bias<num-1>" ([num * per],
+ * made at construction) and the checkpoint entry of the module's ops */
+int lutra_grouped_param_names(grouped_linear *g, const char *fn);
+extern const lutra_checkpoint_ops lutra_grouped_checkpoint;
 /* the arguments every grouped call shares */
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
 

@@ -149,6 +149,32 @@ static const lutra_fusion_ops lnl_fusion = {
     .backward_from_act_grad = lnl_backward_from_act_grad,
 };
 
+/* Checkpoint names: "norm.weight" (and, for LayerNorm, "norm.bias"), then the Linear's "weight"
+ * and "bias" (TE: layer_norm_weight, layer_norm_bias, weight, bias); the quantizers are the
+ * Linear core's ("fp8.input", "fp8.weight", "fp8.grad_output"). */
+static const char *lnl_param_name(const lutra_module *m, int i) {
+  static const char *const names[] = {"norm.weight", "norm.bias", "weight", "bias"};
+  const layernorm_linear *l = (const layernorm_linear *)m;
+  int nn = lutra_norm_core_num_params(&l->norm);
+  return i < nn ? names[i] : names[2 + i - nn];
+}
+
+static int lnl_quantizers(lutra_module *m, const lutra_recipe *build_for,
+                          lutra_module_quantizers *out, const char *fn) {
+  return lutra_linear_core_quantizers(&((layernorm_linear *)m)->lin, build_for, NULL, out, fn);
+}
+
+static void lnl_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
+                                 const lutra_module_quantizers *q) {
+  lutra_linear_core_adopt_quantizers(&((layernorm_linear *)m)->lin, r, q);
+}
+
+static const lutra_checkpoint_ops lnl_checkpoint = {
+    .param_name = lnl_param_name,
+    .quantizers = lnl_quantizers,
+    .adopt_quantizers = lnl_adopt_quantizers,
+};
+
 static const lutra_module_ops lnl_ops = {
     .kind = "layernorm_linear",
     .forward = lnl_forward,
@@ -157,6 +183,7 @@ static const lutra_module_ops lnl_ops = {
     .param = lnl_param,
     .release = lnl_release,
     .fusion = &lnl_fusion,
+    .checkpoint = &lnl_checkpoint,
 };
 
 void lutra_layernorm_linear_defaults(lutra_layernorm_linear_desc *d) {

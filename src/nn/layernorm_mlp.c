@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "dist/group.h"
+#include "fp8/quantizer.h"
 #include "nn/module.h"
 
 #include <stdlib.h>
@@ -40,6 +41,81 @@ static void mlp_release(lutra_module *m) {
   l->chain = NULL;
 }
 
+/* Checkpoint names, one level as TE's LayerNormMLP (layer_norm_weight, fc1_weight, ...) in the
+ * dotted style: "norm.weight" ("norm.bias"), "fc1.weight", "fc1.bias", "fc2.weight",
+ * "fc2.bias"; quantizers "fp8.fc1.input", ..., "fp8.fc2.grad_output". The pieces are the
+ * chain's LayerNormLinear (norm + FC1) and Linear (FC2), asked through their own entries. */
+static lutra_module *part(const lutra_module *m, int i) {
+  const lutra_module *c = ((const layernorm_mlp *)m)->chain;
+  const char *unused;
+  return c->ops->checkpoint->child(c, i, &unused);
+}
+
+static const char *mlp_param_name(const lutra_module *m, int i) {
+  static const char *const fc1[] = {"fc1.weight", "fc1.bias"}, *const fc2[] = {"fc2.weight",
+                                                                               "fc2.bias"};
+  const lutra_module *p0 = part(m, 0);
+  int n0 = p0->ops->num_params(p0);
+  if (i >= n0) return fc2[i - n0];
+  const char *name = p0->ops->checkpoint->param_name(p0, i);
+  /* the LayerNormLinear's "norm.*" stay, its Linear's "weight", "bias" are FC1's */
+  return name[0] == 'n' ? name : fc1[name[0] == 'b'];
+}
+
+static const char *const quantizer_names[2][LUTRA_NUM_ROLES] = {
+    {"fc1.input", "fc1.weight", "fc1.grad_output"}, {"fc2.input", "fc2.weight", "fc2.grad_output"}};
+
+/* slots: FC1's role r is r, FC2's LUTRA_NUM_ROLES + r */
+static int mlp_quantizers(lutra_module *m, const lutra_recipe *build_for,
+                          lutra_module_quantizers *out, const char *fn) {
+  lutra_module_quantizers q[2] = {{0}, {0}};
+  for (int k = 0; k < 2; k++) {
+    lutra_module *p = part(m, 2 * k);
+    int st = p->ops->checkpoint->quantizers(p, build_for, &q[k], fn);
+    if (st != LUTRA_OK) {
+      if (k == 1 && q[0].fresh)
+        for (int i = 0; i < q[0].count; i++)
+          lutra_quantizer_destroy(q[0].q[i]);
+      return st;
+    }
+  }
+  if (q[0].fresh != q[1].fresh) { /* both are built by one forward: never the case */
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; q[k].fresh && i < q[k].count; i++)
+        lutra_quantizer_destroy(q[k].q[i]);
+    return lutra_error(LUTRA_ESTATE, fn, "the LayerNormMLP's FC1 and FC2 quantizers differ");
+  }
+  out->fresh = q[0].fresh;
+  for (int k = 0; k < 2; k++)
+    for (int i = 0; i < q[k].count; i++) {
+      out->name[out->count] = quantizer_names[k][q[k].slot[i]];
+      out->slot[out->count] = k * LUTRA_NUM_ROLES + q[k].slot[i];
+      out->q[out->count++] = q[k].q[i];
+    }
+  return LUTRA_OK;
+}
+
+static void mlp_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
+                                 const lutra_module_quantizers *q) {
+  for (int k = 0; k < 2; k++) {
+    lutra_module_quantizers mine = {.fresh = true};
+    for (int i = 0; i < q->count; i++)
+      if (q->slot[i] / LUTRA_NUM_ROLES == k) {
+        mine.name[mine.count] = q->name[i];
+        mine.slot[mine.count] = q->slot[i] % LUTRA_NUM_ROLES;
+        mine.q[mine.count++] = q->q[i];
+      }
+    lutra_module *p = part(m, 2 * k);
+    p->ops->checkpoint->adopt_quantizers(p, r, &mine);
+  }
+}
+
+static const lutra_checkpoint_ops mlp_checkpoint = {
+    .param_name = mlp_param_name,
+    .quantizers = mlp_quantizers,
+    .adopt_quantizers = mlp_adopt_quantizers,
+};
+
 static const lutra_module_ops mlp_ops = {
     .kind = "layernorm_mlp",
     .forward = mlp_forward,
@@ -47,6 +123,7 @@ static const lutra_module_ops mlp_ops = {
     .num_params = mlp_num_params,
     .param = mlp_param,
     .release = mlp_release,
+    .checkpoint = &mlp_checkpoint,
 };
 
 void lutra_layernorm_mlp_defaults(lutra_layernorm_mlp_desc *d) {

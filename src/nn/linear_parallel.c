@@ -66,6 +66,24 @@ static void lp_release(lutra_module *m) {
   lutra_tp_release(&of(m)->tp);
 }
 
+/* A checkpoint of a tensor-parallel Linear holds this rank's shard: "weight" [out/P, in] (column)
+ * or [out, in/P] (row), "bias" as the rank keeps it, and the core's quantizers; each rank saves
+ * and loads its own file, into a model sharded the same way. */
+static int lp_quantizers(lutra_module *m, const lutra_recipe *build_for,
+                         lutra_module_quantizers *out, const char *fn) {
+  return lutra_linear_core_quantizers(&of(m)->core, build_for, NULL, out, fn);
+}
+
+static void lp_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
+                                const lutra_module_quantizers *q) {
+  lutra_linear_core_adopt_quantizers(&of(m)->core, r, q);
+}
+
+static const lutra_checkpoint_ops lp_checkpoint = {
+    .quantizers = lp_quantizers,
+    .adopt_quantizers = lp_adopt_quantizers,
+};
+
 static const lutra_module_ops linear_parallel_ops = {
     .kind = "linear_parallel",
     .forward = lp_forward,
@@ -74,6 +92,7 @@ static const lutra_module_ops linear_parallel_ops = {
     .param = lp_param,
     .release = lp_release,
     .fusion = NULL,
+    .checkpoint = &lp_checkpoint,
 };
 
 int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_tp_desc *tp,

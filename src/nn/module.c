@@ -135,3 +135,5 @@ int lutra_module_zero_grad(lutra_module *m) {
   }
   return LUTRA_OK;
 }
+
+const lutra_checkpoint_ops lutra_checkpoint_stateless = {0};

@@ -50,8 +50,12 @@ typedef struct lutra_fusion_ops {
 } lutra_fusion_ops;
 
 /* What a checkpoint asks of a module. A module with children names none of its own parameters
- * (its num_params/param run over its children's, in order); a leaf's parameter i is named by
- * param_name, or "weight", "bias" for 0 and 1 without it. Entries may be NULL. */
+ * (its num_params/param run over its children's, in order); a child named "" adds no level to
+ * the names (a Residual: its module's names are its own). A leaf's parameter i is named by
+ * param_name, or "weight", "bias" for 0 and 1 without it. Entries may be NULL; the checkpoint
+ * entry of the module's ops may not: a kind without one is refused by lutra_checkpoint_save
+ * and _load (it could hold state the file would silently leave out). A kind with no state
+ * points it at lutra_checkpoint_stateless. */
 enum { LUTRA_MODULE_MAX_QUANTIZERS = 8 };
 typedef struct lutra_module_quantizers {
   int count;
@@ -62,6 +66,15 @@ typedef struct lutra_module_quantizers {
    * them, or the caller frees them (lutra_quantizer_destroy) */
   bool fresh;
 } lutra_module_quantizers;
+/* FP8 state a module keeps outside quantizer objects (a GroupedLinear: one scaling state per
+ * expert and role in one allocation), reported one named view at a time ("input0": the
+ * tensors <m>.fp8.input0.scale, ...). */
+struct lutra_quantizer_state_view;
+typedef struct lutra_fp8_state_sink {
+  int (*add)(void *ctx, const char *name, const struct lutra_quantizer_state_view *v,
+             const char *fn);
+  void *ctx;
+} lutra_fp8_state_sink;
 typedef struct lutra_checkpoint_ops {
   int (*num_children)(const lutra_module *m);
   /* child i, and its name (NULL: its index, as Sequential's) */
@@ -75,7 +88,18 @@ typedef struct lutra_checkpoint_ops {
                     const char *fn);
   void (*adopt_quantizers)(lutra_module *m, const lutra_recipe *r,
                            const lutra_module_quantizers *q);
+  /* the FP8 state kept outside quantizers, each view to sink. build_for not NULL and none
+   * built yet: fresh state for that recipe (*fresh, the views into it), which adopt_fp8_state
+   * installs once the load succeeded or drop_fp8_state frees; refused when built for another
+   * recipe */
+  int (*fp8_state)(lutra_module *m, const lutra_recipe *build_for, const lutra_fp8_state_sink *sink,
+                   void **fresh, const char *fn);
+  void (*adopt_fp8_state)(lutra_module *m, const lutra_recipe *r, void *fresh);
+  void (*drop_fp8_state)(lutra_module *m, void *fresh);
 } lutra_checkpoint_ops;
+
+/* The checkpoint entry of a module kind with no state of its own (an activation). */
+extern const lutra_checkpoint_ops lutra_checkpoint_stateless;
 
 typedef struct lutra_module_ops {
   const char *kind;
@@ -87,7 +111,7 @@ typedef struct lutra_module_ops {
   void (*release)(lutra_module *m); /* frees buffers and child references */
   const lutra_fusion_ops *fusion;   /* NULL: takes part in no fusion */
   /* checkpoints (io/checkpoint.c): how the module tree is named and what FP8 state it owns */
-  const lutra_checkpoint_ops *checkpoint; /* NULL: a leaf, parameters "weight", "bias", no FP8 */
+  const lutra_checkpoint_ops *checkpoint; /* NULL: refused by checkpoints (see above) */
 } lutra_module_ops;
 
 struct lutra_module {

@@ -130,6 +130,9 @@ static void norm_release(lutra_module *m) {
   n->weight = n->bias = n->wgrad = n->bgrad = n->y = n->dx = n->mean = n->rstd = NULL;
 }
 
+/* a leaf: "weight" (gamma) and, for LayerNorm, "bias" (beta), as torch names them; no FP8 */
+static const lutra_checkpoint_ops norm_checkpoint = {0};
+
 static const lutra_module_ops layernorm_ops = {
     .kind = "layernorm",
     .forward = norm_forward,
@@ -137,6 +140,7 @@ static const lutra_module_ops layernorm_ops = {
     .num_params = norm_num_params,
     .param = norm_param,
     .release = norm_release,
+    .checkpoint = &norm_checkpoint,
 };
 
 static const lutra_module_ops rmsnorm_ops = {
@@ -146,6 +150,7 @@ static const lutra_module_ops rmsnorm_ops = {
     .num_params = norm_num_params,
     .param = norm_param,
     .release = norm_release,
+    .checkpoint = &norm_checkpoint,
 };
 
 void lutra_norm_defaults(lutra_norm_desc *d) {

@@ -73,6 +73,22 @@ static void res_release(lutra_module *m) {
   r->forward_done = false;
 }
 
+/* the skip connection has no state: the wrapped module's names are the Residual's own ("" adds
+ * no level), so Residual(m) checkpoints as m does */
+static int res_num_children(const lutra_module *m) {
+  (void)m;
+  return 1;
+}
+static lutra_module *res_child(const lutra_module *m, int i, const char **name) {
+  (void)i;
+  *name = "";
+  return ((const residual *)m)->inner;
+}
+static const lutra_checkpoint_ops res_checkpoint = {
+    .num_children = res_num_children,
+    .child = res_child,
+};
+
 static const lutra_module_ops res_ops = {
     .kind = "residual",
     .forward = res_forward,
@@ -80,6 +96,7 @@ static const lutra_module_ops res_ops = {
     .num_params = res_num_params,
     .param = res_param,
     .release = res_release,
+    .checkpoint = &res_checkpoint,
 };
 
 int lutra_residual_new(lutra_module *m, lutra_module **out) {
