@@ -249,7 +249,9 @@ describe("tensor-parallel norm-fused and grouped modules on " .. DEV .. " (one r
       end
     end
 
-    for _, mode in ipairs({ "column", "row" }) do
+    -- GroupedLinear's grouped GEMM on cuda runs in bf16 only (it has no f32 kernels)
+    local grouped_modes = (dtype == "f32" and DEV == "cuda") and {} or { "column", "row" }
+    for _, mode in ipairs(grouped_modes) do
       test(string.format("%s %s-parallel GroupedLinear equals the plain one on the cpu", dtype,
                          mode), function()
         local g = group()
