@@ -235,12 +235,19 @@ int lutra_autocast_release(lutra_autocast *a) {
 }
 
 /* enter and exit look the thread's state up once (t): each lookup of a thread-local in a shared
- * library is a __tls_get_addr call, and they run on every step */
+ * library is a __tls_get_addr call, and they run on every step. GCC rematerializes &tls with a
+ * new call rather than keep it in a register; the empty asm makes t a value it must keep. */
+static inline thread_state *this_thread(void) {
+  thread_state *t = &tls;
+  __asm__("" : "+r"(t));
+  return t;
+}
+
 int lutra_autocast_enter(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_enter";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
   CHECK_STATE(!a->active, "scope is already entered");
-  thread_state *t = &tls;
+  thread_state *t = this_thread();
   a->saved = t->st;
   a->saved_innermost = t->innermost;
   a->active = true;
@@ -257,7 +264,7 @@ int lutra_autocast_enter(lutra_autocast *a) {
 int lutra_autocast_exit(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_exit";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
-  thread_state *t = &tls;
+  thread_state *t = this_thread();
   CHECK_STATE(a->active, "scope is not entered");
   CHECK_STATE(a->owner == t, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(t->innermost == a, "scope is not the innermost one (exit the inner scopes first)");
