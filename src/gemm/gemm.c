@@ -104,12 +104,25 @@ static uint64_t key_hash(const lutra_gemm_key *k) {
   return h;
 }
 
+/* the keys compared as 8-byte words (no padding: the _Static_asserts), inline: a memcmp call
+ * costs more than the compare on every GEMM */
+static bool key_equal(const lutra_gemm_key *a, const lutra_gemm_key *b) {
+  uint64_t diff = 0;
+  for (size_t i = 0; i < sizeof *a; i += 8) {
+    uint64_t x, y;
+    memcpy(&x, (const char *)a + i, 8);
+    memcpy(&y, (const char *)b + i, 8);
+    diff |= x ^ y;
+  }
+  return diff == 0;
+}
+
 static lutra_gemm_plan *cache_find(const plan_cache *c, const lutra_gemm_key *k, uint64_t h) {
   if (!c->cap) return NULL;
   for (int i = (int)(h & (uint64_t)(c->cap - 1));; i = (i + 1) & (c->cap - 1)) {
     lutra_gemm_plan *p = c->slots[i];
     if (!p) return NULL;
-    if (memcmp(&p->key, k, sizeof *k) == 0) return p;
+    if (key_equal(&p->key, k)) return p;
   }
 }
 
@@ -213,7 +226,7 @@ static const char *layout_name(int transa, int transb) {
   return names[(transa ? 2 : 0) + (transb ? 1 : 0)];
 }
 
-/* plans are found by memcmp of the key: it must have no padding bytes */
+/* plans are found by comparing the key's bytes: it must have no padding bytes */
 _Static_assert(sizeof(lutra_gemm_key) == 3 * sizeof(int64_t) + 14 * sizeof(int32_t),
                "lutra_gemm_key has padding: add or remove an int32_t field");
 
