@@ -36,6 +36,12 @@ cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
+/* external scaling rules (kernels/rules.cu): gather every meta's [scale, history] into staging
+ * (offsets as lutra_backend.rules_gather's) and roll the histories; apply: scale = scales[j],
+ * scale_inv = 1 / scales[j] (scales: device memory) */
+cudaError_t lk_rules_gather(lutra_scale_meta *const *metas, int n, float *staging, cudaStream_t s);
+cudaError_t lk_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales,
+                           cudaStream_t s);
 
 /* activations and the bias gradient (kernels/activation.cu). A kind the kernels do not
  * implement is cudaErrorInvalidValue: the backend refuses it first, with its name. The bias

@@ -1,6 +1,8 @@
 -- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
 --   lutra.recipe.delayed{margin=0, fp8_format="hybrid", amax_history_len=1024,
 --                        amax_compute_algo="max", reduce_amax=true}
+--     amax_compute_algo may be a function(history, n), and scaling_factor_compute_algo a
+--     function(amax, old_scale, fp8_max, margin): Lua scaling rules (lutra/rules.lua)
 --   lutra.recipe.current{fp8_format="hybrid", power_2_scale=false, amax_epsilon=0}
 --   lutra.recipe.mxfp8{fp8_format="e4m3"}
 --   lutra.recipe.block{fp8_format="e4m3", power_2_scale=true, amax_epsilon=0,
@@ -11,6 +13,7 @@
 -- table {input=..., weight=..., grad_output=...}.
 local core = require("lutra.core")
 local chk = require("lutra.check")
+local rules = require("lutra.rules")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -71,15 +74,29 @@ local function make(ctor, desc_type, defaults, opts, allowed, where, fill)
   return own(box[0])
 end
 
--- The delayed-scaling fields shared by the delayed and custom recipes.
+-- The delayed-scaling fields shared by the delayed and custom recipes. amax_compute_algo and
+-- scaling_factor_compute_algo may be Lua functions (lutra/rules.lua): the recipe then carries
+-- their rule id.
 local function fill_delayed(d, o, where)
   if o.margin ~= nil then d.margin = int32(where, "margin")(o.margin) end
   if o.amax_history_len ~= nil then
     d.amax_history_len = int32(where, "amax_history_len")(o.amax_history_len)
   end
-  if o.amax_compute_algo ~= nil then
+  local amax_fn, scale_fn = nil, nil
+  if type(o.amax_compute_algo) == "function" then
+    amax_fn = o.amax_compute_algo
+  elseif o.amax_compute_algo ~= nil then
     d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
   end
+  local sf = o.scaling_factor_compute_algo
+  if sf ~= nil then
+    if type(sf) ~= "function" then
+      error(string.format("%s: scaling_factor_compute_algo must be a function (got %s)", where,
+                          chk.got(sf)), 5)
+    end
+    scale_fn = sf
+  end
+  if amax_fn or scale_fn then d.rule = rules.register(amax_fn, scale_fn, where) end
   if o.reduce_amax ~= nil then d.reduce_amax = bool(where, "reduce_amax")(o.reduce_amax) end
 end
 
@@ -87,7 +104,7 @@ function M.delayed(opts)
   local where = "lutra.recipe.delayed"
   return make(C.lutra_recipe_delayed, "lutra_delayed_desc", C.lutra_delayed_defaults, opts,
     { margin = true, fp8_format = true, amax_history_len = true, amax_compute_algo = true,
-      reduce_amax = true }, where, function(d, o)
+      scaling_factor_compute_algo = true, reduce_amax = true }, where, function(d, o)
       if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
       fill_delayed(d, o, where)
     end)
@@ -128,7 +145,8 @@ function M.custom(opts)
   local where = "lutra.recipe.custom"
   return make(C.lutra_recipe_custom, "lutra_custom_desc", C.lutra_custom_defaults, opts,
     { input = true, weight = true, grad_output = true, margin = true, amax_history_len = true,
-      amax_compute_algo = true, reduce_amax = true }, where, function(d, o)
+      amax_compute_algo = true, scaling_factor_compute_algo = true, reduce_amax = true }, where,
+    function(d, o)
       for i, role in ipairs(core.role_list) do
         local r = o[role]
         if r ~= nil then

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
+#include "fp8/rules.h"
 
 #include <stdlib.h>
 
@@ -30,6 +31,7 @@ struct lutra_autocast {
 typedef struct meta_list {
   lutra_scale_meta **items;
   int count, cap;
+  int ruled; /* items with an external scaling rule (fp8/rules.c) */
   int device;
   uint64_t epoch;
 } meta_list;
@@ -73,6 +75,7 @@ static int note(meta_list *l, lutra_scale_meta *m, int device, const char *fn) {
     l->cap = cap;
   }
   l->items[l->count++] = m;
+  l->ruled += m->rule != 0;
   l->device = device;
   m->epoch = l->epoch;
   return LUTRA_OK;
@@ -95,6 +98,7 @@ static int discard(meta_list *l, const char *fn) {
   for (int i = 0; st == LUTRA_OK && i < l->count; i++)
     st = be->memset(l->items[i]->amax_history, 0, sizeof(float));
   l->count = 0;
+  l->ruled = 0;
   l->epoch = new_epoch();
   return st;
 }
@@ -107,20 +111,30 @@ int lutra_autocast_discard_backward(const char *fn) {
   return discard(&tls.bwd, fn);
 }
 
-/* One backend call over the whole list, then a fresh epoch so each meta can join again. */
+/* One backend call over the whole list, then a fresh epoch so each meta can join again. Metas
+ * with an external rule are set aside for it first: then LUTRA_RULES_PENDING (lutra/rules.h). */
 static int flush(meta_list *l, const char *fn) {
   if (!l->count) return LUTRA_OK;
   const lutra_backend *be;
   TRY(lutra_backend_get(l->device, &be, fn));
+  int handed = LUTRA_OK, total = l->count;
+  if (l->ruled) {
+    handed = lutra_rules_hand_over(l->items, &l->count, l->device, fn);
+    if (handed != LUTRA_RULES_PENDING) return handed;
+    l->ruled = 0;
+  }
   RANGE_PUSH("lutra.scale_update");
-  int st = be->delayed_update(l->items, l->count);
+  int st = l->count ? be->delayed_update(l->items, l->count) : LUTRA_OK;
   RANGE_POP();
-  TRY(st);
+  if (st != LUTRA_OK) {
+    if (handed == LUTRA_RULES_PENDING) (void)lutra_rules_discard();
+    return st;
+  }
   tls.updates++;
-  tls.last_count = l->count;
+  tls.last_count = total;
   l->count = 0;
   l->epoch = new_epoch();
-  return LUTRA_OK;
+  return handed;
 }
 
 bool lutra_autocast_claim_backward_trigger(void) {
@@ -129,13 +143,16 @@ bool lutra_autocast_claim_backward_trigger(void) {
   return true;
 }
 
+/* Rules set aside here wait for the caller of lutra_module_backward (lutra_rules_pending). */
 int lutra_autocast_backward_done(const char *fn) {
-  return flush(&tls.bwd, fn);
+  int st = flush(&tls.bwd, fn);
+  return st == LUTRA_RULES_PENDING ? LUTRA_OK : st;
 }
 
 static void forget_in(meta_list *l, lutra_scale_meta *m) {
   for (int i = 0; i < l->count; i++)
     if (l->items[i] == m) {
+      l->ruled -= m->rule != 0;
       l->items[i] = l->items[--l->count];
       return;
     }
@@ -144,6 +161,7 @@ static void forget_in(meta_list *l, lutra_scale_meta *m) {
 void lutra_autocast_forget(lutra_scale_meta *m) {
   forget_in(&tls.fwd, m);
   forget_in(&tls.bwd, m);
+  if (m->rule) lutra_rules_forget(m);
 }
 
 int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibrating,
@@ -236,12 +254,15 @@ int lutra_autocast_exit(lutra_autocast *a) {
   CHECK_STATE(a->active, "scope is not entered");
   CHECK_STATE(a->owner == &tls, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
+  int st = LUTRA_OK;
   if (tls.st.depth == 1) {
-    TRY(flush(&tls.fwd, fn));
+    /* LUTRA_RULES_PENDING: the scope exits, and the caller runs the rules set aside */
+    st = flush(&tls.fwd, fn);
+    if (st != LUTRA_OK && st != LUTRA_RULES_PENDING) return st;
     tls.trigger_claimed = false;
   }
   leave(a);
-  return LUTRA_OK;
+  return st;
 }
 
 int lutra_autocast_state(int *depth, int *enabled, int *calibrating) {

@@ -93,6 +93,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   q->meta.amax_compute_algo = s->amax_compute_algo;
   q->meta.fp8_max = lutra_dtype_max(s->dtype);
   q->meta.margin = s->margin;
+  q->meta.rule = s->rule;
   *out = q;
   return LUTRA_OK;
 }

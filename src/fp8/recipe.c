@@ -131,6 +131,7 @@ int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
   int dt[LUTRA_NUM_ROLES];
   TRY(format_dtypes(d->fp8_format, dt, fn));
   TRY(check_delayed_fields(d->margin, d->amax_history_len, d->amax_compute_algo, fn));
+  CHECK_ARG(d->rule >= 0, "rule must be >= 0 (an id from the rule's registrar; 0: none)");
   lutra_recipe r;
   init(&r, LUTRA_RECIPE_DELAYED);
   r.reduce_amax = d->reduce_amax != 0;
@@ -141,6 +142,7 @@ int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
     s->margin = d->margin;
     s->amax_history_len = d->amax_history_len;
     s->amax_compute_algo = d->amax_compute_algo;
+    s->rule = d->rule;
   }
   return finish(&r, out, fn);
 }
@@ -208,6 +210,7 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
   TRY(check_epsilon(d->amax_epsilon, fn));
   /* margin is checked even without a delayed role: a value no recipe could use is a mistake */
   TRY(check_margin(d->margin, fn));
+  CHECK_ARG(d->rule >= 0, "rule must be >= 0 (an id from the rule's registrar; 0: none)");
   lutra_recipe r;
   init(&r, LUTRA_RECIPE_CUSTOM);
   r.reduce_amax = d->reduce_amax != 0;
@@ -231,6 +234,7 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
       s->margin = d->margin;
       s->amax_history_len = d->amax_history_len;
       s->amax_compute_algo = d->amax_compute_algo;
+      s->rule = d->rule;
     }
     if (k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D)
       s->block_dim = k == LUTRA_QUANT_BLOCK_1D ? 1 : 2;

@@ -14,6 +14,7 @@ typedef struct lutra_quantizer_spec {
   int32_t amax_history_len;
   int32_t amax_compute_algo;
   int32_t block_dim;
+  int32_t rule; /* delayed scaling: an external scaling rule's id (lutra/rules.h); 0: built-in */
 } lutra_quantizer_spec;
 
 struct lutra_recipe {

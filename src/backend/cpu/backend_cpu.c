@@ -83,4 +83,6 @@ const lutra_backend lutra_cpu_backend = {
     .adamw_step = lutra_cpu_adamw_step,
     .layernorm_forward = lutra_cpu_layernorm_forward,
     .layernorm_backward = lutra_cpu_layernorm_backward,
+    .rules_gather = lutra_cpu_rules_gather,
+    .rules_apply = lutra_cpu_rules_apply,
 };

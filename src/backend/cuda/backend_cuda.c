@@ -555,4 +555,6 @@ const lutra_backend lutra_cuda_table = {
     .capture_abort = lutra_cuda_capture_abort,
     .graph_launch = lutra_cuda_graph_launch,
     .graph_destroy = lutra_cuda_graph_destroy,
+    .rules_gather = lutra_cuda_rules_gather,
+    .rules_apply = lutra_cuda_rules_apply,
 };

@@ -43,6 +43,10 @@ void lutra_cuda_capture_abort(void);
 int lutra_cuda_graph_launch(void *exec);
 void lutra_cuda_graph_destroy(void *exec);
 
+/* rules_cuda.c: the table's rules_gather / rules_apply */
+int lutra_cuda_rules_gather(lutra_scale_meta *const *metas, int n, float *host);
+int lutra_cuda_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales);
+
 /* gemm_cuda.c */
 int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
 void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
