@@ -9,11 +9,14 @@
 --                      block_dim={input=1, weight=2, grad_output=1}}
 --   lutra.recipe.custom{input={kind="current", format="e4m3"}, weight={...},
 --                       grad_output={kind="delayed", format="e5m2"}, margin=0, ...}
+--   lutra.recipe.custom{factory=function(role, module_kind, name) return {kind=, format=} end}
+--     (per module, asked once per module: lutra/factory.lua)
 -- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
 -- table {input=..., weight=..., grad_output=...}.
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local rules = require("lutra.rules")
+local factory = require("lutra.factory")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -24,7 +27,7 @@ local algos = { max = C.LUTRA_AMAX_MAX, most_recent = C.LUTRA_AMAX_MOST_RECENT }
 local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
                       block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D }
-local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom" }
+local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom", "custom" }
 local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
 
 local Recipe = {}
@@ -141,8 +144,23 @@ function M.block(opts)
     end)
 end
 
+-- lutra.recipe.custom{factory = function(role, module_kind, name) ... end, margin=, ...}: the
+-- quantizers chosen per module (lutra/factory.lua)
+local function custom_factory(opts, where)
+  if type(opts.factory) ~= "function" then
+    error(string.format("%s: factory must be a function (got %s)", where, chk.got(opts.factory)), 3)
+  end
+  return make(C.lutra_recipe_factory, "lutra_factory_desc", C.lutra_factory_defaults, opts,
+    { factory = true, margin = true, amax_history_len = true, amax_compute_algo = true,
+      scaling_factor_compute_algo = true, reduce_amax = true }, where, function(d, o)
+      d.factory = factory.register(o.factory, where)
+      fill_delayed(d, o, where)
+    end)
+end
+
 function M.custom(opts)
   local where = "lutra.recipe.custom"
+  if type(opts) == "table" and opts.factory ~= nil then return custom_factory(opts, where) end
   return make(C.lutra_recipe_custom, "lutra_custom_desc", C.lutra_custom_defaults, opts,
     { input = true, weight = true, grad_output = true, margin = true, amax_history_len = true,
       amax_compute_algo = true, scaling_factor_compute_algo = true, reduce_amax = true }, where,

@@ -103,7 +103,10 @@ static int discard(meta_list *l, const char *fn) {
   return st;
 }
 
+/* The forward is run again after a failure (a factory recipe's first forward of a module): the
+ * module that claimed the backward trigger in it claims it again then. */
 int lutra_autocast_discard_forward(const char *fn) {
+  tls.trigger_claimed = false;
   return discard(&tls.fwd, fn);
 }
 

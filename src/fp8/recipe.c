@@ -115,6 +115,7 @@ static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
   uint64_t h = 0xcbf29ce484222325ull;
   h = fnv1a(&r->kind, sizeof r->kind, h);
   h = fnv1a(&r->reduce_amax, sizeof r->reduce_amax, h);
+  h = fnv1a(&r->factory, sizeof r->factory, h);
   r->key = fnv1a(r->roles, sizeof r->roles, h);
   *out = r;
   return LUTRA_OK;
@@ -204,16 +205,16 @@ int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out) {
   return finish(&r, out, fn);
 }
 
-int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
-  static const char fn[] = "lutra_recipe_custom";
-  CHECK_ARG(d, "desc is NULL");
+/* The quantizer specs of a custom recipe's desc, validated (also for the choices of a factory
+ * recipe, lutra/factory.h). */
+int lutra_recipe_custom_specs(const lutra_custom_desc *d,
+                              lutra_quantizer_spec roles[LUTRA_NUM_ROLES], const char *fn) {
   TRY(check_epsilon(d->amax_epsilon, fn));
   /* margin is checked even without a delayed role: a value no recipe could use is a mistake */
   TRY(check_margin(d->margin, fn));
   CHECK_ARG(d->rule >= 0, "rule must be >= 0 (an id from the rule's registrar; 0: none)");
-  lutra_recipe r;
-  init(&r, LUTRA_RECIPE_CUSTOM);
-  r.reduce_amax = d->reduce_amax != 0;
+  lutra_quantizer_spec out[LUTRA_NUM_ROLES];
+  memset(out, 0, sizeof out);
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     int k = d->kind[i];
     CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_BLOCK_2D,
@@ -222,7 +223,7 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
               "format for %s must be e4m3 or e5m2", role_names[i]);
     if (k == LUTRA_QUANT_DELAYED)
       TRY(check_delayed_fields(d->margin, d->amax_history_len, d->amax_compute_algo, fn));
-    lutra_quantizer_spec *s = &r.roles[i];
+    lutra_quantizer_spec *s = &out[i];
     s->kind = k;
     if (k == LUTRA_QUANT_NONE) continue;
     s->dtype = d->format[i];
@@ -248,17 +249,60 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
                {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_WEIGHT, "dgrad"},
                {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_INPUT, "wgrad"}};
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
-    const lutra_quantizer_spec *x = &r.roles[pairs[i].a], *y = &r.roles[pairs[i].b];
+    const lutra_quantizer_spec *x = &out[pairs[i].a], *y = &out[pairs[i].b];
     CHECK_ARG(!(x->kind != LUTRA_QUANT_NONE && y->kind != LUTRA_QUANT_NONE &&
                 x->dtype == LUTRA_E5M2 && y->dtype == LUTRA_E5M2),
               "%s and %s cannot both be e5m2 (the %s GEMM would be E5M2 x E5M2, which FP8 "
               "GEMMs do not run)",
               role_names[pairs[i].a], role_names[pairs[i].b], pairs[i].gemm);
   }
-  CHECK_ARG((r.roles[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
-                (r.roles[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),
+  CHECK_ARG((out[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
+                (out[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),
             "input and weight must both be quantized or both be kept in high precision");
+  memcpy(roles, out, sizeof out);
+  return LUTRA_OK;
+}
+
+int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
+  static const char fn[] = "lutra_recipe_custom";
+  CHECK_ARG(d, "desc is NULL");
+  lutra_recipe r;
+  init(&r, LUTRA_RECIPE_CUSTOM);
+  r.reduce_amax = d->reduce_amax != 0;
+  TRY(lutra_recipe_custom_specs(d, r.roles, fn));
   return finish(&r, out, fn);
+}
+
+/* A factory recipe (lutra/factory.h): the desc's delayed fields are kept for the choices, the
+ * roles say "delayed" until a module resolves its own. */
+int lutra_recipe_factory(const lutra_factory_desc *d, lutra_recipe **out) {
+  static const char fn[] = "lutra_recipe_factory";
+  CHECK_ARG(d, "desc is NULL");
+  CHECK_ARG(d->factory > 0, "factory must be > 0 (an id from the front's registrar)");
+  lutra_custom_desc base;
+  lutra_custom_defaults(&base);
+  base.margin = d->margin;
+  base.amax_history_len = d->amax_history_len;
+  base.amax_compute_algo = d->amax_compute_algo;
+  base.reduce_amax = d->reduce_amax;
+  base.rule = d->rule;
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    base.kind[i] = LUTRA_QUANT_DELAYED; /* checks the delayed fields once, here */
+  lutra_recipe r;
+  init(&r, LUTRA_RECIPE_FACTORY);
+  r.reduce_amax = d->reduce_amax != 0;
+  TRY(lutra_recipe_custom_specs(&base, r.roles, fn));
+  r.factory = d->factory;
+  r.factory_base = base;
+  return finish(&r, out, fn);
+}
+
+void lutra_factory_defaults(lutra_factory_desc *d) {
+  if (!d) return;
+  memset(d, 0, sizeof *d);
+  d->amax_history_len = 1024;
+  d->amax_compute_algo = LUTRA_AMAX_MAX;
+  d->reduce_amax = 1;
 }
 
 /* Autocast scopes hold a reference, so a recipe lives as long as a scope that uses it. */

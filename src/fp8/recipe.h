@@ -23,6 +23,12 @@ struct lutra_recipe {
   int32_t reduce_amax;
   lutra_quantizer_spec roles[LUTRA_NUM_ROLES];
   uint64_t key;
+  int32_t factory;                /* a factory recipe's front id (lutra/factory.h); 0: none */
+  lutra_custom_desc factory_base; /* its delayed fields, for the choices */
 };
+
+/* The validated specs of a custom desc (the checks of lutra_recipe_custom). */
+int lutra_recipe_custom_specs(const lutra_custom_desc *d,
+                              lutra_quantizer_spec roles[LUTRA_NUM_ROLES], const char *fn);
 
 #endif

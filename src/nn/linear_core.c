@@ -22,13 +22,15 @@ static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   }
 }
 
-/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
-static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
+/* Builds the quantizers for a recipe (roles: its specs, or the module's choice for a factory
+ * recipe); the old ones are replaced only once all new ones exist. */
+static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                             const lutra_quantizer_spec *roles, const char *fn) {
   if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
   lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    if (r->roles[i].kind == LUTRA_QUANT_NONE) continue;
-    int st = lutra_quantizer_create(&r->roles[i], 1, 1, c->device, &fresh[i], fn);
+    if (roles[i].kind == LUTRA_QUANT_NONE) continue;
+    int st = lutra_quantizer_create(&roles[i], 1, 1, c->device, &fresh[i], fn);
     if (st != LUTRA_OK) {
       free_quantizers(fresh);
       return st;
@@ -52,10 +54,10 @@ static int check_input(const lutra_linear_core *c, const lutra_tensor *x, const 
   return LUTRA_OK;
 }
 
-static int check_fp8_dims(const lutra_recipe *r, const lutra_tensor *x, const lutra_linear_core *c,
-                          const char *fn) {
-  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_INPUT], x, fn));
-  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_WEIGHT], c->weight, fn));
+static int check_fp8_dims(const lutra_quantizer_spec *roles, const lutra_tensor *x,
+                          const lutra_linear_core *c, const char *fn) {
+  TRY(lutra_quantizer_check_input(&roles[LUTRA_ROLE_INPUT], x, fn));
+  TRY(lutra_quantizer_check_input(&roles[LUTRA_ROLE_WEIGHT], c->weight, fn));
   return LUTRA_OK;
 }
 
@@ -120,9 +122,9 @@ static int observe(lutra_linear_core *c, const lutra_tensor *x, const char *fn) 
   return LUTRA_OK;
 }
 
-static bool uses_delayed(const lutra_recipe *r) {
+static bool uses_delayed(const lutra_quantizer_spec *roles) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    if (r->roles[i].kind == LUTRA_QUANT_DELAYED) return true;
+    if (roles[i].kind == LUTRA_QUANT_DELAYED) return true;
   return false;
 }
 
@@ -138,10 +140,12 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
             "the forward cannot end in activation %d", act);
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  const lutra_quantizer_spec *roles = NULL;
+  if (r && (s->enabled || s->calibrating)) TRY(lutra_factory_roles(r, &c->choice, &roles, fn));
+  bool fp8 = r && s->enabled && roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
-  if (fp8) TRY(check_fp8_dims(r, x, c, fn));
-  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, fn));
+  if (fp8) TRY(check_fp8_dims(roles, x, c, fn));
+  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, roles, fn));
 
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
@@ -167,7 +171,7 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   c->forward_done = true;
   c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
-  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(r) &&
+  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(roles) &&
                         lutra_autocast_claim_backward_trigger();
   *y = c->y;
   return LUTRA_OK;
@@ -283,6 +287,7 @@ void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out
 }
 
 void lutra_linear_core_release(lutra_linear_core *c) {
+  lutra_factory_forget(&c->choice);
   free_quantizers(c->q);
   lutra_tensor *owned[] = {c->weight,         c->bias, c->wgrad, c->bgrad, c->weight_main_grad,
                            c->bias_main_grad, c->y,    c->dx,    c->pre};

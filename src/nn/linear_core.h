@@ -11,6 +11,7 @@
 #define LUTRA_NN_LINEAR_CORE_H
 
 #include "backend/backend.h"
+#include "fp8/factory.h"
 #include "lutra.h"
 
 #include <stdbool.h>
@@ -32,6 +33,7 @@ typedef struct lutra_linear_core {
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
   bool backward_done; /* a backward ran since the last forward */
+  lutra_module_choice choice; /* name, kind, and the quantizers a factory recipe chose */
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
