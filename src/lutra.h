@@ -27,6 +27,7 @@
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"
+#include "lutra/recipe_options.h"
 #include "lutra/rules.h"
 #include "lutra/tensor.h"
 #include "lutra/train.h"

@@ -67,14 +67,55 @@ local function per_role(arr, value, where, name, convert)
   end
 end
 
+-- Options every recipe takes (lutra/recipe_options.h):
+--   gemm = {fprop = {use_split_accumulator = false}, dgrad = {...}, wgrad = {...}}
+--     TransformerEngine's MMParams per GEMM (defaults: false for fprop, true for dgrad and
+--     wgrad); false runs the FP8 GEMM with cuBLASLt's fast accumulation
+--   backward_override = "high_precision" | "dequantized": the backward GEMMs in high precision,
+--     from the saved high-precision x and W, or from the forward's FP8 x and W dequantized
+local overrides = { fp8 = C.LUTRA_BACKWARD_FP8, high_precision = C.LUTRA_BACKWARD_HIGH_PRECISION,
+                    dequantized = C.LUTRA_BACKWARD_DEQUANTIZED }
+local gemm_names = { fprop = C.LUTRA_GEMM_FPROP, dgrad = C.LUTRA_GEMM_DGRAD, wgrad = C.LUTRA_GEMM_WGRAD }
+
+local function with_options(r, opts, where)
+  if opts.gemm == nil and opts.backward_override == nil then return r end
+  local o = ffi.new("lutra_recipe_options")
+  C.lutra_recipe_options_defaults(o)
+  if opts.gemm ~= nil then
+    if type(opts.gemm) ~= "table" then
+      error(string.format("%s: gemm must be a table {fprop=, dgrad=, wgrad=} (got %s)", where,
+                          chk.got(opts.gemm)), 4)
+    end
+    for name, g in pairs(opts.gemm) do
+      local i = gemm_names[name]
+      if i == nil then
+        error(string.format("%s: gemm has unknown GEMM '%s' (expected fprop, dgrad or wgrad)",
+                            where, tostring(name)), 4)
+      end
+      core.check_options(g, { use_split_accumulator = true }, where .. " gemm." .. name)
+      if g.use_split_accumulator ~= nil then
+        o.use_split_accumulator[i] = chk.flag(g.use_split_accumulator,
+                                              "gemm." .. name .. ".use_split_accumulator", where, 0, 4)
+      end
+    end
+  end
+  if opts.backward_override ~= nil then
+    o.backward_override = core.code(overrides, opts.backward_override, "backward_override", where)
+  end
+  local box = ffi.new("lutra_recipe*[1]")
+  check(C.lutra_recipe_with_options(r, o, box))
+  return own(box[0])
+end
+
 local function make(ctor, desc_type, defaults, opts, allowed, where, fill)
+  allowed.gemm, allowed.backward_override = true, true
   opts = core.check_options(opts, allowed, where)
   local d = ffi.new(desc_type)
   defaults(d)
   fill(d, opts)
   local box = ffi.new("lutra_recipe*[1]")
   check(ctor(d, box))
-  return own(box[0])
+  return with_options(own(box[0]), opts, where)
 end
 
 -- The delayed-scaling fields shared by the delayed and custom recipes. amax_compute_algo and
@@ -218,6 +259,18 @@ function Recipe:role(role)
   check(C.lutra_recipe_role(self, r, core.int_box, core.int_box + 1))
   local dtype_names = require("lutra.tensor").dtype_names
   return quant_kind_names[core.int_box[0]], dtype_names[core.int_box[1]]
+end
+
+-- {gemm = {fprop = {use_split_accumulator=}, ...}, backward_override = name}
+local options_box = ffi.new("lutra_recipe_options")
+local override_names = { [0] = "fp8", "high_precision", "dequantized" }
+function Recipe:options()
+  check(C.lutra_recipe_options_of(self, options_box))
+  local g = {}
+  for name, i in pairs(gemm_names) do
+    g[name] = { use_split_accumulator = options_box.use_split_accumulator[i] ~= 0 }
+  end
+  return { gemm = g, backward_override = override_names[options_box.backward_override] }
 end
 
 function Recipe:free() check(C.lutra_recipe_release(self)) end

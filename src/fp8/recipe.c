@@ -105,7 +105,7 @@ static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
 
 /* The key covers every field that changes numerics; the struct is zero-filled, so padding and
  * unused fields hash the same for equal recipes. */
-static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
+int lutra_recipe_finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
   CHECK_ARG(out, "out is NULL");
   lutra_recipe *r = malloc(sizeof *r);
   if (!r) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a recipe");
@@ -116,6 +116,7 @@ static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
   h = fnv1a(&r->kind, sizeof r->kind, h);
   h = fnv1a(&r->reduce_amax, sizeof r->reduce_amax, h);
   h = fnv1a(&r->factory, sizeof r->factory, h);
+  h = fnv1a(&r->options, sizeof r->options, h);
   r->key = fnv1a(r->roles, sizeof r->roles, h);
   *out = r;
   return LUTRA_OK;
@@ -124,6 +125,7 @@ static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
 static void init(lutra_recipe *r, int kind) {
   memset(r, 0, sizeof *r);
   r->kind = kind;
+  lutra_recipe_options_defaults(&r->options);
 }
 
 int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
@@ -145,7 +147,7 @@ int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
     s->amax_compute_algo = d->amax_compute_algo;
     s->rule = d->rule;
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 int lutra_recipe_current(const lutra_current_desc *d, lutra_recipe **out) {
@@ -163,7 +165,7 @@ int lutra_recipe_current(const lutra_current_desc *d, lutra_recipe **out) {
     s->power_2_scale = d->power_2_scale[i] != 0;
     s->amax_epsilon = d->amax_epsilon[i];
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out) {
@@ -180,7 +182,7 @@ int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out) {
     r.roles[i].dtype = dt[i];
     r.roles[i].margin = d->margin;
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out) {
@@ -202,7 +204,7 @@ int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out) {
     s->amax_epsilon = d->amax_epsilon[i];
     s->block_dim = d->block_dim[i];
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 /* The quantizer specs of a custom recipe's desc, validated (also for the choices of a factory
@@ -270,7 +272,7 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
   init(&r, LUTRA_RECIPE_CUSTOM);
   r.reduce_amax = d->reduce_amax != 0;
   TRY(lutra_recipe_custom_specs(d, r.roles, fn));
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 /* A factory recipe (lutra/factory.h): the desc's delayed fields are kept for the choices, the
@@ -294,7 +296,7 @@ int lutra_recipe_factory(const lutra_factory_desc *d, lutra_recipe **out) {
   TRY(lutra_recipe_custom_specs(&base, r.roles, fn));
   r.factory = d->factory;
   r.factory_base = base;
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 void lutra_factory_defaults(lutra_factory_desc *d) {

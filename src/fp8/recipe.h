@@ -25,10 +25,14 @@ struct lutra_recipe {
   uint64_t key;
   int32_t factory;                /* a factory recipe's front id (lutra/factory.h); 0: none */
   lutra_custom_desc factory_base; /* its delayed fields, for the choices */
+  lutra_recipe_options options;   /* per-GEMM options, backward override (recipe_options.c) */
 };
 
 /* The validated specs of a custom desc (the checks of lutra_recipe_custom). */
 int lutra_recipe_custom_specs(const lutra_custom_desc *d,
                               lutra_quantizer_spec roles[LUTRA_NUM_ROLES], const char *fn);
+
+/* A new recipe from a filled template: refcount, magic and key set (recipe.c). */
+int lutra_recipe_finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn);
 
 #endif

@@ -98,14 +98,15 @@ static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_mi
     TRY(note_forward(qw, c, fn));
     c->weight_cached = true;
   }
-  return lutra_gemm_run(&(lutra_gemm_op){.a = c->wq,
-                                         .b = c->xq,
-                                         .d = c->y,
-                                         .bias = c->bias,
-                                         .epilogue = epi,
-                                         .transa = true,
-                                         .fast_accum = true},
-                        fn);
+  return lutra_gemm_run(
+      &(lutra_gemm_op){.a = c->wq,
+                       .b = c->xq,
+                       .d = c->y,
+                       .bias = c->bias,
+                       .epilogue = epi,
+                       .transa = true,
+                       .fast_accum = !c->forward_options.use_split_accumulator[LUTRA_GEMM_FPROP]},
+      fn);
 }
 
 /* Calibration: record amaxes for delayed scaling, compute in high precision. */
@@ -156,6 +157,7 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   lutra_gemm_epilogue epi_store;
   const lutra_gemm_epilogue *epi = forward_epilogue(c, act, &epi_store);
   if (fp8) {
+    c->forward_options = r->options;
     TRY(forward_fp8(c, x, a->is_first_microbatch, epi, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
@@ -191,13 +193,33 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
                          &dyq, fn));
   lutra_scale_meta *meta = lutra_quantizer_meta(qg);
   if (meta) TRY(lutra_autocast_note_backward(meta, c->device, fn));
-  if (dx_wanted) TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wq, .b = dyq, .d = c->dx}, fn));
+  const int32_t *split = c->forward_options.use_split_accumulator;
+  if (dx_wanted)
+    TRY(lutra_gemm_run(
+        &(lutra_gemm_op){.a = c->wq, .b = dyq, .d = c->dx, .fast_accum = !split[LUTRA_GEMM_DGRAD]},
+        fn));
   return lutra_gemm_run(&(lutra_gemm_op){.a = c->xq,
                                          .b = dyq,
                                          .d = wgrad_out,
                                          .transb = true,
-                                         .accumulate = c->accumulate_main_grad},
+                                         .accumulate = c->accumulate_main_grad,
+                                         .fast_accum = !split[LUTRA_GEMM_WGRAD]},
                         fn);
+}
+
+/* backward_override "dequantized": the backward's high-precision GEMMs read the forward's FP8 x
+ * and W dequantized (rowwise copies) into buffers of the module's dtype. */
+static int dequantized_operands(lutra_linear_core *c, const lutra_tensor **w,
+                                const lutra_tensor **x, const char *fn) {
+  CHECK_STATE(c->xq && c->wq, "the FP8 forward kept no quantized input and weight");
+  TRY(lutra_tensor_ensure(&c->xdq, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), fn));
+  TRY(lutra_tensor_ensure(
+      &c->wdq, PLAIN_TENSOR(c->dtype, c->weight->ndim, c->weight->shape, c->device), fn));
+  TRY(lutra_dequantize(c->xq, 0, c->xdq));
+  TRY(lutra_dequantize(c->wq, 0, c->wdq));
+  *x = c->xdq;
+  *w = c->wdq;
+  return LUTRA_OK;
 }
 
 int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward_op *op,
@@ -224,7 +246,10 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
-  if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT]) {
+  const int over = c->forward_fp8 ? c->forward_options.backward_override : LUTRA_BACKWARD_FP8;
+  const lutra_tensor *w_src = c->weight, *x_src = c->x;
+  if (over == LUTRA_BACKWARD_DEQUANTIZED) TRY(dequantized_operands(c, &w_src, &x_src, fn));
+  if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT] && over == LUTRA_BACKWARD_FP8) {
     TRY(backward_fp8(c, op, bg, wgrad_out, dx != NULL, fn));
     bg = NULL;
   } else {
@@ -234,15 +259,14 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
     if (dx)
       TRY(lutra_gemm_run(
-          &(lutra_gemm_op){
-              .a = c->weight, .b = dy, .d = c->dx, .epilogue = fuse_dact ? &dgelu : NULL},
+          &(lutra_gemm_op){.a = w_src, .b = dy, .d = c->dx, .epilogue = fuse_dact ? &dgelu : NULL},
           fn));
     if (dact_fused) *dact_fused = fuse_dact;
     /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
      * (it overwrites dbias, so not when gradients accumulate into main_grad) */
     lutra_gemm_epilogue bgradb = {.kind = LUTRA_EPILOGUE_BGRADB, .dbias = bg};
     bool fuse_bias = bg && !accumulate;
-    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->x,
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = x_src,
                                         .b = dy,
                                         .d = wgrad_out,
                                         .epilogue = fuse_bias ? &bgradb : NULL,
@@ -272,7 +296,8 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act) {
   const lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   return act == LUTRA_ACT_GELU_TANH && c->forward_done && c->forward_act == act && c->forward_fp8 &&
-         c->pre && qg && lutra_quantizer_takes_dgelu(qg);
+         c->pre && qg && lutra_quantizer_takes_dgelu(qg) &&
+         c->forward_options.backward_override == LUTRA_BACKWARD_FP8;
 }
 
 int lutra_linear_core_num_params(const lutra_linear_core *c) {
@@ -289,12 +314,14 @@ void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out
 void lutra_linear_core_release(lutra_linear_core *c) {
   lutra_factory_forget(&c->choice);
   free_quantizers(c->q);
-  lutra_tensor *owned[] = {c->weight,         c->bias, c->wgrad, c->bgrad, c->weight_main_grad,
-                           c->bias_main_grad, c->y,    c->dx,    c->pre};
+  lutra_tensor *owned[] = {
+      c->weight, c->bias, c->wgrad, c->bgrad, c->weight_main_grad, c->bias_main_grad, c->y,
+      c->dx,     c->pre,  c->xdq,   c->wdq};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
   c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = NULL;
+  c->xdq = c->wdq = NULL;
   lutra_tensor_hold(&c->x, NULL);
   c->xq = c->wq = NULL;
   c->forward_done = false;

@@ -32,8 +32,10 @@ typedef struct lutra_linear_core {
   lutra_tensor *xq, *wq;
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
-  bool backward_done; /* a backward ran since the last forward */
-  lutra_module_choice choice; /* name, kind, and the quantizers a factory recipe chose */
+  bool backward_done;                   /* a backward ran since the last forward */
+  lutra_module_choice choice;           /* name, kind, and the quantizers a factory recipe chose */
+  lutra_recipe_options forward_options; /* the recipe's GEMM options at the last FP8 forward */
+  lutra_tensor *xdq, *wdq; /* backward_override "dequantized": the FP8 x and W dequantized */
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
