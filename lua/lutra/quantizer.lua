@@ -79,6 +79,12 @@ function Quantizer:history(n)
   return t
 end
 
+-- delayed scaling: the length of the amax history
+function Quantizer:history_len()
+  check(C.lutra_quantizer_history_len(self, core.int_box))
+  return core.int_box[0]
+end
+
 function Quantizer:record_amax(v)
   chk.number(v, "amax", "quantizer:record_amax")
   check(C.lutra_quantizer_record_amax(self, v))

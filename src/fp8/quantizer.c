@@ -358,6 +358,15 @@ int lutra_quantizer_history(const lutra_quantizer *q, float *history, int len) {
   return q->be->to_host(history, q->meta.amax_history, (size_t)len * sizeof(float));
 }
 
+int lutra_quantizer_history_len(const lutra_quantizer *q, int *len) {
+  static const char fn[] = "lutra_quantizer_history_len";
+  TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
+  TRY(check_delayed(q, fn));
+  CHECK_ARG(len, "len is NULL");
+  *len = q->meta.history_len;
+  return LUTRA_OK;
+}
+
 int lutra_quantizer_record_amax(lutra_quantizer *q, float amax) {
   static const char fn[] = "lutra_quantizer_record_amax";
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
