@@ -30,7 +30,8 @@ local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
                       block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D }
 local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
-local allowed = { kind = true, format = true, power_2_scale = true, amax_epsilon = true }
+local allowed = { kind = true, format = true, power_2_scale = true, amax_epsilon = true,
+                  columnwise_format = true }
 
 local id_box = ffi.new("int[1]")
 local str_box = ffi.new("const char*[2]")
@@ -59,6 +60,8 @@ function M.resolve()
                           "format", where .. " " .. role)
     ch.power_2_scale = chk.flag(c.power_2_scale, role .. ".power_2_scale", where, 0)
     ch.amax_epsilon = c.amax_epsilon == nil and 0 or chk.number(c.amax_epsilon, "amax_epsilon", where)
+    ch.columnwise_format = c.columnwise_format == nil and 0 or
+                           core.code(fp8_dtypes, c.columnwise_format, "columnwise_format", where)
   end
   core.check(C.lutra_factory_resolve(choices))
   return true

@@ -9,6 +9,9 @@
 --                      block_dim={input=1, weight=2, grad_output=1}}
 --   lutra.recipe.custom{input={kind="current", format="e4m3"}, weight={...},
 --                       grad_output={kind="delayed", format="e5m2"}, margin=0, ...}
+--     a role's columnwise_format (e4m3/e5m2) different from its format makes it hybrid (TE's
+--     hybrid quantizer): the rowwise copy (fprop; dgrad's gradient) in format, the columnwise
+--     one (wgrad's input and gradient, dgrad's weight) in columnwise_format, two quantizations
 --   lutra.recipe.custom{factory=function(role, module_kind, name) return {kind=, format=} end}
 --     (per module, asked once per module: lutra/factory.lua)
 -- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
@@ -213,7 +216,12 @@ function M.custom(opts)
             error(string.format("%s: %s must be a table (got %s)", where, role, chk.got(r)), 5)
           end
           core.check_options(r, { kind = true, format = true, power_2_scale = true,
-                                  amax_epsilon = true }, where .. " " .. role)
+                                  amax_epsilon = true, columnwise_format = true },
+                             where .. " " .. role)
+          if r.columnwise_format ~= nil then
+            d.columnwise_format[i - 1] = core.code(fp8_dtypes, r.columnwise_format,
+                                                   "columnwise_format", where)
+          end
           if r.kind ~= nil then d.kind[i - 1] = core.code(quant_kinds, r.kind, "kind", where) end
           if r.format ~= nil then d.format[i - 1] = core.code(fp8_dtypes, r.format, "format", where) end
           if r.power_2_scale ~= nil then

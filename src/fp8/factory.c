@@ -62,6 +62,7 @@ int lutra_factory_resolve(const lutra_factory_choice choices[LUTRA_NUM_ROLES]) {
     d.format[i] = choices[i].format;
     d.power_2_scale[i] = choices[i].power_2_scale;
     d.amax_epsilon[i] = choices[i].amax_epsilon;
+    d.columnwise_format[i] = choices[i].columnwise_format;
   }
   lutra_quantizer_spec roles[LUTRA_NUM_ROLES];
   TRY(lutra_recipe_custom_specs(&d, roles, fn));

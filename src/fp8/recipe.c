@@ -5,6 +5,7 @@
 #include "core/object.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -241,22 +242,34 @@ int lutra_recipe_custom_specs(const lutra_custom_desc *d,
     }
     if (k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D)
       s->block_dim = k == LUTRA_QUANT_BLOCK_1D ? 1 : 2;
+    const int cf = d->columnwise_format[i];
+    CHECK_ARG(cf == 0 || cf == LUTRA_E4M3 || cf == LUTRA_E5M2,
+              "columnwise_format for %s must be e4m3 or e5m2", role_names[i]);
+    s->col_dtype = cf && cf != s->dtype ? cf : 0;
   }
   /* Hopper's FP8 GEMMs (cuBLASLt) take E4M3 x E4M3 or E4M3 x E5M2, never E5M2 x E5M2: check
-   * the three GEMMs of a Linear now rather than at the first backward that would run them */
+   * the three GEMMs of a Linear now rather than at the first backward that would run them,
+   * each with the copies it reads (fprop: the rowwise input and weight; dgrad: the rowwise
+   * gradient and the columnwise weight; wgrad: the columnwise gradient and input) */
   static const struct {
     int a, b;
+    bool a_col, b_col;
     const char *gemm;
-  } pairs[] = {{LUTRA_ROLE_INPUT, LUTRA_ROLE_WEIGHT, "fprop"},
-               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_WEIGHT, "dgrad"},
-               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_INPUT, "wgrad"}};
+  } pairs[] = {{LUTRA_ROLE_INPUT, LUTRA_ROLE_WEIGHT, false, false, "fprop"},
+               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_WEIGHT, false, true, "dgrad"},
+               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_INPUT, true, true, "wgrad"}};
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
     const lutra_quantizer_spec *x = &out[pairs[i].a], *y = &out[pairs[i].b];
-    CHECK_ARG(!(x->kind != LUTRA_QUANT_NONE && y->kind != LUTRA_QUANT_NONE &&
-                x->dtype == LUTRA_E5M2 && y->dtype == LUTRA_E5M2),
-              "%s and %s cannot both be e5m2 (the %s GEMM would be E5M2 x E5M2, which FP8 "
+    const int xd = pairs[i].a_col && x->col_dtype ? x->col_dtype : x->dtype;
+    const int yd = pairs[i].b_col && y->col_dtype ? y->col_dtype : y->dtype;
+    CHECK_ARG(!(x->kind != LUTRA_QUANT_NONE && y->kind != LUTRA_QUANT_NONE && xd == LUTRA_E5M2 &&
+                yd == LUTRA_E5M2),
+              "%s%s and %s%s cannot both be e5m2 (the %s GEMM would be E5M2 x E5M2, which FP8 "
               "GEMMs do not run)",
-              role_names[pairs[i].a], role_names[pairs[i].b], pairs[i].gemm);
+              role_names[pairs[i].a],
+              x->col_dtype ? (pairs[i].a_col ? " (columnwise)" : " (rowwise)") : "",
+              role_names[pairs[i].b],
+              y->col_dtype ? (pairs[i].b_col ? " (columnwise)" : " (rowwise)") : "", pairs[i].gemm);
   }
   CHECK_ARG((out[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
                 (out[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),

@@ -15,6 +15,7 @@ typedef struct lutra_quantizer_spec {
   int32_t amax_compute_algo;
   int32_t block_dim;
   int32_t rule; /* delayed scaling: an external scaling rule's id (lutra/rules.h); 0: built-in */
+  int32_t col_dtype; /* a hybrid role: the columnwise copy's FP8 dtype; 0: dtype */
 } lutra_quantizer_spec;
 
 struct lutra_recipe {

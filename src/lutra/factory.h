@@ -40,6 +40,7 @@ typedef struct lutra_factory_choice {
   int32_t format; /* LUTRA_E4M3 or LUTRA_E5M2 */
   int32_t power_2_scale;
   float amax_epsilon;
+  int32_t columnwise_format; /* a hybrid role's columnwise format; 0: format */
 } lutra_factory_choice;
 
 LUTRA_API void lutra_factory_defaults(lutra_factory_desc *d);

@@ -80,6 +80,9 @@ typedef struct lutra_custom_desc {
   int32_t amax_compute_algo;
   int32_t reduce_amax;
   int32_t rule; /* for the DELAYED roles: an external scaling rule (lutra/rules.h); 0: none */
+  /* per role: the columnwise copy's format when it differs from the rowwise one (TE's hybrid
+   * quantizer: two quantizations of the same kind); 0: the same as format */
+  int32_t columnwise_format[3];
 } lutra_custom_desc;
 
 LUTRA_API void lutra_delayed_defaults(lutra_delayed_desc *d);

@@ -27,21 +27,31 @@ static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
 static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
                              const lutra_quantizer_spec *roles, const char *fn) {
   if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *fresh_col[LUTRA_NUM_ROLES] = {0};
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (roles[i].kind == LUTRA_QUANT_NONE) continue;
-    int st = lutra_quantizer_create(&roles[i], 1, 1, c->device, &fresh[i], fn);
+    const bool hybrid = roles[i].col_dtype != 0;
+    int st = lutra_quantizer_create(&roles[i], 1, !hybrid, c->device, &fresh[i], fn);
+    if (st == LUTRA_OK && hybrid) {
+      lutra_quantizer_spec col = roles[i];
+      col.dtype = col.col_dtype;
+      col.col_dtype = 0;
+      st = lutra_quantizer_create(&col, 0, 1, c->device, &fresh_col[i], fn);
+    }
     if (st != LUTRA_OK) {
       free_quantizers(fresh);
+      free_quantizers(fresh_col);
       return st;
     }
   }
   free_quantizers(c->q);
+  free_quantizers(c->qc);
   memcpy(c->q, fresh, sizeof fresh);
+  memcpy(c->qc, fresh_col, sizeof fresh_col);
   c->qkey = r->key;
   c->quantized_for_recipe = true;
   c->weight_cached = false;
-  c->xq = c->wq = NULL;
+  c->xq = c->wq = c->xqc = c->wqc = NULL;
   return LUTRA_OK;
 }
 
@@ -91,11 +101,22 @@ static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_mi
   }
   TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
+  lutra_quantizer *qic = c->qc[LUTRA_ROLE_INPUT], *qwc = c->qc[LUTRA_ROLE_WEIGHT];
+  if (qic) {
+    TRY(lutra_quantize_run(qic, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xqc, fn));
+    TRY(note_forward(qic, c, fn));
+  }
   bool reuse = first_microbatch == 0 && c->weight_cached;
   if (!reuse) {
     TRY(lutra_quantize_run(
         qw, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wq, fn));
     TRY(note_forward(qw, c, fn));
+    if (qwc) {
+      TRY(lutra_quantize_run(
+          qwc, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wqc,
+          fn));
+      TRY(note_forward(qwc, c, fn));
+    }
     c->weight_cached = true;
   }
   return lutra_gemm_run(
@@ -119,6 +140,14 @@ static int observe(lutra_linear_core *c, const lutra_tensor *x, const char *fn) 
   if (qw) {
     TRY(lutra_quantize_run(qw, &(lutra_quantize_op){.x = c->weight, .observe = true}, NULL, fn));
     TRY(note_forward(qw, c, fn));
+  }
+  /* hybrid roles: their columnwise quantizers observe too */
+  for (int i = LUTRA_ROLE_INPUT; i <= LUTRA_ROLE_WEIGHT; i++) {
+    lutra_quantizer *q = c->qc[i];
+    if (!q) continue;
+    const lutra_tensor *t = i == LUTRA_ROLE_INPUT ? x : c->weight;
+    TRY(lutra_quantize_run(q, &(lutra_quantize_op){.x = t, .observe = true}, NULL, fn));
+    TRY(note_forward(q, c, fn));
   }
   return LUTRA_OK;
 }
@@ -193,13 +222,28 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
                          &dyq, fn));
   lutra_scale_meta *meta = lutra_quantizer_meta(qg);
   if (meta) TRY(lutra_autocast_note_backward(meta, c->device, fn));
+  /* a hybrid gradient: its columnwise copy (wgrad's) from a second cast, GELU's gradient in
+   * front of it too (the bias gradient came out of the first) */
+  lutra_quantizer *qgc = c->qc[LUTRA_ROLE_GRAD_OUTPUT];
+  lutra_tensor *dyqc = dyq;
+  if (qgc) {
+    TRY(lutra_quantize_run(qgc,
+                           &(lutra_quantize_op){.x = op->dy,
+                                                .record_amax = true,
+                                                .act = op->from_act_grad ? c->pre : NULL},
+                           &dyqc, fn));
+    lutra_scale_meta *mc = lutra_quantizer_meta(qgc);
+    if (mc) TRY(lutra_autocast_note_backward(mc, c->device, fn));
+  }
   const int32_t *split = c->forward_options.use_split_accumulator;
   if (dx_wanted)
-    TRY(lutra_gemm_run(
-        &(lutra_gemm_op){.a = c->wq, .b = dyq, .d = c->dx, .fast_accum = !split[LUTRA_GEMM_DGRAD]},
-        fn));
-  return lutra_gemm_run(&(lutra_gemm_op){.a = c->xq,
-                                         .b = dyq,
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wqc ? c->wqc : c->wq,
+                                        .b = dyq,
+                                        .d = c->dx,
+                                        .fast_accum = !split[LUTRA_GEMM_DGRAD]},
+                       fn));
+  return lutra_gemm_run(&(lutra_gemm_op){.a = c->xqc ? c->xqc : c->xq,
+                                         .b = dyqc,
                                          .d = wgrad_out,
                                          .transb = true,
                                          .accumulate = c->accumulate_main_grad,
@@ -314,6 +358,8 @@ void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out
 void lutra_linear_core_release(lutra_linear_core *c) {
   lutra_factory_forget(&c->choice);
   free_quantizers(c->q);
+  free_quantizers(c->qc);
+  c->xqc = c->wqc = NULL;
   lutra_tensor *owned[] = {
       c->weight, c->bias, c->wgrad, c->bgrad, c->weight_main_grad, c->bias_main_grad, c->y,
       c->dx,     c->pre,  c->xdq,   c->wdq};

@@ -36,6 +36,10 @@ typedef struct lutra_linear_core {
   lutra_module_choice choice;           /* name, kind, and the quantizers a factory recipe chose */
   lutra_recipe_options forward_options; /* the recipe's GEMM options at the last FP8 forward */
   lutra_tensor *xdq, *wdq; /* backward_override "dequantized": the FP8 x and W dequantized */
+  /* hybrid roles (rowwise and columnwise in two formats): q[] writes the rowwise copy, qc[] the
+   * columnwise one into xqc / wqc (and the gradient's, which backward keeps locally) */
+  lutra_quantizer *qc[LUTRA_NUM_ROLES];
+  lutra_tensor *xqc, *wqc;
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
