@@ -22,6 +22,7 @@
 #include "lutra/autocast.h"
 #include "lutra/base.h"
 #include "lutra/factory.h"
+#include "lutra/formats.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
 #include "lutra/nn.h"

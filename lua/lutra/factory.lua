@@ -28,7 +28,8 @@ end
 
 local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
-                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D }
+                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D,
+                      rowwise = C.LUTRA_QUANT_ROWWISE }
 local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
 local allowed = { kind = true, format = true, power_2_scale = true, amax_epsilon = true,
                   columnwise_format = true }

@@ -29,7 +29,8 @@ local formats = { e4m3 = C.LUTRA_FORMAT_E4M3, hybrid = C.LUTRA_FORMAT_HYBRID,
 local algos = { max = C.LUTRA_AMAX_MAX, most_recent = C.LUTRA_AMAX_MOST_RECENT }
 local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
-                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D }
+                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D,
+                      rowwise = C.LUTRA_QUANT_ROWWISE }
 local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom", "custom" }
 local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
 
@@ -234,6 +235,28 @@ function M.custom(opts)
       end
       fill_delayed(d, o, where)
     end)
+end
+
+-- lutra.recipe.rowwise{fp8_format="e4m3", power_2_scale=true, amax_epsilon=0}: torchao's
+-- ROWWISE (lutra/formats.h): one f32 scale per row of each copy, for every role (E4M3, or E5M2
+-- for grad_output with fp8_format="hybrid"); the CPU backend emulates it, CUDA has no kernels yet
+function M.rowwise(opts)
+  local where = "lutra.recipe.rowwise"
+  opts = core.check_options(opts, { fp8_format = true, power_2_scale = true, amax_epsilon = true,
+                                    gemm = true, backward_override = true }, where)
+  local f = opts.fp8_format or "e4m3"
+  if f ~= "e4m3" and f ~= "hybrid" then
+    error(string.format("%s: fp8_format must be \"e4m3\" or \"hybrid\" (got %s)", where,
+                        tostring(f)), 2)
+  end
+  local p2 = opts.power_2_scale == nil and true or opts.power_2_scale
+  local roles = {}
+  for _, role in ipairs(core.role_list) do
+    roles[role] = { kind = "rowwise", power_2_scale = p2, amax_epsilon = opts.amax_epsilon,
+                    format = (f == "hybrid" and role == "grad_output") and "e5m2" or "e4m3" }
+  end
+  roles.gemm, roles.backward_override = opts.gemm, opts.backward_override
+  return M.custom(roles)
 end
 
 -- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.

@@ -334,6 +334,8 @@ typedef struct lutra_backend {
    * rules_apply writes scale = scales[j] and scale_inv = 1 / scales[j] (scales: host memory). */
   int (*rules_gather)(lutra_scale_meta *const *metas, int n, float *host);
   int (*rules_apply)(lutra_scale_meta *const *metas, int n, const float *scales);
+  /* rowwise scaling (lutra/formats.h): one f32 scale_inv per row of each copy (NULL: none) */
+  int (*quantize_rowwise)(const lutra_quant_args *a);
 } lutra_backend;
 
 #endif

@@ -40,6 +40,8 @@ static int scaling_of(int kind) {
     return LUTRA_SCALING_BLOCK_1D;
   case LUTRA_QUANT_BLOCK_2D:
     return LUTRA_SCALING_BLOCK_2D;
+  case LUTRA_QUANT_ROWWISE:
+    return LUTRA_SCALING_ROWWISE;
   default:
     return LUTRA_SCALING_NONE;
   }
@@ -225,6 +227,22 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     break;
   case LUTRA_QUANT_MXFP8:
     TRY(be->quantize_mxfp8(&a));
+    break;
+  case LUTRA_QUANT_ROWWISE:
+    CHECK_ARG(be->quantize_rowwise, "rowwise scaling has no %s kernels yet (the CPU emulates it)",
+              be->name);
+    CHECK_ARG(!act, "rowwise scaling fuses no GELU gradient");
+    a.dbias = NULL; /* not fused: the bias gradient is summed after */
+    TRY(be->quantize_rowwise(&a));
+    if (dbias)
+      TRY(be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
+                                                .dtype = x->dtype,
+                                                .rows = lutra_rows(x),
+                                                .cols = lutra_cols(x),
+                                                .db = dbias->data,
+                                                .db_dtype = dbias->dtype,
+                                                .accumulate = op->dbias_accumulate,
+                                                .skip = op->skip}));
     break;
   default:
     TRY(be->quantize_block(&a));

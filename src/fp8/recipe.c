@@ -220,8 +220,8 @@ int lutra_recipe_custom_specs(const lutra_custom_desc *d,
   memset(out, 0, sizeof out);
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     int k = d->kind[i];
-    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_BLOCK_2D,
-              "unknown quantizer kind %d for %s", k, role_names[i]);
+    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_ROWWISE, "unknown quantizer kind %d for %s",
+              k, role_names[i]);
     CHECK_ARG(k == LUTRA_QUANT_NONE || d->format[i] == LUTRA_E4M3 || d->format[i] == LUTRA_E5M2,
               "format for %s must be e4m3 or e5m2", role_names[i]);
     if (k == LUTRA_QUANT_DELAYED)
@@ -230,7 +230,8 @@ int lutra_recipe_custom_specs(const lutra_custom_desc *d,
     s->kind = k;
     if (k == LUTRA_QUANT_NONE) continue;
     s->dtype = d->format[i];
-    if (k == LUTRA_QUANT_CURRENT || k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D) {
+    if (k == LUTRA_QUANT_CURRENT || k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D ||
+        k == LUTRA_QUANT_ROWWISE) {
       s->power_2_scale = d->power_2_scale[i] != 0;
       s->amax_epsilon = d->amax_epsilon[i];
     }

@@ -85,4 +85,5 @@ const lutra_backend lutra_cpu_backend = {
     .layernorm_backward = lutra_cpu_layernorm_backward,
     .rules_gather = lutra_cpu_rules_gather,
     .rules_apply = lutra_cpu_rules_apply,
+    .quantize_rowwise = lutra_cpu_quantize_rowwise,
 };
