@@ -116,8 +116,14 @@ int lutra_autocast_discard_backward(const char *fn) {
 
 /* One backend call over the whole list, then a fresh epoch so each meta can join again. Metas
  * with an external rule are set aside for it first: then LUTRA_RULES_PENDING (lutra/rules.h). */
-static int flush(meta_list *l, const char *fn) {
+static int flush_work(meta_list *l, const char *fn);
+/* Out of line, with its early return first: the exit of an empty scope costs a call and a test. */
+static __attribute__((noinline)) int flush(meta_list *l, const char *fn) {
   if (!l->count) return LUTRA_OK;
+  return flush_work(l, fn);
+}
+
+static __attribute__((noinline)) int flush_work(meta_list *l, const char *fn) {
   const lutra_backend *be;
   TRY(lutra_backend_get(l->device, &be, fn));
   int handed = LUTRA_OK, total = l->count;
@@ -251,21 +257,30 @@ int lutra_autocast_enter(lutra_autocast *a) {
   return LUTRA_OK;
 }
 
+/* The outermost exit's update did not return OK: LUTRA_RULES_PENDING (the scope exits, and the
+ * caller runs the rules set aside), or an error (the scope stays entered). Out of line, so that
+ * the exit of a scope without Lua rules costs what it did. */
+static __attribute__((noinline, cold)) int exit_pending(lutra_autocast *a, int st) {
+  if (st != LUTRA_RULES_PENDING) return st;
+  tls.trigger_claimed = false;
+  leave(a);
+  return st;
+}
+
 int lutra_autocast_exit(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_exit";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
   CHECK_STATE(a->active, "scope is not entered");
   CHECK_STATE(a->owner == &tls, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
-  int st = LUTRA_OK;
-  if (tls.st.depth == 1) {
-    /* LUTRA_RULES_PENDING: the scope exits, and the caller runs the rules set aside */
-    st = flush(&tls.fwd, fn);
-    if (st != LUTRA_OK && st != LUTRA_RULES_PENDING) return st;
-    tls.trigger_claimed = false;
+  thread_state *t = &tls;
+  if (t->st.depth == 1) {
+    int st = flush(&t->fwd, fn);
+    if (st != LUTRA_OK) return exit_pending(a, st);
+    t->trigger_claimed = false;
   }
   leave(a);
-  return st;
+  return LUTRA_OK;
 }
 
 int lutra_autocast_state(int *depth, int *enabled, int *calibrating) {

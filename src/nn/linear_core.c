@@ -152,6 +152,12 @@ static int observe(lutra_linear_core *c, const lutra_tensor *x, const char *fn) 
   return LUTRA_OK;
 }
 
+/* The specs a module uses under r: r's, or (a factory recipe, resolved first) its own choice. */
+static inline const lutra_quantizer_spec *roles_of(const lutra_linear_core *c,
+                                                   const lutra_recipe *r) {
+  return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
+}
+
 static bool uses_delayed(const lutra_quantizer_spec *roles) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
     if (roles[i].kind == LUTRA_QUANT_DELAYED) return true;
@@ -170,12 +176,15 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
             "the forward cannot end in activation %d", act);
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  const lutra_quantizer_spec *roles = NULL;
-  if (r && (s->enabled || s->calibrating)) TRY(lutra_factory_roles(r, &c->choice, &roles, fn));
-  bool fp8 = r && s->enabled && roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  /* a factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done */
+  if (r && (s->enabled || s->calibrating) && r->kind == LUTRA_RECIPE_FACTORY) {
+    const lutra_quantizer_spec *chosen;
+    TRY(lutra_factory_roles(r, &c->choice, &chosen, fn));
+  }
+  bool fp8 = r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
-  if (fp8) TRY(check_fp8_dims(roles, x, c, fn));
-  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, roles, fn));
+  if (fp8) TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
+  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
 
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
@@ -202,7 +211,7 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
   c->forward_done = true;
   c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
-  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(roles) &&
+  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(roles_of(c, r)) &&
                         lutra_autocast_claim_backward_trigger();
   *y = c->y;
   return LUTRA_OK;
