@@ -84,8 +84,11 @@ static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act
   return epi;
 }
 
-static int forward_fp8(lutra_linear_core *c, const lutra_tensor *x, int first_microbatch,
-                       const lutra_gemm_epilogue *epi, const char *fn) {
+/* Out of line: inlined, its FP8 work (hybrid copies included) cost the high-precision forward
+ * an instruction. */
+static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lutra_tensor *x,
+                                                 int first_microbatch,
+                                                 const lutra_gemm_epilogue *epi, const char *fn) {
   lutra_quantizer *qi = c->q[LUTRA_ROLE_INPUT], *qw = c->q[LUTRA_ROLE_WEIGHT];
   /* DEVICE: the weight is quantized on every call, skipped on the device while the
    * skip-weight-update flag is set: the weight quantizer's output then keeps the codes of its
