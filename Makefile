@@ -1,10 +1,13 @@
 # lutra: liblutra.so (C11 core + CPU backend) and the LuaJIT front's generated cdef.
-# Honours PREFIX, LIBDIR (where liblutra.so goes; luarocks passes its C module dir), LUADIR
-# (where lua/lutra/*.lua goes), CFLAGS and LDFLAGS, as luarocks' "make" build type expects.
+# Honours PREFIX, DESTDIR, LIBDIR (where liblutra.so goes; luarocks passes its C module dir),
+# LUADIR (where lua/lutra/*.lua goes), INCLUDEDIR, PKGCONFIGDIR, CFLAGS and LDFLAGS, as
+# luarocks' "make" build type expects.
 
 PREFIX  ?= /usr/local
-LIBDIR  ?= $(PREFIX)/lib/lua/5.1
+LIBDIR  ?= $(PREFIX)/lib
 LUADIR  ?= $(PREFIX)/share/lua/5.1
+INCLUDEDIR   ?= $(PREFIX)/include
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
 CC      ?= cc
 CFLAGS  ?= -O2 -g
 LDFLAGS ?=
@@ -24,7 +27,10 @@ LIBS = $(BLAS_LIBS) -lm -lpthread
 
 comma := ,
 # CUDA: on when nvcc and cuBLASLt's header are found (CUDA=0 or CUDA=1 overrides). The kernels
-# are built for sm_90 (Hopper) and, where this nvcc knows it, sm_100.
+# are built for sm_89 (Ada: FP8 conversions and tensor cores, the oldest they run on), sm_90
+# (Hopper) and, where this nvcc knows it, sm_100, plus the newest one's PTX, which the driver
+# compiles for GPUs after it. No kernel uses Hopper-only features (wgmma, TMA, clusters); the
+# GEMMs cuBLASLt has no Ada kernel for (block-scaled FP8) take its BF16 fallback.
 CUDA_HOME ?= /usr/local/cuda
 NVCC      ?= $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 ifeq ($(origin CUDA),undefined)
@@ -32,39 +38,95 @@ ifeq ($(origin CUDA),undefined)
 endif
 ifeq ($(CUDA),1)
   SM100       := $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),1)
-  CUDA_ARCHS  ?= -gencode arch=compute_90,code=sm_90 \
-                 $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100)
+  PTX_ARCH    := $(if $(SM100),100,90)
+  CUDA_ARCHS  ?= -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=sm_90 \
+                 $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100) \
+                 -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
   NVCCFLAGS   ?= -O3 -lineinfo
   SRC         += $(sort $(wildcard src/backend/cuda/*.c))
   CU_SRC       = $(sort $(wildcard kernels/*.cu))
   LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include
   LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
+# MPI (process groups, src/dist/): on when mpicc is found (MPI=0 or MPI=1 overrides); its flags
+# come from the wrapper (Open MPI's -showme, MPICH's -compile_info/-link_info). With CUDA too,
+# NCCL (which comes with the CUDA toolkit) carries the CUDA collectives.
+MPICC ?= $(shell command -v mpicc 2>/dev/null)
+ifeq ($(origin MPI),undefined)
+  MPI := $(if $(MPICC),1,0)
+endif
+ifeq ($(MPI),1)
+  MPI_CFLAGS ?= $(shell $(MPICC) -showme:compile 2>/dev/null || $(MPICC) -compile_info 2>/dev/null | cut -d' ' -f2- | tr ' ' '\n' | grep '^-I' | tr '\n' ' ')
+  MPI_LIBS   ?= $(shell $(MPICC) -showme:link 2>/dev/null || $(MPICC) -link_info 2>/dev/null | cut -d' ' -f2-)
+  LUTRA_CFLAGS += -DLUTRA_WITH_MPI $(MPI_CFLAGS)
+  LIBS        += $(MPI_LIBS)
+  BLAS_LIBS   += $(MPI_LIBS)
+  ifeq ($(CUDA),1)
+    LIBS += -lnccl
+  endif
+endif
 # objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
-BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)
+BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)$(if $(filter 0,$(MPI)),-nompi)
 OBJ  = $(SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o)
 # build/config changes when the configuration does, so switching CUDA=0/1 relinks the library
-$(shell mkdir -p build && (echo 'CUDA=$(CUDA)' | cmp -s - build/config || echo 'CUDA=$(CUDA)' > build/config))
+$(shell mkdir -p build && (echo 'CUDA=$(CUDA) MPI=$(MPI)' | cmp -s - build/config || echo 'CUDA=$(CUDA) MPI=$(MPI)' > build/config))
 LIB  = liblutra.so
+# the version is src/lutra/version.h's (what lutra_version returns): the installed library is
+# liblutra.so.MAJOR.MINOR.PATCH with SONAME liblutra.so.MAJOR (a link of that name sits beside
+# liblutra.so in the build tree, for programs linked against it with -L. -llutra)
+version_part = $(shell sed -n 's/.*LUTRA_VERSION_$(1) = \([0-9][0-9]*\).*/\1/p' src/lutra/version.h)
+VERSION := $(call version_part,MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+SONAME  := $(LIB).$(call version_part,MAJOR)
 CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench install clean format sim-mx threads-check check-codecs check-activations lab
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped threads-check check-codecs check-activations lab
 
-all: $(LIB) $(CDEF)
+all: $(LIB) $(SONAME) $(CDEF)
 
 $(LIB): $(OBJ) build/config
-	$(CC) -shared -Wl,--no-undefined -o $@ $(OBJ) $(LDFLAGS) $(LIBS)
+	$(CC) -shared -Wl,--no-undefined -Wl,-soname,$(SONAME) -o $@ $(OBJ) $(LDFLAGS) $(LIBS)
+
+$(SONAME): $(LIB)
+	ln -sf $(LIB) $@
 
 $(BUILD)/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(LUTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
 
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS)
+# build/cuda_archs changes with CUDA_ARCHS, so a new architecture list recompiles the kernels
+ifeq ($(CUDA),1)
+$(shell mkdir -p build && (echo '$(CUDA_ARCHS)' | cmp -s - build/cuda_archs || echo '$(CUDA_ARCHS)' > build/cuda_archs))
+endif
+$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS) $(if $(filter 1,$(CUDA)),build/cuda_archs)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
 	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
+
+# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped_gemm_sm90.cu): PyPI's
+# nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA build
+# only; that one object is built for sm_90a alone (the only arch its kernels run on).
+PYTHON          ?= python3
+CUTLASS_VERSION ?= 4.2.0.0
+CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
+CUTLASS_STAMP    = $(CUTLASS_DIR)/.unpacked
+$(CUTLASS_STAMP):
+	rm -rf $(CUTLASS_DIR) && mkdir -p $(CUTLASS_DIR)/wheel
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: nvidia-cutlass==$(CUTLASS_VERSION) \
+	  -d $(CUTLASS_DIR)/wheel
+	$(PYTHON) -m zipfile -e $(CUTLASS_DIR)/wheel/nvidia_cutlass-$(CUTLASS_VERSION)-py3-none-any.whl \
+	  $(CUTLASS_DIR)/wheel/x
+	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/include $(CUTLASS_DIR)/include
+	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/tools/util/include $(CUTLASS_DIR)/util
+	rm -rf $(CUTLASS_DIR)/wheel
+	touch $@
+$(BUILD)/kernels/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
+# NDEBUG as CUTLASS's own release builds: a device assert between wgmma instructions is a call
+# that makes ptxas serialize them (its C7510 "Potential Performance Loss")
+$(BUILD)/kernels/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr -DNDEBUG \
+  -isystem $(CUTLASS_DIR)/include -isystem $(CUTLASS_DIR)/util
+$(BUILD)/kernels/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
@@ -121,6 +183,22 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
 
+# kernels/moe.cu (router, permute, combines) emulated on the CPU the same way, against the CPU
+# backend (tools/sim_moe.cpp): needs the CUDA headers and a C++20 compiler, not a GPU.
+build/sim_moe: tools/sim_moe.cpp $(SIM_OBJ) kernels/moe.cu kernels/ops_common.cuh kernels/kernels.h $(HDRS)
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-moe: build/sim_moe
+	./build/sim_moe $(ARGS)
+# GroupedLinear's split quantization (kernels/grouped_quantize.cu) emulated the same way against
+# the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
+build/sim_grouped_quantize: tools/sim_grouped_quantize.cpp $(SIM_OBJ) kernels/grouped_quantize.cu \
+                            kernels/grouped_kernels.h kernels/common.cuh $(HDRS)
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-grouped: build/sim_grouped_quantize
+	./build/sim_grouped_quantize
+
 # kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
 # for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.
 build/check_activation_math: tools/check_activation_math.cu $(SIM_OBJ) kernels/activation_math.cuh \
@@ -149,10 +227,50 @@ build/check_codecs: tools/check_codecs.cu src/core/codec.h src/lutra.h
 check-codecs: build/check_codecs
 	./build/check_codecs $(ARGS)
 
+# the embedding examples (examples/embed/): plain C against lutra.h, and a host embedding LuaJIT;
+# spec/embed_examples_spec.lua builds and runs both on the cpu
+EXAMPLE_CFLAGS = -std=c11 -O2 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc
+examples/embed/frame_loop: examples/embed/frame_loop.c examples/embed/alloc_count.h $(HDRS) $(LIB) $(SONAME)
+	$(CC) $(EXAMPLE_CFLAGS) -o $@ $< -L. -llutra -Wl,-rpath,$(CURDIR) -lm
+examples/embed/host: examples/embed/host.c $(HDRS) $(LIB) $(SONAME)
+	$(CC) $(EXAMPLE_CFLAGS) $(shell pkg-config --cflags luajit) -o $@ $< -L. -llutra \
+	  -Wl,-rpath,$(CURDIR) $(shell pkg-config --libs luajit) -lm
+
+# the Lua API reference from the Lua front's doc comments (LDoc, config.ld) into build/doc;
+# warnings are errors (spec/doc_spec.lua checks it builds and covers every public function)
+doc:
+	ldoc --fatalwarnings -c config.ld .
+
 bench: all
 	$(RUN_ENV) $(LUAJIT) bench/overhead.lua $(ARGS)
 
+# process groups: host time of the parallel Linear beside Linear + collective, collectives per
+# step of a 16-layer TP MLP, SP all-gather bytes (bench/dist_overhead.lua; 2 MPI ranks on the cpu)
+bench-dist: all
+	$(RUN_ENV) OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 -x LUA_PATH \
+	  $(LUAJIT) bench/dist_overhead.lua $(ARGS)
+
+# the library with its version links, the headers, lutra.pc, and the Lua front; the front's
+# lutra/libpath.lua names the installed library (LIBDIR/SONAME), so require("lutra") finds it
+# without LUTRA_LIB
 install: all
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(LUADIR)/lutra $(DESTDIR)$(INCLUDEDIR)/lutra \
+	  $(DESTDIR)$(PKGCONFIGDIR)
+	install -m 755 $(LIB) $(DESTDIR)$(LIBDIR)/$(LIB).$(VERSION)
+	ln -sf $(LIB).$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/$(LIB)
+	install -m 644 src/lutra.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 $(wildcard src/lutra/*.h) $(DESTDIR)$(INCLUDEDIR)/lutra/
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' \
+	  -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBS@|$(LIBS)|' tools/lutra.pc.in \
+	  > $(DESTDIR)$(PKGCONFIGDIR)/lutra.pc
+	install -m 644 $(LUA_FILES) $(CDEF) $(DESTDIR)$(LUADIR)/lutra/
+	printf -- '-- Generated by make install: the installed library.\nreturn "%s"\n' \
+	  '$(LIBDIR)/$(SONAME)' > $(DESTDIR)$(LUADIR)/lutra/libpath.lua
+
+# what the rockspec installs (luarocks deploys plain files only, so no links; the front finds
+# liblutra.so on luarocks' C path, package.cpath): the library and the Lua front
+install-rock: all
 	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(LUADIR)/lutra
 	install -m 755 $(LIB) $(DESTDIR)$(LIBDIR)/$(LIB)
 	install -m 644 $(LUA_FILES) $(CDEF) $(DESTDIR)$(LUADIR)/lutra/
@@ -161,4 +279,4 @@ format:
 	clang-format -i $(wildcard src/*.h src/*/*.[ch] src/*/*/*.[ch] kernels/*.cu kernels/*.cuh kernels/*.h)
 
 clean:
-	rm -rf build $(LIB) $(CDEF) $(CDEF).tmp
+	rm -rf build $(LIB) $(SONAME) $(CDEF) $(CDEF).tmp

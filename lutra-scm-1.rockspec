@@ -2,7 +2,7 @@ rockspec_format = "3.0"
 package = "lutra"
 version = "scm-1"
 source = {
-  url = "git+file:///work/main",
+  url = "git+https://github.com/lutra-dev/lutra.git",
 }
 description = {
   summary = "FP8/BF16 training of linear layers from LuaJIT: recipes, autocast, quantizers, Linear",
@@ -25,6 +25,7 @@ build = {
   build_variables = {
     CFLAGS = "$(CFLAGS)",
   },
+  install_target = "install-rock",
   install_variables = {
     PREFIX = "$(PREFIX)",
     LIBDIR = "$(LIBDIR)",

@@ -21,25 +21,29 @@
 local lutra = require("lutra")
 local ffi, nn = lutra.ffi, lutra.nn
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { device = "cuda", batch = 64, ["in"] = 64, out = 64, hidden = 128, batches = 15 }
-  local files = { ["floors-lib"] = true, torch = true, counts = true, count = true, table = true }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if key == "quick" then
-      o.quick, i = true, i + 1
-    elseif key and (o[key] ~= nil or files[key]) and argv[i + 1] then
-      local v = argv[i + 1]
-      o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
-      i = i + 2
-    else
-      io.stderr:write("usage: host_overhead.lua [--device cuda|cpu] [--batch M] [--in K] [--out N] ",
-                      "[--hidden H] [--batches B] [--floors-lib F] [--torch F] [--counts F] ",
-                      "[--count F] [--table F] [--quick]\n")
-      os.exit(2)
-    end
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("host_overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
+  local p = argparse("host_overhead.lua", "Host time per call of lutra's Lua entry points beside "
+                     .. "the floors of the GPU work they issue and PyTorch doing the same work.")
+  p:option("--device", "cuda or cpu", "cuda"):choices({ "cuda", "cpu" })
+  p:option("--batch", "rows M", "64", tonumber)
+  p:option("--in", "input features K", "64", tonumber)
+  p:option("--out", "output features N", "64", tonumber)
+  p:option("--hidden", "hidden width H", "128", tonumber)
+  p:option("--batches", "timed batches per figure", "15", tonumber)
+  p:option("--floors-lib", "bench/host_floors.cu's library (default build/libhost_floors.so)")
+   :target("floors-lib")
+  p:option("--torch", "bench/torch_overhead.py's figures")
+  p:option("--counts", "launch and GEMM counts from a --count run")
+  p:option("--count", "count launches and GEMMs (under build/launch_count.so) into this file")
+  p:option("--table", "also write the table to this file")
+  p:flag("--quick", "3 batches per figure")
+  local o = p:parse(argv)
   if o.quick then o.batches = 3 end
   return o
 end
@@ -287,6 +291,18 @@ local figures = {
       local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
       return function() fp8:enter() lin:forward(x) fp8:exit() end
     end },
+  -- the inference forward beside it: x and W cast rowwise only (no transposes), the same
+  -- launch count; the options table is built once, outside the loop
+  { key = "linear_fwd_fp8_delayed_infer",
+    name = "Linear forward FP8 delayed, inference {grad = false} (enter, forward, exit)",
+    torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
+    work = { launch = 3, matmul = { "lt_fp8_fprop" } },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      local eval = { grad = false }
+      return function() fp8:enter() lin:forward(x, eval) fp8:exit() end
+    end },
   { key = "linear_fwd_fp8_current", name = "Linear forward FP8 current (enter, forward, exit)",
     torch = "fp8_linear", target = { kind = "floor", max = 1.15 },
     -- per tensor (x, W): amax and scale (one launch, no memset), cast+transpose; the GEMM
@@ -295,6 +311,14 @@ local figures = {
       local lin, x = linear(K, N, 1, false), randn(M, K, 1)
       local fp8 = lutra.autocast { recipe = lutra.recipe.current() }
       return function() fp8:enter() lin:forward(x) fp8:exit() end
+    end },
+  { key = "linear_fwd_bf16_infer", name = "Linear forward BF16, inference {grad = false}",
+    torch = "linear_fwd", work = { matmul = { "lt_bf16_fprop" } },
+    target = { kind = "floor", max = 1.15 },
+    setup = function()
+      local lin, x = linear(K, N, 1, false), randn(M, K, 1)
+      local eval = { grad = false }
+      return function() lin:forward(x, eval) end
     end },
   { key = "linear_fwdbwd_bf16", name = "Linear forward+backward BF16", torch = "linear_fwdbwd",
     work = { matmul = { "lt_bf16_fprop", "lt_bf16_dgrad", "lt_bf16_wgrad" } },
@@ -333,6 +357,26 @@ local figures = {
         net:backward(loss:backward(), false) -- x is data: no dgrad for the first Linear
         opt_:step()
       end
+    end },
+  -- the MLP's forward alone, training and inference side by side: 4 Linears, x and W cast per
+  -- Linear (transposes in training only) and the scale update; 3 Linear+GELU pairs in the GEMM
+  -- epilogue (GELU_AUX_BIAS in training; inference keeps no pre-activation: GELU_BIAS)
+  { key = "mlp_fwd_fp8_delayed", name = "MLP forward FP8 delayed (4 Linear), training",
+    work = { launch = 9, matmul = { "lt_fp8_fprop_gelu_aux_bias", "lt_fp8_fprop_gelu_aux_bias",
+                                    "lt_fp8_fprop_gelu_aux_bias", "lt_fp8_fprop_bias" } },
+    setup = function()
+      local net, x = mlp(), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      return function() fp8:enter() net:forward(x) fp8:exit() end
+    end },
+  { key = "mlp_fwd_fp8_delayed_infer", name = "MLP forward FP8 delayed (4 Linear), inference",
+    work = { launch = 9, matmul = { "lt_fp8_fprop_gelu_bias", "lt_fp8_fprop_gelu_bias",
+                                    "lt_fp8_fprop_gelu_bias", "lt_fp8_fprop_bias" } },
+    setup = function()
+      local net, x = mlp(), randn(M, K, 1)
+      local fp8 = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+      local eval = { grad = false }
+      return function() fp8:enter() net:forward(x, eval) fp8:exit() end
     end },
   { key = "mlp_step_bf16", name = "MLP step BF16 (4 Linear, MSE, AdamW)", torch = "mlp_step",
     target = { kind = "torch", max = 0.1 }, work = mlp_work(false),
@@ -388,6 +432,81 @@ figures[#figures + 1] = { key = "mlp_graph_bf16", torch = "mlp_step",
 figures[#figures + 1] = { key = "mlp16_graph_fp8_delayed",
   name = "16-Linear MLP step FP8 delayed, CUDA graph replay (depth check)",
   target = { kind = "floor", max = 1.5 }, work = { graph = 1 }, setup = graphed_mlp_step(true, 14) }
+
+-- ---- the norm-fused modules (src/nn/layernorm_linear.c, layernorm_mlp.c) -------------------
+-- LayerNormLinear(in, out) without bias and LayerNormMLP(in -> hidden -> in, tanh GELU, biases),
+-- BF16 parameters. Launches from the code: the norm forward is 1 (FP8: the norm writes the GEMM's
+-- FP8 input and its columnwise copy, amax fused, in that 1), its backward 3 (dx; dgamma/dbeta's
+-- two deterministic passes); per FP8 Linear as for nn.Linear (cast of W; backward: cast of dy with
+-- the bias gradient, and gelu' for FC1, whose forward GEMM ran the GELU in its epilogue); the
+-- delayed scale updates at the scope's exit and after the backward.
+local function ln_linear()
+  return nn.LayerNormLinear(K, N, { dtype = "bf16", device = DEV, seed = 1, bias = false })
+end
+local function ln_mlp()
+  return nn.LayerNormMLP(K, H, { dtype = "bf16", device = DEV, seed = 1, activation = "gelu" })
+end
+local function delayed() return lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } } end
+local fused_figures = {
+  { key = "lnlinear_fwd_bf16", name = "LayerNormLinear forward BF16", torch = "ln_linear_fwd",
+    target = { kind = "floor", max = 1.15 },
+    work = { launch = 1, matmul = { "lt_bf16_fprop" } },
+    setup = function()
+      local m, x = ln_linear(), randn(M, K, 1)
+      return function() m:forward(x) end
+    end },
+  { key = "lnlinear_fwd_fp8_delayed", name = "LayerNormLinear forward FP8 delayed (enter, forward, exit)",
+    torch = "ln_linear_fwd", target = { kind = "floor", max = 1.15 },
+    -- the norm writing FP8 x rowwise + columnwise, the cast of W, the scale update at exit
+    work = { launch = 3, matmul = { "lt_fp8_fprop" } },
+    setup = function()
+      local m, x, fp8 = ln_linear(), randn(M, K, 1), delayed()
+      return function() fp8:enter() m:forward(x) fp8:exit() end
+    end },
+  { key = "lnlinear_fwdbwd_bf16", name = "LayerNormLinear forward+backward BF16",
+    torch = "ln_linear_fwdbwd", target = { kind = "floor", max = 1.15 },
+    work = { launch = 4, matmul = { "lt_bf16_fprop", "lt_bf16_dgrad", "lt_bf16_wgrad" } },
+    setup = function()
+      local m, x, dy = ln_linear(), randn(M, K, 1), randn(M, N, 2)
+      return function() m:forward(x) m:backward(dy) end
+    end },
+  { key = "lnlinear_fwdbwd_fp8_delayed", name = "LayerNormLinear forward+backward FP8 delayed",
+    torch = "ln_linear_fwdbwd", target = { kind = "floor", max = 1.15 },
+    -- forward 3 as above; backward: cast of dy, the norm's 3, the backward scale update
+    work = { launch = 8, matmul = { "lt_fp8_fprop", "lt_fp8_dgrad", "lt_fp8_wgrad" } },
+    setup = function()
+      local m, x, dy, fp8 = ln_linear(), randn(M, K, 1), randn(M, N, 2), delayed()
+      return function() fp8:enter() m:forward(x) fp8:exit() m:backward(dy) end
+    end },
+  { key = "lnmlp_fwd_bf16", name = "LayerNormMLP forward BF16 (GELU in FC1's epilogue)",
+    torch = "ln_mlp_fwd", target = { kind = "floor", max = 1.15 },
+    work = { launch = 1, matmul = { "lt_bf16_fprop_gelu_aux_bias", "lt_bf16_fprop_bias" } },
+    setup = function()
+      local m, x = ln_mlp(), randn(M, K, 1)
+      return function() m:forward(x) end
+    end },
+  { key = "lnmlp_fwdbwd_bf16", name = "LayerNormMLP forward+backward BF16",
+    torch = "ln_mlp_fwdbwd", target = { kind = "floor", max = 1.15 },
+    -- GEMMs: FC1 GELU_AUX_BIAS, FC2 BIAS; FC2's dgrad with DGELU, both wgrads with BGRADB
+    work = { launch = 4, matmul = { "lt_bf16_fprop_gelu_aux_bias", "lt_bf16_fprop_bias",
+      "lt_bf16_dgrad_dgelu", "lt_bf16_wgrad_bgradb", "lt_bf16_dgrad", "lt_bf16_wgrad_bgradb" } },
+    setup = function()
+      local m, x, dy = ln_mlp(), randn(M, K, 1), randn(M, K, 2)
+      return function() m:forward(x) m:backward(dy) end
+    end },
+  { key = "lnmlp_fwdbwd_fp8_delayed", name = "LayerNormMLP forward+backward FP8 delayed",
+    torch = "ln_mlp_fwdbwd", target = { kind = "floor", max = 1.15 },
+    -- forward 5: norm -> FP8 x (+ columnwise), cast W1, cast of FC2's input, cast W2, scale update;
+    -- backward 6: cast of dy (FC2's dbias), cast of gelu'-applied dh (FC1's dbias), the norm's 3,
+    -- the backward scale update; GEMMs: FC1 with GELU_AUX_BIAS, FC2 with BIAS, 2 dgrads, 2 wgrads
+    work = { launch = 11, matmul = { "lt_fp8_fprop_gelu_aux_bias", "lt_fp8_fprop_bias",
+      "lt_fp8_dgrad", "lt_fp8_wgrad", "lt_fp8_dgrad", "lt_fp8_wgrad" } },
+    setup = function()
+      local m, x, dy, fp8 = ln_mlp(), randn(M, K, 1), randn(M, K, 2), delayed()
+      return function() fp8:enter() m:forward(x) fp8:exit() m:backward(dy) end
+    end },
+}
+for _, fig in ipairs(fused_figures) do figures[#figures + 1] = fig end
 
 local function work_ops(w)
   return (w.launch or 0) + (w.launch_big or 0) + (w.memset or 0) + (w.memcpy or 0) + #(w.matmul or {})
@@ -543,6 +662,10 @@ local torch_names = {
   adamw_step = "AdamW(fused=True) step, same MLP",
   mlp_step = "4-layer MLP step, BF16 params, AdamW(fused=True)",
   mlp_step_fp8 = "4-layer MLP step, FP8 Linears in eager PyTorch (torch._scaled_mm), AdamW(fused=True)",
+  ln_linear_fwd = "F.layer_norm + nn.Linear BF16 forward (grad on)",
+  ln_linear_fwdbwd = "F.layer_norm + nn.Linear BF16 forward + backward",
+  ln_mlp_fwd = "F.layer_norm + Linear + GELU(tanh) + Linear BF16 forward (grad on)",
+  ln_mlp_fwdbwd = "F.layer_norm + Linear + GELU(tanh) + Linear BF16 forward + backward",
 }
 
 local function fmt_ratio(v)

@@ -13,8 +13,16 @@ void cblas_sgemm(int order, int transa, int transb, int m, int n, int k, float a
 local blas = ffi.load("openblas")
 local ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
-local out_file
-for i = 1, #arg do if arg[i] == "--out" then out_file = arg[i + 1] end end
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
+local found, argparse = pcall(require, "argparse")
+if not found then
+  io.stderr:write("overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+  os.exit(2)
+end
+local cli = argparse("overhead.lua", "Host time per call of lutra's Lua entry points beside the "
+                     .. "raw C calls they wrap.")
+cli:option("--out", "also write the table to this file")
+local out_file = cli:parse(arg).out
 
 local BATCHES = 15
 

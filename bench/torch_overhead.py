@@ -17,6 +17,9 @@ batch's loop divided by calls; the median over the batches. Printed as machine-r
     linear_fwdbwd   forward + backward (grads set to None first, so nothing accumulates)
     fp8_linear      eager per-tensor FP8 linear, current scaling: amax, scale, cast of x and W,
                     torch._scaled_mm (E4M3, BF16 out, fast accumulation)
+    ln_linear_fwd, ln_linear_fwdbwd  F.layer_norm + nn.Linear(in, out, bias=False), BF16
+    ln_mlp_fwd, ln_mlp_fwdbwd        F.layer_norm + Linear(in, hidden) + GELU(tanh) + Linear(hidden,
+                    in), biases, BF16 (the work of lutra's LayerNormMLP)
     adamw_step      AdamW(fused=True).step() over the MLP's 8 tensors
     mlp_step        4-layer MLP (in-hidden-hidden-hidden-out, GELU, biases), BF16 params:
                     zero_grad(set_to_none), forward, MSE loss, backward, AdamW(fused=True) step
@@ -117,6 +120,34 @@ def main():
         lin(xg).backward(dy)
 
     attempt("linear_fwdbwd", "nn.Linear BF16 forward + backward", 200, linear_fwdbwd)
+
+    # the norm-fused modules' work, eager: F.layer_norm + Linear (+ tanh GELU + Linear), BF16,
+    # autograd on (lutra's LayerNormLinear / LayerNormMLP figures)
+    ln_w = torch.ones(K, device=dev, dtype=bf16, requires_grad=True)
+    ln_b = torch.zeros(K, device=dev, dtype=bf16, requires_grad=True)
+    fc1 = nn.Linear(K, H, device=dev, dtype=bf16)
+    fc2 = nn.Linear(H, K, device=dev, dtype=bf16)
+    dyk = torch.randn(M, K, device=dev, dtype=bf16)
+
+    def ln_linear():
+        return lin(F.layer_norm(xg, (K,), ln_w, ln_b))
+
+    def ln_mlp():
+        return fc2(F.gelu(fc1(F.layer_norm(xg, (K,), ln_w, ln_b)), approximate="tanh"))
+
+    def clear(*mods):
+        for t in (xg, ln_w, ln_b):
+            t.grad = None
+        for m in mods:
+            for p in m.parameters():
+                p.grad = None
+
+    attempt("ln_linear_fwd", "F.layer_norm + nn.Linear BF16 forward, autograd on", 500, ln_linear)
+    attempt("ln_linear_fwdbwd", "F.layer_norm + nn.Linear BF16 forward + backward", 200,
+            lambda: (clear(lin), ln_linear().backward(dy)))
+    attempt("ln_mlp_fwd", "F.layer_norm + Linear + GELU(tanh) + Linear BF16 forward", 500, ln_mlp)
+    attempt("ln_mlp_fwdbwd", "F.layer_norm + Linear + GELU(tanh) + Linear BF16 fwd + bwd", 200,
+            lambda: (clear(fc1, fc2), ln_mlp().backward(dyk)))
 
     e4m3 = getattr(torch, "float8_e4m3fn", None)
     fmax = torch.finfo(e4m3).max if e4m3 is not None else 448.0

@@ -16,24 +16,30 @@
 local lutra = require("lutra")
 local nn = lutra.nn
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { recipes = "examples/recipes/default.lua", steps = 300, depth = 4, hidden = 256,
-              batch = 128, lr = 3e-3, device = lutra.default_device, out = "lab_out",
-              ["trace-every"] = 1 }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if not key or o[key] == nil or argv[i + 1] == nil then
-      io.stderr:write("usage: recipe_lab.lua [--recipes FILE] [--steps N] [--depth N] ",
-                      "[--hidden N] [--batch N] [--lr X] [--device cpu|cuda] [--out DIR] ",
-                      "[--trace-every N]\n")
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
-    i = i + 2
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("recipe_lab.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
-  assert(o.depth >= 2, "--depth must be at least 2")
+  local p = argparse("recipe_lab.lua",
+                     "Trains one model under each recipe of a list and compares them with f32.")
+  p:option("--recipes", "a Lua file returning the list of recipes", "examples/recipes/default.lua")
+  p:option("--steps", "training steps", "300", tonumber)
+  p:option("--depth", "Linears in the MLP (at least 2)", "4", tonumber)
+  p:option("--hidden", "hidden width", "256", tonumber)
+  p:option("--batch", "rows per step", "128", tonumber)
+  p:option("--lr", "AdamW learning rate", "0.003", tonumber)
+  p:option("--device", "cpu or cuda (LUTRA_DEVICE sets the default)", lutra.default_device)
+   :choices({ "cpu", "cuda" })
+  p:option("--out", "the folder the traces, table and plot go to", "lab_out")
+  p:option("--trace-every", "trace the scales every N steps", "1", tonumber)
+  local o = p:parse(argv)
+  if not (o.depth and o.depth >= 2) then p:error("--depth must be at least 2") end
+  for _, k in ipairs({ "steps", "hidden", "batch", "lr", "trace_every" }) do
+    if not o[k] then p:error("--" .. k:gsub("_", "-") .. " needs a number") end
+  end
   return o
 end
 
@@ -111,7 +117,7 @@ local function run(entry)
     net:backward(loss:backward(), false)
     optimizer:step()
     losses[step] = loss:value()
-    if recipe and (step - 1) % opt["trace-every"] == 0 then
+    if recipe and (step - 1) % opt.trace_every == 0 then
       trace_scales(scales, entry.name, step, linears)
     end
   end

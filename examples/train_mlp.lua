@@ -1,29 +1,34 @@
 -- Trains a 4-layer MLP on a generated task with the FP8 recipe of your choice.
 --   luajit examples/train_mlp.lua [--recipe none|delayed|current|mxfp8|block]
 --          [--task regression|classification] [--steps 300] [--batch 128] [--hidden 256]
---          [--lr 0.003] [--dtype f32|bf16] [--device cpu|cuda] [--every 50]
+--          [--lr 0.003] [--dtype f32|bf16] [--device cpu|cuda] [--every 50] [--graph off|on]
+-- (--help lists them with their defaults)
 -- The task: targets come from a fixed random "teacher" MLP, so the student can fit them.
 local lutra = require("lutra")
 local nn = lutra.nn
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { recipe = "delayed", task = "regression", steps = 300, batch = 128, hidden = 256,
-              lr = 3e-3, dtype = "f32", device = lutra.default_device, every = 50,
-              graph = "off" }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if not key or o[key] == nil or argv[i + 1] == nil then
-      io.stderr:write("usage: train_mlp.lua [--recipe R] [--task T] [--steps N] [--batch N] ",
-                      "[--hidden N] [--lr X] [--dtype f32|bf16] [--device cpu|cuda] [--every N] ",
-                      "[--graph off|on]\n")
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
-    i = i + 2
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("train_mlp.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
-  return o
+  local p = argparse("train_mlp.lua", "Trains a 4-layer MLP on a generated task with an FP8 recipe.")
+  p:option("--recipe", "FP8 recipe", "delayed")
+   :choices({ "none", "delayed", "current", "mxfp8", "block" })
+  p:option("--task", "what the MLP learns", "regression"):choices({ "regression", "classification" })
+  p:option("--steps", "training steps", "300", tonumber)
+  p:option("--batch", "rows per step", "128", tonumber)
+  p:option("--hidden", "hidden width", "256", tonumber)
+  p:option("--lr", "AdamW learning rate", "0.003", tonumber)
+  p:option("--dtype", "parameter and activation dtype", "f32"):choices({ "f32", "bf16" })
+  p:option("--device", "cpu or cuda (LUTRA_DEVICE sets the default)", lutra.default_device)
+   :choices({ "cpu", "cuda" })
+  p:option("--every", "print the loss every N steps", "50", tonumber)
+  p:option("--graph", "on (cuda): capture the step once as a CUDA graph and replay it", "off")
+   :choices({ "off", "on" })
+  return p:parse(argv)
 end
 
 local opt = parse(arg)

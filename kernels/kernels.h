@@ -43,6 +43,12 @@ cudaError_t lk_rules_gather(lutra_scale_meta *const *metas, int n, float *stagin
 cudaError_t lk_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales,
                            cudaStream_t s);
 
+/* process groups (kernels/dist.cu): amax_history[0] of n metas copied into the contiguous
+ * buf[n] (gather) or back from it (scatter), one launch per 256 metas */
+cudaError_t lk_amax_gather(lutra_scale_meta *const *metas, int n, float *buf, cudaStream_t s);
+cudaError_t lk_amax_scatter(lutra_scale_meta *const *metas, int n, const float *buf,
+                            cudaStream_t s);
+
 /* activations and the bias gradient (kernels/activation.cu). A kind the kernels do not
  * implement is cudaErrorInvalidValue: the backend refuses it first, with its name. The bias
  * gradient's kernels read a->skip (when set) on the device and write nothing when it is set. */
@@ -82,9 +88,25 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s);
 cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
                                   cudaStream_t s);
 int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden);
+/* the norm writing its output FP8 (kernels/norm_quantize.cu; lutra_norm_quant_args): one launch,
+ * two for per-tensor current scaling (its amax first); hidden within the norm kernels' range */
+cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s);
+/* out = a + b element-wise, the sum in f32 rounded once (kernels/residual.cu) */
+cudaError_t lk_add(const void *a, const void *b, void *out, int dtype, int64_t n, cudaStream_t s);
 /* optimizers, many tensors per launch (multi-tensor apply; kernels/optim.cu) */
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);
+
+/* MoE routing (kernels/moe.cu; lutra_topk_args, lutra_permute_args): the router one thread
+ * per token (k <= LUTRA_MOE_MAX_K); the permute four launches (count, scan, rank, copy) over a
+ * fixed grid, its shared memory experts ints (experts <= LUTRA_MOE_MAX_EXPERTS), scratch
+ * lutra_moe_scratch_ints(tokens * k, experts) ints; the others one launch each. */
+cudaError_t lk_moe_topk_forward(const lutra_topk_args *a, cudaStream_t s);
+cudaError_t lk_moe_topk_backward(const lutra_topk_args *a, cudaStream_t s);
+cudaError_t lk_moe_permute(const lutra_permute_args *a, cudaStream_t s);
+cudaError_t lk_moe_permute_backward(const lutra_permute_args *a, cudaStream_t s);
+cudaError_t lk_moe_unpermute(const lutra_permute_args *a, cudaStream_t s);
+cudaError_t lk_moe_unpermute_backward(const lutra_permute_args *a, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -456,11 +456,18 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
       a->cols < 0 || !a->scale)
     return cudaErrorInvalidValue;
   const int64_t n = a->rows * a->cols;
+  if (a->act && n > 0) {
+    /* an activation inside the cast is formed in the tiled kernel (rowwise-only too) */
+    if (a->act_kind < 0 || a->act_kind >= LUTRA_ACT_COUNT || (!a->act_forward && !a->x) ||
+        (a->act_forward == 0 && a->act_kind != 0 && lutra_act_is_gated(a->act_kind) &&
+         a->cols % 2 != 0))
+      return cudaErrorInvalidValue;
+    return cast_transpose(a, s);
+  }
   if (a->col_data && n > 0) {
     if (!a->x) return cudaErrorInvalidValue;
     return cast_transpose(a, s);
   }
-  if (a->act && n > 0) return cudaErrorNotSupported; /* the fused GELU gradient is tiled only */
   CastArgs c;
   c.x = a->x;
   c.data = static_cast<uint8_t *>(a->data);

@@ -16,6 +16,7 @@
  * its rowwise codes transposed (same scale), so it transposes the code bytes themselves
  * (MODE_CAST_CODES). The kernels issue the next tile's loads before encoding the current one and
  * visit tiles in bands of LUTRA_TILE_BAND tile rows (tile_coords). */
+#include "activation_math.cuh"
 #include "ops_common.cuh"
 #include "quantize_tiles.cuh"
 
@@ -49,10 +50,95 @@ constexpr int T64_SMEM = 64 * T64_LD * 4 + 64 * 64; /* f32 tile + the transposed
  * the same scale, so its codes are the rowwise codes transposed): 1 byte per element through
  * shared memory instead of 4, and no second encoding. Used unless a bias gradient is wanted
  * (that needs the f32 column sums of the f32 path). */
-/* MODE_CAST_ACT: MODE_CAST of x * gelu'(act) (lutra_quant_args.act), the f32 path. */
+/* MODE_CAST_ACT: MODE_CAST of an activation's output or input gradient formed from act (and x)
+ * in the kernel (lutra_quant_args.act_kind), the f32 path. */
 enum { MODE_CAST = 0, MODE_MX = 1, MODE_CAST_CODES = 2, MODE_CAST_ACT = 3 };
 constexpr int CODE_LDW = 17;                     /* words per row of a code tile */
 constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4; /* two code tiles (double buffered) */
+
+/* ---- an activation inside the cast (MODE_CAST_ACT) -------------------------------------------
+ * Element (r, c) of the matrix quantized, from the formulas of kernels/activation.cu (the
+ * same operations in the same order as src/backend/cpu/activation_cpu.c), rounded once into
+ * x's dtype as the activation's kernel stores it. The kind is a run-time switch (uniform across
+ * the grid) so that one kernel per dtype pair serves all nine kinds. Loads are per element: a
+ * gated kind reads both halves of the pre-activation and dy at half the width. */
+__device__ __forceinline__ float act_f(int k, float x) {
+  switch (k) {
+  case LUTRA_ACT_GELU_TANH:
+  case LUTRA_ACT_GEGLU:
+    return lkops::ActGeluTanh::f(x);
+  case LUTRA_ACT_RELU:
+  case LUTRA_ACT_REGLU:
+    return lkops::ActRelu::f(x);
+  case LUTRA_ACT_SILU:
+  case LUTRA_ACT_SWIGLU:
+    return lkops::ActSig<false>::f(x);
+  case LUTRA_ACT_QGELU:
+    return lkops::ActSig<true>::f(x);
+  case LUTRA_ACT_SRELU:
+    return lkops::ActSrelu::f(x);
+  default:
+    return lkops::ActGeluErf::f(x);
+  }
+}
+__device__ __forceinline__ float act_df(int k, float x) {
+  switch (k) {
+  case LUTRA_ACT_GELU_TANH:
+  case LUTRA_ACT_GEGLU:
+    return lkops::ActGeluTanh::df(x);
+  case LUTRA_ACT_RELU:
+  case LUTRA_ACT_REGLU:
+    return lkops::ActRelu::df(x);
+  case LUTRA_ACT_SILU:
+  case LUTRA_ACT_SWIGLU:
+    return lkops::ActSig<false>::df(x);
+  case LUTRA_ACT_QGELU:
+    return lkops::ActSig<true>::df(x);
+  case LUTRA_ACT_SRELU:
+    return lkops::ActSrelu::df(x);
+  default:
+    return lkops::ActGeluErf::df(x);
+  }
+}
+
+template <int XD> __device__ __forceinline__ float round_to(float v) {
+  if (XD == LUTRA_F32) return v;
+  return half_value<XD>(half_bits<XD>(v));
+}
+
+template <int XD> __device__ float act_value(const TileArgs &a, int64_t r, int64_t c) {
+  const int k = a.act_kind;
+  const bool gated = k == LUTRA_ACT_SWIGLU || k == LUTRA_ACT_GEGLU || k == LUTRA_ACT_REGLU;
+  float v;
+  if (!gated) {
+    const float x = load1<XD>(a.act, r * a.cols + c);
+    v = a.act_forward ? act_f(k, x) : lkops::fmul(load1<XD>(a.x, r * a.cols + c), act_df(k, x));
+  } else if (a.act_forward) { /* act [rows, 2 cols]: gate, then linear half */
+    const float g = load1<XD>(a.act, r * 2 * a.cols + c);
+    const float b = load1<XD>(a.act, r * 2 * a.cols + a.cols + c);
+    v = lkops::fmul(act_f(k, g), b);
+  } else { /* act [rows, cols], x (dy) [rows, cols / 2] */
+    const int64_t h = a.cols / 2, j = c < h ? c : c - h;
+    const float g = load1<XD>(a.act, r * a.cols + j);
+    const float d = load1<XD>(a.x, r * h + j);
+    v = c < h ? lkops::fmul(lkops::fmul(d, load1<XD>(a.act, r * a.cols + h + j)), act_df(k, g))
+              : lkops::fmul(d, act_f(k, g));
+  }
+  return round_to<XD>(v);
+}
+
+/* the 16 values of row r from column c (zeros outside the matrix), and their act_out stores */
+template <int XD>
+__device__ __forceinline__ void act_unit(const TileArgs &a, int64_t r, int64_t c, float (&v)[16]) {
+#pragma unroll
+  for (int k = 0; k < 16; k++)
+    v[k] = (r < a.rows && c + k < a.cols) ? act_value<XD>(a, r, c + k) : 0.0f;
+  if (a.act_out && r < a.rows) {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      if (c + k < a.cols) store1<XD>(a.act_out, r * a.cols + c + k, v[k]);
+  }
+}
 
 /* The block that completed tile column tc (its tiles' partials are all written): dbias[c] (+)=
  * the sum over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order
@@ -106,15 +192,15 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
   __shared__ float dsum[64]; /* bias gradient: column sums of the tile's lower 32 rows */
 
   /* software pipeline: the loads of tile i + gridDim.x are issued before tile i is encoded */
-  RawUnit<XD> next[2], next_act[2];
+  /* (MODE_CAST_ACT forms its values per element in the loop below instead) */
+  RawUnit<XD> next[2];
   auto load_tile = [&](int64_t tile) {
+    if (ACT) return;
     int64_t tr, tc;
     tile_coords(a, tile, tr, tc);
 #pragma unroll
-    for (int q = 0; q < 2; q++) {
+    for (int q = 0; q < 2; q++)
       load_raw<XD, VEC>(a, a.x, tr * 64 + lr + 32 * q, tc * 64 + 16 * cq, next[q]);
-      if (ACT) load_raw<XD, VEC>(a, a.act, tr * 64 + lr + 32 * q, tc * 64 + 16 * cq, next_act[q]);
-    }
   };
   if (blockIdx.x < a.ntiles) load_tile(blockIdx.x);
 
@@ -124,17 +210,11 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
     const int64_t r0 = tr * 64, c0 = tc * 64, c = c0 + 16 * cq;
     float v[2][16];
 #pragma unroll
-    for (int q = 0; q < 2; q++)
-      unpack<XD>(next[q], v[q]);
-    if (ACT) {
-      float g[16];
-#pragma unroll
-      for (int q = 0; q < 2; q++) {
-        unpack<XD>(next_act[q], g);
-#pragma unroll
-        for (int k = 0; k < 16; k++)
-          v[q][k] = lkops::gelu_backward(g[k], v[q][k]);
-      }
+    for (int q = 0; q < 2; q++) {
+      if (ACT)
+        act_unit<XD>(a, r0 + lr + 32 * q, c, v[q]);
+      else
+        unpack<XD>(next[q], v[q]);
     }
     if (tile + gridDim.x < a.ntiles) load_tile(tile + gridDim.x);
 
@@ -348,6 +428,9 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.cast_scale_inv = static_cast<float *>(q->scale_inv);
   a.cast_col_scale_inv = static_cast<float *>(q->col_scale_inv);
   a.act = q->act;
+  a.act_kind = q->act_kind ? q->act_kind : LUTRA_ACT_GELU_TANH;
+  a.act_forward = q->act_forward;
+  a.act_out = q->act_out;
   if (!q->act && t128_ok(q, a, 16)) return launch_t128(a, q->x_dtype, q->out_dtype, false, s);
   return launch_tile64_dbias(q, a, MODE_CAST, s);
 }

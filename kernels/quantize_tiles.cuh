@@ -49,8 +49,11 @@ struct TileArgs {
   /* block scaling */
   float fp8_max, eps;
   int power_2_scale;
-  /* lutra_quant_args.act (MODE_CAST_ACT): the GELU's input; x is then multiplied by gelu'(act) */
+  /* lutra_quant_args.act (MODE_CAST_ACT): the activation's input; act_kind (LUTRA_ACT_*) and
+   * act_forward as lutra_quant_args says; act_out receives the matrix in x's dtype */
   const void *act;
+  int act_kind, act_forward;
+  void *act_out;
   /* lutra_quant_args.skip: when set and nonzero, every block returns at once (the flag is the
    * same for all threads, so no barrier is left waiting) and nothing is written */
   const int32_t *skip;
@@ -221,7 +224,7 @@ __device__ __forceinline__ void cast_finish(const Args &a, float m_loc, float s)
 
 inline bool vec_ok(const TileArgs &a) {
   return a.cols % 16 == 0 && (!a.col_data || a.rows % 16 == 0) && aligned16(a.x) &&
-         aligned16(a.data) && aligned16(a.col_data) && aligned16(a.act);
+         aligned16(a.data) && aligned16(a.col_data) && aligned16(a.act) && aligned16(a.act_out);
 }
 
 inline TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {

@@ -74,9 +74,13 @@ describe("lifetimes", function()
     assert.is_true(y:is_freed())
   end)
 
-  it("the old output after a forward with a new batch size is an error", function()
+  it("the old output once four newer batch sizes replaced its buffer is an error", function()
+    -- a module keeps a buffer per shape seen, four at most (a train and an eval batch size
+    -- alternate without reallocating): the fifth shape takes the least recently used one's
     local m = nn.Linear(16, 16)
     local y = m:forward(lutra.tensor({ 16, 16 }):randn(1))
+    for i, rows in ipairs { 48, 64, 80 } do m:forward(lutra.tensor({ rows, 16 }):randn(2 + i)) end
+    assert.are.equal(16 * 16, #y:to_table()) -- still one of the four
     local y2 = m:forward(lutra.tensor({ 32, 16 }):randn(2))
     expect_freed(function() y:to_table() end, "old y")
     local msg = message_of(function() y:to_table() end)

@@ -21,10 +21,16 @@
 
 #include "lutra/autocast.h"
 #include "lutra/base.h"
+#include "lutra/fused.h"
+#include "lutra/checkpoint.h"
+#include "lutra/dist.h"
 #include "lutra/factory.h"
 #include "lutra/formats.h"
 #include "lutra/gemm.h"
 #include "lutra/graph.h"
+#include "lutra/inspect.h"
+#include "lutra/moe.h"
+#include "lutra/grouped.h"
 #include "lutra/nn.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"
@@ -32,5 +38,7 @@
 #include "lutra/rules.h"
 #include "lutra/tensor.h"
 #include "lutra/train.h"
+#include "lutra/wrap.h"
+#include "lutra/version.h"
 
 #endif

@@ -4,11 +4,19 @@
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
 #   sh tools/bootstrap.sh lab     # the recipe lab, with gnuplot for its plot
-# Nothing is downloaded but Debian packages.
+# Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors and
+# numpy, which the checkpoint interop spec runs; a CUDA build's make fetches CUTLASS's headers
+# from PyPI's nvidia-cutlass through pip, Makefile: CUTLASS_VERSION). make runs with one job per core (nproc); on a
+# machine without a usable GPU (nvidia-smi lists none) it builds the CPU backend only (CUDA=0):
+# the CUDA kernels take minutes to compile and nothing there could run them. CUDA=1 on the
+# command line builds them anyway (CI does, so that they compile on every submission).
 set -eu
 cd "$(dirname "$0")/.."
 
-packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev"
+packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-dev libopenmpi-dev openmpi-bin"
+# luarocks, LDoc (make doc), lua-argparse (command lines); python3 + pip: the checkpoint interop
+# spec's side and CUTLASS's headers
+packages="$packages luarocks lua-ldoc lua-argparse python3 python3-pip"
 # the recipe lab plots with gnuplot: sh tools/bootstrap.sh lab
 case " $* " in *" lab "*) packages="$packages gnuplot-nox" ;; esac
 missing=""
@@ -27,4 +35,21 @@ if [ -n "$missing" ]; then
     { $sudo apt-get update && $sudo apt-get install -y --no-install-recommends $missing; }
 fi
 
-exec make "$@"
+# the checkpoint interop spec (spec/checkpoint_python_spec.lua) reads and writes files with
+# Python's safetensors and numpy, from PyPI (safetensors is not packaged by Debian)
+case " $* " in
+*" test"*)
+  if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
+    echo "bootstrap: installing safetensors numpy (pip)"
+    python3 -m pip install --user safetensors numpy ||
+      python3 -m pip install --user --break-system-packages safetensors numpy
+  fi
+  ;;
+esac
+
+cuda=""
+case " $* " in
+  *" CUDA="*) ;;
+  *) if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then cuda="CUDA=0"; fi ;;
+esac
+exec make -j"$(nproc)" $cuda "$@"

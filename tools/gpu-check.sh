@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
-# steps: build cpu-specs gpu-specs sanitizer example bench (default: all). Logs go to $OUT.
+# steps: build cpu-specs gpu-specs sanitizer example bench norm-bench host (default: all). Logs
+# go to $OUT.
+# steps: build cpu-specs gpu-specs sanitizer example bench host moe (default: all). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
 # $LOGS and come back as $OUT/logs.tgz, beside $OUT/summary.txt.
@@ -10,7 +12,7 @@ FINAL_OUT=$OUT
 OUT=${LOGS:-/tmp/lutra-logs}
 rm -rf "$OUT"
 mkdir -p "$OUT" "$FINAL_OUT"
-steps=${*:-build cpu-specs gpu-specs sanitizer example bench host}
+steps=${*:-build cpu-specs gpu-specs sanitizer example bench norm-bench host moe}
 # the devkit's LuaJIT keeps its jit.* modules (for -jv) under its own prefix
 export LUA_PATH="lua/?.lua;lua/?/init.lua;/tmp/devkit/usr/share/luajit-2.1.0-beta3/?.lua;${LUA_PATH:-;}"
 summary=()
@@ -65,6 +67,13 @@ if has bench; then
     timeout 240 ./build/cuda_throughput "$OUT/throughput.md" > "$OUT/bench.log" 2>&1
   note "throughput bench exit $?"
 fi
+if has norm-bench; then
+  gcc -std=c11 -O2 -D_GNU_SOURCE -Isrc -I/usr/local/cuda/include bench/norm_throughput.c \
+    -o build/norm_throughput -L. -llutra -L/usr/local/cuda/lib64 -lcudart \
+    -Wl,-rpath,"$PWD" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/norm-bench-build.log" 2>&1 &&
+    timeout 240 ./build/norm_throughput "$OUT/norm_throughput.md" > "$OUT/norm-bench.log" 2>&1
+  note "norm throughput bench exit $?"
+fi
 if has host; then
   timeout 300 bash bench/host_suite.sh "$OUT/host_overhead.md" > "$OUT/host-suite.log" 2>&1
   note "host overhead suite exit $?"
@@ -77,6 +86,45 @@ if has ncu; then
     --section SpeedOfLight --section WarpStateStats --section Occupancy \
     --section MemoryWorkloadAnalysis luajit tools/quantize_once.lua > "$OUT/ncu.txt" 2>&1
   note "ncu exit $?"
+fi
+if has moe; then
+  # MoE routing (lutra.moe): examples/train_moe.lua with GroupedLinear experts (exit 3 while
+  # nn.GroupedLinear is not built) eager, FP8 and as a CUDA graph, its linear reference mode,
+  # and bench/moe_permute.lua (kernels against copy bandwidth, host cost against raw launches)
+  for args in "--recipe none" "--recipe delayed" "--recipe mxfp8" "--recipe none --graph on" \
+              "--recipe delayed --graph on" "--experts linear --recipe none"; do
+    tag=$(echo "$args" | tr -d ' -')
+    LUTRA_DEVICE=cuda luajit examples/train_moe.lua $args --every 200 > "$OUT/moe-$tag.log" 2>&1
+    note "moe example $args: exit $? $(tail -1 "$OUT/moe-$tag.log")"
+  done
+  [ -f build/libhost_floors.so ] || nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC \
+    -cudart shared bench/host_floors.cu -o build/libhost_floors.so -lcublasLt > "$OUT/moe-floors.log" 2>&1
+  timeout 240 luajit bench/moe_permute.lua --device cuda --floors-lib build/libhost_floors.so \
+    --out "$OUT/moe_permute.md" > "$OUT/moe-bench.log" 2>&1
+  note "moe permute bench exit $?"
+fi
+if has grouped; then
+  # GroupedLinear (bench/grouped_bench.lua: host time against the raw launches, grouped GEMM
+  # throughput against one dense GEMM of the same FLOPs) and PyTorch at the same shapes
+  [ -f build/libhost_floors.so ] || nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC \
+    -cudart shared bench/host_floors.cu -o build/libhost_floors.so -lcublasLt > "$OUT/grouped-floors.log" 2>&1
+  timeout 300 luajit bench/grouped_bench.lua --part all --floors-lib build/libhost_floors.so \
+    > "$OUT/grouped-bench.log" 2>&1
+  note "grouped bench exit $?"
+  timeout 200 python3 bench/torch_grouped.py > "$OUT/torch-grouped.log" 2>&1
+  note "torch grouped bench exit $?"
+fi
+if has dist; then
+  # process groups on one GPU (1-rank NCCL): parallel Linear host time beside Linear + the raw
+  # collective, collectives per step, SP all-gather bytes
+  NCCL_NVLS_ENABLE=0 timeout 200 luajit bench/dist_overhead.lua --device cuda > "$OUT/dist-bench.log" 2>&1
+  note "dist bench exit $?"
+fi
+if has prenorm; then
+  for r in none delayed current mxfp8 block; do
+    LUTRA_DEVICE=cuda timeout 120 luajit examples/train_prenorm.lua --device cuda --recipe $r > "$OUT/prenorm-$r.log" 2>&1
+    note "prenorm example $r: exit $? $(tail -1 "$OUT/prenorm-$r.log")"
+  done
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL_OUT/summary.txt"

@@ -1,5 +1,6 @@
--- Autocast scopes: reusable objects with :enter() and :exit(), plus :run(fn, ...) which always
+--- Autocast scopes: reusable objects with :enter() and :exit(), plus :run(fn, ...) which always
 -- exits, also when fn raises. enter/exit are single FFI calls: nothing else happens in Lua.
+-- @module lutra.autocast
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -8,7 +9,7 @@ local M = {}
 local Scope = {}
 Scope.__index = Scope
 
--- lutra.autocast{recipe=r, enabled=true, calibrating=false}
+--- lutra.autocast{recipe=r, enabled=true, calibrating=false}
 -- enabled defaults to true when a recipe is given and calibrating is not asked for.
 function M.new(opts)
   opts = core.check_options(opts, { recipe = true, enabled = true, calibrating = true, group = true },
@@ -30,10 +31,17 @@ function M.new(opts)
   return ffi.gc(box[0], C.lutra_autocast_free)
 end
 
+--- An autocast scope (lutra.autocast{...}): reusable; enter and exit are single C calls.
+-- @type Scope
+
+--- Enters the scope (refused when it is entered already). Modules' forwards inside it use
+-- its recipe. Pair with :exit(), or use :run(), which always exits.
 function Scope:enter()
   if C.lutra_autocast_enter(self) ~= 0 then core.fail() end
 end
 
+--- Exits the scope (refused when it is not the innermost). The outermost exit runs one
+-- delayed-scaling update for every quantizer used inside.
 function Scope:exit()
   if C.lutra_autocast_exit(self) ~= 0 then core.fail() end
 end
@@ -58,7 +66,7 @@ local function finish(scope, depth, ok, ...)
   return ...
 end
 
--- Runs fn(...) inside the scope and returns its results. On an error in fn the thread is back
+--- Runs fn(...) inside the scope and returns its results. On an error in fn the thread is back
 -- at the depth it had before, whatever fn entered; the error is raised again.
 function Scope:run(fn, ...)
   C.lutra_autocast_state(run_depth, run_depth + 1, run_depth + 2)
@@ -67,18 +75,25 @@ function Scope:run(fn, ...)
   return finish(self, depth, pcall(fn, ...))
 end
 
--- lutra.autocast_unwind(depth): exits every scope of this thread above depth (error recovery
+--- @section end
+
+--- lutra.autocast_unwind(depth): exits every scope of this thread above depth (error recovery
 -- for code that enters scopes by hand; depth from lutra.autocast_state())
 function M.unwind(depth)
   chk.integer(depth, "depth", "lutra.autocast_unwind", 0, 2 ^ 31 - 1)
   check(C.lutra_autocast_unwind(depth))
 end
 
+--- @type Scope
+
+--- Frees the scope now; later calls on it are errors.
 function Scope:free() check(C.lutra_autocast_release(self)) end
 
 ffi.metatype("struct lutra_autocast", { __index = Scope })
 
--- depth, enabled, calibrating of the calling thread
+--- @section end
+
+--- depth, enabled, calibrating of the calling thread
 function M.state()
   local b = core.int_box
   check(C.lutra_autocast_state(b, b + 1, b + 2))
@@ -86,7 +101,7 @@ function M.state()
 end
 
 local updates_box, count_box = ffi.new("uint64_t[1]"), ffi.new("int[1]")
--- number of delayed-scaling updates run on this thread, and how many quantizers the last covered
+--- number of delayed-scaling updates run on this thread, and how many quantizers the last covered
 function M.update_stats()
   check(C.lutra_autocast_update_stats(updates_box, count_box))
   return tonumber(updates_box[0]), count_box[0]

@@ -109,6 +109,12 @@ M.tensor_t = ffi.typeof("lutra_tensor *")
 -- a lutra_tensor made by ffi.new (a view the specs build over borrowed memory) is one too
 local tensor_struct_t = ffi.typeof("lutra_tensor")
 M.module_t = ffi.typeof("lutra_module *")
+-- a Sequential's handle (and a child taken from one) is a reference, so that seq[i] reaches
+-- the metatype's __index instead of pointer arithmetic (lua/lutra/module_tree.lua)
+M.module_ref_t = ffi.typeof("lutra_module &")
+function M.is_module(v)
+  return ffi.istype(M.module_t, v) or ffi.istype(M.module_ref_t, v)
+end
 M.recipe_t = ffi.typeof("lutra_recipe *")
 M.group_t = ffi.typeof("lutra_group *")
 

@@ -11,24 +11,79 @@ local function file_exists(path)
   return f ~= nil
 end
 
--- LUTRA_LIB wins; then the build tree this file lives in (lua/lutra/ -> ../../liblutra.so);
--- then the installed C module path (luarocks puts liblutra.so in its LIBDIR); then the loader.
-local function find_library()
+-- The library's SONAME (liblutra.so.MAJOR): the cdef carries the header's version enum.
+local soname = "liblutra.so." .. tonumber(ffi.C.LUTRA_VERSION_MAJOR)
+pcall(ffi.cdef, "void *dlopen(const char *file, int mode);") -- declared elsewhere already is fine
+local RTLD_LAZY, RTLD_NOLOAD = 1, 4
+
+-- One library per process: a host that links liblutra (or loaded it before running Lua) shares
+-- its instance (its tensors, autocast scopes, seed generator) instead of getting a second copy
+-- from a file. Looked up by SONAME without loading (dlopen RTLD_NOLOAD finds a copy loaded
+-- RTLD_LOCAL too), then in the process's global symbols (a host with lutra linked in).
+local function already_loaded()
+  if ffi.C.dlopen(soname, RTLD_LAZY + RTLD_NOLOAD) ~= nil then
+    return ffi.load(soname), soname .. " (already loaded)"
+  end
+  if pcall(function() return ffi.C.lutra_version end) then
+    return ffi.C, "the process's own symbols"
+  end
+end
+
+-- Otherwise: LUTRA_LIB; the build tree this file lives in (lua/lutra/ -> ../liblutra.so); the
+-- library `make install` put beside it (lutra/libpath.lua, written by make install, and
+-- PREFIX/lib for a tree moved since); luarocks' C module path; the system loader by SONAME.
+-- A file that exists but does not load is an error (a silent fall-through would run another
+-- build); nothing found is an error naming LUTRA_LIB and every path tried.
+local function load_library()
+  local C, from = already_loaded()
+  if C then return C, from end
+  local tried = {}
+  local function try(path, what)
+    if not file_exists(path) then
+      tried[#tried + 1] = path .. " (" .. what .. ": no such file)"
+      return nil
+    end
+    local ok, lib = pcall(ffi.load, path)
+    if ok then return lib, path end
+    error(string.format("lutra: cannot load %s (%s): %s", path, what, tostring(lib)), 0)
+  end
   local env = os.getenv("LUTRA_LIB")
-  if env and env ~= "" then return env end
+  if env and env ~= "" then
+    local lib = try(env, "LUTRA_LIB")
+    if lib then return lib, env end
+    error("lutra: LUTRA_LIB names " .. env .. ", which does not exist", 0)
+  end
+  tried[#tried + 1] = "LUTRA_LIB (not set)"
   local source = debug.getinfo(1, "S").source
   local dir = source:match("^@(.*)[/\\]lutra[/\\]core%.lua$")
   if dir then
-    local in_tree = dir .. "/../liblutra.so"
-    if file_exists(in_tree) then return in_tree end
+    local lib = try(dir .. "/../liblutra.so", "build tree")
+    if lib then return lib, dir .. "/../liblutra.so" end
+    local chunk = loadfile(dir .. "/lutra/libpath.lua")
+    local recorded = chunk and chunk()
+    if type(recorded) == "string" then
+      lib = try(recorded, "installed by make install")
+      if lib then return lib, recorded end
+    end
+    local prefix = dir:match("^(.*)/share/lua/5%.1$")
+    if prefix then
+      lib = try(prefix .. "/lib/" .. soname, "PREFIX/lib")
+      if lib then return lib, prefix .. "/lib/" .. soname end
+    end
   end
-  local installed = package.searchpath("liblutra", package.cpath)
-  return installed or "lutra"
+  local rock = package.searchpath("liblutra", package.cpath)
+  if rock then return try(rock, "package.cpath"), rock end
+  tried[#tried + 1] = "liblutra.so on package.cpath (" .. package.cpath .. ")"
+  local ok, lib = pcall(ffi.load, soname)
+  if ok then return lib, soname end
+  tried[#tried + 1] = soname .. " through the system loader (" .. tostring(lib) .. ")"
+  error("lutra: liblutra not found; set LUTRA_LIB to the path of liblutra.so or install lutra " ..
+        "(make install PREFIX=...). Tried:\n  " .. table.concat(tried, "\n  "), 0)
 end
 
-local C = ffi.load(find_library())
+local C, library_path = load_library()
 
-local M = { C = C, ffi = ffi }
+local M = { C = C, ffi = ffi, library_path = library_path }
 
 -- Raises the library's message ("lutra_call: reason") as a Lua error at the caller's caller.
 -- A call that returned LUTRA_RULES_PENDING succeeded: the scaling rules it set aside run here

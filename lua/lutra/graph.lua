@@ -1,4 +1,4 @@
--- CUDA graphs of whole training steps.
+--- CUDA graphs of whole training steps.
 --   local g = lutra.graph.capture(function()
 --     scope:run(function() out = net:forward(x) end)
 --     loss:forward(out, target); net:backward(loss:backward()); opt:step()
@@ -9,6 +9,7 @@
 -- replays everything fn issued with one launch. Inside fn, what a graph cannot hold raises an
 -- error naming it (allocations from new shapes, reading values on the host, cpu tensors) and
 -- the capture is discarded. The graph uses the buffers fn used: keep those objects alive.
+-- @module lutra.graph
 local core = require("lutra.core")
 local ffi, C, check = core.ffi, core.C, core.check
 
@@ -19,6 +20,11 @@ Graph.__index = Graph
 local graph_box = ffi.new("lutra_graph*[1]")
 local info_box = ffi.new("int64_t[2]")
 
+--- Captures fn into a CUDA graph after warmup eager runs (see the module's description).
+--
+-- @tparam function fn one training step
+--
+-- @tparam[opt] table opts {warmup = 1, device = "cuda"}
 function M.capture(fn, opts)
   local where = "lutra.graph.capture"
   if type(fn) ~= "function" then error(where .. ": expects a function", 2) end
@@ -41,19 +47,28 @@ function M.capture(fn, opts)
   return ffi.gc(graph_box[0], C.lutra_graph_free)
 end
 
--- true while this thread is capturing
+--- @section end
+
+--- true while this thread is capturing
 function M.capturing() return C.lutra_graph_capturing() ~= 0 end
 
+--- A captured CUDA graph (lutra.graph.capture).
+-- @type Graph
+
+--- @type Graph
+
+--- Runs the captured step again with one launch.
 function Graph:replay()
   if C.lutra_graph_replay(self) ~= 0 then core.fail() end
 end
 
--- number of nodes (kernels, copies, memsets) in the graph, and replays so far
+--- number of nodes (kernels, copies, memsets) in the graph, and replays so far
 function Graph:info()
   check(C.lutra_graph_info(self, info_box, info_box + 1))
   return tonumber(info_box[0]), tonumber(info_box[1])
 end
 
+--- Frees the graph now, releasing the objects it held.
 function Graph:free() check(C.lutra_graph_release(self)) end
 
 ffi.metatype("struct lutra_graph", { __index = Graph })

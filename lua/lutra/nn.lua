@@ -1,4 +1,4 @@
--- Modules (C objects with a forward/backward protocol, as torch/nn's) and losses.
+--- Modules (C objects with a forward/backward protocol, as torch/nn's) and losses.
 --   local net = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10))
 --   local y = net:forward(x)          -- output buffer owned by the module, reused
 --   local dx = net:backward(dy)
@@ -6,10 +6,12 @@
 -- keep it unchanged until the backward. Returned tensors belong to the module (or loss) and
 -- keep it alive while referenced; after module:free(), or once a later forward with a new shape
 -- replaced the buffer, using them is an error ("tensor ... was freed").
+-- @module lutra.nn
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
+local grouped = require("lutra.grouped")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
@@ -20,14 +22,16 @@ local module_box = ffi.new("lutra_module*[1]")
 
 local function own(m) return ffi.gc(m, C.lutra_module_free) end
 
--- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=,
+--- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=,
 --                                        accumulate_main_grad=false, name=})
 -- Without seed the weights' seed comes from the global generator (lutra.manual_seed), so two
 -- layers of one shape start different.
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
-                                    accumulate_main_grad = true, name = true }, where)
+                                    accumulate_main_grad = true, parallel_mode = true,
+                                    tp_group = true, sequence_parallel = true, name = true },
+                                  where)
   -- 2^53: exact in a Lua number; the C side refuses sizes it cannot allocate
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
@@ -41,6 +45,15 @@ function M.Linear(in_features, out_features, opts)
   -- without a seed, lutra_linear_defaults drew one from the global generator
   if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+  -- tensor parallel (lua/lutra/dist.lua): in_features/out_features are the full layer's
+  if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
+    if opts.name ~= nil then
+      error(where .. ": name is for a factory recipe's choice, which a tensor-parallel Linear "
+            .. "does not take yet", 2)
+    end
+    check(C.lutra_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where), module_box))
+    return own(module_box[0])
+  end
   check(C.lutra_linear_new(d, module_box))
   local m = own(module_box[0])
   -- name: for a factory recipe (lutra.recipe.custom{factory = ...})
@@ -54,7 +67,8 @@ function M.Linear(in_features, out_features, opts)
 end
 
 -- ---- activations (TransformerEngine's set; src/nn/activation.c) ----
--- nn.GELU{approximate = "tanh" | "none"}: "tanh" (the default, TE's "gelu" and the one a Linear
+
+--- nn.GELU{approximate = "tanh" | "none"}: "tanh" (the default, TE's "gelu" and the one a Linear
 -- before it runs in its GEMM epilogue) or "none", the exact 0.5 x (1 + erf(x / sqrt 2)).
 function M.GELU(opts)
   local where = "lutra.nn.GELU"
@@ -96,7 +110,16 @@ local function new_norm(hidden, opts, rms, where)
   return own(module_box[0])
 end
 
+--- LayerNorm over the last dim (see the comment above).
+--
+-- @tparam integer hidden
+-- @tparam[opt] table opts {eps = 1e-5, zero_centered_gamma = false,
+-- dtype = "f32", device =}
 function M.LayerNorm(hidden, opts) return new_norm(hidden, opts, 0, "lutra.nn.LayerNorm") end
+--- RMSNorm over the last dim: LayerNorm's options, no bias.
+--
+-- @tparam integer hidden
+-- @tparam[opt] table opts
 function M.RMSNorm(hidden, opts) return new_norm(hidden, opts, 1, "lutra.nn.RMSNorm") end
 
 local function activation(kind, where)
@@ -106,30 +129,49 @@ local function activation(kind, where)
     return own(module_box[0])
   end
 end
+--- nn.ReLU(): max(x, 0).
+-- @function ReLU
 M.ReLU = activation(C.LUTRA_ACTIVATION_RELU, "lutra.nn.ReLU")
+--- nn.SiLU(): x sigmoid(x).
+-- @function SiLU
 M.SiLU = activation(C.LUTRA_ACTIVATION_SILU, "lutra.nn.SiLU")
+--- nn.QuickGELU(): x sigmoid(1.702 x).
+-- @function QuickGELU
 M.QuickGELU = activation(C.LUTRA_ACTIVATION_QGELU, "lutra.nn.QuickGELU")
+--- nn.SquaredReLU(): relu(x)^2.
+-- @function SquaredReLU
 M.SquaredReLU = activation(C.LUTRA_ACTIVATION_SRELU, "lutra.nn.SquaredReLU")
 -- gated: the input's last dim 2h is split into the gate (first half) and the linear part
+
+--- nn.SwiGLU(): silu(a) b, gated: the last dim 2h is split into a (first half, the gate) and b; gives h.
+-- @function SwiGLU
 M.SwiGLU = activation(C.LUTRA_ACTIVATION_SWIGLU, "lutra.nn.SwiGLU")
+--- nn.GeGLU(): gelu_tanh(a) b, gated as SwiGLU.
+-- @function GeGLU
 M.GeGLU = activation(C.LUTRA_ACTIVATION_GEGLU, "lutra.nn.GeGLU")
+--- nn.ReGLU(): relu(a) b, gated as SwiGLU.
+-- @function ReGLU
 M.ReGLU = activation(C.LUTRA_ACTIVATION_REGLU, "lutra.nn.ReGLU")
 -- ---- end activations ----
 
+--- A chain of modules, run in order; it holds a reference to each. A Linear followed by a
+-- GELU runs as one GEMM with the GELU in its epilogue.
+--
+-- @param ... modules
 function M.Sequential(...)
   local mods = { ... }
   local n = select("#", ...)
   local arr = ffi.new("lutra_module*[?]", math.max(n, 1))
   for i = 1, n do
     -- nil passes on: lutra_sequential_new names the NULL entry itself
-    if mods[i] ~= nil and not istype(chk.module_t, mods[i]) then
+    if mods[i] ~= nil and not chk.is_module(mods[i]) then
       error(string.format("lutra.nn.Sequential: argument %d must be a module (got %s)", i,
                           chk.got(mods[i])), 2)
     end
     arr[i - 1] = mods[i]
   end
   check(C.lutra_sequential_new(arr, n, module_box))
-  return own(module_box[0])
+  return require("lutra.module_tree").own_ref(module_box[0]) -- indexable: seq[i], #seq
 end
 
 -- The second argument is is_first_microbatch, or a table of forward options:
@@ -155,8 +197,25 @@ local function microbatch_flag(v)
         .. tostring(v) .. ")", 3)
 end
 
-function Module:forward(x, opts)
+--- A module (nn.Linear, nn.Sequential, norms, activations): forward, backward, parameters.
+-- @type Module
+
+--- Runs the module on x and returns its output (owned by the module, reused by the next call).
+-- Inside an entered autocast scope, Linears compute in its recipe's FP8.
+--
+-- @param x the input tensor
+--
+-- @param[opt] opts is_first_microbatch (nil, true, false or "device") or a table
+-- {is_first_microbatch =, grad =} (see the comment above); for a GroupedLinear, m_splits (a
+-- table, a host or a device i32 tensor)
+-- @param[opt] grouped_opts for a GroupedLinear: the options table that follows m_splits
+function Module:forward(x, opts, grouped_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
+  -- GroupedLinear: forward(x, m_splits, opts)
+  local splits
+  if grouped.is_splits(opts) then
+    splits, opts = grouped.splits_tensor(self, opts), grouped_opts
+  end
   local grad = true
   local first = opts
   if type(opts) == "table" then
@@ -170,20 +229,22 @@ function Module:forward(x, opts)
   end
   forward_args.is_first_microbatch = microbatch_flag(first)
   forward_args.grad = grad and 1 or 0
-  if C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box) ~= 0 then
+  local st = splits and C.lutra_grouped_forward(self, x, splits, forward_args, core.tensor_box)
+             or C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box)
+  if st ~= 0 then
     -- a factory recipe's module met for the first time: its choice, then the forward again
     -- (once per module that waits; the failed attempt did nothing)
     while core.resolve_factory and core.resolve_factory() do
-      if C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box) == 0 then
-        return borrow(core.tensor_box[0], self)
-      end
+      st = splits and C.lutra_grouped_forward(self, x, splits, forward_args, core.tensor_box)
+           or C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box)
+      if st == 0 then return borrow(core.tensor_box[0], self) end
     end
     core.fail()
   end
   return borrow(core.tensor_box[0], self)
 end
 
--- input_grad = false: the input's gradient is not wanted (the input is data): a Linear skips
+--- input_grad = false: the input's gradient is not wanted (the input is data): a Linear skips
 -- its dgrad GEMM; returns nothing then
 function Module:backward(dy, input_grad)
   if bad_tensor(dy) then chk.tensor(dy, "grad_output", "module:backward") end
@@ -198,11 +259,12 @@ function Module:backward(dy, input_grad)
   return borrow(core.tensor_box[0], self)
 end
 
+--- Zeroes the accumulated main_grad buffers (accumulate_main_grad Linears).
 function Module:zero_grad()
   if C.lutra_module_zero_grad(self) ~= 0 then core.fail() end
 end
 
--- {{value=, grad=, main_grad=}, ...}: tensors owned by the module
+--- {{value=, grad=, main_grad=}, ...}: tensors owned by the module
 function Module:parameters()
   check(C.lutra_module_num_params(self, core.int_box))
   local out, p = {}, ffi.new("lutra_param")
@@ -214,17 +276,22 @@ function Module:parameters()
   return out
 end
 
+--- The module's kind, e.g. "Linear", "Sequential".
 function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 
--- Sequential only: how many Linear+GELU pairs the last forward and backward ran as GEMM
--- epilogues (GELU_AUX in forward, DGELU in the next Linear's dgrad).
+-- Sequential only: how many activations the last forward and backward ran inside a neighbour,
+-- with no kernel of their own: a GEMM epilogue (the tanh GELU: GELU_AUX in forward, DGELU in the
+-- next Linear's dgrad) or an FP8 cast (every kind, delayed scaling: act inside the next Linear's
+-- input cast, act' inside the previous Linear's grad_output cast).
 local fusion_box = ffi.new("int[2]")
+--- Sequential only: the Linear+GELU pairs the last forward and backward ran as GEMM epilogues.
+-- @return forward, backward
 function Module:fusions()
   check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))
   return fusion_box[0], fusion_box[1]
 end
 
--- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
+--- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
 -- The handle keeps the module alive; once the module rebuilt its quantizers (a new recipe) or
 -- was freed, calls on it fail with "quantizer was freed".
 function Module:quantizer(role)
@@ -237,10 +304,27 @@ function Module:quantizer(role)
   return q
 end
 
+--- Frees the module's buffers now; its outputs and later calls on it become errors.
 function Module:free() check(C.lutra_module_release(self)) end
 
-ffi.metatype("struct lutra_module", { __index = Module,
-  __tostring = function(m) return "lutra.nn." .. m:kind() end })
+-- ---- the norm-fused modules (lua/lutra/fused.lua) ----
+local fused = require("lutra.fused")
+M.LayerNormLinear, M.LayerNormMLP = fused.LayerNormLinear, fused.LayerNormMLP
+M.Residual = fused.Residual
+Module.layernorm_output, Module.norm_fused = fused.layernorm_output, fused.norm_fused
+Module.mlp_fusions = fused.mlp_fusions
+-- ---- end norm-fused modules ----
+
+-- GroupedLinear: nn.GroupedLinear(num_gemms, in, out, opts); m:forward(x, m_splits, opts)
+M.GroupedLinear = grouped.GroupedLinear
+for name, f in pairs(grouped.methods) do Module[name] = f end
+
+-- print(module) shows the tree; a Sequential is indexed seq[i] (1-based) and #seq
+-- (lutra/module_tree.lua); Linear's module:quantized(role) gives its last FP8 input or weight
+local tree = require("lutra.module_tree")
+Module.quantized = tree.quantized
+ffi.metatype("struct lutra_module", { __index = tree.index(Module), __len = tree.count,
+  __tostring = tree.tostring })
 
 -- Losses: forward(pred, target) -> loss tensor [1]; backward() -> dpred; value() -> number
 local Loss = {}
@@ -252,9 +336,21 @@ local function new_loss(kind)
   return ffi.gc(loss_box[0], C.lutra_loss_free)
 end
 
+--- @section end
+
+--- Mean squared error over all elements; target has pred's shape.
 function M.MSELoss() return new_loss(C.LUTRA_LOSS_MSE) end
+--- Softmax cross-entropy, mean over rows; pred [N, C], target i32 labels [N].
 function M.CrossEntropyLoss() return new_loss(C.LUTRA_LOSS_SOFTMAX_XENT) end
 
+--- A loss (nn.MSELoss, nn.CrossEntropyLoss): forward(pred, target), backward(), value().
+-- @type Loss
+
+--- Computes the loss of pred against target.
+--
+-- @param pred
+-- @param target
+-- @return the loss, a one-element tensor owned by the loss
 function Loss:forward(pred, target)
   if bad_tensor(pred) then chk.tensor(pred, "pred", "loss:forward") end
   if bad_tensor(target) then chk.tensor(target, "target", "loss:forward") end
@@ -262,16 +358,19 @@ function Loss:forward(pred, target)
   return borrow(core.tensor_box[0], self)
 end
 
+--- The gradient of the loss with respect to pred (owned by the loss).
 function Loss:backward()
   if C.lutra_loss_backward(self, core.tensor_box) ~= 0 then core.fail() end
   return borrow(core.tensor_box[0], self)
 end
 
+--- The last forward's loss as a number (a host read: on cuda it waits for the GPU).
 function Loss:value()
   if C.lutra_loss_value(self, core.float_box) ~= 0 then core.fail() end
   return core.float_box[0]
 end
 
+--- Frees the loss now.
 function Loss:free() check(C.lutra_loss_release(self)) end
 
 ffi.metatype("struct lutra_loss", { __index = Loss })

@@ -1,10 +1,11 @@
--- Quantizers: one role of a recipe, usable on its own (to inspect FP8 data and scales) and used
+--- Quantizers: one role of a recipe, usable on its own (to inspect FP8 data and scales) and used
 -- by Linear internally.
 --   local q = lutra.quantizer(recipe, "input", {rowwise=true, columnwise=true})
 --   local xq = q:quantize(x)          -- FP8 tensor owned by q, reused while x's shape stays
 --   local scale, scale_inv = q:scale() -- delayed and current scaling
 -- The FP8 tensor belongs to q and keeps q alive while referenced; after q:free(), or once a
 -- quantize of a new shape replaced it, using it is an error ("tensor ... was freed").
+-- @module lutra.quantizer
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local borrow = require("lutra.tensor").borrow
@@ -14,6 +15,12 @@ local M = {}
 local Quantizer = {}
 Quantizer.__index = Quantizer
 
+--- lutra.quantizer(recipe, role, opts): the quantizer of one role of a recipe.
+--
+-- @param recipe a recipe (lutra.recipe.*)
+-- @tparam string role "input", "weight" or "grad_output"
+--
+-- @tparam[opt] table opts {rowwise = true, columnwise = true, device =}
 function M.new(recipe, role, opts)
   local where = "lutra.quantizer"
   opts = core.check_options(opts, { rowwise = true, columnwise = true, device = true }, where)
@@ -29,13 +36,20 @@ function M.new(recipe, role, opts)
   return ffi.gc(box[0], C.lutra_quantizer_free)
 end
 
+--- A quantizer (lutra.quantizer(...), or module:quantizer(role)).
+-- @type Quantizer
+
+--- Quantizes x to FP8.
+-- @param x an f32/bf16/f16 tensor
+--
+-- @return the FP8 tensor, owned by the quantizer and reused by its next call
 function Quantizer:quantize(x)
   chk.tensor(x, "x", "quantizer:quantize")
   if C.lutra_quantize(self, x, core.tensor_box) ~= 0 then core.fail() end
   return borrow(core.tensor_box[0], self)
 end
 
--- quantize x and write its bias gradient (column sums) into dbias; accumulate adds to dbias
+--- quantize x and write its bias gradient (column sums) into dbias; accumulate adds to dbias
 function Quantizer:quantize_dbias(x, dbias, accumulate)
   local where = "quantizer:quantize_dbias"
   chk.tensor(x, "x", where)
@@ -47,7 +61,7 @@ function Quantizer:quantize_dbias(x, dbias, accumulate)
   return borrow(core.tensor_box[0], self)
 end
 
--- quantize x unless skip (an i32 tensor of one element on q's device) is nonzero when the work
+--- quantize x unless skip (an i32 tensor of one element on q's device) is nonzero when the work
 -- runs: then nothing is written (codes, scales, amax, history, dbias keep their values).
 -- dbias (optional): as quantize_dbias.
 function Quantizer:quantize_skip(x, skip, dbias, accumulate)
@@ -62,14 +76,21 @@ function Quantizer:quantize_skip(x, skip, dbias, accumulate)
   return borrow(core.tensor_box[0], self)
 end
 
+--- Delayed scaling: updates scale and scale_inv from the amax history now.
 function Quantizer:update() check(C.lutra_quantizer_update(self)) end
 
+--- The current scale and scale_inv (per-tensor recipes).
+-- @return scale, scale_inv
 function Quantizer:scale()
   local b = core.float_box
   check(C.lutra_quantizer_scale(self, b, b + 1))
   return b[0], b[1]
 end
 
+--- The last n amaxes of the delayed-scaling history, newest first.
+--
+-- @tparam integer n
+-- @treturn table
 function Quantizer:history(n)
   chk.integer(n, "n", "quantizer:history", 1, 2 ^ 20)
   local buf = ffi.new("float[?]", n)
@@ -79,22 +100,30 @@ function Quantizer:history(n)
   return t
 end
 
--- delayed scaling: the length of the amax history
+--- Delayed scaling: the length of the amax history.
+--
+-- @treturn int
 function Quantizer:history_len()
   check(C.lutra_quantizer_history_len(self, core.int_box))
   return core.int_box[0]
 end
 
+--- Records an amax into the history as a quantization would (for tests and calibration).
+--
+-- @tparam number v
 function Quantizer:record_amax(v)
   chk.number(v, "amax", "quantizer:record_amax")
   check(C.lutra_quantizer_record_amax(self, v))
 end
 
+--- Frees the quantizer now; tensors it returned become freed.
 function Quantizer:free() check(C.lutra_quantizer_release(self)) end
 
 ffi.metatype("struct lutra_quantizer", { __index = Quantizer })
 
--- lutra.dequantize(q, out, columnwise?): FP8 -> out's dtype. The columnwise copy comes out
+--- @section end
+
+--- lutra.dequantize(q, out, columnwise?): FP8 -> out's dtype. The columnwise copy comes out
 -- transposed ([cols, rows]).
 function M.dequantize(q, out, columnwise)
   chk.tensor(q, "q", "lutra.dequantize")

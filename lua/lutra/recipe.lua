@@ -1,4 +1,4 @@
--- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
+--- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
 --   lutra.recipe.delayed{margin=0, fp8_format="hybrid", amax_history_len=1024,
 --                        amax_compute_algo="max", reduce_amax=true}
 --     amax_compute_algo may be a function(history, n), and scaling_factor_compute_algo a
@@ -16,6 +16,7 @@
 --     (per module, asked once per module: lutra/factory.lua)
 -- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
 -- table {input=..., weight=..., grad_output=...}.
+-- @module lutra.recipe
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local rules = require("lutra.rules")
@@ -148,6 +149,11 @@ local function fill_delayed(d, o, where)
   if o.reduce_amax ~= nil then d.reduce_amax = bool(where, "reduce_amax")(o.reduce_amax) end
 end
 
+--- TransformerEngine's DelayedScaling: scales from an amax history, updated once per
+-- outermost autocast exit. FP8 shapes: both matrix dims multiples of 16.
+--
+-- @tparam[opt] table opts {margin = 0, fp8_format = "hybrid" (or "e4m3"),
+-- amax_history_len = 1024, amax_compute_algo = "max" (or "most_recent"), reduce_amax = true}
 function M.delayed(opts)
   local where = "lutra.recipe.delayed"
   return make(C.lutra_recipe_delayed, "lutra_delayed_desc", C.lutra_delayed_defaults, opts,
@@ -158,6 +164,10 @@ function M.delayed(opts)
     end)
 end
 
+--- Float8CurrentScaling: each tensor scaled by its own amax. FP8 shapes: multiples of 16.
+--
+-- @tparam[opt] table opts {fp8_format = "hybrid", power_2_scale = false, amax_epsilon = 0}
+-- (the last two per role: one value or {input =, weight =, grad_output =})
 function M.current(opts)
   local where = "lutra.recipe.current"
   return make(C.lutra_recipe_current, "lutra_current_desc", C.lutra_current_defaults, opts,
@@ -168,6 +178,9 @@ function M.current(opts)
     end)
 end
 
+--- MXFP8BlockScaling: 1x32 blocks with E8M0 scales. FP8 shapes: multiples of 32.
+--
+-- @tparam[opt] table opts {fp8_format = "e4m3" (or "hybrid")}
 function M.mxfp8(opts)
   local where = "lutra.recipe.mxfp8"
   return make(C.lutra_recipe_mxfp8, "lutra_mxfp8_desc", C.lutra_mxfp8_defaults, opts,
@@ -177,6 +190,12 @@ function M.mxfp8(opts)
     end)
 end
 
+--- Float8BlockScaling: 1x128 blocks (inputs, gradients) and 128x128 tiles (weights), f32
+-- scales. FP8 shapes: multiples of 16 are accepted (partial blocks are padded); multiples of 128
+-- fill every block.
+--
+-- @tparam[opt] table opts {fp8_format = "e4m3", power_2_scale = true, amax_epsilon = 0,
+-- block_dim = {input = 1, weight = 2, grad_output = 1}} (1: 1x128, 2: 128x128)
 function M.block(opts)
   local where = "lutra.recipe.block"
   return make(C.lutra_recipe_block, "lutra_block_desc", C.lutra_block_defaults, opts,
@@ -203,6 +222,13 @@ local function custom_factory(opts, where)
     end)
 end
 
+--- A quantizer kind and format per role; refused when a GEMM would be E5M2 x E5M2.
+--
+-- @tparam table opts {input = {kind =, format =, columnwise_format =}, weight = {...},
+-- grad_output = {...}, plus delayed's fields}; kinds "none", "delayed", "current", "mxfp8",
+-- "block_1d", "block_2d", "rowwise"; formats "e4m3", "e5m2" (a columnwise_format other than
+-- format makes the role hybrid). Or {factory = function(role, module_kind, name), margin =, ...}:
+-- the quantizers chosen per module at its first forward (lutra/factory.lua).
 function M.custom(opts)
   local where = "lutra.recipe.custom"
   if type(opts) == "table" and opts.factory ~= nil then return custom_factory(opts, where) end
@@ -237,9 +263,11 @@ function M.custom(opts)
     end)
 end
 
--- lutra.recipe.rowwise{fp8_format="e4m3", power_2_scale=true, amax_epsilon=0}: torchao's
--- ROWWISE (lutra/formats.h): one f32 scale per row of each copy, for every role (E4M3, or E5M2
--- for grad_output with fp8_format="hybrid"); the CPU backend emulates it, CUDA has no kernels yet
+--- Torchao's ROWWISE (lutra/formats.h): one f32 scale per row of each copy, for every role.
+-- The CPU backend emulates it; CUDA has no kernels yet.
+--
+-- @tparam[opt] table opts {fp8_format = "e4m3" (or "hybrid": E5M2 for grad_output),
+-- power_2_scale = true, amax_epsilon = 0, gemm =, backward_override =}
 function M.rowwise(opts)
   local where = "lutra.recipe.rowwise"
   opts = core.check_options(opts, { fp8_format = true, power_2_scale = true, amax_epsilon = true,
@@ -259,7 +287,7 @@ function M.rowwise(opts)
   return M.custom(roles)
 end
 
--- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
+--- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
 function M.named(name, opts)
   if name == nil or name == "none" then return nil end
   local ctor = M[name]
@@ -270,12 +298,17 @@ function M.named(name, opts)
   return ctor(opts)
 end
 
+--- A recipe (lutra.recipe.*): immutable, shared by the scopes and quantizers that use it.
+-- @type Recipe
+
+--- "delayed", "current", "mxfp8", "block" or "custom".
 function Recipe:kind()
   check(C.lutra_recipe_kind(self, core.int_box))
   return kind_names[core.int_box[0]]
 end
 
 local key_box = ffi.new("uint64_t[1]")
+--- A 64-bit key that equal recipes share (uint64 cdata).
 function Recipe:key()
   check(C.lutra_recipe_key(self, key_box))
   return key_box[0]
@@ -284,7 +317,7 @@ end
 local quant_kind_names = {}
 for k, v in pairs(quant_kinds) do quant_kind_names[tonumber(v)] = k end
 
--- What the recipe does with a role: quantizer kind name and FP8 dtype name.
+--- What the recipe does with a role: quantizer kind name and FP8 dtype name.
 function Recipe:role(role)
   local r = core.code(core.roles, role, "role", "recipe:role")
   check(C.lutra_recipe_role(self, r, core.int_box, core.int_box + 1))
@@ -292,9 +325,12 @@ function Recipe:role(role)
   return quant_kind_names[core.int_box[0]], dtype_names[core.int_box[1]]
 end
 
--- {gemm = {fprop = {use_split_accumulator=}, ...}, backward_override = name}
 local options_box = ffi.new("lutra_recipe_options")
 local override_names = { [0] = "fp8", "high_precision", "dequantized" }
+--- The recipe's per-GEMM settings and backward override.
+--
+-- @treturn table {gemm = {fprop = {use_split_accumulator =}, dgrad = ..., wgrad = ...},
+-- backward_override = "fp8" | "high_precision" | "dequantized"}
 function Recipe:options()
   check(C.lutra_recipe_options_of(self, options_box))
   local g = {}
@@ -304,6 +340,7 @@ function Recipe:options()
   return { gemm = g, backward_override = override_names[options_box.backward_override] }
 end
 
+--- Frees the recipe now; later calls on it are errors.
 function Recipe:free() check(C.lutra_recipe_release(self)) end
 
 ffi.metatype("struct lutra_recipe", { __index = Recipe,

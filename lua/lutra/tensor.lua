@@ -1,6 +1,7 @@
--- Tensors: lutra_tensor* cdata with methods. Tensors made here are owned by Lua (freed by the
+--- Tensors: lutra_tensor* cdata with methods. Tensors made here are owned by Lua (freed by the
 -- GC or by :free()); tensors returned by modules, quantizers and losses are owned by them and
 -- reach Lua through M.borrow, whose handle keeps the owner alive.
+-- @module lutra.tensor
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -76,7 +77,7 @@ function M.borrow(t, owner)
   return new_handle(t, key, owner)
 end
 
--- lutra.tensor(shape, dtype?, device?) -> zero-filled tensor
+--- lutra.tensor(shape, dtype?, device?) -> zero-filled tensor
 function M.new(shape, dtype, device)
   local where = "lutra.tensor"
   local n = fill_shape(shape, where)
@@ -94,6 +95,13 @@ local function build(values, shape, dtype, device)
   return t
 end
 
+--- lutra.from_table(values, shape?, dtype?, device?): a tensor holding a flat Lua array.
+--
+-- @tparam table values numbers, row-major
+-- @tparam[opt] table shape default {#values}
+--
+-- @tparam[opt] string dtype default "f32" (or "bf16", "f16", "i32")
+-- @tparam[opt] string device
 function M.from_table(values, shape, dtype, device)
   local ok, t = pcall(build, values, shape, dtype, device)
   if not ok then error((tostring(t):gsub("^[^:]*:%d+: ", "")), 2) end
@@ -107,7 +115,10 @@ end
 -- The largest int32 a label may be; floats are refused rather than truncated.
 local I32_MIN, I32_MAX = -2 ^ 31, 2 ^ 31 - 1
 
--- values: a Lua array of numel numbers, or a sized cdata array (float[n] for float tensors,
+--- A tensor: lutra_tensor* cdata. Its fields (shape, ndim, numel, dtype, device, ...) are read-only from Lua.
+-- @type Tensor
+
+--- values: a Lua array of numel numbers, or a sized cdata array (float[n] for float tensors,
 -- int32_t[n] for i32) of at least numel elements. A bare pointer is refused: it carries no
 -- length, and a short buffer behind it would be read past its end.
 function Tensor:set(values)
@@ -148,7 +159,7 @@ function Tensor:set(values)
   return self
 end
 
--- Values as f32 (FP8 tensors dequantized): into buf, a float array (ffi.new("float[?]", n))
+--- Values as f32 (FP8 tensors dequantized): into buf, a float array (ffi.new("float[?]", n))
 -- of at least numel elements, or into a new one.
 function Tensor:read(buf)
   local n = tonumber(self.numel)
@@ -166,6 +177,8 @@ function Tensor:read(buf)
   return buf
 end
 
+--- The values as a flat Lua array of numbers (f32; FP8 tensors dequantized). Allocates: for
+-- inspection, not for a training loop (use :read(buf) or :item()).
 function Tensor:to_table()
   local n = tonumber(self.numel)
   local buf = ffi.new("float[?]", math.max(n, 1))
@@ -175,13 +188,13 @@ function Tensor:to_table()
   return t
 end
 
--- The value of a one-element tensor (a loss). Reuses one box: no allocation.
+--- The value of a one-element tensor (a loss). Reuses one box: no allocation.
 function Tensor:item()
   check(C.lutra_tensor_get_f32(self, core.float_box, 1))
   return core.float_box[0]
 end
 
--- Raw bytes of the rowwise (or columnwise) data as a Lua string, e.g. FP8 codes.
+--- Raw bytes of the rowwise (or columnwise) data as a Lua string, e.g. FP8 codes.
 function Tensor:bytes(columnwise)
   if columnwise ~= nil then chk.boolean(columnwise, "columnwise", "tensor:bytes") end
   local size = tonumber(self.numel) * tonumber(C.lutra_dtype_size(self.dtype))
@@ -190,6 +203,9 @@ function Tensor:bytes(columnwise)
   return ffi.string(buf, size)
 end
 
+--- Sets every element to v.
+-- @tparam number v
+-- @return self
 function Tensor:fill(v)
   chk.number(v, "value", "tensor:fill")
   check(C.lutra_tensor_fill(self, v))
@@ -212,45 +228,75 @@ local function random_args(seed, a, b, da, db, where, na, nb)
   return seed, a, b
 end
 
+--- Fills with N(mean, std) draws (xoshiro256**, the same on every backend).
+--
+-- @tparam[opt] integer seed default: the next seed of the global generator (lutra.manual_seed)
+--
+-- @tparam[opt] number mean default 0
+-- @tparam[opt] number std default 1
+-- @return self
 function Tensor:randn(seed, mean, std)
   seed, mean, std = random_args(seed, mean, std, 0, 1, "tensor:randn", "mean", "std")
   check(C.lutra_tensor_randn(self, seed, mean, std))
   return self
 end
+--- Fills with uniform draws in [lo, hi).
+--
+-- @tparam[opt] integer seed as :randn
+-- @tparam[opt] number lo default 0
+--
+-- @tparam[opt] number hi default 1
+-- @return self
 function Tensor:uniform(seed, lo, hi)
   seed, lo, hi = random_args(seed, lo, hi, 0, 1, "tensor:uniform", "lo", "hi")
   check(C.lutra_tensor_uniform(self, seed, lo, hi))
   return self
 end
+--- Copies src's values into this tensor, converting dtypes (and across devices).
+--
+-- @param src a tensor with as many elements
+-- @return self
 function Tensor:copy(src)
   chk.tensor(src, "src", "tensor:copy")
   check(C.lutra_tensor_copy(self, src))
   return self
 end
+--- Changes the shape in place (same element count, up to 4 dims).
+-- @tparam table shape
+-- @return self
 function Tensor:reshape(shape)
   local n = fill_shape(shape, "tensor:reshape")
   check(C.lutra_tensor_reshape(self, n, shape_buf))
   return self
 end
--- (not :amax(): the struct's amax field would hide a method of that name)
+--- The largest absolute value (NaNs ignored), as FP8 scaling sees it.
+-- Named absmax, not amax: the struct's amax field would hide a method of that name.
+--
+-- @treturn number
 function Tensor:absmax()
   check(C.lutra_tensor_amax(self, core.float_box))
   return core.float_box[0]
 end
 
--- (named dims, not shape: the struct's own shape field would hide a method of that name)
+--- The shape as a Lua array, e.g. {128, 64}.
+-- Named dims, not shape: the struct's own shape field would hide a method of that name.
 function Tensor:dims()
   local s = {}
   for i = 0, self.ndim - 1 do s[i + 1] = tonumber(self.shape[i]) end
   return s
 end
+--- The number of elements.
 function Tensor:size() return tonumber(self.numel) end
+--- "f32", "bf16", "f16", "e4m3", "e5m2", "e8m0" or "i32".
 function Tensor:dtype_name() return dtype_names[tonumber(self.dtype)] end
+--- "cpu" or "cuda".
 function Tensor:device_name() return device_names[tonumber(self.device)] end
+--- How an FP8 tensor is scaled: "none", "tensor", "mxfp8", "block_1d" or "block_2d".
 function Tensor:scaling_name() return scaling_names[tonumber(self.scaling)] end
+--- True once the tensor (or the module that owns it) was freed, or its buffer replaced.
 function Tensor:is_freed() return bit.band(self.flags, C.LUTRA_TENSOR_FREED) ~= 0 end
 
--- Frees the buffers now; the handle stays and every later call on it is an error.
+--- Frees the buffers now; the handle stays and every later call on it is an error.
 function Tensor:free()
   check(C.lutra_tensor_release(self))
 end

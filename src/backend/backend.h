@@ -61,14 +61,31 @@ typedef struct lutra_quant_args {
   /* GELU's backward fused in front (TransformerEngine's dgelu + cast + transpose + dbias): when
    * not NULL, the matrix quantized (and summed into dbias, and max'ed into amax) is
    * x * gelu'(act), in f32, where act is the GELU's input (x's dtype and shape): x is then the
-   * gradient of the GELU's output. Per-tensor casts only (backend->cast); CUDA needs a
-   * columnwise output. */
+   * gradient of the GELU's output. Per-tensor casts only (backend->cast); act_kind below
+   * generalizes it to every activation kind and to the forward direction. */
   const void *act;
   /* TransformerEngine's noop flag: when not NULL and *skip != 0 at the time the work runs, the
    * quantization writes nothing at all (codes, scales, scale_inv, amax, dbias). Backend memory,
    * read by every kernel of the quantization on the device (so a CUDA graph can be replayed with
    * a different value); the CPU reads it directly. */
   const int32_t *skip;
+  /* The activation kind of `act` (LUTRA_ACT_*; 0 with act set: the tanh GELU above) and its
+   * direction, so that every kind's backward (TE's dact + dbias + cast + transpose) and forward
+   * (quantize(act(x)) in one pass) runs inside the cast. rows and cols are always the shape of
+   * the matrix quantized; act is the activation's input (the pre-activation):
+   *   act_forward 0  x is the gradient of the activation's output ([rows, cols / 2] for gated
+   *                  kinds, else [rows, cols]), act [rows, cols]; the matrix quantized is the
+   *                  gradient of act (the gated kinds' both halves)
+   *   act_forward 1  x is not read; act is [rows, 2 cols] for gated kinds, else [rows, cols];
+   *                  the matrix quantized is act's output
+   * Either way each value is the f32 formula of the activation backend entry, rounded once into
+   * x_dtype, as activation_forward / activation_backward store it: the fused cast sees the
+   * values the activation's own kernel would have written, bit for bit. act_out, when not
+   * NULL, receives that matrix (x_dtype, [rows, cols]): the activation's output or input
+   * gradient in high precision, written only when a caller needs it. */
+  int32_t act_kind;
+  int32_t act_forward;
+  void *act_out;
 } lutra_quant_args;
 
 /* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
@@ -266,6 +283,172 @@ typedef struct lutra_norm_args {
   void *dx, *dgamma, *dbeta;
 } lutra_norm_args;
 
+/* ---- the norm writing a GEMM's FP8 input (src/backend/cpu/norm_quantize_cpu.c,
+ * kernels/norm_quantize.cu; TransformerEngine's layernorm_fwd with an FP8 output) ----
+ * The norm of norm (its y may be NULL: no high-precision output) is rounded into norm.dtype,
+ * exactly as layernorm_forward stores it, and that value is quantized as the quantizer of
+ * quant.scaling would quantize the stored y: the codes, scales and amax equal those of
+ * layernorm_forward followed by cast / quantize_mxfp8 / quantize_block (block_dim 1) on its y.
+ * quant.x, x_dtype, rows, cols, act, dbias* are ignored (the input is norm's). Per-tensor:
+ *   delayed  (current 0) quant.scale is read, *quant.amax max-accumulates max|y|: one pass;
+ *   current  (current 1) *quant.amax = max|y| and *quant.scale from it (fp8_max,
+ *            quant.power_2_scale, quant.amax_epsilon; TE's compute_scale_from_amax), then the
+ *            cast with that scale: the scale depends on every row's output, so the norm runs
+ *            twice (CUDA: two launches; work: 2 words of backend memory, zero on entry, left
+ *            zero, as current_scale's).
+ * MXFP8 needs hidden % 32 == 0 (and rows % 32 for the columnwise copy); BLOCK_1D is 1x128
+ * blocks (quant.block_dim is ignored). quant.skip as for the quantizers: nothing is written. */
+typedef struct lutra_norm_quant_args {
+  lutra_norm_args norm;
+  lutra_quant_args quant;
+  int32_t scaling; /* LUTRA_SCALING_TENSOR, LUTRA_SCALING_MXFP8 or LUTRA_SCALING_BLOCK_1D */
+  int32_t current; /* TENSOR: 1 for current scaling */
+  float fp8_max;   /* current scaling */
+  int32_t pad;
+  uint32_t *work; /* current scaling */
+} lutra_norm_quant_args;
+/* ---- MoE routing (src/backend/cpu/moe_cpu.c, kernels/moe.cu) ----------------------------
+ * Top-k of a softmax router (TransformerEngine's fused_topk_with_score_function, score function
+ * softmax). Per token t of logits [tokens, experts]: the k experts with the largest logits, in
+ * order (value descending, ties to the lower expert index; a NaN logit counts as -inf both in
+ * the selection and in the softmax), then with mx the top logit and e_j = exp((double)(l_j - mx))
+ * (the difference in f32):
+ *   renormalize   probs[t, i] = e_i / sum_{selected} e * scaling_factor   (softmax over the k)
+ *   otherwise     probs[t, i] = e_i / sum_{all experts} e * scaling_factor (TE's pre-softmax)
+ * summed in double in index order, rounded once into f32. The backward recomputes the softmax
+ * from the logits and the indices of that forward and writes every element of dlogits (zeros
+ * where the gradient is zero), in double, rounded once into the logits' dtype. */
+enum { LUTRA_MOE_MAX_K = 8, LUTRA_MOE_CHUNK = 1024 };
+typedef struct lutra_topk_args {
+  const void *logits; /* [tokens, experts], dtype */
+  int32_t dtype;
+  int32_t k; /* 1..LUTRA_MOE_MAX_K, <= experts */
+  int64_t tokens, experts;
+  int32_t renormalize;
+  float scaling_factor;
+  float *probs;        /* [tokens, k] f32: forward output */
+  int32_t *indices;    /* [tokens, k]: forward output, backward input */
+  const float *dprobs; /* backward: [tokens, k] f32 */
+  void *dlogits;       /* backward: [tokens, experts], dtype */
+} lutra_topk_args;
+
+/* Token permutation into expert-contiguous order and back (TransformerEngine's moe_permute /
+ * moe_unpermute). Slot s = t * k + i is token t's i-th choice, indices[s] its expert.
+ *   permute            row_map[s] = offset[e] + #{s' < s : indices[s'] = e}, e = indices[s]
+ *                      (a stable counting sort: within an expert, slots in token order),
+ *                      m_splits[e] = #{s : indices[s] = e}, offset the exclusive prefix sum of
+ *                      m_splits; then out[row_map[s]] = x[t] (bit copies; x NULL: the map only)
+ *   permute_backward   out[t] = sum_i x[row_map[t k + i]] (x: the gradient of the permuted rows)
+ *   unpermute          out[t] = sum_i probs[t, i] * x[row_map[t k + i]] (x: the experts' output)
+ *   unpermute_backward out[row_map[s]] = probs[s] * dy[t]; dprobs[s] = sum_h dy[t, h] x[row_map[s],
+ * h] The combines are f32, in the order i = 0..k-1, rounded once (deterministic, the same bits on
+ * every backend); dprobs sums exact products in double, rounded once. rows: tokens * k.
+ * An index outside [0, experts): the CPU refuses it (nothing written); a device kernel cannot
+ * return an error, so it sets *bad_index = 1 (backend memory, never cleared by the backend),
+ * counts the slot nowhere and gives it row_map -1, which the other entries skip (out rows
+ * nobody maps to are left as they were, and such a slot's dprobs is 0). */
+typedef struct lutra_permute_args {
+  int64_t tokens;
+  int32_t k;
+  int32_t experts;
+  int64_t hidden;         /* columns of x and out */
+  int32_t dtype;          /* of x, out and dy: F32, BF16 or F16 */
+  int32_t probs_dtype;    /* F32, BF16 or F16 */
+  const int32_t *indices; /* [tokens * k] (permute) */
+  int32_t *row_map;       /* [tokens * k]: written by permute, read by the others */
+  int32_t *m_splits;      /* [experts] (permute) */
+  /* permute on a device: lutra_moe_scratch_ints(tokens * k, experts) ints of backend memory
+   * (per-chunk counts; any content on entry); the CPU uses its first experts ints */
+  int32_t *scratch;
+  int32_t *bad_index; /* device flag (see above); NULL on the CPU */
+  const void *x;
+  void *out;
+  const void *probs; /* [tokens * k] */
+  const void *dy;    /* unpermute_backward: [tokens, hidden] */
+  void *dprobs;      /* unpermute_backward: [tokens * k], probs_dtype */
+} lutra_permute_args;
+
+static inline int64_t lutra_moe_scratch_ints(int64_t slots, int64_t experts) {
+  return (slots + LUTRA_MOE_CHUNK - 1) / LUTRA_MOE_CHUNK * experts;
+}
+/* ---- grouped operations (GroupedLinear; backend/grouped_layout.h has the packed FP8 layout) ----
+ * Expert e owns rows [R_e, R_e + splits[e]) of the token-side matrices (x, y, dy, dx), R_e the
+ * prefix sum. splits is backend memory, read where the work runs: the host never reads it on a
+ * device. A split < 0, or splits summing to anything but total_rows, is an error: the CPU
+ * refuses at once (LUTRA_EINVAL); a device backend sets *bad_split = 1 and writes nothing. */
+
+/* The FP8 copy of one grouped operand in the packed layout. */
+typedef struct lutra_grouped_fp8 {
+  void *data, *scale_inv;         /* rowwise */
+  void *col_data, *col_scale_inv; /* columnwise (each expert's transpose) */
+  int32_t dtype;                  /* E4M3 / E5M2 */
+  int32_t scaling;                /* LUTRA_SCALING_* */
+  int32_t align;                  /* rows of each expert padded to a multiple of align */
+  int32_t pad;
+} lutra_grouped_fp8;
+
+/* Quantize every expert's rows in one call, each with its own scaling state (its own scale and
+ * amax for per-tensor scaling), into the packed layout. Expert e's rows are xs[e] [rows_each,
+ * cols] when xs is not NULL (the weights), else its token rows of x (splits). */
+typedef struct lutra_grouped_quant_args {
+  int32_t num;
+  int32_t kind; /* LUTRA_QUANT_DELAYED, _CURRENT, _MXFP8, _BLOCK_1D, _BLOCK_2D */
+  const int32_t *splits;
+  int32_t *bad_split;
+  int64_t total_rows, cols;
+  const void *x;
+  const void *const *xs; /* backend memory [num] */
+  int64_t rows_each;
+  int32_t x_dtype;
+  int32_t power_2_scale;
+  float amax_epsilon;
+  float fp8_max;
+  int32_t block_dim;
+  int32_t amax_stride; /* amax of expert e at amax[e * amax_stride] */
+  /* per-tensor: expert e multiplies by scale[4 e]; current scaling writes it, and amax (e's
+   * max|x|; delayed: max-accumulated into when amax is not NULL) */
+  float *scale;
+  float *amax;
+  uint32_t *work; /* current scaling: 2 zero words per expert at work[4 e] (current_scale) */
+  lutra_grouped_fp8 out;
+  /* the bias gradient of each expert's rows: dbias[e] [cols] (+= when dbias_accumulate) */
+  void *const *dbias; /* backend memory [num], or NULL */
+  int32_t dbias_dtype;
+  int32_t dbias_accumulate;
+  const int32_t *skip; /* lutra_quant_args.skip */
+  /* device scratch of lutra_grouped_scratch_bytes(num, in, out) bytes owned by the caller (the
+   * offsets and GEMM argument arrays the kernels derive from splits); NULL on the CPU */
+  void *scratch;
+} lutra_grouped_quant_args;
+
+/* Which of a GroupedLinear's three GEMMs, per expert e with s_e rows (W_e [out, in]):
+ *   FPROP  y_e [s_e, out]  = x_e W_e^T (+ bias[e])
+ *   DGRAD  dx_e [s_e, in]  = dy_e W_e
+ *   WGRAD  dw[e] [out, in] (+)= dy_e^T x_e, and db[e] [out] = the column sums of dy_e */
+enum { LUTRA_GROUPED_FPROP = 0, LUTRA_GROUPED_DGRAD = 1, LUTRA_GROUPED_WGRAD = 2 };
+
+typedef struct lutra_grouped_gemm_args {
+  int32_t pass; /* LUTRA_GROUPED_* */
+  int32_t num;
+  const int32_t *splits;
+  int32_t *bad_split;
+  int64_t total_rows, in, out;
+  int32_t dtype;      /* of x, dy, W, y and dx */
+  int32_t fp8;        /* 1: the operands are xq, dyq and wq (TN through their columnwise copies) */
+  const void *x, *dy; /* high precision token operands */
+  const void *const *w; /* backend memory [num]: W_e */
+  lutra_grouped_fp8 xq, dyq, wq;
+  void *y, *dx;
+  void *const *dw; /* backend memory [num] */
+  int32_t dw_dtype;
+  int32_t accumulate;      /* WGRAD: dw[e] += (main_grad); db[e] += */
+  const void *const *bias; /* FPROP: backend memory [num], or NULL */
+  void *const *db;         /* WGRAD, high precision: backend memory [num], or NULL */
+  int32_t bias_dtype;      /* bias's and db's */
+  int32_t fast_accum;      /* FP8 FPROP: no split accumulator */
+  void *scratch;           /* as lutra_grouped_quant_args.scratch */
+} lutra_grouped_gemm_args;
+
 typedef struct lutra_backend {
   const char *name;
   int32_t device;
@@ -316,6 +499,13 @@ typedef struct lutra_backend {
   /* norms (lutra_norm_args) */
   int (*layernorm_forward)(const lutra_norm_args *a);
   int (*layernorm_backward)(const lutra_norm_args *a);
+  /* MoE routing (lutra_topk_args, lutra_permute_args) */
+  int (*moe_topk_forward)(const lutra_topk_args *a);
+  int (*moe_topk_backward)(const lutra_topk_args *a);
+  int (*moe_permute)(const lutra_permute_args *a);
+  int (*moe_permute_backward)(const lutra_permute_args *a);
+  int (*moe_unpermute)(const lutra_permute_args *a);
+  int (*moe_unpermute_backward)(const lutra_permute_args *a);
   /* waits for the device's queued work (NULL: nothing is ever queued) */
   int (*synchronize)(void);
 
@@ -326,6 +516,15 @@ typedef struct lutra_backend {
   void (*capture_abort)(void);
   int (*graph_launch)(void *exec);
   void (*graph_destroy)(void *exec);
+  /* the norm writing its output FP8 (lutra_norm_quant_args); NULL where the backend has none */
+  int (*norm_quantize)(const lutra_norm_quant_args *a);
+  /* out[i] = a[i] + b[i] over n elements of dtype (F32/BF16/F16), the sum in f32 rounded once;
+   * out may be a or b (a residual connection's forward and backward) */
+  int (*add)(const void *a, const void *b, void *out, int dtype, int64_t n);
+
+  /* grouped operations (NULL where the backend has none: GroupedLinear refuses then) */
+  int (*grouped_quantize)(const lutra_grouped_quant_args *a);
+  int (*grouped_gemm)(const lutra_grouped_gemm_args *g);
 
   /* External scaling rules (fp8/rules.c). rules_gather copies every meta's scale and history
    * to host memory in one transfer, host[off_j] = *scale, host[off_j + 1 ..] = the history

@@ -14,7 +14,7 @@
 int lutra_backend_get(int device, const lutra_backend **out, const char *fn) {
   if (device == LUTRA_CPU) {
     /* CPU work runs now, not when a graph is replayed: it cannot be part of one */
-    if (lutra_capture_active)
+    if (LUTRA_CAPTURING())
       return lutra_error(LUTRA_ESTATE, fn,
                          "work on the cpu device while capturing a CUDA graph (it would run once, "
                          "now, not at each replay): keep every tensor and module of the step on "

@@ -1,5 +1,6 @@
 /* The thread-local last error, status names and the version. */
 #include "core/error.h"
+#include "lutra/version.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -51,8 +52,8 @@ const char *lutra_status_name(int status) {
 int lutra_version(int *major, int *minor, int *patch) {
   static const char fn[] = "lutra_version";
   CHECK_ARG(major && minor && patch, "output pointers must not be NULL");
-  *major = 0;
-  *minor = 1;
-  *patch = 0;
+  *major = LUTRA_VERSION_MAJOR;
+  *minor = LUTRA_VERSION_MINOR;
+  *patch = LUTRA_VERSION_PATCH;
   return LUTRA_OK;
 }

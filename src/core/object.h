@@ -24,7 +24,11 @@ enum {
   LUTRA_MAGIC_MODULE = 0x4c4d4f44u,
   LUTRA_MAGIC_LOSS = 0x4c4c4f53u,
   LUTRA_MAGIC_OPTIM = 0x4c4f5054u,
-  LUTRA_MAGIC_GRAPH = 0x4c475248u
+  LUTRA_MAGIC_GRAPH = 0x4c475248u,
+  LUTRA_MAGIC_GROUP = 0x4c475250u,
+  LUTRA_MAGIC_GRAD_SYNC = 0x4c475359u,
+  LUTRA_MAGIC_MOE_ROUTER = 0x4c4d4f52u,  /* nn/moe_router.c */
+  LUTRA_MAGIC_MOE_DISPATCH = 0x4c4d4f50u /* nn/moe_dispatch.c */
 };
 
 /* LUTRA_OK when obj is a live object of the given magic; else an error naming fn and what. */

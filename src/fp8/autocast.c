@@ -5,13 +5,17 @@
  * an epoch stamp) and updated together in ONE backend call when that scope exits; the
  * gradient quantizers used in backward are updated in one call when the first module of the
  * forward finishes its backward. Lists only grow when a new quantizer joins, so a steady
- * training loop allocates nothing here. */
+ * training loop allocates nothing here. With a process group on the outermost scope (and the
+ * recipe's reduce_amax), each of those updates first replaces the amaxes by their max over the
+ * group in ONE all-reduce over one contiguous buffer (dist/group.c); the backward's update
+ * reduces over the group of the scope its forward ran in. */
 #include "fp8/autocast.h"
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
+#include "dist/group.h"
 #include "fp8/rules.h"
 
 #include <stdlib.h>
@@ -42,6 +46,8 @@ typedef struct thread_state {
   meta_list fwd, bwd;
   uint64_t next_epoch;
   bool trigger_claimed;
+  lutra_group *bwd_group; /* held from the trigger's claim until the backward update ran */
+  uint64_t bwd_recipe_key;
   uint64_t updates;
   int last_count;
 } thread_state;
@@ -114,18 +120,31 @@ int lutra_autocast_discard_backward(const char *fn) {
   return discard(&tls.bwd, fn);
 }
 
-/* One backend call over the whole list, then a fresh epoch so each meta can join again. Metas
- * with an external rule are set aside for it first: then LUTRA_RULES_PENDING (lutra/rules.h). */
-static int flush_work(meta_list *l, const char *fn);
+/* One amax all-reduce across the scope's group (when its recipe reduces amaxes) over the whole
+ * list, then one backend call over it and a fresh epoch so each meta can join again. Metas with
+ * an external rule are set aside for it after the all-reduce (their rules read the reduced
+ * amaxes), before the update: then LUTRA_RULES_PENDING (lutra/rules.h). a: the exiting scope
+ * (forward list) or NULL (backward list: the group and recipe the trigger's claim kept). */
+static int flush_work(meta_list *l, const lutra_autocast *a, const char *fn);
 /* Out of line, with its early return first: the exit of an empty scope costs a call and a test. */
-static __attribute__((noinline)) int flush(meta_list *l, const char *fn) {
+static __attribute__((noinline)) int flush(meta_list *l, const lutra_autocast *a, const char *fn) {
   if (!l->count) return LUTRA_OK;
-  return flush_work(l, fn);
+  return flush_work(l, a, fn);
 }
 
-static __attribute__((noinline)) int flush_work(meta_list *l, const char *fn) {
+static __attribute__((noinline)) int flush_work(meta_list *l, const lutra_autocast *a,
+                                                const char *fn) {
   const lutra_backend *be;
   TRY(lutra_backend_get(l->device, &be, fn));
+  const bool backward = a == NULL;
+  lutra_group *group = backward                              ? tls.bwd_group
+                       : a->recipe && a->recipe->reduce_amax ? a->group
+                                                             : NULL;
+  uint64_t recipe_key = backward ? tls.bwd_recipe_key : a->recipe ? a->recipe->key : 0;
+  if (group) {
+    TRY(lutra_group_check(group, fn));
+    TRY(lutra_dist_reduce_amax(group, l->items, l->count, l->device, backward, recipe_key, fn));
+  }
   int handed = LUTRA_OK, total = l->count;
   if (l->ruled) {
     handed = lutra_rules_hand_over(l->items, &l->count, l->device, fn);
@@ -149,12 +168,19 @@ static __attribute__((noinline)) int flush_work(meta_list *l, const char *fn) {
 bool lutra_autocast_claim_backward_trigger(void) {
   if (tls.st.depth == 0 || tls.trigger_claimed) return false;
   tls.trigger_claimed = true;
+  lutra_group *g = tls.st.recipe && tls.st.recipe->reduce_amax ? tls.st.group : NULL;
+  if (g != tls.bwd_group) {
+    lutra_group_retain(g);
+    lutra_group_free(tls.bwd_group);
+    tls.bwd_group = g;
+  }
+  tls.bwd_recipe_key = tls.st.recipe ? tls.st.recipe->key : 0;
   return true;
 }
 
 /* Rules set aside here wait for the caller of lutra_module_backward (lutra_rules_pending). */
 int lutra_autocast_backward_done(const char *fn) {
-  int st = flush(&tls.bwd, fn);
+  int st = flush(&tls.bwd, NULL, fn);
   return st == LUTRA_RULES_PENDING ? LUTRA_OK : st;
 }
 
@@ -180,7 +206,7 @@ int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibra
   if (r) TRY(lutra_check_object(r, LUTRA_MAGIC_RECIPE, fn, "recipe"));
   CHECK_ARG(r || (!enabled && !calibrating),
             "a recipe is needed when the scope is enabled or calibrating");
-  CHECK_ARG(!g, "process groups are not available in this build (pass NULL)");
+  if (g) TRY(lutra_group_check(g, fn));
   lutra_autocast *a = calloc(1, sizeof *a);
   if (!a) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a scope");
   a->obj.magic = LUTRA_MAGIC_AUTOCAST;
@@ -188,6 +214,7 @@ int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibra
   a->recipe = r;
   if (r) r->obj.refs++;
   a->group = g;
+  lutra_group_retain(g);
   a->enabled = enabled != 0;
   a->calibrating = calibrating != 0;
   *out = a;
@@ -228,6 +255,7 @@ int lutra_autocast_free(lutra_autocast *a) {
                        "scope is still entered by another thread; exit it there first");
   }
   if (a->recipe) lutra_recipe_free(a->recipe);
+  lutra_group_free(a->group);
   free(a);
   return LUTRA_OK;
 }
@@ -275,7 +303,7 @@ int lutra_autocast_exit(lutra_autocast *a) {
   CHECK_STATE(tls.innermost == a, "scope is not the innermost one (exit the inner scopes first)");
   thread_state *t = &tls;
   if (t->st.depth == 1) {
-    int st = flush(&t->fwd, fn);
+    int st = flush(&t->fwd, a, fn);
     if (st != LUTRA_OK) return exit_pending(a, st);
     t->trigger_claimed = false;
   }

@@ -11,6 +11,7 @@
 #include "fp8/autocast.h"
 #include "fp8/recipe.h"
 #include "runtime/tensor.h"
+#include "runtime/tensor_cache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -22,11 +23,12 @@ struct lutra_quantizer {
   bool rowwise, columnwise;
   bool user_owned; /* made by lutra_quantizer_new; else owned by a module */
   const lutra_backend *be;
-  lutra_scale_meta meta; /* delayed scaling; current scaling uses meta.scale and amax */
-  float *amax;           /* current scaling: this call's amax */
-  uint32_t *work;        /* current scaling: 2 words, zero between calls (current_scale) */
-  void *state;           /* one backend allocation behind meta, amax and work */
-  lutra_tensor *out;
+  lutra_scale_meta meta;   /* delayed scaling; current scaling uses meta.scale and amax */
+  float *amax;             /* current scaling: this call's amax */
+  uint32_t *work;          /* current scaling: 2 words, zero between calls (current_scale) */
+  void *state;             /* one backend allocation behind meta, amax and work */
+  lutra_tensor *out;       /* the last output: one of outs */
+  lutra_tensor_cache outs; /* the outputs, one per shape and layout seen */
 };
 
 static int scaling_of(int kind) {
@@ -103,7 +105,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
 static void drop_resources(lutra_quantizer *q) {
   lutra_autocast_forget(&q->meta);
   if (q->state) q->be->free(q->state);
-  lutra_tensor_destroy(q->out);
+  lutra_tensor_cache_release(&q->outs);
   q->state = NULL;
   q->out = NULL;
 }
@@ -134,11 +136,10 @@ lutra_scale_meta *lutra_quantizer_meta(lutra_quantizer *q) {
   return q->spec.kind == LUTRA_QUANT_DELAYED ? &q->meta : NULL;
 }
 
-int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
-                                const char *fn) {
-  CHECK_ARG(lutra_dtype_is_float(x->dtype), "input dtype %s is not f32, bf16 or f16",
-            lutra_dtype_name(x->dtype));
-  int64_t rows = lutra_rows(x), cols = lutra_cols(x);
+static int check_dims(const lutra_quantizer_spec *s, int dtype, int64_t rows, int64_t cols,
+                      const char *fn) {
+  CHECK_ARG(lutra_dtype_is_float(dtype), "input dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(dtype));
   int mult = s->kind == LUTRA_QUANT_MXFP8 ? 32 : 16;
   CHECK_ARG(rows % mult == 0 && cols % mult == 0,
             "FP8 needs both matrix dims to be multiples of %d (got %lldx%lld)", mult,
@@ -146,8 +147,51 @@ int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tenso
   return LUTRA_OK;
 }
 
-bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q) {
-  return q->spec.kind == LUTRA_QUANT_DELAYED && (q->columnwise || q->device == LUTRA_CPU);
+int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
+                                const char *fn) {
+  return check_dims(s, x->dtype, lutra_rows(x), lutra_cols(x), fn);
+}
+
+bool lutra_quantizer_takes_act(const lutra_quantizer *q) {
+  return q->spec.kind == LUTRA_QUANT_DELAYED;
+}
+
+/* The matrix a quantization with an activation quantizes: its shape (into shape, ndim) after
+ * checking the activation's tensors against each other. */
+static int act_matrix_shape(const lutra_quantizer *q, const lutra_quantize_op *op, int64_t *shape,
+                            int *ndim, const char *fn) {
+  const lutra_tensor *x = op->x, *pre = op->act ? op->act : x;
+  const int kind = op->act_kind ? op->act_kind : LUTRA_ACT_GELU_TANH;
+  CHECK_ARG(kind > LUTRA_ACT_NONE && kind < LUTRA_ACT_COUNT, "unknown activation kind %d", kind);
+  CHECK_ARG(lutra_quantizer_takes_act(q),
+            "an activation inside the cast needs delayed scaling (the cast's scale is known "
+            "before it reads the values)");
+  CHECK_ARG(!(op->act && op->act_forward), "act and act_forward are exclusive");
+  const bool gated = lutra_act_is_gated(kind);
+  CHECK_ARG(pre->ndim >= 1, "the activation's input needs a last dim");
+  const int64_t last = pre->shape[pre->ndim - 1];
+  CHECK_ARG(!gated || last % 2 == 0,
+            "the input's last dim %lld is odd: a gated activation splits it into two halves",
+            (long long)last);
+  *ndim = pre->ndim;
+  memcpy(shape, pre->shape, sizeof(int64_t) * LUTRA_MAX_DIMS);
+  if (op->act_forward) {
+    if (gated) shape[pre->ndim - 1] = last / 2;
+  } else {
+    /* x is the gradient of the activation's output: pre's shape, half the last dim if gated */
+    bool fits = x->ndim == pre->ndim && x->dtype == pre->dtype && x->device == pre->device;
+    for (int i = 0; fits && i < pre->ndim; i++)
+      fits = x->shape[i] == (gated && i == pre->ndim - 1 ? last / 2 : pre->shape[i]);
+    CHECK_ARG(fits, "the activation's input does not match the gradient in dtype, shape or device");
+  }
+  if (op->act_out) {
+    bool fits = op->act_out->ndim == *ndim && op->act_out->dtype == x->dtype &&
+                op->act_out->device == q->device && op->act_out->data;
+    for (int i = 0; fits && i < *ndim; i++)
+      fits = op->act_out->shape[i] == shape[i];
+    CHECK_ARG(fits, "act_out does not match the activation's matrix in dtype, shape or device");
+  }
+  return LUTRA_OK;
 }
 
 /* Calibration: a delayed quantizer records max|x| without quantizing; others have nothing to do. */
@@ -164,38 +208,40 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
   const lutra_tensor *x = op->x, *act = op->act;
   lutra_tensor *dbias = op->dbias;
   CHECK_ARG(x->device == q->device, "input is on another device than the quantizer");
-  TRY(lutra_quantizer_check_input(s, x, fn));
-  if (act) {
-    CHECK_ARG(lutra_quantizer_takes_dgelu(q),
-              "a fused GELU gradient needs delayed scaling (the cast's scale is known before it "
-              "reads the gradient) and, on cuda, a columnwise output");
-    CHECK_ARG(act->dtype == x->dtype && lutra_same_shape(act, x) && act->device == x->device,
-              "the GELU input does not match the gradient in dtype, shape or device");
-  }
+  const bool with_act = act || op->act_forward;
+  int64_t mshape[LUTRA_MAX_DIMS];
+  int mdim = x->ndim;
+  memcpy(mshape, x->shape, sizeof mshape);
+  if (with_act) TRY(act_matrix_shape(q, op, mshape, &mdim, fn));
+  const int64_t cols = mdim ? mshape[mdim - 1] : 1;
+  int64_t rows = 1;
+  for (int i = 0; i + 1 < mdim; i++)
+    rows *= mshape[i];
+  TRY(check_dims(s, x->dtype, rows, cols, fn));
   if (dbias) {
     CHECK_ARG(lutra_dtype_is_float(dbias->dtype), "dbias dtype %s is not f32, bf16 or f16",
               lutra_dtype_name(dbias->dtype));
-    CHECK_ARG(dbias->numel == lutra_cols(x), "dbias has %lld elements, x has %lld columns",
-              (long long)dbias->numel, (long long)lutra_cols(x));
+    CHECK_ARG(dbias->numel == cols, "dbias has %lld elements, %s has %lld columns",
+              (long long)dbias->numel, with_act ? "the activation's matrix" : "x", (long long)cols);
     CHECK_ARG(dbias->device == q->device, "dbias is on another device than the quantizer");
     CHECK_ARG(dbias->data && dbias->data != x->data, "dbias has no data or aliases x");
   }
-  TRY(lutra_tensor_ensure(&q->out,
-                          &(lutra_tensor_spec){.dtype = s->dtype,
-                                               .scaling = scaling_of(s->kind),
-                                               .ndim = x->ndim,
-                                               .device = q->device,
-                                               .shape = x->shape,
-                                               .rowwise = q->rowwise,
-                                               .columnwise = q->columnwise},
-                          fn));
+  TRY(lutra_tensor_cache_get(&q->outs,
+                             &(lutra_tensor_spec){.dtype = s->dtype,
+                                                  .scaling = scaling_of(s->kind),
+                                                  .ndim = mdim,
+                                                  .device = q->device,
+                                                  .shape = mshape,
+                                                  .rowwise = q->rowwise || op->rowwise_only,
+                                                  .columnwise = q->columnwise && !op->rowwise_only},
+                             &q->out, fn));
   lutra_tensor *o = q->out;
   lutra_quant_args a = {
-      .x = x->data,
+      .x = op->act_forward ? NULL : x->data,
       .x_dtype = x->dtype,
       .out_dtype = s->dtype,
-      .rows = lutra_rows(x),
-      .cols = lutra_cols(x),
+      .rows = rows,
+      .cols = cols,
       .data = o->data,
       .scale_inv = o->scale_inv,
       .col_data = o->col_data,
@@ -207,7 +253,12 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
       .dbias_dtype = dbias ? dbias->dtype : 0,
       .dbias_accumulate = op->dbias_accumulate,
       .skip = op->skip,
-      .act = act ? act->data : NULL,
+      .act = act               ? act->data
+             : op->act_forward ? x->data
+                               : NULL,
+      .act_kind = with_act ? (op->act_kind ? op->act_kind : LUTRA_ACT_GELU_TANH) : 0,
+      .act_forward = op->act_forward,
+      .act_out = op->act_out ? op->act_out->data : NULL,
   };
   const lutra_backend *be = q->be;
   switch (s->kind) {
@@ -257,6 +308,71 @@ int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_te
                        const char *fn) {
   RANGE_PUSH("lutra.quantize");
   int st = quantize_impl(q, op, out, fn);
+  RANGE_POP();
+  return st;
+}
+
+/* ---- the norm writing the quantizer's output (lutra_norm_quant_args) ---------------------- */
+
+bool lutra_quantizer_fuses_norm(const lutra_quantizer *q) {
+  const int k = q->spec.kind;
+  return q->be->norm_quantize && (k == LUTRA_QUANT_DELAYED || k == LUTRA_QUANT_CURRENT ||
+                                  k == LUTRA_QUANT_MXFP8 || k == LUTRA_QUANT_BLOCK_1D);
+}
+
+static int quantize_norm_impl(lutra_quantizer *q, const lutra_norm_args *n,
+                              const lutra_tensor *shape, bool record_amax, bool rowwise_only,
+                              lutra_tensor **out, const char *fn) {
+  const lutra_quantizer_spec *s = &q->spec;
+  CHECK_ARG(lutra_quantizer_fuses_norm(q),
+            "this quantizer's scaling cannot be written by the norm (128x128 tiles, or the "
+            "backend has no fused norm)");
+  CHECK_ARG(shape->device == q->device, "input is on another device than the quantizer");
+  TRY(lutra_quantizer_check_input(s, shape, fn));
+  TRY(lutra_tensor_cache_get(&q->outs,
+                             &(lutra_tensor_spec){.dtype = s->dtype,
+                                                  .scaling = scaling_of(s->kind),
+                                                  .ndim = shape->ndim,
+                                                  .device = q->device,
+                                                  .shape = shape->shape,
+                                                  .rowwise = q->rowwise || rowwise_only,
+                                                  .columnwise = q->columnwise && !rowwise_only},
+                             &q->out, fn));
+  lutra_tensor *o = q->out;
+  lutra_norm_quant_args a = {
+      .norm = *n,
+      .quant = {.out_dtype = s->dtype,
+                .data = o->data,
+                .scale_inv = o->scale_inv,
+                .col_data = o->col_data,
+                .col_scale_inv = o->col_scale_inv,
+                .power_2_scale = s->power_2_scale,
+                .amax_epsilon = s->amax_epsilon,
+                .block_dim = 1},
+      .scaling = scaling_of(s->kind),
+  };
+  if (s->kind == LUTRA_QUANT_DELAYED) {
+    a.quant.scale = q->meta.scale;
+    a.quant.amax = record_amax ? q->meta.amax_history : NULL;
+    o->amax = q->meta.amax_history;
+  } else if (s->kind == LUTRA_QUANT_CURRENT) {
+    a.current = 1;
+    a.fp8_max = q->meta.fp8_max;
+    a.work = q->work;
+    a.quant.scale = q->meta.scale;
+    a.quant.amax = q->amax;
+    o->amax = q->amax;
+  }
+  TRY(q->be->norm_quantize(&a));
+  *out = o;
+  return LUTRA_OK;
+}
+
+int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const lutra_tensor *shape,
+                            bool record_amax, bool rowwise_only, lutra_tensor **out,
+                            const char *fn) {
+  RANGE_PUSH("lutra.norm_quantize");
+  int st = quantize_norm_impl(q, n, shape, record_amax, rowwise_only, out, fn);
   RANGE_POP();
   return st;
 }
@@ -390,4 +506,13 @@ int lutra_quantizer_record_amax(lutra_quantizer *q, float amax) {
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
   TRY(check_delayed(q, fn));
   return q->be->from_host(q->meta.amax_history, &amax, sizeof amax);
+}
+
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v) {
+  *v = (lutra_quantizer_state_view){.scale = q->meta.scale,
+                                    .scale_inv = q->meta.scale_inv,
+                                    .amax_history = q->meta.amax_history,
+                                    .history_len = q->meta.history_len,
+                                    .be = q->be};
+  return LUTRA_OK;
 }

@@ -14,9 +14,10 @@ void lutra_quantizer_destroy(lutra_quantizer *q);
 /* Checks dtype and the FP8 dims rule (multiples of 16; 32 for MXFP8) for a spec's input. */
 int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
                                 const char *fn);
-/* whether q can take a fused GELU gradient (lutra_quantize_op.act): delayed scaling, whose scale
- * is known before the cast reads the gradient, and a columnwise copy on cuda */
-bool lutra_quantizer_takes_dgelu(const lutra_quantizer *q);
+/* whether q can take an activation inside its cast (lutra_quantize_op.act / act_forward):
+ * delayed scaling, whose scale is known before the cast reads the values (current scaling needs
+ * their amax first, and the block scalings' kernels read no activation) */
+bool lutra_quantizer_takes_act(const lutra_quantizer *q);
 
 /* One quantization as modules ask for it (what TransformerEngine spreads over quantize,
  * quantize_dbias, dact_cast and the noop flag). */
@@ -26,17 +27,45 @@ typedef struct lutra_quantize_op {
   bool record_amax;
   /* calibration: record max|x| (delayed scaling) and write no FP8 output (*out untouched) */
   bool observe;
-  /* x is the gradient of a GELU's output and act the GELU's input: what is quantized (and summed
-   * into dbias, and max'ed into amax) is x * gelu'(act), in one pass (lutra_quantizer_takes_dgelu)
-   */
+  /* An activation inside the cast (lutra_quant_args.act_kind; lutra_quantizer_takes_act):
+   * act set (backward): x is the gradient of the activation's output and act its input; what is
+   * quantized (and summed into dbias, and max'ed into amax) is the gradient of act, in one pass;
+   * act_forward (act NULL): x is the activation's input and what is quantized its output.
+   * act_kind LUTRA_ACT_* (0: the tanh GELU). The matrix quantized has act's shape (backward) or
+   * the activation's output shape (forward); act_out, when not NULL, receives it in x's dtype. */
   const lutra_tensor *act;
+  int32_t act_kind;
+  bool act_forward;
+  lutra_tensor *act_out;
   /* the bias gradient of what is quantized, from the same pass (lutra_quant_args.dbias) */
   lutra_tensor *dbias;
   bool dbias_accumulate;
   /* device flag (lutra_quant_args.skip): nonzero when the work runs -> nothing is written */
   const int32_t *skip;
+  /* an inference forward's cast: the rowwise output only (no columnwise copy made), into a
+   * buffer of its own (the quantizer keeps one per shape and layout seen) */
+  bool rowwise_only;
 } lutra_quantize_op;
 int lutra_quantize_run(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
                        const char *fn);
+
+/* The norm writing this quantizer's output (backend norm_quantize, lutra_norm_quant_args):
+ * whether q's scaling can (per-tensor delayed or current, MXFP8, 1x128 blocks; the backend has
+ * the op), and that quantization of norm(n) into q's output for shape's shape (record_amax as in
+ * lutra_quantize_op; n.y may be NULL; rowwise_only: an inference forward, no columnwise copy).
+ * The output is what lutra_quantize_run of the norm's stored output gives, codes, scales and
+ * amax. */
+bool lutra_quantizer_fuses_norm(const lutra_quantizer *q);
+int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const lutra_tensor *shape,
+                            bool record_amax, bool rowwise_only, lutra_tensor **out,
+                            const char *fn);
+/* Checkpoints: the scaling state, in backend memory: scale and scale_inv (f32 [1] each, every
+ * kind) and the delayed amax history (f32 [history_len], NULL for other kinds). */
+typedef struct lutra_quantizer_state_view {
+  float *scale, *scale_inv, *amax_history;
+  int32_t history_len;
+  const lutra_backend *be;
+} lutra_quantizer_state_view;
+int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v);
 
 #endif

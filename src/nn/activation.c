@@ -1,9 +1,9 @@
 /* Activation modules: one module type parameterized by a LUTRA_ACT_* kind (the tanh GELU, as
- * TransformerEngine's "gelu", and TE's other activations, element-wise and gated). Only the tanh
- * GELU answers the fusion protocol with adopt: cuBLASLt's GELU epilogues are that formula, so it
- * is the only kind a Linear's forward can end in (lutra_linear_core_ends_in); the other kinds
- * still say which activation they are, and no producer accepts them, so they always run their
- * own kernels. */
+ * TransformerEngine's "gelu", and TE's other activations, element-wise and gated). Every kind
+ * answers the fusion protocol with adopt: a neighbour may run its forward for it, the Linear
+ * before it in its GEMM's epilogue (the tanh GELU only: cuBLASLt's GELU epilogues are that
+ * formula, lutra_linear_core_ends_in) or the Linear after it inside the cast of its FP8 input
+ * (every kind, lutra_linear_core_forward_from_act). */
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/dtype.h"
@@ -11,6 +11,7 @@
 #include "core/object.h"
 #include "nn/module.h"
 #include "runtime/tensor.h"
+#include "runtime/tensor_cache.h"
 
 #include <stdlib.h>
 
@@ -32,6 +33,7 @@ typedef struct activation {
   const lutra_tensor *x;
   const lutra_tensor *out; /* the last forward's output: y, or one adopted from a fused GEMM */
   lutra_tensor *y, *dx;
+  lutra_tensor_cache y_cache, dx_cache; /* behind y and dx: one per shape seen */
 } activation;
 
 /* per kind: the names its errors carry (the tanh GELU's are the
@@ -62,7 +64,6 @@ static int act_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwa
                        lutra_tensor **y) {
   activation *g = (activation *)m;
   const char *fn = NAMES[g->act].forward;
-  (void)fa;
   CHECK_ARG(lutra_dtype_is_float(x->dtype), "input dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(x->dtype));
   const bool gated = lutra_act_is_gated(g->act);
@@ -78,14 +79,16 @@ static int act_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwa
   }
   const lutra_backend *be;
   TRY(lutra_backend_get(x->device, &be, fn));
-  TRY(lutra_tensor_ensure(&g->y, PLAIN_TENSOR(x->dtype, x->ndim, shape, x->device), fn));
+  TRY(lutra_tensor_cache_get(&g->y_cache, PLAIN_TENSOR(x->dtype, x->ndim, shape, x->device), &g->y,
+                             fn));
   lutra_act_args a = {.x = x->data, .out = g->y->data, .dtype = x->dtype, .act = g->act};
   if (gated)
     gated_shape(x, &a);
   else
     a.n = x->numel;
   TRY(be->activation_forward(&a));
-  lutra_tensor_hold(&g->x, x);
+  /* an inference forward is never backpropagated: it lets go of the last input too */
+  lutra_tensor_hold(&g->x, fa->grad ? x : NULL);
   lutra_tensor_hold(&g->out, g->y);
   *y = g->y;
   return LUTRA_OK;
@@ -94,7 +97,9 @@ static int act_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwa
 static int act_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
   activation *g = (activation *)m;
   const char *fn = NAMES[g->act].backward;
-  CHECK_STATE(g->x, "backward called before forward");
+  CHECK_STATE(g->x, g->out ? "the last forward ran with grad = false (inference): it kept nothing "
+                             "for a backward"
+                           : "backward called before forward");
   CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
   CHECK_STATE(!(g->out->flags & LUTRA_TENSOR_FREED),
               "the output of the last forward was freed by the module that made it");
@@ -107,7 +112,8 @@ static int act_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   /* dx has the input's shape: the output's for element-wise kinds, twice its last dim for
    * gated ones */
   const lutra_tensor *x = g->x;
-  TRY(lutra_tensor_ensure(&g->dx, PLAIN_TENSOR(dy->dtype, x->ndim, x->shape, dy->device), fn));
+  TRY(lutra_tensor_cache_get(&g->dx_cache, PLAIN_TENSOR(dy->dtype, x->ndim, x->shape, dy->device),
+                             &g->dx, fn));
   lutra_act_args a = {
       .x = x->data, .dy = dy->data, .out = g->dx->data, .dtype = dy->dtype, .act = g->act};
   if (lutra_act_is_gated(g->act))
@@ -121,34 +127,27 @@ static int act_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
 
 static void act_release(lutra_module *m) {
   activation *g = (activation *)m;
-  lutra_tensor_destroy(g->y);
-  lutra_tensor_destroy(g->dx);
-  g->y = g->dx = NULL;
   lutra_tensor_hold(&g->x, NULL);
   lutra_tensor_hold(&g->out, NULL);
+  lutra_tensor_cache_release(&g->y_cache);
+  lutra_tensor_cache_release(&g->dx_cache);
+  g->y = g->dx = NULL;
 }
 
-/* the GELU's forward happened inside the neighbour's GEMM: x = pre-activation, y = its output */
-static void gelu_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
+/* the forward happened inside a neighbour (its GEMM's epilogue or its input cast): x = the
+ * activation's input, y = its output (whose data a fused cast may have left unwritten: the
+ * backward reads only its shape) */
+static void act_adopt(lutra_module *m, const lutra_tensor *x, const lutra_tensor *y) {
   activation *g = (activation *)m;
   lutra_tensor_hold(&g->x, x);
   lutra_tensor_hold(&g->out, y);
 }
 
-/* The tanh GELU can be adopted; the other kinds say which activation they are, so a consumer
- * after them (a Linear, whose dgrad applies only the tanh GELU's derivative) sees them, but
- * without adopt and with no producer ending in them, Sequential never fuses them. */
-#define FUSION(k) [k] = {.activation = k}
+#define FUSION(k) [k] = {.activation = k, .adopt = act_adopt}
 static const lutra_fusion_ops FUSIONS[LUTRA_ACT_COUNT] = {
-    [LUTRA_ACT_GELU_TANH] = {.activation = LUTRA_ACT_GELU_TANH, .adopt = gelu_adopt},
-    FUSION(LUTRA_ACT_RELU),
-    FUSION(LUTRA_ACT_SILU),
-    FUSION(LUTRA_ACT_QGELU),
-    FUSION(LUTRA_ACT_SRELU),
-    FUSION(LUTRA_ACT_GELU_ERF),
-    FUSION(LUTRA_ACT_SWIGLU),
-    FUSION(LUTRA_ACT_GEGLU),
-    FUSION(LUTRA_ACT_REGLU),
+    FUSION(LUTRA_ACT_GELU_TANH), FUSION(LUTRA_ACT_RELU),  FUSION(LUTRA_ACT_SILU),
+    FUSION(LUTRA_ACT_QGELU),     FUSION(LUTRA_ACT_SRELU), FUSION(LUTRA_ACT_GELU_ERF),
+    FUSION(LUTRA_ACT_SWIGLU),    FUSION(LUTRA_ACT_GEGLU), FUSION(LUTRA_ACT_REGLU),
 };
 
 #define OPS(k, name)                                                                               \

@@ -30,7 +30,8 @@ static int linear_forward_act(lutra_module *m, const lutra_tensor *x, const lutr
   RANGE_PUSH("lutra.linear.forward");
   int st = lutra_linear_core_forward(core_of(m), x, a, act, y, "lutra_linear_forward");
   RANGE_POP();
-  if (st == LUTRA_OK && pre) *pre = core_of(m)->pre;
+  /* an inference forward keeps no pre-activation */
+  if (st == LUTRA_OK && pre) *pre = core_of(m)->forward_grad ? core_of(m)->pre : NULL;
   return st;
 }
 
@@ -60,10 +61,26 @@ static bool linear_starts_from_act_grad(const lutra_module *m, int act) {
   return lutra_linear_core_starts_from_act_grad(const_core_of(m), act);
 }
 
-static int linear_backward_from_act_grad(lutra_module *m, const lutra_tensor *dy,
+static int linear_backward_from_act_grad(lutra_module *m, int act, const lutra_tensor *dy,
                                          lutra_tensor **dx) {
-  return linear_backward_op(m, &(lutra_linear_backward_op){.dy = dy, .from_act_grad = true}, dx,
-                            NULL);
+  return linear_backward_op(
+      m, &(lutra_linear_backward_op){.dy = dy, .from_act_grad = true, .act_grad_act = act}, dx,
+      NULL);
+}
+
+static bool linear_starts_with_act(const lutra_module *m, int act) {
+  (void)m;
+  return lutra_linear_core_starts_with_act(act);
+}
+
+static int linear_forward_from_act(lutra_module *m, const lutra_tensor *pre,
+                                   const lutra_forward_args *a, int act, lutra_tensor **y,
+                                   const lutra_tensor **act_y, bool *fused) {
+  RANGE_PUSH("lutra.linear.forward");
+  int st = lutra_linear_core_forward_from_act(core_of(m), pre, a, act, y, act_y, fused,
+                                              "lutra_linear_forward");
+  RANGE_POP();
+  return st;
 }
 
 static int linear_backward_into_act(lutra_module *m, const lutra_tensor *dy, int act,
@@ -92,6 +109,23 @@ static const lutra_fusion_ops linear_fusion = {
     .starts_from_act_grad = linear_starts_from_act_grad,
     .backward_from_act_grad = linear_backward_from_act_grad,
     .backward_into_act = linear_backward_into_act,
+    .starts_with_act = linear_starts_with_act,
+    .forward_from_act = linear_forward_from_act,
+};
+
+static int linear_quantizers(lutra_module *m, const lutra_recipe *build_for,
+                             lutra_module_quantizers *out, const char *fn) {
+  return lutra_linear_core_quantizers(core_of(m), build_for, NULL, out, fn);
+}
+
+static void linear_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
+                                    const lutra_module_quantizers *q) {
+  lutra_linear_core_adopt_quantizers(core_of(m), r, q);
+}
+
+static const lutra_checkpoint_ops linear_checkpoint = {
+    .quantizers = linear_quantizers,
+    .adopt_quantizers = linear_adopt_quantizers,
 };
 
 static const lutra_module_ops linear_ops = {
@@ -102,6 +136,7 @@ static const lutra_module_ops linear_ops = {
     .param = linear_param,
     .release = linear_release,
     .fusion = &linear_fusion,
+    .checkpoint = &linear_checkpoint,
 };
 
 void lutra_linear_defaults(lutra_linear_desc *d) {
@@ -146,5 +181,17 @@ int lutra_module_set_name(lutra_module *m, const char *name) {
   CHECK_ARG(strlen(name) < LUTRA_MODULE_NAME_MAX, "name is longer than %d bytes",
             LUTRA_MODULE_NAME_MAX - 1);
   strcpy(core_of(m)->choice.name, name);
+  return LUTRA_OK;
+}
+
+int lutra_linear_quantized(const lutra_module *m, int role, lutra_tensor **out) {
+  static const char fn[] = "lutra_linear_quantized";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &linear_ops, "module is a %s, not a linear", m->ops->kind);
+  CHECK_ARG(role == LUTRA_ROLE_INPUT || role == LUTRA_ROLE_WEIGHT,
+            "role %d is not the input's or the weight's", role);
+  CHECK_ARG(out, "out is NULL");
+  const lutra_linear_core *c = const_core_of(m);
+  *out = !c->forward_done || !c->forward_fp8 ? NULL : role == LUTRA_ROLE_INPUT ? c->xq : c->wq;
   return LUTRA_OK;
 }

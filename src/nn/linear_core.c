@@ -5,10 +5,12 @@
 #include "nn/linear_core.h"
 #include "backend/device.h"
 #include "core/error.h"
+#include "dist/group.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
+#include "nn/module.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 
@@ -22,12 +24,14 @@ static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   }
 }
 
-/* Builds the quantizers for a recipe (roles: its specs, or the module's choice for a factory
- * recipe); the old ones are replaced only once all new ones exist. */
-static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
-                             const lutra_quantizer_spec *roles, const char *fn) {
-  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *fresh_col[LUTRA_NUM_ROLES] = {0};
+/* Quantizers for the specs a recipe gives a module (roles: the recipe's, or the module's choice
+ * for a factory recipe), not installed yet: fresh[] the rowwise (or only) one of each role,
+ * fresh_col[] a hybrid role's columnwise one. */
+static int build_quantizers(const lutra_linear_core *c, const lutra_quantizer_spec *roles,
+                            lutra_quantizer *fresh[LUTRA_NUM_ROLES],
+                            lutra_quantizer *fresh_col[LUTRA_NUM_ROLES], const char *fn) {
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    fresh[i] = fresh_col[i] = NULL;
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (roles[i].kind == LUTRA_QUANT_NONE) continue;
     const bool hybrid = roles[i].col_dtype != 0;
@@ -44,14 +48,29 @@ static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
       return st;
     }
   }
+  return LUTRA_OK;
+}
+
+static void install_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                               lutra_quantizer *fresh[LUTRA_NUM_ROLES],
+                               lutra_quantizer *fresh_col[LUTRA_NUM_ROLES]) {
   free_quantizers(c->q);
   free_quantizers(c->qc);
-  memcpy(c->q, fresh, sizeof fresh);
-  memcpy(c->qc, fresh_col, sizeof fresh_col);
+  memcpy(c->q, fresh, sizeof c->q);
+  memcpy(c->qc, fresh_col, sizeof c->qc);
   c->qkey = r->key;
   c->quantized_for_recipe = true;
   c->weight_cached = false;
   c->xq = c->wq = c->xqc = c->wqc = NULL;
+}
+
+/* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
+static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                             const lutra_quantizer_spec *roles, const char *fn) {
+  if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES], *fresh_col[LUTRA_NUM_ROLES];
+  TRY(build_quantizers(c, roles, fresh, fresh_col, fn));
+  install_quantizers(c, r, fresh, fresh_col);
   return LUTRA_OK;
 }
 
@@ -77,18 +96,26 @@ static int note_forward(lutra_quantizer *q, const lutra_linear_core *c, const ch
 }
 
 /* The GEMM's epilogue for a forward ending in act (NULL: none). */
-static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act,
+static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act, bool grad,
                                                    lutra_gemm_epilogue *epi) {
   if (act == LUTRA_ACT_NONE) return NULL;
-  *epi = (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre};
+  /* an inference forward keeps no pre-activation: the plain GELU epilogue */
+  *epi = grad ? (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU_AUX, .aux = c->pre}
+              : (lutra_gemm_epilogue){.kind = LUTRA_EPILOGUE_GELU};
   return epi;
 }
 
-/* Out of line: inlined, its FP8 work (hybrid copies included) cost the high-precision forward
- * an instruction. */
-static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lutra_tensor *x,
+/* xop: the input's quantization (x itself, or an activation's output formed inside the cast).
+ * Out of line: inlined, its FP8 work (hybrid copies included) cost the high-precision forward
+ * instructions. */
+static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop,
                                                  int first_microbatch,
                                                  const lutra_gemm_epilogue *epi, const char *fn) {
+  /* an inference forward (xop->rowwise_only) quantizes no columnwise copies: only the dgrad and
+   * wgrad GEMMs read them. Not under the device flag, whose skipped casts keep the codes of the
+   * tensor quantized last, which must then be the full one. */
+  const bool w_rowwise_only =
+      xop->rowwise_only && first_microbatch != LUTRA_FIRST_MICROBATCH_DEVICE;
   lutra_quantizer *qi = c->q[LUTRA_ROLE_INPUT], *qw = c->q[LUTRA_ROLE_WEIGHT];
   /* DEVICE: the weight is quantized on every call, skipped on the device while the
    * skip-weight-update flag is set: the weight quantizer's output then keeps the codes of its
@@ -102,23 +129,42 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
                 "the skip-weight-update flag is set but this Linear has no quantized weight yet "
                 "(first FP8 forward, or the recipe changed): run it with the flag 0 first");
   }
-  TRY(lutra_quantize_run(qi, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xq, fn));
+  if (c->given_xq)
+    c->xq = c->given_xq;
+  else
+    TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
+  /* a hybrid input: its columnwise copy (the wgrad's) from a second cast, for a training
+   * forward only */
   lutra_quantizer *qic = c->qc[LUTRA_ROLE_INPUT], *qwc = c->qc[LUTRA_ROLE_WEIGHT];
-  if (qic) {
-    TRY(lutra_quantize_run(qic, &(lutra_quantize_op){.x = x, .record_amax = true}, &c->xqc, fn));
+  if (qic && !xop->rowwise_only) {
+    CHECK_STATE(!c->given_xq, "a hybrid input quantizer cannot take an FP8 input written for it");
+    lutra_quantize_op cop = *xop;
+    cop.act_out = NULL; /* the rowwise cast wrote it */
+    TRY(lutra_quantize_run(qic, &cop, &c->xqc, fn));
     TRY(note_forward(qic, c, fn));
   }
-  bool reuse = first_microbatch == 0 && c->weight_cached;
+  if (c->gather_rows > 1) {
+    CHECK_STATE(!qic, "sequence-parallel FP8 gathers one copy of the input: a hybrid input "
+                      "quantizer (columnwise_format) is not supported there");
+    TRY(c->gather_fp8(c->gather_ctx, c->xq, lutra_quantizer_meta(qi)->scale, &c->xq, fn));
+  }
+  const bool has_columnwise = qwc ? c->wqc != NULL : c->wq && c->wq->col_data;
+  bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || has_columnwise);
   if (!reuse) {
     TRY(lutra_quantize_run(
-        qw, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wq, fn));
+        qw,
+        &(lutra_quantize_op){
+            .x = c->weight, .record_amax = true, .skip = skip, .rowwise_only = w_rowwise_only},
+        &c->wq, fn));
     TRY(note_forward(qw, c, fn));
-    if (qwc) {
+    if (qwc && !w_rowwise_only) {
       TRY(lutra_quantize_run(
           qwc, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wqc,
           fn));
       TRY(note_forward(qwc, c, fn));
+    } else if (qwc) {
+      c->wqc = NULL; /* not of this weight: a later training forward quantizes it */
     }
     c->weight_cached = true;
   }
@@ -126,7 +172,7 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
       &(lutra_gemm_op){.a = c->wq,
                        .b = c->xq,
                        .d = c->y,
-                       .bias = c->bias,
+                       .bias = c->skip_forward_bias ? NULL : c->bias,
                        .epilogue = epi,
                        .transa = true,
                        .fast_accum = !c->forward_options.use_split_accumulator[LUTRA_GEMM_FPROP]},
@@ -161,6 +207,16 @@ static inline const lutra_quantizer_spec *roles_of(const lutra_linear_core *c,
   return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
 }
 
+/* a factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done */
+static int resolve_roles(lutra_linear_core *c, const lutra_tls_state *s, const char *fn) {
+  const lutra_recipe *r = s->recipe;
+  if (r && (s->enabled || s->calibrating) && r->kind == LUTRA_RECIPE_FACTORY) {
+    const lutra_quantizer_spec *chosen;
+    TRY(lutra_factory_roles(r, &c->choice, &chosen, fn));
+  }
+  return LUTRA_OK;
+}
+
 static bool uses_delayed(const lutra_quantizer_spec *roles) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
     if (roles[i].kind == LUTRA_QUANT_DELAYED) return true;
@@ -171,53 +227,133 @@ bool lutra_linear_core_ends_in(int act) {
   return act == LUTRA_ACT_GELU_TANH; /* cuBLASLt's GELU epilogues are the tanh form */
 }
 
-int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
-                              const lutra_forward_args *a, int act, lutra_tensor **y,
-                              const char *fn) {
+/* the activation act's output shape for its input pre (gated kinds halve the last dim) */
+static void act_out_shape(const lutra_tensor *pre, int act, int64_t *shape) {
+  memcpy(shape, pre->shape, sizeof(int64_t) * LUTRA_MAX_DIMS);
+  if (lutra_act_is_gated(act) && pre->ndim >= 1) shape[pre->ndim - 1] /= 2;
+}
+
+/* The forward of x (the module's input), or, when pre is not NULL, of act_in(pre): x is then
+ * c->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused). */
+static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pre,
+                        int act_in, const lutra_forward_args *a, int act, lutra_tensor **y,
+                        bool *fused, const char *fn) {
   TRY(check_input(c, x, fn));
   CHECK_ARG(act == LUTRA_ACT_NONE || lutra_linear_core_ends_in(act),
             "the forward cannot end in activation %d", act);
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  /* a factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done */
-  if (r && (s->enabled || s->calibrating) && r->kind == LUTRA_RECIPE_FACTORY) {
-    const lutra_quantizer_spec *chosen;
-    TRY(lutra_factory_roles(r, &c->choice, &chosen, fn));
-  }
+  TRY(resolve_roles(c, s, fn));
   bool fp8 = r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
   if (fp8) TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
   if (fp8 || calibrate) TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
+  /* act inside the input cast where the input quantizer takes it (delayed scaling) */
+  const bool fuse_in = pre && fp8 && lutra_quantizer_takes_act(c->q[LUTRA_ROLE_INPUT]);
+  const bool grad = a->grad != 0;
 
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = c->out;
-  TRY(lutra_tensor_ensure(&c->y, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
-  if (act != LUTRA_ACT_NONE)
-    TRY(lutra_tensor_ensure(&c->pre, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), fn));
+  bool gathered = fp8 && c->gather_rows > 1;
+  if (gathered) shape[0] *= c->gather_rows;
+  TRY(lutra_tensor_cache_get(&c->y_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device), &c->y,
+                             fn));
+  /* the pre-activation is kept for the backward only */
+  if (act != LUTRA_ACT_NONE && grad)
+    TRY(lutra_tensor_cache_get(&c->pre_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device),
+                               &c->pre, fn));
+  if (pre && !fuse_in) {
+    lutra_act_args aa = {.x = pre->data, .out = c->act_y->data, .dtype = pre->dtype, .act = act_in};
+    if (lutra_act_is_gated(act_in)) {
+      aa.cols = lutra_cols(pre);
+      aa.rows = lutra_rows(pre);
+    } else {
+      aa.n = pre->numel;
+    }
+    TRY(c->be->activation_forward(&aa));
+  }
   lutra_gemm_epilogue epi_store;
-  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, &epi_store);
+  const lutra_gemm_epilogue *epi = forward_epilogue(c, act, grad, &epi_store);
   if (fp8) {
     c->forward_options = r->options;
-    TRY(forward_fp8(c, x, a->is_first_microbatch, epi, fn));
+    lutra_quantize_op xop = {.x = x, .record_amax = true, .rowwise_only = !grad};
+    if (fuse_in) {
+      /* the activation's output in high precision only where a backward reads it: the plain
+       * backward (no grad_output quantizer, or backward_override "high_precision") uses the
+       * saved input */
+      bool hp = grad && (!c->q[LUTRA_ROLE_GRAD_OUTPUT] ||
+                         r->options.backward_override == LUTRA_BACKWARD_HIGH_PRECISION);
+      xop = (lutra_quantize_op){.x = pre,
+                                .record_amax = true,
+                                .act_forward = true,
+                                .act_kind = act_in,
+                                .act_out = hp ? c->act_y : NULL,
+                                .rowwise_only = !grad};
+    }
+    TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
     TRY(lutra_gemm_run(
         &(lutra_gemm_op){
-            .a = c->weight, .b = x, .d = c->y, .bias = c->bias, .epilogue = epi, .transa = true},
+            .a = c->weight,
+            .b = x,
+            .d = c->y,
+            .bias = c->skip_forward_bias ? NULL : c->bias,
+            .epilogue = epi,
+            .transa = true},
         fn));
   }
-  lutra_tensor_hold(&c->x, x);
+  /* an inference forward is never backpropagated: it lets go of the last input too */
+  lutra_tensor_hold(&c->x, grad ? x : NULL);
   c->forward_act = act;
   c->forward_fp8 = fp8;
-  c->forward_grad = a->grad != 0;
+  c->forward_gathered = gathered;
+  c->forward_grad = grad;
   c->forward_done = true;
   c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
   c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(roles_of(c, r)) &&
                         lutra_autocast_claim_backward_trigger();
+  if (fused) *fused = fuse_in;
   *y = c->y;
   return LUTRA_OK;
+}
+
+int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
+                              const lutra_forward_args *a, int act, lutra_tensor **y,
+                              const char *fn) {
+  return forward_impl(c, x, NULL, LUTRA_ACT_NONE, a, act, y, NULL, fn);
+}
+
+bool lutra_linear_core_starts_with_act(int act) {
+  return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT;
+}
+
+int lutra_linear_core_forward_from_act(lutra_linear_core *c, const lutra_tensor *pre,
+                                       const lutra_forward_args *a, int act, lutra_tensor **y,
+                                       const lutra_tensor **act_y, bool *fused, const char *fn) {
+  CHECK_ARG(lutra_linear_core_starts_with_act(act), "unknown activation kind %d", act);
+  CHECK_ARG(pre->dtype == c->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(pre->dtype), lutra_dtype_name(c->dtype));
+  CHECK_ARG(pre->device == c->device, "input is on another device than the module");
+  CHECK_ARG(pre->ndim >= 1, "the activation's input needs a last dim");
+  CHECK_ARG(!lutra_act_is_gated(act) || lutra_cols(pre) % 2 == 0,
+            "the input's last dim %lld is odd: a gated activation splits it into two halves",
+            (long long)lutra_cols(pre));
+  int64_t shape[LUTRA_MAX_DIMS];
+  act_out_shape(pre, act, shape);
+  TRY(lutra_tensor_cache_get(&c->act_y_cache, PLAIN_TENSOR(c->dtype, pre->ndim, shape, c->device),
+                             &c->act_y, fn));
+  TRY(forward_impl(c, c->act_y, pre, act, a, LUTRA_ACT_NONE, y, fused, fn));
+  *act_y = c->act_y;
+  return LUTRA_OK;
+}
+
+/* the input of activation act after this core: its pre-activation when the forward ended in
+ * act, else its output */
+static const lutra_tensor *act_input(const lutra_linear_core *c, int act) {
+  return c->forward_act == act && c->pre ? c->pre : c->y;
 }
 
 static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op, lutra_tensor *bg,
@@ -225,24 +361,27 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
   lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   lutra_tensor *dyq;
   /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
+  const int act = op->act_grad_act ? op->act_grad_act : c->forward_act;
   TRY(lutra_quantize_run(qg,
                          &(lutra_quantize_op){.x = op->dy,
                                               .record_amax = true,
-                                              .act = op->from_act_grad ? c->pre : NULL,
+                                              .act = op->from_act_grad ? act_input(c, act) : NULL,
+                                              .act_kind = act,
                                               .dbias = bg,
                                               .dbias_accumulate = c->accumulate_main_grad},
                          &dyq, fn));
   lutra_scale_meta *meta = lutra_quantizer_meta(qg);
   if (meta) TRY(lutra_autocast_note_backward(meta, c->device, fn));
-  /* a hybrid gradient: its columnwise copy (wgrad's) from a second cast, GELU's gradient in
-   * front of it too (the bias gradient came out of the first) */
+  /* a hybrid gradient: its columnwise copy (wgrad's) from a second cast, the activation's
+   * gradient in front of it too (the bias gradient came out of the first) */
   lutra_quantizer *qgc = c->qc[LUTRA_ROLE_GRAD_OUTPUT];
   lutra_tensor *dyqc = dyq;
   if (qgc) {
     TRY(lutra_quantize_run(qgc,
                            &(lutra_quantize_op){.x = op->dy,
                                                 .record_amax = true,
-                                                .act = op->from_act_grad ? c->pre : NULL},
+                                                .act = op->from_act_grad ? act_input(c, act) : NULL,
+                                                .act_kind = act},
                            &dyqc, fn));
     lutra_scale_meta *mc = lutra_quantizer_meta(qgc);
     if (mc) TRY(lutra_autocast_note_backward(mc, c->device, fn));
@@ -268,6 +407,8 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
 static int dequantized_operands(lutra_linear_core *c, const lutra_tensor **w,
                                 const lutra_tensor **x, const char *fn) {
   CHECK_STATE(c->xq && c->wq, "the FP8 forward kept no quantized input and weight");
+  CHECK_STATE(!c->forward_gathered, "backward_override \"dequantized\" does not take a "
+                                    "sequence-parallel input gathered in FP8");
   TRY(lutra_tensor_ensure(&c->xdq, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), fn));
   TRY(lutra_tensor_ensure(
       &c->wdq, PLAIN_TENSOR(c->dtype, c->weight->ndim, c->weight->shape, c->device), fn));
@@ -291,14 +432,29 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   CHECK_STATE(!(c->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
   CHECK_ARG(dy->dtype == c->dtype, "grad_output dtype %s does not match the module's %s",
             lutra_dtype_name(dy->dtype), lutra_dtype_name(c->dtype));
-  CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
   CHECK_ARG(dy->device == c->device, "grad_output is on another device than the module");
-  CHECK_ARG(!op->from_act_grad || lutra_linear_core_starts_from_act_grad(c, c->forward_act),
-            "this backward cannot apply the activation's gradient in its grad_output cast");
+  if (op->from_act_grad) {
+    const int act = op->act_grad_act ? op->act_grad_act : c->forward_act;
+    CHECK_ARG(lutra_linear_core_starts_from_act_grad(c, act),
+              "this backward cannot apply the activation's gradient in its grad_output cast");
+    const lutra_tensor *pre = act_input(c, act);
+    int64_t shape[LUTRA_MAX_DIMS];
+    act_out_shape(pre, act, shape);
+    bool fits = dy->ndim == pre->ndim;
+    for (int i = 0; fits && i < dy->ndim; i++)
+      fits = dy->shape[i] == shape[i];
+    CHECK_ARG(fits, "grad_output shape does not match the activation's output");
+  } else {
+    CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
+  }
   /* dx NULL: the input's gradient is not wanted (its dgrad GEMM is skipped) */
-  if (dx)
-    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device),
-                            fn));
+  if (dx) {
+    int64_t xshape[LUTRA_MAX_DIMS];
+    memcpy(xshape, c->x->shape, sizeof xshape);
+    if (c->forward_gathered) xshape[0] *= c->gather_rows;
+    TRY(lutra_tensor_cache_get(
+        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device), &c->dx, fn));
+  }
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
@@ -344,6 +500,9 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
+  /* final for this backward: an armed data-parallel sync can start their bucket now */
+  lutra_dist_grad_ready(wgrad_out);
+  if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
   if (dx) *dx = c->dx;
   return LUTRA_OK;
@@ -351,9 +510,30 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
 
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act) {
   const lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
-  return act == LUTRA_ACT_GELU_TANH && c->forward_done && c->forward_act == act && c->forward_fp8 &&
-         c->pre && qg && lutra_quantizer_takes_dgelu(qg) &&
+  const bool input_known = (c->forward_act == act && c->pre) || c->forward_act == LUTRA_ACT_NONE;
+  return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT && c->forward_done && c->forward_grad &&
+         input_known && c->forward_fp8 && qg && lutra_quantizer_takes_act(qg) &&
+         (!lutra_act_is_gated(act) || c->out % 2 == 0) &&
          c->forward_options.backward_override == LUTRA_BACKWARD_FP8;
+}
+
+int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
+                                      lutra_quantizer **q, const char *fn) {
+  *q = NULL;
+  TRY(check_input(c, x, fn));
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  TRY(resolve_roles(c, s, fn));
+  if (!(r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE))
+    return LUTRA_OK;
+  TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
+  TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
+  /* a producer writes one FP8 copy: a hybrid input (two casts in two formats) and a backward in
+   * high precision (which reads the input in high precision) take the producer's plain output */
+  if (c->qc[LUTRA_ROLE_INPUT] || r->options.backward_override == LUTRA_BACKWARD_HIGH_PRECISION)
+    return LUTRA_OK;
+  *q = c->q[LUTRA_ROLE_INPUT];
+  return LUTRA_OK;
 }
 
 int lutra_linear_core_num_params(const lutra_linear_core *c) {
@@ -372,15 +552,17 @@ void lutra_linear_core_release(lutra_linear_core *c) {
   free_quantizers(c->q);
   free_quantizers(c->qc);
   c->xqc = c->wqc = NULL;
-  lutra_tensor *owned[] = {
-      c->weight, c->bias, c->wgrad, c->bgrad, c->weight_main_grad, c->bias_main_grad, c->y,
-      c->dx,     c->pre,  c->xdq,   c->wdq};
+  lutra_tensor_hold(&c->x, NULL); /* before the tensors: it may be act_y */
+  lutra_tensor *owned[] = {c->weight,           c->bias,           c->wgrad, c->bgrad,
+                           c->weight_main_grad, c->bias_main_grad, c->xdq,   c->wdq};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
+  lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
+  for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
+    lutra_tensor_cache_release(caches[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
-  c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = NULL;
+  c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = c->act_y = NULL;
   c->xdq = c->wdq = NULL;
-  lutra_tensor_hold(&c->x, NULL);
   c->xq = c->wq = NULL;
   c->forward_done = false;
 }
@@ -433,4 +615,63 @@ int lutra_linear_core_init(lutra_linear_core *c, const lutra_linear_desc *d, con
   if (st == LUTRA_OK) st = zero_grads(c);
   if (st != LUTRA_OK) lutra_linear_core_release(c);
   return st;
+}
+
+int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
+                                 const char *const *names, lutra_module_quantizers *out,
+                                 const char *fn) {
+  static const char *const roles[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
+  static const char *const col_roles[LUTRA_NUM_ROLES] = {"input_columnwise", "weight_columnwise",
+                                                         "grad_output_columnwise"};
+  CHECK_ARG(out->count + 2 * LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
+            "a module owns more than %d quantizers", LUTRA_MODULE_MAX_QUANTIZERS);
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *fresh_col[LUTRA_NUM_ROLES] = {0};
+  lutra_quantizer *const *q = c->q, *const *qc = c->qc;
+  if (build_for) {
+    CHECK_STATE(!c->quantized_for_recipe || c->qkey == build_for->key,
+                "the module's quantizers were built for another recipe than the one given");
+    if (!c->quantized_for_recipe) {
+      /* a factory recipe's choice is the module's, made at its first forward under it */
+      CHECK_STATE(build_for->kind != LUTRA_RECIPE_FACTORY ||
+                      (c->choice.set && c->choice.key == build_for->key),
+                  "a factory recipe chooses a module's quantizers at its first forward: run one "
+                  "forward under the recipe before loading its FP8 state");
+      TRY(build_quantizers(c, roles_of(c, build_for), fresh, fresh_col, fn));
+      out->fresh = true;
+      q = fresh;
+      qc = fresh_col;
+    }
+  }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    if (qc[i] && names) {
+      if (out->fresh) {
+        free_quantizers(fresh);
+        free_quantizers(fresh_col);
+        out->fresh = false;
+      }
+      return lutra_error(LUTRA_EINVAL, fn,
+                         "a hybrid quantizer (columnwise_format) of a module "
+                         "with several Linears cannot be checkpointed yet");
+    }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (!q[i]) continue;
+    out->name[out->count] = names ? names[i] : roles[i];
+    out->slot[out->count] = i;
+    out->q[out->count++] = q[i];
+  }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (!qc[i]) continue;
+    out->name[out->count] = col_roles[i];
+    out->slot[out->count] = LUTRA_NUM_ROLES + i;
+    out->q[out->count++] = qc[i];
+  }
+  return LUTRA_OK;
+}
+
+void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                        const lutra_module_quantizers *q) {
+  lutra_quantizer *fresh[2 * LUTRA_NUM_ROLES] = {0};
+  for (int i = 0; i < q->count; i++)
+    fresh[q->slot[i]] = q->q[i];
+  install_quantizers(c, r, fresh, fresh + LUTRA_NUM_ROLES);
 }

@@ -26,16 +26,56 @@ typedef struct lutra_fusion_ops {
   bool (*ends_in)(const lutra_module *m, int act);
   int (*forward_ending_in)(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                            int act, lutra_tensor **y, const lutra_tensor **pre);
-  /* a producer whose last forward ended in act: whether its backward can start from dy, the
-   * gradient of act's output (act' applied inside its grad_output cast), and that backward */
+  /* a producer whose last forward's output was act's input (or whose last forward ended in
+   * act, the pre-activation its input): whether its backward can start from dy, the gradient of
+   * act's output (act' applied inside its grad_output cast, with the bias gradient: TE's dact +
+   * dbias + cast + transpose), and that backward */
   bool (*starts_from_act_grad)(const lutra_module *m, int act);
-  int (*backward_from_act_grad)(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
+  int (*backward_from_act_grad)(lutra_module *m, int act, const lutra_tensor *dy,
+                                lutra_tensor **dx);
   /* a consumer right after an activation: its backward with the returned gradient multiplied by
    * act'(pre) (pre: the activation's input), so *dx is the gradient of the activation's input;
    * *fused is false (and *dx the plain input gradient) where it could not apply it */
   int (*backward_into_act)(lutra_module *m, const lutra_tensor *dy, int act,
                            const lutra_tensor *pre, lutra_tensor **dx, bool *fused);
+  /* a consumer right after an activation: whether its forward can take the activation's input
+   * pre and run act itself, inside the cast of its FP8 input (quantize(act(pre)) in one pass),
+   * and that forward: *y its output, *act_y the activation's output (the consumer's tensor,
+   * valid until its next forward; its data written only where a backward reads it), *fused
+   * whether act ran inside the cast (false: the consumer ran the activation's own kernel first,
+   * where its recipe or precision has no fused cast; the results are the same either way) */
+  bool (*starts_with_act)(const lutra_module *m, int act);
+  int (*forward_from_act)(lutra_module *m, const lutra_tensor *pre, const lutra_forward_args *a,
+                          int act, lutra_tensor **y, const lutra_tensor **act_y, bool *fused);
 } lutra_fusion_ops;
+
+/* What a checkpoint asks of a module. A module with children names none of its own parameters
+ * (its num_params/param run over its children's, in order); a leaf's parameter i is named by
+ * param_name, or "weight", "bias" for 0 and 1 without it. Entries may be NULL. */
+enum { LUTRA_MODULE_MAX_QUANTIZERS = 8 };
+typedef struct lutra_module_quantizers {
+  int count;
+  const char *name[LUTRA_MODULE_MAX_QUANTIZERS]; /* "input", or "fc1.input" for a module of two */
+  lutra_quantizer *q[LUTRA_MODULE_MAX_QUANTIZERS];
+  int32_t slot[LUTRA_MODULE_MAX_QUANTIZERS]; /* the module's own index of each (a Linear: role) */
+  /* q were made for the recipe asked for and are not the module's yet: adopt_quantizers installs
+   * them, or the caller frees them (lutra_quantizer_destroy) */
+  bool fresh;
+} lutra_module_quantizers;
+typedef struct lutra_checkpoint_ops {
+  int (*num_children)(const lutra_module *m);
+  /* child i, and its name (NULL: its index, as Sequential's) */
+  lutra_module *(*child)(const lutra_module *m, int i, const char **name);
+  const char *(*param_name)(const lutra_module *m, int i);
+  /* the quantizers the module owns. build_for not NULL and none built yet: fresh ones for that
+   * recipe, as its first FP8 forward under it would build them, returned without being
+   * installed (out->fresh), so that a load that fails leaves the module as it was; refused when
+   * the module's were built for another recipe */
+  int (*quantizers)(lutra_module *m, const lutra_recipe *build_for, lutra_module_quantizers *out,
+                    const char *fn);
+  void (*adopt_quantizers)(lutra_module *m, const lutra_recipe *r,
+                           const lutra_module_quantizers *q);
+} lutra_checkpoint_ops;
 
 typedef struct lutra_module_ops {
   const char *kind;
@@ -46,6 +86,8 @@ typedef struct lutra_module_ops {
   int (*param)(const lutra_module *m, int i, lutra_param *out);
   void (*release)(lutra_module *m); /* frees buffers and child references */
   const lutra_fusion_ops *fusion;   /* NULL: takes part in no fusion */
+  /* checkpoints (io/checkpoint.c): how the module tree is named and what FP8 state it owns */
+  const lutra_checkpoint_ops *checkpoint; /* NULL: a leaf, parameters "weight", "bias", no FP8 */
 } lutra_module_ops;
 
 struct lutra_module {

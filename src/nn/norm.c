@@ -10,6 +10,7 @@
 #include "core/object.h"
 #include "nn/module.h"
 #include "runtime/tensor.h"
+#include "runtime/tensor_cache.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -23,6 +24,9 @@ typedef struct norm {
   lutra_tensor *y, *dx, *mean, *rstd;
   const lutra_tensor *x; /* held (lutra_tensor_hold) until the next forward */
   bool forward_grad;     /* the last forward kept its input and statistics */
+  /* behind y, dx, mean and rstd: one per shape seen (a training and an evaluation batch size
+   * alternate without reallocating) */
+  lutra_tensor_cache y_cache, dx_cache, mean_cache, rstd_cache;
 } norm;
 
 static const char *fwd_name(const norm *n) {
@@ -44,7 +48,7 @@ static lutra_norm_args base_args(const norm *n, const lutra_tensor *x) {
                            .rms = n->d.rms,
                            .zero_centered_gamma = n->d.zero_centered_gamma,
                            .mean = n->mean ? n->mean->data : NULL,
-                           .rstd = n->rstd->data};
+                           .rstd = n->rstd ? n->rstd->data : NULL};
 }
 
 static int norm_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
@@ -59,14 +63,21 @@ static int norm_forward(lutra_module *m, const lutra_tensor *x, const lutra_forw
   CHECK_ARG(x->device == n->d.device, "input is on another device than the module");
   CHECK_ARG(x->scaling == LUTRA_SCALING_NONE, "input is quantized (FP8); a norm takes f32/bf16");
   int64_t rows = lutra_rows(x);
-  TRY(lutra_tensor_ensure(&n->y, PLAIN_TENSOR(x->dtype, x->ndim, x->shape, x->device), fn));
-  TRY(lutra_tensor_ensure(&n->rstd, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device), fn));
-  if (!n->d.rms)
-    TRY(lutra_tensor_ensure(&n->mean, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device), fn));
+  const bool grad = a->grad != 0;
+  TRY(lutra_tensor_cache_get(&n->y_cache, PLAIN_TENSOR(x->dtype, x->ndim, x->shape, x->device),
+                             &n->y, fn));
+  /* the row statistics are for the backward only: an inference forward writes none */
+  if (grad)
+    TRY(lutra_tensor_cache_get(&n->rstd_cache, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device),
+                               &n->rstd, fn));
+  if (grad && !n->d.rms)
+    TRY(lutra_tensor_cache_get(&n->mean_cache, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device),
+                               &n->mean, fn));
   lutra_norm_args na = base_args(n, x);
   na.y = n->y->data;
+  if (!grad) na.mean = na.rstd = NULL;
   TRY(n->be->layernorm_forward(&na));
-  n->forward_grad = a->grad != 0;
+  n->forward_grad = grad;
   /* an inference forward is never backpropagated: it lets go of the last input too */
   lutra_tensor_hold(&n->x, n->forward_grad ? x : NULL);
   *y = n->y;
@@ -85,7 +96,8 @@ static int norm_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor *
   CHECK_ARG(lutra_same_shape(dy, n->y), "grad_output shape does not match the forward output");
   CHECK_ARG(dy->device == n->d.device, "grad_output is on another device than the module");
   if (dx)
-    TRY(lutra_tensor_ensure(&n->dx, PLAIN_TENSOR(dy->dtype, dy->ndim, dy->shape, dy->device), fn));
+    TRY(lutra_tensor_cache_get(
+        &n->dx_cache, PLAIN_TENSOR(dy->dtype, dy->ndim, dy->shape, dy->device), &n->dx, fn));
   lutra_norm_args na = base_args(n, n->x);
   na.dy = dy->data;
   na.dx = dx ? n->dx->data : NULL;
@@ -108,11 +120,14 @@ static int norm_param(const lutra_module *m, int i, lutra_param *out) {
 
 static void norm_release(lutra_module *m) {
   norm *n = (norm *)m;
-  lutra_tensor *owned[] = {n->weight, n->bias, n->wgrad, n->bgrad, n->y, n->dx, n->mean, n->rstd};
+  lutra_tensor_hold(&n->x, NULL);
+  lutra_tensor *owned[] = {n->weight, n->bias, n->wgrad, n->bgrad};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
+  lutra_tensor_cache *caches[] = {&n->y_cache, &n->dx_cache, &n->mean_cache, &n->rstd_cache};
+  for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
+    lutra_tensor_cache_release(caches[i]);
   n->weight = n->bias = n->wgrad = n->bgrad = n->y = n->dx = n->mean = n->rstd = NULL;
-  lutra_tensor_hold(&n->x, NULL);
 }
 
 static const lutra_module_ops layernorm_ops = {

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
+#include "nn/optim_state.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -207,5 +208,17 @@ int lutra_optim_set_lr(lutra_optim *o, float lr) {
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   CHECK_ARG(isfinite(lr) && lr >= 0, "lr must be finite and >= 0");
   o->desc.lr = lr;
+  return LUTRA_OK;
+}
+
+int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn) {
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
+  *v = (lutra_optim_view){.kind = o->desc.kind,
+                          .lr = &o->desc.lr,
+                          .args = &o->args,
+                          .mastered = o->mastered,
+                          .module = o->module,
+                          .be = o->be};
   return LUTRA_OK;
 }

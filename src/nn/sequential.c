@@ -8,7 +8,12 @@
  * TransformerEngine's LayerNormMLP. Where that backward cannot (an FP8 dgrad GEMM), the producer
  * may start its backward from the activation's output gradient (a Linear with delayed scaling:
  * act' inside its grad_output cast); else the activation's own backward runs.
- * lutra_sequential_fusions counts what the last forward/backward fused. */
+ * An activation its producer cannot end in (every kind but the tanh GELU, which cuBLASLt's
+ * epilogues have) is run by the module after it instead, inside the cast of that module's FP8
+ * input (a Linear: quantize(act(x)) in one pass); its backward goes into the producer's
+ * grad_output cast the same way (act' + dbias + cast + transpose in one pass).
+ * lutra_sequential_fusions counts what the last forward/backward fused: pairs whose activation
+ * ran inside a GEMM epilogue or a cast, with no kernel of its own. */
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
@@ -23,6 +28,7 @@ typedef struct sequential {
   lutra_module **mods;
   int32_t *fused_act;       /* [i]: mods[i]'s forward can end in mods[i + 1], this activation */
   const lutra_tensor **pre; /* [i]: the pre-activation the last forward fused at i, or NULL */
+  int32_t *in_act;          /* [i]: mods[i] runs mods[i - 1], this activation, in its forward */
   int fused_forward, fused_backward; /* pairs fused by the last forward / backward */
 } sequential;
 
@@ -36,7 +42,16 @@ static int seq_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwa
     s->pre[i] = NULL;
   for (int i = 0; i < s->count; i++) {
     lutra_module *mod = s->mods[i];
-    if (s->fused_act[i] != LUTRA_ACT_NONE) {
+    if (i + 1 < s->count && s->in_act[i + 1] != LUTRA_ACT_NONE) {
+      /* mods[i] is an activation the next module runs: hand it the activation's input */
+      lutra_module *act = mod, *next = s->mods[i + 1];
+      const lutra_tensor *act_y;
+      bool fused;
+      TRY(next->ops->fusion->forward_from_act(next, h, a, s->in_act[i + 1], &out, &act_y, &fused));
+      act->ops->fusion->adopt(act, a->grad ? h : NULL, act_y); /* inference: keeps nothing */
+      if (fused) s->fused_forward++;
+      i++;
+    } else if (s->fused_act[i] != LUTRA_ACT_NONE) {
       const lutra_tensor *pre;
       TRY(mod->ops->fusion->forward_ending_in(mod, h, a, s->fused_act[i], &out, &pre));
       lutra_module *act = s->mods[i + 1];
@@ -76,13 +91,16 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
       }
       continue;
     }
-    /* an activation fused into the producer before it, which can start its backward from the
-     * activation's output gradient (act' in its grad_output cast) */
-    if (i >= 1 && s->pre[i - 1]) {
+    /* an activation whose producer (the module before it, whose output or pre-activation was
+     * its input) can start its backward from the activation's output gradient (act' in its
+     * grad_output cast) */
+    const int act = lutra_module_activation(mod);
+    if (i >= 1 && act != LUTRA_ACT_NONE) {
       lutra_module *producer = s->mods[i - 1];
       const lutra_fusion_ops *pf = producer->ops->fusion;
-      if (pf->starts_from_act_grad && pf->starts_from_act_grad(producer, s->fused_act[i - 1])) {
-        TRY(pf->backward_from_act_grad(producer, g, i == 1 ? input_grad : &out));
+      if (pf && pf->starts_from_act_grad && pf->backward_from_act_grad &&
+          pf->starts_from_act_grad(producer, act)) {
+        TRY(pf->backward_from_act_grad(producer, act, g, i == 1 ? input_grad : &out));
         g = out;
         s->fused_backward++;
         i--; /* the producer's backward is done too */
@@ -121,11 +139,27 @@ static void seq_release(lutra_module *m) {
   free(s->mods);
   free(s->fused_act);
   free(s->pre);
+  free(s->in_act);
   s->mods = NULL;
   s->fused_act = NULL;
   s->pre = NULL;
+  s->in_act = NULL;
   s->count = 0;
 }
+
+static int seq_num_children(const lutra_module *m) {
+  return ((const sequential *)m)->count;
+}
+
+static lutra_module *seq_child(const lutra_module *m, int i, const char **name) {
+  *name = NULL; /* named by index, as torch's Sequential */
+  return ((const sequential *)m)->mods[i];
+}
+
+static const lutra_checkpoint_ops seq_checkpoint = {
+    .num_children = seq_num_children,
+    .child = seq_child,
+};
 
 static const lutra_module_ops seq_ops = {
     .kind = "sequential",
@@ -134,6 +168,7 @@ static const lutra_module_ops seq_ops = {
     .num_params = seq_num_params,
     .param = seq_param,
     .release = seq_release,
+    .checkpoint = &seq_checkpoint,
 };
 
 int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
@@ -158,11 +193,13 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
   lutra_module **copy = calloc((size_t)n, sizeof *copy);
   int32_t *fused_act = calloc((size_t)n, sizeof *fused_act);
   const lutra_tensor **pre = calloc((size_t)n, sizeof *pre);
-  if (!s || !copy || !fused_act || !pre) {
+  int32_t *in_act = calloc((size_t)n, sizeof *in_act);
+  if (!s || !copy || !fused_act || !pre || !in_act) {
     free(s);
     free(copy);
     free(fused_act);
     free(pre);
+    free(in_act);
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   }
   memcpy(copy, mods, (size_t)n * sizeof *copy);
@@ -175,6 +212,18 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
                  copy[i + 1]->ops->fusion->adopt && (i == 0 || fused_act[i - 1] == LUTRA_ACT_NONE);
     fused_act[i] = pairs ? act : LUTRA_ACT_NONE;
   }
+  for (int i = 1; i < n; i++) {
+    /* an activation its producer does not run is run by the module after it, if that one takes
+     * it (and is no producer of a pair itself: its forward would have to do both) */
+    int act = lutra_module_activation(copy[i - 1]);
+    const lutra_fusion_ops *fu = lutra_module_fusion(copy[i]);
+    bool adopted = i >= 2 && fused_act[i - 2] != LUTRA_ACT_NONE;
+    bool takes = act != LUTRA_ACT_NONE && !adopted && (i < 2 || in_act[i - 1] == LUTRA_ACT_NONE) &&
+                 fu && fu->starts_with_act && fu->forward_from_act &&
+                 fu->starts_with_act(copy[i], act) && copy[i - 1]->ops->fusion->adopt &&
+                 fused_act[i] == LUTRA_ACT_NONE;
+    in_act[i] = takes ? act : LUTRA_ACT_NONE;
+  }
   for (int i = 0; i < n; i++)
     lutra_module_retain(copy[i]);
   lutra_module_init(&s->base, &seq_ops);
@@ -182,6 +231,7 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
   s->mods = copy;
   s->fused_act = fused_act;
   s->pre = pre;
+  s->in_act = in_act;
   *out = &s->base;
   return LUTRA_OK;
 }
@@ -194,5 +244,26 @@ int lutra_sequential_fusions(const lutra_module *m, int *forward, int *backward)
   const sequential *s = (const sequential *)m;
   *forward = s->fused_forward;
   *backward = s->fused_backward;
+  return LUTRA_OK;
+}
+
+int lutra_sequential_count(const lutra_module *m, int *n) {
+  static const char fn[] = "lutra_sequential_count";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &seq_ops, "module is a %s, not a sequential", m->ops->kind);
+  CHECK_ARG(n, "n is NULL");
+  *n = ((const sequential *)m)->count;
+  return LUTRA_OK;
+}
+
+int lutra_sequential_child(const lutra_module *m, int i, lutra_module **out) {
+  static const char fn[] = "lutra_sequential_child";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &seq_ops, "module is a %s, not a sequential", m->ops->kind);
+  CHECK_ARG(out, "out is NULL");
+  const sequential *s = (const sequential *)m;
+  CHECK_ARG(i >= 0 && i < s->count, "index %d is out of range 0..%d", i, s->count - 1);
+  lutra_module_retain(s->mods[i]);
+  *out = s->mods[i];
   return LUTRA_OK;
 }

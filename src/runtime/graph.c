@@ -69,6 +69,12 @@ static void drop_held(held_list *l) {
     case LUTRA_MAGIC_QUANTIZER:
       lutra_quantizer_unref(p);
       break;
+    case LUTRA_MAGIC_MOE_ROUTER:
+      lutra_moe_router_free(p);
+      break;
+    case LUTRA_MAGIC_MOE_DISPATCH:
+      lutra_moe_dispatch_free(p);
+      break;
     default:
       o->refs--;
     }
@@ -112,9 +118,11 @@ static int check_held(const held_list *l, const char *fn) {
       const lutra_object *o = h->p;
       CHECK_STATE(!(o->flags & LUTRA_OBJ_FREED),
                   "a %s this graph uses was freed after the capture: capture the graph again",
-                  o->magic == LUTRA_MAGIC_MODULE ? "module"
-                  : o->magic == LUTRA_MAGIC_LOSS ? "loss"
-                                                 : "quantizer");
+                  o->magic == LUTRA_MAGIC_MODULE         ? "module"
+                  : o->magic == LUTRA_MAGIC_LOSS         ? "loss"
+                  : o->magic == LUTRA_MAGIC_MOE_ROUTER   ? "MoE router"
+                  : o->magic == LUTRA_MAGIC_MOE_DISPATCH ? "MoE dispatcher"
+                                                         : "quantizer");
     }
   }
   return LUTRA_OK;

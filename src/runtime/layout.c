@@ -80,6 +80,13 @@ static const field fields[] = {
     F(lutra_norm_desc, dtype),
     F(lutra_norm_desc, device),
 
+    S(lutra_moe_router_desc),
+    F(lutra_moe_router_desc, experts),
+    F(lutra_moe_router_desc, k),
+    F(lutra_moe_router_desc, renormalize),
+    F(lutra_moe_router_desc, scaling_factor),
+    F(lutra_moe_router_desc, device),
+
     S(lutra_forward_args),
     F(lutra_forward_args, is_first_microbatch),
     F(lutra_forward_args, grad),
@@ -103,6 +110,21 @@ static const field fields[] = {
     F(lutra_optim_desc, beta1),
     F(lutra_optim_desc, beta2),
     F(lutra_optim_desc, eps),
+
+    S(lutra_checkpoint_objects),
+    F(lutra_checkpoint_objects, model),
+    F(lutra_checkpoint_objects, optim),
+    F(lutra_checkpoint_objects, recipe),
+    F(lutra_checkpoint_objects, fp8),
+    F(lutra_checkpoint_objects, main_grads),
+    F(lutra_checkpoint_objects, rng),
+    S(lutra_checkpoint_rename),
+    F(lutra_checkpoint_rename, from),
+    F(lutra_checkpoint_rename, to),
+    S(lutra_checkpoint_load_opts),
+    F(lutra_checkpoint_load_opts, map),
+    F(lutra_checkpoint_load_opts, map_len),
+    F(lutra_checkpoint_load_opts, convert),
 };
 
 /* Entry i, or LUTRA_EINVAL past the end (the caller's loop stops there). An entry with an

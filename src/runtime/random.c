@@ -94,3 +94,12 @@ int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev)
 int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi) {
   return fill_random(t, seed, lo, hi, false, "lutra_tensor_uniform");
 }
+
+int lutra_seed_state(uint64_t *state) {
+  static const char fn[] = "lutra_seed_state";
+  CHECK_ARG(state, "state is NULL");
+  pthread_mutex_lock(&seed_lock);
+  *state = seed_state;
+  pthread_mutex_unlock(&seed_lock);
+  return LUTRA_OK;
+}

@@ -185,10 +185,7 @@ bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b) {
 
 int lutra_tensor_prepare(lutra_tensor *cur, const lutra_tensor_spec *s, lutra_tensor **out,
                          const char *fn) {
-  if (cur && cur->dtype == s->dtype && cur->scaling == s->scaling && cur->device == s->device &&
-      cur->ndim == s->ndim && (cur->data != NULL) == s->rowwise &&
-      (cur->col_data != NULL) == s->columnwise &&
-      memcmp(cur->shape, s->shape, (size_t)s->ndim * sizeof *s->shape) == 0) {
+  if (lutra_tensor_fits(cur, s)) {
     *out = cur;
     return LUTRA_OK;
   }

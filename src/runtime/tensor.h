@@ -42,6 +42,17 @@ int lutra_tensor_ensure(lutra_tensor **t, const lutra_tensor_spec *s, const char
 /* The same in two steps, for calls that must change nothing when a later step fails:
  * prepare gives the current tensor when it fits, else a new one (the current one untouched);
  * commit installs it (destroying the old), discard drops it. */
+/* whether cur is what s describes (dtype, scaling, device, shape, rowwise/columnwise parts);
+ * inline: every forward asks it of each of its buffers */
+static inline bool lutra_tensor_fits(const lutra_tensor *cur, const lutra_tensor_spec *s) {
+  if (!cur || cur->dtype != s->dtype || cur->scaling != s->scaling || cur->device != s->device ||
+      cur->ndim != s->ndim || (cur->data != NULL) != s->rowwise ||
+      (cur->col_data != NULL) != s->columnwise)
+    return false;
+  for (int i = 0; i < s->ndim; i++)
+    if (cur->shape[i] != s->shape[i]) return false;
+  return true;
+}
 int lutra_tensor_prepare(lutra_tensor *cur, const lutra_tensor_spec *s, lutra_tensor **out,
                          const char *fn);
 void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t);

@@ -40,16 +40,6 @@ float lutra_cpu_gelu_grad(float x) {
   return gelu_grad(x);
 }
 
-int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out) {
-  static const char fn[] = "lutra_cpu_gelu_grad_product";
-  CHECK_FLOAT_DTYPE(dtype, "tensor");
-  CHECK_ARG(n >= 0, "negative element count %lld", (long long)n);
-  CHECK_ARG(n == 0 || (x && dy && out), "x, dy and out must not be NULL");
-  for (int64_t i = 0; i < n; i++)
-    out[i] = lutra_elem_load(dy, dtype, i) * gelu_grad(lutra_elem_load(x, dtype, i));
-  return LUTRA_OK;
-}
-
 /* ---- the other kinds (TransformerEngine's activations) -------------------------------------
  * Each is the f32 operation sequence of kernels/activation_math.cuh, operation for operation:
  * ReLU and SquaredReLU are exact there; the sigmoid kinds go through expf and the erf GELU
@@ -140,8 +130,8 @@ static float act_df(int act, float x) {
 static int check_act(const lutra_act_args *a, bool backward, const char *fn) {
   CHECK_ARG(a != NULL, "arguments are NULL");
   if (a->act <= LUTRA_ACT_NONE || a->act >= LUTRA_ACT_COUNT)
-    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)",
-                       (int)a->act, LUTRA_ACT_COUNT - 1);
+    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)", (int)a->act,
+                       LUTRA_ACT_COUNT - 1);
   CHECK_FLOAT_DTYPE(a->dtype, "tensor");
   int64_t n = a->n;
   if (lutra_act_is_gated(a->act)) {
@@ -202,6 +192,53 @@ int lutra_cpu_activation_backward(const lutra_act_args *a) {
   for (int64_t i = 0; i < a->n; i++) {
     float xi = lutra_elem_load(x, dtype, i), gi = lutra_elem_load(dy, dtype, i);
     lutra_elem_store(dx, dtype, i, gi * act_df(act, xi));
+  }
+  return LUTRA_OK;
+}
+
+/* ---- an activation inside a cast (lutra_quant_args.act_kind) ----------------------------- */
+
+/* v as the activation kernels store it in dtype, read back as f32 */
+static inline float round_to(int dtype, float v) {
+  if (dtype == LUTRA_F32) return v;
+  uint16_t h;
+  lutra_elem_store(&h, dtype, 0, v);
+  return lutra_elem_load(&h, dtype, 0);
+}
+
+int lutra_cpu_act_matrix(const lutra_quant_args *a, float *out) {
+  static const char fn[] = "lutra_cpu_act_matrix";
+  const int act = a->act_kind ? a->act_kind : LUTRA_ACT_GELU_TANH, dtype = a->x_dtype;
+  if (act <= LUTRA_ACT_NONE || act >= LUTRA_ACT_COUNT)
+    return lutra_error(LUTRA_EINVAL, fn, "unknown activation kind %d (expected 1..%d)", act,
+                       LUTRA_ACT_COUNT - 1);
+  const bool gated = lutra_act_is_gated(act), fwd = a->act_forward != 0;
+  const int64_t rows = a->rows, cols = a->cols;
+  CHECK_ARG(!gated || fwd || cols % 2 == 0,
+            "a gated activation's input gradient [%lld, %lld] needs an even last dim",
+            (long long)rows, (long long)cols);
+  CHECK_ARG(rows * cols == 0 || (a->act && (fwd || a->x)),
+            "the activation's input (and, backward, its output gradient) must not be NULL");
+  const void *p = a->act, *dy = a->x;
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t c = 0; c < cols; c++) {
+      float v;
+      if (!gated) {
+        const float x = lutra_elem_load(p, dtype, r * cols + c);
+        v = fwd ? act_f(act, x) : lutra_elem_load(dy, dtype, r * cols + c) * act_df(act, x);
+      } else if (fwd) { /* pre [rows, 2 cols]: gate a, linear b */
+        const float g = lutra_elem_load(p, dtype, r * 2 * cols + c);
+        const float b = lutra_elem_load(p, dtype, r * 2 * cols + cols + c);
+        v = act_f(act, g) * b;
+      } else { /* pre [rows, cols], dy [rows, cols / 2] */
+        const int64_t h = cols / 2, j = c < h ? c : c - h;
+        const float g = lutra_elem_load(p, dtype, r * cols + j);
+        const float d = lutra_elem_load(dy, dtype, r * h + j);
+        v = c < h ? d * lutra_elem_load(p, dtype, r * cols + h + j) * act_df(act, g)
+                  : d * act_f(act, g);
+      }
+      out[r * cols + c] = round_to(dtype, v);
+    }
   }
   return LUTRA_OK;
 }

@@ -17,9 +17,10 @@ static int with_dbias(int st, const lutra_quant_args *a) {
                                                      .accumulate = a->dbias_accumulate,
                                                      .skip = a->skip});
 }
-/* lutra_quant_args.act: the product x * gelu'(act) is formed in f32 first (a grow-once
- * per-thread buffer: the CPU backend is the reference, one pass more is its price), then cast
- * and summed like any f32 input, so both see the same values. */
+/* lutra_quant_args.act: the activation's output or input gradient is formed in f32 first (a
+ * grow-once per-thread buffer: the CPU backend is the reference, one pass more is its price),
+ * each value rounded as the activation's kernel stores it, then cast and summed like any f32
+ * input, so both see the values the unfused composition would (act_out gets them too). */
 static _Thread_local struct {
   float *ptr;
   int64_t n;
@@ -30,26 +31,39 @@ static int cpu_cast(const lutra_quant_args *a) {
   static const char fn[] = "lutra_cpu_cast";
   CHECK_ARG(a->rows >= 0 && a->cols >= 0, "negative shape [%lld, %lld]", (long long)a->rows,
             (long long)a->cols);
+  CHECK_FLOAT_DTYPE(a->x_dtype, "input");
   int64_t n = a->rows * a->cols;
   if (n > act_buf.n) {
     float *p = realloc(act_buf.ptr, (size_t)n * sizeof(float));
     if (!p)
-      return lutra_error(LUTRA_ENOMEM, fn, "no memory for the GELU gradient (%lld floats)",
+      return lutra_error(LUTRA_ENOMEM, fn, "no memory for the activation's values (%lld floats)",
                          (long long)n);
     act_buf.ptr = p;
     act_buf.n = n;
   }
-  TRY(lutra_cpu_gelu_grad_product(a->act, a->x, a->x_dtype, n, act_buf.ptr));
+  TRY(lutra_cpu_act_matrix(a, act_buf.ptr));
+  if (a->act_out) TRY(lutra_cpu_convert(act_buf.ptr, LUTRA_F32, a->act_out, a->x_dtype, n));
   lutra_quant_args f = *a;
   f.x = act_buf.ptr;
   f.x_dtype = LUTRA_F32;
   f.act = NULL;
+  f.act_out = NULL;
   return with_dbias(lutra_cpu_cast(&f), &f);
 }
+/* an activation inside a cast is the per-tensor casts' (the CUDA block kernels have none) */
+static int no_act(const lutra_quant_args *a, const char *fn) {
+  if (a && a->act)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "an activation inside the cast is for per-tensor "
+                       "scaling only");
+  return LUTRA_OK;
+}
 static int cpu_quantize_mxfp8(const lutra_quant_args *a) {
+  TRY(no_act(a, "lutra_cpu_quantize_mxfp8"));
   return with_dbias(lutra_cpu_quantize_mxfp8(a), a);
 }
 static int cpu_quantize_block(const lutra_quant_args *a) {
+  TRY(no_act(a, "lutra_cpu_quantize_block"));
   return with_dbias(lutra_cpu_quantize_block(a), a);
 }
 
@@ -83,6 +97,16 @@ const lutra_backend lutra_cpu_backend = {
     .adamw_step = lutra_cpu_adamw_step,
     .layernorm_forward = lutra_cpu_layernorm_forward,
     .layernorm_backward = lutra_cpu_layernorm_backward,
+    .norm_quantize = lutra_cpu_norm_quantize,
+    .add = lutra_cpu_add,
+    .moe_topk_forward = lutra_cpu_moe_topk_forward,
+    .moe_topk_backward = lutra_cpu_moe_topk_backward,
+    .moe_permute = lutra_cpu_moe_permute,
+    .moe_permute_backward = lutra_cpu_moe_permute_backward,
+    .moe_unpermute = lutra_cpu_moe_unpermute,
+    .moe_unpermute_backward = lutra_cpu_moe_unpermute_backward,
+    .grouped_quantize = lutra_cpu_grouped_quantize,
+    .grouped_gemm = lutra_cpu_grouped_gemm,
     .rules_gather = lutra_cpu_rules_gather,
     .rules_apply = lutra_cpu_rules_apply,
     .quantize_rowwise = lutra_cpu_quantize_rowwise,

@@ -49,20 +49,29 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p);
 void lutra_cpu_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cpu_gemm(const lutra_gemm_args *g);
 
+/* GroupedLinear's grouped quantization and GEMMs: loops over the experts (grouped_cpu.c) */
+int lutra_cpu_grouped_quantize(const lutra_grouped_quant_args *a);
+int lutra_cpu_grouped_gemm(const lutra_grouped_gemm_args *g);
+
 /* activations and the bias gradient (activation_cpu.c) */
 /* tanh GELU and its derivative in f32 (the formulas every GELU of lutra uses) */
 float lutra_cpu_gelu(float x);
 float lutra_cpu_gelu_grad(float x);
 int lutra_cpu_activation_forward(const lutra_act_args *a);
 int lutra_cpu_activation_backward(const lutra_act_args *a);
-/* out[i] = dy[i] * gelu'(x[i]) in f32 (GELU's backward before any rounding: a fused cast's input)
- */
-int lutra_cpu_gelu_grad_product(const void *x, const void *dy, int dtype, int64_t n, float *out);
+/* The matrix a cast with an activation quantizes (lutra_quant_args.act_kind: the activation's
+ * output, or the gradient of its input), [rows, cols] in f32, each value rounded into x_dtype
+ * as the activation entries above store it: the input of the fused casts. */
+int lutra_cpu_act_matrix(const lutra_quant_args *a, float *out);
 int lutra_cpu_bias_grad(const lutra_bias_grad_args *a);
 
 /* LayerNorm and RMSNorm (norm_cpu.c) */
 int lutra_cpu_layernorm_forward(const lutra_norm_args *a);
 int lutra_cpu_layernorm_backward(const lutra_norm_args *a);
+/* the norm writing its output FP8 (norm_quantize_cpu.c) */
+int lutra_cpu_norm_quantize(const lutra_norm_quant_args *a);
+/* out = a + b element-wise (residual_cpu.c) */
+int lutra_cpu_add(const void *a, const void *b, void *out, int dtype, int64_t n);
 
 /* losses (loss_cpu.c) */
 int lutra_cpu_mse(const lutra_loss_args *a);
@@ -71,5 +80,13 @@ int lutra_cpu_softmax_xent(const lutra_loss_args *a);
 /* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);
 int lutra_cpu_adamw_step(const lutra_optim_args *a);
+
+/* MoE routing (moe_cpu.c) */
+int lutra_cpu_moe_topk_forward(const lutra_topk_args *a);
+int lutra_cpu_moe_topk_backward(const lutra_topk_args *a);
+int lutra_cpu_moe_permute(const lutra_permute_args *a);
+int lutra_cpu_moe_permute_backward(const lutra_permute_args *a);
+int lutra_cpu_moe_unpermute(const lutra_permute_args *a);
+int lutra_cpu_moe_unpermute_backward(const lutra_permute_args *a);
 
 #endif

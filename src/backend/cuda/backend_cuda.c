@@ -92,6 +92,23 @@ static void init_once(void) {
   }
   const char *step = "cudaGetDevice";
   e = cudaGetDevice(&cuda.device);
+  /* the kernels are built for sm_89 and later (their FP8 conversions need it): an older GPU
+   * would fail every launch, so it is reported as unavailable instead */
+  int cc_major = 0, cc_minor = 0;
+  if (e == cudaSuccess) {
+    step = "cudaDeviceGetAttribute";
+    e = cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, cuda.device);
+  }
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, cuda.device);
+  if (e == cudaSuccess && cc_major * 10 + cc_minor < 89) {
+    snprintf(cuda.message, sizeof cuda.message,
+             "CUDA device %d has compute capability %d.%d; lutra's kernels need 8.9 or later "
+             "(Ada, Hopper, Blackwell)",
+             cuda.device, cc_major, cc_minor);
+    cuda.status = LUTRA_EUNSUPPORTED;
+    return;
+  }
   cudaMemPool_t pool;
   if (e == cudaSuccess) {
     step = "cudaDeviceGetDefaultMemPool";
@@ -446,13 +463,28 @@ static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lu
   return LAUNCH(bias_grad, lk_bias_grad(&b, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
 }
 
+/* an activation inside the cast (lutra_quant_args.act) is the per-tensor casts' (the block
+ * kernels read no activation); its bias gradient comes from the tiled kernel's columnwise pass */
+static int check_cast_act(const lutra_quant_args *a, bool per_tensor, const char *fn) {
+  if (!a || !a->act) return LUTRA_OK;
+  if (!per_tensor)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "an activation inside the cast is for per-tensor scaling only");
+  if (a->dbias && !a->col_data)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "an activation's bias gradient inside the cast needs a columnwise output");
+  return LUTRA_OK;
+}
 static int k_cast(const lutra_quant_args *a) {
+  TRY(check_cast_act(a, true, "lutra_cuda_cast"));
   return quantize_with_dbias(lk_cast, true, a, "lutra_cuda_cast");
 }
 static int k_mxfp8(const lutra_quant_args *a) {
+  TRY(check_cast_act(a, false, "lutra_cuda_quantize_mxfp8"));
   return quantize_with_dbias(lk_quantize_mxfp8, true, a, "lutra_cuda_quantize_mxfp8");
 }
 static int k_block(const lutra_quant_args *a) {
+  TRY(check_cast_act(a, false, "lutra_cuda_quantize_block"));
   return quantize_with_dbias(lk_quantize_block, false, a, "lutra_cuda_quantize_block");
 }
 static int k_dequantize(const lutra_dequant_args *a) {
@@ -518,6 +550,73 @@ static int k_layernorm_backward(const lutra_norm_args *a) {
                 lk_layernorm_backward(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
 }
 
+static int k_norm_quantize(const lutra_norm_quant_args *a) {
+  static const char fn[] = "lutra_cuda_norm_quantize";
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  TRY(check_norm(&a->norm, fn));
+  CHECK_ARG(a->scaling == LUTRA_SCALING_TENSOR || a->scaling == LUTRA_SCALING_MXFP8 ||
+                a->scaling == LUTRA_SCALING_BLOCK_1D,
+            "scaling %d is not tensor, mxfp8 or block_1d", (int)a->scaling);
+  CHECK_ARG(a->quant.out_dtype == LUTRA_E4M3 || a->quant.out_dtype == LUTRA_E5M2,
+            "output dtype %d is not e4m3 or e5m2", (int)a->quant.out_dtype);
+  return LAUNCH(norm_quantize, lk_norm_quantize(a, lutra_cuda_stream()));
+}
+
+static int k_add(const void *a, const void *b, void *out, int dtype, int64_t n) {
+  return LAUNCH(add, lk_add(a, b, out, dtype, n, lutra_cuda_stream()));
+}
+
+/* MoE routing: the kernels' limits are refused here with a message (kernels.h) */
+static int check_topk(const lutra_topk_args *a, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  CHECK_ARG(lutra_dtype_is_float(a->dtype), "logits dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(a->dtype));
+  CHECK_ARG(a->tokens > 0 && a->experts > 0 && a->experts <= LUTRA_MOE_MAX_EXPERTS,
+            "logits [%lld, %lld]: tokens must be positive, experts in 1..%d", (long long)a->tokens,
+            (long long)a->experts, LUTRA_MOE_MAX_EXPERTS);
+  CHECK_ARG(a->k >= 1 && a->k <= LUTRA_MOE_MAX_K && a->k <= a->experts,
+            "k = %d is outside 1..min(%d, experts)", (int)a->k, LUTRA_MOE_MAX_K);
+  return LUTRA_OK;
+}
+static int check_permute(const lutra_permute_args *a, const char *fn) {
+  CHECK_ARG(a != NULL, "arguments are NULL");
+  CHECK_ARG(lutra_dtype_is_float(a->dtype), "rows dtype %s is not f32, bf16 or f16",
+            lutra_dtype_name(a->dtype));
+  CHECK_ARG(a->tokens > 0 && a->k > 0 && a->hidden > 0 && a->tokens * a->k <= 0x7FFFFFFF,
+            "tokens %lld, k %d, hidden %lld: all positive, tokens * k at most 2^31-1",
+            (long long)a->tokens, (int)a->k, (long long)a->hidden);
+  CHECK_ARG(a->experts >= 1 && a->experts <= LUTRA_MOE_MAX_EXPERTS,
+            "experts = %d is outside 1..%d", (int)a->experts, LUTRA_MOE_MAX_EXPERTS);
+  return LUTRA_OK;
+}
+static int k_moe_topk_forward(const lutra_topk_args *a) {
+  TRY(check_topk(a, "lutra_cuda_moe_topk_forward"));
+  return LAUNCH(moe_topk_forward, lk_moe_topk_forward(a, lutra_cuda_stream()));
+}
+static int k_moe_topk_backward(const lutra_topk_args *a) {
+  TRY(check_topk(a, "lutra_cuda_moe_topk_backward"));
+  return LAUNCH(moe_topk_backward, lk_moe_topk_backward(a, lutra_cuda_stream()));
+}
+static int k_moe_permute(const lutra_permute_args *a) {
+  static const char fn[] = "lutra_cuda_moe_permute";
+  TRY(check_permute(a, fn));
+  CHECK_ARG(a->bad_index && a->scratch && a->m_splits && a->indices,
+            "indices, m_splits, scratch and the bad-index flag must not be NULL");
+  return LAUNCH(moe_permute, lk_moe_permute(a, lutra_cuda_stream()));
+}
+static int k_moe_permute_backward(const lutra_permute_args *a) {
+  TRY(check_permute(a, "lutra_cuda_moe_permute_backward"));
+  return LAUNCH(moe_permute_backward, lk_moe_permute_backward(a, lutra_cuda_stream()));
+}
+static int k_moe_unpermute(const lutra_permute_args *a) {
+  TRY(check_permute(a, "lutra_cuda_moe_unpermute"));
+  return LAUNCH(moe_unpermute, lk_moe_unpermute(a, lutra_cuda_stream()));
+}
+static int k_moe_unpermute_backward(const lutra_permute_args *a) {
+  TRY(check_permute(a, "lutra_cuda_moe_unpermute_backward"));
+  return LAUNCH(moe_unpermute_backward, lk_moe_unpermute_backward(a, lutra_cuda_stream()));
+}
+
 const lutra_backend lutra_cuda_table = {
     .name = "cuda",
     .device = LUTRA_CUDA,
@@ -549,12 +648,22 @@ const lutra_backend lutra_cuda_table = {
     .adamw_step = k_adamw,
     .layernorm_forward = k_layernorm_forward,
     .layernorm_backward = k_layernorm_backward,
+    .moe_topk_forward = k_moe_topk_forward,
+    .moe_topk_backward = k_moe_topk_backward,
+    .moe_permute = k_moe_permute,
+    .moe_permute_backward = k_moe_permute_backward,
+    .moe_unpermute = k_moe_unpermute,
+    .moe_unpermute_backward = k_moe_unpermute_backward,
     .synchronize = cuda_sync,
     .capture_begin = lutra_cuda_capture_begin,
     .capture_end = lutra_cuda_capture_end,
     .capture_abort = lutra_cuda_capture_abort,
     .graph_launch = lutra_cuda_graph_launch,
     .graph_destroy = lutra_cuda_graph_destroy,
+    .norm_quantize = k_norm_quantize,
+    .add = k_add,
+    .grouped_quantize = lutra_cuda_grouped_quantize,
+    .grouped_gemm = lutra_cuda_grouped_gemm,
     .rules_gather = lutra_cuda_rules_gather,
     .rules_apply = lutra_cuda_rules_apply,
 };

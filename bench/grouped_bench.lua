@@ -1,0 +1,240 @@
+#!/usr/bin/env luajit
+-- GroupedLinear benchmarks (issue 13), one process, side by side:
+--   host   host time per call of a GroupedLinear forward and forward+backward, 8 and 64
+--          experts, bf16 and FP8 (delayed, current), device m_splits that change every call
+--          (a ring of 16 pre-made device tensors: nothing is read or written by the host), next
+--          to the floor of the raw launches each call issues (counted from the code below and
+--          issued through bench/host_floors.cu in this process, batches alternating), so the
+--          ratio is measured on the same core in the same seconds.
+--   gemm   GPU throughput of the grouped GEMM (forward of a GroupedLinear, the splits on the
+--          device) at tokens 16384, 4096 -> 4096 and 1024 -> 4096, 8 and 64 experts, balanced
+--          and skewed routing, bf16 and FP8 current scaling, against one dense GEMM of the same
+--          FLOPs (an nn.Linear of [16384, in] -> out: one cuBLASLt matmul).
+-- Usage (on the GPU machine, from the repository root, after make):
+--   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
+--     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt
+--   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/grouped_bench.lua [--part host|gemm|all]
+--     [--rows 16] [--in 64] [--out 64] [--batches 15] [--calls 200] [--quick]
+--     [--floors-lib build/libhost_floors.so] [--device cuda|cpu]
+-- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
+-- PyTorch at the same shapes: python3 bench/torch_grouped.py.
+local lutra = require("lutra")
+local ffi, nn = lutra.ffi, lutra.nn
+
+local o = { part = "all", rows = 16, ["in"] = 64, out = 64, batches = 15, calls = 200,
+            device = "cuda", ["floors-lib"] = "build/libhost_floors.so" }
+do
+  local i = 1
+  while i <= #arg do
+    local k = arg[i]:match("^%-%-(.+)$")
+    if k == "quick" then
+      o.quick, i = true, i + 1
+    elseif k and o[k] ~= nil and arg[i + 1] then
+      o[k] = type(o[k]) == "number" and assert(tonumber(arg[i + 1]), k) or arg[i + 1]
+      i = i + 2
+    else
+      io.stderr:write("usage: grouped_bench.lua [--part host|gemm|all] [--rows R] [--in K] ",
+                      "[--out N] [--batches B] [--calls C] [--quick] [--floors-lib F] ",
+                      "[--device cuda|cpu]\n")
+      os.exit(2)
+    end
+  end
+  if o.quick then o.batches, o.calls = 3, 50 end
+end
+local DEV = o.device
+local CUDA = DEV == "cuda"
+if CUDA and not lutra.device_available("cuda") then
+  io.stderr:write("grouped_bench.lua: cuda is not available (use --device cpu)\n")
+  os.exit(1)
+end
+
+local function median(t)
+  local s = {}
+  for i, v in ipairs(t) do s[i] = v end
+  table.sort(s)
+  return s[math.floor(#s / 2) + 1]
+end
+
+-- per batch: sync, `calls` calls of fn, the host time of the loop / calls; the median
+local function host_time(fn, calls, batches, alt)
+  local a, b = {}, {}
+  fn()
+  if alt then alt() end
+  for _ = 1, batches do
+    lutra.synchronize(DEV)
+    local t0 = lutra.now()
+    for _ = 1, calls do fn() end
+    a[#a + 1] = (lutra.now() - t0) / calls
+    if alt then
+      lutra.synchronize(DEV)
+      t0 = lutra.now()
+      for _ = 1, calls do alt() end
+      b[#b + 1] = (lutra.now() - t0) / calls
+    end
+  end
+  return median(a), alt and median(b) or nil
+end
+
+-- ---- floors ----------------------------------------------------------------------------------
+ffi.cdef [[
+  int hf_init(int64_t M, int64_t K, int64_t N);
+  int hf_issue(int floor, int calls);
+  int hf_sync(void);
+  const char *hf_describe(void);
+  int hf_available(int floor);
+  const char *const hf_names[64];
+]]
+local hf, floor_ids = nil, {}
+local function load_floors(M, K, N)
+  if not CUDA then return end
+  local ok, lib = pcall(ffi.load, o["floors-lib"])
+  if not ok then
+    io.stderr:write("grouped_bench.lua: no floors library (", tostring(lib), "): ratios left out\n")
+    return
+  end
+  if lib.hf_init(M, K, N) ~= 0 then return end
+  hf = lib
+  local i = 0
+  while hf.hf_names[i] ~= nil do
+    floor_ids[ffi.string(hf.hf_names[i])] = i
+    i = i + 1
+  end
+end
+
+-- The launches one call issues (kernels/grouped_*.cu, src/nn/grouped_*.c), whatever the number
+-- of experts: the splits' device-to-device copy, then per quantization k_cast (after k_amax under
+-- current scaling; + k_dbias for grad_output with a bias), per GEMM k_setup + the CUTLASS launch
+-- (+ k_add_bias in FPROP, k_dbias in a bf16 WGRAD), and the scope's one fused delayed-scaling
+-- update per direction.
+local function launches(mode, backward)
+  local quant = mode == "current" and 2 or 1
+  local fwd = mode == "bf16" and 3 or (2 * quant + 3 + (mode == "delayed" and 1 or 0))
+  local bwd = mode == "bf16" and 5 or (quant + 1 + 4 + (mode == "delayed" and 1 or 0))
+  return 1, fwd + (backward and bwd or 0) -- memcpys, launches
+end
+
+local function floor_fn(copies, kernels)
+  if not hf then return nil end
+  local mc, ln = floor_ids.memcpy, floor_ids.launch
+  return function()
+    hf.hf_issue(mc, copies)
+    hf.hf_issue(ln, kernels)
+  end
+end
+
+local recipes = { bf16 = false, ["bf16-per-expert"] = false, delayed = function() return lutra.recipe.delayed { amax_history_len = 16 } end,
+                  current = function() return lutra.recipe.current {} end }
+
+local function random_splits(E, T, skew, seed)
+  math.randomseed(seed)
+  local s, left = {}, T
+  for e = 1, E do
+    local v
+    if e == E then
+      v = left
+    elseif skew then -- about half the tokens to expert 1, the rest spread geometrically
+      v = math.min(left, math.floor(left * (e == 1 and 0.5 or 0.3)))
+    else
+      v = math.min(left, math.max(0, math.floor(T / E + (math.random() - 0.5) * T / E)))
+    end
+    s[e], left = v, left - v
+  end
+  return s
+end
+
+local function host_part()
+  local K, N = o["in"], o.out
+  print(string.format("## GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)", DEV,
+                      o.rows, K, N))
+  print("| experts | mode | call | lutra us | floor us | ratio | launches |")
+  print("|---|---|---|---|---|---|---|")
+  for _, E in ipairs { 8, 64 } do
+    local T = E * o.rows
+    load_floors(T, K, N)
+    for _, mode in ipairs { "bf16", "delayed", "current", "bf16-per-expert" } do
+      local m = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, seed = 1 })
+      -- the second path: host splits (a ring of Lua tables), one cuBLASLt GEMM per expert
+      local per_expert = mode == "bf16-per-expert"
+      if per_expert then m:set_path("per_expert") end
+      local x = lutra.tensor({ T, K }, "bf16", DEV):randn(2)
+      local dy = lutra.tensor({ T, N }, "bf16", DEV):randn(3)
+      local ring = {}
+      for i = 1, 16 do
+        ring[i] = per_expert and random_splits(E, T, false, i)
+                  or lutra.from_table(random_splits(E, T, false, i), { E }, "i32", DEV)
+      end
+      local scope = recipes[mode] and lutra.autocast { recipe = recipes[mode]() } or nil
+      local i = 0
+      local function fwd()
+        i = i % 16 + 1
+        if scope then scope:enter() end
+        m:forward(x, ring[i])
+        if scope then scope:exit() end
+      end
+      local function step() fwd(); m:backward(dy) end
+      for _, fig in ipairs { { "forward", fwd, false }, { "forward+backward", step, true } } do
+        local copies, kernels = launches(mode, fig[3])
+        -- per expert: a synchronizing host-to-device copy of the splits and E GEMMs per pass
+        if per_expert then copies, kernels = 1, E * (fig[3] and 3 or 1) end
+        local t, f = host_time(fig[2], o.calls, o.batches,
+                               not per_expert and floor_fn(copies, kernels) or nil)
+        print(string.format("| %d | %s | %s | %.2f | %s | %s | %d |", E, mode, fig[1], t * 1e6,
+                            f and string.format("%.2f", f * 1e6) or "n/a",
+                            f and string.format("%.2f", t / f) or "n/a", copies + kernels))
+      end
+      if CUDA then m:check_splits() end
+    end
+  end
+end
+
+local function gemm_part()
+  if not CUDA then return end
+  local T = 16384
+  print("\n## Grouped GEMM throughput (forward, tokens 16384, device splits)")
+  print("| experts | in -> out | routing | mode | grouped TFLOP/s | dense TFLOP/s | ratio |")
+  print("|---|---|---|---|---|---|---|")
+  local function gpu_time(fn)
+    for _ = 1, 3 do fn() end
+    lutra.synchronize(DEV)
+    local reps = o.quick and 5 or 20
+    local t0 = lutra.now()
+    for _ = 1, reps do fn() end
+    lutra.synchronize(DEV)
+    return (lutra.now() - t0) / reps
+  end
+  for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
+    local K, N = shape[1], shape[2]
+    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
+    local dense = nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+    for _, mode in ipairs { "bf16", "current" } do
+      local scope = recipes[mode] and lutra.autocast { recipe = recipes[mode]() } or nil
+      local function run(f) if scope then return scope:run(f) end return f() end
+      local td = gpu_time(function() run(function() dense:forward(x) end) end)
+      for _, E in ipairs { 8, 64 } do
+        local g = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, bias = false, seed = 7 })
+        for _, skew in ipairs { false, true } do
+          local host = random_splits(E, T, skew, 9)
+          local sp = lutra.from_table(host, { E }, "i32", DEV)
+          local flops = 2 * T * K * N
+          local tg = gpu_time(function() run(function() g:forward(x, sp) end) end)
+          print(string.format("| %d | %d -> %d | %s | %s | %.0f | %.0f | %.2f |", E, K, N,
+                              skew and "skewed" or "balanced", mode, flops / tg / 1e12,
+                              flops / td / 1e12, td / tg))
+          if mode == "bf16" then -- the per-expert cuBLASLt path with the same (host) splits
+            g:set_path("per_expert")
+            local tp = gpu_time(function() g:forward(x, host) end)
+            print(string.format("| %d | %d -> %d | %s | bf16 per-expert | %.0f | %.0f | %.2f |",
+                                E, K, N, skew and "skewed" or "balanced", flops / tp / 1e12,
+                                flops / td / 1e12, td / tp))
+            g:set_path("grouped")
+          end
+        end
+        g:check_splits()
+        g:free()
+      end
+    end
+  end
+end
+
+if o.part == "host" or o.part == "all" then host_part() end
+if o.part == "gemm" or o.part == "all" then gemm_part() end

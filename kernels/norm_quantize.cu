@@ -1,0 +1,389 @@
+/* The norm writing a GEMM's FP8 input (kernels.h: lk_norm_quantize; semantics:
+ * lutra_norm_quant_args in src/backend/backend.h, reference
+ * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
+ *
+ * One block per tile of TR rows, in one launch from x to the codes:
+ *   1. the row statistics of each of its rows, a warp per row, with norm_fwd's thread split,
+ *      vector width and block_sum tree (kernels/norm.cu) played by the warp's lanes: the same
+ *      mean and rstd bits as lk_layernorm_forward;
+ *   2. per chunk of CW columns: y for the TR x CW sub-tile, with norm_fwd's f32 formula, rounded
+ *      into the activation dtype as the stored y would be (and stored when a high-precision
+ *      output is asked for), into shared memory; from there the rowwise codes and the columnwise
+ *      (transposed) codes with their scales, each in the CPU quantizer's f32 order of
+ *      operations, so the codes equal lk_layernorm_forward + the quantizer's bit for bit.
+ * Tiles: per-tensor 32 x 64; MXFP8 32 x 64 (a columnwise block is the tile's 32 rows, a
+ * rowwise block 32 of its columns); 1x128 blocks 128 x 128 (one block along each direction).
+ * x is read twice (statistics, then values), the second time mostly from L2.
+ * Current scaling runs this kernel twice: first for max|y| (and mean, rstd, y), whose last
+ * block writes amax and scale (k_current_scale's arrival count), then the cast with that scale;
+ * one launch cannot do both without a grid-wide barrier, since every code needs the amax of
+ * every row. */
+#include "common.cuh"
+#include "ops_common.cuh"
+
+using namespace lkops;
+
+namespace {
+
+enum Mode { kTensor = 0, kMx = 1, kBlock = 2 };
+
+/* rows x columns of a tile, and the block's threads (1x128 blocks: one tile per 128 rows, so
+ * larger blocks keep enough loads in flight) */
+template <int MODE> struct TileShape {
+  static constexpr int TR = MODE == kBlock ? 128 : 32;
+  static constexpr int CW = MODE == kBlock ? 128 : 64;
+  static constexpr int THREADS = MODE == kBlock ? 1024 : 256;
+};
+
+template <int MODE> constexpr int smem_bytes() {
+  using T = TileShape<MODE>;
+  return T::TR * (T::CW + 1) * 4 + T::TR * 8;
+}
+
+struct Params {
+  lutra_norm_args n;
+  const int32_t *skip;
+  uint8_t *data, *col_data;
+  void *scale_inv, *col_scale_inv;
+  const float *scale;
+  float *amax; /* delayed: max-accumulated; current pass 1: the output */
+  float fp8_max, max_rcp, amax_epsilon;
+  int32_t power_2_scale;
+  uint32_t *work;           /* current pass 1 */
+  int32_t amax_pass;        /* current pass 1: no codes, amax and scale through work */
+  int32_t write_tensor_inv; /* per-tensor: scale_inv outputs = 1 / scale */
+};
+
+template <int DT> __device__ __forceinline__ float round_to(float v) {
+  if constexpr (DT == LUTRA_F32) {
+    return v;
+  } else if constexpr (DT == LUTRA_BF16) {
+    return __bfloat162float(__float2bfloat16_rn(v));
+  } else {
+    return __half2float(__float2half_rn(v));
+  }
+}
+
+template <int PDT> __device__ __forceinline__ float gamma_at(const lutra_norm_args &a, int64_t c) {
+  const float g = ld<PDT>(a.gamma, c);
+  return a.zero_centered_gamma ? fadd(g, 1.0f) : g;
+}
+
+/* The row statistics of lk_layernorm_forward, computed by ONE warp: norm_fwd sums a row over
+ * kNormThreads = 256 threads (thread t: columns t V + j 256 V, in that order), reduces each warp
+ * with an xor butterfly (every lane ends with the same bits: each level adds the same two
+ * values, and addition commutes) and adds the 8 warp sums in order from 0. Here lane l plays the
+ * threads l + 32 w of the 8 warps w: the same partial sums, the same butterfly per w, the same
+ * ordered sum, hence the same mean and rstd bits, with no block barrier, so the block's warps
+ * take rows in parallel. */
+constexpr int kNormThreads = 256, kNormWarps = kNormThreads / 32;
+
+/* SQ: sum of (x - mean_d)^2, written as norm_fwd writes it (d = x - mean_d; q += d * d), so
+ * that nvcc makes the same multiply-add of it; else the sum of x */
+template <int DT, int V, bool SQ>
+__device__ __forceinline__ double row_sum(const void *x, int64_t o, int64_t h, int lane,
+                                          double mean_d) {
+  double part[kNormWarps];
+#pragma unroll
+  for (int w = 0; w < kNormWarps; w++) {
+    double s = 0.0;
+    for (int64_t c = static_cast<int64_t>(lane + 32 * w) * V; c < h; c += kNormThreads * V) {
+      float v[V];
+      ldv<DT, V>(x, o + c, v);
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        if constexpr (SQ) {
+          const double d = v[k] - mean_d;
+          s += d * d;
+        } else {
+          s += v[k];
+        }
+      }
+    }
+    part[w] = warp_sum(s);
+  }
+  double r = 0.0;
+#pragma unroll
+  for (int w = 0; w < kNormWarps; w++)
+    r += part[w];
+  return r;
+}
+
+template <int DT, int V>
+__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
+                                          float &mean, float &rstd) {
+  const int64_t h = a.hidden;
+  const double mean_d =
+      a.rms ? 0.0 : row_sum<DT, V, false>(a.x, o, h, lane, 0.0) / static_cast<double>(h);
+  const double var = row_sum<DT, V, true>(a.x, o, h, lane, mean_d) / static_cast<double>(h);
+  mean = static_cast<float>(mean_d);
+  rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
+}
+
+template <int OD> __device__ __forceinline__ uint8_t code(float v, float s) {
+  return static_cast<uint8_t>(lkc::encode1<OD>(v, s));
+}
+
+/* the f32 scale of a 1x128 block from its amax, and its inverse (quantize_cpu.c's order) */
+__device__ __forceinline__ float block_scale(const Params &p, float amax) {
+  return lkc::scale_rule(amax, p.fp8_max, p.power_2_scale, p.amax_epsilon);
+}
+
+template <int DT, int PDT, int OD, int V, int MODE>
+__global__ void __launch_bounds__(TileShape<MODE>::THREADS) k_norm_quantize(Params p) {
+  if (p.skip && *p.skip) return; /* uniform: before any barrier */
+  using T = TileShape<MODE>;
+  constexpr int TR = T::TR, CW = T::CW, LD = CW + 1, kThreads = T::THREADS, kWarps = kThreads / 32;
+  float *tile = reinterpret_cast<float *>(lkc::dyn_smem());
+  float *smean = tile + TR * LD, *srstd = smean + TR;
+  __shared__ float fred[32];
+  const lutra_norm_args &a = p.n;
+  const int64_t rows = a.rows, h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * TR;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  for (int i = warp; i < TR; i += kWarps) {
+    const int64_t r = r0 + i;
+    if (r >= rows) break;
+    float mean, rstd;
+    row_stats<DT, V>(a, r * h, lane, mean, rstd);
+    if (lane == 0) {
+      smean[i] = mean;
+      srstd[i] = rstd;
+      if (a.mean && !a.rms) a.mean[r] = mean;
+      if (a.rstd) a.rstd[r] = rstd;
+    }
+  }
+  __syncthreads();
+
+  const bool codes = !p.amax_pass;
+  const float s = MODE == kTensor && codes ? *p.scale : 1.0f;
+  float m = -INFINITY;
+  for (int64_t c0 = 0; c0 < h; c0 += CW) {
+    for (int idx = tid; idx < TR * CW; idx += kThreads) {
+      const int i = idx / CW, j = idx % CW;
+      const int64_t r = r0 + i, c = c0 + j;
+      float y = 0.0f;
+      if (r < rows && c < h) {
+        y = fmul(fmul(fsub(ld<DT>(a.x, r * h + c), smean[i]), srstd[i]), gamma_at<PDT>(a, c));
+        if (!a.rms) y = fadd(y, ld<PDT>(a.beta, c));
+        if (a.y) st<DT>(a.y, r * h + c, y);
+        y = round_to<DT>(y);
+        m = fmaxf(m, fabsf(y));
+      }
+      tile[i * LD + j] = y;
+    }
+    __syncthreads();
+    if (codes && MODE == kTensor) {
+      if (p.data) {
+        for (int idx = tid; idx < TR * CW; idx += kThreads) {
+          const int i = idx / CW, j = idx % CW;
+          const int64_t r = r0 + i, c = c0 + j;
+          if (r < rows && c < h) p.data[r * h + c] = code<OD>(tile[i * LD + j], s);
+        }
+      }
+      if (p.col_data) {
+        for (int idx = tid; idx < TR * CW; idx += kThreads) {
+          const int j = idx / TR, i = idx % TR;
+          const int64_t r = r0 + i, c = c0 + j;
+          if (r < rows && c < h) p.col_data[c * rows + r] = code<OD>(tile[i * LD + j], s);
+        }
+      }
+    } else if (codes && MODE == kMx) {
+      /* rowwise: one warp per (row, 32-column block); columnwise: one warp per column */
+      if (p.data) {
+        uint8_t *sc = static_cast<uint8_t *>(p.scale_inv);
+        for (int w = warp; w < TR * (CW / 32); w += kWarps) {
+          const int i = w / (CW / 32), jb = w % (CW / 32);
+          const int64_t r = r0 + i, c = c0 + jb * 32 + lane;
+          if (r >= rows || c0 + jb * 32 >= h) continue; /* uniform over the warp */
+          const float v = tile[i * LD + jb * 32 + lane];
+          const float am = fmaxf(0.0f, lkops::warp_max(fabsf(v))); /* NaNs ignored, as fmaxf */
+          const uint32_t e = lkc::e8m0_bits(am * p.max_rcp);
+          p.data[r * h + c] = code<OD>(v, lkc::mx_scale_rcp(e));
+          if (lane == 0) sc[r * (h / 32) + c / 32] = static_cast<uint8_t>(e);
+        }
+      }
+      if (p.col_data) {
+        uint8_t *sc = static_cast<uint8_t *>(p.col_scale_inv);
+        for (int j = warp; j < CW; j += kWarps) {
+          const int64_t c = c0 + j, r = r0 + lane;
+          if (c >= h) continue;
+          const float v = tile[lane * LD + j];
+          const float am = fmaxf(0.0f, lkops::warp_max(fabsf(v)));
+          const uint32_t e = lkc::e8m0_bits(am * p.max_rcp);
+          p.col_data[c * rows + r] = code<OD>(v, lkc::mx_scale_rcp(e));
+          if (lane == 0) sc[c * (rows / 32) + r0 / 32] = static_cast<uint8_t>(e);
+        }
+      }
+    } else if (codes) {
+      /* 1x128 blocks: rowwise one warp per row (the chunk is one block), columnwise one warp
+       * per column (the tile's 128 rows are one block); padding entries of the tile are 0 */
+      const int64_t r4 = (rows + 3) / 4 * 4, h4 = (h + 3) / 4 * 4;
+      if (p.data) {
+        float *sc = static_cast<float *>(p.scale_inv);
+        for (int i = warp; i < TR; i += kWarps) {
+          const int64_t r = r0 + i;
+          if (r >= rows) break;
+          float am = 0.0f;
+#pragma unroll
+          for (int k = 0; k < CW / 32; k++)
+            am = fmaxf(am, fabsf(tile[i * LD + lane + 32 * k]));
+          am = lkops::warp_max(am);
+          const float bs = block_scale(p, am);
+#pragma unroll
+          for (int k = 0; k < CW / 32; k++) {
+            const int64_t c = c0 + lane + 32 * k;
+            if (c < h) p.data[r * h + c] = code<OD>(tile[i * LD + lane + 32 * k], bs);
+          }
+          if (lane == 0) sc[(c0 / 128) * r4 + r] = lkc::div_x86(1.0f, bs);
+        }
+      }
+      if (p.col_data) {
+        float *sc = static_cast<float *>(p.col_scale_inv);
+        for (int j = warp; j < CW; j += kWarps) {
+          const int64_t c = c0 + j;
+          if (c >= h) break;
+          float am = 0.0f;
+#pragma unroll
+          for (int k = 0; k < TR / 32; k++)
+            am = fmaxf(am, fabsf(tile[(lane + 32 * k) * LD + j]));
+          am = lkops::warp_max(am);
+          const float bs = block_scale(p, am);
+#pragma unroll
+          for (int k = 0; k < TR / 32; k++) {
+            const int64_t r = r0 + lane + 32 * k;
+            if (r < rows) p.col_data[c * rows + r] = code<OD>(tile[(lane + 32 * k) * LD + j], bs);
+          }
+          if (lane == 0) sc[(r0 / 128) * h4 + c] = lkc::div_x86(1.0f, bs);
+        }
+      }
+    }
+    __syncthreads(); /* the tile is read before the next chunk overwrites it */
+  }
+
+  if (MODE != kTensor) return;
+  if (p.amax) {
+    m = lkc::block_max(m, fred);
+    if (tid == 0) {
+      if (!p.amax_pass) {
+        if (m >= 0.0f) lkc::atomic_fmax(p.amax, m);
+      } else {
+        /* k_current_scale's arrival protocol (kernels/quantize.cu) */
+        float *acc = reinterpret_cast<float *>(p.work);
+        if (m >= 0.0f) lkc::atomic_fmax(acc, m);
+        __threadfence();
+        if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {
+          __threadfence();
+          const float am = lkc::bits_f32(atomicExch(p.work, 0u));
+          *p.amax = am;
+          *const_cast<float *>(p.scale) =
+              lkc::scale_rule(am, p.fp8_max, p.power_2_scale, p.amax_epsilon);
+          p.work[1] = 0u;
+        }
+      }
+    }
+  }
+  if (p.write_tensor_inv && blockIdx.x == 0 && tid == 0) {
+    const float inv = lkc::div_x86(1.0f, s);
+    if (p.scale_inv) *static_cast<float *>(p.scale_inv) = inv;
+    if (p.col_scale_inv) *static_cast<float *>(p.col_scale_inv) = inv;
+  }
+}
+
+template <class F> cudaError_t with_param_dtype(int dt, F &&f) {
+  if (dt == LUTRA_F32) return f(std::integral_constant<int, LUTRA_F32>());
+  if (dt == LUTRA_BF16) return f(std::integral_constant<int, LUTRA_BF16>());
+  return cudaErrorInvalidValue;
+}
+
+template <class F> cudaError_t with_mode(int scaling, F &&f) {
+  if (scaling == LUTRA_SCALING_TENSOR) return f(std::integral_constant<int, kTensor>());
+  if (scaling == LUTRA_SCALING_MXFP8) return f(std::integral_constant<int, kMx>());
+  if (scaling == LUTRA_SCALING_BLOCK_1D) return f(std::integral_constant<int, kBlock>());
+  return cudaErrorInvalidValue;
+}
+
+std::atomic<uint64_t> smem_allowed[3][3][2][3][2];
+
+/* norm_fwd's vector width: 16 bytes when every row of x (and of y, when written) is aligned */
+bool vec_ok(const lutra_norm_args *a, int dt) {
+  const int64_t bytes = a->hidden * (dt == LUTRA_F32 ? 4 : 2);
+  return bytes % 16 == 0 && aligned(a->x, 16) && (!a->y || aligned(a->y, 16));
+}
+
+cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
+  const lutra_norm_args &n = p.n;
+  return with_dtype(n.dtype, [&](auto t) {
+    constexpr int DT = decltype(t)::value;
+    return with_param_dtype(n.param_dtype, [&](auto pt) {
+      constexpr int PDT = decltype(pt)::value;
+      return lkc::with_fp8_dtype(out_dtype, [&](auto ot) {
+        constexpr int OD = decltype(ot)::value;
+        return with_mode(scaling, [&](auto mt) {
+          constexpr int MODE = decltype(mt)::value;
+          constexpr int TR = TileShape<MODE>::TR, SMEM = smem_bytes<MODE>();
+          const unsigned grid = static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, TR)));
+          auto run = [&](auto kernel, int vi) {
+            cudaError_t e = lkc::allow_smem(
+                kernel, SMEM, smem_allowed[DT][PDT][OD == LUTRA_E4M3 ? 0 : 1][MODE][vi]);
+            if (e != cudaSuccess) return e;
+            kernel<<<grid, TileShape<MODE>::THREADS, SMEM, s>>>(p);
+            return cudaGetLastError();
+          };
+          if (vec) return run(k_norm_quantize<DT, PDT, OD, vec16<DT>(), MODE>, 1);
+          return run(k_norm_quantize<DT, PDT, OD, 1, MODE>, 0);
+        });
+      });
+    });
+  });
+}
+
+bool bad(const lutra_norm_quant_args *a) {
+  const lutra_norm_args &n = a->norm;
+  const lutra_quant_args &q = a->quant;
+  if (n.rows < 0 || n.hidden <= 0 || n.rows > 0x7FFFFFFF || !float_dtype(n.dtype) || !n.x ||
+      !n.gamma || (!n.rms && !n.beta))
+    return true;
+  if ((q.data && !q.scale_inv) || (q.col_data && !q.col_scale_inv)) return true;
+  if (a->scaling == LUTRA_SCALING_TENSOR) return !q.scale || (a->current && (!q.amax || !a->work));
+  if (a->current) return true;
+  if (a->scaling == LUTRA_SCALING_MXFP8)
+    return (q.data && n.hidden % 32 != 0) || (q.col_data && n.rows % 32 != 0);
+  return a->scaling != LUTRA_SCALING_BLOCK_1D;
+}
+
+} // namespace
+
+extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s) {
+  if (!a || bad(a)) return cudaErrorInvalidValue;
+  const lutra_quant_args &q = a->quant;
+  Params p{};
+  p.n = a->norm;
+  p.skip = q.skip;
+  p.data = static_cast<uint8_t *>(q.data);
+  p.col_data = static_cast<uint8_t *>(q.col_data);
+  p.scale_inv = q.scale_inv;
+  p.col_scale_inv = q.col_scale_inv;
+  p.scale = q.scale;
+  p.amax = q.amax;
+  p.fp8_max = q.out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f;
+  p.max_rcp = 1.0f / p.fp8_max;
+  p.amax_epsilon = q.amax_epsilon;
+  p.power_2_scale = q.power_2_scale;
+  if (a->current) p.fp8_max = a->fp8_max;
+  p.write_tensor_inv = a->scaling == LUTRA_SCALING_TENSOR;
+  /* one vector width for both passes of current scaling: the same statistics in each */
+  const bool vec = vec_ok(&a->norm, a->norm.dtype);
+  if (a->scaling == LUTRA_SCALING_TENSOR && a->current) {
+    Params first = p;
+    first.amax_pass = 1;
+    first.work = a->work;
+    first.data = first.col_data = nullptr;
+    first.write_tensor_inv = 0;
+    const cudaError_t e = launch(first, a->scaling, q.out_dtype, vec, s);
+    if (e != cudaSuccess) return e;
+    p.amax = nullptr;
+    p.n.y = nullptr; /* written by the first pass */
+  }
+  return launch(p, a->scaling, q.out_dtype, vec, s);
+}

@@ -1,0 +1,136 @@
+-- The norm-fused modules (TransformerEngine's LayerNormLinear and LayerNormMLP, src/nn/) and
+-- the norm writing a quantizer's FP8 output (lutra.norm_quantize). nn.lua exposes the modules:
+--   local blk = nn.LayerNormMLP(512, 2048, {normalization = "RMSNorm", activation = "swiglu"})
+--   local y = blk:forward(x); local dx = blk:backward(dy)
+local core = require("lutra.core")
+local chk = require("lutra.check")
+local borrow = require("lutra.tensor").borrow
+local ffi, C, check = core.ffi, core.C, core.check
+
+local M = {}
+
+local module_box = ffi.new("lutra_module*[1]")
+local function own(m) return ffi.gc(m, C.lutra_module_free) end
+
+local normalizations = { LayerNorm = C.LUTRA_NORM_LAYERNORM, RMSNorm = C.LUTRA_NORM_RMSNORM }
+M.activations = {
+  gelu = C.LUTRA_ACTIVATION_GELU_TANH, relu = C.LUTRA_ACTIVATION_RELU,
+  silu = C.LUTRA_ACTIVATION_SILU, swiglu = C.LUTRA_ACTIVATION_SWIGLU,
+  geglu = C.LUTRA_ACTIVATION_GEGLU, reglu = C.LUTRA_ACTIVATION_REGLU,
+  qgelu = C.LUTRA_ACTIVATION_QGELU, srelu = C.LUTRA_ACTIVATION_SRELU,
+}
+
+-- the options both modules share, into desc d
+local function common(d, opts, where)
+  if opts.normalization ~= nil then
+    d.normalization = core.code(normalizations, opts.normalization, "normalization", where)
+  end
+  d.bias = chk.flag(opts.bias, "bias", where, d.bias, 4)
+  d.zero_centered_gamma = chk.flag(opts.zero_centered_gamma, "zero_centered_gamma", where, 0, 4)
+  if opts.eps ~= nil then
+    chk.finite(opts.eps, "eps", where, 4)
+    if opts.eps < 0 then chk.fail(where, "eps must be >= 0 (got %s)", tostring(opts.eps)) end
+    d.eps = opts.eps
+  end
+  if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  d.device = core.device(opts.device, where)
+  if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
+  d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0, 4)
+end
+
+-- nn.LayerNormLinear(in_features, out_features, {normalization = "LayerNorm" | "RMSNorm",
+--   bias = true, return_layernorm_output = false, zero_centered_gamma = false, eps = 1e-5,
+--   dtype = "f32", device =, accumulate_main_grad = false, seed =})
+-- Parameters: the norm's weight (and LayerNorm's bias), then the Linear's weight (and bias).
+function M.LayerNormLinear(in_features, out_features, opts)
+  local where = "lutra.nn.LayerNormLinear"
+  opts = core.check_options(opts, { normalization = true, bias = true, eps = true,
+    return_layernorm_output = true, zero_centered_gamma = true, dtype = true, device = true,
+    accumulate_main_grad = true, seed = true }, where)
+  chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
+  chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
+  local d = ffi.new("lutra_layernorm_linear_desc")
+  C.lutra_layernorm_linear_defaults(d)
+  d.in_features = in_features
+  d.out_features = out_features
+  common(d, opts, where)
+  d.return_layernorm_output = chk.flag(opts.return_layernorm_output, "return_layernorm_output",
+                                       where, 0)
+  check(C.lutra_layernorm_linear_new(d, module_box))
+  return own(module_box[0])
+end
+
+-- nn.LayerNormMLP(hidden, ffn_hidden, {normalization, activation = "gelu" | "relu" | "silu" |
+--   "swiglu" | "geglu" | "reglu" | "qgelu" | "srelu", bias, zero_centered_gamma, eps, dtype,
+--   device, accumulate_main_grad, seed}): norm -> FC1 -> activation -> FC2 (gated activations:
+--   FC1 gives 2 * ffn_hidden). "gelu" is the tanh GELU (TransformerEngine's).
+function M.LayerNormMLP(hidden, ffn_hidden, opts)
+  local where = "lutra.nn.LayerNormMLP"
+  opts = core.check_options(opts, { normalization = true, activation = true, bias = true,
+    eps = true, zero_centered_gamma = true, dtype = true, device = true,
+    accumulate_main_grad = true, seed = true }, where)
+  chk.integer(hidden, "hidden", where, 1, 2 ^ 52)
+  chk.integer(ffn_hidden, "ffn_hidden", where, 1, 2 ^ 52)
+  local d = ffi.new("lutra_layernorm_mlp_desc")
+  C.lutra_layernorm_mlp_defaults(d)
+  d.hidden = hidden
+  d.ffn_hidden = ffn_hidden
+  if opts.activation ~= nil then
+    d.activation = core.code(M.activations, opts.activation, "activation", where)
+  end
+  common(d, opts, where)
+  check(C.lutra_layernorm_mlp_new(d, module_box))
+  return own(module_box[0])
+end
+
+-- nn.Residual(m): y = x + m(x), backward dx = dy + m's input gradient; m's parameters
+function M.Residual(m)
+  if not chk.is_module(m) then
+    error(string.format("lutra.nn.Residual: argument must be a module (got %s)", chk.got(m)), 2)
+  end
+  check(C.lutra_residual_new(m, module_box))
+  return own(module_box[0])
+end
+
+-- LayerNormLinear made with return_layernorm_output: the norm's output of the last forward
+function M.layernorm_output(m)
+  if C.lutra_layernorm_linear_ln_output(m, core.tensor_box) ~= 0 then core.fail() end
+  return borrow(core.tensor_box[0], m)
+end
+
+-- LayerNormLinear: whether the last forward's norm wrote the GEMM's FP8 input itself
+function M.norm_fused(m)
+  check(C.lutra_layernorm_linear_fused(m, core.int_box))
+  return core.int_box[0] ~= 0
+end
+
+-- LayerNormMLP: the Linear+activation pairs its last forward and backward fused
+local fusion_box = ffi.new("int[2]")
+function M.mlp_fusions(m)
+  check(C.lutra_layernorm_mlp_fusions(m, fusion_box, fusion_box + 1))
+  return fusion_box[0], fusion_box[1]
+end
+
+-- lutra.norm_quantize(q, x, gamma, beta, {eps = 1e-5, rms = false, zero_centered_gamma = false,
+--   y = nil}) -> q's output: the norm of x written FP8 by q's scaling in one pass (y, when
+--   given, gets the high-precision output too). beta is ignored (may be nil) with rms.
+function M.norm_quantize(q, x, gamma, beta, opts)
+  local where = "lutra.norm_quantize"
+  opts = core.check_options(opts, { eps = true, rms = true, zero_centered_gamma = true, y = true },
+                            where)
+  chk.tensor(x, "x", where)
+  chk.tensor(gamma, "gamma", where)
+  local rms = chk.flag(opts.rms, "rms", where, 0)
+  if rms == 0 then chk.tensor(beta, "beta", where) end
+  local eps = 1e-5
+  if opts.eps ~= nil then eps = chk.finite(opts.eps, "eps", where) end
+  if opts.y ~= nil then chk.tensor(opts.y, "y", where) end
+  local zc = chk.flag(opts.zero_centered_gamma, "zero_centered_gamma", where, 0)
+  if C.lutra_norm_quantize(q, x, gamma, rms == 0 and beta or nil, eps, rms, zc, opts.y,
+                           core.tensor_box) ~= 0 then
+    core.fail()
+  end
+  return borrow(core.tensor_box[0], q)
+end
+
+return M

@@ -1,0 +1,128 @@
+-- GroupedLinear: num_gemms Linears over consecutive row ranges of one input (the experts of a
+-- mixture-of-experts layer), as one grouped call per pass (src/nn/grouped_linear.c).
+--   local experts = nn.GroupedLinear(8, 64, 256, {bias = true, dtype = "bf16", device = "cuda"})
+--   local y = experts:forward(x, m_splits)      -- x [sum(m_splits), 64] -> y [rows, 256]
+--   local dx = experts:backward(dy)
+-- m_splits is a Lua table of num_gemms row counts, an i32 tensor on the CPU (host splits:
+-- checked at once), or an i32 tensor on the module's device (device splits: never read by the
+-- host; a bad one sets a device flag that experts:check_splits() reports, as a loss reports its
+-- labels). The third argument of forward is what Module:forward takes as its second.
+local core = require("lutra.core")
+local chk = require("lutra.check")
+local ffi, C, check = core.ffi, core.C, core.check
+local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
+
+local M = {}
+
+local module_box = ffi.new("lutra_module*[1]")
+local int32_ptr = ffi.typeof("int32_t *")
+
+-- module handle -> {tensor = host i32 tensor [num_gemms], ptr = its data, n = num_gemms}: the
+-- buffer a Lua table of splits is written into, made once per module
+local host_splits = setmetatable({}, { __mode = "k" })
+
+local function new_host_splits(m)
+  check(C.lutra_grouped_num_gemms(m, core.int_box))
+  local n = core.int_box[0]
+  local shape = ffi.new("int64_t[1]", n)
+  check(C.lutra_tensor_new(C.LUTRA_I32, 1, shape, C.LUTRA_CPU, core.tensor_box))
+  local t = ffi.gc(core.tensor_box[0], C.lutra_tensor_free)
+  local entry = { tensor = t, ptr = ffi.cast(int32_ptr, t.data), n = n }
+  host_splits[m] = entry
+  return entry
+end
+
+-- nn.GroupedLinear(num_gemms, in_features, out_features, {bias=true, dtype="f32", device=,
+--                  accumulate_main_grad=false, seed=}): expert e's weights start as a Linear's
+-- made with seed + e
+function M.GroupedLinear(num_gemms, in_features, out_features, opts)
+  local where = "lutra.nn.GroupedLinear"
+  opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
+                                    accumulate_main_grad = true }, where)
+  chk.integer(num_gemms, "num_gemms", where, 1, 65536)
+  chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
+  chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
+  local d = ffi.new("lutra_grouped_linear_desc")
+  C.lutra_grouped_linear_defaults(d)
+  d.num_gemms = num_gemms
+  d.in_features = in_features
+  d.out_features = out_features
+  d.bias = chk.flag(opts.bias, "bias", where, d.bias)
+  if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  d.device = core.device(opts.device, where)
+  if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
+  d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+  check(C.lutra_grouped_linear_new(d, module_box))
+  local m = ffi.gc(module_box[0], C.lutra_module_free)
+  new_host_splits(m)
+  return m
+end
+
+-- whether a forward's second argument is m_splits (a tensor or a list of numbers)
+function M.is_splits(v)
+  if istype(tensor_t, v) or istype(struct_tensor_t, v) then return true end
+  return type(v) == "table" and v[1] ~= nil
+end
+
+local function bad_split(where, i, v)
+  error(string.format("%s: m_splits[%d] must be an integer >= 0 (got %s)", where, i,
+                      chk.got(v)), 4)
+end
+
+-- m_splits as an i32 tensor: a table is written into the module's host buffer
+function M.splits_tensor(m, splits, where)
+  where = where or "module:forward"
+  if type(splits) == "table" then
+    local entry = host_splits[m] or new_host_splits(m)
+    local n = entry.n
+    if #splits ~= n then
+      error(string.format("%s: m_splits has %d entries, the module has %d experts", where,
+                          #splits, n), 3)
+    end
+    local p = entry.ptr
+    for i = 1, n do
+      local v = splits[i]
+      if type(v) ~= "number" or v < 0 or v >= 2 ^ 31 or v ~= math.floor(v) then
+        bad_split(where, i, v)
+      end
+      p[i - 1] = v
+    end
+    return entry.tensor
+  end
+  return splits
+end
+
+-- Module methods for grouped modules (nn.lua installs them)
+M.methods = {}
+
+-- The splits of the next forward(x) (a forward of a Sequential holding this module): a table
+-- or an i32 tensor, as forward's second argument.
+function M.methods.set_splits(m, splits)
+  if not M.is_splits(splits) then
+    error("module:set_splits: m_splits must be a table of row counts or an i32 tensor (got "
+          .. chk.got(splits) .. ")", 2)
+  end
+  if C.lutra_grouped_set_splits(m, M.splits_tensor(m, splits, "module:set_splits")) ~= 0 then
+    core.fail()
+  end
+end
+
+-- Raises the error of a bad device m_splits since the last call (a host read: it waits for
+-- the device), else returns nothing.
+function M.methods.check_splits(m)
+  check(C.lutra_grouped_check(m))
+end
+
+-- "grouped" (default) or "per_expert": how a high-precision forward with host-known splits runs
+-- (lutra_grouped_set_path)
+local paths = { grouped = 0, per_expert = 1 }
+function M.methods.set_path(m, path)
+  check(C.lutra_grouped_set_path(m, core.code(paths, path, "path", "module:set_path")))
+end
+
+function M.methods.num_gemms(m)
+  check(C.lutra_grouped_num_gemms(m, core.int_box))
+  return core.int_box[0]
+end
+
+return M

@@ -1,0 +1,118 @@
+-- print(module) and Sequential indexing, for the module metatype of lutra.nn.
+--   print(net)      lutra.nn.Sequential(
+--                     (1): lutra.nn.Linear(in=64, out=256, bias=true, f32, cpu)
+--                     (2): lutra.nn.silu
+--                     (3): lutra.nn.Linear(in=256, out=10, bias=true, f32, cpu)
+--                   )
+--   net[1], #net    a child (1-based) and the number of children of a Sequential
+-- A child handle holds its own reference to the module and keeps the Sequential alive too (its
+-- owner, as a module's output tensors keep the module), so net[1] stays valid whatever the
+-- garbage collector does; an index outside 1..#net is an error naming it.
+-- Every module kind prints its kind and its parameters' shapes, dtype and device (the linear
+-- layers as in=, out=): read from the module, so that a new kind prints without code here.
+local core = require("lutra.core")
+local tensor = require("lutra.tensor")
+local ffi, C, check = core.ffi, core.C, core.check
+local owners = tensor.owners
+
+local M = {}
+
+local int_box = ffi.new("int[1]")
+local child_box = ffi.new("lutra_module*[1]")
+local param = ffi.new("lutra_param")
+
+-- a module handle as a reference (lutra_module &): indexing it with a number reaches __index,
+-- where a pointer would do pointer arithmetic; C calls take it as the pointer
+local ref_t = ffi.typeof("lutra_module &")
+function M.own_ref(p) return ffi.gc(ffi.cast(ref_t, p), C.lutra_module_free) end
+
+local function kind(m) return ffi.string(C.lutra_module_kind(m)) end
+
+function M.count(m)
+  check(C.lutra_sequential_count(m, int_box))
+  return int_box[0]
+end
+
+function M.child(m, i)
+  local n = M.count(m)
+  if type(i) ~= "number" or i ~= math.floor(i) or i < 1 or i > n then
+    error(string.format("lutra.nn.Sequential: index %s is out of range 1..%d", tostring(i), n), 3)
+  end
+  check(C.lutra_sequential_child(m, i - 1, child_box))
+  local c = M.own_ref(child_box[0])
+  owners[c] = m
+  return c
+end
+
+local function dims(t)
+  local s = {}
+  for i = 0, t.ndim - 1 do s[i + 1] = tostring(tonumber(t.shape[i])) end
+  return table.concat(s, "x")
+end
+
+-- the module's own line: kind, and what its parameters say
+local function line(m)
+  local k = kind(m)
+  -- a freed module (whose kind C no longer gives) prints as one
+  if C.lutra_module_num_params(m, int_box) ~= 0 then return "lutra.nn.module(freed)" end
+  local np = int_box[0]
+  if np == 0 then return "lutra.nn." .. k end
+  check(C.lutra_module_param(m, 0, param))
+  local w = param.value
+  local dtype, device = tensor.dtype_names[tonumber(w.dtype)], w:device_name()
+  if k == "linear" then
+    return string.format("lutra.nn.Linear(in=%d, out=%d, bias=%s, %s, %s)",
+                         tonumber(w.shape[1]), tonumber(w.shape[0]), tostring(np > 1), dtype, device)
+  end
+  local shapes = {}
+  for i = 0, np - 1 do
+    check(C.lutra_module_param(m, i, param))
+    shapes[#shapes + 1] = "[" .. dims(param.value) .. "]"
+  end
+  return string.format("lutra.nn.%s(%s, %s, %s)", k, table.concat(shapes, " "), dtype, device)
+end
+
+local function describe(m, indent, out)
+  if kind(m) ~= "sequential" or C.lutra_sequential_count(m, int_box) ~= 0 then
+    out[#out + 1] = line(m)
+    return
+  end
+  out[#out + 1] = "lutra.nn.Sequential(\n"
+  local n = M.count(m)
+  for i = 1, n do
+    check(C.lutra_sequential_child(m, i - 1, child_box))
+    local c = ffi.gc(child_box[0], C.lutra_module_free)
+    out[#out + 1] = string.format("%s  (%d): ", indent, i)
+    describe(c, indent .. "  ", out)
+    out[#out + 1] = "\n"
+  end
+  out[#out + 1] = indent .. ")"
+end
+
+function M.tostring(m)
+  local out = {}
+  describe(m, "", out)
+  return table.concat(out)
+end
+
+-- the metatype's __index: methods first (the hot path: one table lookup more than a plain
+-- table __index), then a Sequential's children by number
+function M.index(methods)
+  return function(m, k)
+    local f = methods[k]
+    if f ~= nil or type(k) ~= "number" then return f end
+    return M.child(m, k)
+  end
+end
+
+-- Linear only: the FP8 tensor its last forward quantized for "input" or "weight" (nil in high
+-- precision), owned by the module
+local tensor_box = ffi.new("lutra_tensor*[1]")
+function M.quantized(m, role)
+  check(C.lutra_linear_quantized(m, core.code(core.roles, role, "role", "module:quantized"),
+                                 tensor_box))
+  if tensor_box[0] == nil then return nil end
+  return tensor.borrow(tensor_box[0], m)
+end
+
+return M

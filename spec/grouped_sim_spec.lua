@@ -1,0 +1,30 @@
+-- GroupedLinear's split-quantization kernels (kernels/grouped_quantize.cu) emulated on the CPU,
+-- a thread per CUDA thread (tools/sim_grouped_quantize.cpp, `make sim-grouped`), against the CPU
+-- backend's reference byte for byte: codes, scale inverses, scales, amaxes and bias gradients,
+-- with empty and unaligned experts, the weights' pointer mode, and bad splits. Needs the CUDA
+-- headers (no GPU); pending without them.
+local function sh(cmd)
+  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local code = tonumber(out:match("exit=(%d+)%s*$"))
+  return code == 0, (out:gsub("exit=%d+%s*$", ""))
+end
+
+local has_headers = sh("test -f ${CUDA_HOME:-/usr/local/cuda}/include/cuda_fp16.h")
+
+describe("the grouped quantization kernels, emulated", function()
+  if not has_headers then
+    pending("no CUDA headers: tools/sim_grouped_quantize.cpp needs them (make sim-grouped)")
+    return
+  end
+
+  it("equal the CPU reference byte for byte", function()
+    local built, log = sh("make -s CUDA=0 build/sim_grouped_quantize")
+    assert.is_true(built, "building tools/sim_grouped_quantize.cpp failed:\n" .. log)
+    local ok, out = sh("./build/sim_grouped_quantize")
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("ok   bad splits"), out)
+    assert.is_truthy(out:find("\n0 failures"), out)
+  end)
+end)

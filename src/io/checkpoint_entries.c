@@ -1,0 +1,345 @@
+/* The entries of a checkpoint (io/checkpoint_entries.h): a walk over the module tree through
+ * the checkpoint protocol (nn/module.h), then the optimizer's buffers named after the
+ * parameters they belong to, then the generator. */
+#include "io/checkpoint_entries.h"
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/object.h"
+#include "fp8/autocast.h"
+#include "fp8/quantizer.h"
+#include "nn/module.h"
+#include "nn/optim_state.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int add(ckpt_entries *E, const ckpt_entry *proto, const char *fn, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int add(ckpt_entries *E, const ckpt_entry *proto, const char *fn, const char *fmt, ...) {
+  if (E->count == E->cap) {
+    int cap = E->cap ? E->cap * 2 : 32;
+    ckpt_entry *e = realloc(E->e, (size_t)cap * sizeof *e);
+    if (!e) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the entry list");
+    E->e = e, E->cap = cap;
+  }
+  char name[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(name, sizeof name, fmt, ap);
+  va_end(ap);
+  if (n < 0 || (size_t)n >= sizeof name)
+    return lutra_error(LUTRA_EINVAL, fn, "a tensor name is longer than %zu bytes", sizeof name - 1);
+  ckpt_entry *e = &E->e[E->count];
+  *e = *proto;
+  e->name = strdup(name);
+  if (!e->name) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a name");
+  E->count++;
+  return LUTRA_OK;
+}
+
+static const char *st_dtype_of(int dtype) {
+  switch (dtype) {
+  case LUTRA_F32:
+    return "F32";
+  case LUTRA_BF16:
+    return "BF16";
+  case LUTRA_F16:
+    return "F16";
+  case LUTRA_E4M3:
+    return "F8_E4M3";
+  case LUTRA_E5M2:
+    return "F8_E5M2";
+  case LUTRA_E8M0:
+    return "F8_E8M0";
+  case LUTRA_I32:
+    return "I32";
+  default:
+    return NULL;
+  }
+}
+
+static int tensor_entry(ckpt_entries *E, lutra_tensor *t, entry_kind kind, const char *fn,
+                        const char *prefix, const char *name, const char *suffix) {
+  CHECK_STATE(!(t->flags & LUTRA_TENSOR_FREED), "tensor %s%s%s was freed", prefix, name, suffix);
+  const char *dtype = st_dtype_of(t->dtype);
+  CHECK_ARG(dtype && t->scaling == LUTRA_SCALING_NONE, "tensor %s%s%s has dtype %s", prefix, name,
+            suffix, lutra_dtype_name(t->dtype));
+  ckpt_entry e = {.kind = kind,
+                  .dtype = dtype,
+                  .lutra_dtype = t->dtype,
+                  .ndim = t->ndim,
+                  .bytes = (size_t)t->numel * lutra_dtype_size(t->dtype),
+                  .ptr = t->data,
+                  .param = kind == ENTRY_PARAM ? t : NULL};
+  memcpy(e.shape, t->shape, sizeof e.shape);
+  TRY(lutra_backend_get(t->device, &e.be, fn));
+  return add(E, &e, fn, "%s%s%s", prefix, name, suffix);
+}
+
+/* f32 [n] backend memory of be */
+static int f32_entry(ckpt_entries *E, float *p, int64_t n, const lutra_backend *be, const char *fn,
+                     const char *prefix, const char *name, const char *suffix) {
+  ckpt_entry e = {.kind = ENTRY_STATE,
+                  .dtype = "F32",
+                  .lutra_dtype = LUTRA_F32,
+                  .ndim = 1,
+                  .shape = {n},
+                  .bytes = (size_t)n * 4,
+                  .ptr = p,
+                  .be = be};
+  return add(E, &e, fn, "%s%s%s", prefix, name, suffix);
+}
+
+static void destroy_fresh(lutra_module_quantizers *q) {
+  for (int i = 0; i < q->count; i++)
+    lutra_quantizer_destroy(q->q[i]);
+  q->count = 0;
+}
+
+static int keep_pending(ckpt_entries *E, lutra_module *m, const lutra_recipe *r,
+                        lutra_module_quantizers *q, const char *fn) {
+  if (E->npending == E->pending_cap) {
+    int cap = E->pending_cap ? E->pending_cap * 2 : 8;
+    ckpt_pending *p = realloc(E->pending, (size_t)cap * sizeof *p);
+    if (!p) {
+      destroy_fresh(q);
+      return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the quantizer list");
+    }
+    E->pending = p, E->pending_cap = cap;
+  }
+  E->pending[E->npending++] = (ckpt_pending){m, r, *q};
+  return LUTRA_OK;
+}
+
+void ckpt_adopt(ckpt_entries *E) {
+  for (int i = 0; i < E->npending; i++) {
+    ckpt_pending *p = &E->pending[i];
+    p->module->ops->checkpoint->adopt_quantizers(p->module, p->recipe, &p->q);
+    p->q.count = 0; /* the module's now */
+  }
+}
+
+static int quantizer_entries(ckpt_entries *E, lutra_module *m, const lutra_recipe *build_for,
+                             const char *prefix, const char *fn) {
+  const lutra_checkpoint_ops *ck = m->ops->checkpoint;
+  if (!ck || !ck->quantizers) return LUTRA_OK;
+  lutra_module_quantizers qs = {0};
+  TRY(ck->quantizers(m, build_for, &qs, fn));
+  if (qs.fresh) TRY(keep_pending(E, m, build_for, &qs, fn));
+  for (int i = 0; i < qs.count; i++) {
+    if (!qs.q[i]) continue;
+    lutra_quantizer_state_view v;
+    TRY(lutra_quantizer_state(qs.q[i], &v));
+    char pre[512];
+    int n = snprintf(pre, sizeof pre, "%sfp8.%s.", prefix, qs.name[i]);
+    CHECK_ARG(n > 0 && (size_t)n < sizeof pre, "a quantizer name is too long");
+    TRY(f32_entry(E, v.scale, 1, v.be, fn, pre, "scale", ""));
+    TRY(f32_entry(E, v.scale_inv, 1, v.be, fn, pre, "scale_inv", ""));
+    if (v.amax_history)
+      TRY(f32_entry(E, v.amax_history, v.history_len, v.be, fn, pre, "amax_history", ""));
+  }
+  return LUTRA_OK;
+}
+
+static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
+                const lutra_checkpoint_objects *o, const lutra_recipe *build_for, int depth,
+                const char *fn) {
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(depth < 64, "the module tree is deeper than 64 levels");
+  const lutra_checkpoint_ops *ck = m->ops->checkpoint;
+  char pre[512];
+  if (ck && ck->num_children) {
+    int n = ck->num_children(m);
+    for (int i = 0; i < n; i++) {
+      const char *name;
+      lutra_module *c = ck->child(m, i, &name);
+      int len = name ? snprintf(pre, sizeof pre, "%s%s.", prefix, name)
+                     : snprintf(pre, sizeof pre, "%s%d.", prefix, i);
+      CHECK_ARG(len > 0 && (size_t)len < sizeof pre, "a module name is too long");
+      TRY(walk(E, c, pre, o, build_for, depth + 1, fn));
+    }
+  } else {
+    int n = m->ops->num_params(m);
+    for (int i = 0; i < n; i++) {
+      lutra_param p;
+      TRY(m->ops->param(m, i, &p));
+      const char *name = ck && ck->param_name ? ck->param_name(m, i) : NULL;
+      char fallback[32];
+      if (!name) {
+        snprintf(fallback, sizeof fallback, "param%d", i);
+        name = i == 0 ? "weight" : i == 1 ? "bias" : fallback;
+      }
+      TRY(tensor_entry(E, p.value, ENTRY_PARAM, fn, prefix, name, ""));
+      if (o->main_grads && p.main_grad)
+        TRY(tensor_entry(E, p.main_grad, ENTRY_STATE, fn, prefix, name, ".main_grad"));
+    }
+  }
+  if (o->fp8) TRY(quantizer_entries(E, m, build_for, prefix, fn));
+  return LUTRA_OK;
+}
+
+static int cmp_entry(const void *a, const void *b) {
+  return strcmp(((const ckpt_entry *)a)->name, ((const ckpt_entry *)b)->name);
+}
+
+/* The name of the parameter whose value is t among the entries [0, n) of E, or NULL. */
+static const char *param_name_of(const ckpt_entries *E, int n, const lutra_tensor *t) {
+  for (int i = 0; i < n; i++)
+    if (E->e[i].kind == ENTRY_PARAM && E->e[i].param == t) return E->e[i].name;
+  return NULL;
+}
+
+static int host_entry(ckpt_entries *E, entry_kind kind, const char *dtype, void *p,
+                      const char *name, const char *fn) {
+  ckpt_entry e = {.kind = kind,
+                  .dtype = dtype,
+                  .lutra_dtype = -1,
+                  .ndim = 1,
+                  .shape = {1},
+                  .bytes = 8,
+                  .ptr = p};
+  return add(E, &e, fn, "%s", name);
+}
+
+static int optim_entries(ckpt_entries *E, lutra_optim *opt, const char *fn) {
+  lutra_optim_view v;
+  TRY(lutra_optim_view_of(opt, &v, fn));
+  /* names: the model's, else a walk of the optimizer's own module (names only) */
+  ckpt_entries own = {0};
+  const ckpt_entries *names = E;
+  int nnames = E->count;
+  if (nnames == 0) {
+    lutra_checkpoint_objects plain = {0};
+    int st = walk(&own, v.module, "", &plain, NULL, 0, fn);
+    if (st != LUTRA_OK) {
+      ckpt_entries_free(&own);
+      return st;
+    }
+    names = &own, nnames = own.count;
+  }
+  int st = LUTRA_OK;
+  bool adamw = v.kind == LUTRA_OPTIM_ADAMW;
+  for (int i = 0; i < v.args->count && st == LUTRA_OK; i++) {
+    lutra_param p;
+    st = v.module->ops->param(v.module, i, &p);
+    if (st != LUTRA_OK) break;
+    const char *name = param_name_of(names, nnames, p.value);
+    if (!name) {
+      st = lutra_error(LUTRA_EINVAL, fn,
+                       "the optimizer's parameter %d is not in the model: the optimizer's "
+                       "module must be the model or a module inside it",
+                       i);
+      break;
+    }
+    char pre[512];
+    snprintf(pre, sizeof pre, "optim.%s.", name);
+    if (v.args->master[i]) {
+      st = f32_entry(E, v.args->master[i], v.args->numel[i], v.be, fn, pre, "master", "");
+      if (st == LUTRA_OK) {
+        ckpt_entry *e = &E->e[E->count - 1];
+        e->kind = ENTRY_MASTER;
+        e->param = v.mastered[i];
+      }
+    }
+    if (st == LUTRA_OK && v.args->m[i])
+      st = f32_entry(E, v.args->m[i], v.args->numel[i], v.be, fn, pre,
+                     adamw ? "exp_avg" : "momentum_buffer", "");
+    if (st == LUTRA_OK && v.args->v[i])
+      st = f32_entry(E, v.args->v[i], v.args->numel[i], v.be, fn, pre, "exp_avg_sq", "");
+    /* the state has the parameter's shape (torch's), not the flat f32 buffer's */
+    for (int k = 0; st == LUTRA_OK && k < (int)(v.args->master[i] != NULL) +
+                                              (v.args->m[i] != NULL) + (v.args->v[i] != NULL);
+         k++) {
+      ckpt_entry *e = &E->e[E->count - 1 - k];
+      e->ndim = p.value->ndim;
+      memcpy(e->shape, p.value->shape, sizeof e->shape);
+    }
+  }
+  ckpt_entries_free(&own);
+  TRY(st);
+  E->optim = opt;
+  E->host.step = v.args->step;
+  E->host.device_step = v.args->step;
+  TRY(host_entry(E, ENTRY_STEP, "I64", &E->host.step, "optim.step", fn));
+  if (v.args->device_step) {
+    ckpt_entry e = {.kind = ENTRY_DEVICE_STEP,
+                    .dtype = "I64",
+                    .lutra_dtype = -1,
+                    .ndim = 1,
+                    .shape = {1},
+                    .bytes = 8,
+                    .ptr = v.args->device_step,
+                    .be = v.be};
+    return add(E, &e, fn, "optim.device_step");
+  }
+  return host_entry(E, ENTRY_DEVICE_STEP, "I64", &E->host.device_step, "optim.device_step", fn);
+}
+
+int ckpt_collect(const lutra_checkpoint_objects *o, bool for_load, ckpt_entries *E,
+                 const char *fn) {
+  memset(E, 0, sizeof *E);
+  int st = LUTRA_OK;
+  if (o->model) st = walk(E, o->model, "", o, for_load ? o->recipe : NULL, 0, fn);
+  if (st == LUTRA_OK && o->optim) st = optim_entries(E, o->optim, fn);
+  if (st == LUTRA_OK && o->rng) {
+    st = lutra_seed_state(&E->host.rng);
+    if (st == LUTRA_OK) st = host_entry(E, ENTRY_RNG, "U64", &E->host.rng, "rng.state", fn);
+  }
+  if (st == LUTRA_OK && E->count) qsort(E->e, (size_t)E->count, sizeof *E->e, cmp_entry);
+  for (int i = 1; st == LUTRA_OK && i < E->count; i++)
+    if (strcmp(E->e[i - 1].name, E->e[i].name) == 0)
+      st = lutra_error(LUTRA_EINVAL, fn, "two tensors of the objects are named '%s'", E->e[i].name);
+  if (st != LUTRA_OK) ckpt_entries_free(E);
+  return st;
+}
+
+void ckpt_entries_free(ckpt_entries *E) {
+  for (int i = 0; i < E->count; i++)
+    free(E->e[i].name);
+  for (int i = 0; i < E->npending; i++)
+    destroy_fresh(&E->pending[i].q);
+  free(E->pending);
+  free(E->e);
+  memset(E, 0, sizeof *E);
+}
+
+ckpt_entry *ckpt_find(const ckpt_entries *E, const char *name) {
+  if (!E->count) return NULL;
+  ckpt_entry key = {.name = (char *)name};
+  return bsearch(&key, E->e, (size_t)E->count, sizeof *E->e, cmp_entry);
+}
+
+int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const float *lr,
+                    const char *fn) {
+  for (int i = 0; i < E->count; i++)
+    if (E->e[i].kind == ENTRY_PARAM) E->e[i].param->flags |= LUTRA_TENSOR_WRITTEN;
+  /* a master loaded with its parameter is the newer copy: the step must not overwrite it */
+  for (int i = 0; i < E->count; i++)
+    if (E->e[i].kind == ENTRY_MASTER && E->e[i].param)
+      E->e[i].param->flags &= ~(uint32_t)LUTRA_TENSOR_WRITTEN;
+  if (E->optim) {
+    lutra_optim_view v;
+    TRY(lutra_optim_view_of(E->optim, &v, fn));
+    v.args->step = E->host.step;
+    if (lr) *v.lr = *lr;
+  }
+  if (o->rng) TRY(lutra_manual_seed(E->host.rng));
+  return LUTRA_OK;
+}
+
+int lutra_optim_steps(const lutra_optim *o, int64_t *host, int64_t *device) {
+  static const char fn[] = "lutra_optim_steps";
+  lutra_optim_view v;
+  TRY(lutra_optim_view_of((lutra_optim *)o, &v, fn));
+  if (host) *host = v.args->step;
+  if (!device) return LUTRA_OK;
+  if (!v.args->device_step) {
+    *device = v.args->step;
+    return LUTRA_OK;
+  }
+  int st = v.be->to_host(device, v.args->device_step, sizeof *device);
+  return st == LUTRA_OK ? st : lutra_error_wrap(st, fn);
+}

@@ -1,0 +1,86 @@
+/* lutra/checkpoint.h: checkpoints (safetensors files) and the generator's state.
+ * Part of lutra.h (include that one; its conventions hold here).
+ *
+ * A checkpoint is a safetensors file (8-byte little-endian header length, a JSON header naming
+ * each tensor's dtype, shape and data_offsets, then the data), readable by Python's safetensors.
+ * What it holds, named from the module tree (Sequential children by index, "0.", "1.", ...;
+ * modules with named children by those names; a leaf's parameters "weight" and "bias"):
+ *   <m>.weight, <m>.bias                     parameters, in their dtype
+ *   <m>.weight.main_grad                     f32 main grads (main_grads = 1)
+ *   <m>.fp8.<role>.scale, .scale_inv         every quantizer the module owns (F32 [1];
+ *   <m>.fp8.<role>.amax_history              delayed scaling: F32 [amax_history_len])
+ *   optim.<param>.master                     an optimizer's f32 master of a bf16 parameter
+ *   optim.<param>.exp_avg, .exp_avg_sq       AdamW moments; SGD: optim.<param>.momentum_buffer
+ *   optim.step, optim.device_step            I64 [1]: step calls, and steps run on the device
+ *                                            (the same on the CPU)
+ *   rng.state                                U64 [1]: the global seed generator
+ * and __metadata__ {"format": "lutra.checkpoint", "version": "1", "optim.kind", "optim.lr"}.
+ *
+ * Loading is all or nothing: the file is read whole and checked (its structure, then every
+ * name, dtype and shape against what the objects expect, names missing or left over) before
+ * the first byte is written into any object; on failure no object changed. The parts of a lutra
+ * checkpoint the objects do not ask for (optim.*, rng.state, *.fp8.*, *.main_grad) are skipped,
+ * so a model alone loads from a full checkpoint; in the parts asked for, names match exactly.
+ * Saving writes a temporary file in the destination's directory (.NAME.tmp.PID.N), fsyncs it,
+ * renames it over the destination and fsyncs the directory: a crash leaves the old file (and
+ * possibly the temporary one), never a partial checkpoint. Both are refused inside an autocast
+ * scope or a graph capture (a step half-done is no state to save). */
+#ifndef LUTRA_CHECKPOINT_H
+#define LUTRA_CHECKPOINT_H
+
+#include "train.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a checkpoint holds. NULL / 0 fields are left out. */
+typedef struct lutra_checkpoint_objects {
+  lutra_module *model; /* parameters (and FP8 state) of the module tree */
+  lutra_optim *optim;  /* its state; parameters named by model's tree (by its own module's when
+                          model is NULL); its module must be model or inside it */
+  /* load only: a module whose quantizers do not exist yet (no FP8 forward ran) gets them built
+   * for this recipe, as its first FP8 forward under it would, to take the file's FP8 state (so
+   * that a freshly built model resumes); they become the module's only when the whole load
+   * succeeds. A module whose quantizers were built for another recipe is refused. */
+  const lutra_recipe *recipe;
+  int32_t fp8;        /* quantizer state (default 1) */
+  int32_t main_grads; /* main grads (default 0) */
+  int32_t rng;        /* the global generator's state (default 0) */
+} lutra_checkpoint_objects;
+
+/* A file name read as another object name (PyTorch's "fc1.weight" as lutra's "0.weight"); to
+ * NULL: the file's tensor is skipped (a name the model has no use for, e.g. "_extra_state"). */
+typedef struct lutra_checkpoint_rename {
+  const char *from;
+  const char *to;
+} lutra_checkpoint_rename;
+
+typedef struct lutra_checkpoint_load_opts {
+  const lutra_checkpoint_rename *map;
+  int32_t map_len;
+  /* parameters (values only) stored as F32, BF16 or F16 are converted to the parameter's dtype
+   * (exact widening; narrowing rounds to nearest even, as lutra_encode) instead of refused */
+  int32_t convert;
+} lutra_checkpoint_load_opts;
+
+LUTRA_API void lutra_checkpoint_defaults(lutra_checkpoint_objects *o);
+LUTRA_API int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o);
+/* opts NULL: no renames, no conversion. Parameters loaded mark their tensors written, so an
+ * optimizer not loaded with them refreshes its f32 masters from them before its next step. A
+ * Linear that cached an FP8 weight (is_first_microbatch false) quantizes again only when told
+ * (forward with is_first_microbatch nil or true). */
+LUTRA_API int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
+                                    const lutra_checkpoint_load_opts *opts);
+
+/* An optimizer's step count: step calls made (host), and steps run (device: the count a CUDA
+ * graph replaying a captured step advances; the host count on the cpu). Either may be NULL. For
+ * a resumed loop to know where it is. */
+LUTRA_API int lutra_optim_steps(const lutra_optim *o, int64_t *host, int64_t *device);
+/* The global seed generator's state (what lutra_manual_seed sets). */
+LUTRA_API int lutra_seed_state(uint64_t *state);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LUTRA_CHECKPOINT_H */

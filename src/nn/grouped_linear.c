@@ -1,0 +1,448 @@
+/* GroupedLinear: num_gemms Linears whose inputs are consecutive row ranges of one matrix, run as
+ * grouped backend calls (one quantization per role, one GEMM launch per pass) with the row
+ * counts in backend memory, so that a device never waits for the host to learn them and a CUDA
+ * graph replays with new splits. The parameters are separate tensors per expert, as a Linear's,
+ * so that optimizers and checkpoints see num_gemms ordinary weights. */
+#include "nn/grouped_linear.h"
+#include "backend/device.h"
+#include "backend/grouped_layout.h"
+#include "core/capture.h"
+#include "core/error.h"
+#include "core/object.h"
+#include "core/trace.h"
+#include "fp8/autocast.h"
+#include "runtime/tensor.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const lutra_module_ops grouped_ops;
+
+static grouped_linear *grouped_of(lutra_module *m) {
+  return (grouped_linear *)m;
+}
+
+void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a) {
+  *a = (lutra_grouped_gemm_args){.num = g->num,
+                                 .splits = g->splits_dev->data,
+                                 .bad_split = g->bad_split ? g->bad_split->data : NULL,
+                                 .scratch = g->scratch,
+                                 .total_rows = rows,
+                                 .in = g->in,
+                                 .out = g->out,
+                                 .dtype = g->dtype,
+                                 .w = (const void *const *)g->ptrs,
+                                 .bias = g->has_bias ? (const void *const *)g->ptrs + g->num : NULL,
+                                 .bias_dtype = g->dtype};
+}
+
+/* the sum the host knows, checked before any work is queued */
+static int check_host_splits(const grouped_linear *g, int64_t rows, const char *fn) {
+  if (!g->splits_host_known) return LUTRA_OK;
+  int64_t sum = 0;
+  for (int e = 0; e < g->num; e++)
+    sum += g->splits_host[e];
+  CHECK_ARG(sum == rows, "m_splits sum to %lld, the input has %lld rows", (long long)sum,
+            (long long)rows);
+  return LUTRA_OK;
+}
+
+static int check_input(const grouped_linear *g, const lutra_tensor *x, const char *fn) {
+  CHECK_ARG(x->dtype == g->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(x->dtype), lutra_dtype_name(g->dtype));
+  CHECK_ARG(lutra_cols(x) == g->in, "input has %lld features, the module expects %lld",
+            (long long)lutra_cols(x), (long long)g->in);
+  CHECK_ARG(x->device == g->device, "input is on another device than the module");
+  CHECK_STATE(g->splits_set, "no m_splits for this forward: lutra_grouped_forward (or "
+                             "lutra_grouped_set_splits before lutra_module_forward) gives them");
+  CHECK_ARG(g->be->grouped_gemm && g->be->grouped_quantize,
+            "the %s backend has no grouped GEMM in this build", g->be->name);
+  return check_host_splits(g, lutra_rows(x), fn);
+}
+
+static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                           lutra_tensor **y) {
+  static const char fn[] = "lutra_grouped_forward";
+  grouped_linear *g = grouped_of(m);
+  TRY(check_input(g, x, fn));
+  const lutra_tls_state *s = lutra_autocast_current();
+  const lutra_recipe *r = s->recipe;
+  bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  bool calibrate = r && !s->enabled && s->calibrating;
+  int64_t rows = lutra_rows(x);
+  const bool host = !fp8 && g->splits_host_known && g->host_path == LUTRA_GROUPED_PATH_PER_EXPERT;
+  int64_t shape[LUTRA_MAX_DIMS];
+  memcpy(shape, x->shape, sizeof shape);
+  shape[x->ndim - 1] = g->out;
+  RANGE_PUSH("lutra.grouped_linear.forward");
+  int st = lutra_tensor_ensure(&g->y, PLAIN_TENSOR(g->dtype, x->ndim, shape, g->device), fn);
+  if (st == LUTRA_OK && fp8) {
+    st = lutra_grouped_fp8_forward(g, x, r, a->is_first_microbatch, fn);
+  } else if (st == LUTRA_OK && host) {
+    if (calibrate) st = lutra_grouped_observe(g, x, r, fn);
+    if (st == LUTRA_OK) st = lutra_grouped_host_forward(g, x, fn);
+  } else if (st == LUTRA_OK) {
+    if (calibrate) st = lutra_grouped_observe(g, x, r, fn);
+    lutra_grouped_gemm_args ga;
+    lutra_grouped_common(g, rows, &ga);
+    ga.pass = LUTRA_GROUPED_FPROP;
+    ga.x = x->data;
+    ga.y = g->y->data;
+    if (st == LUTRA_OK) {
+      st = g->be->grouped_gemm(&ga);
+      if (st != LUTRA_OK) lutra_error_wrap(st, fn);
+    }
+  }
+  RANGE_POP();
+  if (st != LUTRA_OK) return st;
+  lutra_tensor_hold(&g->x, x);
+  g->rows = rows;
+  g->forward_fp8 = fp8;
+  g->forward_host = host;
+  g->forward_grad = a->grad != 0;
+  g->forward_done = true;
+  g->backward_done = false;
+  g->backward_trigger = g->forward_grad && (fp8 || calibrate) && lutra_grouped_uses_delayed(r) &&
+                        lutra_autocast_claim_backward_trigger();
+  *y = g->y;
+  return LUTRA_OK;
+}
+
+static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
+                                   const char *fn) {
+  lutra_grouped_gemm_args ga;
+  lutra_grouped_common(g, g->rows, &ga);
+  ga.x = g->x->data;
+  ga.dy = dy->data;
+  if (dx_wanted) {
+    ga.pass = LUTRA_GROUPED_DGRAD;
+    ga.dx = g->dx->data;
+    int st = g->be->grouped_gemm(&ga);
+    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  }
+  ga.pass = LUTRA_GROUPED_WGRAD;
+  ga.dw = g->ptrs + 2 * g->num;
+  ga.dw_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
+  ga.accumulate = g->accumulate_main_grad;
+  ga.db = g->has_bias ? g->ptrs + 3 * g->num : NULL;
+  ga.bias_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
+  int st = g->be->grouped_gemm(&ga);
+  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
+}
+
+static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  static const char fn[] = "lutra_grouped_backward";
+  grouped_linear *g = grouped_of(m);
+  CHECK_STATE(g->forward_done, "backward called before forward");
+  CHECK_STATE(!(g->backward_done && g->accumulate_main_grad),
+              "a second backward of one forward would add its gradients into main_grad twice: "
+              "run a forward before each backward");
+  CHECK_STATE(g->forward_grad, "the last forward ran with grad = false (inference): it kept "
+                               "nothing for a backward");
+  CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
+  CHECK_ARG(dy->dtype == g->dtype, "grad_output dtype %s does not match the module's %s",
+            lutra_dtype_name(dy->dtype), lutra_dtype_name(g->dtype));
+  CHECK_ARG(lutra_same_shape(dy, g->y), "grad_output shape does not match the forward output");
+  CHECK_ARG(dy->device == g->device, "grad_output is on another device than the module");
+  if (dx)
+    TRY(lutra_tensor_ensure(&g->dx, PLAIN_TENSOR(g->dtype, g->x->ndim, g->x->shape, g->device),
+                            fn));
+  RANGE_PUSH("lutra.grouped_linear.backward");
+  int st = g->forward_fp8 && g->roles[LUTRA_ROLE_GRAD_OUTPUT].spec.kind != LUTRA_QUANT_NONE
+               ? lutra_grouped_fp8_backward(g, dy, dx != NULL, fn)
+           : g->forward_host ? lutra_grouped_host_backward(g, dy, dx != NULL, fn)
+                             : backward_high_precision(g, dy, dx != NULL, fn);
+  RANGE_POP();
+  if (st != LUTRA_OK) return st;
+  if (g->backward_trigger) {
+    TRY(lutra_autocast_backward_done(fn));
+    g->backward_trigger = false;
+  }
+  g->backward_done = true;
+  if (dx) *dx = g->dx;
+  return LUTRA_OK;
+}
+
+static int grouped_num_params(const lutra_module *m) {
+  const grouped_linear *g = (const grouped_linear *)m;
+  return g->num * (g->has_bias ? 2 : 1);
+}
+
+static int grouped_param(const lutra_module *m, int i, lutra_param *out) {
+  const grouped_linear *g = (const grouped_linear *)m;
+  int per = g->has_bias ? 2 : 1, e = i / per;
+  if (i % per == 0)
+    *out = (lutra_param){g->weight[e], g->wgrad[e],
+                         g->weight_main_grad ? g->weight_main_grad[e] : NULL};
+  else
+    *out = (lutra_param){g->bias[e], g->bgrad[e], g->bias_main_grad ? g->bias_main_grad[e] : NULL};
+  return LUTRA_OK;
+}
+
+static void destroy_all(lutra_tensor **ts, int n) {
+  if (!ts) return;
+  for (int i = 0; i < n; i++)
+    lutra_tensor_destroy(ts[i]);
+  free(ts);
+}
+
+static void grouped_release(lutra_module *m) {
+  grouped_linear *g = grouped_of(m);
+  lutra_grouped_fp8_release(g);
+  lutra_tensor **sets[] = {g->weight,           g->bias,          g->wgrad, g->bgrad,
+                           g->weight_main_grad, g->bias_main_grad};
+  for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+    destroy_all(sets[i], g->num);
+  g->weight = g->bias = g->wgrad = g->bgrad = g->weight_main_grad = g->bias_main_grad = NULL;
+  if (g->ptrs) g->be->free(g->ptrs);
+  if (g->scratch) g->be->free(g->scratch);
+  g->ptrs = g->scratch = NULL;
+  lutra_tensor *owned[] = {g->y, g->dx, g->splits_dev, g->bad_split};
+  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
+    lutra_tensor_destroy(owned[i]);
+  g->y = g->dx = g->splits_dev = g->bad_split = NULL;
+  free(g->splits_host);
+  g->splits_host = NULL;
+  lutra_tensor_hold(&g->x, NULL);
+  g->forward_done = g->splits_set = false;
+}
+
+static const lutra_module_ops grouped_ops = {
+    .kind = "grouped_linear",
+    .forward = grouped_forward,
+    .backward = grouped_backward,
+    .num_params = grouped_num_params,
+    .param = grouped_param,
+    .release = grouped_release,
+    .fusion = NULL,
+};
+
+/* ---- construction -------------------------------------------------------------------------- */
+
+static int make(const grouped_linear *g, int64_t n0, int64_t n1, int dtype, lutra_tensor **t,
+                const char *fn) {
+  int64_t shape[2] = {n0, n1};
+  lutra_tensor_spec spec = *PLAIN_TENSOR(dtype, n1 ? 2 : 1, shape, g->device);
+  spec.flags = LUTRA_TENSOR_BORROWED;
+  TRY(lutra_tensor_make(&spec, t, fn));
+  return lutra_tensor_fill(*t, 0.0f);
+}
+
+static int make_set(grouped_linear *g, int64_t n0, int64_t n1, int dtype, lutra_tensor ***set,
+                    const char *fn) {
+  *set = calloc((size_t)g->num, sizeof **set);
+  if (!*set) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate %d tensors", g->num);
+  for (int e = 0; e < g->num; e++)
+    TRY(make(g, n0, n1, dtype, &(*set)[e], fn));
+  return LUTRA_OK;
+}
+
+/* weights as torch initialises a Linear: uniform(-1/sqrt(in), 1/sqrt(in)), expert e from
+ * seed + e (a Linear made with that seed starts from the same weights) */
+static int init_params(grouped_linear *g, uint64_t seed) {
+  float bound = (float)(1.0 / sqrt((double)g->in));
+  for (int e = 0; e < g->num; e++) {
+    uint64_t s = seed + (uint64_t)e;
+    TRY(lutra_tensor_uniform(g->weight[e], s, -bound, bound));
+    if (g->has_bias) TRY(lutra_tensor_uniform(g->bias[e], s ^ 0x5bd1e995u, -bound, bound));
+  }
+  return LUTRA_OK;
+}
+
+/* the pointer arrays the grouped calls read: weights, biases, wgrad and bgrad outputs */
+static int upload_ptrs(grouped_linear *g, const char *fn) {
+  size_t bytes = 4 * (size_t)g->num * sizeof(void *);
+  void **host = calloc(4 * (size_t)g->num, sizeof(void *));
+  if (!host) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate pointer arrays");
+  for (int e = 0; e < g->num; e++) {
+    host[e] = g->weight[e]->data;
+    host[g->num + e] = g->has_bias ? g->bias[e]->data : NULL;
+    host[2 * g->num + e] = (g->accumulate_main_grad ? g->weight_main_grad : g->wgrad)[e]->data;
+    host[3 * g->num + e] =
+        g->has_bias ? (g->accumulate_main_grad ? g->bias_main_grad : g->bgrad)[e]->data : NULL;
+  }
+  int st = g->be->alloc(bytes, (void **)&g->ptrs);
+  if (st == LUTRA_OK) st = g->be->from_host(g->ptrs, host, bytes);
+  free(host);
+  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
+}
+
+static int init(grouped_linear *g, const lutra_grouped_linear_desc *d, const char *fn) {
+  int64_t in = d->in_features, out = d->out_features;
+  TRY(make_set(g, out, in, g->dtype, &g->weight, fn));
+  TRY(make_set(g, out, in, g->dtype, &g->wgrad, fn));
+  if (g->has_bias) TRY(make_set(g, out, 0, g->dtype, &g->bias, fn));
+  if (g->has_bias) TRY(make_set(g, out, 0, g->dtype, &g->bgrad, fn));
+  if (g->accumulate_main_grad) {
+    TRY(make_set(g, out, in, LUTRA_F32, &g->weight_main_grad, fn));
+    if (g->has_bias) TRY(make_set(g, out, 0, LUTRA_F32, &g->bias_main_grad, fn));
+  }
+  TRY(init_params(g, d->seed));
+  TRY(upload_ptrs(g, fn));
+  g->splits_host = calloc((size_t)g->num, sizeof *g->splits_host);
+  if (!g->splits_host) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate splits");
+  int64_t n = g->num, one = 1;
+  lutra_tensor_spec spec = *PLAIN_TENSOR(LUTRA_I32, 1, &n, g->device);
+  spec.flags = LUTRA_TENSOR_BORROWED;
+  TRY(lutra_tensor_make(&spec, &g->splits_dev, fn));
+  if (g->device != LUTRA_CPU) { /* the CPU refuses bad splits at once */
+    spec.shape = &one;
+    TRY(lutra_tensor_make(&spec, &g->bad_split, fn));
+    TRY(g->be->memset(g->bad_split->data, 0, sizeof(int32_t)));
+    size_t bytes = lutra_grouped_scratch_bytes(g->num, g->in, g->out);
+    TRY(g->be->alloc(bytes, &g->scratch));
+    TRY(g->be->memset(g->scratch, 0, bytes));
+  }
+  return LUTRA_OK;
+}
+
+void lutra_grouped_linear_defaults(lutra_grouped_linear_desc *d) {
+  if (!d) return;
+  *d = (lutra_grouped_linear_desc){.num_gemms = 1, .bias = 1, .dtype = LUTRA_F32};
+  lutra_seed_next(&d->seed);
+}
+
+int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra_module **out) {
+  static const char fn[] = "lutra_grouped_linear_new";
+  CHECK_ARG(d, "desc is NULL");
+  CHECK_ARG(out, "out is NULL");
+  CHECK_ARG(d->num_gemms > 0 && d->num_gemms <= 65536, "num_gemms must be in 1..65536 (got %d)",
+            (int)d->num_gemms);
+  CHECK_ARG(d->in_features > 0 && d->out_features > 0,
+            "in_features and out_features must be positive (got %lld, %lld)",
+            (long long)d->in_features, (long long)d->out_features);
+  CHECK_ARG(d->dtype == LUTRA_F32 || d->dtype == LUTRA_BF16, "dtype must be f32 or bf16, got %s",
+            lutra_dtype_name(d->dtype));
+  const lutra_backend *be;
+  TRY(lutra_backend_get(d->device, &be, fn));
+  grouped_linear *g = calloc(1, sizeof *g);
+  if (!g) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  g->num = d->num_gemms;
+  g->in = d->in_features;
+  g->out = d->out_features;
+  g->dtype = d->dtype;
+  g->device = d->device;
+  g->has_bias = d->bias != 0;
+  g->accumulate_main_grad = d->accumulate_main_grad != 0;
+  g->be = be;
+  int st = init(g, d, fn);
+  if (st != LUTRA_OK) {
+    grouped_release(&g->base);
+    free(g);
+    return st;
+  }
+  lutra_module_init(&g->base, &grouped_ops);
+  *out = &g->base;
+  return LUTRA_OK;
+}
+
+/* ---- splits -------------------------------------------------------------------------------- */
+
+static int check_grouped(const lutra_module *m, const char *fn) {
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &grouped_ops, "module is a %s, not a grouped_linear", m->ops->kind);
+  return LUTRA_OK;
+}
+
+/* rows >= 0: the input's rows, which host splits must sum to (checked before anything changes) */
+static int check_splits(const grouped_linear *g, const lutra_tensor *s, int64_t rows,
+                        const char *fn) {
+  TRY(lutra_check_tensor(s, fn, "m_splits"));
+  CHECK_ARG(s->dtype == LUTRA_I32, "m_splits must be an i32 tensor (got %s)",
+            lutra_dtype_name(s->dtype));
+  CHECK_ARG(s->numel == g->num, "m_splits has %lld elements, the module has %d experts",
+            (long long)s->numel, (int)g->num);
+  CHECK_ARG(s->device == LUTRA_CPU || s->device == g->device,
+            "m_splits must be on the CPU (host splits) or on the module's device");
+  if (s->device != LUTRA_CPU) return LUTRA_OK;
+  const int32_t *v = s->data;
+  int64_t sum = 0;
+  for (int e = 0; e < g->num; e++) {
+    CHECK_ARG(v[e] >= 0, "m_splits[%d] is %d: a split must be >= 0", e, (int)v[e]);
+    sum += v[e];
+  }
+  CHECK_ARG(rows < 0 || sum == rows, "m_splits sum to %lld, the input has %lld rows",
+            (long long)sum, (long long)rows);
+  return LUTRA_OK;
+}
+
+static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) {
+  TRY(check_splits(g, s, -1, fn));
+  size_t bytes = (size_t)g->num * sizeof(int32_t);
+  if (s->device == LUTRA_CPU) {
+    const int32_t *v = s->data;
+    CHECK_STATE(!(LUTRA_CAPTURING() && g->device != LUTRA_CPU),
+                "host m_splits while capturing a CUDA graph would be replayed unchanged: pass "
+                "the splits as a device tensor");
+    TRY(g->be->from_host(g->splits_dev->data, v, bytes));
+    memcpy(g->splits_host, v, bytes);
+    g->splits_host_known = true;
+  } else {
+    TRY(g->be->copy(g->splits_dev->data, s->data, bytes));
+    if (LUTRA_CAPTURING()) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)s, fn));
+    g->splits_host_known = false;
+  }
+  g->splits_set = true;
+  g->forward_done = false; /* a backward needs the forward of these splits */
+  return LUTRA_OK;
+}
+
+int lutra_grouped_set_splits(lutra_module *m, const lutra_tensor *splits) {
+  static const char fn[] = "lutra_grouped_set_splits";
+  TRY(check_grouped(m, fn));
+  return set_splits(grouped_of(m), splits, fn);
+}
+
+int lutra_grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_tensor *splits,
+                          const lutra_forward_args *a, lutra_tensor **y) {
+  static const char fn[] = "lutra_grouped_forward";
+  TRY(check_grouped(m, fn));
+  grouped_linear *g = grouped_of(m);
+  /* what can be checked before the splits are replaced is, so that a refused call changes
+   * nothing (a bad device split is found on the device) */
+  TRY(lutra_check_tensor(x, fn, "input"));
+  CHECK_ARG(a, "args is NULL (lutra_forward_defaults gives the defaults)");
+  CHECK_ARG(y, "y is NULL");
+  CHECK_ARG(x->dtype == g->dtype, "input dtype %s does not match the module's %s",
+            lutra_dtype_name(x->dtype), lutra_dtype_name(g->dtype));
+  CHECK_ARG(lutra_cols(x) == g->in, "input has %lld features, the module expects %lld",
+            (long long)lutra_cols(x), (long long)g->in);
+  CHECK_ARG(x->device == g->device, "input is on another device than the module");
+  TRY(check_splits(g, splits, lutra_rows(x), fn));
+  TRY(set_splits(g, splits, fn));
+  return lutra_module_forward_ex(m, x, a, y);
+}
+
+int lutra_grouped_check(lutra_module *m) {
+  static const char fn[] = "lutra_grouped_check";
+  TRY(check_grouped(m, fn));
+  grouped_linear *g = grouped_of(m);
+  if (!g->bad_split) return LUTRA_OK;
+  int32_t bad = 0;
+  TRY(g->be->to_host(&bad, g->bad_split->data, sizeof bad));
+  if (!bad) return LUTRA_OK;
+  TRY(g->be->memset(g->bad_split->data, 0, sizeof bad));
+  return lutra_error(LUTRA_EINVAL, fn,
+                     "device m_splits of a call since the last check had a split < 0 or did not "
+                     "sum to the input's rows: its outputs are undefined");
+}
+
+int lutra_grouped_set_path(lutra_module *m, int path) {
+  static const char fn[] = "lutra_grouped_set_path";
+  TRY(check_grouped(m, fn));
+  CHECK_ARG(path == LUTRA_GROUPED_PATH_GROUPED || path == LUTRA_GROUPED_PATH_PER_EXPERT,
+            "path must be LUTRA_GROUPED_PATH_GROUPED (0) or _PER_EXPERT (1), got %d", path);
+  grouped_linear *g = grouped_of(m);
+  g->host_path = path;
+  g->forward_done = false; /* a backward takes the path of its forward */
+  return LUTRA_OK;
+}
+
+int lutra_grouped_num_gemms(const lutra_module *m, int *n) {
+  static const char fn[] = "lutra_grouped_num_gemms";
+  TRY(check_grouped(m, fn));
+  CHECK_ARG(n, "n is NULL");
+  *n = ((const grouped_linear *)m)->num;
+  return LUTRA_OK;
+}

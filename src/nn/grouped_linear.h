@@ -1,0 +1,76 @@
+/* GroupedLinear's state, shared by its module code (nn/grouped_linear.c) and its FP8 passes
+ * (nn/grouped_fp8.c). num experts, each a Linear [out, in]; the token-side rows of expert e are
+ * given by the splits in splits_dev (backend memory), so nothing here reads them on a device. */
+#ifndef LUTRA_NN_GROUPED_LINEAR_H
+#define LUTRA_NN_GROUPED_LINEAR_H
+
+#include "backend/backend.h"
+#include "fp8/recipe.h"
+#include "nn/module.h"
+
+#include <stdbool.h>
+
+/* The scaling state of one role for all experts, in one backend allocation (delayed and
+ * current scaling): scale [4 num] | scale_inv [4 num] | amax and work [4 num] | history
+ * [num * history_len]; expert e's scale is at scale[4 e] (16-byte aligned, as cuBLASLt reads
+ * it), its delayed-scaling meta points into it. */
+typedef struct grouped_role {
+  lutra_quantizer_spec spec;
+  float *state;
+  lutra_scale_meta *metas; /* [num], delayed scaling; host */
+} grouped_role;
+
+/* A packed FP8 operand (backend/grouped_layout.h) and the rows its buffers hold. */
+typedef struct grouped_fp8_buf {
+  lutra_grouped_fp8 q;
+  int64_t rows_cap; /* padded rows the data buffers hold */
+} grouped_fp8_buf;
+
+typedef struct grouped_linear {
+  lutra_module base;
+  int32_t num;
+  int64_t in, out;
+  int32_t dtype, device;
+  bool has_bias, accumulate_main_grad;
+  const lutra_backend *be;
+  /* [num] each; bias ones NULL without bias, main grads NULL unless accumulating */
+  lutra_tensor **weight, **bias, **wgrad, **bgrad, **weight_main_grad, **bias_main_grad;
+  /* backend memory: the data pointers of weight, bias, the wgrad and bgrad outputs ([num] each) */
+  void **ptrs;
+  lutra_tensor *y, *dx;
+  /* the splits of the next / last forward */
+  lutra_tensor *splits_dev; /* I32 [num] on the module's device */
+  int32_t *splits_host;     /* [num]: valid when splits_host_known */
+  bool splits_set, splits_host_known;
+  lutra_tensor *bad_split; /* I32 [1] device error flag (devices only) */
+  void *scratch;           /* devices only: lutra_grouped_scratch_bytes, zeroed */
+  /* FP8 */
+  grouped_role roles[LUTRA_NUM_ROLES];
+  bool roles_built;
+  uint64_t qkey;
+  grouped_fp8_buf xq, wq, dyq;
+  int32_t host_path; /* LUTRA_GROUPED_PATH_*: for host-known splits in high precision */
+  /* what the last forward did */
+  const lutra_tensor *x;
+  int64_t rows;
+  bool forward_done, forward_grad, forward_fp8, forward_host, weight_cached, backward_trigger,
+      backward_done;
+} grouped_linear;
+
+/* FP8 (nn/grouped_fp8.c). Errors name fn. */
+int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
+                              int first_microbatch, const char *fn);
+int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
+                               const char *fn);
+int lutra_grouped_observe(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
+                          const char *fn);
+bool lutra_grouped_uses_delayed(const lutra_recipe *r);
+/* the per-expert path (nn/grouped_host.c): splits_host holds the splits */
+int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const char *fn);
+int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
+                                const char *fn);
+void lutra_grouped_fp8_release(grouped_linear *g);
+/* the arguments every grouped call shares */
+void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
+
+#endif

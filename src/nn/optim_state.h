@@ -1,0 +1,19 @@
+/* Optimizer internals for checkpoints (io/checkpoint.c): the state gathered at creation. */
+#ifndef LUTRA_NN_OPTIM_STATE_H
+#define LUTRA_NN_OPTIM_STATE_H
+
+#include "backend/backend.h"
+#include "lutra.h"
+
+typedef struct lutra_optim_view {
+  int32_t kind;            /* LUTRA_OPTIM_* */
+  float *lr;               /* the current lr (lutra_optim_set_lr) */
+  lutra_optim_args *args;  /* master, m, v in backend memory; step; device_step (NULL on cpu) */
+  lutra_tensor **mastered; /* [i]: the bf16 parameter whose master is args->master[i], or NULL */
+  lutra_module *module;
+  const lutra_backend *be;
+} lutra_optim_view;
+/* LUTRA_ESTATE when o or its module was freed. */
+int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn);
+
+#endif

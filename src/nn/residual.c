@@ -1,0 +1,96 @@
+/* Residual: y = x + m(x), the pre-norm block's skip connection; backward dx = dy + m's input
+ * gradient. One element-wise sum per direction (backend add); the output and input-gradient
+ * buffers are reused while the shape stays. */
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/object.h"
+#include "nn/module.h"
+#include "runtime/tensor.h"
+
+#include <stdlib.h>
+
+typedef struct residual {
+  lutra_module base;
+  lutra_module *inner;
+  const lutra_backend *be;
+  lutra_tensor *y, *dx;
+  bool forward_done;
+} residual;
+
+static int sum_into(residual *r, lutra_tensor **slot, const lutra_tensor *a, const lutra_tensor *b,
+                    const char *fn) {
+  CHECK_ARG(a->dtype == b->dtype && lutra_same_shape(a, b) && a->device == b->device &&
+                a->scaling == LUTRA_SCALING_NONE && b->scaling == LUTRA_SCALING_NONE,
+            "the wrapped module's tensor (%s) does not match the residual's (%s, same shape)",
+            lutra_dtype_name(b->dtype), lutra_dtype_name(a->dtype));
+  TRY(lutra_tensor_ensure(slot, PLAIN_TENSOR(a->dtype, a->ndim, a->shape, a->device), fn));
+  TRY(lutra_backend_get(a->device, &r->be, fn));
+  TRY(r->be->add(a->data, b->data, (*slot)->data, a->dtype, a->numel));
+  return LUTRA_OK;
+}
+
+static int res_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                       lutra_tensor **y) {
+  static const char fn[] = "lutra_residual_forward";
+  residual *r = (residual *)m;
+  lutra_tensor *h;
+  TRY(r->inner->ops->forward(r->inner, x, a, &h));
+  TRY(sum_into(r, &r->y, x, h, fn));
+  r->forward_done = true;
+  *y = r->y;
+  return LUTRA_OK;
+}
+
+static int res_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  static const char fn[] = "lutra_residual_backward";
+  residual *r = (residual *)m;
+  CHECK_STATE(r->forward_done, "backward called before forward");
+  CHECK_ARG(lutra_same_shape(dy, r->y) && dy->dtype == r->y->dtype,
+            "grad_output shape or dtype does not match the forward output");
+  lutra_tensor *g = NULL;
+  TRY(r->inner->ops->backward(r->inner, dy, dx ? &g : NULL));
+  if (!dx) return LUTRA_OK;
+  TRY(sum_into(r, &r->dx, dy, g, fn));
+  *dx = r->dx;
+  return LUTRA_OK;
+}
+
+static int res_num_params(const lutra_module *m) {
+  const lutra_module *in = ((const residual *)m)->inner;
+  return in->ops->num_params(in);
+}
+static int res_param(const lutra_module *m, int i, lutra_param *out) {
+  const lutra_module *in = ((const residual *)m)->inner;
+  return in->ops->param(in, i, out);
+}
+static void res_release(lutra_module *m) {
+  residual *r = (residual *)m;
+  lutra_tensor_destroy(r->y);
+  lutra_tensor_destroy(r->dx);
+  r->y = r->dx = NULL;
+  lutra_module_free(r->inner);
+  r->inner = NULL;
+  r->forward_done = false;
+}
+
+static const lutra_module_ops res_ops = {
+    .kind = "residual",
+    .forward = res_forward,
+    .backward = res_backward,
+    .num_params = res_num_params,
+    .param = res_param,
+    .release = res_release,
+};
+
+int lutra_residual_new(lutra_module *m, lutra_module **out) {
+  static const char fn[] = "lutra_residual_new";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(out, "out is NULL");
+  residual *r = calloc(1, sizeof *r);
+  if (!r) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  lutra_module_retain(m);
+  r->inner = m;
+  lutra_module_init(&r->base, &res_ops);
+  *out = &r->base;
+  return LUTRA_OK;
+}
