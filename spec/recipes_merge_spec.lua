@@ -103,6 +103,29 @@ describe("recipe prototyping with the rest of lutra", function()
     assert.are.same({ "layernorm_linear/", "layernorm_linear/", "layernorm_linear/" }, asked)
   end)
 
+  it("leave nothing waiting after a factory that raised, and ask again at the next forward", function()
+    local ffi = require("ffi")
+    local fail = true
+    local f = R.custom { factory = function(role)
+      if fail then error("no choice yet") end
+      return { kind = "current", format = role == "grad_output" and "e5m2" or "e4m3" }
+    end }
+    local lin = nn.Linear(16, 16, { seed = 2 })
+    local x = lutra.tensor({ 16, 16 }):randn(seed + 12)
+    local scope = lutra.autocast { recipe = f }
+    local ok, err = pcall(scope.run, scope, function() lin:forward(x) end)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("no choice yet", 1, true), err)
+    assert.are_not.equal(0, lutra.C.lutra_factory_request(ffi.new("int[1]"),
+                                                          ffi.new("const char*[1]"),
+                                                          ffi.new("const char*[1]")))
+    assert.truthy(ffi.string(lutra.C.lutra_last_error()):find("no module waits", 1, true))
+    fail = false
+    local y = scope:run(function() return lin:forward(x):to_table() end)
+    assert.are.equal(256, #y)
+    assert.is_not_nil(lin:quantizer("input")) -- the choice was stored this time
+  end)
+
   it("save and restore a hybrid role's columnwise quantizer in a checkpoint", function()
     local r = R.custom { input = del("e4m3", "e5m2"), weight = del("e4m3"),
                          grad_output = del("e5m2", "e4m3"), amax_history_len = 4 }

@@ -38,14 +38,8 @@ local id_box = ffi.new("int[1]")
 local str_box = ffi.new("const char*[2]")
 local choices = ffi.new("lutra_factory_choice[3]")
 
--- Asks the factory of the waiting module (if one waits) and stores its choice: true when it did.
-function M.resolve()
-  if C.lutra_factory_status() == 0 then return false end
-  core.check(C.lutra_factory_request(id_box, str_box, str_box + 1))
-  local id = id_box[0]
-  local fn = F.fns[id]
-  if not fn then error("lutra.recipe.custom: factory " .. id .. " is not registered in this Lua state", 0) end
-  local kind, name = ffi.string(str_box[0]), ffi.string(str_box[1])
+-- The factory's choice for each role into `choices` (errors name the factory and the role).
+local function choose(fn, kind, name)
   local where = string.format("lutra.recipe.custom: the factory (for %s '%s')", kind, name)
   for i, role in ipairs(core.role_list) do
     local c = fn(role, kind, name)
@@ -64,7 +58,26 @@ function M.resolve()
     ch.columnwise_format = c.columnwise_format == nil and 0 or
                            core.code(fp8_dtypes, c.columnwise_format, "columnwise_format", where)
   end
-  core.check(C.lutra_factory_resolve(choices))
+end
+
+-- Asks the factory of the waiting module (if one waits) and stores its choice: true when it did.
+function M.resolve()
+  if C.lutra_factory_status() == 0 then return false end
+  core.check(C.lutra_factory_request(id_box, str_box, str_box + 1))
+  local id = id_box[0]
+  local fn = F.fns[id]
+  if not fn then error("lutra.recipe.custom: factory " .. id .. " is not registered in this Lua state", 0) end
+  local kind, name = ffi.string(str_box[0]), ffi.string(str_box[1])
+  local ok, err = pcall(choose, fn, kind, name)
+  if not ok then
+    C.lutra_factory_cancel() -- nothing waits now: the module asks again at its next forward
+    error(err, 0)
+  end
+  local st = C.lutra_factory_resolve(choices)
+  if st ~= 0 then
+    C.lutra_factory_cancel()
+    core.fail()
+  end
   return true
 end
 

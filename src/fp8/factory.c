@@ -73,6 +73,10 @@ int lutra_factory_resolve(const lutra_factory_choice choices[LUTRA_NUM_ROLES]) {
   return LUTRA_OK;
 }
 
+void lutra_factory_cancel(void) {
+  req.mc = NULL;
+}
+
 void lutra_factory_forget(lutra_module_choice *mc) {
   if (req.mc == mc) req.mc = NULL;
 }

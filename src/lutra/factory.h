@@ -53,6 +53,9 @@ LUTRA_API int lutra_factory_request(int *factory, const char **module_kind, cons
 /* Stores the choice (validated as lutra_recipe_custom validates its desc: an unknown kind or
  * format, or a GEMM pairing FP8 GEMMs cannot run, is refused and nothing is stored). */
 LUTRA_API int lutra_factory_resolve(const lutra_factory_choice choices[LUTRA_NUM_ROLES]);
+/* Drops the waiting module's request (the caller's factory failed): request and resolve then say
+ * that nothing waits, and the module asks again at its next forward. */
+LUTRA_API void lutra_factory_cancel(void);
 /* Names a module (Linear), for the factory: at most LUTRA_MODULE_NAME_MAX - 1 bytes. */
 LUTRA_API int lutra_module_set_name(lutra_module *m, const char *name);
 

@@ -207,14 +207,13 @@ static inline const lutra_quantizer_spec *roles_of(const lutra_linear_core *c,
   return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
 }
 
-/* a factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done */
-static int resolve_roles(lutra_linear_core *c, const lutra_tls_state *s, const char *fn) {
-  const lutra_recipe *r = s->recipe;
-  if (r && (s->enabled || s->calibrating) && r->kind == LUTRA_RECIPE_FACTORY) {
-    const lutra_quantizer_spec *chosen;
-    TRY(lutra_factory_roles(r, &c->choice, &chosen, fn));
-  }
-  return LUTRA_OK;
+/* A factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done. Out of
+ * line (the callers test r->kind first): the forward without a factory recipe costs what it did. */
+static __attribute__((noinline)) int resolve_roles(lutra_linear_core *c, const lutra_tls_state *s,
+                                                   const char *fn) {
+  if (!(s->enabled || s->calibrating)) return LUTRA_OK;
+  const lutra_quantizer_spec *chosen;
+  return lutra_factory_roles(s->recipe, &c->choice, &chosen, fn);
 }
 
 static bool uses_delayed(const lutra_quantizer_spec *roles) {
@@ -243,7 +242,7 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
             "the forward cannot end in activation %d", act);
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  TRY(resolve_roles(c, s, fn));
+  if (r && r->kind == LUTRA_RECIPE_FACTORY) TRY(resolve_roles(c, s, fn));
   bool fp8 = r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
   if (fp8) TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
@@ -523,7 +522,7 @@ int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *
   TRY(check_input(c, x, fn));
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  TRY(resolve_roles(c, s, fn));
+  if (r && r->kind == LUTRA_RECIPE_FACTORY) TRY(resolve_roles(c, s, fn));
   if (!(r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE))
     return LUTRA_OK;
   TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
