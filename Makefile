@@ -81,7 +81,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped threads-check check-codecs check-activations lab
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -160,6 +160,11 @@ test-gpu: all
 
 run: all
 	$(RUN_ENV) $(LUAJIT) examples/train_mlp.lua $(ARGS)
+
+# The recipe lab (examples/recipe_lab.lua): every recipe of examples/recipes/default.lua (or
+# ARGS="--recipes FILE ...") against f32, traces and a plot in lab_out/
+lab: all
+	$(RUN_ENV) $(LUAJIT) examples/recipe_lab.lua $(ARGS)
 
 # the tiled quantizers (kernels/quantize_tile64.cu, quantize_mx16.cu, quantize_block.cu) emulated
 # on the CPU (a thread per CUDA thread) against the CPU backend, byte for byte: needs the CUDA

@@ -40,6 +40,12 @@ cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
+/* external scaling rules (kernels/rules.cu): gather every meta's [scale, history] into staging
+ * (offsets as lutra_backend.rules_gather's) and roll the histories; apply: scale = scales[j],
+ * scale_inv = 1 / scales[j] (scales: device memory) */
+cudaError_t lk_rules_gather(lutra_scale_meta *const *metas, int n, float *staging, cudaStream_t s);
+cudaError_t lk_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales,
+                           cudaStream_t s);
 
 /* process groups (kernels/dist.cu): amax_history[0] of n metas copied into the contiguous
  * buf[n] (gather) or back from it (scatter), one launch per 256 metas */

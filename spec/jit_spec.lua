@@ -41,7 +41,7 @@ local function run(recipe, variant)
 end
 
 describe("LuaJIT traces of a training loop", function()
-  for _, recipe in ipairs { "none", "delayed", "current", "mxfp8", "block" } do
+  for _, recipe in ipairs { "none", "delayed", "current", "mxfp8", "block", "lua_rule" } do
     it("form a loop trace without NYI aborts with recipe " .. recipe, function()
       local loops, aborts, trace = run(recipe)
       assert.are.same({}, aborts)

@@ -3,6 +3,7 @@
 #   sh tools/bootstrap.sh run     # builds and trains the example MLP
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
+#   sh tools/bootstrap.sh lab     # the recipe lab, with gnuplot for its plot
 # Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors and
 # numpy, which the checkpoint interop spec runs; a CUDA build's make fetches CUTLASS's headers
 # from PyPI's nvidia-cutlass through pip, Makefile: CUTLASS_VERSION). make runs with one job per core (nproc); on a
@@ -16,6 +17,8 @@ packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-de
 # luarocks, LDoc (make doc), lua-argparse (command lines); python3 + pip: the checkpoint interop
 # spec's side and CUTLASS's headers
 packages="$packages luarocks lua-ldoc lua-argparse python3 python3-pip"
+# the recipe lab plots with gnuplot: sh tools/bootstrap.sh lab
+case " $* " in *" lab "*) packages="$packages gnuplot-nox" ;; esac
 missing=""
 for p in $packages; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed"; then

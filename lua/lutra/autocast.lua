@@ -55,7 +55,10 @@ local function finish(scope, depth, ok, ...)
     C.lutra_autocast_unwind(depth)
     error((...), 0)
   end
-  if C.lutra_autocast_exit(scope) ~= 0 then
+  local st = C.lutra_autocast_exit(scope)
+  if st == C.LUTRA_RULES_PENDING then
+    core.run_rules() -- the scope has exited; a failing rule raises here
+  elseif st ~= 0 then
     local msg = ffi.string(C.lutra_last_error())
     C.lutra_autocast_unwind(depth)
     error("scope:run: " .. msg, 2)

@@ -86,12 +86,19 @@ local C, library_path = load_library()
 local M = { C = C, ffi = ffi, library_path = library_path }
 
 -- Raises the library's message ("lutra_call: reason") as a Lua error at the caller's caller.
+-- A call that returned LUTRA_RULES_PENDING succeeded: the scaling rules it set aside run here
+-- (lutra/rules.lua sets M.run_rules), so every `if C.f(...) ~= 0 then core.fail() end` runs
+-- them without a test on its fast path.
 function M.fail()
+  if M.run_rules and C.lutra_rules_status() ~= 0 then return M.run_rules() end
   error(ffi.string(C.lutra_last_error()), 3)
 end
 
 function M.check(status)
-  if status ~= 0 then error(ffi.string(C.lutra_last_error()), 3) end
+  if status ~= 0 then
+    if status == C.LUTRA_RULES_PENDING and M.run_rules then return M.run_rules() end
+    error(ffi.string(C.lutra_last_error()), 3)
+  end
 end
 
 M.dtypes = { f32 = C.LUTRA_F32, bf16 = C.LUTRA_BF16, f16 = C.LUTRA_F16, e4m3 = C.LUTRA_E4M3,

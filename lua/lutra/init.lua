@@ -64,6 +64,7 @@ local M = {
   tensor = tensor.new,
   from_table = tensor.from_table,
   recipe = require("lutra.recipe"),
+  rules = require("lutra.rules"),
   autocast = autocast.new,
   autocast_state = autocast.state,
   autocast_unwind = autocast.unwind,

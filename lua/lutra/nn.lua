@@ -23,14 +23,15 @@ local module_box = ffi.new("lutra_module*[1]")
 local function own(m) return ffi.gc(m, C.lutra_module_free) end
 
 --- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=,
---                                        accumulate_main_grad=false})
+--                                        accumulate_main_grad=false, name=})
 -- Without seed the weights' seed comes from the global generator (lutra.manual_seed), so two
 -- layers of one shape start different.
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
                                     accumulate_main_grad = true, parallel_mode = true,
-                                    tp_group = true, sequence_parallel = true }, where)
+                                    tp_group = true, sequence_parallel = true, name = true },
+                                  where)
   -- 2^53: exact in a Lua number; the C side refuses sizes it cannot allocate
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
@@ -46,11 +47,23 @@ function M.Linear(in_features, out_features, opts)
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
   -- tensor parallel (lua/lutra/dist.lua): in_features/out_features are the full layer's
   if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
+    if opts.name ~= nil then
+      error(where .. ": name is for a factory recipe's choice, which a tensor-parallel Linear "
+            .. "does not take yet", 2)
+    end
     check(C.lutra_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where), module_box))
     return own(module_box[0])
   end
   check(C.lutra_linear_new(d, module_box))
-  return own(module_box[0])
+  local m = own(module_box[0])
+  -- name: for a factory recipe (lutra.recipe.custom{factory = ...})
+  if opts.name ~= nil then
+    if type(opts.name) ~= "string" then
+      error(string.format("%s: name must be a string (got %s)", where, chk.got(opts.name)), 2)
+    end
+    check(C.lutra_module_set_name(m, opts.name))
+  end
+  return m
 end
 
 -- ---- activations (TransformerEngine's set; src/nn/activation.c) ----
@@ -218,7 +231,16 @@ function Module:forward(x, opts, grouped_opts)
   forward_args.grad = grad and 1 or 0
   local st = splits and C.lutra_grouped_forward(self, x, splits, forward_args, core.tensor_box)
              or C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box)
-  if st ~= 0 then core.fail() end
+  if st ~= 0 then
+    -- a factory recipe's module met for the first time: its choice, then the forward again
+    -- (once per module that waits; the failed attempt did nothing)
+    while core.resolve_factory and core.resolve_factory() do
+      st = splits and C.lutra_grouped_forward(self, x, splits, forward_args, core.tensor_box)
+           or C.lutra_module_forward_ex(self, x, forward_args, core.tensor_box)
+      if st == 0 then return borrow(core.tensor_box[0], self) end
+    end
+    core.fail()
+  end
   return borrow(core.tensor_box[0], self)
 end
 

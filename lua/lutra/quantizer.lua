@@ -100,6 +100,14 @@ function Quantizer:history(n)
   return t
 end
 
+--- Delayed scaling: the length of the amax history.
+--
+-- @treturn int
+function Quantizer:history_len()
+  check(C.lutra_quantizer_history_len(self, core.int_box))
+  return core.int_box[0]
+end
+
 --- Records an amax into the history as a quantization would (for tests and calibration).
 --
 -- @tparam number v

@@ -1,17 +1,26 @@
 --- Recipes from option tables, parsed once. Field names and defaults follow TransformerEngine.
 --   lutra.recipe.delayed{margin=0, fp8_format="hybrid", amax_history_len=1024,
 --                        amax_compute_algo="max", reduce_amax=true}
+--     amax_compute_algo may be a function(history, n), and scaling_factor_compute_algo a
+--     function(amax, old_scale, fp8_max, margin): Lua scaling rules (lutra/rules.lua)
 --   lutra.recipe.current{fp8_format="hybrid", power_2_scale=false, amax_epsilon=0}
 --   lutra.recipe.mxfp8{fp8_format="e4m3"}
 --   lutra.recipe.block{fp8_format="e4m3", power_2_scale=true, amax_epsilon=0,
 --                      block_dim={input=1, weight=2, grad_output=1}}
 --   lutra.recipe.custom{input={kind="current", format="e4m3"}, weight={...},
 --                       grad_output={kind="delayed", format="e5m2"}, margin=0, ...}
+--     a role's columnwise_format (e4m3/e5m2) different from its format makes it hybrid (TE's
+--     hybrid quantizer): the rowwise copy (fprop; dgrad's gradient) in format, the columnwise
+--     one (wgrad's input and gradient, dgrad's weight) in columnwise_format, two quantizations
+--   lutra.recipe.custom{factory=function(role, module_kind, name) return {kind=, format=} end}
+--     (per module, asked once per module: lutra/factory.lua)
 -- Per-role options (power_2_scale, amax_epsilon, block_dim) take one value for all roles or a
 -- table {input=..., weight=..., grad_output=...}.
 -- @module lutra.recipe
 local core = require("lutra.core")
 local chk = require("lutra.check")
+local rules = require("lutra.rules")
+local factory = require("lutra.factory")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -21,8 +30,9 @@ local formats = { e4m3 = C.LUTRA_FORMAT_E4M3, hybrid = C.LUTRA_FORMAT_HYBRID,
 local algos = { max = C.LUTRA_AMAX_MAX, most_recent = C.LUTRA_AMAX_MOST_RECENT }
 local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
-                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D }
-local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom" }
+                      block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D,
+                      rowwise = C.LUTRA_QUANT_ROWWISE }
+local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom", "custom" }
 local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
 
 local Recipe = {}
@@ -62,25 +72,80 @@ local function per_role(arr, value, where, name, convert)
   end
 end
 
+-- Options every recipe takes (lutra/recipe_options.h):
+--   gemm = {fprop = {use_split_accumulator = false}, dgrad = {...}, wgrad = {...}}
+--     TransformerEngine's MMParams per GEMM (defaults: false for fprop, true for dgrad and
+--     wgrad); false runs the FP8 GEMM with cuBLASLt's fast accumulation
+--   backward_override = "high_precision" | "dequantized": the backward GEMMs in high precision,
+--     from the saved high-precision x and W, or from the forward's FP8 x and W dequantized
+local overrides = { fp8 = C.LUTRA_BACKWARD_FP8, high_precision = C.LUTRA_BACKWARD_HIGH_PRECISION,
+                    dequantized = C.LUTRA_BACKWARD_DEQUANTIZED }
+local gemm_names = { fprop = C.LUTRA_GEMM_FPROP, dgrad = C.LUTRA_GEMM_DGRAD, wgrad = C.LUTRA_GEMM_WGRAD }
+
+local function with_options(r, opts, where)
+  if opts.gemm == nil and opts.backward_override == nil then return r end
+  local o = ffi.new("lutra_recipe_options")
+  C.lutra_recipe_options_defaults(o)
+  if opts.gemm ~= nil then
+    if type(opts.gemm) ~= "table" then
+      error(string.format("%s: gemm must be a table {fprop=, dgrad=, wgrad=} (got %s)", where,
+                          chk.got(opts.gemm)), 4)
+    end
+    for name, g in pairs(opts.gemm) do
+      local i = gemm_names[name]
+      if i == nil then
+        error(string.format("%s: gemm has unknown GEMM '%s' (expected fprop, dgrad or wgrad)",
+                            where, tostring(name)), 4)
+      end
+      core.check_options(g, { use_split_accumulator = true }, where .. " gemm." .. name)
+      if g.use_split_accumulator ~= nil then
+        o.use_split_accumulator[i] = chk.flag(g.use_split_accumulator,
+                                              "gemm." .. name .. ".use_split_accumulator", where, 0, 4)
+      end
+    end
+  end
+  if opts.backward_override ~= nil then
+    o.backward_override = core.code(overrides, opts.backward_override, "backward_override", where)
+  end
+  local box = ffi.new("lutra_recipe*[1]")
+  check(C.lutra_recipe_with_options(r, o, box))
+  return own(box[0])
+end
+
 local function make(ctor, desc_type, defaults, opts, allowed, where, fill)
+  allowed.gemm, allowed.backward_override = true, true
   opts = core.check_options(opts, allowed, where)
   local d = ffi.new(desc_type)
   defaults(d)
   fill(d, opts)
   local box = ffi.new("lutra_recipe*[1]")
   check(ctor(d, box))
-  return own(box[0])
+  return with_options(own(box[0]), opts, where)
 end
 
--- The delayed-scaling fields shared by the delayed and custom recipes.
+-- The delayed-scaling fields shared by the delayed and custom recipes. amax_compute_algo and
+-- scaling_factor_compute_algo may be Lua functions (lutra/rules.lua): the recipe then carries
+-- their rule id.
 local function fill_delayed(d, o, where)
   if o.margin ~= nil then d.margin = int32(where, "margin")(o.margin) end
   if o.amax_history_len ~= nil then
     d.amax_history_len = int32(where, "amax_history_len")(o.amax_history_len)
   end
-  if o.amax_compute_algo ~= nil then
+  local amax_fn, scale_fn = nil, nil
+  if type(o.amax_compute_algo) == "function" then
+    amax_fn = o.amax_compute_algo
+  elseif o.amax_compute_algo ~= nil then
     d.amax_compute_algo = core.code(algos, o.amax_compute_algo, "amax_compute_algo", where)
   end
+  local sf = o.scaling_factor_compute_algo
+  if sf ~= nil then
+    if type(sf) ~= "function" then
+      error(string.format("%s: scaling_factor_compute_algo must be a function (got %s)", where,
+                          chk.got(sf)), 5)
+    end
+    scale_fn = sf
+  end
+  if amax_fn or scale_fn then d.rule = rules.register(amax_fn, scale_fn, where) end
   if o.reduce_amax ~= nil then d.reduce_amax = bool(where, "reduce_amax")(o.reduce_amax) end
 end
 
@@ -93,7 +158,7 @@ function M.delayed(opts)
   local where = "lutra.recipe.delayed"
   return make(C.lutra_recipe_delayed, "lutra_delayed_desc", C.lutra_delayed_defaults, opts,
     { margin = true, fp8_format = true, amax_history_len = true, amax_compute_algo = true,
-      reduce_amax = true }, where, function(d, o)
+      scaling_factor_compute_algo = true, reduce_amax = true }, where, function(d, o)
       if o.fp8_format ~= nil then d.fp8_format = core.code(formats, o.fp8_format, "fp8_format", where) end
       fill_delayed(d, o, where)
     end)
@@ -143,16 +208,34 @@ function M.block(opts)
     end)
 end
 
+-- lutra.recipe.custom{factory = function(role, module_kind, name) ... end, margin=, ...}: the
+-- quantizers chosen per module (lutra/factory.lua)
+local function custom_factory(opts, where)
+  if type(opts.factory) ~= "function" then
+    error(string.format("%s: factory must be a function (got %s)", where, chk.got(opts.factory)), 3)
+  end
+  return make(C.lutra_recipe_factory, "lutra_factory_desc", C.lutra_factory_defaults, opts,
+    { factory = true, margin = true, amax_history_len = true, amax_compute_algo = true,
+      scaling_factor_compute_algo = true, reduce_amax = true }, where, function(d, o)
+      d.factory = factory.register(o.factory, where)
+      fill_delayed(d, o, where)
+    end)
+end
+
 --- A quantizer kind and format per role; refused when a GEMM would be E5M2 x E5M2.
 --
--- @tparam table opts {input = {kind =, format =}, weight = {...}, grad_output = {...}, plus
--- delayed's fields}; kinds "none", "delayed", "current", "mxfp8", "block_1d", "block_2d";
--- formats "e4m3", "e5m2"
+-- @tparam table opts {input = {kind =, format =, columnwise_format =}, weight = {...},
+-- grad_output = {...}, plus delayed's fields}; kinds "none", "delayed", "current", "mxfp8",
+-- "block_1d", "block_2d", "rowwise"; formats "e4m3", "e5m2" (a columnwise_format other than
+-- format makes the role hybrid). Or {factory = function(role, module_kind, name), margin =, ...}:
+-- the quantizers chosen per module at its first forward (lutra/factory.lua).
 function M.custom(opts)
   local where = "lutra.recipe.custom"
+  if type(opts) == "table" and opts.factory ~= nil then return custom_factory(opts, where) end
   return make(C.lutra_recipe_custom, "lutra_custom_desc", C.lutra_custom_defaults, opts,
     { input = true, weight = true, grad_output = true, margin = true, amax_history_len = true,
-      amax_compute_algo = true, reduce_amax = true }, where, function(d, o)
+      amax_compute_algo = true, scaling_factor_compute_algo = true, reduce_amax = true }, where,
+    function(d, o)
       for i, role in ipairs(core.role_list) do
         local r = o[role]
         if r ~= nil then
@@ -160,7 +243,12 @@ function M.custom(opts)
             error(string.format("%s: %s must be a table (got %s)", where, role, chk.got(r)), 5)
           end
           core.check_options(r, { kind = true, format = true, power_2_scale = true,
-                                  amax_epsilon = true }, where .. " " .. role)
+                                  amax_epsilon = true, columnwise_format = true },
+                             where .. " " .. role)
+          if r.columnwise_format ~= nil then
+            d.columnwise_format[i - 1] = core.code(fp8_dtypes, r.columnwise_format,
+                                                   "columnwise_format", where)
+          end
           if r.kind ~= nil then d.kind[i - 1] = core.code(quant_kinds, r.kind, "kind", where) end
           if r.format ~= nil then d.format[i - 1] = core.code(fp8_dtypes, r.format, "format", where) end
           if r.power_2_scale ~= nil then
@@ -173,6 +261,30 @@ function M.custom(opts)
       end
       fill_delayed(d, o, where)
     end)
+end
+
+--- Torchao's ROWWISE (lutra/formats.h): one f32 scale per row of each copy, for every role.
+-- The CPU backend emulates it; CUDA has no kernels yet.
+--
+-- @tparam[opt] table opts {fp8_format = "e4m3" (or "hybrid": E5M2 for grad_output),
+-- power_2_scale = true, amax_epsilon = 0, gemm =, backward_override =}
+function M.rowwise(opts)
+  local where = "lutra.recipe.rowwise"
+  opts = core.check_options(opts, { fp8_format = true, power_2_scale = true, amax_epsilon = true,
+                                    gemm = true, backward_override = true }, where)
+  local f = opts.fp8_format or "e4m3"
+  if f ~= "e4m3" and f ~= "hybrid" then
+    error(string.format("%s: fp8_format must be \"e4m3\" or \"hybrid\" (got %s)", where,
+                        tostring(f)), 2)
+  end
+  local p2 = opts.power_2_scale == nil and true or opts.power_2_scale
+  local roles = {}
+  for _, role in ipairs(core.role_list) do
+    roles[role] = { kind = "rowwise", power_2_scale = p2, amax_epsilon = opts.amax_epsilon,
+                    format = (f == "hybrid" and role == "grad_output") and "e5m2" or "e4m3" }
+  end
+  roles.gemm, roles.backward_override = opts.gemm, opts.backward_override
+  return M.custom(roles)
 end
 
 --- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
@@ -211,6 +323,21 @@ function Recipe:role(role)
   check(C.lutra_recipe_role(self, r, core.int_box, core.int_box + 1))
   local dtype_names = require("lutra.tensor").dtype_names
   return quant_kind_names[core.int_box[0]], dtype_names[core.int_box[1]]
+end
+
+local options_box = ffi.new("lutra_recipe_options")
+local override_names = { [0] = "fp8", "high_precision", "dequantized" }
+--- The recipe's per-GEMM settings and backward override.
+--
+-- @treturn table {gemm = {fprop = {use_split_accumulator =}, dgrad = ..., wgrad = ...},
+-- backward_override = "fp8" | "high_precision" | "dequantized"}
+function Recipe:options()
+  check(C.lutra_recipe_options_of(self, options_box))
+  local g = {}
+  for name, i in pairs(gemm_names) do
+    g[name] = { use_split_accumulator = options_box.use_split_accumulator[i] ~= 0 }
+  end
+  return { gemm = g, backward_override = override_names[options_box.backward_override] }
 end
 
 --- Frees the recipe now; later calls on it are errors.

@@ -14,7 +14,7 @@ local dtype_names = {}
 for name, code in pairs(core.dtypes) do dtype_names[tonumber(code)] = name end
 local device_names = {}
 for name, code in pairs(core.devices) do device_names[tonumber(code)] = name end
-local scaling_names = { [0] = "none", "tensor", "mxfp8", "block_1d", "block_2d" }
+local scaling_names = { [0] = "none", "tensor", "mxfp8", "block_1d", "block_2d", "rowwise" }
 
 local shape_buf = ffi.new("int64_t[4]")
 

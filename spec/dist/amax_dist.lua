@@ -78,6 +78,38 @@ describe("dist amax reduction", function()
       assert.are.equal(steps * 3 * depth * 4, after.bytes - before.bytes)
     end)
   end
+  it("Lua scaling rules read the amaxes reduced over the group (the all-reduce comes first)",
+     function()
+    -- a rule equal to the built-in max gives the built-in's scales and histories bit for bit;
+    -- with a group, only when the rules are handed the reduced amaxes (each rank's data differ)
+    local function lua_max(h, n)
+      local m = 0
+      for i = 0, n - 1 do if h[i] > m then m = h[i] end end
+      return m
+    end
+    local ruled = lutra.recipe.delayed({ amax_history_len = HIST, amax_compute_algo = lua_max })
+    local function trace(r)
+      local g = w:split(0, rank)
+      local net, layers = make(2, 700)
+      local scope = lutra.autocast({ recipe = r, group = g })
+      local out = {}
+      for step = 1, 3 do
+        one_step(net, scope, data(rank, 60 + step, ROWS * H), data(rank, 70 + step, ROWS * H))
+        for i, l in ipairs(layers) do
+          for _, role in ipairs({ "input", "weight", "grad_output" }) do
+            local q = l:quantizer(role)
+            out[#out + 1] = { step, i, role, q:scale(), q:history(HIST) }
+          end
+        end
+      end
+      return out
+    end
+    local want, got = trace(recipe), trace(ruled)
+    for i = 1, #want do
+      assert.are.same(want[i], got[i], string.format("step %d layer %d %s", want[i][1],
+                                                     want[i][2], want[i][3]))
+    end
+  end)
   it("ranks with another recipe are named at the first reduction, and the scope is left", function()
     local g = w:split(0, rank)
     local mine = rank == size - 1 and lutra.recipe.delayed({ amax_history_len = HIST, margin = 1 })

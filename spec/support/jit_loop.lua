@@ -6,7 +6,22 @@ local lutra = require("lutra")
 local nn = lutra.nn
 
 local recipe_name, variant = arg[1] or "none", arg[2]
-local recipe = lutra.recipe.named(recipe_name, recipe_name == "delayed" and { amax_history_len = 16 } or nil)
+local recipe
+if recipe_name == "lua_rule" then
+  -- Lua scaling rules (an EMA of the amax carried by the old scale, with headroom): they run
+  -- inside the loop at every scope exit and backward, and compile with it
+  recipe = lutra.recipe.delayed {
+    amax_history_len = 16,
+    amax_compute_algo = function(h) return h[0] end,
+    scaling_factor_compute_algo = function(amax, old, fp8_max, margin)
+      local headroom = fp8_max / 2 ^ (margin + 1)
+      local ema = old == 1 and amax or 0.9 * (headroom / old) + 0.1 * amax
+      return headroom / ema
+    end,
+  }
+else
+  recipe = lutra.recipe.named(recipe_name, recipe_name == "delayed" and { amax_history_len = 16 } or nil)
+end
 local net = nn.Sequential(nn.Linear(32, 64, { seed = 3 }), nn.GELU(), nn.Linear(64, 32, { seed = 4 }))
 local x = lutra.tensor({ 32, 32 }):randn(11)
 local target = lutra.tensor({ 32, 32 }):randn(12)

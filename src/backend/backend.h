@@ -27,6 +27,8 @@ typedef struct lutra_scale_meta {
   int32_t margin;
   /* bookkeeping owned by autocast.c: which update list this meta joined last */
   uint64_t epoch;
+  /* an external scaling rule's id (fp8/rules.c; 0: the built-in update, delayed_update) */
+  int32_t rule;
 } lutra_scale_meta;
 
 /* One quantization: x [rows, cols] (F32/BF16/F16) into FP8 rowwise and/or columnwise outputs,
@@ -531,6 +533,15 @@ typedef struct lutra_backend {
    * input instead of a stored output. NULL where a backend has none. */
   int (*current_scale_act)(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
                            uint32_t *work);
+  /* External scaling rules (fp8/rules.c). rules_gather copies every meta's scale and history
+   * to host memory in one transfer, host[off_j] = *scale, host[off_j + 1 ..] = the history
+   * before the roll (off_j: the sum of 1 + history_len over the metas before j), then rolls the
+   * histories as delayed_update does (new[i] = h[i + 1], new[len - 1] = h[0], then h[0] = 0).
+   * rules_apply writes scale = scales[j] and scale_inv = 1 / scales[j] (scales: host memory). */
+  int (*rules_gather)(lutra_scale_meta *const *metas, int n, float *host);
+  int (*rules_apply)(lutra_scale_meta *const *metas, int n, const float *scales);
+  /* rowwise scaling (lutra/formats.h): one f32 scale_inv per row of each copy (NULL: none) */
+  int (*quantize_rowwise)(const lutra_quant_args *a);
 } lutra_backend;
 
 #endif

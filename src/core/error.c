@@ -42,6 +42,8 @@ const char *lutra_status_name(int status) {
     return "unsupported";
   case LUTRA_EBACKEND:
     return "backend failure";
+  case LUTRA_RULES_PENDING:
+    return "scaling rules pending";
   default:
     return "unknown status";
   }

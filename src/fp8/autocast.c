@@ -16,6 +16,7 @@
 #include "core/object.h"
 #include "core/trace.h"
 #include "dist/group.h"
+#include "fp8/rules.h"
 
 #include <stdlib.h>
 
@@ -34,6 +35,7 @@ struct lutra_autocast {
 typedef struct meta_list {
   lutra_scale_meta **items;
   int count, cap;
+  int ruled; /* items with an external scaling rule (fp8/rules.c) */
   int device;
   uint64_t epoch;
 } meta_list;
@@ -79,6 +81,7 @@ static int note(meta_list *l, lutra_scale_meta *m, int device, const char *fn) {
     l->cap = cap;
   }
   l->items[l->count++] = m;
+  l->ruled += m->rule != 0;
   l->device = device;
   m->epoch = l->epoch;
   return LUTRA_OK;
@@ -101,11 +104,15 @@ static int discard(meta_list *l, const char *fn) {
   for (int i = 0; st == LUTRA_OK && i < l->count; i++)
     st = be->memset(l->items[i]->amax_history, 0, sizeof(float));
   l->count = 0;
+  l->ruled = 0;
   l->epoch = new_epoch();
   return st;
 }
 
+/* The forward is run again after a failure (a factory recipe's first forward of a module): the
+ * module that claimed the backward trigger in it claims it again then. */
 int lutra_autocast_discard_forward(const char *fn) {
+  tls.trigger_claimed = false;
   return discard(&tls.fwd, fn);
 }
 
@@ -113,26 +120,49 @@ int lutra_autocast_discard_backward(const char *fn) {
   return discard(&tls.bwd, fn);
 }
 
-/* One backend call over the whole list (after one amax all-reduce across group, when given),
- * then a fresh epoch so each meta can join again. */
-static int flush(meta_list *l, lutra_group *group, bool backward, uint64_t recipe_key,
-                 const char *fn) {
+/* One amax all-reduce across the scope's group (when its recipe reduces amaxes) over the whole
+ * list, then one backend call over it and a fresh epoch so each meta can join again. Metas with
+ * an external rule are set aside for it after the all-reduce (their rules read the reduced
+ * amaxes), before the update: then LUTRA_RULES_PENDING (lutra/rules.h). a: the exiting scope
+ * (forward list) or NULL (backward list: the group and recipe the trigger's claim kept). */
+static int flush_work(meta_list *l, const lutra_autocast *a, const char *fn);
+/* Out of line, with its early return first: the exit of an empty scope costs a call and a test. */
+static __attribute__((noinline)) int flush(meta_list *l, const lutra_autocast *a, const char *fn) {
   if (!l->count) return LUTRA_OK;
+  return flush_work(l, a, fn);
+}
+
+static __attribute__((noinline)) int flush_work(meta_list *l, const lutra_autocast *a,
+                                                const char *fn) {
   const lutra_backend *be;
   TRY(lutra_backend_get(l->device, &be, fn));
+  const bool backward = a == NULL;
+  lutra_group *group = backward                              ? tls.bwd_group
+                       : a->recipe && a->recipe->reduce_amax ? a->group
+                                                             : NULL;
+  uint64_t recipe_key = backward ? tls.bwd_recipe_key : a->recipe ? a->recipe->key : 0;
   if (group) {
     TRY(lutra_group_check(group, fn));
     TRY(lutra_dist_reduce_amax(group, l->items, l->count, l->device, backward, recipe_key, fn));
   }
+  int handed = LUTRA_OK, total = l->count;
+  if (l->ruled) {
+    handed = lutra_rules_hand_over(l->items, &l->count, l->device, fn);
+    if (handed != LUTRA_RULES_PENDING) return handed;
+    l->ruled = 0;
+  }
   RANGE_PUSH("lutra.scale_update");
-  int st = be->delayed_update(l->items, l->count);
+  int st = l->count ? be->delayed_update(l->items, l->count) : LUTRA_OK;
   RANGE_POP();
-  TRY(st);
+  if (st != LUTRA_OK) {
+    if (handed == LUTRA_RULES_PENDING) (void)lutra_rules_discard();
+    return st;
+  }
   tls.updates++;
-  tls.last_count = l->count;
+  tls.last_count = total;
   l->count = 0;
   l->epoch = new_epoch();
-  return LUTRA_OK;
+  return handed;
 }
 
 bool lutra_autocast_claim_backward_trigger(void) {
@@ -148,13 +178,16 @@ bool lutra_autocast_claim_backward_trigger(void) {
   return true;
 }
 
+/* Rules set aside here wait for the caller of lutra_module_backward (lutra_rules_pending). */
 int lutra_autocast_backward_done(const char *fn) {
-  return flush(&tls.bwd, tls.bwd_group, true, tls.bwd_recipe_key, fn);
+  int st = flush(&tls.bwd, NULL, fn);
+  return st == LUTRA_RULES_PENDING ? LUTRA_OK : st;
 }
 
 static void forget_in(meta_list *l, lutra_scale_meta *m) {
   for (int i = 0; i < l->count; i++)
     if (l->items[i] == m) {
+      l->ruled -= m->rule != 0;
       l->items[i] = l->items[--l->count];
       return;
     }
@@ -163,6 +196,7 @@ static void forget_in(meta_list *l, lutra_scale_meta *m) {
 void lutra_autocast_forget(lutra_scale_meta *m) {
   forget_in(&tls.fwd, m);
   forget_in(&tls.bwd, m);
+  if (m->rule) lutra_rules_forget(m);
 }
 
 int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibrating,
@@ -261,6 +295,16 @@ int lutra_autocast_enter(lutra_autocast *a) {
   return LUTRA_OK;
 }
 
+/* The outermost exit's update did not return OK: LUTRA_RULES_PENDING (the scope exits, and the
+ * caller runs the rules set aside), or an error (the scope stays entered). Out of line, so that
+ * the exit of a scope without Lua rules costs what it did. */
+static __attribute__((noinline, cold)) int exit_pending(lutra_autocast *a, int st) {
+  if (st != LUTRA_RULES_PENDING) return st;
+  tls.trigger_claimed = false;
+  leave(a);
+  return st;
+}
+
 int lutra_autocast_exit(lutra_autocast *a) {
   static const char fn[] = "lutra_autocast_exit";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
@@ -269,9 +313,10 @@ int lutra_autocast_exit(lutra_autocast *a) {
   CHECK_STATE(a->owner == t, "scope was entered by another thread: exit it on that thread");
   CHECK_STATE(t->innermost == a, "scope is not the innermost one (exit the inner scopes first)");
   if (t->st.depth == 1) {
-    if (t->fwd.count)
-      TRY(flush(&t->fwd, a->recipe && a->recipe->reduce_amax ? a->group : NULL, false,
-                a->recipe ? a->recipe->key : 0, fn));
+    if (t->fwd.count) {
+      int st = flush(&t->fwd, a, fn);
+      if (st != LUTRA_OK) return exit_pending(a, st);
+    }
     t->trigger_claimed = false;
   }
   t->st = a->saved;

@@ -42,6 +42,8 @@ static int scaling_of(int kind) {
     return LUTRA_SCALING_BLOCK_1D;
   case LUTRA_QUANT_BLOCK_2D:
     return LUTRA_SCALING_BLOCK_2D;
+  case LUTRA_QUANT_ROWWISE:
+    return LUTRA_SCALING_ROWWISE;
   default:
     return LUTRA_SCALING_NONE;
   }
@@ -95,6 +97,7 @@ int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int colum
   q->meta.amax_compute_algo = s->amax_compute_algo;
   q->meta.fp8_max = lutra_dtype_max(s->dtype);
   q->meta.margin = s->margin;
+  q->meta.rule = s->rule;
   *out = q;
   return LUTRA_OK;
 }
@@ -280,6 +283,22 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     break;
   case LUTRA_QUANT_MXFP8:
     TRY(be->quantize_mxfp8(&a));
+    break;
+  case LUTRA_QUANT_ROWWISE:
+    CHECK_ARG(be->quantize_rowwise, "rowwise scaling has no %s kernels yet (the CPU emulates it)",
+              be->name);
+    CHECK_ARG(!act, "rowwise scaling fuses no GELU gradient");
+    a.dbias = NULL; /* not fused: the bias gradient is summed after */
+    TRY(be->quantize_rowwise(&a));
+    if (dbias)
+      TRY(be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
+                                                .dtype = x->dtype,
+                                                .rows = lutra_rows(x),
+                                                .cols = lutra_cols(x),
+                                                .db = dbias->data,
+                                                .db_dtype = dbias->dtype,
+                                                .accumulate = op->dbias_accumulate,
+                                                .skip = op->skip}));
     break;
   default:
     TRY(be->quantize_block(&a));
@@ -476,6 +495,15 @@ int lutra_quantizer_history(const lutra_quantizer *q, float *history, int len) {
   CHECK_ARG(len >= 1 && len <= q->meta.history_len, "len %d is out of range 1..%d", len,
             q->meta.history_len);
   return q->be->to_host(history, q->meta.amax_history, (size_t)len * sizeof(float));
+}
+
+int lutra_quantizer_history_len(const lutra_quantizer *q, int *len) {
+  static const char fn[] = "lutra_quantizer_history_len";
+  TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
+  TRY(check_delayed(q, fn));
+  CHECK_ARG(len, "len is NULL");
+  *len = q->meta.history_len;
+  return LUTRA_OK;
 }
 
 int lutra_quantizer_record_amax(lutra_quantizer *q, float amax) {

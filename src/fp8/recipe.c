@@ -5,6 +5,7 @@
 #include "core/object.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -105,7 +106,7 @@ static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
 
 /* The key covers every field that changes numerics; the struct is zero-filled, so padding and
  * unused fields hash the same for equal recipes. */
-static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
+int lutra_recipe_finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
   CHECK_ARG(out, "out is NULL");
   lutra_recipe *r = malloc(sizeof *r);
   if (!r) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a recipe");
@@ -115,6 +116,8 @@ static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
   uint64_t h = 0xcbf29ce484222325ull;
   h = fnv1a(&r->kind, sizeof r->kind, h);
   h = fnv1a(&r->reduce_amax, sizeof r->reduce_amax, h);
+  h = fnv1a(&r->factory, sizeof r->factory, h);
+  h = fnv1a(&r->options, sizeof r->options, h);
   r->key = fnv1a(r->roles, sizeof r->roles, h);
   *out = r;
   return LUTRA_OK;
@@ -123,6 +126,7 @@ static int finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn) {
 static void init(lutra_recipe *r, int kind) {
   memset(r, 0, sizeof *r);
   r->kind = kind;
+  lutra_recipe_options_defaults(&r->options);
 }
 
 int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
@@ -131,6 +135,7 @@ int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
   int dt[LUTRA_NUM_ROLES];
   TRY(format_dtypes(d->fp8_format, dt, fn));
   TRY(check_delayed_fields(d->margin, d->amax_history_len, d->amax_compute_algo, fn));
+  CHECK_ARG(d->rule >= 0, "rule must be >= 0 (an id from the rule's registrar; 0: none)");
   lutra_recipe r;
   init(&r, LUTRA_RECIPE_DELAYED);
   r.reduce_amax = d->reduce_amax != 0;
@@ -141,8 +146,9 @@ int lutra_recipe_delayed(const lutra_delayed_desc *d, lutra_recipe **out) {
     s->margin = d->margin;
     s->amax_history_len = d->amax_history_len;
     s->amax_compute_algo = d->amax_compute_algo;
+    s->rule = d->rule;
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 int lutra_recipe_current(const lutra_current_desc *d, lutra_recipe **out) {
@@ -160,7 +166,7 @@ int lutra_recipe_current(const lutra_current_desc *d, lutra_recipe **out) {
     s->power_2_scale = d->power_2_scale[i] != 0;
     s->amax_epsilon = d->amax_epsilon[i];
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out) {
@@ -177,7 +183,7 @@ int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out) {
     r.roles[i].dtype = dt[i];
     r.roles[i].margin = d->margin;
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
 int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out) {
@@ -199,31 +205,33 @@ int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out) {
     s->amax_epsilon = d->amax_epsilon[i];
     s->block_dim = d->block_dim[i];
   }
-  return finish(&r, out, fn);
+  return lutra_recipe_finish(&r, out, fn);
 }
 
-int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
-  static const char fn[] = "lutra_recipe_custom";
-  CHECK_ARG(d, "desc is NULL");
+/* The quantizer specs of a custom recipe's desc, validated (also for the choices of a factory
+ * recipe, lutra/factory.h). */
+int lutra_recipe_custom_specs(const lutra_custom_desc *d,
+                              lutra_quantizer_spec roles[LUTRA_NUM_ROLES], const char *fn) {
   TRY(check_epsilon(d->amax_epsilon, fn));
   /* margin is checked even without a delayed role: a value no recipe could use is a mistake */
   TRY(check_margin(d->margin, fn));
-  lutra_recipe r;
-  init(&r, LUTRA_RECIPE_CUSTOM);
-  r.reduce_amax = d->reduce_amax != 0;
+  CHECK_ARG(d->rule >= 0, "rule must be >= 0 (an id from the rule's registrar; 0: none)");
+  lutra_quantizer_spec out[LUTRA_NUM_ROLES];
+  memset(out, 0, sizeof out);
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     int k = d->kind[i];
-    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_BLOCK_2D,
-              "unknown quantizer kind %d for %s", k, role_names[i]);
+    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_ROWWISE, "unknown quantizer kind %d for %s",
+              k, role_names[i]);
     CHECK_ARG(k == LUTRA_QUANT_NONE || d->format[i] == LUTRA_E4M3 || d->format[i] == LUTRA_E5M2,
               "format for %s must be e4m3 or e5m2", role_names[i]);
     if (k == LUTRA_QUANT_DELAYED)
       TRY(check_delayed_fields(d->margin, d->amax_history_len, d->amax_compute_algo, fn));
-    lutra_quantizer_spec *s = &r.roles[i];
+    lutra_quantizer_spec *s = &out[i];
     s->kind = k;
     if (k == LUTRA_QUANT_NONE) continue;
     s->dtype = d->format[i];
-    if (k == LUTRA_QUANT_CURRENT || k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D) {
+    if (k == LUTRA_QUANT_CURRENT || k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D ||
+        k == LUTRA_QUANT_ROWWISE) {
       s->power_2_scale = d->power_2_scale[i] != 0;
       s->amax_epsilon = d->amax_epsilon[i];
     }
@@ -231,30 +239,86 @@ int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
       s->margin = d->margin;
       s->amax_history_len = d->amax_history_len;
       s->amax_compute_algo = d->amax_compute_algo;
+      s->rule = d->rule;
     }
     if (k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D)
       s->block_dim = k == LUTRA_QUANT_BLOCK_1D ? 1 : 2;
+    const int cf = d->columnwise_format[i];
+    CHECK_ARG(cf == 0 || cf == LUTRA_E4M3 || cf == LUTRA_E5M2,
+              "columnwise_format for %s must be e4m3 or e5m2", role_names[i]);
+    s->col_dtype = cf && cf != s->dtype ? cf : 0;
   }
   /* Hopper's FP8 GEMMs (cuBLASLt) take E4M3 x E4M3 or E4M3 x E5M2, never E5M2 x E5M2: check
-   * the three GEMMs of a Linear now rather than at the first backward that would run them */
+   * the three GEMMs of a Linear now rather than at the first backward that would run them,
+   * each with the copies it reads (fprop: the rowwise input and weight; dgrad: the rowwise
+   * gradient and the columnwise weight; wgrad: the columnwise gradient and input) */
   static const struct {
     int a, b;
+    bool a_col, b_col;
     const char *gemm;
-  } pairs[] = {{LUTRA_ROLE_INPUT, LUTRA_ROLE_WEIGHT, "fprop"},
-               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_WEIGHT, "dgrad"},
-               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_INPUT, "wgrad"}};
+  } pairs[] = {{LUTRA_ROLE_INPUT, LUTRA_ROLE_WEIGHT, false, false, "fprop"},
+               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_WEIGHT, false, true, "dgrad"},
+               {LUTRA_ROLE_GRAD_OUTPUT, LUTRA_ROLE_INPUT, true, true, "wgrad"}};
   for (size_t i = 0; i < sizeof pairs / sizeof *pairs; i++) {
-    const lutra_quantizer_spec *x = &r.roles[pairs[i].a], *y = &r.roles[pairs[i].b];
-    CHECK_ARG(!(x->kind != LUTRA_QUANT_NONE && y->kind != LUTRA_QUANT_NONE &&
-                x->dtype == LUTRA_E5M2 && y->dtype == LUTRA_E5M2),
-              "%s and %s cannot both be e5m2 (the %s GEMM would be E5M2 x E5M2, which FP8 "
+    const lutra_quantizer_spec *x = &out[pairs[i].a], *y = &out[pairs[i].b];
+    const int xd = pairs[i].a_col && x->col_dtype ? x->col_dtype : x->dtype;
+    const int yd = pairs[i].b_col && y->col_dtype ? y->col_dtype : y->dtype;
+    CHECK_ARG(!(x->kind != LUTRA_QUANT_NONE && y->kind != LUTRA_QUANT_NONE && xd == LUTRA_E5M2 &&
+                yd == LUTRA_E5M2),
+              "%s%s and %s%s cannot both be e5m2 (the %s GEMM would be E5M2 x E5M2, which FP8 "
               "GEMMs do not run)",
-              role_names[pairs[i].a], role_names[pairs[i].b], pairs[i].gemm);
+              role_names[pairs[i].a],
+              x->col_dtype ? (pairs[i].a_col ? " (columnwise)" : " (rowwise)") : "",
+              role_names[pairs[i].b],
+              y->col_dtype ? (pairs[i].b_col ? " (columnwise)" : " (rowwise)") : "", pairs[i].gemm);
   }
-  CHECK_ARG((r.roles[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
-                (r.roles[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),
+  CHECK_ARG((out[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
+                (out[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),
             "input and weight must both be quantized or both be kept in high precision");
-  return finish(&r, out, fn);
+  memcpy(roles, out, sizeof out);
+  return LUTRA_OK;
+}
+
+int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out) {
+  static const char fn[] = "lutra_recipe_custom";
+  CHECK_ARG(d, "desc is NULL");
+  lutra_recipe r;
+  init(&r, LUTRA_RECIPE_CUSTOM);
+  r.reduce_amax = d->reduce_amax != 0;
+  TRY(lutra_recipe_custom_specs(d, r.roles, fn));
+  return lutra_recipe_finish(&r, out, fn);
+}
+
+/* A factory recipe (lutra/factory.h): the desc's delayed fields are kept for the choices, the
+ * roles say "delayed" until a module resolves its own. */
+int lutra_recipe_factory(const lutra_factory_desc *d, lutra_recipe **out) {
+  static const char fn[] = "lutra_recipe_factory";
+  CHECK_ARG(d, "desc is NULL");
+  CHECK_ARG(d->factory > 0, "factory must be > 0 (an id from the front's registrar)");
+  lutra_custom_desc base;
+  lutra_custom_defaults(&base);
+  base.margin = d->margin;
+  base.amax_history_len = d->amax_history_len;
+  base.amax_compute_algo = d->amax_compute_algo;
+  base.reduce_amax = d->reduce_amax;
+  base.rule = d->rule;
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    base.kind[i] = LUTRA_QUANT_DELAYED; /* checks the delayed fields once, here */
+  lutra_recipe r;
+  init(&r, LUTRA_RECIPE_FACTORY);
+  r.reduce_amax = d->reduce_amax != 0;
+  TRY(lutra_recipe_custom_specs(&base, r.roles, fn));
+  r.factory = d->factory;
+  r.factory_base = base;
+  return lutra_recipe_finish(&r, out, fn);
+}
+
+void lutra_factory_defaults(lutra_factory_desc *d) {
+  if (!d) return;
+  memset(d, 0, sizeof *d);
+  d->amax_history_len = 1024;
+  d->amax_compute_algo = LUTRA_AMAX_MAX;
+  d->reduce_amax = 1;
 }
 
 /* Autocast scopes hold a reference, so a recipe lives as long as a scope that uses it. */

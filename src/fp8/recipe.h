@@ -14,6 +14,8 @@ typedef struct lutra_quantizer_spec {
   int32_t amax_history_len;
   int32_t amax_compute_algo;
   int32_t block_dim;
+  int32_t rule; /* delayed scaling: an external scaling rule's id (lutra/rules.h); 0: built-in */
+  int32_t col_dtype; /* a hybrid role: the columnwise copy's FP8 dtype; 0: dtype */
 } lutra_quantizer_spec;
 
 struct lutra_recipe {
@@ -22,6 +24,16 @@ struct lutra_recipe {
   int32_t reduce_amax;
   lutra_quantizer_spec roles[LUTRA_NUM_ROLES];
   uint64_t key;
+  int32_t factory;                /* a factory recipe's front id (lutra/factory.h); 0: none */
+  lutra_custom_desc factory_base; /* its delayed fields, for the choices */
+  lutra_recipe_options options;   /* per-GEMM options, backward override (recipe_options.c) */
 };
+
+/* The validated specs of a custom desc (the checks of lutra_recipe_custom). */
+int lutra_recipe_custom_specs(const lutra_custom_desc *d,
+                              lutra_quantizer_spec roles[LUTRA_NUM_ROLES], const char *fn);
+
+/* A new recipe from a filled template: refcount, magic and key set (recipe.c). */
+int lutra_recipe_finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn);
 
 #endif

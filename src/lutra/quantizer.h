@@ -43,6 +43,8 @@ LUTRA_API int lutra_quantizer_update(lutra_quantizer *q);
 /* Delayed/current scaling state, copied to the host. history may be NULL. */
 LUTRA_API int lutra_quantizer_scale(const lutra_quantizer *q, float *scale, float *scale_inv);
 LUTRA_API int lutra_quantizer_history(const lutra_quantizer *q, float *history, int len);
+/* Delayed scaling: the length of the amax history. */
+LUTRA_API int lutra_quantizer_history_len(const lutra_quantizer *q, int *len);
 /* Delayed scaling: overwrite the most recent amax (history[0]), as a cast would record it. */
 LUTRA_API int lutra_quantizer_record_amax(lutra_quantizer *q, float amax);
 LUTRA_API int lutra_dequantize(const lutra_tensor *q, int columnwise, lutra_tensor *out);

@@ -45,6 +45,7 @@ typedef struct lutra_delayed_desc {
   int32_t amax_history_len;  /* >= 1, default 1024 */
   int32_t amax_compute_algo; /* LUTRA_AMAX_MAX (default) or LUTRA_AMAX_MOST_RECENT */
   int32_t reduce_amax;       /* reduce amaxes across the scope's group (default 1) */
+  int32_t rule; /* an external scaling rule (lutra/rules.h) instead of the built-in one; 0: none */
 } lutra_delayed_desc;
 
 /* Float8CurrentScaling: per-tensor scale from the tensor's own amax. */
@@ -78,6 +79,10 @@ typedef struct lutra_custom_desc {
   int32_t amax_history_len;
   int32_t amax_compute_algo;
   int32_t reduce_amax;
+  int32_t rule; /* for the DELAYED roles: an external scaling rule (lutra/rules.h); 0: none */
+  /* per role: the columnwise copy's format when it differs from the rowwise one (TE's hybrid
+   * quantizer: two quantizations of the same kind); 0: the same as format */
+  int32_t columnwise_format[3];
 } lutra_custom_desc;
 
 LUTRA_API void lutra_delayed_defaults(lutra_delayed_desc *d);

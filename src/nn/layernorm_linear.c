@@ -249,6 +249,7 @@ static int lnl_create(const lutra_layernorm_linear_desc *d, const lutra_tp_desc 
     l->lin.gather_fp8 = lutra_tp_gather_fp8;
     l->lin.gather_ctx = &l->tp;
   }
+  l->lin.choice.kind = "layernorm_linear"; /* what a factory recipe is told */
   lutra_module_init(&l->base, &lnl_ops);
   *out = &l->base;
   return LUTRA_OK;

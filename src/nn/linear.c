@@ -8,6 +8,7 @@
 #include "nn/module.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct linear {
   lutra_module base;
@@ -168,6 +169,18 @@ int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **ou
   CHECK_ARG(role >= 0 && role < LUTRA_NUM_ROLES, "unknown role %d", role);
   CHECK_ARG(out, "out is NULL");
   *out = const_core_of(m)->q[role];
+  return LUTRA_OK;
+}
+
+/* Only a Linear takes a name so far (other linear-like modules: the same through their core). */
+int lutra_module_set_name(lutra_module *m, const char *name) {
+  static const char fn[] = "lutra_module_set_name";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &linear_ops, "a %s takes no name (only a linear does)", m->ops->kind);
+  CHECK_ARG(name, "name is NULL");
+  CHECK_ARG(strlen(name) < LUTRA_MODULE_NAME_MAX, "name is longer than %d bytes",
+            LUTRA_MODULE_NAME_MAX - 1);
+  strcpy(core_of(m)->choice.name, name);
   return LUTRA_OK;
 }
 

@@ -24,16 +24,27 @@ static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   }
 }
 
-/* Quantizers for a recipe, not installed yet. */
-static int build_quantizers(const lutra_linear_core *c, const lutra_recipe *r,
-                            lutra_quantizer *fresh[LUTRA_NUM_ROLES], const char *fn) {
+/* Quantizers for the specs a recipe gives a module (roles: the recipe's, or the module's choice
+ * for a factory recipe), not installed yet: fresh[] the rowwise (or only) one of each role,
+ * fresh_col[] a hybrid role's columnwise one. */
+static int build_quantizers(const lutra_linear_core *c, const lutra_quantizer_spec *roles,
+                            lutra_quantizer *fresh[LUTRA_NUM_ROLES],
+                            lutra_quantizer *fresh_col[LUTRA_NUM_ROLES], const char *fn) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    fresh[i] = NULL;
+    fresh[i] = fresh_col[i] = NULL;
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    if (r->roles[i].kind == LUTRA_QUANT_NONE) continue;
-    int st = lutra_quantizer_create(&r->roles[i], 1, 1, c->device, &fresh[i], fn);
+    if (roles[i].kind == LUTRA_QUANT_NONE) continue;
+    const bool hybrid = roles[i].col_dtype != 0;
+    int st = lutra_quantizer_create(&roles[i], 1, !hybrid, c->device, &fresh[i], fn);
+    if (st == LUTRA_OK && hybrid) {
+      lutra_quantizer_spec col = roles[i];
+      col.dtype = col.col_dtype;
+      col.col_dtype = 0;
+      st = lutra_quantizer_create(&col, 0, 1, c->device, &fresh_col[i], fn);
+    }
     if (st != LUTRA_OK) {
       free_quantizers(fresh);
+      free_quantizers(fresh_col);
       return st;
     }
   }
@@ -41,21 +52,25 @@ static int build_quantizers(const lutra_linear_core *c, const lutra_recipe *r,
 }
 
 static void install_quantizers(lutra_linear_core *c, const lutra_recipe *r,
-                               lutra_quantizer *fresh[LUTRA_NUM_ROLES]) {
+                               lutra_quantizer *fresh[LUTRA_NUM_ROLES],
+                               lutra_quantizer *fresh_col[LUTRA_NUM_ROLES]) {
   free_quantizers(c->q);
+  free_quantizers(c->qc);
   memcpy(c->q, fresh, sizeof c->q);
+  memcpy(c->qc, fresh_col, sizeof c->qc);
   c->qkey = r->key;
   c->quantized_for_recipe = true;
   c->weight_cached = false;
-  c->xq = c->wq = NULL;
+  c->xq = c->wq = c->xqc = c->wqc = NULL;
 }
 
 /* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
-static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r, const char *fn) {
+static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                             const lutra_quantizer_spec *roles, const char *fn) {
   if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES];
-  TRY(build_quantizers(c, r, fresh, fn));
-  install_quantizers(c, r, fresh);
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES], *fresh_col[LUTRA_NUM_ROLES];
+  TRY(build_quantizers(c, roles, fresh, fresh_col, fn));
+  install_quantizers(c, r, fresh, fresh_col);
   return LUTRA_OK;
 }
 
@@ -68,10 +83,10 @@ static int check_input(const lutra_linear_core *c, const lutra_tensor *x, const 
   return LUTRA_OK;
 }
 
-static int check_fp8_dims(const lutra_recipe *r, const lutra_tensor *x, const lutra_linear_core *c,
-                          const char *fn) {
-  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_INPUT], x, fn));
-  TRY(lutra_quantizer_check_input(&r->roles[LUTRA_ROLE_WEIGHT], c->weight, fn));
+static int check_fp8_dims(const lutra_quantizer_spec *roles, const lutra_tensor *x,
+                          const lutra_linear_core *c, const char *fn) {
+  TRY(lutra_quantizer_check_input(&roles[LUTRA_ROLE_INPUT], x, fn));
+  TRY(lutra_quantizer_check_input(&roles[LUTRA_ROLE_WEIGHT], c->weight, fn));
   return LUTRA_OK;
 }
 
@@ -90,9 +105,12 @@ static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act
   return epi;
 }
 
-/* xop: the input's quantization (x itself, or an activation's output formed inside the cast) */
-static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int first_microbatch,
-                       const lutra_gemm_epilogue *epi, const char *fn) {
+/* xop: the input's quantization (x itself, or an activation's output formed inside the cast).
+ * Out of line: inlined, its FP8 work (hybrid copies included) cost the high-precision forward
+ * instructions. */
+static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop,
+                                                 int first_microbatch,
+                                                 const lutra_gemm_epilogue *epi, const char *fn) {
   /* an inference forward (xop->rowwise_only) quantizes no columnwise copies: only the dgrad and
    * wgrad GEMMs read them. Not under the device flag, whose skipped casts keep the codes of the
    * tensor quantized last, which must then be the full one. */
@@ -116,9 +134,23 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
   else
     TRY(lutra_quantize_run(qi, xop, &c->xq, fn));
   TRY(note_forward(qi, c, fn));
-  if (c->gather_rows > 1)
+  /* a hybrid input: its columnwise copy (the wgrad's) from a second cast, for a training
+   * forward only */
+  lutra_quantizer *qic = c->qc[LUTRA_ROLE_INPUT], *qwc = c->qc[LUTRA_ROLE_WEIGHT];
+  if (qic && !xop->rowwise_only) {
+    CHECK_STATE(!c->given_xq, "a hybrid input quantizer cannot take an FP8 input written for it");
+    lutra_quantize_op cop = *xop;
+    cop.act_out = NULL; /* the rowwise cast wrote it */
+    TRY(lutra_quantize_run(qic, &cop, &c->xqc, fn));
+    TRY(note_forward(qic, c, fn));
+  }
+  if (c->gather_rows > 1) {
+    CHECK_STATE(!qic, "sequence-parallel FP8 gathers one copy of the input: a hybrid input "
+                      "quantizer (columnwise_format) is not supported there");
     TRY(c->gather_fp8(c->gather_ctx, c->xq, lutra_quantizer_meta(qi)->scale, &c->xq, fn));
-  bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || c->wq->col_data);
+  }
+  const bool has_columnwise = qwc ? c->wqc != NULL : c->wq && c->wq->col_data;
+  bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || has_columnwise);
   if (!reuse) {
     TRY(lutra_quantize_run(
         qw,
@@ -126,16 +158,25 @@ static int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop, int f
             .x = c->weight, .record_amax = true, .skip = skip, .rowwise_only = w_rowwise_only},
         &c->wq, fn));
     TRY(note_forward(qw, c, fn));
+    if (qwc && !w_rowwise_only) {
+      TRY(lutra_quantize_run(
+          qwc, &(lutra_quantize_op){.x = c->weight, .record_amax = true, .skip = skip}, &c->wqc,
+          fn));
+      TRY(note_forward(qwc, c, fn));
+    } else if (qwc) {
+      c->wqc = NULL; /* not of this weight: a later training forward quantizes it */
+    }
     c->weight_cached = true;
   }
-  return lutra_gemm_run(&(lutra_gemm_op){.a = c->wq,
-                                         .b = c->xq,
-                                         .d = c->y,
-                                         .bias = c->skip_forward_bias ? NULL : c->bias,
-                                         .epilogue = epi,
-                                         .transa = true,
-                                         .fast_accum = true},
-                        fn);
+  return lutra_gemm_run(
+      &(lutra_gemm_op){.a = c->wq,
+                       .b = c->xq,
+                       .d = c->y,
+                       .bias = c->skip_forward_bias ? NULL : c->bias,
+                       .epilogue = epi,
+                       .transa = true,
+                       .fast_accum = !c->forward_options.use_split_accumulator[LUTRA_GEMM_FPROP]},
+      fn);
 }
 
 /* Calibration: record amaxes for delayed scaling, compute in high precision. */
@@ -149,12 +190,35 @@ static int observe(lutra_linear_core *c, const lutra_tensor *x, const char *fn) 
     TRY(lutra_quantize_run(qw, &(lutra_quantize_op){.x = c->weight, .observe = true}, NULL, fn));
     TRY(note_forward(qw, c, fn));
   }
+  /* hybrid roles: their columnwise quantizers observe too */
+  for (int i = LUTRA_ROLE_INPUT; i <= LUTRA_ROLE_WEIGHT; i++) {
+    lutra_quantizer *q = c->qc[i];
+    if (!q) continue;
+    const lutra_tensor *t = i == LUTRA_ROLE_INPUT ? x : c->weight;
+    TRY(lutra_quantize_run(q, &(lutra_quantize_op){.x = t, .observe = true}, NULL, fn));
+    TRY(note_forward(q, c, fn));
+  }
   return LUTRA_OK;
 }
 
-static bool uses_delayed(const lutra_recipe *r) {
+/* The specs a module uses under r: r's, or (a factory recipe, resolved first) its own choice. */
+static inline const lutra_quantizer_spec *roles_of(const lutra_linear_core *c,
+                                                   const lutra_recipe *r) {
+  return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
+}
+
+/* A factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done. Out of
+ * line (the callers test r->kind first): the forward without a factory recipe costs what it did. */
+static __attribute__((noinline)) int resolve_roles(lutra_linear_core *c, const lutra_tls_state *s,
+                                                   const char *fn) {
+  if (!(s->enabled || s->calibrating)) return LUTRA_OK;
+  const lutra_quantizer_spec *chosen;
+  return lutra_factory_roles(s->recipe, &c->choice, &chosen, fn);
+}
+
+static bool uses_delayed(const lutra_quantizer_spec *roles) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    if (r->roles[i].kind == LUTRA_QUANT_DELAYED) return true;
+    if (roles[i].kind == LUTRA_QUANT_DELAYED) return true;
   return false;
 }
 
@@ -178,10 +242,11 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
             "the forward cannot end in activation %d", act);
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  if (r && r->kind == LUTRA_RECIPE_FACTORY) TRY(resolve_roles(c, s, fn));
+  bool fp8 = r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
-  if (fp8) TRY(check_fp8_dims(r, x, c, fn));
-  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, fn));
+  if (fp8) TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
+  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
   /* act inside the input cast where the input quantizer takes it (the per-tensor scalings) */
   const bool fuse_in = pre && fp8 && lutra_quantizer_takes_act(c->q[LUTRA_ROLE_INPUT]);
   const bool grad = a->grad != 0;
@@ -210,11 +275,14 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
   lutra_gemm_epilogue epi_store;
   const lutra_gemm_epilogue *epi = forward_epilogue(c, act, grad, &epi_store);
   if (fp8) {
+    c->forward_options = r->options;
     lutra_quantize_op xop = {.x = x, .record_amax = true, .rowwise_only = !grad};
     if (fuse_in) {
       /* the activation's output in high precision only where a backward reads it: the plain
-       * backward of a recipe without a grad_output quantizer uses the saved input */
-      bool hp = grad && !c->q[LUTRA_ROLE_GRAD_OUTPUT];
+       * backward (no grad_output quantizer, or backward_override "high_precision") uses the
+       * saved input */
+      bool hp = grad && (!c->q[LUTRA_ROLE_GRAD_OUTPUT] ||
+                         r->options.backward_override == LUTRA_BACKWARD_HIGH_PRECISION);
       xop = (lutra_quantize_op){.x = pre,
                                 .record_amax = true,
                                 .act_forward = true,
@@ -244,7 +312,7 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
   c->forward_done = true;
   c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
-  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(r) &&
+  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(roles_of(c, r)) &&
                         lutra_autocast_claim_backward_trigger();
   if (fused) *fused = fuse_in;
   *y = c->y;
@@ -303,13 +371,51 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
                          &dyq, fn));
   lutra_scale_meta *meta = lutra_quantizer_meta(qg);
   if (meta) TRY(lutra_autocast_note_backward(meta, c->device, fn));
-  if (dx_wanted) TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wq, .b = dyq, .d = c->dx}, fn));
-  return lutra_gemm_run(&(lutra_gemm_op){.a = c->xq,
-                                         .b = dyq,
+  /* a hybrid gradient: its columnwise copy (wgrad's) from a second cast, the activation's
+   * gradient in front of it too (the bias gradient came out of the first) */
+  lutra_quantizer *qgc = c->qc[LUTRA_ROLE_GRAD_OUTPUT];
+  lutra_tensor *dyqc = dyq;
+  if (qgc) {
+    TRY(lutra_quantize_run(qgc,
+                           &(lutra_quantize_op){.x = op->dy,
+                                                .record_amax = true,
+                                                .act = op->from_act_grad ? act_input(c, act) : NULL,
+                                                .act_kind = act},
+                           &dyqc, fn));
+    lutra_scale_meta *mc = lutra_quantizer_meta(qgc);
+    if (mc) TRY(lutra_autocast_note_backward(mc, c->device, fn));
+  }
+  const int32_t *split = c->forward_options.use_split_accumulator;
+  if (dx_wanted)
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wqc ? c->wqc : c->wq,
+                                        .b = dyq,
+                                        .d = c->dx,
+                                        .fast_accum = !split[LUTRA_GEMM_DGRAD]},
+                       fn));
+  return lutra_gemm_run(&(lutra_gemm_op){.a = c->xqc ? c->xqc : c->xq,
+                                         .b = dyqc,
                                          .d = wgrad_out,
                                          .transb = true,
-                                         .accumulate = c->accumulate_main_grad},
+                                         .accumulate = c->accumulate_main_grad,
+                                         .fast_accum = !split[LUTRA_GEMM_WGRAD]},
                         fn);
+}
+
+/* backward_override "dequantized": the backward's high-precision GEMMs read the forward's FP8 x
+ * and W dequantized (rowwise copies) into buffers of the module's dtype. */
+static int dequantized_operands(lutra_linear_core *c, const lutra_tensor **w,
+                                const lutra_tensor **x, const char *fn) {
+  CHECK_STATE(c->xq && c->wq, "the FP8 forward kept no quantized input and weight");
+  CHECK_STATE(!c->forward_gathered, "backward_override \"dequantized\" does not take a "
+                                    "sequence-parallel input gathered in FP8");
+  TRY(lutra_tensor_ensure(&c->xdq, PLAIN_TENSOR(c->dtype, c->x->ndim, c->x->shape, c->device), fn));
+  TRY(lutra_tensor_ensure(
+      &c->wdq, PLAIN_TENSOR(c->dtype, c->weight->ndim, c->weight->shape, c->device), fn));
+  TRY(lutra_dequantize(c->xq, 0, c->xdq));
+  TRY(lutra_dequantize(c->wq, 0, c->wdq));
+  *x = c->xdq;
+  *w = c->wdq;
+  return LUTRA_OK;
 }
 
 int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward_op *op,
@@ -351,7 +457,10 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
-  if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT]) {
+  const int over = c->forward_fp8 ? c->forward_options.backward_override : LUTRA_BACKWARD_FP8;
+  const lutra_tensor *w_src = c->weight, *x_src = c->x;
+  if (over == LUTRA_BACKWARD_DEQUANTIZED) TRY(dequantized_operands(c, &w_src, &x_src, fn));
+  if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT] && over == LUTRA_BACKWARD_FP8) {
     TRY(backward_fp8(c, op, bg, wgrad_out, dx != NULL, fn));
     bg = NULL;
   } else {
@@ -361,15 +470,14 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
     if (dx)
       TRY(lutra_gemm_run(
-          &(lutra_gemm_op){
-              .a = c->weight, .b = dy, .d = c->dx, .epilogue = fuse_dact ? &dgelu : NULL},
+          &(lutra_gemm_op){.a = w_src, .b = dy, .d = c->dx, .epilogue = fuse_dact ? &dgelu : NULL},
           fn));
     if (dact_fused) *dact_fused = fuse_dact;
     /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
      * (it overwrites dbias, so not when gradients accumulate into main_grad) */
     lutra_gemm_epilogue bgradb = {.kind = LUTRA_EPILOGUE_BGRADB, .dbias = bg};
     bool fuse_bias = bg && !accumulate;
-    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->x,
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = x_src,
                                         .b = dy,
                                         .d = wgrad_out,
                                         .epilogue = fuse_bias ? &bgradb : NULL,
@@ -404,7 +512,8 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
   const bool input_known = (c->forward_act == act && c->pre) || c->forward_act == LUTRA_ACT_NONE;
   return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT && c->forward_done && c->forward_grad &&
          input_known && c->forward_fp8 && qg && lutra_quantizer_takes_act(qg) &&
-         (!lutra_act_is_gated(act) || c->out % 2 == 0);
+         (!lutra_act_is_gated(act) || c->out % 2 == 0) &&
+         c->forward_options.backward_override == LUTRA_BACKWARD_FP8;
 }
 
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
@@ -413,9 +522,15 @@ int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *
   TRY(check_input(c, x, fn));
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  if (!(r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE)) return LUTRA_OK;
-  TRY(check_fp8_dims(r, x, c, fn));
-  TRY(ensure_quantizers(c, r, fn));
+  if (r && r->kind == LUTRA_RECIPE_FACTORY) TRY(resolve_roles(c, s, fn));
+  if (!(r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE))
+    return LUTRA_OK;
+  TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
+  TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
+  /* a producer writes one FP8 copy: a hybrid input (two casts in two formats) and a backward in
+   * high precision (which reads the input in high precision) take the producer's plain output */
+  if (c->qc[LUTRA_ROLE_INPUT] || r->options.backward_override == LUTRA_BACKWARD_HIGH_PRECISION)
+    return LUTRA_OK;
   *q = c->q[LUTRA_ROLE_INPUT];
   return LUTRA_OK;
 }
@@ -432,10 +547,13 @@ void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out
 }
 
 void lutra_linear_core_release(lutra_linear_core *c) {
+  lutra_factory_forget(&c->choice);
   free_quantizers(c->q);
+  free_quantizers(c->qc);
+  c->xqc = c->wqc = NULL;
   lutra_tensor_hold(&c->x, NULL); /* before the tensors: it may be act_y */
-  lutra_tensor *owned[] = {c->weight,           c->bias,          c->wgrad, c->bgrad,
-                           c->weight_main_grad, c->bias_main_grad};
+  lutra_tensor *owned[] = {c->weight,           c->bias,           c->wgrad, c->bgrad,
+                           c->weight_main_grad, c->bias_main_grad, c->xdq,   c->wdq};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
   lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
@@ -443,6 +561,7 @@ void lutra_linear_core_release(lutra_linear_core *c) {
     lutra_tensor_cache_release(caches[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
   c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = c->act_y = NULL;
+  c->xdq = c->wdq = NULL;
   c->xq = c->wq = NULL;
   c->forward_done = false;
 }
@@ -501,31 +620,57 @@ int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build
                                  const char *const *names, lutra_module_quantizers *out,
                                  const char *fn) {
   static const char *const roles[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
-  CHECK_ARG(out->count + LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
+  static const char *const col_roles[LUTRA_NUM_ROLES] = {"input_columnwise", "weight_columnwise",
+                                                         "grad_output_columnwise"};
+  CHECK_ARG(out->count + 2 * LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
             "a module owns more than %d quantizers", LUTRA_MODULE_MAX_QUANTIZERS);
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *const *q = c->q;
+  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *fresh_col[LUTRA_NUM_ROLES] = {0};
+  lutra_quantizer *const *q = c->q, *const *qc = c->qc;
   if (build_for) {
     CHECK_STATE(!c->quantized_for_recipe || c->qkey == build_for->key,
                 "the module's quantizers were built for another recipe than the one given");
     if (!c->quantized_for_recipe) {
-      TRY(build_quantizers(c, build_for, fresh, fn));
+      /* a factory recipe's choice is the module's, made at its first forward under it */
+      CHECK_STATE(build_for->kind != LUTRA_RECIPE_FACTORY ||
+                      (c->choice.set && c->choice.key == build_for->key),
+                  "a factory recipe chooses a module's quantizers at its first forward: run one "
+                  "forward under the recipe before loading its FP8 state");
+      TRY(build_quantizers(c, roles_of(c, build_for), fresh, fresh_col, fn));
       out->fresh = true;
       q = fresh;
+      qc = fresh_col;
     }
   }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
+    if (qc[i] && names) {
+      if (out->fresh) {
+        free_quantizers(fresh);
+        free_quantizers(fresh_col);
+        out->fresh = false;
+      }
+      return lutra_error(LUTRA_EINVAL, fn,
+                         "a hybrid quantizer (columnwise_format) of a module "
+                         "with several Linears cannot be checkpointed yet");
+    }
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (!q[i]) continue;
     out->name[out->count] = names ? names[i] : roles[i];
     out->slot[out->count] = i;
     out->q[out->count++] = q[i];
   }
+  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
+    if (!qc[i]) continue;
+    out->name[out->count] = col_roles[i];
+    out->slot[out->count] = LUTRA_NUM_ROLES + i;
+    out->q[out->count++] = qc[i];
+  }
   return LUTRA_OK;
 }
 
 void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
                                         const lutra_module_quantizers *q) {
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0};
+  lutra_quantizer *fresh[2 * LUTRA_NUM_ROLES] = {0};
   for (int i = 0; i < q->count; i++)
     fresh[q->slot[i]] = q->q[i];
-  install_quantizers(c, r, fresh);
+  install_quantizers(c, r, fresh, fresh + LUTRA_NUM_ROLES);
 }

@@ -11,6 +11,7 @@
 #define LUTRA_NN_LINEAR_CORE_H
 
 #include "backend/backend.h"
+#include "fp8/factory.h"
 #include "lutra.h"
 #include "runtime/tensor_cache.h"
 
@@ -53,7 +54,14 @@ typedef struct lutra_linear_core {
                     const char *fn);
   void *gather_ctx;
   int32_t gather_rows;
-  bool forward_gathered; /* the last forward gathered its input's codes */
+  bool forward_gathered;                /* the last forward gathered its input's codes */
+  lutra_module_choice choice;           /* name, kind, and the quantizers a factory recipe chose */
+  lutra_recipe_options forward_options; /* the recipe's GEMM options at the last FP8 forward */
+  lutra_tensor *xdq, *wdq; /* backward_override "dequantized": the FP8 x and W dequantized */
+  /* hybrid roles (rowwise and columnwise in two formats): q[] writes the rowwise copy, qc[] the
+   * columnwise one into xqc / wqc (and the gradient's, which backward keeps locally) */
+  lutra_quantizer *qc[LUTRA_NUM_ROLES];
+  lutra_tensor *xqc, *wqc;
 } lutra_linear_core;
 
 /* Parameters as the desc says (checked), initialised as torch does. On failure nothing is kept. */
@@ -103,8 +111,10 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
                                       lutra_quantizer **q, const char *fn);
 /* Checkpoints (lutra_checkpoint_ops.quantizers): the core's quantizers appended to out, role i
- * named names[i] (NULL: "input", "weight", "grad_output"), slot = role; with build_for and none
- * built yet, fresh ones for it, not installed (out->fresh) until adopt. */
+ * named names[i] (NULL: "input", "weight", "grad_output"), slot = role; a hybrid role's
+ * columnwise quantizer follows as "<role>_columnwise", slot LUTRA_NUM_ROLES + role (refused
+ * with names). With build_for and none built yet, fresh ones for it (a factory recipe: the
+ * module's choice, which its first forward made), not installed (out->fresh) until adopt. */
 struct lutra_module_quantizers;
 int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
                                  const char *const *names, struct lutra_module_quantizers *out,

@@ -133,6 +133,7 @@ int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_tp_desc *t
   l->core.skip_forward_bias = tp->mode == LUTRA_TP_ROW && l->tp.rank != 0;
   l->core.gather_fp8 = lutra_tp_gather_fp8;
   l->core.gather_ctx = &l->tp;
+  l->core.choice.kind = "linear_parallel"; /* what a factory recipe is told */
   lutra_module_init(&l->base, &linear_parallel_ops);
   *out = &l->base;
   return LUTRA_OK;

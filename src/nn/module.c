@@ -103,6 +103,8 @@ int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor 
     return st;
   }
   if (LUTRA_CAPTURING()) TRY(hold_captured(m, dy, dx ? *dx : NULL, fn));
+  /* the scope's backward update set quantizers aside for their scaling rules (lutra/rules.h) */
+  if (lutra_rules_pending()) return LUTRA_RULES_PENDING;
   return LUTRA_OK;
 }
 

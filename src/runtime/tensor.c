@@ -37,6 +37,9 @@ int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwi
   case LUTRA_SCALING_BLOCK_1D: /* [ceil(cols/128)][roundup(rows, 4)] (lutra.h) */
     a = cols / 128 + (cols % 128 != 0), b = rows / 4 * 4 + (rows % 4 ? 4 : 0);
     break;
+  case LUTRA_SCALING_ROWWISE: /* one per row of the copy (lutra/formats.h) */
+    a = rows, b = 1;
+    break;
   case LUTRA_SCALING_BLOCK_2D: /* [ceil(rows/128)][roundup(ceil(cols/128), 4)] */
     a = rows / 128 + (rows % 128 != 0), b = cols / 128 + (cols % 128 != 0);
     b = b / 4 * 4 + (b % 4 ? 4 : 0);

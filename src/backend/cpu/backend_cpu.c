@@ -141,4 +141,7 @@ const lutra_backend lutra_cpu_backend = {
     .grouped_quantize = lutra_cpu_grouped_quantize,
     .grouped_gemm = lutra_cpu_grouped_gemm,
     .current_scale_act = cpu_current_scale_act,
+    .rules_gather = lutra_cpu_rules_gather,
+    .rules_apply = lutra_cpu_rules_apply,
+    .quantize_rowwise = lutra_cpu_quantize_rowwise,
 };

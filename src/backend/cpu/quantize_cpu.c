@@ -385,6 +385,13 @@ int lutra_cpu_dequantize(const lutra_dequant_args *a) {
       store_y(out, od, i, lutra_decode(dt, q[i]) * f);
     return LUTRA_OK;
   }
+  case LUTRA_SCALING_ROWWISE: {
+    const float *sc = a->scale_inv;
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t c = 0; c < cols; c++)
+        store_y(out, od, r * cols + c, lutra_decode(dt, q[r * cols + c]) * sc[r]);
+    return LUTRA_OK;
+  }
   case LUTRA_SCALING_MXFP8: {
     CHECK_ARG(cols % MX_BLOCK == 0, "cols %lld is not a multiple of 32", (long long)cols);
     const uint8_t *sc = a->scale_inv;

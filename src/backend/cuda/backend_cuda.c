@@ -670,4 +670,6 @@ const lutra_backend lutra_cuda_table = {
     .add = k_add,
     .grouped_quantize = lutra_cuda_grouped_quantize,
     .grouped_gemm = lutra_cuda_grouped_gemm,
+    .rules_gather = lutra_cuda_rules_gather,
+    .rules_apply = lutra_cuda_rules_apply,
 };

@@ -46,6 +46,9 @@ void lutra_cuda_graph_destroy(void *exec);
 /* grouped_cuda.c: GroupedLinear's grouped quantization and GEMMs */
 int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a);
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g);
+/* rules_cuda.c: the table's rules_gather / rules_apply */
+int lutra_cuda_rules_gather(lutra_scale_meta *const *metas, int n, float *host);
+int lutra_cuda_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales);
 
 /* gemm_cuda.c */
 int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
