@@ -81,7 +81,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped threads-check check-codecs check-activations lab
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm threads-check check-codecs check-activations
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -198,6 +198,14 @@ build/sim_grouped_quantize: tools/sim_grouped_quantize.cpp $(SIM_OBJ) kernels/gr
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-grouped: build/sim_grouped_quantize
 	./build/sim_grouped_quantize
+# the norms and the fused norm + FP8 cast (kernels/norm.cu, kernels/norm_quantize.cu) emulated
+# the same way against the CPU backend (tools/sim_norm.cpp); ARGS=quick for fewer cases.
+build/sim_norm: tools/sim_norm.cpp $(SIM_OBJ) kernels/norm.cu kernels/norm_quantize.cu \
+                kernels/common.cuh kernels/ops_common.cuh kernels/kernels.h $(HDRS)
+	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-norm: build/sim_norm
+	./build/sim_norm $(ARGS)
 
 # kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
 # for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.

@@ -2,14 +2,16 @@
  * src/backend/backend.h, reference src/backend/cpu/norm_cpu.c).
  *   forward:  one block per row; each thread sums its columns (16-byte vector loads when the
  *             row is aligned) in double, a fixed-tree block_sum gives the row's sums; mean and
- *             rstd are rounded into f32 as the CPU does; the element formula is the CPU's f32
- *             sequence (fadd/fmul, no FMA), so y is exact given the same mean and rstd.
+ *             rstd are rounded into f32; the element formula is the CPU's f32 sequence
+ *             (fadd/fmul, no FMA). Rows of up to 8 chunks per thread stay in registers
+ *             (norm_fwd_reg), so x is read once.
  *   backward: dx one block per row, the row sums c1, c2 in double the same way; dgamma and dbeta
  *             are column sums done in two deterministic passes (no atomics): pass 1, block
  *             (column tile of 32, row block rb) sums its rows in double (8 row lanes added in
  *             order) into scratch partial[rb][c]; pass 2 adds the row blocks of a column in order.
- * Only the order of the double sums differs from the CPU: mean/rstd agree to f32 rounding (a
- * rare 1-ulp difference), the sums within a bound. */
+ * The CPU reference (norm_cpu.c row_sum) adds the row sums in this order, so mean, rstd, y
+ * and dx are its bits; dgamma/dbeta agree within a bound (another order of the column sums). */
+#include "common.cuh"
 #include "ops_common.cuh"
 
 using namespace lkops;
@@ -46,7 +48,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
   double q = 0.0;
   for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) {
     const double d = x - mean_d;
-    q += d * d;
+    q += dmul_rn(d, d);
   });
   const double var = block_sum<kRowThreads>(q, smem) / static_cast<double>(h);
   const float mean = static_cast<float>(mean_d);
@@ -109,6 +111,117 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
       dx[k] = fmul(fsub(dxhat[k], fadd(fmul(xhat[k], c1), c2)), rstd);
     stv<DT, V>(a.dx, o + c, dx);
   }
+}
+
+/* The row-resident versions of norm_fwd and norm_dx, for rows of at most kRowThreads * V * NC
+ * elements: thread t holds its chunks t, t + kRowThreads, ... (NC of them) in registers, so x
+ * (and dy) are read once. The chunks, their order in each thread's double sums and the
+ * block_sum tree are norm_fwd's / norm_dx's, so every output bit is the same. */
+template <int DT, int PDT, int V, int NC>
+__global__ void __launch_bounds__(kRowThreads) norm_fwd_reg(lutra_norm_args a) {
+  __shared__ double smem[kRowThreads / 32];
+  const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
+  float v[NC][V] = {};
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
+    if (c < h) ldv<DT, V>(a.x, o + c, v[j]);
+  }
+  double s = 0.0;
+  if (!a.rms) {
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      if ((static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V < h) {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          s += v[j][k];
+      }
+  }
+  const double mean_d = a.rms ? 0.0 : block_sum<kRowThreads>(s, smem) / static_cast<double>(h);
+  double q = 0.0;
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if ((static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V < h) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const double d = v[j][k] - mean_d;
+        q += dmul_rn(d, d);
+      }
+    }
+  const double var = block_sum<kRowThreads>(q, smem) / static_cast<double>(h);
+  const float mean = static_cast<float>(mean_d);
+  const float rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
+    if (c >= h) continue;
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      float y = fmul(fmul(fsub(v[j][k], mean), rstd), gamma_at<PDT>(a, c + k));
+      if (!a.rms) y = fadd(y, ld<PDT>(a.beta, c + k));
+      v[j][k] = y;
+    }
+    stv<DT, V>(a.y, o + c, v[j]);
+  }
+  if (threadIdx.x == 0) {
+    if (a.mean && !a.rms) a.mean[r] = mean;
+    if (a.rstd) a.rstd[r] = rstd;
+  }
+}
+
+template <int DT, int PDT, int V, int NC>
+__global__ void __launch_bounds__(kRowThreads) norm_dx_reg(lutra_norm_args a) {
+  __shared__ double smem[kRowThreads / 32];
+  const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
+  const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
+  float xhat[NC][V] = {}, dxhat[NC][V] = {};
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
+    if (c < h) dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat[j], dxhat[j]);
+  }
+  double s1 = 0.0, s2 = 0.0;
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if ((static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V < h) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        s1 += static_cast<double>(fmul(dxhat[j][k], xhat[j][k]));
+        s2 += dxhat[j][k];
+      }
+    }
+  const float c1 = static_cast<float>(block_sum<kRowThreads>(s1, smem) / static_cast<double>(h));
+  const double t2 = block_sum<kRowThreads>(s2, smem);
+  const float c2 = a.rms ? 0.0f : static_cast<float>(t2 / static_cast<double>(h));
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
+    if (c >= h) continue;
+    float dx[V];
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rstd);
+    stv<DT, V>(a.dx, o + c, dx);
+  }
+}
+
+/* the row-resident kernel for rows of up to 8 chunks per thread, or nullptr */
+template <int DT, int PDT, int V> auto fwd_kernel(int64_t h) -> void (*)(lutra_norm_args) {
+  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
+  if (nc <= 1) return norm_fwd_reg<DT, PDT, V, 1>;
+  if (nc <= 2) return norm_fwd_reg<DT, PDT, V, 2>;
+  if (nc <= 4) return norm_fwd_reg<DT, PDT, V, 4>;
+  if (nc <= 8) return norm_fwd_reg<DT, PDT, V, 8>;
+  return norm_fwd<DT, PDT, V>;
+}
+
+template <int DT, int PDT, int V> auto dx_kernel(int64_t h) -> void (*)(lutra_norm_args) {
+  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
+  if (nc <= 1) return norm_dx_reg<DT, PDT, V, 1>;
+  if (nc <= 2) return norm_dx_reg<DT, PDT, V, 2>;
+  if (nc <= 4) return norm_dx_reg<DT, PDT, V, 4>;
+  if (nc <= 8) return norm_dx_reg<DT, PDT, V, 8>;
+  return norm_dx<DT, PDT, V>;
 }
 
 /* pass 1: partial[rb][c] = sum over row block rb of dy * xhat (and [nrb + rb][c]: of dy) */
@@ -189,9 +302,9 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
       constexpr int PDT = decltype(pt)::value;
       const dim3 grid(static_cast<unsigned>(a->rows));
       if (vec_ok<DT>(a, a->x, a->y))
-        norm_fwd<DT, PDT, vec16<DT>()><<<grid, kRowThreads, 0, s>>>(*a);
+        LKC_LAUNCH((fwd_kernel<DT, PDT, vec16<DT>()>(a->hidden)), grid, kRowThreads, 0, s, *a);
       else
-        norm_fwd<DT, PDT, 1><<<grid, kRowThreads, 0, s>>>(*a);
+        LKC_LAUNCH((fwd_kernel<DT, PDT, 1>(a->hidden)), grid, kRowThreads, 0, s, *a);
       return cudaGetLastError();
     });
   });
@@ -209,21 +322,21 @@ cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *sc
       if (a->dx && a->rows > 0) {
         const dim3 grid(static_cast<unsigned>(a->rows));
         if (vec_ok<DT>(a, a->x, a->dx) && aligned(a->dy, 16))
-          norm_dx<DT, PDT, vec16<DT>()><<<grid, kRowThreads, 0, s>>>(*a);
+          LKC_LAUNCH((dx_kernel<DT, PDT, vec16<DT>()>(a->hidden)), grid, kRowThreads, 0, s, *a);
         else
-          norm_dx<DT, PDT, 1><<<grid, kRowThreads, 0, s>>>(*a);
+          LKC_LAUNCH((dx_kernel<DT, PDT, 1>(a->hidden)), grid, kRowThreads, 0, s, *a);
         const cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) return e;
       }
       const int64_t nrb = lk_norm_row_blocks(a->rows, a->hidden);
       const dim3 g1(static_cast<unsigned>(cdiv<int64_t>(a->hidden, kColTile)),
                     static_cast<unsigned>(nrb));
-      norm_dgamma_partial<DT>
-          <<<g1, dim3(kColTile, kRowLanes), 0, s>>>(*a, scratch->bias_partial, nrb);
+      LKC_LAUNCH(norm_dgamma_partial<DT>, g1, dim3(kColTile, kRowLanes), 0, s, *a,
+                 scratch->bias_partial, nrb);
       const cudaError_t e = cudaGetLastError();
       if (e != cudaSuccess) return e;
       const unsigned g2 = static_cast<unsigned>(cdiv<int64_t>(a->hidden, 256));
-      norm_dgamma_final<PDT><<<g2, 256, 0, s>>>(*a, scratch->bias_partial, nrb);
+      LKC_LAUNCH(norm_dgamma_final<PDT>, g2, 256, 0, s, *a, scratch->bias_partial, nrb);
       return cudaGetLastError();
     });
   });

@@ -2,18 +2,20 @@
  * lutra_norm_quant_args in src/backend/backend.h, reference
  * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
  *
- * One block per tile of TR rows, in one launch from x to the codes:
- *   1. the row statistics of each of its rows, a warp per row, with norm_fwd's thread split,
- *      vector width and block_sum tree (kernels/norm.cu) played by the warp's lanes: the same
- *      mean and rstd bits as lk_layernorm_forward;
- *   2. per chunk of CW columns: y for the TR x CW sub-tile, with norm_fwd's f32 formula, rounded
- *      into the activation dtype as the stored y would be (and stored when a high-precision
- *      output is asked for), into shared memory; from there the rowwise codes and the columnwise
- *      (transposed) codes with their scales, each in the CPU quantizer's f32 order of
- *      operations, so the codes equal lk_layernorm_forward + the quantizer's bit for bit.
- * Tiles: per-tensor 32 x 64; MXFP8 32 x 64 (a columnwise block is the tile's 32 rows, a
+ * One block of 512 threads per tile of TR rows, in one launch from x to the codes:
+ *   1. the row statistics, one warp per row (row_stats: norm_fwd's 256-thread split, vector
+ *      width, per-thread order and block_sum tree, emulated by the warp's lanes): the same mean
+ *      and rstd bits as lk_layernorm_forward, with no block barrier per row;
+ *   2. per chunk of CW columns: y for the TR x CW sub-tile (16-byte loads, 8 rows x 4 vectors
+ *      per warp), with norm_fwd's f32 formula, rounded into the activation dtype as the stored y
+ *      would be (and stored when a high-precision output is asked for), into shared memory; from
+ *      there the rowwise codes and the columnwise (transposed) codes with their scales, each in
+ *      the CPU quantizer's f32 order of operations, so the codes equal lk_layernorm_forward +
+ *      the quantizer's bit for bit.
+ * Tiles: per-tensor 32 x 256; MXFP8 32 x 256 (a columnwise block is the tile's 32 rows, a
  * rowwise block 32 of its columns); 1x128 blocks 128 x 128 (one block along each direction).
- * x is read twice (statistics, then values), the second time mostly from L2.
+ * x is read twice (statistics, then values); the second time from L2 while the resident tiles
+ * (one 32-row tile per SM at 128 registers a thread) fit there.
  * Current scaling runs this kernel twice: first for max|y| (and mean, rstd, y), whose last
  * block writes amax and scale (k_current_scale's arrival count), then the cast with that scale;
  * one launch cannot do both without a grid-wide barrier, since every code needs the amax of
@@ -25,14 +27,13 @@ using namespace lkops;
 
 namespace {
 
+constexpr int kThreads = 512, kWarps = kThreads / 32;
+constexpr int kNormThreads = 256; /* norm_fwd's block (kernels/norm.cu kRowThreads) */
 enum Mode { kTensor = 0, kMx = 1, kBlock = 2 };
 
-/* rows x columns of a tile, and the block's threads (1x128 blocks: one tile per 128 rows, so
- * larger blocks keep enough loads in flight) */
 template <int MODE> struct TileShape {
   static constexpr int TR = MODE == kBlock ? 128 : 32;
-  static constexpr int CW = MODE == kBlock ? 128 : 64;
-  static constexpr int THREADS = MODE == kBlock ? 1024 : 256;
+  static constexpr int CW = MODE == kBlock ? 128 : 256;
 };
 
 template <int MODE> constexpr int smem_bytes() {
@@ -69,53 +70,53 @@ template <int PDT> __device__ __forceinline__ float gamma_at(const lutra_norm_ar
   return a.zero_centered_gamma ? fadd(g, 1.0f) : g;
 }
 
-/* The row statistics of lk_layernorm_forward, computed by ONE warp: norm_fwd sums a row over
- * kNormThreads = 256 threads (thread t: columns t V + j 256 V, in that order), reduces each warp
- * with an xor butterfly (every lane ends with the same bits: each level adds the same two
- * values, and addition commutes) and adds the 8 warp sums in order from 0. Here lane l plays the
- * threads l + 32 w of the 8 warps w: the same partial sums, the same butterfly per w, the same
- * ordered sum, hence the same mean and rstd bits, with no block barrier, so the block's warps
- * take rows in parallel. */
-constexpr int kNormThreads = 256, kNormWarps = kNormThreads / 32;
-
-/* SQ: sum of (x - mean_d)^2, written as norm_fwd writes it (d = x - mean_d; q += d * d), so
- * that nvcc makes the same multiply-add of it; else the sum of x */
-template <int DT, int V, bool SQ>
-__device__ __forceinline__ double row_sum(const void *x, int64_t o, int64_t h, int lane,
-                                          double mean_d) {
-  double part[kNormWarps];
+/* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
+ * norm_fwd's threads l, l + 32, ..., l + 224 (kNormThreads of them in all), keeps each one's
+ * double sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
+ * block_sum's order (warp_sum per group of 32, then the groups from 0.0 in order): the same
+ * mean and rstd bits as lk_layernorm_forward, without a block barrier per row. The chunk index
+ * j runs outermost so that a lane has kGroups loads in flight at a time. */
+template <int DT, int V>
+__device__ __forceinline__ double warp_row_sum(const lutra_norm_args &a, int64_t o, int lane,
+                                               double mean_d, bool squares) {
+  constexpr int G = kNormThreads / 32;
+  const int64_t h = a.hidden;
+  double s[G];
 #pragma unroll
-  for (int w = 0; w < kNormWarps; w++) {
-    double s = 0.0;
-    for (int64_t c = static_cast<int64_t>(lane + 32 * w) * V; c < h; c += kNormThreads * V) {
-      float v[V];
-      ldv<DT, V>(x, o + c, v);
+  for (int g = 0; g < G; g++)
+    s[g] = 0.0;
+  for (int64_t j0 = static_cast<int64_t>(lane) * V; j0 < h; j0 += kNormThreads * V) {
+    float v[G][V] = {};
+#pragma unroll
+    for (int g = 0; g < G; g++)
+      if (j0 + 32 * g * V < h) ldv<DT, V>(a.x, o + j0 + 32 * g * V, v[g]);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      if (j0 + 32 * g * V >= h) continue;
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        if constexpr (SQ) {
-          const double d = v[k] - mean_d;
-          s += d * d;
+        if (squares) {
+          const double d = v[g][k] - mean_d;
+          s[g] += dmul_rn(d, d);
         } else {
-          s += v[k];
+          s[g] += v[g][k];
         }
       }
     }
-    part[w] = warp_sum(s);
   }
   double r = 0.0;
 #pragma unroll
-  for (int w = 0; w < kNormWarps; w++)
-    r += part[w];
+  for (int g = 0; g < G; g++)
+    r += warp_sum(s[g]);
   return r;
 }
 
 template <int DT, int V>
 __device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
                                           float &mean, float &rstd) {
-  const int64_t h = a.hidden;
-  const double mean_d =
-      a.rms ? 0.0 : row_sum<DT, V, false>(a.x, o, h, lane, 0.0) / static_cast<double>(h);
-  const double var = row_sum<DT, V, true>(a.x, o, h, lane, mean_d) / static_cast<double>(h);
+  const double h = static_cast<double>(a.hidden);
+  const double mean_d = a.rms ? 0.0 : warp_row_sum<DT, V>(a, o, lane, 0.0, false) / h;
+  const double var = warp_row_sum<DT, V>(a, o, lane, mean_d, true) / h;
   mean = static_cast<float>(mean_d);
   rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
 }
@@ -130,10 +131,10 @@ __device__ __forceinline__ float block_scale(const Params &p, float amax) {
 }
 
 template <int DT, int PDT, int OD, int V, int MODE>
-__global__ void __launch_bounds__(TileShape<MODE>::THREADS) k_norm_quantize(Params p) {
+__global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   using T = TileShape<MODE>;
-  constexpr int TR = T::TR, CW = T::CW, LD = CW + 1, kThreads = T::THREADS, kWarps = kThreads / 32;
+  constexpr int TR = T::TR, CW = T::CW, LD = CW + 1;
   float *tile = reinterpret_cast<float *>(lkc::dyn_smem());
   float *smean = tile + TR * LD, *srstd = smean + TR;
   __shared__ float fred[32];
@@ -159,33 +160,77 @@ __global__ void __launch_bounds__(TileShape<MODE>::THREADS) k_norm_quantize(Para
   const float s = MODE == kTensor && codes ? *p.scale : 1.0f;
   float m = -INFINITY;
   for (int64_t c0 = 0; c0 < h; c0 += CW) {
-    for (int idx = tid; idx < TR * CW; idx += kThreads) {
-      const int i = idx / CW, j = idx % CW;
+    /* a warp fills 8 rows x 4 vectors: 16-byte loads in 64-byte runs, and for 16-bit inputs
+     * its scalar stores (odd row pitch LD) hit 32 distinct banks */
+    constexpr int GC = CW / (4 * V), UNITS = (TR / 8) * GC;
+    for (int u = warp; u < UNITS; u += kWarps) {
+      const int i = (u / GC) * 8 + lane / 4, j = ((u % GC) * 4 + lane % 4) * V;
       const int64_t r = r0 + i, c = c0 + j;
-      float y = 0.0f;
+      float v[V];
       if (r < rows && c < h) {
-        y = fmul(fmul(fsub(ld<DT>(a.x, r * h + c), smean[i]), srstd[i]), gamma_at<PDT>(a, c));
-        if (!a.rms) y = fadd(y, ld<PDT>(a.beta, c));
-        if (a.y) st<DT>(a.y, r * h + c, y);
-        y = round_to<DT>(y);
-        m = fmaxf(m, fabsf(y));
+        ldv<DT, V>(a.x, r * h + c, v);
+        const float mean = smean[i], rstd = srstd[i];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          float y = fmul(fmul(fsub(v[k], mean), rstd), gamma_at<PDT>(a, c + k));
+          if (!a.rms) y = fadd(y, ld<PDT>(a.beta, c + k));
+          v[k] = y;
+        }
+        if (a.y) stv<DT, V>(a.y, r * h + c, v);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          v[k] = round_to<DT>(v[k]);
+          m = fmaxf(m, fabsf(v[k]));
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          v[k] = 0.0f;
       }
-      tile[i * LD + j] = y;
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        tile[i * LD + j + k] = v[k];
     }
     __syncthreads();
     if (codes && MODE == kTensor) {
+      /* four codes a thread, one 4-byte store where the row (column) pitch allows it; the
+       * columnwise reads tile[(4 q + k) * LD + j] hit 32 distinct banks (LD odd) */
       if (p.data) {
-        for (int idx = tid; idx < TR * CW; idx += kThreads) {
-          const int i = idx / CW, j = idx % CW;
+        const bool w4 = h % 4 == 0 && (reinterpret_cast<uintptr_t>(p.data) & 3) == 0;
+        for (int idx = tid; idx < TR * CW / 4; idx += kThreads) {
+          const int i = idx / (CW / 4), j = idx % (CW / 4) * 4;
           const int64_t r = r0 + i, c = c0 + j;
-          if (r < rows && c < h) p.data[r * h + c] = code<OD>(tile[i * LD + j], s);
+          if (r >= rows || c >= h) continue;
+          uint32_t q[4];
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            q[k] = code<OD>(tile[i * LD + j + k], s);
+          if (w4) {
+            *reinterpret_cast<uint32_t *>(p.data + r * h + c) =
+                q[0] | q[1] << 8 | q[2] << 16 | q[3] << 24;
+          } else {
+            for (int k = 0; k < 4 && c + k < h; k++)
+              p.data[r * h + c + k] = static_cast<uint8_t>(q[k]);
+          }
         }
       }
       if (p.col_data) {
-        for (int idx = tid; idx < TR * CW; idx += kThreads) {
-          const int j = idx / TR, i = idx % TR;
+        const bool w4 = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(p.col_data) & 3) == 0;
+        for (int idx = tid; idx < TR * CW / 4; idx += kThreads) {
+          const int j = idx / (TR / 4), i = idx % (TR / 4) * 4;
           const int64_t r = r0 + i, c = c0 + j;
-          if (r < rows && c < h) p.col_data[c * rows + r] = code<OD>(tile[i * LD + j], s);
+          if (r >= rows || c >= h) continue;
+          uint32_t q[4];
+#pragma unroll
+          for (int k = 0; k < 4; k++)
+            q[k] = code<OD>(tile[(i + k) * LD + j], s);
+          if (w4) {
+            *reinterpret_cast<uint32_t *>(p.col_data + c * rows + r) =
+                q[0] | q[1] << 8 | q[2] << 16 | q[3] << 24;
+          } else {
+            for (int k = 0; k < 4 && r + k < rows; k++)
+              p.col_data[c * rows + r + k] = static_cast<uint8_t>(q[k]);
+          }
         }
       }
     } else if (codes && MODE == kMx) {
@@ -327,7 +372,7 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
             cudaError_t e = lkc::allow_smem(
                 kernel, SMEM, smem_allowed[DT][PDT][OD == LUTRA_E4M3 ? 0 : 1][MODE][vi]);
             if (e != cudaSuccess) return e;
-            kernel<<<grid, TileShape<MODE>::THREADS, SMEM, s>>>(p);
+            LKC_LAUNCH(kernel, grid, kThreads, SMEM, s, p);
             return cudaGetLastError();
           };
           if (vec) return run(k_norm_quantize<DT, PDT, OD, vec16<DT>(), MODE>, 1);

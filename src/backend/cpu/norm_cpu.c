@@ -3,18 +3,19 @@
  *
  * What the CUDA kernels match exactly and what only within a bound:
  * - the row statistics (mean, rstd) and the backward's row sums (c1, c2) are double sums rounded
- *   once into f32; the kernels sum in double too, in a tree order, so they agree to the f32
- *   rounding (an occasional 1-ulp difference), not bit for bit;
+ *   once into f32, added in the kernels' order (row_sum below: NORM_LANES lanes over 16-byte
+ *   chunks, a butterfly per 32 lanes, the groups in order), so they are the kernels' bits;
  * - given the same mean and rstd, every element formula below (xhat, y, dxhat, dx) is a fixed
  *   sequence of f32 roundings without FMA that the kernels repeat through fadd/fmul
  *   (kernels/ops_common.cuh): exact;
- * - the column sums dgamma/dbeta are double here and double in the kernels' two passes (row
- *   blocks, then the blocks in order): deterministic there, equal to these within a
- *   bound (spec/gpu/norm_gpu.lua states it as an NMSE). */
+ * - the column sums dgamma/dbeta are double here and in the kernels' per-block partials added
+ *   in order: deterministic there, equal to these within a bound (spec/gpu/norm_gpu.lua states
+ *   it as an NMSE). */
 #include "cpu.h"
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int check_args(const lutra_norm_args *a, bool backward, const char *fn) {
   CHECK_ARG(a, "arguments are NULL");
@@ -38,23 +39,56 @@ static inline float gamma_at(const lutra_norm_args *a, int64_t c) {
   return a->zero_centered_gamma ? g + 1.0f : g;
 }
 
+/* The kernels' order for a row's double sum of term(c): lane t of NORM_LANES (kernels/norm.cu's
+ * kRowThreads) adds the chunks t, t + NORM_LANES, ... of V columns each (V = 16 bytes of the
+ * activation dtype when a row is a whole number of 16-byte vectors, else 1), in column order;
+ * each group of 32 lanes is summed by a butterfly (lane l adds lane l ^ o for o = 16 .. 1), and
+ * the groups' sums are added from 0.0 in order. */
+enum { NORM_LANES = 256 };
+
+typedef double (*norm_term)(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx);
+
+static double row_sum(const lutra_norm_args *a, int64_t o, norm_term term, const void *ctx) {
+  const int64_t h = a->hidden, esz = (int64_t)lutra_dtype_size(a->dtype);
+  const int64_t v = (h * esz) % 16 == 0 ? 16 / esz : 1;
+  double lane[32], total = 0.0;
+  for (int g = 0; g < NORM_LANES / 32; g++) {
+    for (int l = 0; l < 32; l++) {
+      double s = 0.0;
+      for (int64_t c = (int64_t)(32 * g + l) * v; c < h; c += NORM_LANES * v)
+        for (int64_t k = 0; k < v && c + k < h; k++)
+          s += term(a, o, c + k, ctx);
+      lane[l] = s;
+    }
+    for (int off = 16; off > 0; off >>= 1) {
+      double next[32];
+      for (int l = 0; l < 32; l++)
+        next[l] = lane[l] + lane[l ^ off];
+      memcpy(lane, next, sizeof lane);
+    }
+    total += lane[0];
+  }
+  return total;
+}
+
+static double term_x(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+  (void)ctx;
+  return lutra_elem_load(a->x, a->dtype, o + c);
+}
+
+static double term_sq(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+  const double d = lutra_elem_load(a->x, a->dtype, o + c) - *(const double *)ctx;
+  return d * d;
+}
+
 int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
   TRY(check_args(a, false, "lutra_cpu_layernorm_forward"));
   const int64_t h = a->hidden;
   for (int64_t r = 0; r < a->rows; r++) {
     const int64_t o = r * h;
-    double mean_d = 0.0;
-    if (!a->rms) {
-      for (int64_t c = 0; c < h; c++)
-        mean_d += lutra_elem_load(a->x, a->dtype, o + c);
-      mean_d /= (double)h;
-    }
-    double var = 0.0; /* LayerNorm: the biased variance; RMSNorm: mean(x^2) */
-    for (int64_t c = 0; c < h; c++) {
-      double d = lutra_elem_load(a->x, a->dtype, o + c) - mean_d;
-      var += d * d;
-    }
-    var /= (double)h;
+    const double mean_d = a->rms ? 0.0 : row_sum(a, o, term_x, NULL) / (double)h;
+    /* LayerNorm: the biased variance; RMSNorm: mean(x^2) */
+    const double var = row_sum(a, o, term_sq, &mean_d) / (double)h;
     const float mean = (float)mean_d;
     const float rstd = (float)(1.0 / sqrt(var + (double)a->eps));
     for (int64_t c = 0; c < h; c++) {
@@ -69,6 +103,19 @@ int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
   return LUTRA_OK;
 }
 
+/* the backward's row-sum terms; ctx: the row's {mean, rstd} */
+static double term_dxhat_xhat(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+  const float *st = ctx;
+  float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - st[0]) * st[1];
+  float dxhat = lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
+  return (double)(dxhat * xhat);
+}
+
+static double term_dxhat(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+  (void)ctx;
+  return lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
+}
+
 /* dx = rstd (dxhat - xhat c1 - c2), dxhat = dy g, c1 = mean(dxhat xhat), c2 = mean(dxhat)
  * (RMSNorm: c2 = 0, xhat = x rstd); dgamma = sum_r dy xhat, dbeta = sum_r dy. */
 int lutra_cpu_layernorm_backward(const lutra_norm_args *a) {
@@ -80,17 +127,15 @@ int lutra_cpu_layernorm_backward(const lutra_norm_args *a) {
   for (int64_t r = 0; r < a->rows; r++) {
     const int64_t o = r * h;
     const float mean = a->rms ? 0.0f : a->mean[r], rstd = a->rstd[r];
-    double s1 = 0.0, s2 = 0.0;
+    const float stats[2] = {mean, rstd};
     for (int64_t c = 0; c < h; c++) {
       float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
       float dy = lutra_elem_load(a->dy, a->dtype, o + c);
-      float dxhat = dy * gamma_at(a, c);
-      s1 += (double)(dxhat * xhat);
-      s2 += dxhat;
       acc[c] += (double)(dy * xhat);
       acc[h + c] += dy;
     }
     if (!a->dx) continue;
+    const double s1 = row_sum(a, o, term_dxhat_xhat, stats), s2 = row_sum(a, o, term_dxhat, stats);
     const float c1 = (float)(s1 / (double)h), c2 = a->rms ? 0.0f : (float)(s2 / (double)h);
     for (int64_t c = 0; c < h; c++) {
       float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
