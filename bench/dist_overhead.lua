@@ -8,11 +8,39 @@
 --   CUDA, 1 rank over NCCL: NCCL_NVLS_ENABLE=0 luajit bench/dist_overhead.lua --device cuda
 -- (with LUA_PATH="lua/?.lua;lua/?/init.lua;;"; `make bench-dist` runs the CPU one). Figures are
 -- medians over 15 batches, printed by rank 0. OPENBLAS_NUM_THREADS=1 steadies the CPU ones.
+-- --help lists the options (only --device cpu|cuda, default cpu); under mpirun only rank 0
+-- prints the help or a command-line error.
 local lutra = require("lutra")
 local ffi, C, nn = lutra.ffi, lutra.C, lutra.nn
 
-local device = "cpu"
-for i = 1, #arg do if arg[i] == "--device" then device = arg[i + 1] end end
+-- the command line, parsed with lua-argparse (Debian: lua-argparse) before MPI starts; under
+-- mpirun every rank parses it, and only the launcher's rank 0 prints the help or the error
+local function parse(argv)
+  local found, argparse = pcall(require, "argparse")
+  local launcher_rank = tonumber(os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMI_RANK") or 0)
+  local quiet = launcher_rank ~= 0
+  if not found then
+    if not quiet then
+      io.stderr:write("dist_overhead.lua needs lua-argparse ",
+                      "(Debian: apt-get install lua-argparse)\n")
+    end
+    os.exit(2)
+  end
+  local p = argparse("dist_overhead.lua", "Host time of the tensor-parallel Linear beside Linear "
+                     .. "+ collective, collectives per step, SP all-gather bytes.")
+  p:add_help({ action = function()
+    if not quiet then print(p:get_help()) end
+    os.exit(0)
+  end })
+  p:option("--device", "cpu (MPI ranks) or cuda (NCCL)", "cpu"):choices({ "cpu", "cuda" })
+  function p:error(msg)
+    if not quiet then io.stderr:write(("%s\n\nError: %s\n"):format(self:get_usage(), msg)) end
+    os.exit(1)
+  end
+  return p:parse(argv)
+end
+
+local device = parse(arg).device
 
 lutra.dist.init()
 local world = lutra.dist.world()

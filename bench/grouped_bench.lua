@@ -15,32 +15,38 @@
 --     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/grouped_bench.lua [--part host|gemm|all]
 --     [--rows 16] [--in 64] [--out 64] [--batches 15] [--calls 200] [--quick]
---     [--floors-lib build/libhost_floors.so] [--device cuda|cpu]
+--     [--floors-lib build/libhost_floors.so] [--device cuda|cpu]   (--help lists them)
 -- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
 -- PyTorch at the same shapes: python3 bench/torch_grouped.py.
 local lutra = require("lutra")
 local ffi, nn = lutra.ffi, lutra.nn
 
-local o = { part = "all", rows = 16, ["in"] = 64, out = 64, batches = 15, calls = 200,
-            device = "cuda", ["floors-lib"] = "build/libhost_floors.so" }
-do
-  local i = 1
-  while i <= #arg do
-    local k = arg[i]:match("^%-%-(.+)$")
-    if k == "quick" then
-      o.quick, i = true, i + 1
-    elseif k and o[k] ~= nil and arg[i + 1] then
-      o[k] = type(o[k]) == "number" and assert(tonumber(arg[i + 1]), k) or arg[i + 1]
-      i = i + 2
-    else
-      io.stderr:write("usage: grouped_bench.lua [--part host|gemm|all] [--rows R] [--in K] ",
-                      "[--out N] [--batches B] [--calls C] [--quick] [--floors-lib F] ",
-                      "[--device cuda|cpu]\n")
-      os.exit(2)
-    end
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
+local function parse(argv)
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("grouped_bench.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
-  if o.quick then o.batches, o.calls = 3, 50 end
+  local p = argparse("grouped_bench.lua", "GroupedLinear host time per call beside its raw "
+                     .. "launches, and grouped GEMM throughput beside one dense GEMM.")
+  p:option("--part", "which benchmarks", "all"):choices({ "host", "gemm", "all" })
+  p:option("--rows", "rows per expert (host part)", "16", tonumber)
+  p:option("--in", "input features (host part)", "64", tonumber)
+  p:option("--out", "output features (host part)", "64", tonumber)
+  p:option("--batches", "timed batches per figure", "15", tonumber)
+  p:option("--calls", "calls per timed batch", "200", tonumber)
+  p:flag("--quick", "3 batches of 50 calls, fewer GEMM repetitions")
+  p:option("--floors-lib", "bench/host_floors.cu's library", "build/libhost_floors.so")
+   :target("floors-lib")
+  p:option("--device", "cuda or cpu (cpu: the host part on the CPU backend)", "cuda")
+   :choices({ "cuda", "cpu" })
+  local opt = p:parse(argv)
+  if opt.quick then opt.batches, opt.calls = 3, 50 end
+  return opt
 end
+
+local o = parse(arg)
 local DEV = o.device
 local CUDA = DEV == "cuda"
 if CUDA and not lutra.device_available("cuda") then

@@ -7,6 +7,7 @@
 --     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt      # (once; optional)
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/moe_permute.lua [--device cuda|cpu]
 --          [--floors-lib build/libhost_floors.so] [--out FILE.md] [--quick]
+--   (--help lists them)
 -- Bandwidth: per op a warm-up, then ITERS calls between two synchronizations; the time per call
 -- is the wall time / ITERS, the median of 5 such runs. "Moved" counts each byte a kernel must
 -- read or write once (rows, indices, probabilities); "copy" is lutra's tensor copy
@@ -21,21 +22,21 @@
 local lutra = require("lutra")
 local ffi, moe = lutra.ffi, lutra.moe
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { device = "cuda" }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if key == "quick" then
-      o.quick, i = true, i + 1
-    elseif (key == "device" or key == "floors-lib" or key == "out") and argv[i + 1] then
-      o[key], i = argv[i + 1], i + 2
-    else
-      io.stderr:write("usage: moe_permute.lua [--device cuda|cpu] [--floors-lib F] [--out F] [--quick]\n")
-      os.exit(2)
-    end
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("moe_permute.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
-  return o
+  local p = argparse("moe_permute.lua", "Bandwidth and host cost of the MoE routing kernels "
+                     .. "(router, permute, unpermute and their backwards).")
+  p:option("--device", "cuda or cpu (cpu: a smoke test)", "cuda"):choices({ "cuda", "cpu" })
+  p:option("--floors-lib", "bench/host_floors.cu's library (default build/libhost_floors.so)")
+   :target("floors-lib")
+  p:option("--out", "also write the tables to this markdown file")
+  p:flag("--quick", "one small shape, fewer runs and batches")
+  return p:parse(argv)
 end
 
 local opt = parse(arg)

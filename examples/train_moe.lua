@@ -2,7 +2,9 @@
 -- specialise: inputs come from several clusters, each with its own target function.
 --   luajit examples/train_moe.lua [--experts grouped|linear] [--recipe none|delayed|current|
 --          mxfp8|block] [--graph off|on] [--device cpu|cuda] [--steps 400] [--batch 256]
---          [--num-experts 8] [--clusters 8] [--k 2] [--hidden 64] [--lr 0.01] [--every 100] [--dtype auto]
+--          [--num-experts 8] [--clusters 8] [--k 2] [--hidden 64] [--lr 0.01] [--every 100]
+--          [--dtype auto|f32|bf16]
+-- (--help lists them with their defaults)
 -- The layer: router (a Linear + the fused softmax-top-k, lutra.moe.Router) -> permute
 -- (lutra.moe.Dispatcher: expert-contiguous rows and the device m_splits) -> expert MLP
 -- (nn.GroupedLinear -> GELU -> nn.GroupedLinear, one grouped GEMM each, reading the splits on
@@ -23,24 +25,34 @@ local lutra = require("lutra")
 local ffi = require("ffi")
 local nn, moe = lutra.nn, lutra.moe
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { experts = "grouped", recipe = "none", graph = "off", device = lutra.default_device,
-              steps = 400, batch = 256, ["num-experts"] = 8, clusters = 8, k = 2, hidden = 64,
-              lr = 1e-2, every = 100, dtype = "auto" }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if not key or o[key] == nil or argv[i + 1] == nil then
-      io.stderr:write("usage: train_moe.lua [--experts grouped|linear] [--recipe R] [--graph off|on] ",
-                      "[--device cpu|cuda] [--steps N] [--batch N] [--num-experts N] [--clusters N] ",
-                      "[--k N] [--hidden N] [--lr X] [--every N] [--dtype auto|f32|bf16]\n")
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
-    i = i + 2
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("train_moe.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
-  return o
+  local p = argparse("train_moe.lua", "Trains a top-2 mixture-of-experts feed-forward layer on "
+                     .. "clustered inputs whose experts must specialise.")
+  p:option("--experts", "grouped: nn.GroupedLinear; linear: the nn.Linear reference mode",
+           "grouped"):choices({ "grouped", "linear" })
+  p:option("--recipe", "FP8 recipe of the experts", "none")
+   :choices({ "none", "delayed", "current", "mxfp8", "block" })
+  p:option("--graph", "on (cuda, grouped): capture the step once and replay it", "off")
+   :choices({ "off", "on" })
+  p:option("--device", "cpu or cuda (LUTRA_DEVICE sets the default)", lutra.default_device)
+   :choices({ "cpu", "cuda" })
+  p:option("--steps", "training steps", "400", tonumber)
+  p:option("--batch", "tokens per step", "256", tonumber)
+  p:option("--num-experts", "experts", "8", tonumber):target("num-experts")
+  p:option("--clusters", "input clusters", "8", tonumber)
+  p:option("--k", "experts per token", "2", tonumber)
+  p:option("--hidden", "expert hidden width", "64", tonumber)
+  p:option("--lr", "AdamW learning rate", "0.01", tonumber)
+  p:option("--every", "print the loss every N steps", "100", tonumber)
+  p:option("--dtype", "the layer's dtype; auto: bf16 on cuda with grouped experts, else f32",
+           "auto"):choices({ "auto", "f32", "bf16" })
+  return p:parse(argv)
 end
 
 local opt = parse(arg)
@@ -50,9 +62,7 @@ local dev = opt.device
 -- so "auto" is bf16 there and f32 elsewhere (the linear reference mode copies f32 rows)
 local DT = opt.dtype
 if DT == "auto" then DT = (dev == "cuda" and opt.experts == "grouped") and "bf16" or "f32" end
-assert(DT == "f32" or DT == "bf16", "--dtype must be auto, f32 or bf16")
 assert(DT == "f32" or opt.experts == "grouped", "--experts linear runs in f32")
-assert(opt.experts == "grouped" or opt.experts == "linear", "--experts must be grouped or linear")
 if opt.graph == "on" and (dev ~= "cuda" or opt.experts ~= "grouped") then
   io.stderr:write("--graph on needs --device cuda and --experts grouped (the linear reference ",
                   "mode reads the splits on the host)\n")

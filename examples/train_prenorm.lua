@@ -4,6 +4,7 @@
 --   luajit examples/train_prenorm.lua [--recipe none|delayed|current|mxfp8|block] [--steps 300]
 --          [--blocks 4] [--hidden 64] [--ffn 64] [--batch 1024] [--lr 0.003]
 --          [--dtype f32|bf16] [--device cpu|cuda] [--every 50]
+-- (--help lists them with their defaults)
 -- The task: regression onto a fixed random "teacher" of the same shape but twice the depth, with
 -- larger weights, and more samples than the student can memorize, so the loss settles well above
 -- zero (where FP8's rounding is not what limits it); the targets are normalized, so a loss of 1
@@ -12,23 +13,28 @@
 local lutra = require("lutra")
 local nn = lutra.nn
 
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local o = { recipe = "delayed", steps = 300, blocks = 4, hidden = 64, ffn = 64, batch = 1024,
-              lr = 3e-3, dtype = "f32", device = lutra.default_device, every = 50 }
-  local i = 1
-  while i <= #argv do
-    local key = argv[i]:match("^%-%-(.+)$")
-    if not key or o[key] == nil or argv[i + 1] == nil then
-      io.stderr:write("usage: train_prenorm.lua [--recipe R] [--steps N] [--blocks N] ",
-                      "[--hidden N] [--ffn N] [--batch N] [--lr X] [--dtype f32|bf16] ",
-                      "[--device cpu|cuda] [--every N]\n")
-      os.exit(2)
-    end
-    local v = argv[i + 1]
-    o[key] = type(o[key]) == "number" and assert(tonumber(v), "--" .. key .. " needs a number") or v
-    i = i + 2
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("train_prenorm.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
   end
-  return o
+  local p = argparse("train_prenorm.lua",
+                     "Trains a pre-norm residual MLP stack with an FP8 recipe.")
+  p:option("--recipe", "FP8 recipe (none: high precision)", "delayed")
+   :choices({ "none", "delayed", "current", "mxfp8", "block" })
+  p:option("--steps", "training steps", "300", tonumber)
+  p:option("--blocks", "residual LayerNormMLP blocks", "4", tonumber)
+  p:option("--hidden", "hidden width", "64", tonumber)
+  p:option("--ffn", "feed-forward width", "64", tonumber)
+  p:option("--batch", "rows per step", "1024", tonumber)
+  p:option("--lr", "AdamW learning rate", "0.003", tonumber)
+  p:option("--dtype", "parameter and activation dtype", "f32"):choices({ "f32", "bf16" })
+  p:option("--device", "cpu or cuda (LUTRA_DEVICE sets the default)", lutra.default_device)
+   :choices({ "cpu", "cuda" })
+  p:option("--every", "print the loss every N steps", "50", tonumber)
+  return p:parse(argv)
 end
 
 local opt = parse(arg)

@@ -1,4 +1,5 @@
--- The command lines of examples/train_mlp.lua and bench/*.lua, parsed with lua-argparse: the
+-- The command lines of examples/train_{mlp,moe,prenorm}.lua and bench/*.lua, parsed with
+-- lua-argparse: the
 -- options and defaults they had, what a run prints reflects the parsed values, and bad values
 -- are refused with argparse's usage error. Skipped without lua-argparse.
 local I = require("spec.support.install_tree")
@@ -73,5 +74,102 @@ describe("command lines (lua-argparse)", function()
     local unknown_ok, unknown = run("bench/overhead.lua --bogus 1")
     assert.is_false(unknown_ok, unknown)
     assert(unknown:find("unknown option '--bogus'", 1, true), unknown)
+  end)
+  -- --help of each script lists every option with the default it had; a bad value, a bad choice
+  -- and an unknown option are each refused with argparse's usage error
+  local function check(script, wants, bads)
+    local name = script:match("([^/]+)$")
+    local ok, out = run(script .. " --help")
+    assert(ok, out)
+    assert(out:find("Usage: " .. name, 1, true), out)
+    for _, want in ipairs(wants) do
+      assert(out:find(want, 1, true), script .. ": " .. want .. " missing from\n" .. out)
+    end
+    for args, why in pairs(bads) do
+      local bad_ok, bad = run(script .. " " .. args)
+      assert.is_false(bad_ok, args .. " was accepted:\n" .. bad)
+      assert(bad:find(why, 1, true), script .. " " .. args .. ": " .. bad)
+      assert(bad:find("Usage: " .. name, 1, true), bad)
+    end
+  end
+
+  it("train_moe.lua: its options, defaults and refusals", function()
+    check("examples/train_moe.lua", {
+      "--experts {grouped,linear}", "(default: grouped)",
+      "--recipe {none,delayed,current,mxfp8,block}", "(default: none)",
+      "--graph {off,on}", "(default: off)", "--device {cpu,cuda}", "--steps", "(default: 400)",
+      "--batch", "(default: 256)", "--num-experts", "(default: 8)", "--clusters", "--k",
+      "(default: 2)", "--hidden", "(default: 64)", "--lr", "(default: 0.01)", "--every",
+      "(default: 100)", "--dtype {auto,f32,bf16}", "(default: auto)" }, {
+      ["--dtype f16"] = "must be one of 'auto', 'f32', 'bf16'",
+      ["--experts dense"] = "must be one of 'grouped', 'linear'",
+      ["--num-experts lots"] = "malformed argument 'lots'",
+      ["--expert linear"] = "unknown option '--expert'",
+    })
+  end)
+
+  it("train_moe.lua: the parsed values reach the run", function()
+    local _, out = run("examples/train_moe.lua --experts linear --device cpu --steps 2 --every 1 "
+                       .. "--num-experts 4 --clusters 4 --k 1 --batch 64 --hidden 16 --dtype f32")
+    assert(out:find("top-1 MoE, 4 experts (linear), 4 clusters, batch 64, recipe none, "
+                    .. "graph off, on cpu", 1, true), out)
+    assert(out:find("step     1  loss", 1, true) and out:find("step     2  loss", 1, true), out)
+    -- the cross-option rule stays: the linear reference mode runs in f32 only
+    local ok, bf = run("examples/train_moe.lua --experts linear --device cpu --dtype bf16 "
+                       .. "--steps 1")
+    assert.is_false(ok, bf)
+    assert(bf:find("--experts linear runs in f32", 1, true), bf)
+  end)
+
+  it("train_prenorm.lua: its options, defaults and refusals", function()
+    check("examples/train_prenorm.lua", {
+      "--recipe {none,delayed,current,mxfp8,block}", "(default: delayed)", "--steps",
+      "(default: 300)", "--blocks", "(default: 4)", "--hidden", "--ffn", "(default: 64)",
+      "--batch", "(default: 1024)", "--lr", "(default: 0.003)", "--dtype {f32,bf16}",
+      "(default: f32)", "--device {cpu,cuda}", "--every", "(default: 50)" }, {
+      ["--recipe fp4"] = "must be one of 'none', 'delayed'",
+      ["--blocks two"] = "malformed argument 'two'",
+      ["--dtype f64"] = "must be one of 'f32', 'bf16'",
+      ["--layers 2"] = "unknown option '--layers'",
+    })
+  end)
+
+  it("bench/grouped_bench.lua and bench/moe_permute.lua: their options, defaults and refusals",
+     function()
+    check("bench/grouped_bench.lua", {
+      "--part {host,gemm,all}", "(default: all)", "--rows", "(default: 16)", "--in", "--out",
+      "(default: 64)", "--batches", "(default: 15)", "--calls", "(default: 200)", "--quick",
+      "--floors-lib", "(default: build/libhost_floors.so)", "--device {cuda,cpu}",
+      "(default: cuda)" }, {
+      ["--part both"] = "must be one of 'host', 'gemm', 'all'",
+      ["--calls x"] = "malformed argument 'x'",
+      ["--device gpu"] = "must be one of 'cuda', 'cpu'",
+      ["--row 8"] = "unknown option '--row'",
+    })
+    check("bench/moe_permute.lua", {
+      "--device {cuda,cpu}", "(default: cuda)", "--floors-lib", "--out", "--quick" }, {
+      ["--device gpu"] = "must be one of 'cuda', 'cpu'",
+      ["--quick 1"] = "too many arguments",
+      ["--iters 3"] = "unknown option '--iters'",
+    })
+  end)
+
+  it("bench/dist_overhead.lua: --device only, and only launcher rank 0 speaks", function()
+    check("bench/dist_overhead.lua", { "--device {cpu,cuda}", "(default: cpu)" }, {
+      ["--device gpu"] = "must be one of 'cpu', 'cuda'",
+      ["--ranks 2"] = "unknown option '--ranks'",
+    })
+    -- another rank of the same mpirun (its launcher rank in the environment) exits the same
+    -- way without printing, so the help and the error appear once
+    local ok, out = run("bench/dist_overhead.lua --help 2>&1 | cat; " .. ENV ..
+                        "OMPI_COMM_WORLD_RANK=1 luajit bench/dist_overhead.lua --help")
+    assert(ok, out)
+    local _, helps = out:gsub("Usage: dist_overhead.lua", "")
+    assert.are.equal(1, helps, out)
+    local bad_ok, bad = run("bench/dist_overhead.lua --device gpu 2>&1 | cat; " .. ENV ..
+                            "OMPI_COMM_WORLD_RANK=1 luajit bench/dist_overhead.lua --device gpu")
+    assert.is_false(bad_ok, bad)
+    local _, errors = bad:gsub("must be one of", "")
+    assert.are.equal(1, errors, bad)
   end)
 end)
