@@ -1,7 +1,8 @@
 -- A CUDA build's kernels are compiled for sm_89 (Ada), sm_90 (Hopper) and, where the toolkit
 -- knows it, sm_100, with PTX of the newest for later GPUs: every kernels/*.cu contributes a
--- cubin per architecture and one PTX (cuobjdump over liblutra.so). Needs no GPU; skipped for a
--- CPU-only build or without cuobjdump.
+-- cubin per architecture and one PTX (cuobjdump over liblutra.so), except the Hopper-only files
+-- (kernels/*_sm90.cu: CUTLASS's warp-specialized grouped GEMM, wgmma and TMA), built for sm_90a
+-- alone. Needs no GPU; skipped for a CPU-only build or without cuobjdump.
 local I = require("spec.support.install_tree")
 
 describe("CUDA architectures", function()
@@ -18,12 +19,15 @@ describe("CUDA architectures", function()
 
   it("has sm_89, sm_90 (and sm_100) cubins and PTX for every kernel file", function()
     local _, list = I.sh("ls kernels/*.cu | wc -l")
-    local kernels = tonumber(list:match("%d+"))
+    local _, hopper_list = I.sh("ls kernels/*_sm90.cu 2>/dev/null | wc -l")
+    local hopper_only = tonumber(hopper_list:match("%d+")) or 0
+    local kernels = tonumber(list:match("%d+")) - hopper_only
     assert.is_true(kernels and kernels > 0, list)
     local ok, elf = I.sh(cuobjdump .. " --list-elf liblutra.so")
     assert(ok, elf)
     local count = {}
-    for arch in elf:gmatch("%.(sm_%d+)%.cubin") do count[arch] = (count[arch] or 0) + 1 end
+    for arch in elf:gmatch("%.(sm_%d+a?)%.cubin") do count[arch] = (count[arch] or 0) + 1 end
+    assert.are.equal(hopper_only, count.sm_90a or 0, "sm_90a cubins:\n" .. elf)
     assert.are.equal(kernels, count.sm_89, "sm_89 cubins:\n" .. elf)
     assert.are.equal(kernels, count.sm_90, "sm_90 cubins:\n" .. elf)
     local _, archs = I.sh((os.getenv("CUDA_HOME") or "/usr/local/cuda") .. "/bin/nvcc --list-gpu-arch")

@@ -513,7 +513,10 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
   return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT && c->forward_done && c->forward_grad &&
          input_known && c->forward_fp8 && qg && lutra_quantizer_takes_act(qg) &&
          (!lutra_act_is_gated(act) || c->out % 2 == 0) &&
-         c->forward_options.backward_override == LUTRA_BACKWARD_FP8;
+         c->forward_options.backward_override == LUTRA_BACKWARD_FP8 &&
+         /* a hybrid grad_output casts its columnwise copy with a quantizer of its own: the
+          * rowwise cast has no columnwise output to fuse the bias gradient into (CUDA) */
+         !c->qc[LUTRA_ROLE_GRAD_OUTPUT];
 }
 
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
