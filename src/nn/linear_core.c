@@ -74,7 +74,7 @@ static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
   return LUTRA_OK;
 }
 
-static int check_input(const lutra_linear_core *c, const lutra_tensor *x, const char *fn) {
+static inline int check_input(const lutra_linear_core *c, const lutra_tensor *x, const char *fn) {
   CHECK_ARG(x->dtype == c->dtype, "input dtype %s does not match the module's %s",
             lutra_dtype_name(x->dtype), lutra_dtype_name(c->dtype));
   CHECK_ARG(lutra_cols(x) == c->in, "input has %lld features, the module expects %lld",
@@ -233,10 +233,11 @@ static void act_out_shape(const lutra_tensor *pre, int act, int64_t *shape) {
 }
 
 /* The forward of x (the module's input), or, when pre is not NULL, of act_in(pre): x is then
- * c->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused). */
-static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pre,
-                        int act_in, const lutra_forward_args *a, int act, lutra_tensor **y,
-                        bool *fused, const char *fn) {
+ * c->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused).
+ * Inlined into its two callers: every forward runs it. */
+static inline __attribute__((always_inline)) int
+forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pre, int act_in,
+             const lutra_forward_args *a, int act, lutra_tensor **y, bool *fused, const char *fn) {
   TRY(check_input(c, x, fn));
   CHECK_ARG(act == LUTRA_ACT_NONE || lutra_linear_core_ends_in(act),
             "the forward cannot end in activation %d", act);
@@ -293,15 +294,13 @@ static int forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra
     TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
-    TRY(lutra_gemm_run(
-        &(lutra_gemm_op){
-            .a = c->weight,
-            .b = x,
-            .d = c->y,
-            .bias = c->skip_forward_bias ? NULL : c->bias,
-            .epilogue = epi,
-            .transa = true},
-        fn));
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->weight,
+                                        .b = x,
+                                        .d = c->y,
+                                        .bias = c->skip_forward_bias ? NULL : c->bias,
+                                        .epilogue = epi,
+                                        .transa = true},
+                       fn));
   }
   /* an inference forward is never backpropagated: it lets go of the last input too */
   lutra_tensor_hold(&c->x, grad ? x : NULL);
@@ -451,8 +450,8 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     int64_t xshape[LUTRA_MAX_DIMS];
     memcpy(xshape, c->x->shape, sizeof xshape);
     if (c->forward_gathered) xshape[0] *= c->gather_rows;
-    TRY(lutra_tensor_cache_get(
-        &c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device), &c->dx, fn));
+    TRY(lutra_tensor_cache_get(&c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device),
+                               &c->dx, fn));
   }
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
