@@ -12,8 +12,8 @@
 -- through the unpermute's gradient of the probabilities. FP8 (--recipe) covers the experts;
 -- the router stays in high precision, as TransformerEngine/Megatron keep it.
 --
--- --experts grouped (the default) needs nn.GroupedLinear (the GroupedLinear work of issue 13);
--- without it the script stops and says so. --experts linear is a documented REFERENCE mode: each
+-- --experts grouped (the default) runs the experts as nn.GroupedLinear (in bf16 on cuda, where
+-- its grouped GEMM has no f32 kernels: --dtype auto). --experts linear is a documented REFERENCE mode: each
 -- expert is an nn.Linear run over its slice of the permuted rows, with the splits read back by
 -- the host (a synchronization per layer and call, new buffers when the splits change, so no
 -- CUDA graph): slow, but the rest of the layer is the same code and can be checked anywhere.
@@ -181,11 +181,6 @@ local function make_experts(fin, fout, seed)
   local o = { seed = seed, device = dev }
   if opt.experts == "linear" then return host_grouped(E, fin, fout, o) end
   o.dtype = DT
-  if not nn.GroupedLinear then
-    io.stderr:write("nn.GroupedLinear is not in this build (it comes with the GroupedLinear work ",
-                    "of issue 13). Run with --experts linear for the host reference mode.\n")
-    os.exit(3)
-  end
   return nn.GroupedLinear(E, fin, fout, o)
 end
 

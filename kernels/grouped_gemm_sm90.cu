@@ -48,8 +48,10 @@
 
 #include <stdint.h>
 
-/* a named namespace: nvcc's host stubs of kernels templated on types in an anonymous namespace
- * that also pulls in cute's are ambiguous */
+/* The file's own code lives in a named namespace, not an anonymous one: for a __global__
+ * template instantiated with types from an anonymous namespace that also does `using namespace
+ * cute`, the host-side launch functions nvcc generates name those types ambiguously and the
+ * build fails. */
 namespace lk_grouped_sm90 {
 
 using namespace cute;

@@ -1,10 +1,9 @@
 -- examples/train_moe.lua runs and trains on the CPU in its --experts linear reference mode (each
 -- expert an nn.Linear over its rows, the rest of the layer the lutra.moe router, permute and
 -- unpermute), with and without FP8: the script itself exits 1 unless the loss falls below
--- 0.2 x the first and each cluster's top-1 routing is at least 80% one expert. Its default
--- --experts grouped needs nn.GroupedLinear: without it, it must stop with exit 3 and say so.
+-- 0.2 x the first and each cluster's top-1 routing is at least 80% one expert; and in its
+-- default --experts grouped mode (nn.GroupedLinear), f32 and bf16.
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
-local lutra = require("lutra")
 
 local function run(args)
   local p = assert(io.popen(string.format("{ %s examples/train_moe.lua %s; } 2>&1; echo \"exit=$?\"",
@@ -26,17 +25,12 @@ describe("examples/train_moe.lua", function()
     end)
   end
 
-  it("runs its default grouped mode with nn.GroupedLinear, or says that it needs it", function()
-    if lutra.nn.GroupedLinear then -- the GroupedLinear work is merged: the real thing trains
-      for _, recipe in ipairs { "none", "delayed" } do
-        local code, out = run("--device cpu --steps 200 --recipe " .. recipe)
-        assert.are.equal(0, code, out)
-      end
-      return
+  it("trains in its default grouped mode (nn.GroupedLinear), f32 and bf16", function()
+    for _, case in ipairs { { "none", "f32" }, { "delayed", "f32" }, { "none", "bf16" } } do
+      local code, out = run(string.format("--device cpu --steps 200 --recipe %s --dtype %s",
+                                          case[1], case[2]))
+      assert.are.equal(0, code, out)
     end
-    local code, out = run("--device cpu --steps 2")
-    assert.are.equal(3, code, out)
-    assert.matches("nn.GroupedLinear is not in this build", out, 1, true)
   end)
 
   it("refuses a graph without device splits", function()

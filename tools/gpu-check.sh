@@ -88,8 +88,8 @@ if has ncu; then
   note "ncu exit $?"
 fi
 if has moe; then
-  # MoE routing (lutra.moe): examples/train_moe.lua with GroupedLinear experts (exit 3 while
-  # nn.GroupedLinear is not built) eager, FP8 and as a CUDA graph, its linear reference mode,
+  # MoE routing (lutra.moe): examples/train_moe.lua with GroupedLinear experts (bf16 on cuda)
+  # eager, FP8 and as a CUDA graph, its linear reference mode,
   # and bench/moe_permute.lua (kernels against copy bandwidth, host cost against raw launches)
   for args in "--recipe none" "--recipe delayed" "--recipe mxfp8" "--recipe none --graph on" \
               "--recipe delayed --graph on" "--experts linear --recipe none"; do
