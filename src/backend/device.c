@@ -5,7 +5,6 @@
 #include "backend/cpu/cpu.h"
 #include "core/capture.h"
 #include "core/error.h"
-#include "gemm/gemm.h"
 
 #ifdef LUTRA_WITH_CUDA
 #include "backend/cuda/cuda_backend.h"
@@ -58,26 +57,4 @@ int lutra_cuda_set_stream(void *stream) {
   return lutra_error(LUTRA_EUNSUPPORTED, "lutra_cuda_set_stream",
                      "this liblutra was built without CUDA");
 #endif
-}
-
-/* The one-GEMM graphs are the CUDA backend's (backend/cuda/gemm_graphs.c); zero elsewhere. */
-int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches) {
-  static const char fn[] = "lutra_gemm_graph_stats";
-  CHECK_ARG(graphs && launches, "output pointers must not be NULL");
-  *graphs = *launches = 0;
-#ifdef LUTRA_WITH_CUDA
-  lutra_gemm_graphs_stats(graphs, launches);
-#endif
-  return LUTRA_OK;
-}
-
-int lutra_thread_caches(int *gemm, int *cuda) {
-  static const char fn[] = "lutra_thread_caches";
-  CHECK_ARG(gemm && cuda, "output pointers must not be NULL");
-  *gemm = lutra_gemm_live_threads();
-  *cuda = 0;
-#ifdef LUTRA_WITH_CUDA
-  *cuda = lutra_cuda_live_threads();
-#endif
-  return LUTRA_OK;
 }

@@ -12,10 +12,14 @@ extern int lutra_capture_threads;
 #define LUTRA_CAPTURING() (lutra_capture_threads && lutra_capture_active)
 bool lutra_capturing(void);
 
-/* What the graph being captured must keep: an object (module, loss, quantizer: its header's
- * refs and holds) or a tensor (its shell's refs). The graph drops them when freed, and refuses
- * to replay once one of them was freed (runtime/graph.c). */
-enum { LUTRA_HOLD_OBJECT = 0, LUTRA_HOLD_TENSOR = 1 };
+/* What the graph being captured must keep: a tensor (its shell's refs), or an object (module,
+ * loss, MoE router...: its header's refs and holds) with the function that drops a reference to
+ * it, its owner's free. The graph drops them when freed, and refuses to replay once one of them
+ * was freed (runtime/graph.c). The release function comes from the holder so that the graph,
+ * below nn/ in the layers, never names the kinds above it. */
+typedef int (*lutra_capture_release)(void *object);
+enum { LUTRA_HOLD_TENSOR = 1 };
 int lutra_capture_hold(int kind, void *p, const char *fn);
+int lutra_capture_hold_object(void *object, lutra_capture_release release, const char *fn);
 
 #endif

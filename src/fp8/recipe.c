@@ -42,6 +42,13 @@ void lutra_block_defaults(lutra_block_desc *d) {
   d->block_dim[LUTRA_ROLE_GRAD_OUTPUT] = 1;
 }
 
+/* every recipe starts with these (recipe_options.c makes recipes with others) */
+void lutra_recipe_options_defaults(lutra_recipe_options *o) {
+  if (!o) return;
+  *o = (lutra_recipe_options){.use_split_accumulator = {0, 1, 1},
+                              .backward_override = LUTRA_BACKWARD_FP8};
+}
+
 void lutra_custom_defaults(lutra_custom_desc *d) {
   if (!d) return;
   memset(d, 0, sizeof *d);

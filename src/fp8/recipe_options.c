@@ -4,12 +4,6 @@
 #include "core/object.h"
 #include "fp8/recipe.h"
 
-void lutra_recipe_options_defaults(lutra_recipe_options *o) {
-  if (!o) return;
-  *o = (lutra_recipe_options){.use_split_accumulator = {0, 1, 1},
-                              .backward_override = LUTRA_BACKWARD_FP8};
-}
-
 int lutra_recipe_options_of(const lutra_recipe *r, lutra_recipe_options *o) {
   static const char fn[] = "lutra_recipe_options_of";
   TRY(lutra_check_object(r, LUTRA_MAGIC_RECIPE, fn, "recipe"));

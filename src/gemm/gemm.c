@@ -19,6 +19,10 @@
 #include "core/trace.h"
 #include "runtime/tensor.h"
 
+#ifdef LUTRA_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -86,7 +90,9 @@ static void register_thread(const lutra_backend *be) {
   }
 }
 
-int lutra_gemm_live_threads(void) {
+/* Threads whose GEMM plans (or per-thread workspace) are still held: each thread's are freed
+ * when it exits. For the thread checks (tools/threads_check.c, through lutra_thread_caches). */
+static int gemm_live_threads(void) {
   return atomic_load(&live_threads);
 }
 
@@ -474,5 +480,27 @@ int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {
     else
       *workspace_bytes += tg.workspaces[i].bytes;
   }
+  return LUTRA_OK;
+}
+
+/* The one-GEMM graphs are the CUDA backend's (backend/cuda/gemm_graphs.c); zero elsewhere. */
+int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches) {
+  static const char fn[] = "lutra_gemm_graph_stats";
+  CHECK_ARG(graphs && launches, "output pointers must not be NULL");
+  *graphs = *launches = 0;
+#ifdef LUTRA_WITH_CUDA
+  lutra_gemm_graphs_stats(graphs, launches);
+#endif
+  return LUTRA_OK;
+}
+
+int lutra_thread_caches(int *gemm, int *cuda) {
+  static const char fn[] = "lutra_thread_caches";
+  CHECK_ARG(gemm && cuda, "output pointers must not be NULL");
+  *gemm = gemm_live_threads();
+  *cuda = 0;
+#ifdef LUTRA_WITH_CUDA
+  *cuda = lutra_cuda_live_threads();
+#endif
   return LUTRA_OK;
 }

@@ -22,8 +22,4 @@ typedef struct lutra_gemm_op {
  * it; errors name fn. */
 int lutra_gemm_run(const lutra_gemm_op *op, const char *fn);
 
-/* Threads whose GEMM plans (or per-thread workspace) are still held: each thread's are freed
- * when it exits. For the thread checks (tools/threads_check.c, through lutra_thread_caches). */
-int lutra_gemm_live_threads(void);
-
 #endif

@@ -76,6 +76,11 @@ static int check_target(const lutra_loss *l, const lutra_tensor *pred, const lut
   return LUTRA_OK;
 }
 
+/* a captured graph drops its reference to the loss through this */
+static int release_loss(void *p) {
+  return lutra_loss_free(p);
+}
+
 int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tensor *target,
                        lutra_tensor **loss) {
   static const char fn[] = "lutra_loss_forward";
@@ -131,7 +136,7 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   l->forward_done = true;
   l->classes = lutra_cols(pred);
   if (LUTRA_CAPTURING()) {
-    TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, l, fn));
+    TRY(lutra_capture_hold_object(l, release_loss, fn));
     TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)pred, fn));
     TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)target, fn));
   }

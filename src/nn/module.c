@@ -53,11 +53,16 @@ const char *lutra_module_kind(const lutra_module *m) {
   return m->ops->kind;
 }
 
+/* a captured graph drops its reference to the module through this */
+static int release_module(void *p) {
+  return lutra_module_free(p);
+}
+
 /* A graph replays into these buffers: it keeps the module and both tensors referenced, and
  * refuses to replay once one of them was freed. */
 static int hold_captured(lutra_module *m, const lutra_tensor *in, const lutra_tensor *out,
                          const char *fn) {
-  TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, m, fn));
+  TRY(lutra_capture_hold_object(m, release_module, fn));
   TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)in, fn));
   if (out) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)out, fn));
   return LUTRA_OK;

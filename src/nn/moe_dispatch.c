@@ -149,10 +149,15 @@ static lutra_permute_args base_args(const lutra_moe_dispatch *d, int64_t hidden,
                               .bad_index = d->bad_index ? d->bad_index->data : NULL};
 }
 
+/* a captured graph drops its reference to the dispatcher through this */
+static int release_dispatch(void *p) {
+  return lutra_moe_dispatch_free(p);
+}
+
 static int hold_in_capture(lutra_moe_dispatch *d, const lutra_tensor *a, const lutra_tensor *b,
                            const char *fn) {
   if (!LUTRA_CAPTURING()) return LUTRA_OK;
-  TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, d, fn));
+  TRY(lutra_capture_hold_object(d, release_dispatch, fn));
   TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)a, fn));
   if (b) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)b, fn));
   return LUTRA_OK;

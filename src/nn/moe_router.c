@@ -86,6 +86,11 @@ static lutra_topk_args router_args(const lutra_moe_router *r, const lutra_tensor
                            .scaling_factor = r->d.scaling_factor};
 }
 
+/* a captured graph drops its reference to the router through this */
+static int release_router(void *p) {
+  return lutra_moe_router_free(p);
+}
+
 int lutra_moe_router_forward(lutra_moe_router *r, const lutra_tensor *logits, lutra_tensor **probs,
                              lutra_tensor **indices) {
   static const char fn[] = "lutra_moe_router_forward";
@@ -121,7 +126,7 @@ int lutra_moe_router_forward(lutra_moe_router *r, const lutra_tensor *logits, lu
   lutra_tensor_commit(&r->indices, idx);
   lutra_tensor_hold(&r->logits, logits);
   if (LUTRA_CAPTURING()) {
-    TRY(lutra_capture_hold(LUTRA_HOLD_OBJECT, r, fn));
+    TRY(lutra_capture_hold_object(r, release_router, fn));
     TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)logits, fn));
   }
   *probs = r->probs;

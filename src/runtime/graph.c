@@ -29,8 +29,8 @@
 #include <stdlib.h>
 
 typedef struct held {
-  int kind; /* LUTRA_HOLD_* */
   void *p;
+  lutra_capture_release release; /* NULL: p is a tensor */
 } held;
 
 typedef struct held_list {
@@ -53,37 +53,18 @@ static _Thread_local held_list capture_held;
 static void drop_held(held_list *l) {
   for (int i = 0; i < l->n; i++) {
     void *p = l->items[i].p;
-    if (l->items[i].kind == LUTRA_HOLD_TENSOR) {
+    if (!l->items[i].release) {
       lutra_tensor_unref(p);
       continue;
     }
-    lutra_object *o = p;
-    o->holds--;
-    switch (o->magic) {
-    case LUTRA_MAGIC_MODULE:
-      lutra_module_free(p);
-      break;
-    case LUTRA_MAGIC_LOSS:
-      lutra_loss_free(p);
-      break;
-    case LUTRA_MAGIC_QUANTIZER:
-      lutra_quantizer_unref(p);
-      break;
-    case LUTRA_MAGIC_MOE_ROUTER:
-      lutra_moe_router_free(p);
-      break;
-    case LUTRA_MAGIC_MOE_DISPATCH:
-      lutra_moe_dispatch_free(p);
-      break;
-    default:
-      o->refs--;
-    }
+    ((lutra_object *)p)->holds--;
+    l->items[i].release(p); /* drops the graph's reference; frees the object if it was the last */
   }
   free(l->items);
   *l = (held_list){0};
 }
 
-int lutra_capture_hold(int kind, void *p, const char *fn) {
+static int hold(void *p, lutra_capture_release release, const char *fn) {
   held_list *l = &capture_held;
   /* a step passes the same objects again and again: the recent ones are enough to dedupe */
   for (int i = l->n - 1; i >= 0 && i >= l->n - 8; i--)
@@ -95,21 +76,31 @@ int lutra_capture_hold(int kind, void *p, const char *fn) {
     l->items = items;
     l->cap = cap;
   }
-  if (kind == LUTRA_HOLD_TENSOR) {
+  if (!release) {
     lutra_tensor_retain(p);
   } else {
     lutra_object *o = p;
     o->refs++;
     o->holds++;
   }
-  l->items[l->n++] = (held){kind, p};
+  l->items[l->n++] = (held){p, release};
   return LUTRA_OK;
+}
+
+int lutra_capture_hold(int kind, void *p, const char *fn) {
+  if (kind != LUTRA_HOLD_TENSOR) return lutra_error(LUTRA_EINVAL, fn, "unknown capture hold kind");
+  return hold(p, NULL, fn);
+}
+
+int lutra_capture_hold_object(void *object, lutra_capture_release release, const char *fn) {
+  if (!release) return lutra_error(LUTRA_EINVAL, fn, "a held object needs its release function");
+  return hold(object, release, fn);
 }
 
 static int check_held(const held_list *l, const char *fn) {
   for (int i = 0; i < l->n; i++) {
     const held *h = &l->items[i];
-    if (h->kind == LUTRA_HOLD_TENSOR) {
+    if (!h->release) {
       const lutra_tensor *t = h->p;
       CHECK_STATE(!(t->flags & LUTRA_TENSOR_FREED),
                   "a tensor this graph uses was freed (or replaced by its module, e.g. by a "
