@@ -1,5 +1,5 @@
 -- Host cost per training step of a Lua scaling rule beside the built-in delayed update:
---   luajit bench/rules_overhead.lua [--device cpu|cuda] [--steps 2000] [--depth 4]
+--   luajit bench/rules_overhead.lua [--device cpu|cuda] [--steps 2000] [--depth 4] [--reps 5]
 -- The same MLP (depth Linears of 64 features, batch 64, GELUs between) trained under
 -- lutra.recipe.delayed{amax_history_len = 16} and under the same recipe with a Lua rule (the
 -- lab's ema_rule); per step: wall time (on CUDA a step with a Lua rule waits twice for the
@@ -8,12 +8,25 @@
 local lutra = require("lutra")
 local nn = lutra.nn
 
-local o = { device = lutra.default_device, steps = 2000, depth = 4 }
-for i = 1, #arg, 2 do
-  local k = arg[i]:match("^%-%-(.+)$")
-  assert(k and o[k] ~= nil and arg[i + 1], "usage: rules_overhead.lua [--device D] [--steps N] [--depth N]")
-  o[k] = tonumber(arg[i + 1]) or arg[i + 1]
+-- the command line, parsed with lua-argparse (Debian: lua-argparse)
+local function parse(argv)
+  local found, argparse = pcall(require, "argparse")
+  if not found then
+    io.stderr:write("rules_overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
+    os.exit(2)
+  end
+  local p = argparse("rules_overhead.lua",
+                     "Host cost per training step of a Lua scaling rule beside the built-in one.")
+  p:option("--device", "cpu or cuda (LUTRA_DEVICE sets the default)", lutra.default_device)
+   :choices({ "cpu", "cuda" })
+  p:option("--steps", "timed steps per repetition", "2000", tonumber)
+  p:option("--depth", "Linears in the MLP", "4", tonumber)
+  p:option("--reps", "repetitions, the two recipes interleaved; the median is printed", "5",
+           tonumber)
+  return p:parse(argv)
 end
+
+local o = parse(arg)
 
 local function ema_rule(amax, old_scale, fp8_max, margin)
   local top = fp8_max / 2 ^ (margin + 1)
@@ -56,10 +69,30 @@ local function bench(recipe)
   return total / o.steps * 1e6, update / o.steps * 1e6
 end
 
-print(string.format("device %s, %d Linears of 64, %d steps (us per step)", o.device, o.depth, o.steps))
+-- the recipes are interleaved, each repetition with fresh modules, so that a load that comes
+-- and goes on the machine reaches both alike; the median and the range are printed
+local function median(t)
+  table.sort(t)
+  local n = #t
+  return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
+end
+
+local steps, updates = {}, {}
+for i = 1, #recipes do steps[i], updates[i] = {}, {} end
+for _ = 1, o.reps do
+  for i, r in ipairs(recipes) do
+    local step, upd = bench(r[2])
+    steps[i][#steps[i] + 1], updates[i][#updates[i] + 1] = step, upd
+  end
+end
+
+print(string.format("device %s, %d Linears of 64, %d steps x %d repetitions (us per step: "
+                    .. "median [min, max])", o.device, o.depth, o.steps, o.reps))
 print("| recipe | step (forward, exit, backward) | exit + backward |")
 print("|---|---:|---:|")
-for _, r in ipairs(recipes) do
-  local step, upd = bench(r[2])
-  print(string.format("| %s | %.1f | %.1f |", r[1], step, upd))
+for i, r in ipairs(recipes) do
+  local s, u = steps[i], updates[i]
+  local ms, mu = median(s), median(u)
+  print(string.format("| %s | %.1f [%.1f, %.1f] | %.1f [%.1f, %.1f] |", r[1], ms, s[1], s[#s], mu,
+                      u[1], u[#u]))
 end

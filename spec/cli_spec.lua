@@ -93,6 +93,21 @@ describe("command lines (lua-argparse)", function()
     end
   end
 
+  it("bench/rules_overhead.lua: its options, defaults and refusals; a short run prints both rows",
+     function()
+    check("bench/rules_overhead.lua", {
+      "--device {cpu,cuda}", "--steps", "(default: 2000)", "--depth", "(default: 4)", "--reps",
+      "(default: 5)" }, {
+      ["--reps some"] = "malformed argument 'some'",
+      ["--device tpu"] = "must be one of 'cpu', 'cuda'",
+      ["--rep 2"] = "unknown option '--rep'",
+    })
+    local ok, out = run("bench/rules_overhead.lua --device cpu --steps 3 --depth 2 --reps 1")
+    assert(ok, out)
+    assert(out:find("2 Linears of 64, 3 steps x 1 repetitions", 1, true), out)
+    assert(out:find("| built-in delayed |", 1, true) and out:find("| Lua rule |", 1, true), out)
+  end)
+
   it("train_moe.lua: its options, defaults and refusals", function()
     check("examples/train_moe.lua", {
       "--experts {grouped,linear}", "(default: grouped)",
