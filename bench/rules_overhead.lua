@@ -4,7 +4,8 @@
 -- lutra.recipe.delayed{amax_history_len = 16} and under the same recipe with a Lua rule (the
 -- lab's ema_rule); per step: wall time (on CUDA a step with a Lua rule waits twice for the
 -- device: the histories' copy to the host at the scope's exit and at the backward trigger) and
--- the time of the scope exit plus the backward, where the updates run.
+-- the time of the scope exit plus the backward, where the updates run, and of the exit alone
+-- (the forward roles' update, without the backward's GEMMs around it).
 local lutra = require("lutra")
 local nn = lutra.nn
 
@@ -51,22 +52,24 @@ local function bench(recipe)
   local dy = lutra.tensor({ 64, 64 }, "f32", o.device):randn(2, 0, 0.01)
   local scope = lutra.autocast { recipe = recipe }
   local now = lutra.now
-  local total, update = 0, 0
+  local total, update, exit = 0, 0, 0
   for step = 1, o.steps + 100 do
     local t0 = now()
     scope:enter()
     net:forward(x)
     local t1 = now()
     scope:exit()
-    net:backward(dy, false)
     local t2 = now()
+    net:backward(dy, false)
+    local t3 = now()
     if step > 100 then -- warm-up (plans, buffers, traces) excluded
-      total = total + (t2 - t0)
-      update = update + (t2 - t1)
+      total = total + (t3 - t0)
+      update = update + (t3 - t1)
+      exit = exit + (t2 - t1)
     end
   end
   lutra.synchronize(o.device)
-  return total / o.steps * 1e6, update / o.steps * 1e6
+  return total / o.steps * 1e6, update / o.steps * 1e6, exit / o.steps * 1e6
 end
 
 -- the recipes are interleaved, each repetition with fresh modules, so that a load that comes
@@ -77,22 +80,24 @@ local function median(t)
   return n % 2 == 1 and t[(n + 1) / 2] or (t[n / 2] + t[n / 2 + 1]) / 2
 end
 
-local steps, updates = {}, {}
-for i = 1, #recipes do steps[i], updates[i] = {}, {} end
+local steps, updates, exits = {}, {}, {}
+for i = 1, #recipes do steps[i], updates[i], exits[i] = {}, {}, {} end
 for _ = 1, o.reps do
   for i, r in ipairs(recipes) do
-    local step, upd = bench(r[2])
-    steps[i][#steps[i] + 1], updates[i][#updates[i] + 1] = step, upd
+    local step, upd, ex = bench(r[2])
+    steps[i][#steps[i] + 1], updates[i][#updates[i] + 1], exits[i][#exits[i] + 1] = step, upd, ex
   end
 end
 
 print(string.format("device %s, %d Linears of 64, %d steps x %d repetitions (us per step: "
                     .. "median [min, max])", o.device, o.depth, o.steps, o.reps))
-print("| recipe | step (forward, exit, backward) | exit + backward |")
-print("|---|---:|---:|")
+print("| recipe | step (forward, exit, backward) | exit + backward | exit (the forward roles' update) |")
+print("|---|---:|---:|---:|")
+local function cell(t)
+  local m = median(t)
+  return string.format("%.1f [%.1f, %.1f]", m, t[1], t[#t])
+end
 for i, r in ipairs(recipes) do
-  local s, u = steps[i], updates[i]
-  local ms, mu = median(s), median(u)
-  print(string.format("| %s | %.1f [%.1f, %.1f] | %.1f [%.1f, %.1f] |", r[1], ms, s[1], s[#s], mu,
-                      u[1], u[#u]))
+  print(string.format("| %s | %s | %s | %s |", r[1], cell(steps[i]), cell(updates[i]),
+                      cell(exits[i])))
 end
