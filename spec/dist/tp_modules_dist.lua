@@ -344,6 +344,7 @@ describe("dist tensor-parallel LayerNormLinear and LayerNormMLP", function()
                    err)
     -- as TE: whatever the group size (one rank too), the norm and sequence parallelism
     for _, opts in ipairs({ { parallel_mode = "row", tp_group = w:split(rank, 0) },
+                            { parallel_mode = "row" },
                             { parallel_mode = "row", tp_group = g, sequence_parallel = true },
                             { parallel_mode = "row", tp_group = g, normalization = "RMSNorm" } }) do
       ok, err = pcall(lutra.nn.LayerNormLinear, 8 * n, 4 * n, opts)
