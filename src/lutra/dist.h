@@ -113,8 +113,10 @@ LUTRA_API int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_
  * part of it, or a model that contains it; made before or after the sync), so begin, backward,
  * step is a whole data-parallel step, on the CPU (the host waits for MPI) and on CUDA (the
  * step's kernels run on lutra's stream, which waits for the comm stream's event: no host wait).
- * DDP finishes at the end of the backward instead; lutra's backward is a chain of module calls
- * with no last one to hook, and the step is the first reader of the averaged gradients. Code
+ * The sync is not handed to the optimizer: a DDP user never gives the wrapper to the optimizer,
+ * and either may be made first. DDP finishes at the end of the backward instead; lutra's
+ * backward is a chain of module calls with no last one to hook, and the step is the first
+ * reader of the averaged gradients. Code
  * that reads them before the step (clipping, inspection) calls finish first. The lookup of
  * which sync covers an optimizer's gradients runs once per (optimizer, sync); a step with no
  * sync armed pays one thread-local test. With a CUDA graph, the same calls are captured.
