@@ -255,7 +255,7 @@ bench: all
 # process groups: host time of the parallel Linear beside Linear + collective, collectives per
 # step of a 16-layer TP MLP, SP all-gather bytes (bench/dist_overhead.lua; 2 MPI ranks on the cpu)
 bench-dist: all
-	$(RUN_ENV) OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe -np 2 -x LUA_PATH \
+	$(RUN_ENV) OPENBLAS_NUM_THREADS=1 mpirun --allow-run-as-root --oversubscribe --bind-to core -np 2 -x LUA_PATH \
 	  $(LUAJIT) bench/dist_overhead.lua $(ARGS)
 
 # the library with its version links, the headers, lutra.pc, and the Lua front; the front's

@@ -197,6 +197,12 @@ describe("bad inputs: modules and losses", function()
     { "backward of a string", function() m:backward("dy") end, "module:backward", "grad_output must be a tensor" },
     { "backward input_grad 0", function() m:backward(dy, 0) end, "module:backward", "input_grad must be a boolean" },
     { "quantizer of an unknown role", function() m:quantizer("bias") end, "module:quantizer", "unknown role 'bias'" },
+    -- as TransformerEngine: refused whatever the group (none here), MPI or not
+    { "row-parallel LayerNormLinear", function() nn.LayerNormLinear(16, 8, { parallel_mode = "row" }) end,
+      "lutra_layernorm_linear_parallel_new", "row-parallel is not supported (TransformerEngine refuses it too)" },
+    { "row-parallel + SP LayerNormLinear", function()
+        nn.LayerNormLinear(16, 8, { parallel_mode = "row", sequence_parallel = true })
+      end, "lutra_layernorm_linear_parallel_new", "the norm over the full hidden needs every feature of a row" },
   }
 
   local loss = nn.MSELoss()

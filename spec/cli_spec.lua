@@ -169,10 +169,14 @@ describe("command lines (lua-argparse)", function()
     })
   end)
 
-  it("bench/dist_overhead.lua: --device only, and only launcher rank 0 speaks", function()
-    check("bench/dist_overhead.lua", { "--device {cpu,cuda}", "(default: cpu)" }, {
+  it("bench/dist_overhead.lua: --device, --reps, --calls, and only launcher rank 0 speaks",
+     function()
+    check("bench/dist_overhead.lua", { "--device {cpu,cuda}", "(default: cpu)", "--reps",
+                                       "(default: 41)", "--calls", "(default: 0)" }, {
       ["--device gpu"] = "must be one of 'cpu', 'cuda'",
       ["--ranks 2"] = "unknown option '--ranks'",
+      ["--reps 0"] = "--reps must be a whole number >= 1",
+      ["--calls 1.5"] = "--calls must be a whole number >= 0",
     })
     -- another rank of the same mpirun (its launcher rank in the environment) exits the same
     -- way without printing, so the help and the error appear once

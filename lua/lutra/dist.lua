@@ -133,8 +133,10 @@ function M.grad_sync(group, module, opts)
   return ffi.gc(sync_box[0], C.lutra_grad_sync_free)
 end
 -- sync:begin() before the backward starts each bucket's all-reduce as soon as its gradients
--- are done (overlapped with the rest of the backward); sync:finish() before the optimizer step
--- waits for them; sync:run() does both after the backward
+-- are done (overlapped with the rest of the backward); the optimizer's step waits for them by
+-- itself (an optimizer over any of the synced parameters); sync:finish() waits now, for code
+-- that reads the gradients before the step (a second finish does nothing); sync:run() is
+-- begin (when not armed) + finish after the backward
 function Sync:begin() check(C.lutra_grad_sync_begin(self)) end
 function Sync:finish() check(C.lutra_grad_sync_finish(self)) end
 function Sync:run() check(C.lutra_grad_sync_run(self)) end

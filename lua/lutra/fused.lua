@@ -60,8 +60,14 @@ function M.LayerNormLinear(in_features, out_features, opts)
                                        where, 0)
   -- tensor parallel (lutra/tp_modules.h): column only; the features given are the full layer's
   if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
-    check(C.lutra_layernorm_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where),
-                                                module_box))
+    local tp
+    if opts.parallel_mode == "row" then
+      -- refused whatever the group (as TransformerEngine refuses it): the C call says why
+      tp = ffi.new("lutra_tp_desc", { mode = C.LUTRA_TP_ROW })
+    else
+      tp = require("lutra.dist").tp_desc(opts, where)
+    end
+    check(C.lutra_layernorm_linear_parallel_new(d, tp, module_box))
     return own(module_box[0])
   end
   check(C.lutra_layernorm_linear_new(d, module_box))

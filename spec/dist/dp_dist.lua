@@ -121,8 +121,115 @@ describe("dist data parallel", function()
       sync:finish()
       close(grads(mine), want, 1e-12, "gradient")
     end
-    local ok, err = pcall(sync.finish, sync)
+    -- finish is idempotent: a second one has nothing to wait for
+    local before = g:stats().all_reduce
+    sync:finish()
+    assert.are.equal(before, g:stats().all_reduce)
+    -- a sync never armed has nothing to finish: that is the caller's mistake
+    local fresh = lutra.dist.grad_sync(g, mine)
+    local ok, err = pcall(fresh.finish, fresh)
     assert.is_false(ok)
     assert.matches("lutra_grad_sync_finish: not armed", err)
+  end)
+end)
+
+-- The optimizer step waits for the sync by itself (as a PyTorch optimizer over a DDP model's
+-- parameters does): begin, backward, step is a whole data-parallel step, and an explicit finish
+-- (twice: it is idempotent) changes nothing. Two steps on fresh batches, SGD with momentum or
+-- AdamW, so the second step reads state the first left; the gradients and the parameters after
+-- each step against one process stepping on the whole batch.
+describe("dist data parallel: the optimizer step waits for the gradients", function()
+  local w = D.world()
+  local rank, n = w:rank(), w:size()
+  local B = 4 * n
+
+  local function optimizer(kind, m)
+    if kind == "adamw" then return lutra.optim.AdamW(m, { lr = 1e-2 }) end
+    return lutra.optim.SGD(m, { lr = 0.1, momentum = 0.9 })
+  end
+
+  for _, cfg in ipairs({ { dtype = "f32", tol = 1e-12 },
+                         { dtype = "f32", optim = "adamw", tol = 1e-12 },
+                         { dtype = "f32", main = true, tol = 1e-12 },
+                         -- bf16 parameters: the optimizer steps f32 masters
+                         { dtype = "bf16", tol = 1e-4 },
+                         { dtype = "bf16", main = true, tol = 1e-4 } }) do
+    for _, explicit in ipairs({ false, true }) do
+      local what = string.format("%s%s, %s, %s", cfg.dtype,
+                                 cfg.main and " with accumulate_main_grad" or "",
+                                 cfg.optim or "sgd",
+                                 explicit and "finish called twice before the step"
+                                   or "no finish: the step waits")
+      it(what .. ": two steps on half the batch each equal one rank on the whole", function()
+        local dtype = cfg.dtype
+        local whole, mine = net(cfg), net(cfg)
+        local wopt = optimizer(cfg.optim, whole)
+        -- made before the sync: the step finds the sync by the gradients it reads
+        local opt = optimizer(cfg.optim, mine)
+        local g = w:split(0, rank)
+        local es = dtype == "f32" and 4 or 2
+        local sync = lutra.dist.grad_sync(g, mine, { bucket_bytes = (IN * HID + HID) * es })
+        for s = 1, 2 do
+          local X = D.rank_data(B * IN, s, 71, dtype):reshape({ B, IN })
+          local T = D.rank_data(B * OUT, s, 72, dtype):reshape({ B, OUT })
+          if cfg.main then whole:zero_grad(); mine:zero_grad() end
+          step(whole, nil, X, T)
+          local want = grads(whole, cfg.main)
+          wopt:step()
+
+          local x = rows(X, IN, rank * 4, rank * 4 + 4, dtype)
+          local t = rows(T, OUT, rank * 4, rank * 4 + 4, dtype)
+          local loss = lutra.nn.MSELoss()
+          loss:forward(mine:forward(x), t)
+          sync:begin()
+          local before = g:stats().all_reduce
+          mine:backward(loss:backward(), false)
+          if explicit then
+            sync:finish()
+            sync:finish()
+          end
+          opt:step()
+          local buckets, _, early = sync:info()
+          assert.are.equal(buckets, g:stats().all_reduce - before)
+          assert.are.equal(buckets, early) -- every bucket started inside the backward
+          close(grads(mine, cfg.main), want, cfg.tol, "gradient at step " .. s)
+          close(values(mine), values(whole), cfg.tol, "parameter after step " .. s)
+          sync:finish() -- nothing left to wait for: a no-op after the step's
+        end
+      end)
+    end
+  end
+
+  it("an optimizer over part of the synced model waits for all of it; one over other "
+     .. "parameters does not touch the sync", function()
+    local g = w:split(0, rank)
+    local X = D.rank_data(B * IN, 0, 73):reshape({ B, IN })
+    local T = D.rank_data(B * OUT, 0, 74):reshape({ B, OUT })
+    local whole = net({})
+    step(whole, nil, X, T)
+    local want = grads(whole)
+    local l1 = lutra.nn.Linear(IN, HID, { seed = 1 })
+    local l2 = lutra.nn.Linear(HID, OUT, { seed = 2 })
+    local mine = lutra.nn.Sequential(l1, lutra.nn.GELU(), l2)
+    local sync = lutra.dist.grad_sync(g, mine, { bucket_bytes = (HID * OUT + OUT) * 4 })
+    local other = lutra.nn.Linear(IN, OUT, { seed = 3 })
+    other:forward(D.rank_data(4 * IN, rank, 75):reshape({ 4, IN }))
+    other:backward(D.rank_data(4 * OUT, rank, 76):reshape({ 4, OUT }))
+    local other_opt = lutra.optim.SGD(other, { lr = 0.1 })
+    local x = rows(X, IN, rank * 4, rank * 4 + 4, "f32")
+    local t = rows(T, OUT, rank * 4, rank * 4 + 4, "f32")
+    local loss = lutra.nn.MSELoss()
+    loss:forward(mine:forward(x), t)
+    sync:begin()
+    mine:backward(loss:backward(), false)
+    other_opt:step() -- reads none of the synced gradients: the sync stays armed
+    local ok, err = pcall(sync.begin, sync)
+    assert.is_false(ok)
+    assert.matches("lutra_grad_sync_begin: already armed", err)
+    local part = lutra.optim.SGD(l2, { lr = 0.1 }) -- made after the sync
+    part:step()
+    close(grads(mine), want, 1e-12, "gradient")
+    sync:begin() -- disarmed by the step
+    sync:finish()
   end)
 end)

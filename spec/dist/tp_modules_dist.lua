@@ -338,7 +338,19 @@ describe("dist tensor-parallel LayerNormLinear and LayerNormMLP", function()
     local ok, err = pcall(lutra.nn.LayerNormLinear, 8 * n, 4 * n, { parallel_mode = "row",
                                                                     tp_group = g })
     assert.is_false(ok)
-    assert.matches("lutra_layernorm_linear_parallel_new: row%-parallel is not supported", err)
+    assert.matches("lutra_layernorm_linear_parallel_new: row%-parallel is not supported "
+                   .. "%(TransformerEngine refuses it too%): its input would be a shard of the "
+                   .. "features, and the norm over the full hidden needs every feature of a row",
+                   err)
+    -- as TE: whatever the group size (one rank too), the norm and sequence parallelism
+    for _, opts in ipairs({ { parallel_mode = "row", tp_group = w:split(rank, 0) },
+                            { parallel_mode = "row" },
+                            { parallel_mode = "row", tp_group = g, sequence_parallel = true },
+                            { parallel_mode = "row", tp_group = g, normalization = "RMSNorm" } }) do
+      ok, err = pcall(lutra.nn.LayerNormLinear, 8 * n, 4 * n, opts)
+      assert.is_false(ok)
+      assert.matches("lutra_layernorm_linear_parallel_new: row%-parallel is not supported", err)
+    end
     ok, err = pcall(lutra.nn.LayerNormLinear, 8 * n, 4 * n, { tp_group = g })
     assert.is_false(ok)
     assert.matches("lutra.nn.LayerNormLinear: parallel_mode must be \"column\" or \"row\"", err)

@@ -6,8 +6,9 @@
 --     luajit /usr/bin/busted --lpath="lua/?.lua;lua/?/init.lua" --pattern=dist_gpu spec/gpu
 -- Against the CPU backend: tensor-parallel Linear (column / row / sequence parallel) vs the
 -- plain Linear, the autocast amax all-reduce (counted, and the same scales as without a group),
--- data-parallel gradient buckets, and a tensor-parallel step captured in a CUDA graph (NCCL
--- inside the capture) replaying to the eager results. LUTRA_TEST_DEVICE=cpu smoke-tests it on
+-- data-parallel gradient buckets (the optimizer step waiting for them by itself, and a
+-- data-parallel step captured in a CUDA graph), and a tensor-parallel step captured in a CUDA
+-- graph (NCCL inside the capture) replaying to the eager results. LUTRA_TEST_DEVICE=cpu smoke-tests it on
 -- the CPU (MPI collectives of one rank; the graph test is then pending).
 local lutra = require("lutra")
 local S = require("spec.gpu.support")
@@ -147,6 +148,86 @@ describe("dist on " .. DEV .. " (one rank)", function()
       sync:finish()
       for i, p in ipairs(net:parameters()) do assert.are.same(want[i], p.grad:to_table()) end
     end
+  end)
+
+  -- a data-parallel trainer: begin, backward, optimizer step with no finish (the step waits)
+  local function dp_trainer(g, optim)
+    local t = {}
+    t.net = lutra.nn.Sequential(lutra.nn.Linear(IN, OUT, { device = DEV, seed = 7 }),
+                                lutra.nn.GELU(),
+                                lutra.nn.Linear(OUT, OUT, { device = DEV, seed = 8 }))
+    t.opt = optim == "adamw" and lutra.optim.AdamW(t.net, { lr = 1e-3 })
+            or lutra.optim.SGD(t.net, { lr = 1e-2, momentum = 0.9 })
+    t.sync = g and lutra.dist.grad_sync(g, t.net, { bucket_bytes = (OUT * OUT + OUT) * 4 })
+    t.loss = lutra.nn.MSELoss()
+    t.x = lutra.tensor({ ROWS, IN }, "f32", DEV)
+    t.target = lutra.tensor({ ROWS, OUT }, "f32", DEV)
+    t.step = function()
+      t.loss:forward(t.net:forward(t.x), t.target)
+      if t.sync then t.sync:begin() end
+      t.net:backward(t.loss:backward())
+      t.opt:step()
+    end
+    return t
+  end
+  local function same_params(a, b, what)
+    local pa, pb = a.net:parameters(), b.net:parameters()
+    for i = 1, #pa do
+      assert.are.equal(pb[i].value:bytes(), pa[i].value:bytes(), what .. ": parameter " .. i)
+    end
+  end
+
+  for _, optim in ipairs({ "sgd", "adamw" }) do
+    test(optim .. ": the optimizer step waits for the data-parallel buckets by itself (on cuda "
+         .. "its stream waits for the comm stream's event); one rank's steps equal steps with no "
+         .. "sync, bit for bit", function()
+      local g = group()
+      local synced, plain = dp_trainer(g, optim), dp_trainer(nil, optim)
+      for i = 1, 3 do
+        for _, t in ipairs({ synced, plain }) do
+          t.x:randn(60 + i)
+          t.target:randn(70 + i)
+          t.step()
+        end
+        local buckets, _, early = synced.sync:info()
+        assert.are.equal(buckets, early)
+        synced.sync:finish() -- the step finished it: nothing left
+        same_params(synced, plain, "step " .. i)
+      end
+    end)
+  end
+
+  test("a data-parallel step (begin, backward, optimizer step waiting for the comm stream) "
+       .. "captured in a CUDA graph: N replays equal N eager steps, bit for bit", function()
+    if DEV ~= "cuda" then
+      pending("CUDA graphs need the cuda device")
+      return
+    end
+    local g = group()
+    local N = 4
+    local eager, graphed = dp_trainer(g, "adamw"), dp_trainer(g, "adamw")
+    local xs, ts = {}, {}
+    for i = 1, N do
+      xs[i] = lutra.tensor({ ROWS, IN }, "f32", DEV):randn(80 + i)
+      ts[i] = lutra.tensor({ ROWS, OUT }, "f32", DEV):randn(90 + i)
+      eager.x:copy(xs[i])
+      eager.target:copy(ts[i])
+      eager.step()
+    end
+    graphed.x:copy(xs[1])
+    graphed.target:copy(ts[1])
+    local before = g:stats().all_reduce
+    local graph = lutra.graph.capture(graphed.step, { warmup = 1 })
+    for i = 2, N do
+      graphed.x:copy(xs[i])
+      graphed.target:copy(ts[i])
+      graph:replay()
+    end
+    lutra.synchronize(DEV)
+    -- the warm-up and the capture issue the buckets' collectives; replays issue none on the host
+    assert.are.equal(2 * graphed.sync:info(), g:stats().all_reduce - before)
+    same_params(eager, graphed, "after the replays")
+    graph:free()
   end)
 
   test("a tensor-parallel step captured in a CUDA graph (NCCL inside) replays to the eager "

@@ -5,13 +5,22 @@
  * sync owns. Armed (begin), a sync hears from the Linear cores when a gradient is final
  * (lutra_dist_grad_ready, a thread-local pointer test when none is armed) and starts a bucket's
  * collective as soon as all its gradients are in, so communication overlaps the rest of the
- * backward; finish starts the rest and waits. */
+ * backward; finish starts the rest and waits.
+ *
+ * The optimizer waits by itself (lutra_dist_settle_grads, called first thing in a step): the
+ * sync armed on the stepping thread is finished when it averages any gradient the step reads.
+ * Which syncs cover an optimizer's gradients is worked out once per (optimizer, sync): a sync
+ * keeps its gradients' addresses sorted, and carries a serial number no other sync reuses, which
+ * the optimizer remembers with the answer; a step with no sync armed costs one thread-local test.
+ */
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "dist/group.h"
 #include "nn/module.h"
 
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +48,10 @@ struct lutra_grad_sync {
   int64_t elements;
   int early; /* buckets the last step started before finish */
   bool armed;
-  const char *error_fn; /* a bucket start that failed while armed, reported by finish */
+  bool finished;           /* finished since the last begin: a second finish has nothing to do */
+  uint64_t serial;         /* unique over the process: what optimizers remember a sync by */
+  const void **by_address; /* grads[i]->data, sorted, for the optimizers' lookup */
+  const char *error_fn;    /* a bucket start that failed while armed, reported by finish */
   int error_status;
 };
 
@@ -67,6 +79,7 @@ static void release(lutra_grad_sync *s) {
   free(s->pieces);
   free(s->bucket_of);
   free(s->seen);
+  free(s->by_address);
   if (s->module) lutra_module_free(s->module);
   lutra_group_free(s->group);
 }
@@ -79,6 +92,14 @@ int lutra_grad_sync_free(lutra_grad_sync *s) {
   return LUTRA_OK;
 }
 
+static int compare_address(const void *a, const void *b) {
+  const void *const *pa = a, *const *pb = b;
+  uintptr_t x = (uintptr_t)*pa, y = (uintptr_t)*pb;
+  return (x > y) - (x < y);
+}
+
+static _Atomic uint64_t last_serial;
+
 static int collect(lutra_grad_sync *s, const char *fn) {
   int n;
   TRY(lutra_module_num_params(s->module, &n));
@@ -88,7 +109,8 @@ static int collect(lutra_grad_sync *s, const char *fn) {
   s->bucket_of = calloc(cap, sizeof *s->bucket_of);
   s->seen = calloc(cap, sizeof *s->seen);
   s->buckets = calloc(cap, sizeof *s->buckets);
-  if (!s->grads || !s->pieces || !s->bucket_of || !s->seen || !s->buckets)
+  s->by_address = calloc(cap, sizeof *s->by_address);
+  if (!s->grads || !s->pieces || !s->bucket_of || !s->seen || !s->buckets || !s->by_address)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the lists");
   /* the backward finishes the last module's gradients first */
   for (int i = n - 1; i >= 0; i--) {
@@ -100,8 +122,10 @@ static int collect(lutra_grad_sync *s, const char *fn) {
               "parameter %d's gradient is %s (f32 or bf16 are averaged)", i,
               lutra_dtype_name(g->dtype));
     s->pieces[s->ngrads] = (lutra_dist_piece){.data = g->data, .n = g->numel};
+    s->by_address[s->ngrads] = g->data;
     s->grads[s->ngrads++] = g;
   }
+  qsort(s->by_address, (size_t)s->ngrads, sizeof *s->by_address, compare_address);
   return LUTRA_OK;
 }
 
@@ -149,6 +173,7 @@ int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,
   lutra_group_retain(g);
   s->module = m;
   lutra_module_retain(m);
+  s->serial = atomic_fetch_add(&last_serial, 1) + 1;
   int st = collect(s, fn);
   if (st == LUTRA_OK) st = plan(s, bucket_bytes, fn);
   if (st == LUTRA_OK) {
@@ -186,6 +211,7 @@ int lutra_grad_sync_begin(lutra_grad_sync *s) {
   s->early = 0;
   s->error_status = LUTRA_OK;
   s->armed = true;
+  s->finished = false;
   armed = s;
   return LUTRA_OK;
 }
@@ -208,11 +234,11 @@ void lutra_dist_grad_ready(const lutra_tensor *grad) {
   }
 }
 
-int lutra_grad_sync_finish(lutra_grad_sync *s) {
-  static const char fn[] = "lutra_grad_sync_finish";
-  TRY(check_live(s, fn));
-  CHECK_STATE(s->armed, "not armed: call begin before the backward (or use run)");
+/* Starts the buckets that have not started and waits for all; fn names the caller (finish, or
+ * the optimizer step that waits for it). */
+static int finish(lutra_grad_sync *s, const char *fn) {
   s->armed = false;
+  s->finished = true;
   if (armed == s) armed = NULL;
   int st = s->error_status;
   if (st != LUTRA_OK)
@@ -226,6 +252,35 @@ int lutra_grad_sync_finish(lutra_grad_sync *s) {
     if (st == LUTRA_OK) st = f;
   }
   return st;
+}
+
+int lutra_grad_sync_finish(lutra_grad_sync *s) {
+  static const char fn[] = "lutra_grad_sync_finish";
+  TRY(check_live(s, fn));
+  if (!s->armed && s->finished) return LUTRA_OK; /* finished already (or by the optimizer) */
+  CHECK_STATE(s->armed, "not armed: call begin before the backward (or use run)");
+  return finish(s, fn);
+}
+
+static bool covers(const lutra_grad_sync *s, const void *const *grads, int count) {
+  for (int i = 0; i < count; i++)
+    if (bsearch(&grads[i], s->by_address, (size_t)s->ngrads, sizeof *s->by_address,
+                compare_address))
+      return true;
+  return false;
+}
+
+int lutra_dist_settle_grads(const void *const *grads, int count, lutra_dist_settle_cache *cache,
+                            const char *fn) {
+  lutra_grad_sync *s = armed;
+  if (!s) return LUTRA_OK;
+  if (cache->serial != s->serial) {
+    cache->serial = s->serial;
+    cache->covers = covers(s, grads, count);
+  }
+  if (!cache->covers) return LUTRA_OK;
+  TRY(check_live(s, fn));
+  return finish(s, fn);
 }
 
 int lutra_grad_sync_run(lutra_grad_sync *s) {

@@ -66,6 +66,18 @@ int lutra_dist_bucket_finish(lutra_group *g, const lutra_dist_piece *pieces, int
  * the bucket's gradients are in. Free when none is armed. */
 void lutra_dist_grad_ready(const lutra_tensor *grad);
 void lutra_dist_pending_release(lutra_dist_pending *p);
+/* The optimizer's wait for data parallelism (lutra_optim_step, before it reads a gradient): the
+ * grad sync armed on this thread, when it averages any of grads[0..count) (gradient data
+ * addresses), is finished here as lutra_grad_sync_finish would (CPU: the host waits for MPI;
+ * CUDA: lutra's stream, which the step's kernels run on, waits for the comm stream's event, the
+ * host does not). cache: the caller's memory of the last sync it checked (zeroed at first), so
+ * that the lookup runs once per sync; a step with none armed costs a thread-local test. */
+typedef struct lutra_dist_settle_cache {
+  uint64_t serial; /* the sync last checked (0: none) */
+  bool covers;     /* whether it averages any of the caller's gradients */
+} lutra_dist_settle_cache;
+int lutra_dist_settle_grads(const void *const *grads, int count, lutra_dist_settle_cache *cache,
+                            const char *fn);
 
 /* the group's NCCL side (dist/nccl.c; CUDA builds with MPI only) */
 typedef struct lutra_nccl lutra_nccl;

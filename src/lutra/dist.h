@@ -105,8 +105,21 @@ LUTRA_API int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_
  *           the rest of the backward runs (on CUDA on the group's comm stream, ordered by events)
  *   finish  starts what has not started (gradients of modules that do not report), waits for
  *           every bucket (CUDA: lutra's stream waits for the comm stream, the host does not) and
- *           disarms; call it before the optimizer step
+ *           disarms; a second finish (or one after the optimizer's) does nothing
  *   run     begin (when not armed) + finish: everything after the backward
+ * The optimizer step waits by itself, as with PyTorch's DistributedDataParallel, whose optimizer
+ * knows nothing of the wrapper: lutra_optim_step first finishes the sync armed on its thread
+ * when that sync averages any gradient the optimizer reads (an optimizer over the module, a
+ * part of it, or a model that contains it; made before or after the sync), so begin, backward,
+ * step is a whole data-parallel step, on the CPU (the host waits for MPI) and on CUDA (the
+ * step's kernels run on lutra's stream, which waits for the comm stream's event: no host wait).
+ * The sync is not handed to the optimizer: a DDP user never gives the wrapper to the optimizer,
+ * and either may be made first. DDP finishes at the end of the backward instead; lutra's
+ * backward is a chain of module calls with no last one to hook, and the step is the first
+ * reader of the averaged gradients. Code
+ * that reads them before the step (clipping, inspection) calls finish first. The lookup of
+ * which sync covers an optimizer's gradients runs once per (optimizer, sync); a step with no
+ * sync armed pays one thread-local test. With a CUDA graph, the same calls are captured.
  * With gradient accumulation, arm only the last micro-batch's backward. */
 typedef struct lutra_grad_sync lutra_grad_sync;
 LUTRA_API int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,

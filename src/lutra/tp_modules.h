@@ -20,8 +20,15 @@ extern "C" {
  * dgrad all-reduced (sequence_parallel: reduce-scattered) before the norm's backward; wgrad and
  * the bias gradient local; the norm's gradients are whole without sequence_parallel and this
  * rank's rows' part with it (Megatron sums them over the group, as for its sequence-parallel
- * LayerNorm). Row-parallel is refused: its input is a shard of the features, and a norm over
- * the full hidden needs every feature of a row. */
+ * LayerNorm). Row-parallel is refused, as TransformerEngine refuses it: its input would be a
+ * shard of the features, and a norm over the full hidden needs every feature of a row (all of
+ * the input, or a reduction of each row's statistics over the group, which TE does not do).
+ * TE's LayerNormLinear raises NotImplementedError("Normalization does not support
+ * tensor-parallel distribution.") for parallel_mode="row" at construction, whatever the group
+ * size (transformer_engine/pytorch/module/layernorm_linear.py, NVIDIA/TransformerEngine#2688);
+ * before that its row mode normalized each rank's shard of the features on its own (a norm
+ * weight of in/size), which is another layer than the unsharded one. lutra refuses it the same
+ * way, whatever the group size or sequence_parallel. */
 LUTRA_API int lutra_layernorm_linear_parallel_new(const lutra_layernorm_linear_desc *d,
                                                   const lutra_tp_desc *tp, lutra_module **out);
 

@@ -205,9 +205,10 @@ static int lnl_create(const lutra_layernorm_linear_desc *d, const lutra_tp_desc 
             (long long)d->in_features, (long long)d->out_features);
   if (tp) {
     CHECK_ARG(tp->mode != LUTRA_TP_ROW,
-              "row-parallel is not supported: its input is a shard of the features, and the norm "
-              "needs every feature of a row (use column, or a LayerNorm and a row-parallel "
-              "Linear)");
+              "row-parallel is not supported (TransformerEngine refuses it too): its input "
+              "would be a shard of the features, and the norm over the full hidden needs every "
+              "feature of a row, while normalizing each shard alone is another layer (use "
+              "column, or a LayerNorm and a row-parallel Linear)");
   }
   layernorm_linear *l = calloc(1, sizeof *l);
   if (!l) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");

@@ -11,6 +11,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "dist/group.h"
 #include "nn/module.h"
 #include "nn/optim_state.h"
 
@@ -29,6 +30,8 @@ struct lutra_optim {
   /* [i]: the parameter whose f32 master is args.master[i] (NULL: none), watched for writes made
    * through the API, which must reach the master before the next step or be overwritten by it */
   lutra_tensor **mastered;
+  /* the data-parallel sync a step last checked for its gradients (dist/group.h) */
+  lutra_dist_settle_cache settle;
 };
 
 void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
@@ -183,6 +186,8 @@ int lutra_optim_step(lutra_optim *o) {
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
   lutra_optim_args *a = &o->args;
+  /* a data-parallel average still running on these gradients ends first (lutra/dist.h) */
+  TRY(lutra_dist_settle_grads(a->grad, a->count, &o->settle, fn));
   /* a parameter written through the API since the last step: its master follows the new value
    * (a host flag per parameter; no work when nothing was written) */
   for (int32_t i = 0; i < a->count; i++) {
