@@ -31,19 +31,23 @@
  * element's position in its copy, stream 0 for the rowwise copy and 0xD1B54A32D192ED03 for the
  * columnwise one, and seed = splitmix64(recipe seed + n * 0x9E3779B97F4A7C15) for the quantizer's
  * n-th quantization (n counts from 0 per quantizer): reproducible for a seed, the same on every
- * backend. |v| above 6 saturates to 6.
+ * backend. |v| above 6 saturates to 6. The count n lives in the quantizer on the host: a CUDA
+ * graph replays the seeds it captured, and checkpoints do not carry n (a resumed run draws from
+ * n = 0 again).
  *
  * Random Hadamard transform (RHT; the columnwise copies of input and grad_output by default, the
  * operands of the wgrad GEMM): each 16 consecutive values of a copy's row (along the GEMM's k),
  * y_j = (sum_i (s_i x_i) H_ij) / 4 with H the 16x16 Sylvester Hadamard matrix (H_ij =
  * (-1)^popcount(i & j)) and s_i = -1 where bit i of the sign mask is set (TE's wgrad sign
  * vector by default), summed in i order in f32. It is orthogonal, so the wgrad GEMM's result is
- * unchanged in exact arithmetic; amax and the scales are those of the transformed values.
+ * unchanged in exact arithmetic; amax and the scales are those of the transformed values (so an
+ * RHT copy dequantizes to the transformed values, not to x's).
  *
  * GEMMs: Hopper has no FP4 tensor cores, so an NVFP4 GEMM dequantizes both operands to BF16
  * (the decoded value above, rounded once to BF16) and runs a BF16 GEMM with f32 accumulation;
  * the CPU backend computes the same BF16 operands and multiplies them in f32. Both operands of a
- * GEMM must be NVFP4 (recipes are checked at creation). */
+ * GEMM must be NVFP4, and the RHT is on both of the wgrad GEMM's operands (input, grad_output)
+ * or on neither, never on the weight (recipes are checked at creation). */
 #ifndef LUTRA_NVFP4_H
 #define LUTRA_NVFP4_H
 
