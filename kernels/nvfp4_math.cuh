@@ -137,13 +137,10 @@ LKOPS_HD float e4m3_value(uint32_t c) {
 }
 
 LKOPS_HD uint8_t block_scale(float block_amax, float ge) {
-  return e4m3(fmul(fdiv(block_amax, 6.0f), ge));
+  return e4m3(fminf(fmul(block_amax, fmul(ge, 1.0f / 6.0f)), FLT_MAX));
 }
 LKOPS_HD float block_encode(uint8_t sc, float ge) {
-  const float s = e4m3_value(sc);
-  if (s == 0.0f) return 0.0f;
-  const float e = fdiv(ge, s);
-  return e > FLT_MAX ? FLT_MAX : e;
+  return fminf(fdiv(1.0f, fmul(e4m3_value(sc), fdiv(1.0f, ge))), FLT_MAX);
 }
 
 /* popcount parity of i & j, for the Sylvester Hadamard matrix */

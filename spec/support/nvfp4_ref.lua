@@ -69,11 +69,15 @@ local function global_encode(amax)
   return s
 end
 
+-- TE's orders: block scale e4m3(min(bmax * (ge * (1/6)), FLT_MAX)), block encode
+-- min(1 / (scale * (1 / ge)), FLT_MAX)
+local SIXTH = r32(1 / 6)
+local function block_scale(bmax, ge)
+  return C.lutra_encode(C.LUTRA_E4M3, math.min(r32(bmax * r32(ge * SIXTH)), FLT_MAX))
+end
 local function block_encode(sc, ge)
-  local s = C.lutra_decode(C.LUTRA_E4M3, sc)
-  if s == 0 then return 0 end
-  local e = r32(ge / s)
-  return e > FLT_MAX and FLT_MAX or e
+  local p = r32(C.lutra_decode(C.LUTRA_E4M3, sc) * r32(1 / ge))
+  return math.min(r32(1 / p), FLT_MAX)
 end
 
 -- the 16-point RHT of lutra/nvfp4.h on a Lua array (1-based, 16 values) in emulated f32
@@ -119,7 +123,7 @@ function M.copy(lines, opts)
       else
         for k = b * 16 + 1, b * 16 + 16 do bmax = math.max(bmax, math.abs(lines[l][k])) end
       end
-      local sc = C.lutra_encode(C.LUTRA_E4M3, r32(r32(bmax / 6) * ge))
+      local sc = block_scale(bmax, ge)
       scales[(l - 1) * nb + b] = sc
       local enc = block_encode(sc, ge)
       for k = b * 16 + 1, b * 16 + 16 do

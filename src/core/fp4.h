@@ -9,6 +9,7 @@
 #include "core/codec.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdint.h>
 
 enum { FP4_BLOCK = 16 };
@@ -97,17 +98,17 @@ static inline float fp4_global_encode(float amax) {
   return s;
 }
 
-/* the E4M3 block scale code of a block */
+/* the E4M3 block scale code of a block, in TE's order: block_amax * (global_encode * (1/6)) */
 static inline uint8_t fp4_block_scale(float block_amax, float global_encode) {
-  return f32_to_e4m3(block_amax / FP4_MAX * global_encode);
+  const float s = block_amax * (global_encode * (1.0f / FP4_MAX));
+  return f32_to_e4m3(fminf(s, FLT_MAX));
 }
 
-/* the multiplier that takes a block's values to E2M1 range */
+/* the multiplier that takes a block's values to E2M1 range, in TE's order:
+ * 1 / (block scale * (1 / global_encode)), at most FLT_MAX (a zero block scale gives FLT_MAX) */
 static inline float fp4_block_encode(uint8_t scale_code, float global_encode) {
-  const float s = e4m3_to_f32(scale_code);
-  if (s == 0.0f) return 0.0f;
-  float e = global_encode / s;
-  return e > FLT_MAX ? FLT_MAX : e;
+  const float dec = 1.0f / global_encode;
+  return fminf(1.0f / (e4m3_to_f32(scale_code) * dec), FLT_MAX);
 }
 
 /* the 16-point transform of lutra/nvfp4.h: y_j = (sum_i (s_i x_i) H_ij) / 4, i in order */

@@ -7,8 +7,9 @@
  *     __nv_cvt_float_to_fp4(x, __NV_E2M1, cudaRoundNearest) does; tools/check_fp4.cpp checks).
  *   Per copy (rowwise, columnwise) of a [R, C] matrix quantized along its rows:
  *     global_encode = 448 * 6 / amax(copy) (FLT_MAX when that overflows; 1 when amax is 0)
- *     block scale   = e4m3(block_amax / 6 * global_encode), RNE, saturating at 448
- *     block encode  = global_encode / block scale (0 when the block scale is 0; FLT_MAX cap)
+ *     block scale   = e4m3(block_amax * (global_encode * (1/6))), RNE, saturating at 448
+ *     block encode  = 1 / (block scale * (1 / global_encode)), at most FLT_MAX
+ *     (TE's compute_decoding_scaling_factor and compute_scaling_coefficient, in their order)
  *     code          = e2m1(x * block encode) (RNE; stochastic rounding for SR roles)
  *     decoded       = (e2m1 value * block scale) * (1 / global_encode), the product exact, one
  *                     rounding by the f32 multiply
