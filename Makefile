@@ -81,7 +81,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm threads-check check-codecs check-activations
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm threads-check check-codecs check-activations check-fp4 sim-nvfp4
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -183,6 +183,16 @@ build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDR
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
 
+# kernels/quantize_nvfp4.cu's per-thread work (kernels/nvfp4_math.cuh) run on the CPU against the
+# CPU backend byte for byte (tools/sim_nvfp4.cu, built as host code by nvcc): needs nvcc, not a
+# GPU.
+build/sim_nvfp4: tools/sim_nvfp4.cu $(SIM_OBJ) kernels/nvfp4_math.cuh kernels/ops_common.cuh \
+                 kernels/kernels.h $(HDRS)
+	$(NVCC) -std=c++17 -O1 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
+	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-nvfp4: build/sim_nvfp4
+	./build/sim_nvfp4
+
 # kernels/moe.cu (router, permute, combines) emulated on the CPU the same way, against the CPU
 # backend (tools/sim_moe.cpp): needs the CUDA headers and a C++20 compiler, not a GPU.
 build/sim_moe: tools/sim_moe.cpp $(SIM_OBJ) kernels/moe.cu kernels/ops_common.cuh kernels/kernels.h $(HDRS)
@@ -234,6 +244,16 @@ build/check_codecs: tools/check_codecs.cu src/core/codec.h src/lutra.h
 	$(NVCC) -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra -Werror all-warnings -Isrc -o $@ $< -lgomp
 check-codecs: build/check_codecs
 	./build/check_codecs $(ARGS)
+
+# src/core/fp4.h (NVFP4's E2M1 and block scale steps) against cuda_fp4.h / cuda_fp8.h's host
+# conversions (tools/check_fp4.cpp, built as host code by nvcc): needs nvcc, not a GPU.
+# ARGS=STRIDE checks every STRIDE-th f32 pattern (default: all 2^32).
+build/check_fp4: tools/check_fp4.cpp src/core/fp4.h src/core/codec.h src/lutra.h
+	@mkdir -p build
+	$(NVCC) -x cu -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
+	  -Isrc -o $@ $< -lgomp
+check-fp4: build/check_fp4
+	./build/check_fp4 $(ARGS)
 
 # the embedding examples (examples/embed/): plain C against lutra.h, and a host embedding LuaJIT;
 # spec/embed_examples_spec.lua builds and runs both on the cpu

@@ -38,6 +38,10 @@ cudaError_t lk_current_scale_act(const lutra_quant_args *a, float fp8_max, float
 cudaError_t lk_quantize_mxfp8(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_quantize_block(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
+/* NVFP4 (kernels/quantize_nvfp4.cu; lutra/nvfp4.h): lutra_backend.quantize_nvfp4, and
+ * lk_dequantize's LUTRA_SCALING_NVFP4 case */
+cudaError_t lk_quantize_nvfp4(const lutra_quant_args *a, cudaStream_t s);
+cudaError_t lk_dequantize_nvfp4(const lutra_dequant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
 /* external scaling rules (kernels/rules.cu): gather every meta's [scale, history] into staging

@@ -493,6 +493,7 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
 }
 
 extern "C" cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s) {
+  if (a && a->scaling == LUTRA_SCALING_NVFP4) return lk_dequantize_nvfp4(a, s);
   if (!a || !is_fp8_dtype(a->dtype) || !is_float_dtype(a->out_dtype) || a->rows < 0 ||
       a->cols < 0 || !a->data || !a->scale_inv || !a->out)
     return cudaErrorInvalidValue;

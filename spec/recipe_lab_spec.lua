@@ -32,7 +32,7 @@ describe("the recipe lab", function()
     local loss = read_lines(out .. "/loss.csv")
     local header = split(loss[1])
     assert.are.same({ "step", "f32", "delayed", "current", "mxfp8", "block", "ema_rule", "head_hp",
-                      "delayed_bwd_hp" }, header)
+                      "delayed_bwd_hp", "nvfp4" }, header)
     assert.are.equal(steps + 1, #loss)
     local final = {}
     for s = 1, steps do

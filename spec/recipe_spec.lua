@@ -283,8 +283,8 @@ describe("recipe validation", function()
   end)
 
   it("custom: unknown kind and format, by name and by code", function()
-    assert_error(function() R.custom { input = { kind = "nvfp4" } } end,
-                 "lutra.recipe.custom: unknown kind 'nvfp4'")
+    assert_error(function() R.custom { input = { kind = "mxfp4" } } end,
+                 "lutra.recipe.custom: unknown kind 'mxfp4'")
     assert_error(function() R.custom { input = { kind = 42 } } end,
                  "lutra_recipe_custom: unknown quantizer kind 42 for input")
     assert_error(function() R.custom { input = { format = "bf16" } } end,

@@ -32,6 +32,7 @@
 #include "lutra/moe.h"
 #include "lutra/grouped.h"
 #include "lutra/nn.h"
+#include "lutra/nvfp4.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"
 #include "lutra/recipe_options.h"

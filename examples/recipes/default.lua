@@ -31,4 +31,7 @@ return {
   { name = "delayed_bwd_hp", recipe = function(lutra)
     return lutra.recipe.delayed { amax_history_len = 16, backward_override = "high_precision" }
   end },
+  -- TE's NVFP4BlockScaling: E2M1 with E4M3 scales per 16, 16x16 weight tiles, stochastic
+  -- rounding for gradients, the RHT on the wgrad inputs (on Hopper the GEMMs run in BF16)
+  { name = "nvfp4", recipe = function(lutra) return lutra.recipe.nvfp4 { seed = 1 } end },
 }

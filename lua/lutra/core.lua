@@ -102,7 +102,7 @@ function M.check(status)
 end
 
 M.dtypes = { f32 = C.LUTRA_F32, bf16 = C.LUTRA_BF16, f16 = C.LUTRA_F16, e4m3 = C.LUTRA_E4M3,
-             e5m2 = C.LUTRA_E5M2, e8m0 = C.LUTRA_E8M0, i32 = C.LUTRA_I32 }
+             e5m2 = C.LUTRA_E5M2, e8m0 = C.LUTRA_E8M0, i32 = C.LUTRA_I32, e2m1 = C.LUTRA_E2M1 }
 M.devices = { cpu = C.LUTRA_CPU, cuda = C.LUTRA_CUDA }
 M.roles = { input = C.LUTRA_ROLE_INPUT, weight = C.LUTRA_ROLE_WEIGHT,
             grad_output = C.LUTRA_ROLE_GRAD_OUTPUT }

@@ -2,8 +2,9 @@
 -- return {kind = "current", format = "e4m3", power_2_scale = false, amax_epsilon = 0} end}
 -- (TransformerEngine's CustomRecipe qfactory). role is "input", "weight" or "grad_output",
 -- module_kind the module's ("linear"), name the one given at construction (nn.Linear(..., {name
--- = "head"})) or "". kind: none, delayed, current, mxfp8, block_1d, block_2d; format: e4m3 or
--- e5m2 (default e4m3, e5m2 for grad_output). The delayed fields (margin, amax_history_len,
+-- = "head"})) or "". kind: none, delayed, current, mxfp8, block_1d, block_2d, rowwise, nvfp4;
+-- format: e4m3 or e5m2 (default e4m3, e5m2 for grad_output; e2m1 for nvfp4, whose role options
+-- are lutra/nvfp4.lua's). The delayed fields (margin, amax_history_len,
 -- amax_compute_algo, scaling_factor_compute_algo, reduce_amax) are the recipe's.
 -- The factory runs once per module and recipe, at the module's first forward under it: that
 -- forward returns LUTRA_FACTORY_PENDING from C before doing anything, this file asks the
@@ -29,10 +30,12 @@ end
 local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
                       block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D,
-                      rowwise = C.LUTRA_QUANT_ROWWISE }
-local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
+                      rowwise = C.LUTRA_QUANT_ROWWISE, nvfp4 = C.LUTRA_QUANT_NVFP4 }
+local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2, e2m1 = C.LUTRA_E2M1 }
 local allowed = { kind = true, format = true, power_2_scale = true, amax_epsilon = true,
                   columnwise_format = true }
+local nvfp4 = require("lutra.nvfp4")
+for k in pairs(nvfp4.role_fields) do allowed[k] = true end
 
 local id_box = ffi.new("int[1]")
 local str_box = ffi.new("const char*[2]")
@@ -51,8 +54,12 @@ local function choose(fn, kind, name)
     if c.kind == nil then error(string.format("%s: %s has no kind", where, role), 0) end
     local ch = choices[i - 1]
     ch.kind = core.code(quant_kinds, c.kind, "kind", where .. " " .. role)
-    ch.format = core.code(fp8_dtypes, c.format or (role == "grad_output" and "e5m2" or "e4m3"),
-                          "format", where .. " " .. role)
+    local dflt = c.kind == "nvfp4" and "e2m1" or (role == "grad_output" and "e5m2" or "e4m3")
+    ch.format = core.code(fp8_dtypes, c.format or dflt, "format", where .. " " .. role)
+    if nvfp4.stray_options(c) then
+      error(string.format("%s: %s has NVFP4 options but kind %s", where, role, chk.got(c.kind)), 0)
+    end
+    ch.nvfp4 = c.kind == "nvfp4" and nvfp4.options(c, where .. " " .. role) or 0
     ch.power_2_scale = chk.flag(c.power_2_scale, role .. ".power_2_scale", where, 0)
     ch.amax_epsilon = c.amax_epsilon == nil and 0 or chk.number(c.amax_epsilon, "amax_epsilon", where)
     ch.columnwise_format = c.columnwise_format == nil and 0 or

@@ -76,6 +76,7 @@ local M = {
   moe = require("lutra.moe"),
   graph = require("lutra.graph"),
   dist = require("lutra.dist"),
+  nvfp4 = require("lutra.nvfp4"),
   default_device = core.default_device_name,
   now = core.now, -- monotonic wall clock in seconds
 }

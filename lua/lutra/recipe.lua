@@ -21,6 +21,7 @@ local core = require("lutra.core")
 local chk = require("lutra.check")
 local rules = require("lutra.rules")
 local factory = require("lutra.factory")
+local nvfp4 = require("lutra.nvfp4")
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -31,9 +32,9 @@ local algos = { max = C.LUTRA_AMAX_MAX, most_recent = C.LUTRA_AMAX_MOST_RECENT }
 local quant_kinds = { none = C.LUTRA_QUANT_NONE, delayed = C.LUTRA_QUANT_DELAYED,
                       current = C.LUTRA_QUANT_CURRENT, mxfp8 = C.LUTRA_QUANT_MXFP8,
                       block_1d = C.LUTRA_QUANT_BLOCK_1D, block_2d = C.LUTRA_QUANT_BLOCK_2D,
-                      rowwise = C.LUTRA_QUANT_ROWWISE }
+                      rowwise = C.LUTRA_QUANT_ROWWISE, nvfp4 = C.LUTRA_QUANT_NVFP4 }
 local kind_names = { [0] = "delayed", "current", "mxfp8", "block", "custom", "custom" }
-local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2 }
+local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2, e2m1 = C.LUTRA_E2M1 }
 
 local Recipe = {}
 Recipe.__index = Recipe
@@ -216,9 +217,11 @@ local function custom_factory(opts, where)
   end
   return make(C.lutra_recipe_factory, "lutra_factory_desc", C.lutra_factory_defaults, opts,
     { factory = true, margin = true, amax_history_len = true, amax_compute_algo = true,
-      scaling_factor_compute_algo = true, reduce_amax = true }, where, function(d, o)
+      scaling_factor_compute_algo = true, reduce_amax = true, rht_signs = true,
+      nvfp4_seed = true }, where, function(d, o)
       d.factory = factory.register(o.factory, where)
       fill_delayed(d, o, where)
+      nvfp4.fill_recipe(d, o, where)
     end)
 end
 
@@ -226,15 +229,18 @@ end
 --
 -- @tparam table opts {input = {kind =, format =, columnwise_format =}, weight = {...},
 -- grad_output = {...}, plus delayed's fields}; kinds "none", "delayed", "current", "mxfp8",
--- "block_1d", "block_2d", "rowwise"; formats "e4m3", "e5m2" (a columnwise_format other than
--- format makes the role hybrid). Or {factory = function(role, module_kind, name), margin =, ...}:
+-- "block_1d", "block_2d", "rowwise", "nvfp4"; formats "e4m3", "e5m2" ("e2m1" for nvfp4, its
+-- default; a columnwise_format other than format makes the role hybrid). An nvfp4 role takes
+-- fp4_2d_quantization, stochastic_rounding and random_hadamard_transform, the recipe rht_signs
+-- and nvfp4_seed (lutra/nvfp4.lua). Or {factory = function(role, module_kind, name), margin =, ...}:
 -- the quantizers chosen per module at its first forward (lutra/factory.lua).
 function M.custom(opts)
   local where = "lutra.recipe.custom"
   if type(opts) == "table" and opts.factory ~= nil then return custom_factory(opts, where) end
   return make(C.lutra_recipe_custom, "lutra_custom_desc", C.lutra_custom_defaults, opts,
     { input = true, weight = true, grad_output = true, margin = true, amax_history_len = true,
-      amax_compute_algo = true, scaling_factor_compute_algo = true, reduce_amax = true }, where,
+      amax_compute_algo = true, scaling_factor_compute_algo = true, reduce_amax = true,
+      rht_signs = true, nvfp4_seed = true }, where,
     function(d, o)
       for i, role in ipairs(core.role_list) do
         local r = o[role]
@@ -243,8 +249,18 @@ function M.custom(opts)
             error(string.format("%s: %s must be a table (got %s)", where, role, chk.got(r)), 5)
           end
           core.check_options(r, { kind = true, format = true, power_2_scale = true,
-                                  amax_epsilon = true, columnwise_format = true },
+                                  amax_epsilon = true, columnwise_format = true,
+                                  fp4_2d_quantization = true, stochastic_rounding = true,
+                                  random_hadamard_transform = true },
                              where .. " " .. role)
+          if nvfp4.stray_options(r) then
+            error(string.format("%s: %s has NVFP4 options but kind %s (not \"nvfp4\")", where,
+                                role, chk.got(r.kind)), 5)
+          end
+          if r.kind == "nvfp4" then
+            d.format[i - 1] = C.LUTRA_E2M1
+            d.nvfp4[i - 1] = nvfp4.options(r, where .. " " .. role)
+          end
           if r.columnwise_format ~= nil then
             d.columnwise_format[i - 1] = core.code(fp8_dtypes, r.columnwise_format,
                                                    "columnwise_format", where)
@@ -260,7 +276,21 @@ function M.custom(opts)
         end
       end
       fill_delayed(d, o, where)
+      nvfp4.fill_recipe(d, o, where)
     end)
+end
+
+--- TransformerEngine's NVFP4BlockScaling (lutra/nvfp4.lua): input 1x16 blocks with the random
+-- Hadamard transform on its columnwise (wgrad) copy, weight 16x16 tiles, grad_output 1x16
+-- with stochastic rounding and the RHT. E2M1 codes, E4M3 scales per 16, an f32 scale per copy;
+-- shapes: multiples of 16. The CPU emulates it bit-exactly; Hopper runs the GEMMs on operands
+-- dequantized to BF16.
+--
+-- @tparam[opt] table opts {disable_rht = false, disable_stochastic_rounding = false,
+-- disable_2d_quantization = false, seed = 0, rht_signs = TE's sign vector, gemm =,
+-- backward_override =}
+function M.nvfp4(opts)
+  return nvfp4.recipe(opts, M.custom)
 end
 
 --- Torchao's ROWWISE (lutra/formats.h): one f32 scale per row of each copy, for every role.
@@ -314,8 +344,12 @@ function Recipe:key()
   return key_box[0]
 end
 
+-- (ipairs over a list: a pairs loop at load time can start a trace that aborts, NYI)
 local quant_kind_names = {}
-for k, v in pairs(quant_kinds) do quant_kind_names[tonumber(v)] = k end
+for _, k in ipairs { "none", "delayed", "current", "mxfp8", "block_1d", "block_2d", "rowwise",
+                     "nvfp4" } do
+  quant_kind_names[tonumber(quant_kinds[k])] = k
+end
 
 --- What the recipe does with a role: quantizer kind name and FP8 dtype name.
 function Recipe:role(role)

@@ -14,7 +14,8 @@ local dtype_names = {}
 for name, code in pairs(core.dtypes) do dtype_names[tonumber(code)] = name end
 local device_names = {}
 for name, code in pairs(core.devices) do device_names[tonumber(code)] = name end
-local scaling_names = { [0] = "none", "tensor", "mxfp8", "block_1d", "block_2d", "rowwise" }
+local scaling_names = { [0] = "none", "tensor", "mxfp8", "block_1d", "block_2d", "rowwise",
+                        "nvfp4" }
 
 local shape_buf = ffi.new("int64_t[4]")
 
@@ -198,6 +199,7 @@ end
 function Tensor:bytes(columnwise)
   if columnwise ~= nil then chk.boolean(columnwise, "columnwise", "tensor:bytes") end
   local size = tonumber(self.numel) * tonumber(C.lutra_dtype_size(self.dtype))
+  if self.dtype == C.LUTRA_E2M1 then size = tonumber(self.numel) / 2 end -- two codes a byte
   local buf = ffi.new("uint8_t[?]", size)
   check(C.lutra_tensor_get_bytes(self, columnwise and 1 or 0, buf, size))
   return ffi.string(buf, size)

@@ -86,6 +86,11 @@ typedef struct lutra_quant_args {
   int32_t act_kind;
   int32_t act_forward;
   void *act_out;
+  /* NVFP4 (lutra/nvfp4.h; out_dtype LUTRA_E2M1): LUTRA_NVFP4_* options, the RHT sign mask and
+   * this quantization's stochastic-rounding seed (fp4_call_seed, core/fp4.h) */
+  int32_t nvfp4;
+  uint32_t rht_signs;
+  uint64_t seed;
 } lutra_quant_args;
 
 /* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
@@ -542,6 +547,9 @@ typedef struct lutra_backend {
   int (*rules_apply)(lutra_scale_meta *const *metas, int n, const float *scales);
   /* rowwise scaling (lutra/formats.h): one f32 scale_inv per row of each copy (NULL: none) */
   int (*quantize_rowwise)(const lutra_quant_args *a);
+  /* NVFP4 (lutra/nvfp4.h): E2M1 codes, E4M3 block scales and the per-copy f32 decode scale;
+   * dequantize takes LUTRA_SCALING_NVFP4 */
+  int (*quantize_nvfp4)(const lutra_quant_args *a);
 } lutra_backend;
 
 #endif

@@ -1,6 +1,7 @@
 /* The public scalar helpers over the codecs of core/codec.h: encode, decode, dtype facts. */
 #include "core/dtype.h"
 #include "core/codec.h"
+#include "core/fp4.h"
 
 #include <float.h>
 
@@ -18,6 +19,8 @@ float lutra_decode(int dtype, uint32_t bits) {
     return e5m2_to_f32(bits);
   case LUTRA_E8M0:
     return e8m0_to_f32(bits);
+  case LUTRA_E2M1:
+    return e2m1_to_f32(bits);
   default:
     return NAN;
   }
@@ -37,6 +40,8 @@ uint32_t lutra_encode(int dtype, float value) {
     return f32_to_e5m2(value);
   case LUTRA_E8M0:
     return f32_to_e8m0(value);
+  case LUTRA_E2M1:
+    return f32_to_e2m1(value);
   default:
     return 0;
   }
@@ -56,6 +61,8 @@ float lutra_dtype_max(int dtype) {
     return 57344.0f;
   case LUTRA_E8M0:
     return bits_f32(0x7F000000u); /* 2^127 */
+  case LUTRA_E2M1:
+    return 6.0f;
   default:
     return 0.0f;
   }
@@ -96,6 +103,8 @@ const char *lutra_dtype_name(int dtype) {
     return "e8m0";
   case LUTRA_I32:
     return "i32";
+  case LUTRA_E2M1:
+    return "e2m1";
   default:
     return "?";
   }
@@ -107,4 +116,13 @@ bool lutra_dtype_is_float(int dtype) {
 
 bool lutra_dtype_is_fp8(int dtype) {
   return dtype == LUTRA_E4M3 || dtype == LUTRA_E5M2;
+}
+
+bool lutra_dtype_is_quantized(int dtype) {
+  return lutra_dtype_is_fp8(dtype) || dtype == LUTRA_E2M1;
+}
+
+size_t lutra_dtype_bytes(int dtype, int64_t n) {
+  if (dtype == LUTRA_E2M1) return (size_t)(n / 2 + n % 2);
+  return (size_t)n * lutra_dtype_size(dtype);
 }

@@ -63,6 +63,7 @@ int lutra_factory_resolve(const lutra_factory_choice choices[LUTRA_NUM_ROLES]) {
     d.power_2_scale[i] = choices[i].power_2_scale;
     d.amax_epsilon[i] = choices[i].amax_epsilon;
     d.columnwise_format[i] = choices[i].columnwise_format;
+    d.nvfp4[i] = choices[i].nvfp4;
   }
   lutra_quantizer_spec roles[LUTRA_NUM_ROLES];
   TRY(lutra_recipe_custom_specs(&d, roles, fn));

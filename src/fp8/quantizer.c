@@ -6,6 +6,7 @@
 #include "backend/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/fp4.h"
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/autocast.h"
@@ -29,6 +30,7 @@ struct lutra_quantizer {
   void *state;             /* one backend allocation behind meta, amax and work */
   lutra_tensor *out;       /* the last output: one of outs */
   lutra_tensor_cache outs; /* the outputs, one per shape and layout seen */
+  uint64_t calls;          /* NVFP4: quantizations so far (each draws its own SR seed) */
 };
 
 static int scaling_of(int kind) {
@@ -44,6 +46,8 @@ static int scaling_of(int kind) {
     return LUTRA_SCALING_BLOCK_2D;
   case LUTRA_QUANT_ROWWISE:
     return LUTRA_SCALING_ROWWISE;
+  case LUTRA_QUANT_NVFP4:
+    return LUTRA_SCALING_NVFP4;
   default:
     return LUTRA_SCALING_NONE;
   }
@@ -142,8 +146,8 @@ static int check_dims(const lutra_quantizer_spec *s, int dtype, int64_t rows, in
             lutra_dtype_name(dtype));
   int mult = s->kind == LUTRA_QUANT_MXFP8 ? 32 : 16;
   CHECK_ARG(rows % mult == 0 && cols % mult == 0,
-            "FP8 needs both matrix dims to be multiples of %d (got %lldx%lld)", mult,
-            (long long)rows, (long long)cols);
+            "%s needs both matrix dims to be multiples of %d (got %lldx%lld)",
+            s->kind == LUTRA_QUANT_NVFP4 ? "NVFP4" : "FP8", mult, (long long)rows, (long long)cols);
   return LUTRA_OK;
 }
 
@@ -219,6 +223,10 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
   for (int i = 0; i + 1 < mdim; i++)
     rows *= mshape[i];
   TRY(check_dims(s, x->dtype, rows, cols, fn));
+  if (s->kind == LUTRA_QUANT_NVFP4) {
+    CHECK_ARG(q->be->quantize_nvfp4, "NVFP4 has no %s kernels", q->be->name);
+    CHECK_ARG(!with_act, "NVFP4 fuses no activation into its cast");
+  }
   if (dbias) {
     CHECK_ARG(lutra_dtype_is_float(dbias->dtype), "dbias dtype %s is not f32, bf16 or f16",
               lutra_dtype_name(dbias->dtype));
@@ -290,6 +298,23 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     CHECK_ARG(!act, "rowwise scaling fuses no GELU gradient");
     a.dbias = NULL; /* not fused: the bias gradient is summed after */
     TRY(be->quantize_rowwise(&a));
+    if (dbias)
+      TRY(be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
+                                                .dtype = x->dtype,
+                                                .rows = lutra_rows(x),
+                                                .cols = lutra_cols(x),
+                                                .db = dbias->data,
+                                                .db_dtype = dbias->dtype,
+                                                .accumulate = op->dbias_accumulate,
+                                                .skip = op->skip}));
+    break;
+  case LUTRA_QUANT_NVFP4:
+    a.dbias = NULL; /* not fused: the bias gradient is summed after */
+    a.nvfp4 = s->nvfp4;
+    a.rht_signs = s->rht_signs;
+    a.seed = fp4_call_seed(s->seed, q->calls);
+    TRY(be->quantize_nvfp4(&a));
+    q->calls++;
     if (dbias)
       TRY(be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
                                                 .dtype = x->dtype,

@@ -59,6 +59,7 @@ void lutra_custom_defaults(lutra_custom_desc *d) {
   d->amax_history_len = 1024;
   d->amax_compute_algo = LUTRA_AMAX_MAX;
   d->reduce_amax = 1;
+  d->rht_signs = LUTRA_NVFP4_TE_SIGNS;
 }
 
 static const char *const role_names[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
@@ -227,9 +228,11 @@ int lutra_recipe_custom_specs(const lutra_custom_desc *d,
   memset(out, 0, sizeof out);
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     int k = d->kind[i];
-    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_ROWWISE, "unknown quantizer kind %d for %s",
+    CHECK_ARG(k >= LUTRA_QUANT_NONE && k <= LUTRA_QUANT_NVFP4, "unknown quantizer kind %d for %s",
               k, role_names[i]);
-    CHECK_ARG(k == LUTRA_QUANT_NONE || d->format[i] == LUTRA_E4M3 || d->format[i] == LUTRA_E5M2,
+    if (k == LUTRA_QUANT_NVFP4) TRY(lutra_nvfp4_check_role(d, i, role_names[i], fn));
+    CHECK_ARG(k == LUTRA_QUANT_NONE || k == LUTRA_QUANT_NVFP4 || d->format[i] == LUTRA_E4M3 ||
+                  d->format[i] == LUTRA_E5M2,
               "format for %s must be e4m3 or e5m2", role_names[i]);
     if (k == LUTRA_QUANT_DELAYED)
       TRY(check_delayed_fields(d->margin, d->amax_history_len, d->amax_compute_algo, fn));
@@ -250,6 +253,11 @@ int lutra_recipe_custom_specs(const lutra_custom_desc *d,
     }
     if (k == LUTRA_QUANT_BLOCK_1D || k == LUTRA_QUANT_BLOCK_2D)
       s->block_dim = k == LUTRA_QUANT_BLOCK_1D ? 1 : 2;
+    if (k == LUTRA_QUANT_NVFP4) {
+      s->nvfp4 = d->nvfp4[i];
+      s->rht_signs = d->rht_signs;
+      s->seed = d->nvfp4_seed;
+    }
     const int cf = d->columnwise_format[i];
     CHECK_ARG(cf == 0 || cf == LUTRA_E4M3 || cf == LUTRA_E5M2,
               "columnwise_format for %s must be e4m3 or e5m2", role_names[i]);
@@ -279,6 +287,7 @@ int lutra_recipe_custom_specs(const lutra_custom_desc *d,
               role_names[pairs[i].b],
               y->col_dtype ? (pairs[i].b_col ? " (columnwise)" : " (rowwise)") : "", pairs[i].gemm);
   }
+  TRY(lutra_nvfp4_check_pairs(out, role_names, fn));
   CHECK_ARG((out[LUTRA_ROLE_INPUT].kind == LUTRA_QUANT_NONE) ==
                 (out[LUTRA_ROLE_WEIGHT].kind == LUTRA_QUANT_NONE),
             "input and weight must both be quantized or both be kept in high precision");
@@ -309,6 +318,8 @@ int lutra_recipe_factory(const lutra_factory_desc *d, lutra_recipe **out) {
   base.amax_compute_algo = d->amax_compute_algo;
   base.reduce_amax = d->reduce_amax;
   base.rule = d->rule;
+  base.rht_signs = d->rht_signs;
+  base.nvfp4_seed = d->nvfp4_seed;
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
     base.kind[i] = LUTRA_QUANT_DELAYED; /* checks the delayed fields once, here */
   lutra_recipe r;
@@ -326,6 +337,7 @@ void lutra_factory_defaults(lutra_factory_desc *d) {
   d->amax_history_len = 1024;
   d->amax_compute_algo = LUTRA_AMAX_MAX;
   d->reduce_amax = 1;
+  d->rht_signs = LUTRA_NVFP4_TE_SIGNS;
 }
 
 /* Autocast scopes hold a reference, so a recipe lives as long as a scope that uses it. */

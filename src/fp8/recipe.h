@@ -15,7 +15,10 @@ typedef struct lutra_quantizer_spec {
   int32_t amax_compute_algo;
   int32_t block_dim;
   int32_t rule; /* delayed scaling: an external scaling rule's id (lutra/rules.h); 0: built-in */
-  int32_t col_dtype; /* a hybrid role: the columnwise copy's FP8 dtype; 0: dtype */
+  int32_t col_dtype;  /* a hybrid role: the columnwise copy's FP8 dtype; 0: dtype */
+  int32_t nvfp4;      /* NVFP4: LUTRA_NVFP4_* options (lutra/nvfp4.h) */
+  uint32_t rht_signs; /* NVFP4: the RHT's sign mask */
+  uint64_t seed;      /* NVFP4: the stochastic rounding's seed */
 } lutra_quantizer_spec;
 
 struct lutra_recipe {
@@ -32,6 +35,12 @@ struct lutra_recipe {
 /* The validated specs of a custom desc (the checks of lutra_recipe_custom). */
 int lutra_recipe_custom_specs(const lutra_custom_desc *d,
                               lutra_quantizer_spec roles[LUTRA_NUM_ROLES], const char *fn);
+
+/* NVFP4's checks of a custom desc (nvfp4.c): role i's format and options, and GEMMs that would
+ * pair an NVFP4 operand with an FP8 one */
+int lutra_nvfp4_check_role(const lutra_custom_desc *d, int i, const char *role, const char *fn);
+int lutra_nvfp4_check_pairs(const lutra_quantizer_spec roles[LUTRA_NUM_ROLES],
+                            const char *const *role_names, const char *fn);
 
 /* A new recipe from a filled template: refcount, magic and key set (recipe.c). */
 int lutra_recipe_finish(lutra_recipe *tmpl, lutra_recipe **out, const char *fn);

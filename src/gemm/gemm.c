@@ -330,7 +330,7 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
             (long long)lutra_cols(d), (long long)m, (long long)n, layout_name(transa, transb));
   CHECK_ARG(lutra_dtype_is_float(d->dtype), "D dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(d->dtype));
-  bool fp8a = lutra_dtype_is_fp8(a->dtype), fp8b = lutra_dtype_is_fp8(b->dtype);
+  bool fp8a = lutra_dtype_is_quantized(a->dtype), fp8b = lutra_dtype_is_quantized(b->dtype);
   CHECK_ARG(fp8a || lutra_dtype_is_float(a->dtype), "A dtype %s cannot be a GEMM operand",
             lutra_dtype_name(a->dtype));
   CHECK_ARG(fp8b || lutra_dtype_is_float(b->dtype), "B dtype %s cannot be a GEMM operand",
@@ -339,6 +339,9 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
             lutra_dtype_name(a->dtype), lutra_dtype_name(b->dtype));
   CHECK_ARG(!(a->dtype == LUTRA_E5M2 && b->dtype == LUTRA_E5M2),
             "E5M2 x E5M2 GEMMs are not supported");
+  CHECK_ARG((a->dtype == LUTRA_E2M1) == (b->dtype == LUTRA_E2M1),
+            "A is %s and B is %s: an NVFP4 (e2m1) operand needs an NVFP4 partner",
+            lutra_dtype_name(a->dtype), lutra_dtype_name(b->dtype));
   CHECK_ARG(a->device == d->device && b->device == d->device, "operands on different devices");
   if (bias) {
     CHECK_ARG(lutra_dtype_is_float(bias->dtype), "bias dtype %s is not f32, bf16 or f16",

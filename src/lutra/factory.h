@@ -32,6 +32,9 @@ typedef struct lutra_factory_desc {
   int32_t amax_compute_algo;
   int32_t reduce_amax;
   int32_t rule; /* an external scaling rule (lutra/rules.h); 0: none */
+  /* for the roles a module chooses NVFP4 for (as lutra_custom_desc's; lutra/nvfp4.h) */
+  uint32_t rht_signs;
+  uint64_t nvfp4_seed;
 } lutra_factory_desc;
 
 /* One role's choice: what lutra_custom_desc holds for it. */
@@ -41,6 +44,7 @@ typedef struct lutra_factory_choice {
   int32_t power_2_scale;
   float amax_epsilon;
   int32_t columnwise_format; /* a hybrid role's columnwise format; 0: format */
+  int32_t nvfp4;             /* an NVFP4 role's LUTRA_NVFP4_* options (lutra/nvfp4.h) */
 } lutra_factory_choice;
 
 LUTRA_API void lutra_factory_defaults(lutra_factory_desc *d);

@@ -83,6 +83,12 @@ typedef struct lutra_custom_desc {
   /* per role: the columnwise copy's format when it differs from the rowwise one (TE's hybrid
    * quantizer: two quantizations of the same kind); 0: the same as format */
   int32_t columnwise_format[3];
+  /* NVFP4 roles (kind LUTRA_QUANT_NVFP4, format LUTRA_E2M1; lutra/nvfp4.h): LUTRA_NVFP4_* options
+   * per role, the RHT's sign mask (16 bits; defaults: LUTRA_NVFP4_TE_SIGNS) and the seed of the
+   * stochastic rounding */
+  int32_t nvfp4[3];
+  uint32_t rht_signs;
+  uint64_t nvfp4_seed;
 } lutra_custom_desc;
 
 LUTRA_API void lutra_delayed_defaults(lutra_delayed_desc *d);

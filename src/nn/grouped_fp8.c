@@ -250,6 +250,8 @@ static int check_dims(const grouped_linear *g, const lutra_recipe *rec, const ch
             "a recipe that quantizes the input must quantize the weight too");
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (rec->roles[i].kind == LUTRA_QUANT_NONE) continue;
+    CHECK_ARG(rec->roles[i].kind != LUTRA_QUANT_NVFP4,
+              "GroupedLinear has no NVFP4 quantization (Linear and the norm-fused modules have)");
     int mult = rec->roles[i].kind == LUTRA_QUANT_MXFP8 ? 32 : 16;
     CHECK_ARG(g->in % mult == 0 && g->out % mult == 0,
               "FP8 needs in_features and out_features to be multiples of %d (got %lld, %lld)", mult,

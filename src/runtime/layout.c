@@ -62,6 +62,9 @@ static const field fields[] = {
     F(lutra_custom_desc, amax_history_len),
     F(lutra_custom_desc, amax_compute_algo),
     F(lutra_custom_desc, reduce_amax),
+    F(lutra_custom_desc, nvfp4),
+    F(lutra_custom_desc, rht_signs),
+    F(lutra_custom_desc, nvfp4_seed),
 
     S(lutra_linear_desc),
     F(lutra_linear_desc, in_features),

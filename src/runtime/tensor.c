@@ -16,7 +16,7 @@
 #include <string.h>
 
 static size_t scale_elem_size(int scaling) {
-  return scaling == LUTRA_SCALING_MXFP8 ? 1 : 4;
+  return scaling == LUTRA_SCALING_MXFP8 || scaling == LUTRA_SCALING_NVFP4 ? 1 : 4;
 }
 
 int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwise) {
@@ -40,6 +40,10 @@ int64_t lutra_scale_count(int scaling, int64_t rows, int64_t cols, bool columnwi
   case LUTRA_SCALING_ROWWISE: /* one per row of the copy (lutra/formats.h) */
     a = rows, b = 1;
     break;
+  case LUTRA_SCALING_NVFP4: /* E4M3 [rows][cols/16] padded to 16 bytes, then 16 (nvfp4.h) */
+    a = rows, b = cols / 16 + (cols % 16 != 0);
+    if (__builtin_mul_overflow(a, b, &n) || n > INT64_MAX - 32) return -1;
+    return (n + 15) / 16 * 16 + 16;
   case LUTRA_SCALING_BLOCK_2D: /* [ceil(rows/128)][roundup(ceil(cols/128), 4)] */
     a = rows / 128 + (rows % 128 != 0), b = cols / 128 + (cols % 128 != 0);
     b = b / 4 * 4 + (b % 4 ? 4 : 0);
@@ -115,7 +119,9 @@ int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char
   TRY(check_shape(ndim, shape, &numel, fn));
   const lutra_backend *be;
   TRY(lutra_backend_get(device, &be, fn));
-  size_t esize = lutra_dtype_size(dtype);
+  /* E2M1 packs two codes per byte (lutra/nvfp4.h): counted in bytes, not elements */
+  const bool packed = dtype == LUTRA_E2M1;
+  size_t esize = packed ? 1 : lutra_dtype_size(dtype);
   if (!esize) return lutra_error(LUTRA_EINVAL, fn, "unknown dtype %d", dtype);
   lutra_tensor *t = calloc(1, sizeof *t);
   if (!t) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a tensor");
@@ -133,7 +139,7 @@ int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char
    * element size (2^31 x 2^31 f32 is 2^64 bytes, which wraps to a 0-byte allocation that later
    * writes overrun): every byte count is checked before anything is allocated. */
   size_t bytes, sbytes = 0, cbytes = 0;
-  bool overflow = byte_count(numel, esize, &bytes);
+  bool overflow = byte_count(packed ? numel / 2 + numel % 2 : numel, esize, &bytes);
   if (scaling != LUTRA_SCALING_NONE) {
     int64_t sc = lutra_scale_count(scaling, rows, cols, false);
     int64_t cc = lutra_scale_count(scaling, rows, cols, true);
@@ -324,7 +330,7 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
   TRY(lutra_backend_get(t->device, &be, fn));
   if (t->dtype == LUTRA_F32) return be->to_host(dst, t->data, (size_t)n * 4);
   if (t->dtype == LUTRA_I32) return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32");
-  if (lutra_dtype_is_fp8(t->dtype)) {
+  if (lutra_dtype_is_quantized(t->dtype)) {
     lutra_tensor tmp = {0};
     tmp.ndim = 1;
     tmp.shape[0] = n;
@@ -364,7 +370,7 @@ int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst, siz
   CHECK_ARG(dst, "dst is NULL");
   const void *src = columnwise ? t->col_data : t->data;
   CHECK_ARG(src, "tensor has no %s data", columnwise ? "columnwise" : "rowwise");
-  size_t have = (size_t)t->numel * lutra_dtype_size(t->dtype);
+  size_t have = lutra_dtype_bytes(t->dtype, t->numel);
   CHECK_ARG(bytes == have, "%zu bytes asked for a tensor of %zu bytes", bytes, have);
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
@@ -390,7 +396,8 @@ int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
   CHECK_ARG(dst->device == src->device, "dst and src are on different devices");
   CHECK_ARG(lutra_dtype_is_float(dst->dtype), "dst dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(dst->dtype));
-  if (lutra_dtype_is_fp8(src->dtype)) return lutra_tensor_mark_written(dst, lutra_dequantize(src, 0, dst));
+  if (lutra_dtype_is_quantized(src->dtype))
+    return lutra_tensor_mark_written(dst, lutra_dequantize(src, 0, dst));
   CHECK_ARG(lutra_dtype_is_float(src->dtype), "src dtype %s cannot be copied",
             lutra_dtype_name(src->dtype));
   const lutra_backend *be;
@@ -438,7 +445,7 @@ int lutra_dequantize(const lutra_tensor *q, int columnwise, lutra_tensor *out) {
   static const char fn[] = "lutra_dequantize";
   TRY(lutra_check_tensor(q, fn, "q"));
   TRY(lutra_check_tensor(out, fn, "out"));
-  CHECK_ARG(lutra_dtype_is_fp8(q->dtype) && q->scaling != LUTRA_SCALING_NONE,
+  CHECK_ARG(lutra_dtype_is_quantized(q->dtype) && q->scaling != LUTRA_SCALING_NONE,
             "q is not an FP8 tensor");
   CHECK_ARG(lutra_dtype_is_float(out->dtype), "out dtype %s is not f32, bf16 or f16",
             lutra_dtype_name(out->dtype));

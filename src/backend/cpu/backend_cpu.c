@@ -144,4 +144,5 @@ const lutra_backend lutra_cpu_backend = {
     .rules_gather = lutra_cpu_rules_gather,
     .rules_apply = lutra_cpu_rules_apply,
     .quantize_rowwise = lutra_cpu_quantize_rowwise,
+    .quantize_nvfp4 = lutra_cpu_quantize_nvfp4,
 };

@@ -40,6 +40,9 @@ int lutra_cpu_dequantize(const lutra_dequant_args *a);
 int lutra_cpu_delayed_update(lutra_scale_meta *const *metas, int n);
 /* rowwise_cpu.c: the table's quantize_rowwise (lutra/formats.h) */
 int lutra_cpu_quantize_rowwise(const lutra_quant_args *a);
+/* nvfp4_cpu.c: the table's quantize_nvfp4, and dequantize's NVFP4 case (lutra/nvfp4.h) */
+int lutra_cpu_quantize_nvfp4(const lutra_quant_args *a);
+int lutra_cpu_dequantize_nvfp4(const lutra_dequant_args *a);
 /* rules_cpu.c: the backend table's rules_gather / rules_apply */
 int lutra_cpu_rules_gather(lutra_scale_meta *const *metas, int n, float *host);
 int lutra_cpu_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales);

@@ -24,7 +24,7 @@ enum { WS_ALIGN = 64 };
 
 static bool operand_dtype_ok(int dtype) {
   return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16 || dtype == LUTRA_E4M3 ||
-         dtype == LUTRA_E5M2;
+         dtype == LUTRA_E5M2 || dtype == LUTRA_E2M1;
 }
 
 /* bytes for `count` f32 values rounded up to WS_ALIGN; false on overflow */
@@ -94,9 +94,10 @@ void lutra_cpu_gemm_plan_free(lutra_gemm_plan *p) {
 static int check_operand(const lutra_gemm_operand *x, const char *name, int64_t want_r,
                          int64_t want_c, const char *fn) {
   if (!operand_dtype_ok(x->dtype))
-    return lutra_error(LUTRA_EINVAL, fn,
-                       "unsupported dtype %d for operand %s (expected F32, BF16, F16, E4M3, E5M2)",
-                       (int)x->dtype, name);
+    return lutra_error(
+        LUTRA_EINVAL, fn,
+        "unsupported dtype %d for operand %s (expected F32, BF16, F16, E4M3, E5M2, E2M1)",
+        (int)x->dtype, name);
   int64_t r = x->trans ? x->cols : x->rows, c = x->trans ? x->rows : x->cols;
   if (r != want_r || c != want_c)
     return lutra_error(
@@ -107,7 +108,7 @@ static int check_operand(const lutra_gemm_operand *x, const char *name, int64_t 
         (long long)c, (long long)want_r, (long long)want_c);
   if (x->rows > 0 && x->cols > 0 && x->data == NULL)
     return lutra_error(LUTRA_EINVAL, fn, "operand %s has no data", name);
-  if ((x->dtype == LUTRA_E4M3 || x->dtype == LUTRA_E5M2) && x->rows > 0 && x->cols > 0) {
+  if (lutra_dtype_is_quantized(x->dtype) && x->rows > 0 && x->cols > 0) {
     if (x->scaling == LUTRA_SCALING_NONE)
       return lutra_error(LUTRA_EINVAL, fn, "FP8 operand %s has no scaling mode", name);
     if (x->scale_inv == NULL)
@@ -123,7 +124,7 @@ static int upcast(const lutra_gemm_operand *x, float *dst, const float **out) {
     *out = x->data;
     return LUTRA_OK;
   }
-  if (x->dtype == LUTRA_E4M3 || x->dtype == LUTRA_E5M2) {
+  if (lutra_dtype_is_quantized(x->dtype)) {
     lutra_dequant_args d;
     memset(&d, 0, sizeof d);
     d.data = x->data;
@@ -135,6 +136,11 @@ static int upcast(const lutra_gemm_operand *x, float *dst, const float **out) {
     d.out = dst;
     d.out_dtype = LUTRA_F32;
     TRY(lutra_cpu_dequantize(&d));
+    /* NVFP4 on Hopper runs as a BF16 GEMM of the dequantized operands (lutra/nvfp4.h): the
+     * same BF16 values here (MXFP8 and FP8 dequantize to BF16 exactly, so they need no step) */
+    if (x->dtype == LUTRA_E2M1)
+      for (int64_t i = 0; i < count; i++)
+        dst[i] = bf16_to_f32(f32_to_bf16(dst[i]));
   } else {
     for (int64_t i = 0; i < count; i++)
       dst[i] = lutra_elem_load(x->data, x->dtype, i);

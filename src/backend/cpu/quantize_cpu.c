@@ -365,6 +365,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
 int lutra_cpu_dequantize(const lutra_dequant_args *a) {
   static const char fn[] = "lutra_cpu_dequantize";
   CHECK_ARG(a, "arguments are NULL");
+  if (a->scaling == LUTRA_SCALING_NVFP4) return lutra_cpu_dequantize_nvfp4(a);
   CHECK_ARG(lutra_dtype_is_fp8(a->dtype), "dtype %s (%d) is not e4m3 or e5m2",
             lutra_dtype_name(a->dtype), (int)a->dtype);
   CHECK_ARG(lutra_dtype_is_float(a->out_dtype), "output dtype %s (%d) is not f32, bf16 or f16",

@@ -495,6 +495,9 @@ static int k_block(const lutra_quant_args *a) {
 static int k_dequantize(const lutra_dequant_args *a) {
   return LAUNCH(dequantize, lk_dequantize(a, lutra_cuda_stream()));
 }
+static int k_nvfp4(const lutra_quant_args *a) {
+  return LAUNCH(quantize_nvfp4, lk_quantize_nvfp4(a, lutra_cuda_stream()));
+}
 static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
   return LAUNCH(delayed_update, lk_delayed_update(metas, n, lutra_cuda_stream()));
 }
@@ -672,4 +675,5 @@ const lutra_backend lutra_cuda_table = {
     .grouped_gemm = lutra_cuda_grouped_gemm,
     .rules_gather = lutra_cuda_rules_gather,
     .rules_apply = lutra_cuda_rules_apply,
+    .quantize_nvfp4 = k_nvfp4,
 };

@@ -321,7 +321,9 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
   const lutra_gemm_key *k = &p->key;
   cuda_plan *c = calloc(1, sizeof *c);
   if (!c) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
-  bool fp8 = lutra_dtype_is_fp8(k->a_dtype);
+  /* NVFP4 (lutra/nvfp4.h) is neither per-tensor nor block-scaled FP8: Hopper has no FP4 GEMM,
+   * so it takes the dequantizing path below */
+  bool fp8 = lutra_dtype_is_quantized(k->a_dtype);
   bool per_tensor = k->a_scaling == LUTRA_SCALING_TENSOR && k->b_scaling == LUTRA_SCALING_TENSOR;
   /* Hopper has block-scaled FP8 kernels for 1D x 1D, 1D x 2D and 2D x 1D (not 2D x 2D) */
   bool block = is_block(k->a_scaling) && is_block(k->b_scaling) &&

@@ -1,0 +1,127 @@
+-- NVFP4 on the device against the CPU backend (lutra/nvfp4.h; kernels/quantize_nvfp4.cu): the
+-- codes of both copies, the raw scale arrays (E4M3 block scales, the decode scale and the amax
+-- behind them) and the dequantized values bit for bit, for every role option (1x16, 16x16 tiles,
+-- stochastic rounding over successive calls, the RHT), input dtype and one-sided quantizers; the
+-- skip flag; the GEMM (both operands dequantized to BF16 on Hopper, f32 accumulation: only the
+-- order differs, NMSE 1e-9) and a Linear's training step under lutra.recipe.nvfp4 (NMSE 1e-4:
+-- a GEMM result a rounding apart can flip a downstream E2M1 code, as for FP8).
+local lutra = require("lutra")
+local C = lutra.C
+local R = lutra.recipe
+local nn = lutra.nn
+local S = require("spec.gpu.support")
+local F = require("spec.support.fp8_bytes")
+local DEV, REF, hold, poisoned = S.DEV, S.REF, S.hold, S.poisoned
+local function test(name, fn) S.test(it, name, fn) end
+
+local function scale_bytes(t, columnwise)
+  local d = t:dims()
+  local r, c = d[1], d[2]
+  if columnwise then r, c = c, r end
+  local p = columnwise and t.col_scale_inv or t.scale_inv
+  return F.view_bytes(p, math.ceil(r * c / 16 / 16) * 16 + 16, C.LUTRA_E4M3, t.device)
+end
+
+-- everything one quantization shows, as byte strings
+local function outputs(t, rowwise, columnwise)
+  local out, d = {}, t:dims()
+  for _, cw in ipairs { false, true } do
+    if (cw and columnwise) or (not cw and rowwise) then
+      local side = cw and "columnwise" or "rowwise"
+      out[side .. " codes"] = t:bytes(cw)
+      out[side .. " scales"] = scale_bytes(t, cw)
+      local shape = cw and { d[2], d[1] } or d
+      for _, od in ipairs { "f32", "bf16" } do
+        local y = lutra.dequantize(t, poisoned(shape, od, t:device_name()), cw)
+        out[side .. " dequantized " .. od] = y:bytes(false)
+      end
+    end
+  end
+  return out
+end
+
+local cases = {
+  { name = "input (1x16, RHT columnwise)", recipe = {}, role = "input" },
+  { name = "weight (16x16 tiles)", recipe = {}, role = "weight" },
+  { name = "grad_output (SR, RHT)", recipe = { seed = 9 }, role = "grad_output" },
+  { name = "grad_output without RHT (SR)", recipe = { seed = 3, disable_rht = true }, role = "grad_output" },
+  { name = "input without RHT", recipe = { disable_rht = true }, role = "input" },
+  { name = "weight 1x16", recipe = { disable_2d_quantization = true }, role = "weight" },
+}
+
+describe("NVFP4 on " .. DEV, function()
+  for _, c in ipairs(cases) do
+    for _, dt in ipairs { "f32", "bf16", "f16" } do
+      for _, parts in ipairs { { true, true }, { true, false }, { false, true } } do
+        local what = string.format("%s, %s, rowwise %s columnwise %s", c.name, dt,
+                                   tostring(parts[1]), tostring(parts[2]))
+        test(what .. ": codes, scale arrays and dequantized values as the CPU's", function()
+          local recipe = R.nvfp4(c.recipe)
+          local qr = hold(lutra.quantizer(recipe, c.role, { rowwise = parts[1], columnwise = parts[2], device = REF }))
+          local qd = hold(lutra.quantizer(recipe, c.role, { rowwise = parts[1], columnwise = parts[2], device = DEV }))
+          for call = 1, 3 do -- successive calls: the stochastic rounding's seeds advance alike
+            local xr, xd = S.randn_pair({ 96, 160 }, dt, 40 + call, 2 ^ (call * 3 - 6))
+            local want = outputs(qr:quantize(xr), parts[1], parts[2])
+            local got = outputs(qd:quantize(xd), parts[1], parts[2])
+            for k, v in pairs(want) do
+              S.assert_same_bytes(got[k], v, what .. " call " .. call .. ": " .. k)
+            end
+          end
+        end)
+      end
+    end
+  end
+
+  test("special values: zero blocks, NaN, infinities, subnormals", function()
+    local v = {}
+    for i = 1, 32 * 64 do
+      local k = i % 64
+      v[i] = (k < 16) and 0 or (k == 17) and 1e-40 or (i == 300) and 0 / 0 or
+             (i == 700) and math.huge or (i == 701) and -math.huge or (i % 7 - 3) * 0.37
+    end
+    local xr, xd = S.from_buf_pair(S.buf_of(v), { 32, 64 }, "f32")
+    for _, role in ipairs { "input", "weight", "grad_output" } do
+      local r = R.nvfp4 { seed = 1 }
+      local want = outputs(hold(lutra.quantizer(r, role, { device = REF })):quantize(xr), true, true)
+      local got = outputs(hold(lutra.quantizer(r, role, { device = DEV })):quantize(xd), true, true)
+      for k, b in pairs(want) do S.assert_same_bytes(got[k], b, role .. ": " .. k) end
+    end
+  end)
+
+  test("a set skip flag leaves every output as it was", function()
+    local q = hold(lutra.quantizer(R.nvfp4(), "grad_output", { device = DEV }))
+    local _, x1 = S.randn_pair({ 32, 64 }, "f32", 1)
+    local _, x2 = S.randn_pair({ 32, 64 }, "f32", 2)
+    local t = q:quantize(x1)
+    local before = outputs(t, true, true)
+    local skip = lutra.from_table({ 1 }, { 1 }, "i32", DEV)
+    q:quantize_skip(x2, skip)
+    local after = outputs(t, true, true)
+    for k, b in pairs(before) do S.assert_same_bytes(after[k], b, "skipped: " .. k) end
+  end)
+
+  test("the GEMM of NVFP4 operands: the CPU's BF16 products up to accumulation order", function()
+    local out = {}
+    for _, dev in ipairs { REF, DEV } do
+      local r = R.nvfp4 { disable_rht = true }
+      local a = hold(lutra.quantizer(r, "weight", { device = dev })):quantize(
+        lutra.tensor({ 128, 256 }, "f32", dev):randn(5))
+      local b = hold(lutra.quantizer(r, "input", { device = dev })):quantize(
+        lutra.tensor({ 64, 256 }, "f32", dev):randn(6))
+      out[dev] = lutra.gemm(a, true, b, false, poisoned({ 64, 128 }, "f32", dev))
+    end
+    S.assert_nmse(out[DEV], out[REF], 1e-9, "nvfp4 gemm")
+  end)
+
+  test("a Linear's training step under lutra.recipe.nvfp4 as on the CPU", function()
+    local res = {}
+    for _, dev in ipairs { REF, DEV } do
+      local lin = hold(nn.Linear(128, 64, { seed = 7, device = dev }))
+      local x = lutra.tensor({ 64, 128 }, "f32", dev):randn(8)
+      local dy = lutra.tensor({ 64, 64 }, "f32", dev):randn(9, 0, 0.1)
+      local y = lutra.autocast { recipe = R.nvfp4 { seed = 4 } }:run(function() return lin:forward(x) end)
+      res[dev] = { y = S.keep(y), dx = S.keep(lin:backward(dy)), dw = S.keep(lin:parameters()[1].grad) }
+    end
+    for _, k in ipairs { "y", "dx", "dw" } do S.assert_nmse(res[DEV][k], res[REF][k], 1e-4, k) end
+  end)
+end)

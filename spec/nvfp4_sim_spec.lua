@@ -1,0 +1,29 @@
+-- NVFP4's CUDA kernels (kernels/quantize_nvfp4.cu) emulated on the CPU: their per-thread work
+-- (kernels/nvfp4_math.cuh) run in the launches' order by tools/sim_nvfp4.cu (`make sim-nvfp4`),
+-- against the CPU backend byte for byte: codes, block scales, the decode scale and amax words,
+-- and the dequantized values, over shapes, input dtypes, every option set and one-sided copies.
+-- Needs nvcc (host code only, no GPU); pending without it.
+local function sh(cmd)
+  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local code = tonumber(out:match("exit=(%d+)%s*$"))
+  return code == 0, (out:gsub("exit=%d+%s*$", ""))
+end
+
+local has_nvcc = sh("command -v nvcc || test -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+
+describe("the NVFP4 kernels, emulated", function()
+  if not has_nvcc then
+    pending("nvcc not found: tools/sim_nvfp4.cu needs it (make sim-nvfp4)")
+    return
+  end
+
+  it("equal the CPU reference byte for byte", function()
+    local built, log = sh("make -s CUDA=0 build/sim_nvfp4")
+    assert.is_true(built, "building tools/sim_nvfp4.cu failed:\n" .. log)
+    local ok, out = sh("./build/sim_nvfp4")
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("sim%-nvfp4: %d+ cases, 0 mismatches, ok"), out)
+  end)
+end)
