@@ -168,18 +168,21 @@ lab: all
 
 # the tiled quantizers (kernels/quantize_tile64.cu, quantize_mx16.cu, quantize_block.cu) emulated
 # on the CPU (a thread per CUDA thread) against the CPU backend, byte for byte: needs the CUDA
-# headers and a C++20 compiler, not a GPU.
+# headers and a C++20 compiler, not a GPU. The sims share their device model (tools/sim_harness.h).
 # ARGS=quick for the small shapes only.
 CXX ?= c++
 SIM_OBJ = $(SIM_SRC:%.c=build/sim/%.o)
 build/sim/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(SIM_CFLAGS) $(CFLAGS) -c -o $@ $<
-SIM_KERNELS = kernels/quantize_tile64.cu kernels/quantize_mx16.cu kernels/quantize_block.cu \
-              kernels/quantize_tiles.cuh kernels/common.cuh kernels/ops_common.cuh kernels/kernels.h
-build/sim_quantize_mx: tools/sim_quantize_mx.cpp $(SIM_OBJ) $(SIM_KERNELS) $(HDRS)
+SIM_DEPS = tools/sim_harness.h tools/sim_cpu.h $(SIM_OBJ) $(HDRS)
+# every sim: its tools/sim_*.cpp (which includes its kernels) against the CPU library's objects
+build/sim_%: tools/sim_%.cpp $(SIM_DEPS)
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+build/sim_quantize_mx: kernels/quantize_tile64.cu kernels/quantize_mx16.cu kernels/quantize_block.cu \
+                       kernels/quantize_tiles.cuh kernels/common.cuh kernels/ops_common.cuh \
+                       kernels/kernels.h
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
 
@@ -195,25 +198,18 @@ sim-nvfp4: build/sim_nvfp4
 
 # kernels/moe.cu (router, permute, combines) emulated on the CPU the same way, against the CPU
 # backend (tools/sim_moe.cpp): needs the CUDA headers and a C++20 compiler, not a GPU.
-build/sim_moe: tools/sim_moe.cpp $(SIM_OBJ) kernels/moe.cu kernels/ops_common.cuh kernels/kernels.h $(HDRS)
-	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
-	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+build/sim_moe: kernels/moe.cu kernels/ops_common.cuh kernels/kernels.h
 sim-moe: build/sim_moe
 	./build/sim_moe $(ARGS)
 # GroupedLinear's split quantization (kernels/grouped_quantize.cu) emulated the same way against
 # the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
-build/sim_grouped_quantize: tools/sim_grouped_quantize.cpp $(SIM_OBJ) kernels/grouped_quantize.cu \
-                            kernels/grouped_kernels.h kernels/common.cuh $(HDRS)
-	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
-	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+build/sim_grouped_quantize: kernels/grouped_quantize.cu kernels/grouped_kernels.h kernels/common.cuh
 sim-grouped: build/sim_grouped_quantize
 	./build/sim_grouped_quantize
 # the norms and the fused norm + FP8 cast (kernels/norm.cu, kernels/norm_quantize.cu) emulated
 # the same way against the CPU backend (tools/sim_norm.cpp); ARGS=quick for fewer cases.
-build/sim_norm: tools/sim_norm.cpp $(SIM_OBJ) kernels/norm.cu kernels/norm_quantize.cu \
-                kernels/common.cuh kernels/ops_common.cuh kernels/kernels.h $(HDRS)
-	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
-	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+build/sim_norm: kernels/norm.cu kernels/norm_quantize.cu kernels/common.cuh kernels/ops_common.cuh \
+                kernels/kernels.h
 sim-norm: build/sim_norm
 	./build/sim_norm $(ARGS)
 

@@ -18,28 +18,11 @@ local lutra = require("lutra")
 local nn = lutra.nn
 local FB = require("spec.support.fp8_bytes")
 
-local RECIPES = {
-  { name = "delayed", make = function() return lutra.recipe.delayed{ amax_history_len = 4 } end,
-    cfg = { tensor = true, delayed = true } },
-  { name = "current", make = function() return lutra.recipe.current{} end, cfg = { tensor = true } },
-  { name = "mxfp8", make = function() return lutra.recipe.mxfp8{} end, cfg = {} },
-  { name = "block", make = function() return lutra.recipe.block{} end, cfg = {} },
-}
-
-local function same_tensor(got, want, what)
-  FB.same_bytes(got:bytes(false), want:bytes(false), what)
-end
-
-local function new_norm(rms, h, dtype, zc, seed)
-  local m = (rms and nn.RMSNorm or nn.LayerNorm)(h, { dtype = dtype, zero_centered_gamma = zc })
-  local p = m:parameters()
-  p[1].value:randn(seed, zc and 0 or 1, 0.3)
-  if not rms then p[2].value:randn(seed + 1, 0, 0.5) end
-  return m, p[1].value, not rms and p[2].value or nil
-end
+local N = require("spec.support.norm_modules")
+local same_tensor = N.same_tensor
 
 describe("lutra.norm_quantize", function()
-  for _, rc in ipairs(RECIPES) do
+  for _, rc in ipairs(N.RECIPES) do
     for _, rms in ipairs { false, true } do
       for _, dtype in ipairs { "f32", "bf16" } do
         local shapes = { { 64, 96 } }
@@ -51,7 +34,7 @@ describe("lutra.norm_quantize", function()
             local seed = math.random(1, 2 ^ 30)
             local h = shape[2]
             local zc = seed % 2 == 0
-            local norm, g, b = new_norm(rms, h, dtype, zc, seed)
+            local norm, g, b = N.new_norm(rms, h, { dtype = dtype, zero_centered_gamma = zc }, seed)
             local r = rc.make()
             local qf, qr = lutra.quantizer(r, "input"), lutra.quantizer(r, "input")
             local y = lutra.tensor(shape, dtype):fill(0 / 0)
@@ -105,55 +88,7 @@ end)
 -- ---- LayerNormLinear ----------------------------------------------------------------------
 
 local function ref_forward(x, g, beta, w, bias, rows, h, out, rms, zc, eps)
-  local y = {}
-  for r = 0, rows - 1 do
-    local mean, var = 0, 0
-    if not rms then
-      for c = 1, h do mean = mean + x[r * h + c] end
-      mean = mean / h
-    end
-    for c = 1, h do
-      local d = x[r * h + c] - mean
-      var = var + d * d
-    end
-    local rstd = 1 / math.sqrt(var / h + eps)
-    local ln = {}
-    for c = 1, h do
-      ln[c] = (x[r * h + c] - mean) * rstd * (zc and g[c] + 1 or g[c]) + (rms and 0 or beta[c])
-    end
-    for o = 1, out do
-      local s = bias and bias[o] or 0
-      for c = 1, h do s = s + ln[c] * w[(o - 1) * h + c] end
-      y[r * out + o] = s
-    end
-  end
-  return y
-end
-
-local function fd(vec, f)
-  local out, H = {}, 1e-4
-  for i = 1, #vec do
-    local v = vec[i]
-    vec[i] = v + H
-    local lp = f()
-    vec[i] = v - H
-    local lm = f()
-    vec[i] = v
-    out[i] = (lp - lm) / (2 * H)
-  end
-  return out
-end
-
-local function assert_close(got, want, rel, what)
-  local m = 0
-  for i = 1, #want do m = math.max(m, math.abs(want[i])) end
-  assert.are.equal(#want, #got, what .. ": length")
-  for i = 1, #want do
-    local tol = rel * m + rel * math.abs(want[i])
-    if not (math.abs(got[i] - want[i]) <= tol) then
-      error(string.format("%s[%d]: got %.9g, want %.9g (tol %.3g)", what, i, got[i], want[i], tol), 2)
-    end
-  end
+  return N.ref_linear(N.ref_norm(x, g, beta, rows, h, eps, rms, zc), w, bias, rows, h, out)
 end
 
 -- a LayerNormLinear and the unfused pair with the same parameters
@@ -169,11 +104,7 @@ local function pair(h, out, opts, seed)
   local plain = {}
   for _, p in ipairs(pn) do plain[#plain + 1] = p end
   for _, p in ipairs(pl) do plain[#plain + 1] = p end
-  assert.are.equal(#plain, #pf, "parameter count")
-  for i = 1, #pf do
-    pf[i].value:randn(seed + i, 0, 0.5)
-    plain[i].value:copy(pf[i].value)
-  end
+  N.tie_parameters(pf, plain, seed, 0.5)
   return fused, nn.Sequential(norm, lin), pf, plain, norm
 end
 
@@ -191,28 +122,16 @@ describe("nn.LayerNormLinear", function()
         for i = 1, #p do p[i].value:randn(100 + i, (i == 1 and not zc) and 1 or 0, 0.4) end
         local x = lutra.tensor({ rows, h }):randn(7, 0.2, 1.3)
         local rt = lutra.tensor({ rows, out }):randn(8)
-        local y = m:forward(x):to_table()
-        local dx = m:backward(rt):to_table()
-        local v = {}
-        for i = 1, #p do v[i] = p[i].value:to_table() end
-        local gv, bv = v[1], not rms and v[2] or nil
-        local wv, biasv = v[rms and 2 or 3], v[rms and 3 or 4]
-        local xv, r = x:to_table(), rt:to_table()
-        local function f()
-          local yy, s = ref_forward(xv, gv, bv, wv, biasv, rows, h, out, rms, zc, eps), 0
-          for i = 1, #yy do s = s + yy[i] * r[i] end
-          return s
-        end
-        assert_close(y, ref_forward(xv, gv, bv, wv, biasv, rows, h, out, rms, zc, eps), 1e-5, "y")
-        assert_close(dx, fd(xv, f), 1e-3, "dx")
-        for i = 1, #p do assert_close(p[i].grad:to_table(), fd(v[i], f), 1e-3, "grad " .. i) end
+        N.check_reference(m, x, rt, function(xv, v)
+          local gv, bv = v[1], not rms and v[2] or nil
+          local wv, biasv = v[rms and 2 or 3], v[rms and 3 or 4]
+          return ref_forward(xv, gv, bv, wv, biasv, rows, h, out, rms, zc, eps)
+        end, tag)
       end)
     end
   end
 
-  local CASES = { { name = "no recipe" } }
-  for _, rc in ipairs(RECIPES) do CASES[#CASES + 1] = rc end
-  for _, rc in ipairs(CASES) do
+  for _, rc in ipairs(N.recipe_cases()) do
     for _, o in ipairs {
       { normalization = "LayerNorm", bias = true, dtype = "f32" },
       { normalization = "RMSNorm", bias = false, dtype = "bf16", zero_centered_gamma = true },
@@ -229,20 +148,8 @@ describe("nn.LayerNormLinear", function()
         for step = 1, 2 do
           local x = lutra.tensor({ rows, h }, o.dtype):randn(seed + 10 * step, 0.2, 1.5)
           local dy = lutra.tensor({ rows, out }, o.dtype):randn(seed + 10 * step + 1)
-          local function run(m)
-            local s = recipe and lutra.autocast{ recipe = recipe } or nil
-            if s then s:enter() end
-            local y = m:forward(x)
-            local dx = m:backward(dy)
-            if s then s:exit() end
-            return y, dx
-          end
-          local yf, dxf = run(fused)
-          local yp, dxp = run(plain)
           local what = name .. " step " .. step
-          same_tensor(yf, yp, what .. ": y")
-          same_tensor(dxf, dxp, what .. ": dx")
-          for i = 1, #pf do same_tensor(pf[i].grad, pp[i].grad, what .. ": grad " .. i) end
+          N.same_step(fused, plain, pf, pp, recipe, x, dy, what)
           assert.are.equal(recipe ~= nil, fused:norm_fused(), what .. ": fused norm")
           if o.return_layernorm_output then
             same_tensor(fused:layernorm_output(), norm:forward(x), what .. ": ln output")

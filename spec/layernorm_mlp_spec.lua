@@ -9,7 +9,7 @@
 --   pairs), over two steps; the tanh GELU runs in FC1's epilogue (the fusion counts say so).
 local lutra = require("lutra")
 local nn = lutra.nn
-local FB = require("spec.support.fp8_bytes")
+local N = require("spec.support.norm_modules")
 
 local function sigmoid(x) return 1 / (1 + math.exp(-x)) end
 local function gelu(x)
@@ -28,36 +28,14 @@ local ACTS = {
 }
 local ACT_NAMES = { "gelu", "relu", "silu", "qgelu", "srelu", "swiglu", "geglu", "reglu" }
 
-local function linear(x, w, b, rows, n_in, n_out)
-  local y = {}
-  for r = 0, rows - 1 do
-    for o = 1, n_out do
-      local s = b and b[o] or 0
-      for c = 1, n_in do s = s + x[r * n_in + c] * w[(o - 1) * n_in + c] end
-      y[r * n_out + o] = s
-    end
-  end
-  return y
-end
-
 local function ref_forward(x, v, rows, h, ffn, act, rms, eps)
   local g, beta = v[1], not rms and v[2] or nil
   local k = rms and 1 or 2
   local w1, b1, w2, b2 = v[k + 1], v[k + 2], v[k + 3], v[k + 4]
-  local ln = {}
-  for r = 0, rows - 1 do
-    local mean, var = 0, 0
-    if not rms then
-      for c = 1, h do mean = mean + x[r * h + c] end
-      mean = mean / h
-    end
-    for c = 1, h do var = var + (x[r * h + c] - mean) ^ 2 end
-    local rstd = 1 / math.sqrt(var / h + eps)
-    for c = 1, h do ln[r * h + c] = (x[r * h + c] - mean) * rstd * g[c] + (rms and 0 or beta[c]) end
-  end
+  local ln = N.ref_norm(x, g, beta, rows, h, eps, rms)
   local a = ACTS[act]
   local n1 = a.gated and 2 * ffn or ffn
-  local z = linear(ln, w1, b1, rows, h, n1)
+  local z = N.ref_linear(ln, w1, b1, rows, h, n1)
   local hdn = {}
   for r = 0, rows - 1 do
     for c = 1, ffn do
@@ -68,37 +46,7 @@ local function ref_forward(x, v, rows, h, ffn, act, rms, eps)
       end
     end
   end
-  return linear(hdn, w2, b2, rows, ffn, h)
-end
-
-local function fd(vec, f)
-  local out, H = {}, 1e-4
-  for i = 1, #vec do
-    local v = vec[i]
-    vec[i] = v + H
-    local lp = f()
-    vec[i] = v - H
-    local lm = f()
-    vec[i] = v
-    out[i] = (lp - lm) / (2 * H)
-  end
-  return out
-end
-
-local function assert_close(got, want, rel, what)
-  local m = 0
-  for i = 1, #want do m = math.max(m, math.abs(want[i])) end
-  assert.are.equal(#want, #got, what .. ": length")
-  for i = 1, #want do
-    local tol = rel * m + rel * math.abs(want[i])
-    if not (math.abs(got[i] - want[i]) <= tol) then
-      error(string.format("%s[%d]: got %.9g, want %.9g (tol %.3g)", what, i, got[i], want[i], tol), 2)
-    end
-  end
-end
-
-local function same_tensor(got, want, what)
-  FB.same_bytes(got:bytes(false), want:bytes(false), what)
+  return N.ref_linear(hdn, w2, b2, rows, ffn, h)
 end
 
 describe("nn.LayerNormMLP", function()
@@ -113,31 +61,14 @@ describe("nn.LayerNormMLP", function()
         for i = 1, #p do p[i].value:randn(math.random(1, 2 ^ 30), i == 1 and 1 or 0, 0.5) end
         local x = lutra.tensor({ rows, h }):randn(math.random(1, 2 ^ 30), 0.1, 1.3)
         local rt = lutra.tensor({ rows, h }):randn(math.random(1, 2 ^ 30))
-        local y = m:forward(x):to_table()
-        local dx = m:backward(rt):to_table()
-        local v = {}
-        for i = 1, #p do v[i] = p[i].value:to_table() end
-        local xv, r = x:to_table(), rt:to_table()
-        local function f()
-          local yy, s = ref_forward(xv, v, rows, h, ffn, act, rms, eps), 0
-          for i = 1, #yy do s = s + yy[i] * r[i] end
-          return s
-        end
-        assert_close(y, ref_forward(xv, v, rows, h, ffn, act, rms, eps), 1e-5, act .. " y")
-        assert_close(dx, fd(xv, f), 1e-3, act .. " dx")
-        for i = 1, #p do assert_close(p[i].grad:to_table(), fd(v[i], f), 1e-3, act .. " grad " .. i) end
+        N.check_reference(m, x, rt, function(xv, v)
+          return ref_forward(xv, v, rows, h, ffn, act, rms, eps)
+        end, act)
       end)
     end
   end
 
-  local RECIPES = {
-    { name = "no recipe" },
-    { name = "delayed", make = function() return lutra.recipe.delayed{ amax_history_len = 4 } end },
-    { name = "current", make = function() return lutra.recipe.current{} end },
-    { name = "mxfp8", make = function() return lutra.recipe.mxfp8{} end },
-    { name = "block", make = function() return lutra.recipe.block{} end },
-  }
-  for _, rc in ipairs(RECIPES) do
+  for _, rc in ipairs(N.recipe_cases()) do
     for _, act in ipairs { "gelu", "swiglu", "relu" } do
       for _, dtype in ipairs { "f32", "bf16" } do
         local name = string.format("%s %s %s", rc.name, act, dtype)
@@ -150,28 +81,13 @@ describe("nn.LayerNormMLP", function()
                                       nn.Linear(h, gated and 2 * ffn or ffn, { dtype = dtype }),
                                       ACTS[act].module(), nn.Linear(ffn, h, { dtype = dtype }))
           local pm, pp = m:parameters(), plain:parameters()
-          assert.are.equal(#pp, #pm)
-          for i = 1, #pm do
-            pm[i].value:randn(seed + i, 0, 0.4)
-            pp[i].value:copy(pm[i].value)
-          end
+          N.tie_parameters(pm, pp, seed, 0.4)
           local recipe = rc.make and rc.make() or nil
           for step = 1, 2 do
             local x = lutra.tensor({ rows, h }, dtype):randn(seed + 10 * step)
             local dy = lutra.tensor({ rows, h }, dtype):randn(seed + 10 * step + 1)
-            local res = {}
-            for i, mod in ipairs { m, plain } do
-              local s = recipe and lutra.autocast{ recipe = recipe } or nil
-              if s then s:enter() end
-              local y = mod:forward(x)
-              local dx = mod:backward(dy)
-              if s then s:exit() end
-              res[i] = { y, dx }
-            end
             local what = name .. " step " .. step
-            same_tensor(res[1][1], res[2][1], what .. ": y")
-            same_tensor(res[1][2], res[2][2], what .. ": dx")
-            for i = 1, #pm do same_tensor(pm[i].grad, pp[i].grad, what .. ": grad " .. i) end
+            N.same_step(m, plain, pm, pp, recipe, x, dy, what)
             local ff, fb = m:mlp_fusions()
             local pf, pb = plain:fusions()
             assert.are.same({ pf, pb }, { ff, fb }, what .. ": fusions")

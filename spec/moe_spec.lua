@@ -14,6 +14,7 @@ local lutra = require("lutra")
 local ffi = require("ffi")
 local R = require("spec.support.moe_ref")
 local E = require("spec.support.errors")
+local FD = require("spec.support.finite_diff")
 local moe = lutra.moe
 
 local function tensor_of(values, shape, dtype)
@@ -118,17 +119,7 @@ local function fd_router(vals, idx, T, Ex, k, renorm, scale, w)
     for i = 1, #p do s = s + p[i] * w[i] end
     return s
   end
-  local out, H = {}, 1e-5
-  for i = 1, #vals do
-    local v = vals[i]
-    vals[i] = v + H
-    local lp = L()
-    vals[i] = v - H
-    local lm = L()
-    vals[i] = v
-    out[i] = (lp - lm) / (2 * H)
-  end
-  return out
+  return FD.central(vals, L, 1e-5)
 end
 
 describe("moe.TopK backward", function()
@@ -174,19 +165,7 @@ describe("moe.TopK backward", function()
       end
       L()
       local got = r:backward(tensor_of(w, { T, k })):to_table()
-      local fd, H = {}, 1e-2
-      for i = 1, #vals do
-        local v = vals[i]
-        vals[i] = v + H
-        x:set(vals)
-        local lp = L()
-        vals[i] = v - H
-        x:set(vals)
-        local lm = L()
-        vals[i] = v
-        x:set(vals)
-        fd[i] = (lp - lm) / (2 * H)
-      end
+      local fd = FD.central(vals, L, 1e-2, function(v) x:set(v) end)
       assert_close(got, fd, 1e-3, "dlogits")
     end)
   end
@@ -299,19 +278,7 @@ describe("moe.Dispatcher backward", function()
       for i = 1, #y do s = s + y[i] * r[i] end
       return s
     end
-    local function fd(vec, H, L)
-      local out = {}
-      for i = 1, #vec do
-        local v = vec[i]
-        vec[i] = v + H
-        local lp = L()
-        vec[i] = v - H
-        local lm = L()
-        vec[i] = v
-        out[i] = (lp - lm) / (2 * H)
-      end
-      return out
-    end
+    local function fd(vec, H, L) return FD.central(vec, L, H) end
     assert_close(dxe:to_table(), fd(xe_f, 1e-5, L_ref), 1e-6, "dexpert_out (f64 fd)")
     assert_close(dp:to_table(), fd(p_f, 1e-5, L_ref), 1e-6, "dprobs (f64 fd)")
     -- f32 differences through the library's own unpermute

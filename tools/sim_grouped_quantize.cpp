@@ -7,149 +7,20 @@
  * and atomics on a machine without a GPU; FP8 conversions take common.cuh's integer path here.
  *
  *   make CUDA=0 && make sim-grouped */
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "sim_harness.h"
 
-#include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <random>
-#include <thread>
-#include <vector>
 
-/* ---- the CUDA device model (as tools/sim_quantize_mx.cpp, with 2-D grids) ------------------- */
-
-#undef __global__
-#undef __device__
-#undef __host__
-#undef __forceinline__
-#undef __shared__
-#undef __launch_bounds__
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __shared__      static
-#define __launch_bounds__(...)
-
-struct SimBlock {
-  std::barrier<> *block_bar;
-  std::vector<std::barrier<> *> warp_bar;
-  std::vector<uint64_t> slots;
-};
-
-static thread_local uint3 sim_tid, sim_bid;
-static thread_local SimBlock *sim_blk;
-static dim3 sim_grid, sim_block;
-#define threadIdx sim_tid
-#define blockIdx  sim_bid
-#define gridDim   sim_grid
-#define blockDim  sim_block
-
-static void __syncthreads() {
-  sim_blk->block_bar->arrive_and_wait();
-}
-
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
-  const int t = (int)sim_tid.x, lane = t & 31, w = t >> 5;
-  uint64_t bits = 0;
-  memcpy(&bits, &v, sizeof v);
-  sim_blk->slots[t] = bits;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  bits = sim_blk->slots[32 * w + (lane ^ m)];
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  T r;
-  memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
-static std::mutex sim_atomic;
-static int atomicMax(int *p, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  *p = std::max(o, v);
-  return o;
-}
-static int atomicCAS(int *p, int c, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  if (o == c) *p = v;
-  return o;
-}
-static unsigned atomicAdd(unsigned *p, unsigned v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const unsigned o = *p;
-  *p = o + v;
-  return o;
-}
-static void __threadfence() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-
-/* The grid runs block after block; a block's threads run concurrently. */
-template <typename K, typename... A>
-static void sim_launch(K kernel, dim3 grid, unsigned block, cudaStream_t, A... args) {
-  sim_grid = grid;
-  sim_block = dim3(block);
-  for (unsigned by = 0; by < grid.y; by++)
-    for (unsigned bx = 0; bx < grid.x; bx++) {
-      SimBlock blk;
-      std::barrier<> bar((std::ptrdiff_t)block);
-      blk.block_bar = &bar;
-      std::vector<std::unique_ptr<std::barrier<>>> wb;
-      for (unsigned w = 0; w < (block + 31) / 32; w++) {
-        wb.emplace_back(new std::barrier<>(block - 32 * w < 32 ? block - 32 * w : 32));
-        blk.warp_bar.push_back(wb.back().get());
-      }
-      blk.slots.assign(block, 0);
-      std::vector<std::thread> th;
-      for (unsigned t = 0; t < block; t++)
-        th.emplace_back([&, t] {
-          sim_tid = make_uint3(t, 0, 0);
-          sim_bid = make_uint3(bx, by, 0);
-          sim_blk = &blk;
-          kernel(args...);
-        });
-      for (auto &x : th)
-        x.join();
-    }
-}
-#define LKC_LAUNCH(kernel, grid, block, smem, stream, ...)                                         \
-  sim_launch(kernel, dim3(grid), (block), (stream), __VA_ARGS__)
-#define LKC_SIM 1
-
-extern "C" {
-cudaError_t cudaGetLastError(void) {
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int *d) {
-  *d = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) {
-  *v = 3;
-  return cudaSuccess;
-}
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int, size_t) {
-  *n = 2;
-  return cudaSuccess;
-}
-cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute, int) {
-  return cudaSuccess;
-}
-}
+#define LKC_LAUNCH SIM_LAUNCH
 
 #include "grouped_quantize.cu"
 
 /* ---- the check ------------------------------------------------------------------------------ */
 
-extern "C" int lutra_cpu_grouped_quantize(const lutra_grouped_quant_args *a);
+#include "sim_cpu.h"
 
 static int failures = 0;
 
@@ -256,7 +127,7 @@ static void run_case(const Case &c, uint64_t seed) {
       }
     } else if (c.bad) {
       s.bad = 1; /* the CPU refuses at once; the device writes nothing */
-    } else if (lutra_cpu_grouped_quantize(&a) != LUTRA_OK) {
+    } else if (cpu::lutra_cpu_grouped_quantize(&a) != LUTRA_OK) {
       printf("FAIL %s: the CPU reference refused\n", c.name);
       failures++;
       return;

@@ -7,159 +7,23 @@
  * 8 blocks, so every grid-stride loop loops.
  *
  *   make CUDA=0 && make sim-moe    (build/sim_moe, run by the target; ARGS=quick: two cases) */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "sim_harness.h"
 
-#include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <random>
 #include <string>
-#include <thread>
-#include <vector>
 
-/* ---- the CUDA device model ------------------------------------------------------------------ */
-
-#undef __global__
-#undef __device__
-#undef __host__
-#undef __forceinline__
-#undef __shared__
-#undef __launch_bounds__
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __shared__      static
-#define __launch_bounds__(...)
-
-struct SimBlock {
-  std::barrier<> *block_bar;
-  std::vector<std::barrier<> *> warp_bar;
-  std::vector<uint64_t> slots; /* one per thread, for shuffles and matches */
-  std::vector<unsigned char> smem;
-};
-
-static thread_local uint3 sim_tid, sim_bid;
-static thread_local SimBlock *sim_blk;
-static dim3 sim_grid, sim_block;
-#define threadIdx sim_tid
-#define blockIdx  sim_bid
-#define gridDim   sim_grid
-#define blockDim  sim_block
-
-static unsigned char *dyn_smem() {
-  return sim_blk->smem.data();
-}
-static void __syncthreads() {
-  sim_blk->block_bar->arrive_and_wait();
-}
-static void __syncwarp() {
-  sim_blk->warp_bar[sim_tid.x >> 5]->arrive_and_wait();
-}
-
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
-  static_assert(sizeof(T) <= 8, "shuffle of a wide type");
-  const int t = (int)sim_tid.x, lane = t & 31, w = t >> 5;
-  uint64_t bits = 0;
-  memcpy(&bits, &v, sizeof v);
-  sim_blk->slots[t] = bits;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  bits = sim_blk->slots[32 * w + (lane ^ m)];
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  T r;
-  memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
-static unsigned __match_any_sync(unsigned, int v) {
-  const int t = (int)sim_tid.x, w = t >> 5;
-  sim_blk->slots[t] = (uint64_t)(uint32_t)v;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  unsigned mask = 0;
-  for (int l = 0; l < 32; l++)
-    if (sim_blk->slots[32 * w + l] == (uint64_t)(uint32_t)v) mask |= 1u << l;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  return mask;
-}
-
-static int __popc(unsigned x) {
-  return __builtin_popcount(x);
-}
-static int __ffs(unsigned x) {
-  return __builtin_ffs((int)x);
-}
-
-static float __uint_as_float(unsigned u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-static std::mutex sim_atomic;
-static int atomicAdd(int *p, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  *p = o + v;
-  return o;
-}
-
-/* The grid runs block after block; a block's threads run concurrently. */
-template <typename K, typename... A>
-static void sim_launch(K kernel, unsigned grid, unsigned block, size_t smem, cudaStream_t,
-                       A... args) {
-  sim_grid = dim3(grid);
-  sim_block = dim3(block);
-  for (unsigned b = 0; b < grid; b++) {
-    SimBlock blk;
-    std::barrier<> bar((std::ptrdiff_t)block);
-    blk.block_bar = &bar;
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (unsigned w = 0; w < (block + 31) / 32; w++) {
-      wb.emplace_back(new std::barrier<>(32));
-      blk.warp_bar.push_back(wb.back().get());
-    }
-    blk.slots.assign(block, 0);
-    blk.smem.assign(smem ? smem : 16, 0xA5); /* not zero: reads of unwritten bytes show */
-    std::vector<std::thread> th;
-    for (unsigned t = 0; t < block; t++)
-      th.emplace_back([&, t] {
-        sim_tid = make_uint3(t, 0, 0);
-        sim_bid = make_uint3(b, 0, 0);
-        sim_blk = &blk;
-        kernel(args...);
-      });
-    for (auto &x : th)
-      x.join();
-  }
-}
-#define LKM_LAUNCH(kernel, grid, block, smem, stream, ...)                                         \
-  sim_launch(kernel, (grid), (block), (smem), (stream), __VA_ARGS__)
+#define LKM_LAUNCH   SIM_LAUNCH
 #define LKM_MAX_GRID 8
-#define LKM_SIM 1
-
-extern "C" cudaError_t cudaGetLastError(void) {
-  return cudaSuccess;
-}
+#define LKM_SIM      1
 
 #include "moe.cu"
 
 /* ---- the check ------------------------------------------------------------------------------ */
 
-extern "C" {
-int lutra_cpu_moe_topk_forward(const lutra_topk_args *a);
-int lutra_cpu_moe_topk_backward(const lutra_topk_args *a);
-int lutra_cpu_moe_permute(const lutra_permute_args *a);
-int lutra_cpu_moe_permute_backward(const lutra_permute_args *a);
-int lutra_cpu_moe_unpermute(const lutra_permute_args *a);
-int lutra_cpu_moe_unpermute_backward(const lutra_permute_args *a);
-}
+#include "sim_cpu.h"
 
 static int failures = 0, checks = 0;
 
@@ -176,33 +40,23 @@ static void same(const char *what, const std::vector<T> &cpu, const std::vector<
   failures++;
 }
 
-static int esize(int dt) {
-  return dt == LUTRA_F32 ? 4 : 2;
-}
-
 /* n values of dtype dt (16-byte padded buffer), normal * scale, some rows tied */
 static std::vector<unsigned char> values(int dt, int64_t n, float scale, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<unsigned char> v((size_t)(n * esize(dt) + 16));
+  std::vector<unsigned char> v((size_t)(n * sim_esize(dt) + 16));
   for (int64_t i = 0; i < n; i++) {
     float f = nd(rng) * scale;
     if (i % 97 < 3) f = 0.75f; /* ties */
-    if (dt == LUTRA_F32)
-      memcpy(&v[i * 4], &f, 4);
-    else {
-      const uint16_t h = dt == LUTRA_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f))
-                                          : __half_as_ushort(__float2half_rn(f));
-      memcpy(&v[i * 2], &h, 2);
-    }
+    sim_put(v, dt, i, f);
   }
   return v;
 }
 
 static void check_router(int64_t T, int E, int k, int renorm, int dt, float scale) {
   char what[160];
-  snprintf(what, sizeof what, "router T=%lld E=%d k=%d renorm=%d dt=%d", (long long)T, E, k,
-           renorm, dt);
+  snprintf(what, sizeof what, "router T=%lld E=%d k=%d renorm=%d dt=%d", (long long)T, E, k, renorm,
+           dt);
   const auto logits = values(dt, T * E, 2.0f, (uint32_t)(T + E + k));
   std::vector<float> p_cpu(T * k, NAN), p_sim(T * k, NAN);
   std::vector<int32_t> i_cpu(T * k, -7), i_sim(T * k, -7);
@@ -216,18 +70,18 @@ static void check_router(int64_t T, int E, int k, int renorm, int dt, float scal
   a.scaling_factor = scale;
   a.probs = p_cpu.data();
   a.indices = i_cpu.data();
-  if (lutra_cpu_moe_topk_forward(&a) != 0) abort();
+  if (cpu::lutra_cpu_moe_topk_forward(&a) != 0) abort();
   a.probs = p_sim.data();
   a.indices = i_sim.data();
   lk_moe_topk_forward(&a, nullptr);
   same((std::string(what) + " indices").c_str(), i_cpu, i_sim);
   same((std::string(what) + " probs").c_str(), p_cpu, p_sim);
   const auto g = values(LUTRA_F32, T * k, 1.0f, 5);
-  std::vector<unsigned char> d_cpu(T * E * esize(dt), 0xEE), d_sim(T * E * esize(dt), 0xDD);
+  std::vector<unsigned char> d_cpu(T * E * sim_esize(dt), 0xEE), d_sim(T * E * sim_esize(dt), 0xDD);
   a.indices = i_cpu.data();
   a.dprobs = reinterpret_cast<const float *>(g.data());
   a.dlogits = d_cpu.data();
-  if (lutra_cpu_moe_topk_backward(&a) != 0) abort();
+  if (cpu::lutra_cpu_moe_topk_backward(&a) != 0) abort();
   a.dlogits = d_sim.data();
   lk_moe_topk_backward(&a, nullptr);
   same((std::string(what) + " dlogits").c_str(), d_cpu, d_sim);
@@ -235,8 +89,8 @@ static void check_router(int64_t T, int E, int k, int renorm, int dt, float scal
 
 static void check_permute(int64_t T, int k, int E, int64_t H, int dt, int routing, bool bad) {
   char what[160];
-  snprintf(what, sizeof what, "permute T=%lld k=%d E=%d H=%lld dt=%d routing=%d%s", (long long)T,
-           k, E, (long long)H, dt, routing, bad ? " (a bad index)" : "");
+  snprintf(what, sizeof what, "permute T=%lld k=%d E=%d H=%lld dt=%d routing=%d%s", (long long)T, k,
+           E, (long long)H, dt, routing, bad ? " (a bad index)" : "");
   const int64_t n = T * k;
   std::mt19937 rng((uint32_t)(T * 31 + E));
   std::vector<int32_t> idx(n);
@@ -245,7 +99,7 @@ static void check_permute(int64_t T, int k, int E, int64_t H, int dt, int routin
     idx[s] = routing == 0 ? r : routing == 1 ? (s % 5 ? 0 : r % 3) : E - 1;
   }
   if (bad) idx[n / 2] = E;
-  const size_t es = (size_t)esize(dt);
+  const size_t es = (size_t)sim_esize(dt);
   const auto x = values(dt, T * H, 1.0f, 1), xe = values(dt, n * H, 1.0f, 2),
              dy = values(dt, T * H, 1.0f, 3), probs = values(LUTRA_F32, n, 0.5f, 4);
   lutra_permute_args a = {};
@@ -276,7 +130,7 @@ static void check_permute(int64_t T, int k, int E, int64_t H, int dt, int routin
     a.row_map = map_cpu.data();
     a.m_splits = sp_cpu.data();
     a.out = out_cpu.data();
-    if (lutra_cpu_moe_permute(&a) != 0) abort();
+    if (cpu::lutra_cpu_moe_permute(&a) != 0) abort();
   }
   a.row_map = map_sim.data();
   a.m_splits = sp_sim.data();
@@ -300,13 +154,16 @@ static void check_permute(int64_t T, int k, int E, int64_t H, int dt, int routin
   for (int weighted = 0; weighted < 2; weighted++) {
     a.x = xe.data();
     a.out = y_cpu.data();
-    if ((weighted ? lutra_cpu_moe_unpermute(&a) : lutra_cpu_moe_permute_backward(&a)) != 0) abort();
+    if ((weighted ? cpu::lutra_cpu_moe_unpermute(&a) : cpu::lutra_cpu_moe_permute_backward(&a)) !=
+        0)
+      abort();
     a.out = y_sim.data();
     if (weighted)
       lk_moe_unpermute(&a, nullptr);
     else
       lk_moe_permute_backward(&a, nullptr);
-    same((std::string(what) + (weighted ? " unpermute" : " permute_backward")).c_str(), y_cpu, y_sim);
+    same((std::string(what) + (weighted ? " unpermute" : " permute_backward")).c_str(), y_cpu,
+         y_sim);
   }
   std::vector<unsigned char> dx_cpu(n * H * es + 16, 0xEE), dx_sim(n * H * es + 16, 0xEE);
   std::vector<float> dp_cpu(n, NAN), dp_sim(n, NAN);
@@ -314,7 +171,7 @@ static void check_permute(int64_t T, int k, int E, int64_t H, int dt, int routin
   a.dy = dy.data();
   a.out = dx_cpu.data();
   a.dprobs = dp_cpu.data();
-  if (lutra_cpu_moe_unpermute_backward(&a) != 0) abort();
+  if (cpu::lutra_cpu_moe_unpermute_backward(&a) != 0) abort();
   a.out = dx_sim.data();
   a.dprobs = dp_sim.data();
   lk_moe_unpermute_backward(&a, nullptr);
@@ -348,7 +205,7 @@ int main(int argc, char **argv) {
   check_permute(1100, 1, 300, 8, LUTRA_BF16, 0, false);
   check_permute(600, 4, 8, 16, LUTRA_F16, 1, false); /* skewed, empty experts */
   check_permute(300, 8, 16, 6, LUTRA_F32, 2, false); /* everything to the last expert */
-  check_permute(9, 2, 4096, 4, LUTRA_F32, 0, false);  /* experts beyond the scan's threads */
+  check_permute(9, 2, 4096, 4, LUTRA_F32, 0, false); /* experts beyond the scan's threads */
   check_permute(520, 2, 6, 4, LUTRA_F32, 0, true);
   printf("%d checks, %d failures\n", checks, failures);
   return failures ? 1 : 0;

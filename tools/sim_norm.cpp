@@ -8,164 +8,14 @@
  * path here, so the hardware conversions are left to the GPU specs.
  *
  *   make CUDA=0 && make sim-norm ARGS=quick    (tools/sim_norm, run by the target) */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "sim_harness.h"
 
-#include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <random>
-#include <thread>
-#include <vector>
 
-/* ---- the CUDA device model ------------------------------------------------------------------ */
-
-#undef __global__
-#undef __device__
-#undef __host__
-#undef __forceinline__
-#undef __shared__
-#undef __launch_bounds__
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __shared__      static
-#define __launch_bounds__(...)
-
-struct SimBlock {
-  std::barrier<> *block_bar;
-  std::vector<std::barrier<> *> warp_bar;
-  std::vector<uint64_t> slots; /* one per thread, for shuffles */
-  std::vector<unsigned char> smem;
-};
-
-static thread_local uint3 sim_tid, sim_bid;
-static thread_local int sim_lin; /* the thread's linear index in its block */
-static thread_local SimBlock *sim_blk;
-static dim3 sim_grid, sim_block;
-#define threadIdx sim_tid
-#define blockIdx  sim_bid
-#define gridDim   sim_grid
-#define blockDim  sim_block
-
-static void __syncthreads() {
-  sim_blk->block_bar->arrive_and_wait();
-}
-
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
-  static_assert(sizeof(T) <= 8, "shuffle of a wide type");
-  const int t = sim_lin, lane = t & 31, w = t >> 5;
-  uint64_t bits = 0;
-  memcpy(&bits, &v, sizeof v);
-  sim_blk->slots[t] = bits;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  bits = sim_blk->slots[32 * w + (lane ^ m)];
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  T r;
-  memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
-static std::mutex sim_atomic;
-static int atomicMax(int *p, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  *p = std::max(o, v);
-  return o;
-}
-static int atomicCAS(int *p, int c, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  if (o == c) *p = v;
-  return o;
-}
-static unsigned atomicAdd(unsigned *p, unsigned v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const unsigned o = *p;
-  *p = o + v;
-  return o;
-}
-static unsigned atomicExch(unsigned *p, unsigned v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const unsigned o = *p;
-  *p = v;
-  return o;
-}
-static void __threadfence() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-static float __uint_as_float(unsigned u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
-
-/* The grid runs block after block; a block's threads run concurrently. */
-template <typename K, typename... A>
-static void sim_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
-  sim_grid = grid;
-  sim_block = block;
-  const unsigned nt = block.x * block.y * block.z;
-  for (unsigned bz = 0; bz < grid.z; bz++)
-    for (unsigned by = 0; by < grid.y; by++)
-      for (unsigned bx = 0; bx < grid.x; bx++) {
-        SimBlock blk;
-        std::barrier<> bar((std::ptrdiff_t)nt);
-        blk.block_bar = &bar;
-        std::vector<std::unique_ptr<std::barrier<>>> wb;
-        for (unsigned w = 0; w < (nt + 31) / 32; w++) {
-          wb.emplace_back(new std::barrier<>(32));
-          blk.warp_bar.push_back(wb.back().get());
-        }
-        blk.slots.assign(nt, 0);
-        blk.smem.assign(smem ? smem : 16, 0xA5); /* not zero: reads of unwritten bytes show */
-        std::vector<std::thread> th;
-        for (unsigned t = 0; t < nt; t++)
-          th.emplace_back([&, t] {
-            sim_lin = (int)t;
-            sim_tid = make_uint3(t % block.x, t / block.x % block.y, t / (block.x * block.y));
-            sim_bid = make_uint3(bx, by, bz);
-            sim_blk = &blk;
-            kernel(args...);
-          });
-        for (auto &x : th)
-          x.join();
-      }
-}
-#define LKC_LAUNCH(kernel, grid, block, smem, stream, ...)                                         \
-  sim_launch(kernel, dim3(grid), dim3(block), (smem), (stream), __VA_ARGS__)
-#define LKC_SIM 1
-
-namespace lkc {
-static unsigned char *dyn_smem() {
-  return sim_blk->smem.data();
-}
-} // namespace lkc
-
-extern "C" {
-cudaError_t cudaGetLastError(void) {
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int *d) {
-  *d = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) {
-  *v = 3;
-  return cudaSuccess;
-}
-cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute, int) {
-  return cudaSuccess;
-}
-}
+#define LKC_LAUNCH SIM_LAUNCH
 
 #include "common.cuh"
 #include "kernels.h"
@@ -181,11 +31,7 @@ namespace sim_norm_fused {
 
 /* ---- the check ------------------------------------------------------------------------------ */
 
-extern "C" {
-int lutra_cpu_layernorm_forward(const lutra_norm_args *a);
-int lutra_cpu_layernorm_backward(const lutra_norm_args *a);
-int lutra_cpu_norm_quantize(const lutra_norm_quant_args *a);
-}
+#include "sim_cpu.h"
 
 static int failures = 0, checks = 0;
 using Bytes = std::vector<unsigned char>;
@@ -202,32 +48,36 @@ static bool same(const char *what, const char *name, const Bytes &cpu, const Byt
   return false;
 }
 
-static int esize(int dt) {
-  return dt == LUTRA_F32 ? 4 : 2;
-}
-
-static void put(Bytes &b, int dt, int64_t i, float f) {
-  if (dt == LUTRA_F32)
-    memcpy(&b[(size_t)i * 4], &f, 4);
-  else {
-    const uint16_t h = dt == LUTRA_BF16 ? __bfloat16_as_ushort(__float2bfloat16_rn(f))
-                                        : __half_as_ushort(__float2half_rn(f));
-    memcpy(&b[(size_t)i * 2], &h, 2);
-  }
-}
-
 /* n values of dtype dt, normal(mu, sd); buffers start 16-byte aligned (std::vector's new) */
 static Bytes values(int dt, int64_t n, float mu, float sd, std::mt19937 &rng) {
   std::normal_distribution<float> nd(mu, sd);
-  Bytes v((size_t)(n * esize(dt) + 16), 0);
+  Bytes v((size_t)(n * sim_esize(dt) + 16), 0);
   for (int64_t i = 0; i < n; i++)
-    put(v, dt, i, nd(rng));
+    sim_put(v, dt, i, nd(rng));
   return v;
 }
 
 struct Shape {
   int64_t rows, hidden;
 };
+
+/* the norm of x (inputs set, outputs not), eps 1e-5 */
+static lutra_norm_args norm_args(const Bytes &x, const Bytes &g, const Bytes &b, int dt, int pdt,
+                                 const Shape &s, bool rms, bool zc) {
+  lutra_norm_args a;
+  memset(&a, 0, sizeof a);
+  a.x = x.data();
+  a.gamma = g.data();
+  a.beta = b.data();
+  a.dtype = dt;
+  a.param_dtype = pdt;
+  a.rows = s.rows;
+  a.hidden = s.hidden;
+  a.eps = 1e-5f;
+  a.rms = rms;
+  a.zero_centered_gamma = zc;
+  return a;
+}
 
 /* forward and backward of one norm on both devices */
 static void run_norm(int dt, int pdt, const Shape &s, bool rms, bool zc, uint32_t seed) {
@@ -241,37 +91,27 @@ static void run_norm(int dt, int pdt, const Shape &s, bool rms, bool zc, uint32_
            pdt, (long long)s.rows, (long long)s.hidden, zc ? " zc" : "");
   Bytes y[2], mean[2], rstd[2], dx[2], dg[3], db[3];
   for (int d = 0; d < 2; d++) {
-    y[d].assign((size_t)(n * esize(dt)), 0xCD);
-    dx[d].assign((size_t)(n * esize(dt)), 0xCD);
+    y[d].assign((size_t)(n * sim_esize(dt)), 0xCD);
+    dx[d].assign((size_t)(n * sim_esize(dt)), 0xCD);
     mean[d].assign((size_t)s.rows * 4, 0xCD);
     rstd[d].assign((size_t)s.rows * 4, 0xCD);
   }
   for (int d = 0; d < 3; d++) {
-    dg[d].assign((size_t)s.hidden * esize(pdt), 0xCD);
-    db[d].assign((size_t)s.hidden * esize(pdt), 0xCD);
+    dg[d].assign((size_t)s.hidden * sim_esize(pdt), 0xCD);
+    db[d].assign((size_t)s.hidden * sim_esize(pdt), 0xCD);
   }
   std::vector<double> partial(LK_BIAS_PARTIALS, -1.0);
   lk_scratch scratch;
   memset(&scratch, 0, sizeof scratch);
   scratch.bias_partial = partial.data();
+  const lutra_norm_args the_norm = norm_args(x, g, b, dt, pdt, s, rms, zc);
   for (int d = 0; d < 2; d++) {
-    lutra_norm_args a;
-    memset(&a, 0, sizeof a);
-    a.x = x.data();
-    a.gamma = g.data();
-    a.beta = b.data();
-    a.dtype = dt;
-    a.param_dtype = pdt;
-    a.rows = s.rows;
-    a.hidden = s.hidden;
-    a.eps = 1e-5f;
-    a.rms = rms;
-    a.zero_centered_gamma = zc;
+    lutra_norm_args a = the_norm;
     a.y = y[d].data();
     a.mean = reinterpret_cast<float *>(mean[d].data());
     a.rstd = reinterpret_cast<float *>(rstd[d].data());
-    const int rc =
-        d == 0 ? lutra_cpu_layernorm_forward(&a) : (int)sim_norm_rows::lk_layernorm_forward(&a, 0);
+    const int rc = d == 0 ? cpu::lutra_cpu_layernorm_forward(&a)
+                          : (int)sim_norm_rows::lk_layernorm_forward(&a, 0);
     if (rc != 0) {
       printf("FAIL %s: forward rc %d (device %d)\n", what, rc, d);
       failures++;
@@ -283,25 +123,14 @@ static void run_norm(int dt, int pdt, const Shape &s, bool rms, bool zc, uint32_
     return;
   /* the backward from the same saved statistics on both; the device twice */
   for (int d = 0; d < 3; d++) {
-    lutra_norm_args a;
-    memset(&a, 0, sizeof a);
-    a.x = x.data();
-    a.gamma = g.data();
-    a.beta = b.data();
-    a.dtype = dt;
-    a.param_dtype = pdt;
-    a.rows = s.rows;
-    a.hidden = s.hidden;
-    a.eps = 1e-5f;
-    a.rms = rms;
-    a.zero_centered_gamma = zc;
+    lutra_norm_args a = the_norm;
     a.mean = reinterpret_cast<float *>(mean[0].data());
     a.rstd = reinterpret_cast<float *>(rstd[0].data());
     a.dy = dy.data();
     a.dx = d < 2 ? dx[d].data() : nullptr;
     a.dgamma = dg[d].data();
     a.dbeta = rms ? nullptr : db[d].data();
-    const int rc = d == 0 ? lutra_cpu_layernorm_backward(&a)
+    const int rc = d == 0 ? cpu::lutra_cpu_layernorm_backward(&a)
                           : (int)sim_norm_rows::lk_layernorm_backward(&a, &scratch, 0);
     if (rc != 0) {
       printf("FAIL %s: backward rc %d (device %d)\n", what, rc, d);
@@ -359,7 +188,7 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
         f = dt == LUTRA_BF16 ? __bfloat162float(__ushort_as_bfloat16(h))
                              : __half2float(__ushort_as_half(h));
       }
-      put(x, dt, i, f * 37.0f);
+      sim_put(x, dt, i, f * 37.0f);
     }
   }
   size_t sc_bytes = 4, csc_bytes = 4;
@@ -376,7 +205,7 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
            scaling, current ? " current" : "", row, col, want_y);
   Bytes y[2], mean[2], rstd[2], data[2], sc[2], cdata[2], csc[2], amax[2], scale[2];
   for (int d = 0; d < 2; d++) {
-    y[d].assign((size_t)(n * esize(dt)), 0xCD);
+    y[d].assign((size_t)(n * sim_esize(dt)), 0xCD);
     mean[d].assign((size_t)s.rows * 4, 0xCD);
     rstd[d].assign((size_t)s.rows * 4, 0xCD);
     data[d].assign((size_t)n, 0xCD);
@@ -394,15 +223,7 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
     lutra_norm_quant_args a;
     memset(&a, 0, sizeof a);
     lutra_norm_args &na = a.norm;
-    na.x = x.data();
-    na.gamma = g.data();
-    na.beta = b.data();
-    na.dtype = dt;
-    na.param_dtype = pdt;
-    na.rows = s.rows;
-    na.hidden = s.hidden;
-    na.eps = 1e-5f;
-    na.rms = rms;
+    na = norm_args(x, g, b, dt, pdt, s, rms, false);
     na.y = want_y ? y[d].data() : nullptr;
     na.mean = reinterpret_cast<float *>(mean[d].data());
     na.rstd = reinterpret_cast<float *>(rstd[d].data());
@@ -420,7 +241,7 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
     a.current = current;
     a.fp8_max = od == LUTRA_E4M3 ? 448.0f : 57344.0f;
     a.work = work;
-    const int rc = d == 0 ? lutra_cpu_norm_quantize(&a) : (int)lk_norm_quantize(&a, 0);
+    const int rc = d == 0 ? cpu::lutra_cpu_norm_quantize(&a) : (int)lk_norm_quantize(&a, 0);
     if (rc != 0) {
       printf("FAIL %s: rc %d (device %d)\n", what, rc, d);
       failures++;

@@ -7,197 +7,24 @@
  * themselves are left to the GPU specs.
  *
  *   make CUDA=0 && make sim-mx    (tools/sim_quantize_mx, run by the target) */
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
+#include "sim_harness.h"
 
-#include <algorithm>
-#include <atomic>
-#include <barrier>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
-#include <functional>
-#include <mutex>
 #include <random>
-#include <thread>
-#include <vector>
 
-/* ---- the CUDA device model ------------------------------------------------------------------ */
+#define LKC_LAUNCH SIM_LAUNCH
 
-#undef __global__
-#undef __device__
-#undef __host__
-#undef __forceinline__
-#undef __shared__
-#undef __launch_bounds__
-#define __global__
-#define __device__
-#define __host__
-#define __forceinline__ inline
-#define __shared__      static
-#define __launch_bounds__(...)
-
-struct SimBlock {
-  int nthreads;
-  std::barrier<> *block_bar;
-  std::vector<std::barrier<> *> warp_bar;
-  std::vector<uint64_t> slots; /* one per thread, for shuffles and votes */
-  std::vector<unsigned char> smem;
-};
-
-static thread_local uint3 sim_tid, sim_bid;
-static thread_local SimBlock *sim_blk;
-static dim3 sim_grid, sim_block;
-#define threadIdx sim_tid
-#define blockIdx  sim_bid
-#define gridDim   sim_grid
-#define blockDim  sim_block
-
-static unsigned char *dyn_smem() {
-  return sim_blk->smem.data();
-}
-static void __syncthreads() {
-  sim_blk->block_bar->arrive_and_wait();
-}
-
-template <typename T> static T __shfl_xor_sync(unsigned, T v, int m) {
-  static_assert(sizeof(T) <= 8, "shuffle of a wide type");
-  const int t = (int)sim_tid.x, lane = t & 31, w = t >> 5;
-  uint64_t bits = 0;
-  memcpy(&bits, &v, sizeof v);
-  sim_blk->slots[t] = bits;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  bits = sim_blk->slots[32 * w + (lane ^ m)];
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  T r;
-  memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
-static int __any_sync(unsigned, int p) {
-  const int t = (int)sim_tid.x, w = t >> 5;
-  sim_blk->slots[t] = p != 0;
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  int any = 0;
-  for (int l = 0; l < 32; l++)
-    any |= (int)sim_blk->slots[32 * w + l];
-  sim_blk->warp_bar[w]->arrive_and_wait();
-  return any;
-}
-
-static unsigned __vmaxu2(unsigned a, unsigned b) {
-  const unsigned lo = std::max(a & 0xFFFFu, b & 0xFFFFu), hi = std::max(a >> 16, b >> 16);
-  return lo | hi << 16;
-}
-
-static unsigned __byte_perm(unsigned a, unsigned b, unsigned s) {
-  const uint64_t v = (uint64_t)b << 32 | a;
-  unsigned r = 0;
-  for (int i = 0; i < 4; i++)
-    r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xFF) << (8 * i);
-  return r;
-}
-
-template <typename T> static T __ldg(const T *p) {
-  return *p;
-}
-
-static std::mutex sim_atomic;
-static int atomicMax(int *p, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  *p = std::max(o, v);
-  return o;
-}
-static int atomicCAS(int *p, int c, int v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const int o = *p;
-  if (o == c) *p = v;
-  return o;
-}
-/* the dbias reduction of k_tile64 (never run here: MXFP8 takes no bias gradient) only has to
- * compile */
-static unsigned atomicAdd(unsigned *p, unsigned v) {
-  std::lock_guard<std::mutex> g(sim_atomic);
-  const unsigned o = *p;
-  *p = o + v;
-  return o;
-}
-static void __threadfence() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-}
-template <typename T> static T __ldcg(const T *p) {
-  return *p;
-}
-static float __uint_as_float(unsigned u) {
-  float f;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+/* quantize_tile64.cu's band height: CUDA's min for 64-bit integers */
 static int64_t min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
-
-/* The grid runs block after block; a block's threads run concurrently. */
-template <typename K, typename... A>
-static void sim_launch(K kernel, unsigned grid, unsigned block, size_t smem, cudaStream_t,
-                       A... args) {
-  sim_grid = dim3(grid);
-  sim_block = dim3(block);
-  for (unsigned b = 0; b < grid; b++) {
-    SimBlock blk;
-    blk.nthreads = (int)block;
-    std::barrier<> bar((std::ptrdiff_t)block);
-    blk.block_bar = &bar;
-    std::vector<std::unique_ptr<std::barrier<>>> wb;
-    for (unsigned w = 0; w < (block + 31) / 32; w++) {
-      wb.emplace_back(new std::barrier<>(32));
-      blk.warp_bar.push_back(wb.back().get());
-    }
-    blk.slots.assign(block, 0);
-    blk.smem.assign(smem ? smem : 16, 0xA5); /* not zero: reads of unwritten bytes show */
-    std::vector<std::thread> th;
-    for (unsigned t = 0; t < block; t++)
-      th.emplace_back([&, t] {
-        sim_tid = make_uint3(t, 0, 0);
-        sim_bid = make_uint3(b, 0, 0);
-        sim_blk = &blk;
-        kernel(args...);
-      });
-    for (auto &x : th)
-      x.join();
-  }
-}
-#define LKC_LAUNCH(kernel, grid, block, smem, stream, ...)                                         \
-  sim_launch(kernel, (grid), (block), (smem), (stream), __VA_ARGS__)
-#define LKC_SIM 1
-
-/* the runtime calls the launchers make: a small device (3 SMs, 2 blocks each), so that the
- * persistent kernels loop over several tiles per block */
-extern "C" {
-cudaError_t cudaGetLastError(void) {
-  return cudaSuccess;
-}
-cudaError_t cudaGetDevice(int *d) {
-  *d = 0;
-  return cudaSuccess;
-}
-cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr, int) {
-  *v = 3;
-  return cudaSuccess;
-}
-cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, int, size_t) {
-  *n = 2;
-  return cudaSuccess;
-}
-cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute, int) {
-  return cudaSuccess;
-}
-cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int, const int32_t *,
-                            cudaStream_t) {
+/* the dbias reduction of k_tile64 (never run here: MXFP8 takes no bias gradient) only has to
+ * link */
+extern "C" cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int,
+                                       const int32_t *, cudaStream_t) {
   return cudaErrorNotSupported;
-}
 }
 
 /* the three in one translation unit: their file-local (anonymous namespace) names must differ */
@@ -207,8 +34,7 @@ cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int, c
 
 /* ---- the check ------------------------------------------------------------------------------ */
 
-extern "C" int lutra_cpu_quantize_mxfp8(const lutra_quant_args *a);
-extern "C" int lutra_cpu_cast(const lutra_quant_args *a);
+#include "sim_cpu.h"
 
 static uint16_t to16(int dt, float f) {
   return (uint16_t)(dt == LUTRA_BF16 ? lkc::bf16_bits(f) : lkc::f16_bits(f));
@@ -317,7 +143,7 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
       q.col_scale_inv = o[d].csc.data();
     }
     q.skip = skip >= 0 ? &skipv : nullptr;
-    const int rc = d == 0 ? lutra_cpu_quantize_mxfp8(&q) : (int)lk_quantize_mxfp8(&q, nullptr);
+    const int rc = d == 0 ? cpu::lutra_cpu_quantize_mxfp8(&q) : (int)lk_quantize_mxfp8(&q, nullptr);
     if (rc != 0) {
       printf("FAIL rc %d (device %d)\n", rc, d);
       failures++;
@@ -354,7 +180,7 @@ static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, 
     q.amax = &amax[d];
     q.scale_inv = &sinv[d][0];
     q.col_scale_inv = &sinv[d][1];
-    const int rc = d == 0 ? lutra_cpu_cast(&q) : (int)lkc::cast_transpose(&q, nullptr);
+    const int rc = d == 0 ? cpu::lutra_cpu_cast(&q) : (int)lkc::cast_transpose(&q, nullptr);
     if (rc != 0) {
       printf("FAIL cast rc %d (device %d)\n", rc, d);
       failures++;

@@ -25,25 +25,16 @@ local nn = lutra.nn
 local C = lutra.C
 local S = require("spec.gpu.support")
 local FB = require("spec.support.fp8_bytes")
+local N = require("spec.support.norm_modules")
 local DEV, REF, hold = S.DEV, S.REF, S.hold
 local function test(name, fn) S.test(it, name, fn) end
 
-local RECIPES = {
-  { name = "delayed", make = function() return lutra.recipe.delayed{ amax_history_len = 4 } end,
-    cfg = { tensor = true, delayed = true } },
-  { name = "current", make = function() return lutra.recipe.current{} end, cfg = { tensor = true } },
-  { name = "mxfp8", make = function() return lutra.recipe.mxfp8{} end, cfg = {} },
-  { name = "block", make = function() return lutra.recipe.block{} end, cfg = {} },
-}
+local RECIPES = N.RECIPES
 
 -- a norm module on device dev with parameters from the seed (host-generated: equal on both)
 local function norm_on(dev, rms, h, dtype, zc, seed)
-  local m = hold((rms and nn.RMSNorm or nn.LayerNorm)(h, { dtype = dtype, device = dev,
-                                                          zero_centered_gamma = zc }))
-  local p = m:parameters()
-  p[1].value:randn(seed, zc and 0 or 1, 0.3)
-  if not rms then p[2].value:randn(seed + 1, 0, 0.5) end
-  return m, p[1].value, not rms and p[2].value or nil
+  local m, g, b = N.new_norm(rms, h, { dtype = dtype, device = dev, zero_centered_gamma = zc }, seed)
+  return hold(m), g, b
 end
 
 local function count_diff(a, b)
@@ -144,8 +135,7 @@ local function bound(rc, dtype, mlp)
   return mlp and 1e-4 or 1e-5
 end
 
-local CASES = { { name = "no recipe" } }
-for _, rc in ipairs(RECIPES) do CASES[#CASES + 1] = rc end
+local CASES = N.recipe_cases()
 
 local MODULES = {
   { name = "LayerNormLinear LayerNorm", rows = 64, in_ = 256, out = 128,

@@ -30,6 +30,7 @@ int lutra_norm_core_init(lutra_norm_core *c, const lutra_norm_desc *d, const cha
   c->d.rms = d->rms != 0;
   c->d.zero_centered_gamma = d->zero_centered_gamma != 0;
   c->be = be;
+  /* gamma = 1 (stored as 0 when zero-centered), beta = 0, as torch and TE initialise them */
   int st = make_param(c, c->d.zero_centered_gamma ? 0.0f : 1.0f, &c->weight, fn);
   if (st == LUTRA_OK) st = make_param(c, 0.0f, &c->wgrad, fn);
   if (st == LUTRA_OK && !c->d.rms) st = make_param(c, 0.0f, &c->bias, fn);
@@ -39,15 +40,19 @@ int lutra_norm_core_init(lutra_norm_core *c, const lutra_norm_desc *d, const cha
 }
 
 void lutra_norm_core_release(lutra_norm_core *c) {
-  lutra_tensor *owned[] = {c->weight, c->bias, c->wgrad, c->bgrad, c->y, c->dx, c->mean, c->rstd};
+  lutra_tensor *owned[] = {c->weight, c->bias, c->wgrad, c->bgrad};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
+  lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->mean_cache, &c->rstd_cache};
+  for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
+    lutra_tensor_cache_release(caches[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = c->y = c->dx = c->mean = c->rstd = NULL;
   lutra_tensor_hold(&c->x, NULL);
   c->forward_done = false;
 }
 
-int lutra_norm_core_prepare(lutra_norm_core *c, const lutra_tensor *x, const char *fn) {
+/* stats: size the row statistics too (a forward that keeps nothing for a backward needs none) */
+static int prepare(lutra_norm_core *c, const lutra_tensor *x, bool stats, const char *fn) {
   CHECK_ARG(x->scaling == LUTRA_SCALING_NONE, "input is quantized (FP8); a norm takes f32/bf16");
   CHECK_ARG(x->dtype == c->d.dtype, "input dtype %s does not match the module's %s",
             lutra_dtype_name(x->dtype), lutra_dtype_name(c->d.dtype));
@@ -56,11 +61,19 @@ int lutra_norm_core_prepare(lutra_norm_core *c, const lutra_tensor *x, const cha
             (long long)lutra_cols(x), (long long)c->d.hidden);
   CHECK_ARG(x->device == c->d.device, "input is on another device than the module");
   int64_t rows = lutra_rows(x);
-  TRY(lutra_tensor_ensure(&c->y, PLAIN_TENSOR(x->dtype, x->ndim, x->shape, x->device), fn));
-  TRY(lutra_tensor_ensure(&c->rstd, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device), fn));
-  if (!c->d.rms)
-    TRY(lutra_tensor_ensure(&c->mean, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device), fn));
+  TRY(lutra_tensor_cache_get(&c->y_cache, PLAIN_TENSOR(x->dtype, x->ndim, x->shape, x->device),
+                             &c->y, fn));
+  if (stats)
+    TRY(lutra_tensor_cache_get(&c->rstd_cache, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device),
+                               &c->rstd, fn));
+  if (stats && !c->d.rms)
+    TRY(lutra_tensor_cache_get(&c->mean_cache, PLAIN_TENSOR(LUTRA_F32, 1, &rows, x->device),
+                               &c->mean, fn));
   return LUTRA_OK;
+}
+
+int lutra_norm_core_prepare(lutra_norm_core *c, const lutra_tensor *x, const char *fn) {
+  return prepare(c, x, true, fn);
 }
 
 lutra_norm_args lutra_norm_core_args(const lutra_norm_core *c, const lutra_tensor *x) {
@@ -75,7 +88,7 @@ lutra_norm_args lutra_norm_core_args(const lutra_norm_core *c, const lutra_tenso
                            .rms = c->d.rms,
                            .zero_centered_gamma = c->d.zero_centered_gamma,
                            .mean = c->mean ? c->mean->data : NULL,
-                           .rstd = c->rstd->data};
+                           .rstd = c->rstd ? c->rstd->data : NULL};
 }
 
 int lutra_norm_core_forward(lutra_norm_core *c, const lutra_tensor *x, const char *fn) {
@@ -91,17 +104,32 @@ void lutra_norm_core_done(lutra_norm_core *c, const lutra_tensor *x, bool grad) 
   c->forward_done = true;
 }
 
-int lutra_norm_core_backward(lutra_norm_core *c, const lutra_tensor *dy, lutra_tensor **dx,
-                             const char *fn) {
+int lutra_norm_core_run(lutra_norm_core *c, const lutra_tensor *x, bool grad, const char *fn) {
+  TRY(prepare(c, x, grad, fn));
+  lutra_norm_args na = lutra_norm_core_args(c, x);
+  na.y = c->y->data;
+  if (!grad) na.mean = na.rstd = NULL;
+  TRY(c->be->layernorm_forward(&na));
+  lutra_norm_core_done(c, x, grad);
+  return LUTRA_OK;
+}
+
+int lutra_norm_core_check_saved(const lutra_norm_core *c, const char *fn) {
   CHECK_STATE(c->x, c->forward_done ? "the last forward ran with grad = false (inference): it "
                                       "kept nothing for a backward"
                                     : "backward called before forward");
   CHECK_STATE(!(c->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
+  return LUTRA_OK;
+}
+
+int lutra_norm_core_backward(lutra_norm_core *c, const lutra_tensor *dy, lutra_tensor **dx,
+                             const char *fn) {
+  TRY(lutra_norm_core_check_saved(c, fn));
   CHECK_ARG(dy->dtype == c->d.dtype && dy->numel == c->x->numel && dy->device == c->d.device,
             "the norm's output gradient does not match its input");
   if (dx)
-    TRY(lutra_tensor_ensure(&c->dx, PLAIN_TENSOR(c->x->dtype, c->x->ndim, c->x->shape, c->d.device),
-                            fn));
+    TRY(lutra_tensor_cache_get(
+        &c->dx_cache, PLAIN_TENSOR(c->x->dtype, c->x->ndim, c->x->shape, c->d.device), &c->dx, fn));
   lutra_norm_args na = lutra_norm_core_args(c, c->x);
   na.dy = dy->data;
   na.dx = dx ? c->dx->data : NULL;

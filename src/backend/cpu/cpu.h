@@ -8,6 +8,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 
+#include <float.h>
 #include <stdbool.h>
 
 extern const lutra_backend lutra_cpu_backend;
@@ -19,6 +20,20 @@ static inline bool lutra_cpu_float_dtype(int dtype) {
 #define CHECK_FLOAT_DTYPE(dtype, what)                                                             \
   CHECK_ARG(lutra_cpu_float_dtype(dtype), "unsupported %s dtype %d (expected F32, BF16, F16)",     \
             what, (int)(dtype))
+
+/* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX): the scale of the
+ * per-tensor, block and rowwise quantizations */
+static inline float lutra_cpu_scale_rule(float amax, float fp8_max, int power_2_scale,
+                                         float epsilon) {
+  float a = amax;
+  if (a < epsilon) a = epsilon;
+  float scale = 1.0f;
+  if (isinf(a) || a == 0.0f) return scale;
+  scale = fp8_max / a;
+  if (isinf(scale)) scale = FLT_MAX;
+  if (power_2_scale) scale = bits_f32(f32_bits(scale) & 0xFF800000u);
+  return scale;
+}
 
 /* memory (memory_cpu.c) */
 int lutra_cpu_alloc(size_t bytes, void **out);

@@ -35,18 +35,6 @@ static inline int64_t round4(int64_t n) {
   return (n + 3) / 4 * 4;
 }
 
-/* TransformerEngine's compute_scale_from_amax (value_for_inf = FLT_MAX). */
-static inline float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {
-  float a = amax;
-  if (a < epsilon) a = epsilon;
-  float scale = 1.0f;
-  if (isinf(a) || a == 0.0f) return scale;
-  scale = fp8_max / a;
-  if (isinf(scale)) scale = FLT_MAX;
-  if (power_2_scale) scale = bits_f32(f32_bits(scale) & 0xFF800000u);
-  return scale;
-}
-
 /* lutra_quant_args.skip: on the CPU the flag is host memory, read when the call runs */
 static inline bool skipped(const int32_t *skip) {
   return skip && *skip != 0;
@@ -164,7 +152,7 @@ int lutra_cpu_current_scale(const void *x, int dtype, int64_t n, float fp8_max, 
   float m = 0.0f; /* work is the CUDA kernels' scratch: nothing to keep here */
   TRY(lutra_cpu_amax(x, dtype, n, &m));
   *amax = m;
-  *scale = scale_rule(m, fp8_max, power_2_scale, epsilon);
+  *scale = lutra_cpu_scale_rule(m, fp8_max, power_2_scale, epsilon);
   return LUTRA_OK;
 }
 
@@ -302,7 +290,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
             v[i] = load_x(a->x, xd, r * cols + c0 + i);
             amax = fmaxf(amax, fabsf(v[i]));
           }
-          const float s = scale_rule(amax, fp8_max, p2, eps);
+          const float s = lutra_cpu_scale_rule(amax, fp8_max, p2, eps);
           for (int i = 0; i < n; i++)
             data[r * cols + c0 + i] = fp8(od, v[i] * s);
           sc[b * round4(rows) + r] = 1.0f / s; /* [cb][roundup(rows, 4)] */
@@ -322,7 +310,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
             v[i] = load_x(a->x, xd, (r0 + i) * cols + c);
             amax = fmaxf(amax, fabsf(v[i]));
           }
-          const float s = scale_rule(amax, fp8_max, p2, eps);
+          const float s = lutra_cpu_scale_rule(amax, fp8_max, p2, eps);
           for (int i = 0; i < n; i++)
             data[c * rows + r0 + i] = fp8(od, v[i] * s);
           sc[b * round4(cols) + c] = 1.0f / s; /* [rb][roundup(cols, 4)] */
@@ -344,7 +332,7 @@ int lutra_cpu_quantize_block(const lutra_quant_args *a) {
       for (int64_t r = r0; r < r1; r++)
         for (int64_t c = c0; c < c1; c++)
           amax = fmaxf(amax, fabsf(load_x(a->x, xd, r * cols + c)));
-      const float s = scale_rule(amax, fp8_max, p2, eps);
+      const float s = lutra_cpu_scale_rule(amax, fp8_max, p2, eps);
       for (int64_t r = r0; r < r1; r++) {
         for (int64_t c = c0; c < c1; c++) {
           uint8_t q = fp8(od, load_x(a->x, xd, r * cols + c) * s);

@@ -4,20 +4,7 @@
  * lutra_encode, as the other CPU quantizers. */
 #include "cpu.h"
 
-#include <float.h>
 #include <math.h>
-
-/* TransformerEngine's compute_scale_from_amax, as quantize_cpu.c's scale_rule */
-static float scale_rule(float amax, float fp8_max, int power_2_scale, float epsilon) {
-  float a = amax;
-  if (a < epsilon) a = epsilon;
-  float scale = 1.0f;
-  if (isinf(a) || a == 0.0f) return scale;
-  scale = fp8_max / a;
-  if (isinf(scale)) scale = FLT_MAX;
-  if (power_2_scale) scale = bits_f32(f32_bits(scale) & 0xFF800000u);
-  return scale;
-}
 
 static inline float load_x(const void *x, int dtype, int64_t i) {
   if (dtype == LUTRA_F32) return ((const float *)x)[i];
@@ -30,7 +17,7 @@ static void quantize_line(const lutra_quant_args *a, int64_t i0, int64_t stride,
   float amax = 0.0f;
   for (int64_t k = 0; k < n; k++)
     amax = fmaxf(amax, fabsf(load_x(a->x, a->x_dtype, i0 + k * stride)));
-  const float s = scale_rule(amax, fp8_max, a->power_2_scale, a->amax_epsilon);
+  const float s = lutra_cpu_scale_rule(amax, fp8_max, a->power_2_scale, a->amax_epsilon);
   for (int64_t k = 0; k < n; k++)
     out[k] = (uint8_t)lutra_encode(a->out_dtype, load_x(a->x, a->x_dtype, i0 + k * stride) * s);
   *scale_inv = 1.0f / s;

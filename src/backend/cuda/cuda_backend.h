@@ -12,7 +12,10 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-/* The backend table, after the one-time device check; NULL with the error set for fn. */
+/* backend_cuda.c: the table */
+extern const lutra_backend lutra_cuda_table;
+
+/* context_cuda.c: the table, after the one-time device check; NULL with the error set for fn. */
 int lutra_cuda_backend(const lutra_backend **out, const char *fn);
 int lutra_cuda_use_stream(void *stream);
 
@@ -24,15 +27,28 @@ struct lk_scratch;
 const struct lk_scratch *lutra_cuda_reduce_scratch(void);
 /* The GEMM workspace of this thread's stream, grown to bytes (the table's gemm_workspace). */
 int lutra_cuda_workspace(size_t bytes, void **ptr, size_t *have);
+/* The fused quantize + bias gradient's scratch of this thread's stream, grown for a rows x cols
+ * input, into q (dbias_scratch, dbias_count). */
+int lutra_cuda_dbias_scratch(int64_t rows, int64_t cols, lutra_quant_args *q);
 /* Threads holding a CUDA context (stream, handle, scratch): for checking thread-exit release. */
 int lutra_cuda_live_threads(void);
+/* Calls a CUDA graph cannot contain: LUTRA_ESTATE naming what while this thread captures one. */
+int lutra_cuda_refuse_in_capture(const char *fn, const char *what);
 
 /* CUDA / cuBLAS status to a lutra status, with the library's message. */
 int lutra_cuda_status(cudaError_t e, const char *fn, const char *what);
 int lutra_cublas_status(cublasStatus_t s, const char *fn, const char *what);
 
-/* Frees deferred while a capture was in progress (backend_cuda.c); graph_cuda.c runs them once
- * the capture has ended. */
+/* memory_cuda.c: the table's memory entries on this thread's stream */
+int lutra_cuda_alloc(size_t bytes, void **out);
+void lutra_cuda_free(void *p);
+int lutra_cuda_from_host(void *dst, const void *src, size_t bytes);
+int lutra_cuda_to_host(void *dst, const void *src, size_t bytes);
+int lutra_cuda_copy(void *dst, const void *src, size_t bytes);
+int lutra_cuda_memset(void *dst, int value, size_t bytes);
+int lutra_cuda_sync(void);
+/* Frees deferred while a capture was in progress; graph_cuda.c runs them once the capture has
+ * ended. */
 void lutra_cuda_free_deferred(void);
 void lutra_cuda_deferred_release(void); /* thread exit: the list itself */
 
