@@ -542,6 +542,10 @@ typedef struct lutra_backend {
   int (*rules_apply)(lutra_scale_meta *const *metas, int n, const float *scales);
   /* rowwise scaling (lutra/formats.h): one f32 scale_inv per row of each copy (NULL: none) */
   int (*quantize_rowwise)(const lutra_quant_args *a);
+  /* A small host-to-device copy in stream order that does not wait for the device: src is
+   * staged (in pinned memory) before this returns and may be reused at once. GroupedLinear's
+   * host splits. NULL where from_host does not wait anyway (the CPU). */
+  int (*from_host_async)(void *dst, const void *src, size_t bytes);
 } lutra_backend;
 
 #endif
