@@ -135,7 +135,8 @@ local function floor_fn(copies, kernels)
   end
 end
 
-local recipes = { bf16 = false, ["bf16-per-expert"] = false, delayed = function() return lutra.recipe.delayed { amax_history_len = 16 } end,
+local recipes = { bf16 = false, ["bf16-per-expert"] = false, ["bf16-per-expert-graphs"] = false,
+                  delayed = function() return lutra.recipe.delayed { amax_history_len = 16 } end,
                   current = function() return lutra.recipe.current {} end }
 
 local function random_splits(E, T, skew, seed)
@@ -164,22 +165,30 @@ local function host_part()
   for _, E in ipairs { 8, 64 } do
     local T = E * o.rows
     load_floors(T, K, N)
-    for _, mode in ipairs { "bf16", "delayed", "current", "bf16-per-expert" } do
+    for _, mode in ipairs { "bf16", "delayed", "current", "bf16-per-expert",
+                            "bf16-per-expert-graphs" } do
       local m = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, seed = 1 })
-      -- the second path: host splits (a ring of Lua tables), one cuBLASLt GEMM per expert
-      local per_expert = mode == "bf16-per-expert"
-      if per_expert then m:set_path("per_expert") end
+      -- the second path: host splits (a ring of Lua tables), one cuBLASLt GEMM per expert;
+      -- "bf16-per-expert" with its split-pattern graphs off (16 patterns that keep changing),
+      -- "-graphs" with 4 patterns that keep returning, each pass a graph replay once seen twice
+      local graphs = mode == "bf16-per-expert-graphs"
+      local per_expert = mode == "bf16-per-expert" or graphs
+      if per_expert then
+        m:set_path("per_expert")
+        m:set_graph_capacity(graphs and 64 or 0)
+      end
       local x = lutra.tensor({ T, K }, "bf16", DEV):randn(2)
       local dy = lutra.tensor({ T, N }, "bf16", DEV):randn(3)
       local ring = {}
-      for i = 1, 16 do
+      local ring_n = graphs and 4 or 16
+      for i = 1, ring_n do
         ring[i] = per_expert and random_splits(E, T, false, i)
                   or lutra.from_table(random_splits(E, T, false, i), { E }, "i32", DEV)
       end
       local scope = recipes[mode] and lutra.autocast { recipe = recipes[mode]() } or nil
       local i = 0
       local function fwd()
-        i = i % 16 + 1
+        i = i % ring_n + 1
         if scope then scope:enter() end
         m:forward(x, ring[i])
         if scope then scope:exit() end
@@ -187,8 +196,10 @@ local function host_part()
       local function step() fwd(); m:backward(dy) end
       for _, fig in ipairs { { "forward", fwd, false }, { "forward+backward", step, true } } do
         local copies, kernels = launches(mode, fig[3])
-        -- per expert: a synchronizing host-to-device copy of the splits and E GEMMs per pass
+        -- per expert: a staged host-to-device copy of the splits and E GEMMs per pass (with
+        -- graphs: one graph launch per pass)
         if per_expert then copies, kernels = 1, E * (fig[3] and 3 or 1) end
+        if graphs then kernels = fig[3] and 2 or 1 end
         local t, f = host_time(fig[2], o.calls, o.batches,
                                not per_expert and floor_fn(copies, kernels) or nil)
         print(string.format("| %d | %s | %s | %.2f | %s | %s | %d |", E, mode, fig[1], t * 1e6,
