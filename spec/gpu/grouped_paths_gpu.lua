@@ -84,7 +84,7 @@ describe("nn.GroupedLinear's f32 path on " .. DEV .. " against " .. REF, functio
     assert.matches("needs host m_splits", tostring(err), 1, true)
     -- the refusal changed nothing: host splits still run
     local y = dev:forward(x, { 8, 0, 8, 16, 0 })
-    assert.are.equal(32, y:shape()[1])
+    assert.are.equal(32, y:dims()[1])
   end)
 end)
 
