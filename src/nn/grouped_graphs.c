@@ -175,11 +175,7 @@ int lutra_grouped_graphs_run(grouped_linear *g, int pass, const void *const *ptr
     return issue(g, ctx, fn);
   }
   e = slot_for(c);
-  *e = (entry){.hash = h,
-               .used = ++c->clock,
-               .pass = pass,
-               .live = true,
-               .splits = e->splits};
+  *e = (entry){.hash = h, .used = ++c->clock, .pass = pass, .live = true, .splits = e->splits};
   memcpy(e->ptrs, key, sizeof e->ptrs);
   memcpy(e->splits, g->splits_host, (size_t)c->num * sizeof *e->splits);
   c->count++;

@@ -5,13 +5,13 @@
  * so that optimizers and checkpoints see num_gemms ordinary weights. */
 #include "nn/grouped_linear.h"
 #include "backend/device.h"
-#include "nn/grouped_graphs.h"
 #include "backend/grouped_layout.h"
 #include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/autocast.h"
+#include "nn/grouped_graphs.h"
 #include "runtime/tensor.h"
 
 #include <math.h>
@@ -428,8 +428,8 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
                 "host m_splits while capturing a CUDA graph would be replayed unchanged: pass "
                 "the splits as a device tensor");
     /* staged: the host does not wait for the device's queue to drain */
-    TRY((g->be->from_host_async ? g->be->from_host_async : g->be->from_host)(g->splits_dev->data,
-                                                                            v, bytes));
+    TRY((g->be->from_host_async ? g->be->from_host_async : g->be->from_host)(g->splits_dev->data, v,
+                                                                             bytes));
     memcpy(g->splits_host, v, bytes);
     g->splits_host_known = true;
   } else {
