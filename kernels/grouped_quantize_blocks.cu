@@ -129,8 +129,10 @@ template <int XD, int OD> __device__ void mx_group(const BlockQuant &a, const Gr
     const float rcp = mx_scale_rcp(e);
     uint8_t *dst = a.col_data + g.P * cols + c * g.p + g.r0;
     uint32_t w[4];
-    LKC_UNROLL /* constant indices keep v and w in registers */
-        for (int i = 0; i < 32; i++) if (i < g.n) put_col(w, i, encode1<OD>(v[i], rcp), dst);
+    /* unrolled: constant indices keep v and w in registers */
+    LKC_UNROLL
+    for (int i = 0; i < 32; i++)
+      if (i < g.n) put_col(w, i, encode1<OD>(v[i], rcp), dst);
     static_cast<uint8_t *>(a.col_scale_inv)[g.scol + c * (g.p / 32) + g.r0 / 32] = (uint8_t)e;
   }
   if (a.data) {
