@@ -10,10 +10,17 @@
 --          device) at tokens 16384, 4096 -> 4096 and 1024 -> 4096, 8 and 64 experts, balanced
 --          and skewed routing, bf16 and FP8 current scaling, against one dense GEMM of the same
 --          FLOPs (an nn.Linear of [16384, in] -> out: one cuBLASLt matmul).
+--   fp8    where an FP8 grouped forward's time goes: the same shapes timed with the weights
+--          quantized every call (as in gemm), with the FP8 weights cached (is_first_microbatch
+--          false: input cast + GEMM), under delayed scaling with cached weights (one cast pass,
+--          no amax pass), beside the bf16 grouped forward and the dense FP8 Linear both ways.
+--          The differences are the weight quantization and the input's amax pass; for the time
+--          of each kernel run it under Nsight Systems:
+--            nsys profile -o grouped_fp8 --stats=true luajit bench/grouped_bench.lua --part fp8
 -- Usage (on the GPU machine, from the repository root, after make):
 --   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
 --     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt
---   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/grouped_bench.lua [--part host|gemm|all]
+--   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/grouped_bench.lua [--part host|gemm|fp8|all]
 --     [--rows 16] [--in 64] [--out 64] [--batches 15] [--calls 200] [--quick]
 --     [--floors-lib build/libhost_floors.so] [--device cuda|cpu]   (--help lists them)
 -- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
@@ -30,7 +37,7 @@ local function parse(argv)
   end
   local p = argparse("grouped_bench.lua", "GroupedLinear host time per call beside its raw "
                      .. "launches, and grouped GEMM throughput beside one dense GEMM.")
-  p:option("--part", "which benchmarks", "all"):choices({ "host", "gemm", "all" })
+  p:option("--part", "which benchmarks", "all"):choices({ "host", "gemm", "fp8", "all" })
   p:option("--rows", "rows per expert (host part)", "16", tonumber)
   p:option("--in", "input features (host part)", "64", tonumber)
   p:option("--out", "output features (host part)", "64", tonumber)
@@ -128,7 +135,8 @@ local function floor_fn(copies, kernels)
   end
 end
 
-local recipes = { bf16 = false, ["bf16-per-expert"] = false, delayed = function() return lutra.recipe.delayed { amax_history_len = 16 } end,
+local recipes = { bf16 = false, ["bf16-per-expert"] = false, ["bf16-per-expert-graphs"] = false,
+                  delayed = function() return lutra.recipe.delayed { amax_history_len = 16 } end,
                   current = function() return lutra.recipe.current {} end }
 
 local function random_splits(E, T, skew, seed)
@@ -157,22 +165,30 @@ local function host_part()
   for _, E in ipairs { 8, 64 } do
     local T = E * o.rows
     load_floors(T, K, N)
-    for _, mode in ipairs { "bf16", "delayed", "current", "bf16-per-expert" } do
+    for _, mode in ipairs { "bf16", "delayed", "current", "bf16-per-expert",
+                            "bf16-per-expert-graphs" } do
       local m = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, seed = 1 })
-      -- the second path: host splits (a ring of Lua tables), one cuBLASLt GEMM per expert
-      local per_expert = mode == "bf16-per-expert"
-      if per_expert then m:set_path("per_expert") end
+      -- the second path: host splits (a ring of Lua tables), one cuBLASLt GEMM per expert;
+      -- "bf16-per-expert" with its split-pattern graphs off (16 patterns that keep changing),
+      -- "-graphs" with 4 patterns that keep returning, each pass a graph replay once seen twice
+      local graphs = mode == "bf16-per-expert-graphs"
+      local per_expert = mode == "bf16-per-expert" or graphs
+      if per_expert then
+        m:set_path("per_expert")
+        m:set_graph_capacity(graphs and 64 or 0)
+      end
       local x = lutra.tensor({ T, K }, "bf16", DEV):randn(2)
       local dy = lutra.tensor({ T, N }, "bf16", DEV):randn(3)
       local ring = {}
-      for i = 1, 16 do
+      local ring_n = graphs and 4 or 16
+      for i = 1, ring_n do
         ring[i] = per_expert and random_splits(E, T, false, i)
                   or lutra.from_table(random_splits(E, T, false, i), { E }, "i32", DEV)
       end
       local scope = recipes[mode] and lutra.autocast { recipe = recipes[mode]() } or nil
       local i = 0
       local function fwd()
-        i = i % 16 + 1
+        i = i % ring_n + 1
         if scope then scope:enter() end
         m:forward(x, ring[i])
         if scope then scope:exit() end
@@ -180,8 +196,10 @@ local function host_part()
       local function step() fwd(); m:backward(dy) end
       for _, fig in ipairs { { "forward", fwd, false }, { "forward+backward", step, true } } do
         local copies, kernels = launches(mode, fig[3])
-        -- per expert: a synchronizing host-to-device copy of the splits and E GEMMs per pass
+        -- per expert: a staged host-to-device copy of the splits and E GEMMs per pass (with
+        -- graphs: one graph launch per pass)
         if per_expert then copies, kernels = 1, E * (fig[3] and 3 or 1) end
+        if graphs then kernels = fig[3] and 2 or 1 end
         local t, f = host_time(fig[2], o.calls, o.batches,
                                not per_expert and floor_fn(copies, kernels) or nil)
         print(string.format("| %d | %s | %s | %.2f | %s | %s | %d |", E, mode, fig[1], t * 1e6,
@@ -242,5 +260,58 @@ local function gemm_part()
   end
 end
 
+-- the FP8 grouped forward taken apart (see the header): microseconds per call and TFLOP/s
+local function fp8_part()
+  if not CUDA then return end
+  local T = 16384
+  print("\n## FP8 grouped forward, where the time goes (tokens 16384, balanced device splits)")
+  print("| experts | in -> out | variant | us/call | TFLOP/s | x dense FP8 (cached) |")
+  print("|---|---|---|---|---|---|")
+  local function gpu_time(fn)
+    for _ = 1, 3 do fn() end
+    lutra.synchronize(DEV)
+    local reps = o.quick and 5 or 20
+    local t0 = lutra.now()
+    for _ = 1, reps do fn() end
+    lutra.synchronize(DEV)
+    return (lutra.now() - t0) / reps
+  end
+  local cur = lutra.autocast { recipe = lutra.recipe.current {} }
+  local del = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+  for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
+    local K, N = shape[1], shape[2]
+    local flops = 2 * T * K * N
+    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
+    local dense = nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+    cur:run(function() dense:forward(x, true) end)
+    local td_cached = gpu_time(function() cur:run(function() dense:forward(x, false) end) end)
+    local td_requant = gpu_time(function() cur:run(function() dense:forward(x) end) end)
+    for _, E in ipairs { 8, 64 } do
+      local g = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, bias = false, seed = 7 })
+      local sp = lutra.from_table(random_splits(E, T, false, 9), { E }, "i32", DEV)
+      local rows = {
+        { "dense FP8 current, weight quantized every call", td_requant },
+        { "dense FP8 current, weight cached", td_cached },
+        { "grouped bf16", gpu_time(function() g:forward(x, sp) end) },
+        { "grouped current, weights quantized every call",
+          gpu_time(function() cur:run(function() g:forward(x, sp) end) end) },
+      }
+      cur:run(function() g:forward(x, sp, true) end)
+      rows[#rows + 1] = { "grouped current, weights cached",
+                          gpu_time(function() cur:run(function() g:forward(x, sp, false) end) end) }
+      del:run(function() g:forward(x, sp, true) end)
+      rows[#rows + 1] = { "grouped delayed, weights cached",
+                          gpu_time(function() del:run(function() g:forward(x, sp, false) end) end) }
+      for _, r in ipairs(rows) do
+        print(string.format("| %d | %d -> %d | %s | %.1f | %.0f | %.2f |", E, K, N, r[1],
+                            r[2] * 1e6, flops / r[2] / 1e12, td_cached / r[2]))
+      end
+      g:check_splits()
+      g:free()
+    end
+  end
+end
+
 if o.part == "host" or o.part == "all" then host_part() end
 if o.part == "gemm" or o.part == "all" then gemm_part() end
+if o.part == "fp8" or o.part == "all" then fp8_part() end

@@ -23,8 +23,15 @@
  *                                                                grad_output
  *   Fp8Grad     e5m2 x e4m3 -> bf16, TN, promoted accumulation   DGRAD, WGRAD (HYBRID)
  *   Fp8GradF32  e5m2 x e4m3 -> f32, TN, beta = 1                 WGRAD into main_grad (HYBRID)
- * Tiles 128x128x64 (bf16) / 128x128x128 (FP8), cluster 1x1. Anything else (f32 modules, the
- * block-scaled recipes, E4M3 grad_output into main_grad) is cudaErrorNotSupported.
+ * Tiles 128x128x64 (bf16) / 128x128x128 (FP8), cluster 1x1. f32 modules are
+ * cudaErrorNotSupported (an f32 GroupedLinear runs per-expert cuBLASLt GEMMs from host splits).
+ *
+ * FP8 operands the FP8 instantiations do not take (MXFP8: Hopper has no MXFP8 tensor cores;
+ * 1x128 / 128x128 blocks: CUTLASS's Hopper grouped kernels take per-tensor scales only; an E4M3
+ * grad_output into main_grad) run as Linear runs them on Hopper (backend/cuda/gemm_cuda.c): each
+ * operand dequantized to bf16 by one launch for all experts (kernels/grouped_dequant.cu, into
+ * the workspace after the CUTLASS kernels' own, in the bf16 path's orientation), then the bf16
+ * instantiation of the pass, with K = the padded rows in WGRAD as the FP8 kernels.
  *
  * A GEMM object is initialized once per instantiation, scratch, workspace and expert count
  * (its arguments point at the scratch arrays, whose contents change, not at the values), and
@@ -162,6 +169,12 @@ struct Setup {
   void *const *dw;      /* WGRAD outputs */
   lutra_grouped_fp8 xq, dyq, wq;
   int64_t *R, *P, *ok;
+  /* dequantized FP8 (lk_grouped_gemm_dequantizes): the bf16 token operand ah ([padded rows,
+   * K-side cols] at the padded offsets) and the other one bh (FPROP, DGRAD: the experts'
+   * weights, pw padded rows each; WGRAD: x at the padded offsets) */
+  int deq;
+  const char *ah, *bh;
+  int64_t pw;
 };
 
 __device__ __forceinline__ float scale16(const void *p, int e) {
@@ -200,7 +213,10 @@ template <class C> __global__ void k_setup(Setup s, Arrays<C> a) {
     if (s.pass == LUTRA_GROUPED_FPROP) {
       M = (int)n, N = (int)out, K = (int)in;
       pd = static_cast<char *>(s.y) + R * out * (int64_t)sizeof(ED);
-      if (s.fp8) {
+      if (s.deq) {
+        pa = s.ah + P * in * 2;
+        pb = s.bh + (int64_t)e * s.pw * in * 2;
+      } else if (s.fp8) {
         pa = static_cast<const uint8_t *>(s.xq.data) + P * in;
         pb = static_cast<const uint8_t *>(s.wq.data) + (int64_t)e * out * in;
         alpha = scale16(s.xq.scale_inv, e) * scale16(s.wq.scale_inv, e);
@@ -211,7 +227,10 @@ template <class C> __global__ void k_setup(Setup s, Arrays<C> a) {
     } else if (s.pass == LUTRA_GROUPED_DGRAD) {
       M = (int)n, N = (int)in, K = (int)out;
       pd = static_cast<char *>(s.dx) + R * in * (int64_t)sizeof(ED);
-      if (s.fp8) {
+      if (s.deq) { /* the weights' columnwise copies, transposed back to [out, in] */
+        pa = s.ah + P * out * 2;
+        pb = s.bh + (int64_t)e * s.pw * in * 2;
+      } else if (s.fp8) {
         pa = static_cast<const uint8_t *>(s.dyq.data) + P * out;
         pb = static_cast<const uint8_t *>(s.wq.col_data) + (int64_t)e * out * in;
         alpha = scale16(s.dyq.scale_inv, e) * scale16(s.wq.col_scale_inv, e);
@@ -221,9 +240,12 @@ template <class C> __global__ void k_setup(Setup s, Arrays<C> a) {
       }
     } else {
       const int64_t p = s.P[e + 1] - P;
-      M = (int)out, N = (int)in, K = (int)(s.fp8 ? p : n);
+      M = (int)out, N = (int)in, K = (int)(s.fp8 || s.deq ? p : n);
       pd = s.dw[e];
-      if (s.fp8) {
+      if (s.deq) { /* the columnwise copies of dy and x, transposed back ([p, out], [p, in]) */
+        pa = s.ah + P * out * 2;
+        pb = s.bh + P * in * 2;
+      } else if (s.fp8) {
         pa = static_cast<const uint8_t *>(s.dyq.col_data) + P * out;
         pb = static_cast<const uint8_t *>(s.xq.col_data) + P * in;
         alpha = scale16(s.dyq.col_scale_inv, e) * scale16(s.xq.col_scale_inv, e);
@@ -400,7 +422,41 @@ extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *w
   if (wgrad && g->dw_dtype != LUTRA_F32 && g->dw_dtype != LUTRA_BF16) return cudaErrorNotSupported;
   const float beta = wgrad && g->accumulate ? 1.0f : 0.0f;
   cudaError_t err;
-  if (!g->fp8) {
+  if (g->fp8 && lk_grouped_gemm_dequantizes(g)) {
+    /* the operands to bf16 in the workspace after the CUTLASS kernels' own, then the bf16
+     * kernels on them */
+    size_t ab, bb;
+    lk_grouped_dequant_bytes(g, &ab, &bb);
+    const size_t off = (lk_grouped_gemm_workspace(g->num) + 255) / 256 * 256;
+    if (workspace_bytes < off + ab + bb) return cudaErrorInvalidValue;
+    char *ah = static_cast<char *>(workspace) + off, *bh = ah + ab;
+    const lutra_grouped_fp8 *tok = g->pass == LUTRA_GROUPED_FPROP ? &g->xq : &g->dyq;
+    const int64_t tok_cap = g->total_rows + (int64_t)g->num * (tok->align - 1);
+    const int64_t w_cap = (int64_t)g->num * lutra_grouped_roundup(g->out, g->wq.align);
+    const int64_t tok_cols = g->pass == LUTRA_GROUPED_FPROP ? g->in : g->out;
+    err = lk_grouped_dequantize(tok, wgrad, g->splits, 0, g->num, g->total_rows, tok_cols, tok_cap,
+                                ah, st);
+    if (err == cudaSuccess && wgrad)
+      err = lk_grouped_dequantize(&g->xq, 1, g->splits, 0, g->num, g->total_rows, g->in, tok_cap,
+                                  bh, st);
+    else if (err == cudaSuccess)
+      err = lk_grouped_dequantize(&g->wq, g->pass == LUTRA_GROUPED_DGRAD, nullptr, g->out, g->num,
+                                  (int64_t)g->num * g->out, g->in, w_cap, bh, st);
+    if (err != cudaSuccess) return err;
+    s.fp8 = 0;
+    s.deq = 1;
+    s.ah = ah;
+    s.bh = bh;
+    s.pw = lutra_grouped_roundup(g->out, g->wq.align);
+    if (g->pass == LUTRA_GROUPED_FPROP)
+      err = run<Bf16Tn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
+    else if (g->pass == LUTRA_GROUPED_DGRAD)
+      err = run<Bf16Nn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
+    else if (f32_out)
+      err = run<Bf16NtF32>(s, g->scratch, beta, workspace, workspace_bytes, st);
+    else
+      err = run<Bf16Nt>(s, g->scratch, beta, workspace, workspace_bytes, st);
+  } else if (!g->fp8) {
     if (g->pass == LUTRA_GROUPED_FPROP)
       err = run<Bf16Tn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
     else if (g->pass == LUTRA_GROUPED_DGRAD)

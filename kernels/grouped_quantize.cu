@@ -7,14 +7,16 @@
  *   k_amax   current scaling: max|x| of each expert (16-row tiles, one atomic per tile) into the
  *            expert's two work words, which are zero between calls
  *   k_cast   the FP8 codes, rowwise and each expert's transpose, of 16-row tiles (padding rows
- *            encode zero); an expert's first tile writes its scale_inv (and its scale), its last
- *            (current scaling) publishes the amax and zeroes the work words again
+ *            encode zero) in chunks of 128 columns: 16-byte loads, 16-byte rowwise stores, and
+ *            the transpose gathered in shared memory into one 16-byte store per column; an
+ *            expert's first tile writes its scale_inv (and its scale), its last (current
+ *            scaling) publishes the amax and zeroes the work words again
  *   k_dbias  each expert's column sums in double, rows in order (the CPU's bias_grad order)
  * Each block's first thread scans the splits (O(num_gemms)) for its expert's offsets and checks
  * them: bad splits (a split < 0, or a sum other than the rows) set *bad_split from block 0 and
  * every block returns without writing. A 16-row tile never straddles two experts: padded
  * offsets are multiples of 16. Per-tensor scaling only (delayed and current); the block-scaled
- * recipes are refused by the backend on this path. Codes and scales are bit for bit the CPU's
+ * recipes are kernels/grouped_quantize_blocks.cu. Codes and scales are bit for bit the CPU's
  * (common.cuh's conversions; tools/sim_grouped_quantize.cpp checks the kernels on the CPU). */
 #include "common.cuh"
 #include "grouped_kernels.h"
@@ -25,7 +27,7 @@ namespace {
 
 using namespace lkc;
 
-constexpr int THREADS = 256;
+constexpr int THREADS = 128;
 
 __device__ __forceinline__ float load1_any(const void *p, int dtype, int64_t i) {
   return dtype == LUTRA_F32    ? load1<LUTRA_F32>(p, i)
@@ -89,33 +91,65 @@ __device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *
   if (a.splits && r != a.total_rows) w->ok = 0;
 }
 
-template <int XD>
-__device__ __forceinline__ float load_row(const GroupedQuant &a, const Where &w, int64_t r,
-                                          int64_t c) {
+/* 16 consecutive elements of row r of the block's expert from column c, zero past its s rows
+ * and past the last column; VEC: the row starts are 16-byte aligned and cols % 16 == 0 */
+template <int XD, bool VEC>
+__device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, int64_t r,
+                                         int64_t c, float (&v)[16]) {
+  if (r >= w.s || c >= a.cols) {
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      v[k] = 0.0f;
+    return;
+  }
   const void *base = a.xs ? a.xs[w.e] : a.x;
-  const int64_t row = a.xs ? r : w.R + r;
-  return load1<XD>(base, row * a.cols + c);
+  const int64_t i = (a.xs ? r : w.R + r) * a.cols + c;
+  if (VEC) {
+    load16<XD>(base, i, v);
+  } else {
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      v[k] = c + k < a.cols ? load1<XD>(base, i + k) : 0.0f;
+  }
 }
 
-template <int XD> __global__ void __launch_bounds__(THREADS) k_amax(GroupedQuant a) {
+/* A block covers one 16-row tile in chunks of 128 columns: thread t loads 16 consecutive
+ * elements of row t / 8 (16-byte loads), so no thread divides an index and every warp reads
+ * whole rows. */
+constexpr int CHUNK = 128;
+static_assert(THREADS == TILE_ROWS * CHUNK / 16, "one 16-element segment per thread and chunk");
+
+template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(GroupedQuant a) {
   if (a.skip && *a.skip) return;
   __shared__ Where w;
   const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
   if (threadIdx.x == 0) locate(a, prow0, -1, &w);
   __syncthreads();
   if (!w.ok || w.e < 0) return; /* uniform per block */
-  const int64_t r0 = prow0 - w.P, rows = w.s - r0 < TILE_ROWS ? w.s - r0 : TILE_ROWS;
+  const int64_t r0 = prow0 - w.P, r = r0 + threadIdx.x / 8;
   float m = 0.0f;
-  for (int64_t i = threadIdx.x; i < rows * a.cols; i += THREADS)
-    m = fmaxf(m, fabsf(load_row<XD>(a, w, r0 + i / a.cols, i % a.cols)));
+  for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+    float v[16];
+    load_seg<XD, VEC>(a, w, r, c0 + (threadIdx.x % 8) * 16, v);
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      m = fmaxf(m, fabsf(v[k]));
+  }
   __shared__ float red[32];
   m = block_max(m, red);
-  if (threadIdx.x == 0 && rows > 0) atomic_fmax(reinterpret_cast<float *>(a.work + 4 * w.e), m);
+  if (threadIdx.x == 0 && r0 < w.s) atomic_fmax(reinterpret_cast<float *>(a.work + 4 * w.e), m);
 }
 
-template <int XD, int OD> __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
+/* The codes of a 16-row tile, chunk by chunk: each thread encodes its 16 elements and stores
+ * them rowwise as one 16-byte word and into a shared tile; then thread j gathers column j's 16
+ * codes (the tile's rows are 16 consecutive rows of the expert's transpose) and stores them as
+ * one 16-byte word. One byte per thread strided by the expert's padded rows, as a plain
+ * transposed store would write, costs a memory transaction per byte. */
+template <int XD, int OD, bool VEC>
+__global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
   if (a.skip && *a.skip) return;
   __shared__ Where w;
+  __shared__ __align__(16) uint8_t tile[TILE_ROWS][CHUNK];
   const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
   if (threadIdx.x == 0) {
     locate(a, prow0, -1, &w);
@@ -129,18 +163,43 @@ template <int XD, int OD> __global__ void __launch_bounds__(THREADS) k_cast(Grou
   __syncthreads();
   if (!w.ok || w.e < 0) return;
   const int e = w.e;
-  const int64_t P0 = w.P, p = w.p, r0 = prow0 - P0, s = w.s;
+  const int64_t P0 = w.P, p = w.p, r0 = prow0 - P0;
   const float acc = a.current ? bits_f32(a.work[4 * e]) : 0.0f;
   const float sc = a.current ? scale_rule(acc, a.fp8_max, a.power_2_scale, a.eps) : a.scale[4 * e];
   const int64_t cols = a.cols;
+  const int tr = threadIdx.x / 8, seg = threadIdx.x % 8;
   float m = 0.0f;
-  for (int64_t i = threadIdx.x; i < TILE_ROWS * cols; i += THREADS) {
-    const int64_t r = r0 + i / cols, c = i % cols;
-    const float v = r < s ? load_row<XD>(a, w, r, c) : 0.0f;
-    m = fmaxf(m, fabsf(v));
-    const uint8_t code = (uint8_t)encode1<OD>(v, sc);
-    if (a.data) a.data[(P0 + r) * cols + c] = code;
-    if (a.col_data) a.col_data[P0 * cols + c * p + r] = code;
+  for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+    const int64_t c = c0 + seg * 16;
+    float v[16];
+    load_seg<XD, VEC>(a, w, r0 + tr, c, v);
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      m = fmaxf(m, fabsf(v[k]));
+    const uint4 q = encode16<OD>(v, sc);
+    if (c < cols) {
+      uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
+      if (row && VEC) {
+        *reinterpret_cast<uint4 *>(row) = q;
+      } else if (row) {
+        for (int k = 0; k < 16 && c + k < cols; k++)
+          row[k] = (uint8_t)byte_of(q, k);
+      }
+      *reinterpret_cast<uint4 *>(&tile[tr][seg * 16]) = q;
+    }
+    __syncthreads();
+    const int64_t cc = c0 + threadIdx.x;
+    if (a.col_data && cc < cols) { /* 16-byte aligned: P0, p and r0 are multiples of 16 */
+      uint32_t wd[4];
+      LKC_UNROLL
+      for (int j = 0; j < 4; j++)
+        wd[j] = (uint32_t)tile[4 * j][threadIdx.x] | ((uint32_t)tile[4 * j + 1][threadIdx.x] << 8) |
+                ((uint32_t)tile[4 * j + 2][threadIdx.x] << 16) |
+                ((uint32_t)tile[4 * j + 3][threadIdx.x] << 24);
+      *reinterpret_cast<uint4 *>(a.col_data + P0 * cols + cc * p + r0) =
+          make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    }
+    __syncthreads(); /* the tile is refilled by the next chunk */
   }
   if (!a.current && a.amax) { /* delayed scaling: this step's amax slot, max-accumulated */
     __shared__ float red[32];
@@ -174,6 +233,7 @@ template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a)
   if (c >= a.cols || !w.ok) return;
   void *db = a.dbias[w.e];
   double acc = a.dbias_accumulate ? (double)load1_any(db, a.dbias_dtype, c) : 0.0;
+#pragma unroll 8 /* the loads run ahead; the sums stay in row order */
   for (int64_t r = w.R; r < w.R + w.s; r++)
     acc += (double)load1<XD>(a.x, r * a.cols + c);
   store1_any(db, a.dbias_dtype, c, (float)acc);
@@ -214,11 +274,17 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   const unsigned tiles = grid_for(rows_cap, TILE_ROWS, 0x7FFFFFFF);
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;
-    if (a.current) LKC_LAUNCH(k_amax<XD>, tiles, THREADS, 0, st, a);
-    cudaError_t e = with_fp8_dtype(q->out.dtype, [&](auto od) {
-      constexpr int OD = decltype(od)::value;
-      if (a.data || a.col_data || a.amax) LKC_LAUNCH((k_cast<XD, OD>), tiles, THREADS, 0, st, a);
-      return cudaGetLastError();
+    /* the weights (xs) are the module's own allocations; a token matrix may be a view */
+    const bool vec = a.cols % 16 == 0 && (a.xs || aligned16(a.x)) && aligned16(a.data);
+    cudaError_t e = with_bool(vec, [&](auto v) {
+      constexpr bool VEC = decltype(v)::value;
+      if (a.current) LKC_LAUNCH((k_amax<XD, VEC>), tiles, THREADS, 0, st, a);
+      return with_fp8_dtype(q->out.dtype, [&](auto od) {
+        constexpr int OD = decltype(od)::value;
+        if (a.data || a.col_data || a.amax)
+          LKC_LAUNCH((k_cast<XD, OD, VEC>), tiles, THREADS, 0, st, a);
+        return cudaGetLastError();
+      });
     });
     if (e != cudaSuccess || !a.dbias || a.xs) return e;
     dim3 grid((unsigned)((a.cols + 127) / 128), (unsigned)a.num);

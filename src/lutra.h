@@ -42,5 +42,6 @@
 #include "lutra/wrap.h"
 #include "lutra/version.h"
 #include "lutra/tp_modules.h"
+#include "lutra/grouped_graphs.h"
 
 #endif

@@ -108,9 +108,20 @@ if has grouped; then
   # throughput against one dense GEMM of the same FLOPs) and PyTorch at the same shapes
   [ -f build/libhost_floors.so ] || nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC \
     -cudart shared bench/host_floors.cu -o build/libhost_floors.so -lcublasLt > "$OUT/grouped-floors.log" 2>&1
-  timeout 300 luajit bench/grouped_bench.lua --part all --floors-lib build/libhost_floors.so \
+  # the grouped GPU specs alone, with every NMSE printed (their margins)
+  LUTRA_GPU_SPEC_VERBOSE=1 timeout 300 luajit /tmp/devkit/usr/bin/busted --pattern=_gpu \
+    spec/gpu/grouped_linear_gpu.lua spec/gpu/grouped_paths_gpu.lua > "$OUT/grouped-specs.log" 2>&1
+  note "grouped gpu specs: $(grep -E 'successes' "$OUT/grouped-specs.log" | tail -1)"
+  # --part all: host time, GEMM throughput, and the FP8 forward taken apart (--part fp8)
+  timeout 420 luajit bench/grouped_bench.lua --part all --floors-lib build/libhost_floors.so \
     > "$OUT/grouped-bench.log" 2>&1
   note "grouped bench exit $?"
+  # the FP8 forward's kernels one by one, where Nsight Systems is installed
+  if command -v nsys > /dev/null; then
+    timeout 300 nsys profile -o /tmp/grouped_fp8 --force-overwrite true --stats=true \
+      luajit bench/grouped_bench.lua --part fp8 --quick > "$OUT/grouped-nsys.log" 2>&1
+    note "grouped fp8 nsys exit $?"
+  fi
   timeout 200 python3 bench/torch_grouped.py > "$OUT/torch-grouped.log" 2>&1
   note "torch grouped bench exit $?"
 fi

@@ -128,6 +128,23 @@ function M.methods.set_path(m, path)
   check(C.lutra_grouped_set_path(m, core.code(paths, path, "path", "module:set_path")))
 end
 
+-- The per-expert path's graphs, one per host split pattern and pass (lutra/grouped_graphs.h):
+-- set_graph_capacity(n) keeps at most n (0: off); graph_stats() -> {entries, capacity,
+-- captures, replays, direct, evictions}
+local graph_stats = ffi.new("lutra_grouped_graph_stats")
+function M.methods.set_graph_capacity(m, n)
+  chk.integer(n, "capacity", "module:set_graph_capacity", 0, 4096)
+  check(C.lutra_grouped_set_graph_capacity(m, n))
+end
+
+function M.methods.graph_stats(m)
+  check(C.lutra_grouped_graph_stats_get(m, graph_stats))
+  local s = graph_stats
+  return { entries = s.entries, capacity = s.capacity, captures = tonumber(s.captures),
+           replays = tonumber(s.replays), direct = tonumber(s.direct),
+           evictions = tonumber(s.evictions) }
+end
+
 function M.methods.num_gemms(m)
   check(C.lutra_grouped_num_gemms(m, core.int_box))
   return core.int_box[0]

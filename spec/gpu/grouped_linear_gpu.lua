@@ -11,7 +11,7 @@
 -- the grouped kernels are deterministic (no split-K, order-free atomics for amaxes).
 --
 -- Run: LUTRA_TEST_DEVICE=cuda make test-gpu (or the CPU smoke test: LUTRA_TEST_DEVICE=cpu).
--- MXFP8 and the 1x128 / 128x128 block recipes have no grouped cuda path yet: checked refused.
+-- MXFP8 and the 1x128 / 128x128 block recipes: spec/gpu/grouped_paths_gpu.lua.
 local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
 local S = require("spec.gpu.support")
@@ -101,20 +101,6 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
     assert.matches("lutra_grouped_check: device m_splits", tostring(err), 1, true)
     dev:check_splits() -- cleared by the report
   end)
-
-  for _, rc in ipairs { { "mxfp8", R.mxfp8 }, { "block", R.block } } do
-    test(rc[1] .. " is refused on cuda with a clear error (no grouped path yet)", function()
-      if DEV == "cpu" then return end
-      local _, dev = pair { seed = 9 }
-      local scope = hold(lutra.autocast { recipe = rc[2] {} })
-      local x = lutra.tensor({ 64, IN }, "bf16", DEV):randn(1)
-      local ok, err = pcall(function()
-        scope:run(function() dev:forward(x, { 32, 0, 32, 0, 0, 0 }) end)
-      end)
-      assert.is_false(ok)
-      assert.matches("no grouped path yet", tostring(err), 1, true)
-    end)
-  end
 
   test("a CUDA graph of the training step replayed with new device splits equals eager", function()
     if DEV ~= "cuda" then return end

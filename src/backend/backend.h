@@ -550,6 +550,10 @@ typedef struct lutra_backend {
   /* NVFP4 (lutra/nvfp4.h): E2M1 codes, E4M3 block scales and the per-copy f32 decode scale;
    * dequantize takes LUTRA_SCALING_NVFP4 */
   int (*quantize_nvfp4)(const lutra_quant_args *a);
+  /* A small host-to-device copy in stream order that does not wait for the device: src is
+   * staged (in pinned memory) before this returns and may be reused at once. GroupedLinear's
+   * host splits. NULL where from_host does not wait anyway (the CPU). */
+  int (*from_host_async)(void *dst, const void *src, size_t bytes);
 } lutra_backend;
 
 #endif

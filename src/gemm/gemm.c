@@ -8,7 +8,15 @@
  * Workspaces are per stream where the backend has streams (gemm_workspace: CUDA keeps one per
  * thread and stream), else per thread (a thread is the CPU analogue of a stream): two GEMMs
  * that may run at once never share scratch memory. A thread's plans and CPU workspace are
- * freed when it exits (a pthread key destructor). */
+ * freed when it exits (a pthread key destructor).
+ *
+ * The plans of a thread and device are bounded: shapes that keep changing (GroupedLinear's
+ * per-expert GEMMs, one shape per split size, when the routing changes every step) would grow
+ * the table without end, each plan with its descriptors and one-GEMM graphs. At the limit
+ * (LUTRA_GEMM_PLAN_LIMIT in the environment at load, default 4096) the next new shape first
+ * frees them all; the ones still in use are made again (a heuristic query each) as they come.
+ * The lookup itself pays nothing for the bound. A graph a freed plan captured is destroyed
+ * safely while a launch of it still runs (CUDA frees it when that completes). */
 #include "gemm/gemm.h"
 #include "backend/backend.h"
 #include "backend/device.h"
@@ -47,6 +55,14 @@ typedef struct thread_gemm {
 } thread_gemm;
 static _Thread_local thread_gemm tg;
 
+static int plan_limit = 4096;
+
+__attribute__((constructor)) static void read_plan_limit(void) {
+  const char *v = getenv("LUTRA_GEMM_PLAN_LIMIT");
+  long n = v ? strtol(v, NULL, 10) : 0;
+  if (n > 0 && n <= (1L << 24)) plan_limit = (int)n;
+}
+
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key;
 static bool key_ok;
@@ -55,17 +71,23 @@ static atomic_int live_threads; /* threads whose plans or workspace are not free
 /* Thread exit: the plans (their cuBLASLt descriptors and one-GEMM graphs; a graph the GPU
  * still runs is released when it completes) and the per-thread workspace. Nothing here is
  * reachable from another thread. */
+static void free_plans(const lutra_backend *be, plan_cache *c) {
+  for (int i = 0; i < c->cap; i++) {
+    lutra_gemm_plan *p = c->slots[i];
+    if (!p) continue;
+    if (be && be->gemm_plan_free) be->gemm_plan_free(p);
+    free(p);
+    c->slots[i] = NULL;
+  }
+  c->count = 0;
+}
+
 static void thread_exit(void *arg) {
   (void)arg;
   for (int d = 0; d < NUM_DEVICES; d++) {
     const lutra_backend *be = tg.backends[d];
     plan_cache *c = &tg.caches[d];
-    for (int i = 0; i < c->cap; i++) {
-      lutra_gemm_plan *p = c->slots[i];
-      if (!p) continue;
-      if (be && be->gemm_plan_free) be->gemm_plan_free(p);
-      free(p);
-    }
+    free_plans(be, c);
     free(c->slots);
     *c = (plan_cache){0};
     if (tg.workspaces[d].ptr && be) be->free(tg.workspaces[d].ptr);
@@ -184,6 +206,7 @@ static int plan_for(const lutra_backend *be, const lutra_gemm_key *k, const lutr
               "once eagerly with the same shapes before capturing",
               (long long)k->m, (long long)k->n, (long long)k->k);
   register_thread(be);
+  if (c->count >= plan_limit) free_plans(be, c); /* the bound (see the top of the file) */
   TRY(cache_grow(c, fn));
   p = calloc(1, sizeof *p);
   if (!p) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");

@@ -4,9 +4,11 @@
  * High precision only (bf16, and f32, which the grouped kernels do not take); FP8 always takes
  * the grouped path. Each expert's GEMMs are the ones a Linear runs, so on the CPU this path
  * equals num_gemms Linears bit for bit too. Which path is faster where is measured by
- * bench/grouped_bench.lua (the per_expert rows); the default is the grouped one. */
+ * bench/grouped_bench.lua (the per_expert rows); the default is the grouped one. A pass whose
+ * host split pattern (and buffers) came before is replayed as one graph (nn/grouped_graphs.c). */
 #include "core/error.h"
 #include "gemm/gemm.h"
+#include "nn/grouped_graphs.h"
 #include "nn/grouped_linear.h"
 #include "runtime/tensor.h"
 
@@ -33,7 +35,13 @@ static size_t esize(const grouped_linear *g) {
   return lutra_dtype_size(g->dtype);
 }
 
-int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const char *fn) {
+typedef struct host_pass {
+  const lutra_tensor *x, *dy;
+  bool dx_wanted;
+} host_pass;
+
+static int forward_calls(grouped_linear *g, void *ctx, const char *fn) {
+  const lutra_tensor *x = ((const host_pass *)ctx)->x;
   int64_t r = 0;
   const size_t es = esize(g);
   const bool add_bias = g->has_bias && !g->skip_forward_bias; /* row-parallel: rank 0 only */
@@ -56,8 +64,10 @@ int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const c
   return LUTRA_OK;
 }
 
-int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
-                                const char *fn) {
+static int backward_calls(grouped_linear *g, void *ctx, const char *fn) {
+  const host_pass *p = ctx;
+  const lutra_tensor *dy = p->dy;
+  const bool dx_wanted = p->dx_wanted;
   int64_t r = 0;
   const size_t es = esize(g);
   const bool acc = g->accumulate_main_grad;
@@ -103,4 +113,18 @@ int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool 
     r += s;
   }
   return LUTRA_OK;
+}
+
+int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const char *fn) {
+  host_pass p = {.x = x};
+  const void *ptrs[LUTRA_GG_PTRS] = {x->data, g->y->data, NULL};
+  return lutra_grouped_graphs_run(g, LUTRA_GG_FORWARD, ptrs, forward_calls, &p, fn);
+}
+
+int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
+                                const char *fn) {
+  host_pass p = {.dy = dy, .dx_wanted = dx_wanted};
+  const void *ptrs[LUTRA_GG_PTRS] = {g->x->data, dy->data, dx_wanted ? g->dx->data : NULL};
+  return lutra_grouped_graphs_run(g, dx_wanted ? LUTRA_GG_BACKWARD_DX : LUTRA_GG_BACKWARD, ptrs,
+                                  backward_calls, &p, fn);
 }

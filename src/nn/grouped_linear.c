@@ -11,6 +11,7 @@
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/autocast.h"
+#include "nn/grouped_graphs.h"
 #include "runtime/tensor.h"
 
 #include <math.h>
@@ -77,7 +78,11 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
   int64_t rows = lutra_rows(x);
-  const bool host = !fp8 && g->splits_host_known && g->host_path == LUTRA_GROUPED_PATH_PER_EXPERT;
+  /* f32 on a device: the grouped GEMMs have no f32 kernels (kernels/grouped_gemm_sm90.cu), so
+   * host splits always take the per-expert path (device splits are refused by the backend) */
+  const bool f32_device = g->dtype == LUTRA_F32 && g->device != LUTRA_CPU;
+  const bool host =
+      !fp8 && g->splits_host_known && (g->host_path == LUTRA_GROUPED_PATH_PER_EXPERT || f32_device);
   int64_t shape[LUTRA_MAX_DIMS];
   memcpy(shape, x->shape, sizeof shape);
   shape[x->ndim - 1] = g->out;
@@ -200,6 +205,8 @@ static void destroy_all(lutra_tensor **ts, int n) {
 static void grouped_release(lutra_module *m) {
   grouped_linear *g = grouped_of(m);
   lutra_grouped_fp8_release(g);
+  lutra_grouped_graphs_free(g->graphs);
+  g->graphs = NULL;
   lutra_tensor **sets[] = {g->weight,           g->bias,          g->wgrad, g->bgrad,
                            g->weight_main_grad, g->bias_main_grad};
   for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
@@ -420,7 +427,9 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
     CHECK_STATE(!(LUTRA_CAPTURING() && g->device != LUTRA_CPU),
                 "host m_splits while capturing a CUDA graph would be replayed unchanged: pass "
                 "the splits as a device tensor");
-    TRY(g->be->from_host(g->splits_dev->data, v, bytes));
+    /* staged: the host does not wait for the device's queue to drain */
+    TRY((g->be->from_host_async ? g->be->from_host_async : g->be->from_host)(g->splits_dev->data, v,
+                                                                             bytes));
     memcpy(g->splits_host, v, bytes);
     g->splits_host_known = true;
   } else {

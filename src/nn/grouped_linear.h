@@ -62,6 +62,7 @@ typedef struct grouped_linear {
    * before the output's all-reduce (its gradient is computed on every rank) */
   bool parallel, skip_forward_bias;
   lutra_tp tp;
+  struct grouped_graphs *graphs; /* the per-expert path's graphs per split pattern (NULL: none) */
 } grouped_linear;
 
 /* FP8 (nn/grouped_fp8.c). Errors name fn. */

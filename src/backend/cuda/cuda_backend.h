@@ -62,6 +62,8 @@ void lutra_cuda_graph_destroy(void *exec);
 /* grouped_cuda.c: GroupedLinear's grouped quantization and GEMMs */
 int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a);
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g);
+/* the table's from_host_async (grouped_cuda.c): a pinned staging ring */
+int lutra_cuda_from_host_async(void *dst, const void *src, size_t bytes);
 /* rules_cuda.c: the table's rules_gather / rules_apply */
 int lutra_cuda_rules_gather(lutra_scale_meta *const *metas, int n, float *host);
 int lutra_cuda_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales);

@@ -1,28 +1,39 @@
 /* GroupedLinear's grouped operations on CUDA (the table's grouped_quantize and grouped_gemm): the
- * kernels of kernels/grouped_quantize.cu and kernels/grouped_gemm_sm90.cu on the calling
- * thread's stream, the GEMM's workspace from the stream's one GEMM workspace. The splits stay
- * in device memory: nothing here reads them. */
+ * kernels of kernels/grouped_quantize.cu (per-tensor scaling), grouped_quantize_blocks.cu
+ * (MXFP8, 1x128 and 128x128 blocks), grouped_dequant.cu and grouped_gemm_sm90.cu on the calling
+ * thread's stream, the GEMM's workspace (and a dequantizing pass's bf16 operands) from the
+ * stream's one GEMM workspace. The splits stay in device memory: nothing here reads them. */
 #include "backend/grouped_layout.h"
 #include "cuda_backend.h"
 #include "grouped_kernels.h"
+
+#include <pthread.h>
+#include <string.h>
 
 int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a) {
   static const char fn[] = "lutra_cuda_grouped_quantize";
   CHECK_ARG(a && a->num > 0 && a->cols > 0 && a->out.align > 0 && a->scratch,
             "bad grouped quantization arguments");
-  if (a->kind != LUTRA_QUANT_DELAYED && a->kind != LUTRA_QUANT_CURRENT)
-    return lutra_error(LUTRA_EUNSUPPORTED, fn,
-                       "GroupedLinear on cuda quantizes with per-tensor scaling (delayed or "
-                       "current) only: the MXFP8 and block recipes have no grouped path yet");
   CHECK_ARG(a->out.dtype == LUTRA_E4M3 || a->out.dtype == LUTRA_E5M2, "output dtype %d is no FP8",
             (int)a->out.dtype);
   int64_t cap = a->xs ? (int64_t)a->num * lutra_grouped_roundup(a->rows_each, a->out.align)
                       : lutra_grouped_rows_cap(a->total_rows, a->num, a->out.align);
-  return lutra_cuda_status(lk_grouped_quantize(a, cap, lutra_cuda_stream()), fn,
-                           "kernel grouped_quantize");
+  if (a->kind == LUTRA_QUANT_DELAYED || a->kind == LUTRA_QUANT_CURRENT)
+    return lutra_cuda_status(lk_grouped_quantize(a, cap, lutra_cuda_stream()), fn,
+                             "kernel grouped_quantize");
+  if (a->kind != LUTRA_QUANT_MXFP8 && a->kind != LUTRA_QUANT_BLOCK_1D &&
+      a->kind != LUTRA_QUANT_BLOCK_2D)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn, "no grouped quantization for quantizer kind %d",
+                       (int)a->kind);
+  CHECK_ARG(a->kind != LUTRA_QUANT_MXFP8 || (a->cols % 32 == 0 && a->out.align % 32 == 0),
+            "MXFP8 needs columns and row padding in multiples of 32 (got %lld, %d)",
+            (long long)a->cols, (int)a->out.align);
+  return lutra_cuda_status(lk_grouped_quantize_blocks(a, cap, lutra_cuda_stream()), fn,
+                           "kernel grouped_quantize_blocks");
 }
 
-/* the CUTLASS kernels' workspace for num experts, asked once per expert count and thread */
+/* the CUTLASS kernels' workspace for num experts, asked once per expert count and thread (a
+ * dequantizing FP8 pass adds its bf16 operands after it: lk_grouped_dequant_bytes) */
 static size_t workspace_for(int num) {
   static _Thread_local int last_num = -1;
   static _Thread_local size_t last_bytes;
@@ -36,23 +47,89 @@ static size_t workspace_for(int num) {
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
   static const char fn[] = "lutra_cuda_grouped_gemm";
   CHECK_ARG(g && g->num > 0 && g->scratch, "bad grouped GEMM arguments");
+  /* No f32 (or TF32) grouped instantiation: each costs minutes of compile time, and an f32
+   * GroupedLinear with host splits runs one cuBLASLt f32 GEMM per expert instead
+   * (nn/grouped_host.c), which the module chooses itself. */
+  if (g->dtype != LUTRA_BF16 && g->fp8)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                       "an FP8 GroupedLinear on cuda must be bf16 (the FP8 grouped GEMM writes "
+                       "bf16; this module is %s)",
+                       lutra_dtype_name(g->dtype));
   if (g->dtype != LUTRA_BF16)
     return lutra_error(LUTRA_EUNSUPPORTED, fn,
-                       "GroupedLinear on cuda runs in bf16 (its grouped GEMM has no %s kernels)",
-                       lutra_dtype_name(g->dtype));
+                       "a %s GroupedLinear on cuda needs host m_splits (a Lua table or a CPU "
+                       "tensor: one cuBLASLt GEMM per expert); device m_splits need a bf16 "
+                       "module (the grouped GEMM has no %s kernels)",
+                       lutra_dtype_name(g->dtype), lutra_dtype_name(g->dtype));
   void *ws;
-  size_t have;
-  TRY(lutra_cuda_workspace(workspace_for(g->num), &ws, &have));
+  size_t have, need = workspace_for(g->num);
+  if (lk_grouped_gemm_dequantizes(g)) {
+    size_t ab, bb;
+    lk_grouped_dequant_bytes(g, &ab, &bb);
+    need = (need + 255) / 256 * 256 + ab + bb;
+  }
+  TRY(lutra_cuda_workspace(need, &ws, &have));
   cudaError_t e = lk_grouped_gemm(g, ws, have, lutra_cuda_stream());
   if (e == cudaErrorNotSupported) {
     (void)cudaGetLastError();
     return lutra_error(LUTRA_EUNSUPPORTED, fn,
                        "no grouped GEMM kernel for this combination (in and out multiples of 16, "
-                       "bf16 or per-tensor FP8 with an E4M3 weight, an sm_90 device; see "
-                       "kernels/grouped_gemm_sm90.cu)");
+                       "an sm_90 device; see kernels/grouped_gemm_sm90.cu)");
   }
   if (e == cudaSuccess && g->pass == LUTRA_GROUPED_WGRAD && !g->fp8 && g->db)
     e = lk_grouped_dbias(g->dy, g->dtype, g->total_rows, g->out, g->num, g->splits, g->db,
                          g->bias_dtype, g->accumulate, lutra_cuda_stream());
   return lutra_cuda_status(e, fn, "grouped GEMM");
+}
+
+/* ---- host splits: staged through a pinned ring ------------------------------------------------
+ * from_host waits for the stream (a pageable copy must finish before its source may change),
+ * which stalls the host behind every queued kernel once per forward with host splits. Here the
+ * bytes are copied into a slot of pinned memory and the device copy is queued from there: the
+ * host waits only if the copy queued RING_SLOTS uploads ago has not run yet. One ring for the
+ * process (a mutex: uploads come once per forward), made on first use and kept. */
+enum { RING_SLOTS = 64, RING_SLOT_BYTES = 4096 };
+static pthread_mutex_t ring_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  char *host;
+  cudaEvent_t done[RING_SLOTS];
+  bool recorded[RING_SLOTS];
+  int next;
+  bool ready;
+} ring;
+
+static cudaError_t ring_make(void) {
+  cudaError_t e = cudaMallocHost((void **)&ring.host, (size_t)RING_SLOTS * RING_SLOT_BYTES);
+  for (int i = 0; e == cudaSuccess && i < RING_SLOTS; i++)
+    e = cudaEventCreateWithFlags(&ring.done[i], cudaEventDisableTiming);
+  ring.ready = e == cudaSuccess;
+  return e;
+}
+
+int lutra_cuda_from_host_async(void *dst, const void *src, size_t bytes) {
+  static const char fn[] = "lutra_cuda_from_host_async";
+  CHECK_STATE(!LUTRA_CAPTURING(), "a host-to-device copy while capturing a CUDA graph would "
+                                  "replay the bytes of the capture");
+  cudaStream_t s = lutra_cuda_stream();
+  if (bytes > RING_SLOT_BYTES) { /* larger than a slot: the waiting copy */
+    TRY(lutra_cuda_status(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s), fn,
+                          "cudaMemcpyAsync"));
+    return lutra_cuda_status(cudaStreamSynchronize(s), fn, "cudaStreamSynchronize");
+  }
+  pthread_mutex_lock(&ring_lock);
+  cudaError_t e = ring.ready ? cudaSuccess : ring_make();
+  const int i = ring.next;
+  if (e == cudaSuccess && ring.recorded[i]) e = cudaEventSynchronize(ring.done[i]);
+  if (e == cudaSuccess) {
+    char *slot = ring.host + (size_t)i * RING_SLOT_BYTES;
+    memcpy(slot, src, bytes);
+    e = cudaMemcpyAsync(dst, slot, bytes, cudaMemcpyHostToDevice, s);
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(ring.done[i], s);
+  if (e == cudaSuccess) {
+    ring.recorded[i] = true;
+    ring.next = (i + 1) % RING_SLOTS;
+  }
+  pthread_mutex_unlock(&ring_lock);
+  return lutra_cuda_status(e, fn, "staging host splits");
 }
