@@ -193,7 +193,8 @@ sim-moe: build/sim_moe
 # GroupedLinear's split quantization (kernels/grouped_quantize.cu) emulated the same way against
 # the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
 build/sim_grouped_quantize: tools/sim_grouped_quantize.cpp $(SIM_OBJ) kernels/grouped_quantize.cu \
-                            kernels/grouped_kernels.h kernels/common.cuh $(HDRS)
+                            kernels/grouped_kernels.h kernels/common.cuh kernels/act_cast.cuh \
+                            kernels/activation_math.cuh kernels/ops_common.cuh $(HDRS)
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-grouped: build/sim_grouped_quantize

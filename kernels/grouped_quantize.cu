@@ -16,6 +16,7 @@
  * offsets are multiples of 16. Per-tensor scaling only (delayed and current); the block-scaled
  * recipes are refused by the backend on this path. Codes and scales are bit for bit the CPU's
  * (common.cuh's conversions; tools/sim_grouped_quantize.cpp checks the kernels on the CPU). */
+#include "act_cast.cuh"
 #include "common.cuh"
 #include "grouped_kernels.h"
 
@@ -59,6 +60,10 @@ struct GroupedQuant {
   int dbias_dtype, dbias_accumulate;
   const int32_t *skip;
   uint32_t *work; /* current scaling: expert e's accumulator and tile count at work[4 e] */
+  /* lutra_grouped_quant_args.act: the values quantized are lkact::act_value's of the rows */
+  const void *act;
+  int act_kind, act_forward;
+  void *act_out;
 };
 
 /* Where a block's rows are, from its first thread's scan of the splits. */
@@ -92,6 +97,7 @@ __device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *
 template <int XD>
 __device__ __forceinline__ float load_row(const GroupedQuant &a, const Where &w, int64_t r,
                                           int64_t c) {
+  if (a.act) return lkact::act_value<XD>(a, w.R + r, c); /* token rows only */
   const void *base = a.xs ? a.xs[w.e] : a.x;
   const int64_t row = a.xs ? r : w.R + r;
   return load1<XD>(base, row * a.cols + c);
@@ -137,6 +143,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(THREADS) k_cast(Grou
   for (int64_t i = threadIdx.x; i < TILE_ROWS * cols; i += THREADS) {
     const int64_t r = r0 + i / cols, c = i % cols;
     const float v = r < s ? load_row<XD>(a, w, r, c) : 0.0f;
+    if (a.act_out && r < s) store1<XD>(a.act_out, (w.R + r) * cols + c, v);
     m = fmaxf(m, fabsf(v));
     const uint8_t code = (uint8_t)encode1<OD>(v, sc);
     if (a.data) a.data[(P0 + r) * cols + c] = code;
@@ -175,7 +182,7 @@ template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a)
   void *db = a.dbias[w.e];
   double acc = a.dbias_accumulate ? (double)load1_any(db, a.dbias_dtype, c) : 0.0;
   for (int64_t r = w.R; r < w.R + w.s; r++)
-    acc += (double)load1<XD>(a.x, r * a.cols + c);
+    acc += (double)(a.act ? lkact::act_value<XD>(a, r, c) : load1<XD>(a.x, r * a.cols + c));
   store1_any(db, a.dbias_dtype, c, (float)acc);
 }
 
@@ -185,6 +192,9 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
                                            cudaStream_t st) {
   if (q->kind != LUTRA_QUANT_DELAYED && q->kind != LUTRA_QUANT_CURRENT)
     return cudaErrorNotSupported;
+  if (q->act && (q->xs || q->act_kind <= LUTRA_ACT_NONE || q->act_kind >= LUTRA_ACT_COUNT ||
+                 (!q->act_forward && !q->x)))
+    return cudaErrorInvalidValue;
   GroupedQuant a;
   a.x = q->x;
   a.xs = q->xs;
@@ -211,6 +221,10 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   a.dbias_accumulate = q->dbias_accumulate;
   a.skip = q->skip;
   a.work = q->work;
+  a.act = q->act;
+  a.act_kind = q->act_kind;
+  a.act_forward = q->act_forward;
+  a.act_out = q->act_out;
   const unsigned tiles = grid_for(rows_cap, TILE_ROWS, 0x7FFFFFFF);
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;

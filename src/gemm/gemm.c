@@ -48,20 +48,33 @@ static pthread_key_t exit_key;
 static bool key_ok;
 static atomic_int live_threads; /* threads whose plans or workspace are not freed yet */
 
-/* Thread exit: the plans (their cuBLASLt descriptors and one-GEMM graphs; a graph the GPU
- * still runs is released when it completes) and the per-thread workspace. Nothing here is
- * reachable from another thread. */
+/* A thread keeps at most this many plans per device: shapes that never stop changing (the
+ * per-expert GEMMs of a GroupedLinear whose splits change every step, one shape per row count)
+ * would otherwise add plans forever. A miss past it drops the device's plans (no plan outlives
+ * the GEMM call that found it), and the shapes still in use are planned again as they come. */
+enum { MAX_PLANS = 4096 };
+
+/* Frees every plan of c (their cuBLASLt descriptors and one-GEMM graphs; a graph the GPU still
+ * runs is released when it completes); the table stays. */
+static void cache_drop(plan_cache *c, const lutra_backend *be) {
+  for (int i = 0; i < c->cap; i++) {
+    lutra_gemm_plan *p = c->slots[i];
+    if (!p) continue;
+    if (be && be->gemm_plan_free) be->gemm_plan_free(p);
+    free(p);
+    c->slots[i] = NULL;
+  }
+  c->count = 0;
+}
+
+/* Thread exit: the plans and the per-thread workspace. Nothing here is reachable from another
+ * thread. */
 static void thread_exit(void *arg) {
   (void)arg;
   for (int d = 0; d < NUM_DEVICES; d++) {
     const lutra_backend *be = tg.backends[d];
     plan_cache *c = &tg.caches[d];
-    for (int i = 0; i < c->cap; i++) {
-      lutra_gemm_plan *p = c->slots[i];
-      if (!p) continue;
-      if (be && be->gemm_plan_free) be->gemm_plan_free(p);
-      free(p);
-    }
+    cache_drop(c, be);
     free(c->slots);
     *c = (plan_cache){0};
     if (tg.workspaces[d].ptr && be) be->free(tg.workspaces[d].ptr);
@@ -178,6 +191,7 @@ static int plan_for(const lutra_backend *be, const lutra_gemm_key *k, const lutr
               "once eagerly with the same shapes before capturing",
               (long long)k->m, (long long)k->n, (long long)k->k);
   register_thread(be);
+  if (c->count >= MAX_PLANS) cache_drop(c, be);
   TRY(cache_grow(c, fn));
   p = calloc(1, sizeof *p);
   if (!p) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a GEMM plan");
