@@ -11,7 +11,7 @@
 -- drawn fresh each call, with empty experts and sizes that are no multiple of the alignment;
 -- outputs are poisoned before each run.
 local lutra = require("lutra")
-local nn, R = lutra.nn, lutra.recipe
+local nn = lutra.nn
 
 local KINDS = {
   { name = "relu", make = nn.ReLU, f = function(v) return v > 0 and v or 0 end },
@@ -23,19 +23,9 @@ local KINDS = {
   { name = "reglu", make = nn.ReGLU, gated = true },
 }
 
-local RECIPES = {
-  { name = "high precision" },
-  { name = "delayed", fuses = true, make = function() return R.delayed { amax_history_len = 4 } end },
-  { name = "current", fuses = true, make = function() return R.current {} end },
-  { name = "mxfp8", make = function() return R.mxfp8 {} end },
-  { name = "block", make = function() return R.block {} end },
-  -- no grad_output quantizer: the backward reads the activation's output in high precision, so
-  -- the fused cast writes it too
-  { name = "custom (grad_output none)", fuses_forward_only = true, make = function()
-    return R.custom { input = { kind = "delayed" }, weight = { kind = "delayed" },
-                      grad_output = { kind = "none" } }
-  end },
-}
+-- high precision, then the recipes of spec/act_fusion_spec.lua
+local RECIPES = { { name = "high precision" } }
+for _, r in ipairs(require("spec.support.fusion_recipes")) do RECIPES[#RECIPES + 1] = r end
 
 local NUM, IN, H, OUT = 4, 32, 32, 32
 
@@ -165,6 +155,22 @@ describe("the expert MLP: Sequential(GroupedLinear, activation, GroupedLinear)",
 
   it("runs again with new splits each step (bitwise as the composition)", function()
     for _ = 1, 3 do compare(KINDS[2], RECIPES[2], "f32") end
+  end)
+
+  it("gives the same output in an inference forward (grad = false), fused or not", function()
+    for _, rec in ipairs { RECIPES[1], RECIPES[2], RECIPES[3] } do
+      -- two alike stacks, each with its own recipe (delayed scaling's state moves each step)
+      local a, b = modules(KINDS[2], "f32", 31), modules(KINDS[2], "f32", 31)
+      local seq_a, seq_b = nn.Sequential(a[1], a[2], a[3]), nn.Sequential(b[1], b[2], b[3])
+      local splits, rows = random_splits(17)
+      local x = lutra.tensor({ rows, IN }):randn(math.random(1, 2 ^ 20))
+      local y1, y2
+      under(rec.make and rec.make(), function() y1 = seq_a:forward(x, splits) end)
+      under(rec.make and rec.make(), function() y2 = seq_b:forward(x, splits, { grad = false }) end)
+      same_bits(y2, y1, rec.name .. ": inference forward")
+      assert.are.same({ seq_a:fusions() }, { seq_b:fusions() }, rec.name .. ": fusions")
+      assert.has_error(function() seq_b:backward(lutra.tensor({ rows, OUT })) end)
+    end
   end)
 
   it("takes the splits set on each GroupedLinear when forward is given none", function()

@@ -33,17 +33,7 @@ local RECIPES = {
   { name = "FP8 current", bound = 1e-3, fuses = true, make = function() return R.current {} end },
 }
 
-local function random_splits(total, seed)
-  math.randomseed(seed)
-  local s, left = {}, total
-  for e = 1, NUM - 1 do
-    local v = math.random() < 0.25 and 0 or math.random(0, math.floor(2 * total / NUM))
-    if v > left then v = left end
-    s[e], left = v, left - v
-  end
-  s[NUM] = left
-  return s
-end
+local function random_splits(total, seed) return S.random_splits(NUM, total, seed, 0.25) end
 
 local function mlp(kind, device, seed)
   local h_in = kind.gated and 2 * H or H

@@ -405,14 +405,14 @@ static int create(const lutra_grouped_linear_desc *d, const lutra_tp_desc *tp, l
   TRY(lutra_linear_check_desc(d->in_features, d->out_features, d->dtype, d->device, &be, fn));
   grouped_linear *g = calloc(1, sizeof *g);
   if (!g) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
-  g->num = d->num_gemms;
-  g->in = d->in_features;
-  g->out = d->out_features;
-  g->dtype = d->dtype;
-  g->device = d->device;
-  g->has_bias = d->bias != 0;
-  g->accumulate_main_grad = d->accumulate_main_grad != 0;
-  g->be = be;
+  *g = (grouped_linear){.num = d->num_gemms,
+                        .in = d->in_features,
+                        .out = d->out_features,
+                        .dtype = d->dtype,
+                        .device = d->device,
+                        .has_bias = d->bias != 0,
+                        .accumulate_main_grad = d->accumulate_main_grad != 0,
+                        .be = be};
   lutra_grouped_linear_desc local = *d;
   int st = LUTRA_OK;
   if (tp) {
