@@ -18,6 +18,7 @@
  * offsets are multiples of 16. Per-tensor scaling only (delayed and current); the block-scaled
  * recipes are kernels/grouped_quantize_blocks.cu. Codes and scales are bit for bit the CPU's
  * (common.cuh's conversions; tools/sim_grouped_quantize.cpp checks the kernels on the CPU). */
+#include "act_cast.cuh"
 #include "common.cuh"
 #include "grouped_kernels.h"
 
@@ -61,6 +62,10 @@ struct GroupedQuant {
   int dbias_dtype, dbias_accumulate;
   const int32_t *skip;
   uint32_t *work; /* current scaling: expert e's accumulator and tile count at work[4 e] */
+  /* lutra_grouped_quant_args.act: the values quantized are lkact::act_value's of the rows */
+  const void *act;
+  int act_kind, act_forward;
+  void *act_out;
 };
 
 /* Where a block's rows are, from its first thread's scan of the splits. */
@@ -92,7 +97,9 @@ __device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *
 }
 
 /* 16 consecutive elements of row r of the block's expert from column c, zero past its s rows
- * and past the last column; VEC: the row starts are 16-byte aligned and cols % 16 == 0 */
+ * and past the last column; VEC: the row starts are 16-byte aligned and cols % 16 == 0. With a
+ * fused activation the elements are act(x) (kernels/act_cast.cuh), one by one: a gated kind
+ * reads two columns of x per element, which no 16-byte load covers. */
 template <int XD, bool VEC>
 __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, int64_t r,
                                          int64_t c, float (&v)[16]) {
@@ -100,6 +107,11 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
       v[k] = 0.0f;
+    return;
+  }
+  if (a.act) { /* token rows only */
+    for (int k = 0; k < 16; k++)
+      v[k] = c + k < a.cols ? lkact::act_value<XD>(a, w.R + r, c + k) : 0.0f;
     return;
   }
   const void *base = a.xs ? a.xs[w.e] : a.x;
@@ -176,6 +188,9 @@ __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
       m = fmaxf(m, fabsf(v[k]));
+    if (a.act_out && r0 + tr < w.s) /* the activation's output, kept for the backward */
+      for (int k = 0; k < 16 && c + k < cols; k++)
+        store1<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
     const uint4 q = encode16<OD>(v, sc);
     if (c < cols) {
       uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
@@ -235,7 +250,7 @@ template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a)
   double acc = a.dbias_accumulate ? (double)load1_any(db, a.dbias_dtype, c) : 0.0;
 #pragma unroll 8 /* the loads run ahead; the sums stay in row order */
   for (int64_t r = w.R; r < w.R + w.s; r++)
-    acc += (double)load1<XD>(a.x, r * a.cols + c);
+    acc += (double)(a.act ? lkact::act_value<XD>(a, r, c) : load1<XD>(a.x, r * a.cols + c));
   store1_any(db, a.dbias_dtype, c, (float)acc);
 }
 
@@ -245,6 +260,9 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
                                            cudaStream_t st) {
   if (q->kind != LUTRA_QUANT_DELAYED && q->kind != LUTRA_QUANT_CURRENT)
     return cudaErrorNotSupported;
+  if (q->act && (q->xs || q->act_kind <= LUTRA_ACT_NONE || q->act_kind >= LUTRA_ACT_COUNT ||
+                 (!q->act_forward && !q->x)))
+    return cudaErrorInvalidValue;
   GroupedQuant a;
   a.x = q->x;
   a.xs = q->xs;
@@ -271,6 +289,10 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   a.dbias_accumulate = q->dbias_accumulate;
   a.skip = q->skip;
   a.work = q->work;
+  a.act = q->act;
+  a.act_kind = q->act_kind;
+  a.act_forward = q->act_forward;
+  a.act_out = q->act_out;
   const unsigned tiles = grid_for(rows_cap, TILE_ROWS, 0x7FFFFFFF);
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;

@@ -16,6 +16,7 @@
  * its rowwise codes transposed (same scale), so it transposes the code bytes themselves
  * (MODE_CAST_CODES). The kernels issue the next tile's loads before encoding the current one and
  * visit tiles in bands of LUTRA_TILE_BAND tile rows (tile_coords). */
+#include "act_cast.cuh"
 #include "activation_math.cuh"
 #include "ops_common.cuh"
 #include "quantize_tiles.cuh"
@@ -56,76 +57,8 @@ enum { MODE_CAST = 0, MODE_MX = 1, MODE_CAST_CODES = 2, MODE_CAST_ACT = 3 };
 constexpr int CODE_LDW = 17;                     /* words per row of a code tile */
 constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4; /* two code tiles (double buffered) */
 
-/* ---- an activation inside the cast (MODE_CAST_ACT) -------------------------------------------
- * Element (r, c) of the matrix quantized, from the formulas of kernels/activation.cu (the
- * same operations in the same order as src/backend/cpu/activation_cpu.c), rounded once into
- * x's dtype as the activation's kernel stores it. The kind is a run-time switch (uniform across
- * the grid) so that one kernel per dtype pair serves all nine kinds. Loads are per element: a
- * gated kind reads both halves of the pre-activation and dy at half the width. */
-__device__ __forceinline__ float act_f(int k, float x) {
-  switch (k) {
-  case LUTRA_ACT_GELU_TANH:
-  case LUTRA_ACT_GEGLU:
-    return lkops::ActGeluTanh::f(x);
-  case LUTRA_ACT_RELU:
-  case LUTRA_ACT_REGLU:
-    return lkops::ActRelu::f(x);
-  case LUTRA_ACT_SILU:
-  case LUTRA_ACT_SWIGLU:
-    return lkops::ActSig<false>::f(x);
-  case LUTRA_ACT_QGELU:
-    return lkops::ActSig<true>::f(x);
-  case LUTRA_ACT_SRELU:
-    return lkops::ActSrelu::f(x);
-  default:
-    return lkops::ActGeluErf::f(x);
-  }
-}
-__device__ __forceinline__ float act_df(int k, float x) {
-  switch (k) {
-  case LUTRA_ACT_GELU_TANH:
-  case LUTRA_ACT_GEGLU:
-    return lkops::ActGeluTanh::df(x);
-  case LUTRA_ACT_RELU:
-  case LUTRA_ACT_REGLU:
-    return lkops::ActRelu::df(x);
-  case LUTRA_ACT_SILU:
-  case LUTRA_ACT_SWIGLU:
-    return lkops::ActSig<false>::df(x);
-  case LUTRA_ACT_QGELU:
-    return lkops::ActSig<true>::df(x);
-  case LUTRA_ACT_SRELU:
-    return lkops::ActSrelu::df(x);
-  default:
-    return lkops::ActGeluErf::df(x);
-  }
-}
-
-template <int XD> __device__ __forceinline__ float round_to(float v) {
-  if (XD == LUTRA_F32) return v;
-  return half_value<XD>(half_bits<XD>(v));
-}
-
-template <int XD> __device__ float act_value(const TileArgs &a, int64_t r, int64_t c) {
-  const int k = a.act_kind;
-  const bool gated = k == LUTRA_ACT_SWIGLU || k == LUTRA_ACT_GEGLU || k == LUTRA_ACT_REGLU;
-  float v;
-  if (!gated) {
-    const float x = load1<XD>(a.act, r * a.cols + c);
-    v = a.act_forward ? act_f(k, x) : lkops::fmul(load1<XD>(a.x, r * a.cols + c), act_df(k, x));
-  } else if (a.act_forward) { /* act [rows, 2 cols]: gate, then linear half */
-    const float g = load1<XD>(a.act, r * 2 * a.cols + c);
-    const float b = load1<XD>(a.act, r * 2 * a.cols + a.cols + c);
-    v = lkops::fmul(act_f(k, g), b);
-  } else { /* act [rows, cols], x (dy) [rows, cols / 2] */
-    const int64_t h = a.cols / 2, j = c < h ? c : c - h;
-    const float g = load1<XD>(a.act, r * a.cols + j);
-    const float d = load1<XD>(a.x, r * h + j);
-    v = c < h ? lkops::fmul(lkops::fmul(d, load1<XD>(a.act, r * a.cols + h + j)), act_df(k, g))
-              : lkops::fmul(d, act_f(k, g));
-  }
-  return round_to<XD>(v);
-}
+/* ---- an activation inside the cast (MODE_CAST_ACT): act_value of act_cast.cuh ---- */
+using lkact::act_value;
 
 /* the 16 values of row r from column c (zeros outside the matrix), and their act_out stores */
 template <int XD>

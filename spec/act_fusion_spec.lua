@@ -24,18 +24,7 @@ local KINDS = {
   { name = "gelu_tanh", make = nn.GELU, epilogue = true },
 }
 
-local RECIPES = {
-  { name = "delayed", make = function() return R.delayed {} end, fuses = true },
-  { name = "current", make = function() return R.current {} end, fuses = true },
-  { name = "mxfp8", make = function() return R.mxfp8 {} end },
-  { name = "block", make = function() return R.block {} end },
-  -- no grad_output quantizer: the backward reads the activation's output in high precision, so
-  -- the fused cast writes it too (act_out)
-  { name = "custom (grad_output none)", fuses_forward_only = true, make = function()
-    return R.custom { input = { kind = "delayed" }, weight = { kind = "delayed" },
-                      grad_output = { kind = "none" } }
-  end },
-}
+local RECIPES = require("spec.support.fusion_recipes")
 
 local function same_bits(a, b, what)
   local x, y = a:to_table(), b:to_table()

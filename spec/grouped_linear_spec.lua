@@ -416,7 +416,12 @@ describe("nn.GroupedLinear", function()
       local fresh = nn.GroupedLinear(2, 16, 16)
       assert.has_error(function() fresh:forward(x) end)
       assert.has_error(function() nn.Linear(16, 16):forward(x, { 5, 5 }) end,
-                       "lutra_grouped_num_gemms: module is a linear, not a grouped_linear")
+                       "lutra_grouped_forward: a linear takes no m_splits (a GroupedLinear does, "
+                       .. "and a Sequential holding one)")
+      assert.has_error(function()
+        nn.Linear(16, 16):forward(x, lutra.from_table({ 5, 5 }, { 2 }, "i32"))
+      end, "lutra_grouped_forward: a linear takes no m_splits (a GroupedLinear does, and a "
+           .. "Sequential holding one)")
     end)
 
     it("refuses wrong features, dtypes and construction arguments", function()

@@ -2,7 +2,9 @@
  * std::thread per CUDA thread, and compares every output byte (codes, scale inverses, scales,
  * amaxes, bias gradients) with the CPU backend's reference (lutra_cpu_grouped_quantize), for
  * token splits with empty experts and sizes that are no multiple of 16, for the weights (one
- * pointer per expert), under delayed and current scaling, E4M3 and E5M2, f32 and bf16 inputs;
+ * pointer per expert), under delayed and current scaling, E4M3 and E5M2, f32 and bf16 inputs,
+ * with an activation inside the cast (forward: its output quantized; backward: its input
+ * gradient, with the bias gradient; gated kinds; the matrix also written to act_out);
  * and that a bad split sets the flag and writes nothing. For the kernels' indexing, barriers
  * and atomics on a machine without a GPU; FP8 conversions take common.cuh's integer path here.
  *
@@ -13,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 
 #define LKC_LAUNCH SIM_LAUNCH
 
@@ -39,7 +42,7 @@ static void same(const void *got, const void *want, size_t bytes, const char *wh
 }
 
 struct Side { /* the buffers of one run */
-  std::vector<unsigned char> data, col, sinv, csinv, state;
+  std::vector<unsigned char> data, col, sinv, csinv, state, act_out;
   std::vector<std::vector<float>> dbias;
   std::vector<void *> dbias_ptr;
   int32_t bad = 0;
@@ -52,7 +55,23 @@ struct Case {
   int rows_each;
   bool dbias, accumulate, bad;
   int x_shift = 0; /* elements the token matrix starts past an aligned address (unaligned loads) */
+  /* an activation inside the cast (LUTRA_ACT_*, 0: none), its direction, and act_out */
+  int act = 0, act_forward = 0;
+  bool act_out = false;
 };
+
+static void fill_random(unsigned char *buf, int64_t n, int dtype, std::mt19937_64 &rng) {
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  for (int64_t i = 0; i < n; i++) {
+    float v = nd(rng);
+    if (dtype == LUTRA_F32)
+      memcpy(&buf[(size_t)i * 4], &v, 4);
+    else {
+      uint16_t h = (uint16_t)lkc::bf16_bits(v);
+      memcpy(&buf[(size_t)i * 2], &h, 2);
+    }
+  }
+}
 
 static void run_case(const Case &c, uint64_t seed) {
   const int num = c.num, align = 16;
@@ -65,17 +84,17 @@ static void run_case(const Case &c, uint64_t seed) {
   const int64_t cols = c.cols, cap = weights ? total : lutra_grouped_rows_cap(total, num, align);
   const size_t es = c.x_dtype == LUTRA_F32 ? 4 : 2;
   std::mt19937_64 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 2.0f);
-  std::vector<unsigned char> xbuf((size_t)(total * cols + c.x_shift) * es + 16);
+  /* x: the rows, or an activation's output gradient (gated: half the columns); act: its input
+   * (a gated forward's: twice the columns) */
+  const bool gated = lutra_act_is_gated(c.act);
+  const int64_t x_cols = c.act && !c.act_forward && gated ? cols / 2 : cols;
+  const int64_t act_cols = c.act && c.act_forward && gated ? 2 * cols : cols;
+  std::vector<unsigned char> xbuf((size_t)(total * x_cols + c.x_shift) * es + 16), act;
   unsigned char *x = xbuf.data() + (16 - (uintptr_t)xbuf.data() % 16) % 16 + c.x_shift * es;
-  for (int64_t i = 0; i < total * cols; i++) {
-    float v = nd(rng);
-    if (c.x_dtype == LUTRA_F32)
-      memcpy(&x[(size_t)i * 4], &v, 4);
-    else {
-      uint16_t h = (uint16_t)lkc::bf16_bits(v);
-      memcpy(&x[(size_t)i * 2], &h, 2);
-    }
+  fill_random(x, total * x_cols, c.x_dtype, rng);
+  if (c.act) {
+    act.assign((size_t)(total * act_cols) * es, 0);
+    fill_random(act.data(), total * act_cols, c.x_dtype, rng);
   }
   std::vector<const void *> xs;
   for (int e = 0; weights && e < num; e++)
@@ -96,6 +115,7 @@ static void run_case(const Case &c, uint64_t seed) {
       if (hist) st[12 * num + e * hist] = 0.5f; /* an amax recorded before */
     }
     s.dbias.assign(num, std::vector<float>(cols, 0.125f));
+    s.act_out.assign((size_t)(total * cols) * es, 0xEE);
     for (int e = 0; e < num; e++)
       s.dbias_ptr.push_back(s.dbias[e].data());
   }
@@ -123,6 +143,13 @@ static void run_case(const Case &c, uint64_t seed) {
     a.dbias = c.dbias ? s.dbias_ptr.data() : nullptr;
     a.dbias_dtype = LUTRA_F32;
     a.dbias_accumulate = c.accumulate;
+    if (c.act) {
+      a.act = act.data();
+      a.act_kind = c.act;
+      a.act_forward = c.act_forward;
+      a.act_out = c.act_out ? s.act_out.data() : nullptr;
+      if (c.act_forward) a.x = nullptr;
+    }
     if (k == 0) {
       if (lk_grouped_quantize(&a, cap, nullptr) != cudaSuccess) {
         printf("FAIL %s: the launcher refused\n", c.name);
@@ -155,6 +182,7 @@ static void run_case(const Case &c, uint64_t seed) {
   same(side[0].state.data(), side[1].state.data(), side[0].state.size(), "scaling state", c.name);
   for (int e = 0; e < num; e++)
     same(side[0].dbias[e].data(), side[1].dbias[e].data(), (size_t)cols * 4, "dbias", c.name);
+  same(side[0].act_out.data(), side[1].act_out.data(), side[0].act_out.size(), "act_out", c.name);
   printf("%s %s\n", failures ? "..." : "ok  ", c.name);
 }
 
@@ -349,6 +377,39 @@ int main() {
       {"bad splits: flag set, nothing written", LUTRA_QUANT_CURRENT, LUTRA_BF16, LUTRA_E4M3, 7, 16,
        splits, 0, true, false, true},
   };
+  /* an activation inside the cast: forward (its output, written to act_out too) and backward
+   * (its input gradient with the bias gradient), every kind, both scalings */
+  static const struct {
+    const char *name;
+    int act;
+  } acts[] = {{"gelu_tanh", LUTRA_ACT_GELU_TANH}, {"relu", LUTRA_ACT_RELU},
+              {"silu", LUTRA_ACT_SILU},           {"qgelu", LUTRA_ACT_QGELU},
+              {"srelu", LUTRA_ACT_SRELU},         {"gelu_erf", LUTRA_ACT_GELU_ERF},
+              {"swiglu", LUTRA_ACT_SWIGLU},       {"geglu", LUTRA_ACT_GEGLU},
+              {"reglu", LUTRA_ACT_REGLU}};
+  static std::vector<std::string> names;
+  names.reserve(4 * sizeof acts / sizeof *acts);
+  for (const auto &k : acts)
+    for (int fwd = 0; fwd < 2; fwd++)
+      for (int cur = 0; cur < 2; cur++) {
+        names.push_back(std::string(cur ? "current " : "delayed ") + k.name +
+                        (fwd ? " forward + act_out" : " backward + dbias"));
+        Case c = {names.back().c_str(),
+                  cur ? LUTRA_QUANT_CURRENT : LUTRA_QUANT_DELAYED,
+                  LUTRA_BF16,
+                  fwd ? LUTRA_E4M3 : LUTRA_E5M2,
+                  7,
+                  32,
+                  splits,
+                  0,
+                  !fwd,
+                  false,
+                  false};
+        c.act = k.act;
+        c.act_forward = fwd;
+        c.act_out = fwd;
+        cases.push_back(c);
+      }
   uint64_t seed = 1;
   for (const Case &c : cases)
     run_case(c, seed++);

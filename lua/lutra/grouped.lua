@@ -21,13 +21,16 @@ local int32_ptr = ffi.typeof("int32_t *")
 -- buffer a Lua table of splits is written into, made once per module
 local host_splits = setmetatable({}, { __mode = "k" })
 
-local function new_host_splits(m)
-  check(C.lutra_grouped_num_gemms(m, core.int_box))
-  local n = core.int_box[0]
+-- n: num_gemms of a GroupedLinear m; for a module that holds GroupedLinears (a Sequential),
+-- given, the length of the table given (any = true: remade when another length comes; C checks
+-- it against each GroupedLinear)
+local function new_host_splits(m, given)
+  local n, any = given, true
+  if C.lutra_grouped_num_gemms(m, core.int_box) == 0 then n, any = core.int_box[0], nil end
   local shape = ffi.new("int64_t[1]", n)
   check(C.lutra_tensor_new(C.LUTRA_I32, 1, shape, C.LUTRA_CPU, core.tensor_box))
   local t = ffi.gc(core.tensor_box[0], C.lutra_tensor_free)
-  local entry = { tensor = t, ptr = ffi.cast(int32_ptr, t.data), n = n }
+  local entry = { tensor = t, ptr = ffi.cast(int32_ptr, t.data), n = n, any = any }
   host_splits[m] = entry
   return entry
 end
@@ -81,8 +84,12 @@ end
 function M.splits_tensor(m, splits, where)
   where = where or "module:forward"
   if type(splits) == "table" then
-    local entry = host_splits[m] or new_host_splits(m)
+    local entry = host_splits[m] or new_host_splits(m, #splits)
     local n = entry.n
+    if #splits ~= n and entry.any then
+      entry = new_host_splits(m, #splits)
+      n = entry.n
+    end
     if #splits ~= n then
       error(string.format("%s: m_splits has %d entries, the module has %d experts", where,
                           #splits, n), 3)

@@ -206,8 +206,9 @@ end
 -- @param x the input tensor
 --
 -- @param[opt] opts is_first_microbatch (nil, true, false or "device") or a table
--- {is_first_microbatch =, grad =} (see the comment above); for a GroupedLinear, m_splits (a
--- table, a host or a device i32 tensor)
+-- {is_first_microbatch =, grad =} (see the comment above); for a GroupedLinear, or a
+-- Sequential holding GroupedLinears (each gets them), m_splits (a table, a host or a device i32
+-- tensor)
 -- @param[opt] grouped_opts for a GroupedLinear: the options table that follows m_splits
 function Module:forward(x, opts, grouped_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end

@@ -20,17 +20,7 @@ local function test(name, fn) S.test(it, name, fn) end
 
 local NUM, IN, OUT = 6, 64, 96
 
-local function random_splits(num, total, seed)
-  math.randomseed(seed)
-  local s, left = {}, total
-  for e = 1, num - 1 do
-    local v = math.random() < 0.2 and 0 or math.random(0, math.floor(2 * total / num))
-    if v > left then v = left end
-    s[e], left = v, left - v
-  end
-  s[num] = left
-  return s
-end
+local random_splits = S.random_splits
 
 local function pair(opts)
   local a = { bias = opts.bias, dtype = "bf16", seed = opts.seed, accumulate_main_grad = opts.amg }

@@ -91,6 +91,20 @@ function S.randn_pair(shape, dtype, seed, std, mean)
          lutra.tensor(shape, dtype, S.DEV):randn(seed, mean or 0, std or 1)
 end
 
+-- num expert row counts summing to total (GroupedLinear), from seed: about a fifth of them 0
+-- (empty experts), the others of any size (no multiple of an alignment)
+function S.random_splits(num, total, seed, empty)
+  math.randomseed(seed)
+  local s, left = {}, total
+  for e = 1, num - 1 do
+    local v = math.random() < (empty or 0.2) and 0 or math.random(0, math.floor(2 * total / num))
+    if v > left then v = left end
+    s[e], left = v, left - v
+  end
+  s[num] = left
+  return s
+end
+
 -- the same host values (a float* of the tensor's size) on both devices
 function S.from_buf_pair(buf, shape, dtype)
   return lutra.tensor(shape, dtype, S.REF):set(buf), lutra.tensor(shape, dtype, S.DEV):set(buf)

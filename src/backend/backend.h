@@ -424,6 +424,17 @@ typedef struct lutra_grouped_quant_args {
   /* device scratch of lutra_grouped_scratch_bytes(num, in, out) bytes owned by the caller (the
    * offsets and GEMM argument arrays the kernels derive from splits); NULL on the CPU */
   void *scratch;
+  /* An activation inside the cast, as lutra_quant_args.act_kind / act_forward say of one
+   * matrix, over each expert's token rows (xs NULL; per-tensor scaling): act (not NULL) is the
+   * activation's input, [total_rows, 2 cols] for a gated forward, else [total_rows, cols];
+   * act_forward 0: x is the gradient of its output ([total_rows, cols / 2] for gated kinds).
+   * The matrix quantized (and summed into dbias, and max'ed into amax) is the activation's
+   * output or input gradient, each value rounded once into x_dtype as the activation's kernel
+   * stores it; act_out, when not NULL, receives it ([total_rows, cols], x_dtype, unpadded). */
+  const void *act;
+  int32_t act_kind; /* LUTRA_ACT_*, not NONE with act */
+  int32_t act_forward;
+  void *act_out;
 } lutra_grouped_quant_args;
 
 /* Which of a GroupedLinear's three GEMMs, per expert e with s_e rows (W_e [out, in]):

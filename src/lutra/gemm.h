@@ -63,7 +63,9 @@ typedef struct lutra_gemm_epilogue {
 LUTRA_API int lutra_gemm_ex(const lutra_tensor *a, int transa, const lutra_tensor *b, int transb,
                             lutra_tensor *d, const lutra_tensor *bias, int accumulate,
                             const lutra_gemm_epilogue *epi);
-/* Plans (one per shape/dtype/layout/epilogue) and workspace bytes held by the caches. */
+/* Plans (one per shape/dtype/layout/epilogue) and workspace bytes held by the caches. A thread
+ * keeps at most 4096 plans per device: a new shape past that drops them (they are made again as
+ * their shapes come back), so shapes that change every step cannot grow the cache forever. */
 LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
 /* Eager cuda GEMMs replayed as one-GEMM CUDA graphs: a call seen again with the same arguments
  * (pointers, beta, stream) runs as a cudaGraphLaunch of its captured cublasLtMatmul, which costs

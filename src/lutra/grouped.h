@@ -34,7 +34,9 @@ LUTRA_API int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra
  * lutra_grouped_check reports). Setting splits ends the last forward (a backward needs a new
  * forward). lutra_module_forward then uses them, so a GroupedLinear runs inside a Sequential. */
 LUTRA_API int lutra_grouped_set_splits(lutra_module *m, const lutra_tensor *splits);
-/* lutra_grouped_set_splits, then lutra_module_forward_ex. */
+/* lutra_grouped_set_splits, then lutra_module_forward_ex; m may also be a module holding
+ * GroupedLinears (a Sequential: lutra_module_forward_ex with splits in the args, which it hands
+ * to each of them). */
 LUTRA_API int lutra_grouped_forward(lutra_module *m, const lutra_tensor *x,
                                     const lutra_tensor *splits, const lutra_forward_args *a,
                                     lutra_tensor **y);

@@ -80,10 +80,15 @@ LUTRA_API const char *lutra_module_kind(const lutra_module *m);
  *                        (LUTRA_FIRST_MICROBATCH_DEVICE: quantize unless the device's
  *                        skip-weight-update flag is set)
  *   grad                 nonzero (default): a backward follows. 0: an inference forward; the
- *                        module keeps nothing for backward, and a backward after it is refused */
+ *                        module keeps nothing for backward, and a backward after it is refused
+ *   splits               NULL (default), or the m_splits of every GroupedLinear the forward
+ *                        reaches (an I32 tensor, as lutra_grouped_set_splits takes it), so that
+ *                        one call gives them to both experts' layers of a Sequential; a
+ *                        Sequential with no GroupedLinear refuses them */
 typedef struct lutra_forward_args {
   int32_t is_first_microbatch;
   int32_t grad;
+  const lutra_tensor *splits;
 } lutra_forward_args;
 LUTRA_API void lutra_forward_defaults(lutra_forward_args *a);
 LUTRA_API int lutra_module_forward_ex(lutra_module *m, const lutra_tensor *x,

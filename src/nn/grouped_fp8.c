@@ -31,6 +31,10 @@ static int scaling_of(int kind) {
   }
 }
 
+bool lutra_grouped_cast_takes_act(const lutra_quantizer_spec *s) {
+  return s->kind == LUTRA_QUANT_DELAYED || s->kind == LUTRA_QUANT_CURRENT;
+}
+
 bool lutra_grouped_uses_delayed(const lutra_recipe *r) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++)
     if (r->roles[i].kind == LUTRA_QUANT_DELAYED) return true;
@@ -218,12 +222,21 @@ static int note_all(grouped_linear *g, const grouped_role *r, bool backward, con
   return LUTRA_OK;
 }
 
+/* x: the rows quantized, or with act the activation's output (forward: its shape) or output
+ * gradient (backward: the matrix quantized has the shape of act->pre) */
 static int quantize_tokens(grouped_linear *g, const grouped_role *r, const lutra_tensor *x,
-                           grouped_fp8_buf *b, void *const *dbias, const char *fn) {
+                           grouped_fp8_buf *b, void *const *dbias, const grouped_act *act,
+                           const char *fn) {
   lutra_grouped_quant_args a = quant_args(g, r, true, b);
   a.total_rows = lutra_rows(x);
-  a.cols = lutra_cols(x);
-  a.x = x->data;
+  a.cols = act && !act->forward ? lutra_cols(act->pre) : lutra_cols(x);
+  a.x = act && act->forward ? NULL : x->data;
+  if (act) {
+    a.act = act->pre->data;
+    a.act_kind = act->kind;
+    a.act_forward = act->forward;
+    a.act_out = act->out ? act->out->data : NULL;
+  }
   a.dbias = dbias;
   a.dbias_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
   a.dbias_accumulate = g->accumulate_main_grad;
@@ -261,7 +274,7 @@ static int check_dims(const grouped_linear *g, const lutra_recipe *rec, const ch
 }
 
 int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *rec,
-                              int first_microbatch, const char *fn) {
+                              int first_microbatch, const grouped_act *act, const char *fn) {
   TRY(check_dims(g, rec, fn));
   TRY(ensure_roles(g, rec, fn));
   const int32_t *skip = NULL;
@@ -277,7 +290,7 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
   TRY(buf_ensure(g, &g->xq, &ri->spec, lutra_rows(x), token_align(g), g->in, fn));
   TRY(buf_ensure(g, &g->wq, &rw->spec, (int64_t)g->num * g->out, weight_align(&rw->spec), g->in,
                  fn));
-  TRY(quantize_tokens(g, ri, x, &g->xq, NULL, fn));
+  TRY(quantize_tokens(g, ri, x, &g->xq, NULL, act, fn));
   TRY(note_all(g, ri, false, fn));
   if (!(first_microbatch == 0 && g->weight_cached)) {
     TRY(quantize_weights(g, skip, fn));
@@ -297,11 +310,11 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
 }
 
 int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
-                               const char *fn) {
+                               const grouped_act *act, const char *fn) {
   const grouped_role *rg = &g->roles[LUTRA_ROLE_GRAD_OUTPUT];
   TRY(buf_ensure(g, &g->dyq, &rg->spec, g->rows, token_align(g), g->out, fn));
   void *const *dbias = g->has_bias ? g->ptrs + 3 * g->num : NULL;
-  TRY(quantize_tokens(g, rg, dy, &g->dyq, dbias, fn));
+  TRY(quantize_tokens(g, rg, dy, &g->dyq, dbias, act, fn));
   TRY(note_all(g, rg, true, fn));
   lutra_grouped_gemm_args ga;
   lutra_grouped_common(g, g->rows, &ga);
@@ -315,12 +328,7 @@ int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool d
     int st = g->be->grouped_gemm(&ga);
     if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   }
-  ga.pass = LUTRA_GROUPED_WGRAD;
-  ga.dw = g->ptrs + 2 * g->num;
-  ga.dw_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
-  ga.accumulate = g->accumulate_main_grad;
-  int st = g->be->grouped_gemm(&ga);
-  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
+  return lutra_grouped_wgrad(g, &ga, NULL, fn);
 }
 
 /* calibration: delayed scaling records each expert's amax of input and weight, nothing else */
@@ -329,7 +337,7 @@ int lutra_grouped_observe(grouped_linear *g, const lutra_tensor *x, const lutra_
   TRY(ensure_roles(g, rec, fn));
   const grouped_role *ri = &g->roles[LUTRA_ROLE_INPUT], *rw = &g->roles[LUTRA_ROLE_WEIGHT];
   if (ri->spec.kind == LUTRA_QUANT_DELAYED) {
-    TRY(quantize_tokens(g, ri, x, NULL, NULL, fn));
+    TRY(quantize_tokens(g, ri, x, NULL, NULL, NULL, fn));
     TRY(note_all(g, ri, false, fn));
   }
   if (rw->spec.kind == LUTRA_QUANT_DELAYED) {

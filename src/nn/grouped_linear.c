@@ -12,9 +12,9 @@
 #include "core/trace.h"
 #include "fp8/autocast.h"
 #include "nn/grouped_graphs.h"
+#include "nn/linear_shared.h"
 #include "runtime/tensor.h"
 
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,24 +50,24 @@ static int check_host_splits(const grouped_linear *g, int64_t rows, const char *
   return LUTRA_OK;
 }
 
-static int check_input(const grouped_linear *g, const lutra_tensor *x, const char *fn) {
-  CHECK_ARG(x->dtype == g->dtype, "input dtype %s does not match the module's %s",
-            lutra_dtype_name(x->dtype), lutra_dtype_name(g->dtype));
-  CHECK_ARG(lutra_cols(x) == g->in, "input has %lld features, the module expects %lld",
-            (long long)lutra_cols(x), (long long)g->in);
-  CHECK_ARG(x->device == g->device, "input is on another device than the module");
-  CHECK_STATE(g->splits_set, "no m_splits for this forward: lutra_grouped_forward (or "
-                             "lutra_grouped_set_splits before lutra_module_forward) gives them");
+static int check_ready(const grouped_linear *g, const lutra_tensor *x, const char *fn) {
+  CHECK_STATE(g->splits_set, "no m_splits for this forward: pass them to forward (the splits of "
+                             "lutra_forward_args, which a Sequential hands to each of its "
+                             "GroupedLinears) or set them first (lutra_grouped_set_splits)");
   CHECK_ARG(g->be->grouped_gemm && g->be->grouped_quantize,
             "the %s backend has no grouped GEMM in this build", g->be->name);
   return check_host_splits(g, lutra_rows(x), fn);
 }
 
-static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
-                           lutra_tensor **y) {
-  static const char fn[] = "lutra_grouped_forward";
-  grouped_linear *g = grouped_of(m);
-  TRY(check_input(g, x, fn));
+static int take_splits(grouped_linear *g, const lutra_tensor *s, int64_t rows, const char *fn);
+
+/* The forward of x (the module's input), or, when pre is not NULL, of act_in(pre): x is then
+ * g->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused).
+ * x (or pre) was checked against the module and a->splits taken. */
+static int forward_impl(grouped_linear *g, const lutra_tensor *x, const lutra_tensor *pre,
+                        int act_in, const lutra_forward_args *a, lutra_tensor **y, bool *fused,
+                        const char *fn) {
+  TRY(check_ready(g, x, fn));
   if (g->parallel) { /* no sequence parallelism: the ranks' shapes are checked, x is used as is */
     const lutra_tensor *gx;
     int32_t gather_rows;
@@ -77,6 +77,9 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   const lutra_recipe *r = s->recipe;
   bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
+  /* act inside the split-quantize of the input where its scaling takes one (per-tensor) */
+  const bool fuse_in = pre && fp8 && lutra_grouped_cast_takes_act(&r->roles[LUTRA_ROLE_INPUT]);
+  const bool grad = a->grad != 0;
   int64_t rows = lutra_rows(x);
   /* f32 on a device: the grouped GEMMs have no f32 kernels (kernels/grouped_gemm_sm90.cu), so
    * host splits always take the per-expert path (device splits are refused by the backend) */
@@ -88,8 +91,15 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   shape[x->ndim - 1] = g->out;
   RANGE_PUSH("lutra.grouped_linear.forward");
   int st = lutra_tensor_ensure(&g->y, PLAIN_TENSOR(g->dtype, x->ndim, shape, g->device), fn);
+  if (st == LUTRA_OK && pre && !fuse_in)
+    st = lutra_linear_run_act(g->be, pre, act_in, g->act_y, fn);
   if (st == LUTRA_OK && fp8) {
-    st = lutra_grouped_fp8_forward(g, x, r, a->is_first_microbatch, fn);
+    /* the activation's output in high precision only where a backward reads it: a recipe
+     * without a grad_output quantizer runs the backward from the saved input */
+    const bool hp = grad && r->roles[LUTRA_ROLE_GRAD_OUTPUT].kind == LUTRA_QUANT_NONE;
+    const grouped_act act = {
+        .pre = pre, .kind = act_in, .forward = true, .out = hp ? g->act_y : NULL};
+    st = lutra_grouped_fp8_forward(g, x, r, a->is_first_microbatch, fuse_in ? &act : NULL, fn);
   } else if (st == LUTRA_OK && host) {
     if (calibrate) st = lutra_grouped_observe(g, x, r, fn);
     if (st == LUTRA_OK) st = lutra_grouped_host_forward(g, x, fn);
@@ -113,12 +123,44 @@ static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_f
   g->rows = rows;
   g->forward_fp8 = fp8;
   g->forward_host = host;
-  g->forward_grad = a->grad != 0;
+  g->forward_grad = grad;
   g->forward_done = true;
   g->backward_done = false;
   g->backward_trigger = g->forward_grad && (fp8 || calibrate) && lutra_grouped_uses_delayed(r) &&
                         lutra_autocast_claim_backward_trigger();
-  *y = g->y;
+  if (fused) *fused = fuse_in;
+  *y = yr;
+  return LUTRA_OK;
+}
+
+static int grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                           lutra_tensor **y) {
+  static const char fn[] = "lutra_grouped_forward";
+  grouped_linear *g = grouped_of(m);
+  TRY(lutra_linear_check_input(x, g->dtype, g->in, g->device, fn));
+  if (a->splits) TRY(take_splits(g, a->splits, lutra_rows(x), fn));
+  return forward_impl(g, x, NULL, LUTRA_ACT_NONE, a, y, NULL, fn);
+}
+
+static bool grouped_starts_with_act(const lutra_module *m, int act) {
+  (void)m;
+  return lutra_linear_takes_act(act);
+}
+
+static int grouped_forward_from_act(lutra_module *m, const lutra_tensor *pre,
+                                    const lutra_forward_args *a, int act, lutra_tensor **y,
+                                    const lutra_tensor **act_y, bool *fused) {
+  static const char fn[] = "lutra_grouped_forward";
+  grouped_linear *g = grouped_of(m);
+  int64_t shape[LUTRA_MAX_DIMS];
+  TRY(lutra_linear_check_act_input(pre, act, g->dtype, g->device, shape, fn));
+  CHECK_ARG(shape[pre->ndim - 1] == g->in,
+            "the activation's output has %lld features, the module expects %lld",
+            (long long)shape[pre->ndim - 1], (long long)g->in);
+  if (a->splits) TRY(take_splits(g, a->splits, lutra_rows(pre), fn));
+  TRY(lutra_tensor_ensure(&g->act_y, PLAIN_TENSOR(g->dtype, pre->ndim, shape, g->device), fn));
+  TRY(forward_impl(g, g->act_y, pre, act, a, y, fused, fn));
+  *act_y = g->act_y;
   return LUTRA_OK;
 }
 
@@ -134,36 +176,49 @@ static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bo
     int st = g->be->grouped_gemm(&ga);
     if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   }
-  ga.pass = LUTRA_GROUPED_WGRAD;
-  ga.dw = g->ptrs + 2 * g->num;
-  ga.dw_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
-  ga.accumulate = g->accumulate_main_grad;
-  ga.db = g->has_bias ? g->ptrs + 3 * g->num : NULL;
-  ga.bias_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
-  int st = g->be->grouped_gemm(&ga);
+  return lutra_grouped_wgrad(g, &ga, g->has_bias ? g->ptrs + 3 * g->num : NULL, fn);
+}
+
+int lutra_grouped_wgrad(const grouped_linear *g, lutra_grouped_gemm_args *ga, void *const *db,
+                        const char *fn) {
+  ga->pass = LUTRA_GROUPED_WGRAD;
+  ga->dw = g->ptrs + 2 * g->num;
+  ga->dw_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
+  ga->accumulate = g->accumulate_main_grad;
+  ga->db = db;
+  ga->bias_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
+  int st = g->be->grouped_gemm(ga);
   return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
-static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
-  static const char fn[] = "lutra_grouped_backward";
-  grouped_linear *g = grouped_of(m);
-  CHECK_STATE(g->forward_done, "backward called before forward");
-  CHECK_STATE(!(g->backward_done && g->accumulate_main_grad),
-              "a second backward of one forward would add its gradients into main_grad twice: "
-              "run a forward before each backward");
-  CHECK_STATE(g->forward_grad, "the last forward ran with grad = false (inference): it kept "
-                               "nothing for a backward");
-  CHECK_STATE(!(g->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
-  CHECK_ARG(dy->dtype == g->dtype, "grad_output dtype %s does not match the module's %s",
-            lutra_dtype_name(dy->dtype), lutra_dtype_name(g->dtype));
-  CHECK_ARG(lutra_same_shape(dy, g->y), "grad_output shape does not match the forward output");
-  CHECK_ARG(dy->device == g->device, "grad_output is on another device than the module");
+static bool starts_from_act_grad(const grouped_linear *g, int act) {
+  /* tensor parallel: the activation's input is the collective's output, not this shard's */
+  return !g->parallel && lutra_linear_takes_act_grad(
+                             act, g->out, g->forward_done && g->forward_grad && g->forward_fp8,
+                             lutra_grouped_cast_takes_act(&g->roles[LUTRA_ROLE_GRAD_OUTPUT].spec));
+}
+
+/* act_grad: the gradient dy is of activation act's output, act's input this module's output */
+static int backward_impl(grouped_linear *g, const lutra_tensor *dy, int act_grad, lutra_tensor **dx,
+                         const char *fn) {
+  const lutra_linear_step step = {g->forward_done, g->forward_grad, g->backward_done,
+                                  g->accumulate_main_grad};
+  TRY(lutra_linear_check_backward(g->x, dy, g->dtype, g->device, step, fn));
+  if (act_grad != LUTRA_ACT_NONE) {
+    CHECK_ARG(starts_from_act_grad(g, act_grad),
+              "this backward cannot apply the activation's gradient in its grad_output cast");
+    TRY(lutra_linear_check_act_grad(dy, g->y, act_grad, fn));
+  } else {
+    CHECK_ARG(lutra_same_shape(dy, g->y), "grad_output shape does not match the forward output");
+  }
   if (dx)
     TRY(lutra_tensor_ensure(&g->dx, PLAIN_TENSOR(g->dtype, g->x->ndim, g->x->shape, g->device),
                             fn));
   RANGE_PUSH("lutra.grouped_linear.backward");
+  const grouped_act act = {.pre = g->y, .kind = act_grad, .forward = false};
   int st = g->forward_fp8 && g->roles[LUTRA_ROLE_GRAD_OUTPUT].spec.kind != LUTRA_QUANT_NONE
-               ? lutra_grouped_fp8_backward(g, dy, dx != NULL, fn)
+               ? lutra_grouped_fp8_backward(g, dy, dx != NULL,
+                                            act_grad != LUTRA_ACT_NONE ? &act : NULL, fn)
            : g->forward_host ? lutra_grouped_host_backward(g, dy, dx != NULL, fn)
                              : backward_high_precision(g, dy, dx != NULL, fn);
   lutra_tensor *dxr = g->dx;
@@ -175,9 +230,33 @@ static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tenso
     g->backward_trigger = false;
   }
   g->backward_done = true;
-  if (dx) *dx = g->dx;
+  if (dx) *dx = dxr;
   return LUTRA_OK;
 }
+
+static int grouped_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  return backward_impl(grouped_of(m), dy, LUTRA_ACT_NONE, dx, "lutra_grouped_backward");
+}
+
+static bool grouped_starts_from_act_grad(const lutra_module *m, int act) {
+  return starts_from_act_grad((const grouped_linear *)m, act);
+}
+
+static int grouped_backward_from_act_grad(lutra_module *m, int act, const lutra_tensor *dy,
+                                          lutra_tensor **dx) {
+  return backward_impl(grouped_of(m), dy, act, dx, "lutra_grouped_backward");
+}
+
+/* GroupedLinear -> activation -> GroupedLinear (an expert MLP): the activation inside the
+ * second one's input cast and its derivative inside the first one's grad_output cast (the
+ * per-tensor recipes), else its own kernels; no GEMM epilogue (the grouped GEMMs have none). */
+static const lutra_fusion_ops grouped_fusion = {
+    .activation = LUTRA_ACT_NONE,
+    .starts_from_act_grad = grouped_starts_from_act_grad,
+    .backward_from_act_grad = grouped_backward_from_act_grad,
+    .starts_with_act = grouped_starts_with_act,
+    .forward_from_act = grouped_forward_from_act,
+};
 
 static int grouped_num_params(const lutra_module *m) {
   const grouped_linear *g = (const grouped_linear *)m;
@@ -215,15 +294,15 @@ static void grouped_release(lutra_module *m) {
   if (g->ptrs) g->be->free(g->ptrs);
   if (g->scratch) g->be->free(g->scratch);
   g->ptrs = g->scratch = NULL;
-  lutra_tensor *owned[] = {g->y, g->dx, g->splits_dev, g->bad_split};
+  lutra_tensor_hold(&g->x, NULL); /* before the tensors: it may be act_y */
+  lutra_tensor *owned[] = {g->y, g->dx, g->act_y, g->splits_dev, g->bad_split};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
-  g->y = g->dx = g->splits_dev = g->bad_split = NULL;
+  g->y = g->dx = g->act_y = g->splits_dev = g->bad_split = NULL;
   free(g->splits_host);
   g->splits_host = NULL;
   free(g->param_names);
   g->param_names = NULL;
-  lutra_tensor_hold(&g->x, NULL);
   g->forward_done = g->splits_set = false;
   if (g->parallel) lutra_tp_release(&g->tp);
   g->parallel = false;
@@ -236,18 +315,16 @@ static const lutra_module_ops grouped_ops = {
     .num_params = grouped_num_params,
     .param = grouped_param,
     .release = grouped_release,
-    .fusion = NULL,
+    .fusion = &grouped_fusion,
     .checkpoint = &lutra_grouped_checkpoint,
+    .takes_splits = true,
 };
 
 /* ---- construction -------------------------------------------------------------------------- */
 
 static int make(const grouped_linear *g, int64_t n0, int64_t n1, int dtype, lutra_tensor **t,
                 const char *fn) {
-  int64_t shape[2] = {n0, n1};
-  lutra_tensor_spec spec = *PLAIN_TENSOR(dtype, n1 ? 2 : 1, shape, g->device);
-  spec.flags = LUTRA_TENSOR_BORROWED;
-  TRY(lutra_tensor_make(&spec, t, fn));
+  TRY(lutra_linear_make_param(g->device, n0, n1, dtype, t, fn));
   return lutra_tensor_fill(*t, 0.0f);
 }
 
@@ -263,12 +340,9 @@ static int make_set(grouped_linear *g, int64_t n0, int64_t n1, int dtype, lutra_
 /* weights as torch initialises a Linear: uniform(-1/sqrt(in), 1/sqrt(in)), expert e from
  * seed + e (a Linear made with that seed starts from the same weights) */
 static int init_params(grouped_linear *g, uint64_t seed, int64_t full_in) {
-  float bound = (float)(1.0 / sqrt((double)full_in));
-  for (int e = 0; e < g->num; e++) {
-    uint64_t s = seed + (uint64_t)e;
-    TRY(lutra_tensor_uniform(g->weight[e], s, -bound, bound));
-    if (g->has_bias) TRY(lutra_tensor_uniform(g->bias[e], s ^ 0x5bd1e995u, -bound, bound));
-  }
+  for (int e = 0; e < g->num; e++)
+    TRY(lutra_linear_init_params(g->weight[e], g->has_bias ? g->bias[e] : NULL, seed + (uint64_t)e,
+                                 full_in));
   return LUTRA_OK;
 }
 
@@ -334,23 +408,18 @@ static int create(const lutra_grouped_linear_desc *d, const lutra_tp_desc *tp, l
   CHECK_ARG(out, "out is NULL");
   CHECK_ARG(d->num_gemms > 0 && d->num_gemms <= 65536, "num_gemms must be in 1..65536 (got %d)",
             (int)d->num_gemms);
-  CHECK_ARG(d->in_features > 0 && d->out_features > 0,
-            "in_features and out_features must be positive (got %lld, %lld)",
-            (long long)d->in_features, (long long)d->out_features);
-  CHECK_ARG(d->dtype == LUTRA_F32 || d->dtype == LUTRA_BF16, "dtype must be f32 or bf16, got %s",
-            lutra_dtype_name(d->dtype));
   const lutra_backend *be;
-  TRY(lutra_backend_get(d->device, &be, fn));
+  TRY(lutra_linear_check_desc(d->in_features, d->out_features, d->dtype, d->device, &be, fn));
   grouped_linear *g = calloc(1, sizeof *g);
   if (!g) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
-  g->num = d->num_gemms;
-  g->in = d->in_features;
-  g->out = d->out_features;
-  g->dtype = d->dtype;
-  g->device = d->device;
-  g->has_bias = d->bias != 0;
-  g->accumulate_main_grad = d->accumulate_main_grad != 0;
-  g->be = be;
+  *g = (grouped_linear){.num = d->num_gemms,
+                        .in = d->in_features,
+                        .out = d->out_features,
+                        .dtype = d->dtype,
+                        .device = d->device,
+                        .has_bias = d->bias != 0,
+                        .accumulate_main_grad = d->accumulate_main_grad != 0,
+                        .be = be};
   lutra_grouped_linear_desc local = *d;
   int st = LUTRA_OK;
   if (tp) {
@@ -442,6 +511,12 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
   return LUTRA_OK;
 }
 
+/* what a forward is given: checked against the input's rows before anything changes */
+static int take_splits(grouped_linear *g, const lutra_tensor *s, int64_t rows, const char *fn) {
+  TRY(check_splits(g, s, rows, fn));
+  return set_splits(g, s, fn);
+}
+
 int lutra_grouped_set_splits(lutra_module *m, const lutra_tensor *splits) {
   static const char fn[] = "lutra_grouped_set_splits";
   TRY(check_grouped(m, fn));
@@ -451,21 +526,25 @@ int lutra_grouped_set_splits(lutra_module *m, const lutra_tensor *splits) {
 int lutra_grouped_forward(lutra_module *m, const lutra_tensor *x, const lutra_tensor *splits,
                           const lutra_forward_args *a, lutra_tensor **y) {
   static const char fn[] = "lutra_grouped_forward";
-  TRY(check_grouped(m, fn));
-  grouped_linear *g = grouped_of(m);
-  /* what can be checked before the splits are replaced is, so that a refused call changes
-   * nothing (a bad device split is found on the device) */
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   TRY(lutra_check_tensor(x, fn, "input"));
   CHECK_ARG(a, "args is NULL (lutra_forward_defaults gives the defaults)");
   CHECK_ARG(y, "y is NULL");
-  CHECK_ARG(x->dtype == g->dtype, "input dtype %s does not match the module's %s",
-            lutra_dtype_name(x->dtype), lutra_dtype_name(g->dtype));
-  CHECK_ARG(lutra_cols(x) == g->in, "input has %lld features, the module expects %lld",
-            (long long)lutra_cols(x), (long long)g->in);
-  CHECK_ARG(x->device == g->device, "input is on another device than the module");
-  TRY(check_splits(g, splits, lutra_rows(x), fn));
-  TRY(set_splits(g, splits, fn));
-  return lutra_module_forward_ex(m, x, a, y);
+  TRY(lutra_check_tensor(splits, fn, "m_splits"));
+  CHECK_ARG(lutra_module_takes_splits(m),
+            "a %s takes no m_splits (a GroupedLinear does, and a Sequential holding one)",
+            m->ops->kind);
+  lutra_forward_args with = *a;
+  with.splits = splits;
+  if (m->ops == &grouped_ops) {
+    /* what can be checked before the splits are replaced is, so that a refused call changes
+     * nothing (a bad device split is found on the device) */
+    grouped_linear *g = grouped_of(m);
+    TRY(lutra_linear_check_input(x, g->dtype, g->in, g->device, fn));
+    TRY(take_splits(g, splits, lutra_rows(x), fn));
+    with.splits = NULL;
+  }
+  return lutra_module_forward_ex(m, x, &with, y);
 }
 
 int lutra_grouped_check(lutra_module *m) {

@@ -39,6 +39,9 @@ typedef struct grouped_linear {
   /* backend memory: the data pointers of weight, bias, the wgrad and bgrad outputs ([num] each) */
   void **ptrs;
   lutra_tensor *y, *dx;
+  /* the output of the activation before this module when the forward started from it (the
+   * fusion protocol's forward_from_act): written only where a backward reads it */
+  lutra_tensor *act_y;
   /* the splits of the next / last forward */
   lutra_tensor *splits_dev; /* I32 [num] on the module's device */
   int32_t *splits_host;     /* [num]: valid when splits_host_known */
@@ -65,11 +68,25 @@ typedef struct grouped_linear {
   struct grouped_graphs *graphs; /* the per-expert path's graphs per split pattern (NULL: none) */
 } grouped_linear;
 
-/* FP8 (nn/grouped_fp8.c). Errors name fn. */
+/* An activation formed inside a grouped cast (lutra_grouped_quant_args.act): pre its input,
+ * forward whether the cast quantizes its output (else its input gradient, from dy), out where
+ * that matrix is written too (NULL: nowhere). */
+typedef struct grouped_act {
+  const lutra_tensor *pre;
+  int32_t kind;
+  bool forward;
+  lutra_tensor *out;
+} grouped_act;
+
+/* FP8 (nn/grouped_fp8.c). act NULL: no activation in the input (forward) or grad_output
+ * (backward) cast; with one, the forward's x is the activation's output (its shape; its data
+ * need not be written). Errors name fn. */
 int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
-                              int first_microbatch, const char *fn);
+                              int first_microbatch, const grouped_act *act, const char *fn);
 int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
-                               const char *fn);
+                               const grouped_act *act, const char *fn);
+/* whether a recipe role's grouped cast can form an activation (per-tensor scaling) */
+bool lutra_grouped_cast_takes_act(const lutra_quantizer_spec *s);
 int lutra_grouped_observe(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
                           const char *fn);
 bool lutra_grouped_uses_delayed(const lutra_recipe *r);
@@ -91,5 +108,9 @@ int lutra_grouped_param_names(grouped_linear *g, const char *fn);
 extern const lutra_checkpoint_ops lutra_grouped_checkpoint;
 /* the arguments every grouped call shares */
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
+/* the wgrad pass of ga (set up for the backward's operands) into the module's weight gradients
+ * (or main grads); db the bias gradients the GEMM writes (NULL: none) */
+int lutra_grouped_wgrad(const grouped_linear *g, lutra_grouped_gemm_args *ga, void *const *db,
+                        const char *fn);
 
 #endif

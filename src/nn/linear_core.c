@@ -10,6 +10,7 @@
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
+#include "nn/linear_shared.h"
 #include "nn/module.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
@@ -17,70 +18,18 @@
 #include <math.h>
 #include <string.h>
 
-static void free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    lutra_quantizer_destroy(q[i]);
-    q[i] = NULL;
-  }
-}
-
-/* Quantizers for the specs a recipe gives a module (roles: the recipe's, or the module's choice
- * for a factory recipe), not installed yet: fresh[] the rowwise (or only) one of each role,
- * fresh_col[] a hybrid role's columnwise one. */
-static int build_quantizers(const lutra_linear_core *c, const lutra_quantizer_spec *roles,
-                            lutra_quantizer *fresh[LUTRA_NUM_ROLES],
-                            lutra_quantizer *fresh_col[LUTRA_NUM_ROLES], const char *fn) {
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    fresh[i] = fresh_col[i] = NULL;
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    if (roles[i].kind == LUTRA_QUANT_NONE) continue;
-    const bool hybrid = roles[i].col_dtype != 0;
-    int st = lutra_quantizer_create(&roles[i], 1, !hybrid, c->device, &fresh[i], fn);
-    if (st == LUTRA_OK && hybrid) {
-      lutra_quantizer_spec col = roles[i];
-      col.dtype = col.col_dtype;
-      col.col_dtype = 0;
-      st = lutra_quantizer_create(&col, 0, 1, c->device, &fresh_col[i], fn);
-    }
-    if (st != LUTRA_OK) {
-      free_quantizers(fresh);
-      free_quantizers(fresh_col);
-      return st;
-    }
-  }
-  return LUTRA_OK;
-}
-
-static void install_quantizers(lutra_linear_core *c, const lutra_recipe *r,
-                               lutra_quantizer *fresh[LUTRA_NUM_ROLES],
-                               lutra_quantizer *fresh_col[LUTRA_NUM_ROLES]) {
-  free_quantizers(c->q);
-  free_quantizers(c->qc);
-  memcpy(c->q, fresh, sizeof c->q);
-  memcpy(c->qc, fresh_col, sizeof c->qc);
-  c->qkey = r->key;
-  c->quantized_for_recipe = true;
-  c->weight_cached = false;
-  c->xq = c->wq = c->xqc = c->wqc = NULL;
-}
-
 /* Builds the quantizers for a recipe; the old ones are replaced only once all new ones exist. */
 static int ensure_quantizers(lutra_linear_core *c, const lutra_recipe *r,
                              const lutra_quantizer_spec *roles, const char *fn) {
   if (c->quantized_for_recipe && c->qkey == r->key) return LUTRA_OK;
   lutra_quantizer *fresh[LUTRA_NUM_ROLES], *fresh_col[LUTRA_NUM_ROLES];
-  TRY(build_quantizers(c, roles, fresh, fresh_col, fn));
-  install_quantizers(c, r, fresh, fresh_col);
+  TRY(lutra_linear_core_build_quantizers(c, roles, fresh, fresh_col, fn));
+  lutra_linear_core_install_quantizers(c, r, fresh, fresh_col);
   return LUTRA_OK;
 }
 
 static inline int check_input(const lutra_linear_core *c, const lutra_tensor *x, const char *fn) {
-  CHECK_ARG(x->dtype == c->dtype, "input dtype %s does not match the module's %s",
-            lutra_dtype_name(x->dtype), lutra_dtype_name(c->dtype));
-  CHECK_ARG(lutra_cols(x) == c->in, "input has %lld features, the module expects %lld",
-            (long long)lutra_cols(x), (long long)c->in);
-  CHECK_ARG(x->device == c->device, "input is on another device than the module");
-  return LUTRA_OK;
+  return lutra_linear_check_input(x, c->dtype, c->in, c->device, fn);
 }
 
 static int check_fp8_dims(const lutra_quantizer_spec *roles, const lutra_tensor *x,
@@ -201,12 +150,6 @@ static int observe(lutra_linear_core *c, const lutra_tensor *x, const char *fn) 
   return LUTRA_OK;
 }
 
-/* The specs a module uses under r: r's, or (a factory recipe, resolved first) its own choice. */
-static inline const lutra_quantizer_spec *roles_of(const lutra_linear_core *c,
-                                                   const lutra_recipe *r) {
-  return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
-}
-
 /* A factory recipe's module without its choice yet: LUTRA_FACTORY_PENDING, nothing done. Out of
  * line (the callers test r->kind first): the forward without a factory recipe costs what it did. */
 static __attribute__((noinline)) int resolve_roles(lutra_linear_core *c, const lutra_tls_state *s,
@@ -226,12 +169,6 @@ bool lutra_linear_core_ends_in(int act) {
   return act == LUTRA_ACT_GELU_TANH; /* cuBLASLt's GELU epilogues are the tanh form */
 }
 
-/* the activation act's output shape for its input pre (gated kinds halve the last dim) */
-static void act_out_shape(const lutra_tensor *pre, int act, int64_t *shape) {
-  memcpy(shape, pre->shape, sizeof(int64_t) * LUTRA_MAX_DIMS);
-  if (lutra_act_is_gated(act) && pre->ndim >= 1) shape[pre->ndim - 1] /= 2;
-}
-
 /* The forward of x (the module's input), or, when pre is not NULL, of act_in(pre): x is then
  * c->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused).
  * Inlined into its two callers: every forward runs it. */
@@ -244,10 +181,11 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
   if (r && r->kind == LUTRA_RECIPE_FACTORY) TRY(resolve_roles(c, s, fn));
-  bool fp8 = r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
+  bool fp8 =
+      r && s->enabled && lutra_linear_core_roles(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
-  if (fp8) TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
-  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
+  if (fp8) TRY(check_fp8_dims(lutra_linear_core_roles(c, r), x, c, fn));
+  if (fp8 || calibrate) TRY(ensure_quantizers(c, r, lutra_linear_core_roles(c, r), fn));
   /* act inside the input cast where the input quantizer takes it (the per-tensor scalings) */
   const bool fuse_in = pre && fp8 && lutra_quantizer_takes_act(c->q[LUTRA_ROLE_INPUT]);
   const bool grad = a->grad != 0;
@@ -263,16 +201,7 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
   if (act != LUTRA_ACT_NONE && grad)
     TRY(lutra_tensor_cache_get(&c->pre_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device),
                                &c->pre, fn));
-  if (pre && !fuse_in) {
-    lutra_act_args aa = {.x = pre->data, .out = c->act_y->data, .dtype = pre->dtype, .act = act_in};
-    if (lutra_act_is_gated(act_in)) {
-      aa.cols = lutra_cols(pre);
-      aa.rows = lutra_rows(pre);
-    } else {
-      aa.n = pre->numel;
-    }
-    TRY(c->be->activation_forward(&aa));
-  }
+  if (pre && !fuse_in) TRY(lutra_linear_run_act(c->be, pre, act_in, c->act_y, fn));
   lutra_gemm_epilogue epi_store;
   const lutra_gemm_epilogue *epi = forward_epilogue(c, act, grad, &epi_store);
   if (fp8) {
@@ -311,7 +240,8 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
   c->forward_done = true;
   c->backward_done = false;
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
-  c->backward_trigger = c->forward_grad && (fp8 || calibrate) && uses_delayed(roles_of(c, r)) &&
+  c->backward_trigger = c->forward_grad && (fp8 || calibrate) &&
+                        uses_delayed(lutra_linear_core_roles(c, r)) &&
                         lutra_autocast_claim_backward_trigger();
   if (fused) *fused = fuse_in;
   *y = c->y;
@@ -325,22 +255,14 @@ int lutra_linear_core_forward(lutra_linear_core *c, const lutra_tensor *x,
 }
 
 bool lutra_linear_core_starts_with_act(int act) {
-  return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT;
+  return lutra_linear_takes_act(act);
 }
 
 int lutra_linear_core_forward_from_act(lutra_linear_core *c, const lutra_tensor *pre,
                                        const lutra_forward_args *a, int act, lutra_tensor **y,
                                        const lutra_tensor **act_y, bool *fused, const char *fn) {
-  CHECK_ARG(lutra_linear_core_starts_with_act(act), "unknown activation kind %d", act);
-  CHECK_ARG(pre->dtype == c->dtype, "input dtype %s does not match the module's %s",
-            lutra_dtype_name(pre->dtype), lutra_dtype_name(c->dtype));
-  CHECK_ARG(pre->device == c->device, "input is on another device than the module");
-  CHECK_ARG(pre->ndim >= 1, "the activation's input needs a last dim");
-  CHECK_ARG(!lutra_act_is_gated(act) || lutra_cols(pre) % 2 == 0,
-            "the input's last dim %lld is odd: a gated activation splits it into two halves",
-            (long long)lutra_cols(pre));
   int64_t shape[LUTRA_MAX_DIMS];
-  act_out_shape(pre, act, shape);
+  TRY(lutra_linear_check_act_input(pre, act, c->dtype, c->device, shape, fn));
   TRY(lutra_tensor_cache_get(&c->act_y_cache, PLAIN_TENSOR(c->dtype, pre->ndim, shape, c->device),
                              &c->act_y, fn));
   TRY(forward_impl(c, c->act_y, pre, act, a, LUTRA_ACT_NONE, y, fused, fn));
@@ -421,27 +343,14 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
                                lutra_tensor **dx, bool *dact_fused, const char *fn) {
   const lutra_tensor *dy = op->dy;
   if (dact_fused) *dact_fused = false;
-  CHECK_STATE(c->forward_done, "backward called before forward");
-  CHECK_STATE(!(c->backward_done && c->accumulate_main_grad),
-              "a second backward of one forward would add its gradients into main_grad twice: "
-              "run a forward before each backward");
-  CHECK_STATE(c->forward_grad, "the last forward ran with grad = false (inference): it kept "
-                               "nothing for a backward");
-  CHECK_STATE(!(c->x->flags & LUTRA_TENSOR_FREED), "the input saved by forward was freed");
-  CHECK_ARG(dy->dtype == c->dtype, "grad_output dtype %s does not match the module's %s",
-            lutra_dtype_name(dy->dtype), lutra_dtype_name(c->dtype));
-  CHECK_ARG(dy->device == c->device, "grad_output is on another device than the module");
+  const lutra_linear_step step = {c->forward_done, c->forward_grad, c->backward_done,
+                                  c->accumulate_main_grad};
+  TRY(lutra_linear_check_backward(c->x, dy, c->dtype, c->device, step, fn));
   if (op->from_act_grad) {
     const int act = op->act_grad_act ? op->act_grad_act : c->forward_act;
     CHECK_ARG(lutra_linear_core_starts_from_act_grad(c, act),
               "this backward cannot apply the activation's gradient in its grad_output cast");
-    const lutra_tensor *pre = act_input(c, act);
-    int64_t shape[LUTRA_MAX_DIMS];
-    act_out_shape(pre, act, shape);
-    bool fits = dy->ndim == pre->ndim;
-    for (int i = 0; fits && i < dy->ndim; i++)
-      fits = dy->shape[i] == shape[i];
-    CHECK_ARG(fits, "grad_output shape does not match the activation's output");
+    TRY(lutra_linear_check_act_grad(dy, act_input(c, act), act, fn));
   } else {
     CHECK_ARG(lutra_same_shape(dy, c->y), "grad_output shape does not match the forward output");
   }
@@ -509,13 +418,13 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
 bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act) {
   const lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   const bool input_known = (c->forward_act == act && c->pre) || c->forward_act == LUTRA_ACT_NONE;
-  return act > LUTRA_ACT_NONE && act < LUTRA_ACT_COUNT && c->forward_done && c->forward_grad &&
-         input_known && c->forward_fp8 && qg && lutra_quantizer_takes_act(qg) &&
-         (!lutra_act_is_gated(act) || c->out % 2 == 0) &&
-         c->forward_options.backward_override == LUTRA_BACKWARD_FP8 &&
-         /* a hybrid grad_output casts its columnwise copy with a quantizer of its own: the
-          * rowwise cast has no columnwise output to fuse the bias gradient into (CUDA) */
-         !c->qc[LUTRA_ROLE_GRAD_OUTPUT];
+  return lutra_linear_takes_act_grad(
+      act, c->out, c->forward_done && c->forward_grad && c->forward_fp8,
+      input_known && qg && lutra_quantizer_takes_act(qg) &&
+          c->forward_options.backward_override == LUTRA_BACKWARD_FP8 &&
+          /* a hybrid grad_output casts its columnwise copy with a quantizer of its own: the
+           * rowwise cast has no columnwise output to fuse the bias gradient into (CUDA) */
+          !c->qc[LUTRA_ROLE_GRAD_OUTPUT]);
 }
 
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
@@ -525,154 +434,15 @@ int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
   if (r && r->kind == LUTRA_RECIPE_FACTORY) TRY(resolve_roles(c, s, fn));
-  if (!(r && s->enabled && roles_of(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE))
+  if (!(r && s->enabled &&
+        lutra_linear_core_roles(c, r)[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE))
     return LUTRA_OK;
-  TRY(check_fp8_dims(roles_of(c, r), x, c, fn));
-  TRY(ensure_quantizers(c, r, roles_of(c, r), fn));
+  TRY(check_fp8_dims(lutra_linear_core_roles(c, r), x, c, fn));
+  TRY(ensure_quantizers(c, r, lutra_linear_core_roles(c, r), fn));
   /* a producer writes one FP8 copy: a hybrid input (two casts in two formats) and a backward in
    * high precision (which reads the input in high precision) take the producer's plain output */
   if (c->qc[LUTRA_ROLE_INPUT] || r->options.backward_override == LUTRA_BACKWARD_HIGH_PRECISION)
     return LUTRA_OK;
   *q = c->q[LUTRA_ROLE_INPUT];
   return LUTRA_OK;
-}
-
-int lutra_linear_core_num_params(const lutra_linear_core *c) {
-  return c->has_bias ? 2 : 1;
-}
-
-void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out) {
-  if (i == 0)
-    *out = (lutra_param){c->weight, c->wgrad, c->weight_main_grad};
-  else
-    *out = (lutra_param){c->bias, c->bgrad, c->bias_main_grad};
-}
-
-void lutra_linear_core_release(lutra_linear_core *c) {
-  lutra_factory_forget(&c->choice);
-  free_quantizers(c->q);
-  free_quantizers(c->qc);
-  c->xqc = c->wqc = NULL;
-  lutra_tensor_hold(&c->x, NULL); /* before the tensors: it may be act_y */
-  lutra_tensor *owned[] = {c->weight,           c->bias,           c->wgrad, c->bgrad,
-                           c->weight_main_grad, c->bias_main_grad, c->xdq,   c->wdq};
-  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
-    lutra_tensor_destroy(owned[i]);
-  lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
-  for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
-    lutra_tensor_cache_release(caches[i]);
-  c->weight = c->bias = c->wgrad = c->bgrad = NULL;
-  c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = c->act_y = NULL;
-  c->xdq = c->wdq = NULL;
-  c->xq = c->wq = NULL;
-  c->forward_done = false;
-}
-
-static int make_param(const lutra_linear_core *c, int64_t n0, int64_t n1, int dtype,
-                      lutra_tensor **t, const char *fn) {
-  int64_t shape[2] = {n0, n1};
-  lutra_tensor_spec spec = *PLAIN_TENSOR(dtype, n1 ? 2 : 1, shape, c->device);
-  spec.flags = LUTRA_TENSOR_BORROWED;
-  return lutra_tensor_make(&spec, t, fn);
-}
-
-static int zero_grads(lutra_linear_core *c) {
-  lutra_tensor *grads[] = {c->wgrad, c->bgrad, c->weight_main_grad, c->bias_main_grad};
-  for (size_t i = 0; i < sizeof grads / sizeof *grads; i++)
-    if (grads[i]) TRY(lutra_tensor_fill(grads[i], 0.0f));
-  return LUTRA_OK;
-}
-
-int lutra_linear_core_init(lutra_linear_core *c, const lutra_linear_desc *d, const char *fn) {
-  CHECK_ARG(d->in_features > 0 && d->out_features > 0,
-            "in_features and out_features must be positive (got %lld, %lld)",
-            (long long)d->in_features, (long long)d->out_features);
-  CHECK_ARG(d->dtype == LUTRA_F32 || d->dtype == LUTRA_BF16, "dtype must be f32 or bf16, got %s",
-            lutra_dtype_name(d->dtype));
-  const lutra_backend *be;
-  TRY(lutra_backend_get(d->device, &be, fn));
-  memset(c, 0, sizeof *c);
-  c->in = d->in_features;
-  c->out = d->out_features;
-  c->dtype = d->dtype;
-  c->device = d->device;
-  c->has_bias = d->bias != 0;
-  c->accumulate_main_grad = d->accumulate_main_grad != 0;
-  c->be = be;
-  int st = make_param(c, c->out, c->in, c->dtype, &c->weight, fn);
-  if (st == LUTRA_OK) st = make_param(c, c->out, c->in, c->dtype, &c->wgrad, fn);
-  if (st == LUTRA_OK && c->has_bias) st = make_param(c, c->out, 0, c->dtype, &c->bias, fn);
-  if (st == LUTRA_OK && c->has_bias) st = make_param(c, c->out, 0, c->dtype, &c->bgrad, fn);
-  if (st == LUTRA_OK && c->accumulate_main_grad) {
-    st = make_param(c, c->out, c->in, LUTRA_F32, &c->weight_main_grad, fn);
-    if (st == LUTRA_OK && c->has_bias)
-      st = make_param(c, c->out, 0, LUTRA_F32, &c->bias_main_grad, fn);
-  }
-  /* torch's default: uniform(-1/sqrt(in), 1/sqrt(in)) for weight and bias */
-  float bound = (float)(1.0 / sqrt((double)c->in));
-  if (st == LUTRA_OK) st = lutra_tensor_uniform(c->weight, d->seed, -bound, bound);
-  if (st == LUTRA_OK && c->has_bias)
-    st = lutra_tensor_uniform(c->bias, d->seed ^ 0x5bd1e995u, -bound, bound);
-  if (st == LUTRA_OK) st = zero_grads(c);
-  if (st != LUTRA_OK) lutra_linear_core_release(c);
-  return st;
-}
-
-int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build_for,
-                                 const char *const *names, lutra_module_quantizers *out,
-                                 const char *fn) {
-  static const char *const roles[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
-  static const char *const col_roles[LUTRA_NUM_ROLES] = {"input_columnwise", "weight_columnwise",
-                                                         "grad_output_columnwise"};
-  CHECK_ARG(out->count + 2 * LUTRA_NUM_ROLES <= LUTRA_MODULE_MAX_QUANTIZERS,
-            "a module owns more than %d quantizers", LUTRA_MODULE_MAX_QUANTIZERS);
-  lutra_quantizer *fresh[LUTRA_NUM_ROLES] = {0}, *fresh_col[LUTRA_NUM_ROLES] = {0};
-  lutra_quantizer *const *q = c->q, *const *qc = c->qc;
-  if (build_for) {
-    CHECK_STATE(!c->quantized_for_recipe || c->qkey == build_for->key,
-                "the module's quantizers were built for another recipe than the one given");
-    if (!c->quantized_for_recipe) {
-      /* a factory recipe's choice is the module's, made at its first forward under it */
-      CHECK_STATE(build_for->kind != LUTRA_RECIPE_FACTORY ||
-                      (c->choice.set && c->choice.key == build_for->key),
-                  "a factory recipe chooses a module's quantizers at its first forward: run one "
-                  "forward under the recipe before loading its FP8 state");
-      TRY(build_quantizers(c, roles_of(c, build_for), fresh, fresh_col, fn));
-      out->fresh = true;
-      q = fresh;
-      qc = fresh_col;
-    }
-  }
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    if (qc[i] && names) {
-      if (out->fresh) {
-        free_quantizers(fresh);
-        free_quantizers(fresh_col);
-        out->fresh = false;
-      }
-      return lutra_error(LUTRA_EINVAL, fn,
-                         "a hybrid quantizer (columnwise_format) of a module "
-                         "with several Linears cannot be checkpointed yet");
-    }
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    if (!q[i]) continue;
-    out->name[out->count] = names ? names[i] : roles[i];
-    out->slot[out->count] = i;
-    out->q[out->count++] = q[i];
-  }
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    if (!qc[i]) continue;
-    out->name[out->count] = col_roles[i];
-    out->slot[out->count] = LUTRA_NUM_ROLES + i;
-    out->q[out->count++] = qc[i];
-  }
-  return LUTRA_OK;
-}
-
-void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
-                                        const lutra_module_quantizers *q) {
-  lutra_quantizer *fresh[2 * LUTRA_NUM_ROLES] = {0};
-  for (int i = 0; i < q->count; i++)
-    fresh[q->slot[i]] = q->q[i];
-  install_quantizers(c, r, fresh, fresh + LUTRA_NUM_ROLES);
 }

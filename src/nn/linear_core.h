@@ -12,6 +12,7 @@
 
 #include "backend/backend.h"
 #include "fp8/factory.h"
+#include "fp8/recipe.h"
 #include "lutra.h"
 #include "runtime/tensor_cache.h"
 
@@ -122,6 +123,24 @@ int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build
 void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
                                         const struct lutra_module_quantizers *q);
 
+/* The specs a module uses under r: r's, or (a factory recipe, resolved first) its own choice. */
+static inline const lutra_quantizer_spec *lutra_linear_core_roles(const lutra_linear_core *c,
+                                                                  const lutra_recipe *r) {
+  return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
+}
+/* Quantizers for the specs roles (nn/linear_core_quantizers.c), not installed yet: fresh[] the
+ * rowwise (or only) one of each role, fresh_col[] a hybrid role's columnwise one; install
+ * replaces the core's (freeing them) and forgets its cached FP8 operands. */
+int lutra_linear_core_build_quantizers(const lutra_linear_core *c,
+                                       const lutra_quantizer_spec *roles,
+                                       lutra_quantizer *fresh[LUTRA_NUM_ROLES],
+                                       lutra_quantizer *fresh_col[LUTRA_NUM_ROLES], const char *fn);
+void lutra_linear_core_install_quantizers(lutra_linear_core *c, const lutra_recipe *r,
+                                          lutra_quantizer *fresh[LUTRA_NUM_ROLES],
+                                          lutra_quantizer *fresh_col[LUTRA_NUM_ROLES]);
+void lutra_linear_core_free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]);
+
+/* Parameters (nn/linear_core_params.c) */
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);
 

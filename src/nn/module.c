@@ -144,3 +144,14 @@ int lutra_module_zero_grad(lutra_module *m) {
 }
 
 const lutra_checkpoint_ops lutra_checkpoint_stateless = {0};
+
+bool lutra_module_takes_splits(const lutra_module *m) {
+  if (m->ops->takes_splits) return true;
+  const lutra_checkpoint_ops *c = m->ops->checkpoint;
+  if (!c || !c->num_children || !c->child) return false;
+  for (int i = 0, n = c->num_children(m); i < n; i++) {
+    const char *name;
+    if (lutra_module_takes_splits(c->child(m, i, &name))) return true;
+  }
+  return false;
+}

@@ -112,6 +112,9 @@ typedef struct lutra_module_ops {
   const lutra_fusion_ops *fusion;   /* NULL: takes part in no fusion */
   /* checkpoints (io/checkpoint.c): how the module tree is named and what FP8 state it owns */
   const lutra_checkpoint_ops *checkpoint; /* NULL: refused by checkpoints (see above) */
+  /* its forward reads lutra_forward_args.splits (a GroupedLinear); a module with children takes
+   * them when one of its children does (lutra_module_takes_splits) */
+  bool takes_splits;
 } lutra_module_ops;
 
 struct lutra_module {
@@ -130,6 +133,10 @@ static inline int lutra_module_activation(const lutra_module *m) {
 static inline const lutra_fusion_ops *lutra_module_fusion(const lutra_module *m) {
   return m->ops->fusion;
 }
+
+/* whether m or a module under it (through its checkpoint children) reads the splits of
+ * lutra_forward_args */
+bool lutra_module_takes_splits(const lutra_module *m);
 
 /* Modules without parameters (activations) share these. */
 int lutra_module_no_params(const lutra_module *m);

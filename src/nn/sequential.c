@@ -30,11 +30,16 @@ typedef struct sequential {
   const lutra_tensor **pre; /* [i]: the pre-activation the last forward fused at i, or NULL */
   int32_t *in_act;          /* [i]: mods[i] runs mods[i - 1], this activation, in its forward */
   int fused_forward, fused_backward; /* pairs fused by the last forward / backward */
+  bool takes_splits; /* a module in it reads lutra_forward_args.splits (a GroupedLinear) */
 } sequential;
 
 static int seq_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                        lutra_tensor **y) {
   sequential *s = (sequential *)m;
+  if (a->splits && !s->takes_splits)
+    return lutra_error(LUTRA_EINVAL, "lutra_sequential_forward",
+                       "m_splits were given but no module of this Sequential takes them (only a "
+                       "GroupedLinear does)");
   const lutra_tensor *h = x;
   lutra_tensor *out = NULL;
   s->fused_forward = 0;
@@ -232,6 +237,8 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
   s->fused_act = fused_act;
   s->pre = pre;
   s->in_act = in_act;
+  for (int i = 0; i < n; i++)
+    s->takes_splits = s->takes_splits || lutra_module_takes_splits(copy[i]);
   *out = &s->base;
   return LUTRA_OK;
 }

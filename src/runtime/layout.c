@@ -93,6 +93,7 @@ static const field fields[] = {
     S(lutra_forward_args),
     F(lutra_forward_args, is_first_microbatch),
     F(lutra_forward_args, grad),
+    F(lutra_forward_args, splits),
 
     S(lutra_param),
     F(lutra_param, value),

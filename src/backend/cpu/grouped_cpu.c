@@ -46,15 +46,47 @@ static int check_splits(const int32_t *splits, int num, int64_t total, const cha
 /* ---- grouped quantization -------------------------------------------------------------------
  */
 
-static int quantize_one(const lutra_grouped_quant_args *a, int e, const void *rows, int64_t r,
-                        int64_t p, int64_t P, int64_t *srow, int64_t *scol, const char *fn) {
+/* The r rows from row R of the matrix an activation inside the cast quantizes, into out: the
+ * activation's own CPU entry on those rows, so the values are the unfused kernel's bit for bit,
+ * and a copy into act_out. */
+static int act_rows(const lutra_grouped_quant_args *a, int64_t R, int64_t r, void *out) {
+  const int64_t cols = a->cols;
+  const size_t es = lutra_dtype_size(a->x_dtype);
+  const bool gated = lutra_act_is_gated(a->act_kind);
+  lutra_act_args aa = {.out = out, .dtype = a->x_dtype, .act = a->act_kind};
+  if (a->act_forward) {
+    const int64_t in_cols = gated ? 2 * cols : cols;
+    aa.x = (const char *)a->act + (size_t)(R * in_cols) * es;
+    aa.rows = r;
+    aa.cols = in_cols;
+    aa.n = r * in_cols;
+    TRY(lutra_cpu_backend.activation_forward(&aa));
+  } else {
+    aa.x = (const char *)a->act + (size_t)(R * cols) * es;
+    aa.dy = (const char *)a->x + (size_t)(R * (gated ? cols / 2 : cols)) * es;
+    aa.rows = r;
+    aa.cols = cols;
+    aa.n = r * cols;
+    TRY(lutra_cpu_backend.activation_backward(&aa));
+  }
+  if (a->act_out)
+    memcpy((char *)a->act_out + (size_t)(R * cols) * es, out, (size_t)(r * cols) * es);
+  return LUTRA_OK;
+}
+
+static int quantize_one(const lutra_grouped_quant_args *a, int e, const void *rows, int64_t R,
+                        int64_t r, int64_t p, int64_t P, int64_t *srow, int64_t *scol,
+                        const char *fn) {
   const lutra_grouped_fp8 *o = &a->out;
   const int64_t cols = a->cols;
   const size_t esize = lutra_dtype_size(a->x_dtype), ssize = lutra_grouped_scale_size(o->scaling);
   void *pad = NULL;
   if (p > 0) {
     TRY(scratch_get((size_t)(p * cols) * esize, &pad, fn));
-    if (r > 0) memcpy(pad, rows, (size_t)(r * cols) * esize);
+    if (r > 0 && a->act)
+      TRY(act_rows(a, R, r, pad));
+    else if (r > 0)
+      memcpy(pad, rows, (size_t)(r * cols) * esize);
     memset((char *)pad + (size_t)(r * cols) * esize, 0, (size_t)((p - r) * cols) * esize);
   }
   void *db = a->dbias ? a->dbias[e] : NULL;
@@ -108,14 +140,23 @@ int lutra_cpu_grouped_quantize(const lutra_grouped_quant_args *a) {
   CHECK_ARG(a && a->num > 0 && a->cols > 0, "bad grouped quantization arguments");
   CHECK_ARG(a->out.align > 0, "align must be positive");
   CHECK_ARG(lutra_cpu_float_dtype(a->x_dtype), "unsupported input dtype %d", (int)a->x_dtype);
+  CHECK_ARG(!a->act || (!a->xs && a->act_kind > LUTRA_ACT_NONE && a->act_kind < LUTRA_ACT_COUNT &&
+                        (a->kind == LUTRA_QUANT_DELAYED || a->kind == LUTRA_QUANT_CURRENT) &&
+                        (a->act_forward || a->x)),
+            "an activation inside a grouped cast takes token rows, a known kind, per-tensor "
+            "scaling and (backward) the output's gradient");
+  CHECK_ARG(!(a->act && lutra_act_is_gated(a->act_kind) && !a->act_forward && a->cols % 2),
+            "a gated activation's gradient needs an even number of columns");
   if (!a->xs) TRY(check_splits(a->splits, a->num, a->total_rows, fn));
   const size_t esize = lutra_dtype_size(a->x_dtype);
   int64_t R = 0, P = 0, srow = 0, scol = 0;
   for (int e = 0; e < a->num; e++) {
     int64_t r = a->xs ? a->rows_each : a->splits[e];
     int64_t p = lutra_grouped_roundup(r, a->out.align);
-    const void *rows = a->xs ? a->xs[e] : (const char *)a->x + (size_t)(R * a->cols) * esize;
-    TRY(quantize_one(a, e, rows, r, p, P, &srow, &scol, fn));
+    const void *rows = a->xs    ? a->xs[e]
+                       : a->act ? NULL /* formed from act by act_rows */
+                                : (const char *)a->x + (size_t)(R * a->cols) * esize;
+    TRY(quantize_one(a, e, rows, R, r, p, P, &srow, &scol, fn));
     R += r;
     P += p;
   }
