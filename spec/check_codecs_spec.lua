@@ -2,18 +2,10 @@
 -- nvcc as host code; no GPU needed): a strided subset of the f32 bit patterns plus every
 -- 16-bit and 8-bit code here, all 2^32 patterns in `make check-codecs`. Pending without nvcc.
 
--- runs cmd in a shell; true when it exits 0, and its output (LuaJIT's popen close does not
--- give the exit status, so the shell prints it)
-local function sh(cmd)
-  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("exit=(%d+)%s*$"))
-  return code == 0, (out:gsub("exit=%d+%s*$", ""))
-end
+local shell = require("spec.support.shell")
+local sh = shell.sh
 
--- where the Makefile looks for it
-local has_nvcc = sh("command -v nvcc || test -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+local has_nvcc = shell.has_nvcc()
 
 describe("codecs against CUDA's conversions", function()
   if not has_nvcc then

@@ -3,20 +3,11 @@
 -- nvcc as host code; no GPU needed): every 4099th f32 pattern, every bf16 pattern and every code
 -- here, all 2^32 f32 patterns in `make check-fp4`. Pending without nvcc or cuda_fp4.h.
 
--- runs cmd in a shell; true when it exits 0, and its output (LuaJIT's popen close does not
--- give the exit status, so the shell prints it)
-local function sh(cmd)
-  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("exit=(%d+)%s*$"))
-  return code == 0, (out:gsub("exit=%d+%s*$", ""))
-end
+local shell = require("spec.support.shell")
+local sh = shell.sh
 
--- where the Makefile looks for them
-local cuda = "${CUDA_HOME:-/usr/local/cuda}"
-local has_nvcc = sh("command -v nvcc || test -x " .. cuda .. "/bin/nvcc")
-local has_fp4 = sh("test -f " .. cuda .. "/include/cuda_fp4.h")
+local has_nvcc = shell.has_nvcc()
+local has_fp4 = shell.has_cuda_header("cuda_fp4.h")
 
 describe("NVFP4 conversions against cuda_fp4.h", function()
   if not has_nvcc or not has_fp4 then

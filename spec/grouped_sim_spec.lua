@@ -3,15 +3,10 @@
 -- backend's reference byte for byte: codes, scale inverses, scales, amaxes and bias gradients,
 -- with empty and unaligned experts, the weights' pointer mode, and bad splits. Needs the CUDA
 -- headers (no GPU); pending without them.
-local function sh(cmd)
-  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("exit=(%d+)%s*$"))
-  return code == 0, (out:gsub("exit=%d+%s*$", ""))
-end
+local shell = require("spec.support.shell")
+local sh = shell.sh
 
-local has_headers = sh("test -f ${CUDA_HOME:-/usr/local/cuda}/include/cuda_fp16.h")
+local has_headers = shell.has_cuda_header("cuda_fp16.h")
 
 describe("the grouped quantization kernels, emulated", function()
   if not has_headers then

@@ -3,15 +3,10 @@
 -- against the CPU backend byte for byte: codes, block scales, the decode scale and amax words,
 -- and the dequantized values, over shapes, input dtypes, every option set and one-sided copies.
 -- Needs nvcc (host code only, no GPU); pending without it.
-local function sh(cmd)
-  local p = io.popen("{ " .. cmd .. "; } 2>&1; echo \"exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("exit=(%d+)%s*$"))
-  return code == 0, (out:gsub("exit=%d+%s*$", ""))
-end
+local shell = require("spec.support.shell")
+local sh = shell.sh
 
-local has_nvcc = sh("command -v nvcc || test -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc")
+local has_nvcc = shell.has_nvcc()
 
 describe("the NVFP4 kernels, emulated", function()
   if not has_nvcc then

@@ -6,14 +6,7 @@ local M = {}
 -- runs cmd in sh; returns whether it exited 0, its output (stderr too) and the exit status.
 -- The status is echoed by the shell: LuaJIT without 5.2 compatibility has pclose report
 -- success whatever the command's status.
-function M.sh(cmd)
-  local p = io.popen("{ " .. cmd .. "\n} 2>&1; echo \"lutra-exit=$?\"")
-  local out = p:read("*a")
-  p:close()
-  local code = tonumber(out:match("lutra%-exit=(%d+)\n?$"))
-  out = out:gsub("lutra%-exit=%d+\n?$", "")
-  return code == 0, out, code
-end
+M.sh = require("spec.support.shell").sh
 
 function M.read(path)
   local f = assert(io.open(path, "rb"))
