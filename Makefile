@@ -201,6 +201,7 @@ sim-grouped: build/sim_grouped_quantize
 # the norms and the fused norm + FP8 cast (kernels/norm.cu, kernels/norm_quantize.cu) emulated
 # the same way against the CPU backend (tools/sim_norm.cpp); ARGS=quick for fewer cases.
 build/sim_norm: tools/sim_norm.cpp $(SIM_OBJ) kernels/norm.cu kernels/norm_quantize.cu \
+                kernels/norm_rows.cuh \
                 kernels/common.cuh kernels/ops_common.cuh kernels/kernels.h $(HDRS)
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
 	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
