@@ -78,9 +78,10 @@ fi
 if has norm-ab; then
   # The norm bench against a baseline tree, alternating baseline and this tree twice, for a
   # side-by-side figure: NORM_BASE=DIR, a copy of the commit to compare with (for instance
-  # `mkdir -p shared/norm-base && git archive BASE | tar -x -C shared/norm-base` before the
-  # run); built here (CUDA, with this tree's CUTLASS copy) unless DIR/liblutra.so exists. Each
-  # binary is built from its own tree's bench source and linked to its own library.
+  # `mkdir -p norm-base && git archive BASE | tar -x -C norm-base` in the checkout before the
+  # run: an untracked directory travels with the working tree); built here (CUDA, with this
+  # tree's CUTLASS copy; a full build, minutes) unless DIR/liblutra.so exists. Each binary is
+  # built from its own tree's bench source and linked to its own library.
   if [ -d "${NORM_BASE:-}" ]; then
     [ -d "$NORM_BASE/build/cutlass-4.2.0.0" ] || { mkdir -p "$NORM_BASE/build" && cp -r build/cutlass-4.2.0.0 "$NORM_BASE/build/"; }
     [ -f "$NORM_BASE/liblutra.so" ] || make -C "$NORM_BASE" -j16 CUDA=1 > "$OUT/norm-base-build.log" 2>&1

@@ -440,7 +440,7 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
 }
 
 int main(int argc, char **argv) {
-  /* ARGS: quick (fewer cases), then optionally norm or fused (only those) */
+  /* ARGS: quick (fewer cases), then optionally norm, fused, tensor or tiles (only those) */
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");
   const char *only = argc > 2 ? argv[2] : "";
   setvbuf(stdout, nullptr, _IOLBF, 0); /* progress shows while it runs */
@@ -470,12 +470,17 @@ int main(int argc, char **argv) {
     for (int od : {LUTRA_E4M3, LUTRA_E5M2})
       for (const Shape &s : fused_shapes) {
         if (!strcmp(only, "norm")) continue;
+        /* tensor: per-tensor scaling only; tiles: MXFP8 and 1x128 only */
+        const bool tensor = strcmp(only, "tiles") != 0, tiles = strcmp(only, "tensor") != 0;
         if (quick && (od == LUTRA_E5M2 || dt == LUTRA_F32) && s.rows * s.hidden > 7000) continue;
         const int pdt = (seed & 1) ? LUTRA_F32 : LUTRA_BF16;
         for (int rms = 0; rms < 2; rms++) {
-          run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, true, true, seed++);
-          run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, false, false, seed++);
-          run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, true, true, true, false, seed++);
+          if (tensor) {
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, true, true, seed++);
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, false, false, seed++);
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, true, true, true, false, seed++);
+          }
+          if (!tiles) continue;
           if (s.hidden % 32 == 0 && s.rows % 32 == 0)
             run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_MXFP8, false, true, true, false, seed++);
           if (s.hidden % 32 == 0)
