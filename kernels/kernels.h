@@ -63,7 +63,7 @@ cudaError_t lk_amax_scatter(lutra_scale_meta *const *metas, int n, const float *
 /* Device scratch of the reducing kernels (bias gradient, losses), owned by the caller, one per
  * stream: kernels on two streams may run at once and must not share it. loss_done is zero
  * between calls (the loss kernel's last block clears it), so it is zeroed once when allocated. */
-enum { LK_BIAS_PARTIALS = 1 << 18, LK_LOSS_PARTIALS = 1024 }; /* doubles */
+enum { LK_BIAS_PARTIALS = 1 << 20, LK_LOSS_PARTIALS = 1024 }; /* doubles */
 typedef struct lk_scratch {
   double *bias_partial; /* LK_BIAS_PARTIALS */
   double *loss_partial; /* LK_LOSS_PARTIALS */
@@ -88,10 +88,11 @@ cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, voi
  * kernel cannot return an error) */
 cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
 cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
-/* LayerNorm and RMSNorm (kernels/norm.cu; lutra_norm_args): one block per row; the backward's
- * dgamma/dbeta column sums go through scratch->bias_partial in two deterministic passes, which
- * needs 2 * hidden <= LK_BIAS_PARTIALS (the backend refuses larger hidden sizes first).
- * lk_norm_row_blocks: the row blocks of that split (a function of rows and hidden only). */
+/* LayerNorm and RMSNorm (kernels/norm.cu; lutra_norm_args): rows of 256 threads; the backward's
+ * dgamma/dbeta column sums go through scratch->bias_partial as per-row-block partials added in
+ * a fixed order (deterministic; two launches with dx up to 8192 16-bit columns, three above),
+ * which needs 2 * hidden <= LK_BIAS_PARTIALS (the backend refuses larger hidden sizes first).
+ * lk_norm_row_blocks: the row blocks of the wide rows' split (a function of rows and hidden). */
 cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s);
 cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
                                   cudaStream_t s);

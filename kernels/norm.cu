@@ -1,25 +1,40 @@
 /* LayerNorm and RMSNorm forward and backward (kernels.h; semantics: lutra_norm_args in
  * src/backend/backend.h, reference src/backend/cpu/norm_cpu.c).
- *   forward:  one block per row; each thread sums its columns (16-byte vector loads when the
- *             row is aligned) in double, a fixed-tree block_sum gives the row's sums; mean and
- *             rstd are rounded into f32; the element formula is the CPU's f32 sequence
- *             (fadd/fmul, no FMA). Rows of up to 8 chunks per thread stay in registers
- *             (norm_fwd_reg), so x is read once.
- *   backward: dx one block per row, the row sums c1, c2 in double the same way; dgamma and dbeta
- *             are column sums done in two deterministic passes (no atomics): pass 1, block
- *             (column tile of 32, row block rb) sums its rows in double (8 row lanes added in
- *             order) into scratch partial[rb][c]; pass 2 adds the row blocks of a column in order.
- * The CPU reference (norm_cpu.c row_sum) adds the row sums in this order, so mean, rstd, y
- * and dx are its bits; dgamma/dbeta agree within a bound (another order of the column sums). */
+ *
+ * Every row sum is the same double sum in the same order: kRowThreads (virtual) threads, thread
+ * t adding the chunks t, t + kRowThreads, ... of V columns (16 bytes when the rows are aligned),
+ * a butterfly per warp, the warps' sums in order from 0.0 (row_reduce). The CPU reference
+ * (norm_cpu.c row_sum) adds them in this order, so mean, rstd, y and dx are its bits; dgamma and
+ * dbeta agree within a bound (another order of the column sums).
+ *
+ * Rows of up to kResident elements per thread (8192 bf16 columns) stay in registers:
+ *   forward (norm_fwd_rows): a block of 256 threads does kFwdRows rows, gamma and beta loaded
+ *     once, the next row's 16-byte loads issued before the current row's reductions; x is
+ *     converted to double once for both of LayerNorm's sums;
+ *   backward (norm_bwd_rows): dx and the dgamma/dbeta partials in one pass over x and dy. Block
+ *     rb does the rows of row block rb (a split that depends on rows and hidden only, so the sums
+ *     are the same on every device and run); each thread owns its columns, adds dy * xhat and dy
+ *     over groups of kGroupRows rows in f32 and each group into a double per column in shared
+ *     memory, and writes the block's sums, rounded to f32, to partial[rb][c]; norm_dgamma_final
+ *     adds the row blocks in a fixed order. Two launches (TransformerEngine's bwd + finalize).
+ * In both, the row statistics' double divisions and square root (tens of FP64 instructions)
+ * run in one warp, not in all eight: per row they cost more FP64 issue than the row's elements.
+ * Wider rows take norm_fwd / norm_dx (x re-read from L2 per pass) and the column-tile partials
+ * of norm_dgamma_partial (x and dy read again). */
 #include "common.cuh"
+#include "norm_rows.cuh"
 #include "ops_common.cuh"
+
+#include <atomic>
 
 using namespace lkops;
 
 namespace {
 
-constexpr int kRowThreads = 256;
 constexpr int kColTile = 32, kRowLanes = 8, kRowsPerBlock = 64;
+constexpr int kFwdRows = 4;     /* rows per forward block: gamma and beta loaded once for them */
+constexpr int kGroupRows = 16;  /* rows of f32 column sums before each goes into its double */
+constexpr int kBwdMinRows = 64; /* rows per backward row block at least: the partials' traffic */
 
 template <int DT> __device__ __forceinline__ float gamma_at(const lutra_norm_args &a, int64_t c) {
   const float g = ld<DT>(a.gamma, c);
@@ -38,21 +53,34 @@ __device__ __forceinline__ void for_cols(const void *p, int64_t base, int64_t h,
   }
 }
 
+/* the rows wider than the row-resident kernels take: x read once per sum and once for y */
 template <int DT, int PDT, int V>
 __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
-  __shared__ double smem[kRowThreads / 32];
+  __shared__ RowRed red;
   const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
-  double s = 0.0;
-  if (!a.rms) for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) { s += x; });
-  const double mean_d = a.rms ? 0.0 : block_sum<kRowThreads>(s, smem) / static_cast<double>(h);
-  double q = 0.0;
+  const double hd = static_cast<double>(h);
+  double mean_d = 0.0;
+  if (!a.rms) {
+    double s[1] = {0.0};
+    for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) { s[0] += x; });
+    row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
+      if (lead) red.out[0] = t[0] / hd;
+    });
+    mean_d = red.out[0];
+  }
+  double q[1] = {0.0};
   for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) {
     const double d = x - mean_d;
-    q += dmul_rn(d, d);
+    q[0] += dmul_rn(d, d);
   });
-  const double var = block_sum<kRowThreads>(q, smem) / static_cast<double>(h);
-  const float mean = static_cast<float>(mean_d);
-  const float rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
+  row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
+    const float rstd = static_cast<float>(1.0 / sqrt(t[0] / hd + static_cast<double>(a.eps)));
+    if (!lead) return;
+    red.out[1] = rstd;
+    if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mean_d);
+    if (a.rstd) a.rstd[r] = rstd;
+  });
+  const float mean = static_cast<float>(mean_d), rstd = static_cast<float>(red.out[1]);
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float v[V];
     ldv<DT, V>(a.x, o + c, v);
@@ -63,10 +91,6 @@ __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
       v[k] = y;
     }
     stv<DT, V>(a.y, o + c, v);
-  }
-  if (threadIdx.x == 0) {
-    if (a.mean && !a.rms) a.mean[r] = mean;
-    if (a.rstd) a.rstd[r] = rstd;
   }
 }
 
@@ -85,24 +109,36 @@ __device__ __forceinline__ void dx_terms(const lutra_norm_args &a, int64_t o, in
   }
 }
 
+/* c1 = mean(dxhat xhat), c2 = mean(dxhat) (0 for RMSNorm) into red.out, from warp 0 */
+__device__ __forceinline__ void dx_coefficients(const lutra_norm_args &a, double (&s)[2],
+                                                RowRed &red) {
+  const double hd = static_cast<double>(a.hidden);
+  row_reduce<2>(s, red, [&](double(&t)[2], bool lead) {
+    const float c1 = static_cast<float>(t[0] / hd);
+    const float c2 = a.rms ? 0.0f : static_cast<float>(t[1] / hd);
+    if (!lead) return;
+    red.out[0] = c1;
+    red.out[1] = c2;
+  });
+}
+
 template <int DT, int PDT, int V>
 __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
-  __shared__ double smem[kRowThreads / 32];
+  __shared__ RowRed red;
   const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
   const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
-  double s1 = 0.0, s2 = 0.0;
+  double s[2] = {0.0, 0.0};
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float xhat[V], dxhat[V];
     dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat, dxhat);
 #pragma unroll
     for (int k = 0; k < V; k++) {
-      s1 += static_cast<double>(fmul(dxhat[k], xhat[k]));
-      s2 += dxhat[k];
+      s[0] += static_cast<double>(fmul(dxhat[k], xhat[k]));
+      s[1] += dxhat[k];
     }
   }
-  const float c1 = static_cast<float>(block_sum<kRowThreads>(s1, smem) / static_cast<double>(h));
-  const double t2 = block_sum<kRowThreads>(s2, smem);
-  const float c2 = a.rms ? 0.0f : static_cast<float>(t2 / static_cast<double>(h));
+  dx_coefficients(a, s, red);
+  const float c1 = static_cast<float>(red.out[0]), c2 = static_cast<float>(red.out[1]);
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float xhat[V], dxhat[V], dx[V];
     dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat, dxhat);
@@ -113,118 +149,192 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
   }
 }
 
-/* The row-resident versions of norm_fwd and norm_dx, for rows of at most kRowThreads * V * NC
- * elements: thread t holds its chunks t, t + kRowThreads, ... (NC of them) in registers, so x
- * (and dy) are read once. The chunks, their order in each thread's double sums and the
- * block_sum tree are norm_fwd's / norm_dx's, so every output bit is the same. */
+/* ---- the row-resident kernels ---------------------------------------------------------------
+ * Thread t holds the chunks j = 0 .. NC - 1 of V columns from col<V>(j) (NC * V <= kResident),
+ * which are norm_fwd's / norm_dx's chunks, so their sums and bits are the same. */
+
 template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads) norm_fwd_reg(lutra_norm_args a) {
-  __shared__ double smem[kRowThreads / 32];
-  const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
-  float v[NC][V] = {};
-#pragma unroll
-  for (int j = 0; j < NC; j++) {
-    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
-    if (c < h) ldv<DT, V>(a.x, o + c, v[j]);
-  }
-  double s = 0.0;
-  if (!a.rms) {
+__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
+    norm_fwd_rows(lutra_norm_args a) {
+  __shared__ RowRed red;
+  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
+  const int64_t r1 = imin<int64_t>(a.rows, r0 + kFwdRows);
+  float g[NC][V], b[NC][V];
+  load_params<PDT, V, NC>(a, !a.rms, g, b);
+  Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
+  load_row<DT, V, NC>(a.x, r0 * h, h, cur);
+  for (int64_t r = r0; r < r1; r++) {
+    if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * h, h, nxt);
+    float x[NC][V], mean, rstd;
 #pragma unroll
     for (int j = 0; j < NC; j++)
-      if ((static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V < h) {
+      unraw<DT, V>(cur[j], x[j]);
+    resident_stats<V, NC>(a, r, x, red, mean, rstd);
 #pragma unroll
-        for (int k = 0; k < V; k++)
-          s += v[j][k];
-      }
-  }
-  const double mean_d = a.rms ? 0.0 : block_sum<kRowThreads>(s, smem) / static_cast<double>(h);
-  double q = 0.0;
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-    if ((static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V < h) {
+    for (int j = 0; j < NC; j++) {
+      const int64_t c = col<V>(j);
+      if (c >= h) continue;
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        const double d = v[j][k] - mean_d;
-        q += dmul_rn(d, d);
+        float y = fmul(fmul(fsub(x[j][k], mean), rstd), g[j][k]);
+        if (!a.rms) y = fadd(y, b[j][k]);
+        x[j][k] = y;
       }
+      stv<DT, V>(a.y, r * h + c, x[j]);
     }
-  const double var = block_sum<kRowThreads>(q, smem) / static_cast<double>(h);
-  const float mean = static_cast<float>(mean_d);
-  const float rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
 #pragma unroll
-  for (int j = 0; j < NC; j++) {
-    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
-    if (c >= h) continue;
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      float y = fmul(fmul(fsub(v[j][k], mean), rstd), gamma_at<PDT>(a, c + k));
-      if (!a.rms) y = fadd(y, ld<PDT>(a.beta, c + k));
-      v[j][k] = y;
-    }
-    stv<DT, V>(a.y, o + c, v[j]);
+    for (int j = 0; j < NC; j++)
+      cur[j] = nxt[j];
   }
-  if (threadIdx.x == 0) {
-    if (a.mean && !a.rms) a.mean[r] = mean;
-    if (a.rstd) a.rstd[r] = rstd;
-  }
+}
+
+/* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
+ * when asked for, and the dgamma / dbeta sums of row block blockIdx.x into partial[rb][c] and
+ * partial[nrb + rb][c] (f32). Dynamic shared memory: 2 * hidden doubles. */
+/* the backward holds two rows (this one and the next, as loaded) of x and dy: two blocks an SM
+ * fit 128 registers up to 32 bytes of each a thread */
+template <int DT, int V, int NC> LKOPS_HD constexpr int bwd_blocks_per_sm() {
+  return NC * V * (DT == LUTRA_F32 ? 4 : 2) <= 32 ? 2 : 1;
 }
 
 template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads) norm_dx_reg(lutra_norm_args a) {
-  __shared__ double smem[kRowThreads / 32];
-  const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
-  const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
-  float xhat[NC][V] = {}, dxhat[NC][V] = {};
+__global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
+    norm_bwd_rows(lutra_norm_args a, float *partial, int64_t nrb) {
+  __shared__ RowRed red;
+  double *acc = reinterpret_cast<double *>(lkc::dyn_smem()); /* only this thread's columns */
+  const int64_t h = a.hidden, rb = blockIdx.x, rpb = cdiv<int64_t>(a.rows, nrb);
+  const int64_t r0 = imin<int64_t>(a.rows, rb * rpb), r1 = imin<int64_t>(a.rows, r0 + rpb);
+  float g[NC][V], sg[NC][V], sb[NC][V];
+  load_params<PDT, V, NC>(a, false, g, sg);
 #pragma unroll
   for (int j = 0; j < NC; j++) {
-    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
-    if (c < h) dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat[j], dxhat[j]);
-  }
-  double s1 = 0.0, s2 = 0.0;
 #pragma unroll
-  for (int j = 0; j < NC; j++)
-    if ((static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V < h) {
+    for (int k = 0; k < V; k++) {
+      sg[j][k] = sb[j][k] = 0.0f;
+      if (col<V>(j) + k < h) acc[col<V>(j) + k] = acc[h + col<V>(j) + k] = 0.0;
+    }
+  }
+  /* the f32 group sums into the doubles: every kGroupRows rows and at the end */
+  auto flush = [&] {
+#pragma unroll
+    for (int j = 0; j < NC; j++)
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        s1 += static_cast<double>(fmul(dxhat[j][k], xhat[j][k]));
-        s2 += dxhat[j][k];
+        const int64_t c = col<V>(j) + k;
+        if (c < h) {
+          acc[c] += sg[j][k];
+          acc[h + c] += sb[j][k];
+        }
+        sg[j][k] = sb[j][k] = 0.0f;
+      }
+  };
+  Raw<DT, V> xc[NC] = {}, xn[NC] = {}, dc[NC] = {}, dn[NC] = {};
+  float mc = 0.0f, rc = 0.0f, mn = 0.0f, rn = 0.0f;
+  if (r0 < r1) {
+    load_row<DT, V, NC>(a.x, r0 * h, h, xc);
+    load_row<DT, V, NC>(a.dy, r0 * h, h, dc);
+    mc = a.rms ? 0.0f : a.mean[r0];
+    rc = a.rstd[r0];
+  }
+  int grouped = 0;
+  for (int64_t r = r0; r < r1; r++) {
+    if (r + 1 < r1) {
+      load_row<DT, V, NC>(a.x, (r + 1) * h, h, xn);
+      load_row<DT, V, NC>(a.dy, (r + 1) * h, h, dn);
+      mn = a.rms ? 0.0f : a.mean[r + 1];
+      rn = a.rstd[r + 1];
+    }
+    float xhat[NC][V], dxhat[NC][V];
+    double s[2] = {0.0, 0.0};
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      float x[V], dy[V];
+      unraw<DT, V>(xc[j], x);
+      unraw<DT, V>(dc[j], dy);
+      const bool in = col<V>(j) < h;
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        xhat[j][k] = fmul(fsub(x[k], mc), rc);
+        dxhat[j][k] = fmul(dy[k], g[j][k]);
+        if (!in) continue;
+        sg[j][k] = fadd(sg[j][k], fmul(dy[k], xhat[j][k]));
+        sb[j][k] = fadd(sb[j][k], dy[k]);
+        s[0] += static_cast<double>(fmul(dxhat[j][k], xhat[j][k]));
+        s[1] += dxhat[j][k];
       }
     }
-  const float c1 = static_cast<float>(block_sum<kRowThreads>(s1, smem) / static_cast<double>(h));
-  const double t2 = block_sum<kRowThreads>(s2, smem);
-  const float c2 = a.rms ? 0.0f : static_cast<float>(t2 / static_cast<double>(h));
+    if (++grouped == kGroupRows) {
+      flush();
+      grouped = 0;
+    }
+    if (a.dx) {
+      dx_coefficients(a, s, red);
+      const float c1 = static_cast<float>(red.out[0]), c2 = static_cast<float>(red.out[1]);
 #pragma unroll
-  for (int j = 0; j < NC; j++) {
-    const int64_t c = (static_cast<int64_t>(threadIdx.x) + kRowThreads * j) * V;
-    if (c >= h) continue;
-    float dx[V];
+      for (int j = 0; j < NC; j++) {
+        const int64_t c = col<V>(j);
+        if (c >= h) continue;
+        float dx[V];
 #pragma unroll
-    for (int k = 0; k < V; k++)
-      dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rstd);
-    stv<DT, V>(a.dx, o + c, dx);
+        for (int k = 0; k < V; k++)
+          dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rc);
+        stv<DT, V>(a.dx, r * h + c, dx);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      xc[j] = xn[j];
+      dc[j] = dn[j];
+    }
+    mc = mn;
+    rc = rn;
   }
+  flush();
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      const int64_t c = col<V>(j) + k;
+      if (c >= h) continue;
+      partial[rb * h + c] = static_cast<float>(acc[c]);
+      partial[(nrb + rb) * h + c] = static_cast<float>(acc[h + c]);
+    }
 }
 
-/* the row-resident kernel for rows of up to 8 chunks per thread, or nullptr */
-template <int DT, int PDT, int V> auto fwd_kernel(int64_t h) -> void (*)(lutra_norm_args) {
+/* the row-resident kernel for rows of up to kResident elements a thread, or nullptr */
+template <int DT, int PDT, int V> auto fwd_rows_kernel(int64_t h) -> void (*)(lutra_norm_args) {
   const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  if (nc <= 1) return norm_fwd_reg<DT, PDT, V, 1>;
-  if (nc <= 2) return norm_fwd_reg<DT, PDT, V, 2>;
-  if (nc <= 4) return norm_fwd_reg<DT, PDT, V, 4>;
-  if (nc <= 8) return norm_fwd_reg<DT, PDT, V, 8>;
-  return norm_fwd<DT, PDT, V>;
+  if (nc <= 1) return norm_fwd_rows<DT, PDT, V, 1>;
+  if (nc <= 2) return norm_fwd_rows<DT, PDT, V, 2>;
+  if (nc <= 4) return norm_fwd_rows<DT, PDT, V, 4>;
+  if constexpr (8 * V <= kResident)
+    if (nc <= 8) return norm_fwd_rows<DT, PDT, V, 8>;
+  return nullptr;
 }
 
-template <int DT, int PDT, int V> auto dx_kernel(int64_t h) -> void (*)(lutra_norm_args) {
+using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
+template <int DT, int PDT, int V, int NC> std::atomic<uint64_t> bwd_smem_allowed;
+
+/* the row-resident backward for rows of up to kResident elements a thread, allowed the
+ * shared memory of its widest row, or nullptr */
+template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e) {
   const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  if (nc <= 1) return norm_dx_reg<DT, PDT, V, 1>;
-  if (nc <= 2) return norm_dx_reg<DT, PDT, V, 2>;
-  if (nc <= 4) return norm_dx_reg<DT, PDT, V, 4>;
-  if (nc <= 8) return norm_dx_reg<DT, PDT, V, 8>;
-  return norm_dx<DT, PDT, V>;
+  auto pick = [&](auto k, std::atomic<uint64_t> &done, int ncols) -> bwd_fn {
+    e = lkc::allow_smem(k, ncols * kRowThreads * 2 * static_cast<int>(sizeof(double)), done);
+    return k;
+  };
+  e = cudaSuccess;
+  if (nc <= 1) return pick(norm_bwd_rows<DT, PDT, V, 1>, bwd_smem_allowed<DT, PDT, V, 1>, V);
+  if (nc <= 2) return pick(norm_bwd_rows<DT, PDT, V, 2>, bwd_smem_allowed<DT, PDT, V, 2>, 2 * V);
+  if (nc <= 4) return pick(norm_bwd_rows<DT, PDT, V, 4>, bwd_smem_allowed<DT, PDT, V, 4>, 4 * V);
+  /* 64 bytes of x a thread at most: f32 rows of 8 vectors would spill */
+  if constexpr (8 * V * (DT == LUTRA_F32 ? 4 : 2) <= 64)
+    if (nc <= 8) return pick(norm_bwd_rows<DT, PDT, V, 8>, bwd_smem_allowed<DT, PDT, V, 8>, 8 * V);
+  return nullptr;
 }
 
-/* pass 1: partial[rb][c] = sum over row block rb of dy * xhat (and [nrb + rb][c]: of dy) */
+/* wider rows' dgamma/dbeta, pass 1: partial[rb][c] = sum over row block rb of dy * xhat (and
+ * [nrb + rb][c]: of dy), x and dy read again */
 template <int DT>
 __global__ void __launch_bounds__(kColTile *kRowLanes)
     norm_dgamma_partial(lutra_norm_args a, double *partial, int64_t nrb) {
@@ -255,15 +365,28 @@ __global__ void __launch_bounds__(kColTile *kRowLanes)
   partial[(nrb + rb) * h + c] = b;
 }
 
-/* pass 2: dgamma[c], dbeta[c] = the row blocks' partials added in order, rounded once */
-template <int PDT>
-__global__ void norm_dgamma_final(lutra_norm_args a, const double *partial, int64_t nrb) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, h = a.hidden;
-  if (c >= h) return;
+/* dgamma[c], dbeta[c] = the row blocks' partials in a fixed tree, rounded once: row lane y adds
+ * the row blocks y, y + kRowLanes, ... in order, then lane 0 adds the lanes in order (the
+ * kRowLanes loads in flight per column keep hundreds of row blocks from serializing) */
+template <int PDT, class P>
+__global__ void __launch_bounds__(kColTile *kRowLanes)
+    norm_dgamma_final(lutra_norm_args a, const P *partial, int64_t nrb) {
+  __shared__ double sg[kRowLanes][kColTile], sb[kRowLanes][kColTile];
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x, h = a.hidden;
   double g = 0.0, b = 0.0;
-  for (int64_t rb = 0; rb < nrb; rb++) {
-    g += partial[rb * h + c];
-    b += partial[(nrb + rb) * h + c];
+  if (c < h) {
+    for (int64_t rb = threadIdx.y; rb < nrb; rb += kRowLanes) {
+      g += partial[rb * h + c];
+      b += partial[(nrb + rb) * h + c];
+    }
+  }
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || c >= h) return;
+  for (int k = 1; k < kRowLanes; k++) {
+    g += sg[k][threadIdx.x];
+    b += sb[k][threadIdx.x];
   }
   st<PDT>(a.dgamma, c, static_cast<float>(g));
   if (!a.rms) st<PDT>(a.dbeta, c, static_cast<float>(b));
@@ -286,11 +409,62 @@ template <int DT> bool vec_ok(const lutra_norm_args *a, const void *p, const voi
   return bytes % 16 == 0 && aligned(p, 16) && aligned(q, 16);
 }
 
+/* the row blocks of the row-resident backward: f32 partials, two per column and row block, in
+ * the scratch's LK_BIAS_PARTIALS doubles; a function of rows and hidden only */
+int64_t bwd_row_blocks(int64_t rows, int64_t hidden) {
+  const int64_t fit = 2 * static_cast<int64_t>(LK_BIAS_PARTIALS) / (2 * hidden);
+  return imax<int64_t>(1, imin<int64_t>(cdiv<int64_t>(rows, kBwdMinRows), fit));
+}
+
+template <int DT, int PDT, int V>
+cudaError_t backward_rows(const lutra_norm_args *a, const lk_scratch *scratch, cudaStream_t s,
+                          bool &done) {
+  cudaError_t e;
+  const bwd_fn k = bwd_rows_kernel<DT, PDT, V>(a->hidden, e);
+  done = k != nullptr;
+  if (!k || e != cudaSuccess) return e;
+  const int64_t nrb = bwd_row_blocks(a->rows, a->hidden);
+  float *partial = reinterpret_cast<float *>(scratch->bias_partial);
+  const int smem = static_cast<int>(a->hidden * 2 * static_cast<int64_t>(sizeof(double)));
+  LKC_LAUNCH(k, static_cast<unsigned>(nrb), kRowThreads, smem, s, *a, partial, nrb);
+  e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const unsigned g2 = static_cast<unsigned>(cdiv<int64_t>(a->hidden, kColTile));
+  LKC_LAUNCH((norm_dgamma_final<PDT, float>), g2, dim3(kColTile, kRowLanes), 0, s, *a,
+             static_cast<const float *>(partial), nrb);
+  return cudaGetLastError();
+}
+
+/* the row blocks of the wider rows' backward: double partials */
+int64_t wide_row_blocks(int64_t rows, int64_t hidden) {
+  const int64_t fit = LK_BIAS_PARTIALS / (2 * hidden);
+  return imax<int64_t>(1, imin<int64_t>(cdiv<int64_t>(rows, kRowsPerBlock), fit));
+}
+
+template <int DT, int PDT, int V>
+cudaError_t backward_wide(const lutra_norm_args *a, const lk_scratch *scratch, cudaStream_t s) {
+  if (a->dx && a->rows > 0) {
+    LKC_LAUNCH((norm_dx<DT, PDT, V>), static_cast<unsigned>(a->rows), kRowThreads, 0, s, *a);
+    const cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess) return e;
+  }
+  const int64_t nrb = wide_row_blocks(a->rows, a->hidden);
+  const dim3 g1(static_cast<unsigned>(cdiv<int64_t>(a->hidden, kColTile)),
+                static_cast<unsigned>(nrb));
+  LKC_LAUNCH(norm_dgamma_partial<DT>, g1, dim3(kColTile, kRowLanes), 0, s, *a,
+             scratch->bias_partial, nrb);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  const unsigned g2 = static_cast<unsigned>(cdiv<int64_t>(a->hidden, kColTile));
+  LKC_LAUNCH((norm_dgamma_final<PDT, double>), g2, dim3(kColTile, kRowLanes), 0, s, *a,
+             static_cast<const double *>(scratch->bias_partial), nrb);
+  return cudaGetLastError();
+}
+
 } // namespace
 
 int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden) {
-  const int64_t fit = LK_BIAS_PARTIALS / (2 * hidden);
-  return imax<int64_t>(1, imin<int64_t>(cdiv<int64_t>(rows, kRowsPerBlock), fit));
+  return wide_row_blocks(rows, hidden);
 }
 
 cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
@@ -300,12 +474,18 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
     constexpr int DT = decltype(t)::value;
     return with_param_dtype(a->param_dtype, [&](auto pt) {
       constexpr int PDT = decltype(pt)::value;
-      const dim3 grid(static_cast<unsigned>(a->rows));
-      if (vec_ok<DT>(a, a->x, a->y))
-        LKC_LAUNCH((fwd_kernel<DT, PDT, vec16<DT>()>(a->hidden)), grid, kRowThreads, 0, s, *a);
-      else
-        LKC_LAUNCH((fwd_kernel<DT, PDT, 1>(a->hidden)), grid, kRowThreads, 0, s, *a);
-      return cudaGetLastError();
+      auto run = [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        if (auto k = fwd_rows_kernel<DT, PDT, V>(a->hidden)) {
+          const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->rows, kFwdRows));
+          LKC_LAUNCH(k, grid, kRowThreads, 0, s, *a);
+        } else {
+          LKC_LAUNCH((norm_fwd<DT, PDT, V>), static_cast<unsigned>(a->rows), kRowThreads, 0, s, *a);
+        }
+        return cudaGetLastError();
+      };
+      if (vec_ok<DT>(a, a->x, a->y)) return run(std::integral_constant<int, vec16<DT>()>());
+      return run(std::integral_constant<int, 1>());
     });
   });
 }
@@ -319,25 +499,16 @@ cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *sc
     constexpr int DT = decltype(t)::value;
     return with_param_dtype(a->param_dtype, [&](auto pt) {
       constexpr int PDT = decltype(pt)::value;
-      if (a->dx && a->rows > 0) {
-        const dim3 grid(static_cast<unsigned>(a->rows));
-        if (vec_ok<DT>(a, a->x, a->dx) && aligned(a->dy, 16))
-          LKC_LAUNCH((dx_kernel<DT, PDT, vec16<DT>()>(a->hidden)), grid, kRowThreads, 0, s, *a);
-        else
-          LKC_LAUNCH((dx_kernel<DT, PDT, 1>(a->hidden)), grid, kRowThreads, 0, s, *a);
-        const cudaError_t e = cudaGetLastError();
-        if (e != cudaSuccess) return e;
-      }
-      const int64_t nrb = lk_norm_row_blocks(a->rows, a->hidden);
-      const dim3 g1(static_cast<unsigned>(cdiv<int64_t>(a->hidden, kColTile)),
-                    static_cast<unsigned>(nrb));
-      LKC_LAUNCH(norm_dgamma_partial<DT>, g1, dim3(kColTile, kRowLanes), 0, s, *a,
-                 scratch->bias_partial, nrb);
-      const cudaError_t e = cudaGetLastError();
-      if (e != cudaSuccess) return e;
-      const unsigned g2 = static_cast<unsigned>(cdiv<int64_t>(a->hidden, 256));
-      LKC_LAUNCH(norm_dgamma_final<PDT>, g2, 256, 0, s, *a, scratch->bias_partial, nrb);
-      return cudaGetLastError();
+      auto run = [&](auto v) {
+        constexpr int V = decltype(v)::value;
+        bool done = false;
+        const cudaError_t e = backward_rows<DT, PDT, V>(a, scratch, s, done);
+        if (done || e != cudaSuccess) return e;
+        return backward_wide<DT, PDT, V>(a, scratch, s);
+      };
+      const bool vec = vec_ok<DT>(a, a->x, a->dy) && (!a->dx || aligned(a->dx, 16));
+      if (vec) return run(std::integral_constant<int, vec16<DT>()>());
+      return run(std::integral_constant<int, 1>());
     });
   });
 }

@@ -21,6 +21,7 @@
  * one launch cannot do both without a grid-wide barrier, since every code needs the amax of
  * every row. */
 #include "common.cuh"
+#include "norm_rows.cuh"
 #include "ops_common.cuh"
 
 using namespace lkops;
@@ -63,11 +64,6 @@ template <int DT> __device__ __forceinline__ float round_to(float v) {
   } else {
     return __half2float(__float2half_rn(v));
   }
-}
-
-template <int PDT> __device__ __forceinline__ float gamma_at(const lutra_norm_args &a, int64_t c) {
-  const float g = ld<PDT>(a.gamma, c);
-  return a.zero_centered_gamma ? fadd(g, 1.0f) : g;
 }
 
 /* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
@@ -130,6 +126,28 @@ __device__ __forceinline__ float block_scale(const Params &p, float amax) {
   return lkc::scale_rule(amax, p.fp8_max, p.power_2_scale, p.amax_epsilon);
 }
 
+/* current scaling's first pass: the block's max|y| into the running maximum; the last block to
+ * arrive writes amax and the scale (k_current_scale's arrival protocol, kernels/quantize.cu) */
+__device__ __forceinline__ void tensor_amax_arrive(const Params &p, float m) {
+  float *acc = reinterpret_cast<float *>(p.work);
+  if (m >= 0.0f) lkc::atomic_fmax(acc, m);
+  __threadfence();
+  if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {
+    __threadfence();
+    const float am = lkc::bits_f32(atomicExch(p.work, 0u));
+    *p.amax = am;
+    *const_cast<float *>(p.scale) = lkc::scale_rule(am, p.fp8_max, p.power_2_scale, p.amax_epsilon);
+    p.work[1] = 0u;
+  }
+}
+
+/* per-tensor: both copies' scale_inv = 1 / scale */
+__device__ __forceinline__ void write_tensor_inv(const Params &p, float s) {
+  const float inv = lkc::div_x86(1.0f, s);
+  if (p.scale_inv) *static_cast<float *>(p.scale_inv) = inv;
+  if (p.col_scale_inv) *static_cast<float *>(p.col_scale_inv) = inv;
+}
+
 template <int DT, int PDT, int OD, int V, int MODE>
 __global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
@@ -158,6 +176,8 @@ __global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
 
   const bool codes = !p.amax_pass;
   const float s = MODE == kTensor && codes ? *p.scale : 1.0f;
+  const bool pvec = V > 1 && (reinterpret_cast<uintptr_t>(a.gamma) & 15) == 0 &&
+                    (a.rms || (reinterpret_cast<uintptr_t>(a.beta) & 15) == 0);
   float m = -INFINITY;
   for (int64_t c0 = 0; c0 < h; c0 += CW) {
     /* a warp fills 8 rows x 4 vectors: 16-byte loads in 64-byte runs, and for 16-bit inputs
@@ -170,10 +190,22 @@ __global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
       if (r < rows && c < h) {
         ldv<DT, V>(a.x, r * h + c, v);
         const float mean = smean[i], rstd = srstd[i];
+        float gv[V], bv[V] = {};
+        if (pvec) { /* 16-byte parameter loads, not one 2-byte load per element */
+          ldv<PDT, V>(a.gamma, c, gv);
+          if (!a.rms) ldv<PDT, V>(a.beta, c, bv);
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; k++) {
+            gv[k] = ld<PDT>(a.gamma, c + k);
+            if (!a.rms) bv[k] = ld<PDT>(a.beta, c + k);
+          }
+        }
 #pragma unroll
         for (int k = 0; k < V; k++) {
-          float y = fmul(fmul(fsub(v[k], mean), rstd), gamma_at<PDT>(a, c + k));
-          if (!a.rms) y = fadd(y, ld<PDT>(a.beta, c + k));
+          const float gk = a.zero_centered_gamma ? fadd(gv[k], 1.0f) : gv[k];
+          float y = fmul(fmul(fsub(v[k], mean), rstd), gk);
+          if (!a.rms) y = fadd(y, bv[k]);
           v[k] = y;
         }
         if (a.y) stv<DT, V>(a.y, r * h + c, v);
@@ -313,26 +345,149 @@ __global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
       if (!p.amax_pass) {
         if (m >= 0.0f) lkc::atomic_fmax(p.amax, m);
       } else {
-        /* k_current_scale's arrival protocol (kernels/quantize.cu) */
-        float *acc = reinterpret_cast<float *>(p.work);
-        if (m >= 0.0f) lkc::atomic_fmax(acc, m);
-        __threadfence();
-        if (atomicAdd(p.work + 1, 1u) == gridDim.x - 1) {
-          __threadfence();
-          const float am = lkc::bits_f32(atomicExch(p.work, 0u));
-          *p.amax = am;
-          *const_cast<float *>(p.scale) =
-              lkc::scale_rule(am, p.fp8_max, p.power_2_scale, p.amax_epsilon);
-          p.work[1] = 0u;
-        }
+        tensor_amax_arrive(p, m);
       }
     }
   }
-  if (p.write_tensor_inv && blockIdx.x == 0 && tid == 0) {
-    const float inv = lkc::div_x86(1.0f, s);
-    if (p.scale_inv) *static_cast<float *>(p.scale_inv) = inv;
-    if (p.col_scale_inv) *static_cast<float *>(p.col_scale_inv) = inv;
+  if (p.write_tensor_inv && blockIdx.x == 0 && tid == 0) write_tensor_inv(p, s);
+}
+
+/* ---- per-tensor scaling, rows resident ------------------------------------------------------
+ * For rows of up to kResident elements a thread (hidden <= 8192 for 16-bit inputs): a block of
+ * kRowThreads threads does kQRows consecutive rows one after the other with norm_fwd_rows'
+ * split (kernels/norm.cu; resident_stats: the same mean and rstd bits), so x is read once and
+ * the next row's loads are in flight during the current row's reductions. The rowwise codes
+ * leave from registers (a warp's stores are whole 128-byte lines); the columnwise codes are
+ * staged in shared memory as [kQRows][hidden] bytes and leave as one kQRows-byte run per column
+ * (whole 16-byte stores when rows is a multiple of kQRows). */
+constexpr int kQRows = 16;
+
+/* the four codes of columns c .. c + 3 of tile row i, from the staged [kQRows][h] bytes */
+__device__ __forceinline__ uint32_t staged_word(const uint8_t *st, int64_t h, int i, int64_t c) {
+  return *reinterpret_cast<const uint32_t *>(st + i * h + c);
+}
+
+template <int DT, int PDT, int OD, int V, int NC>
+__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quantize_rows(Params p) {
+  if (p.skip && *p.skip) return; /* uniform: before any barrier */
+  __shared__ RowRed red;
+  __shared__ float fred[32];
+  uint8_t *staged = lkc::dyn_smem(); /* [kQRows][h] columnwise codes, when asked for */
+  const lutra_norm_args &a = p.n;
+  const int64_t h = a.hidden, rows = a.rows, r0 = static_cast<int64_t>(blockIdx.x) * kQRows;
+  const int64_t r1 = imin<int64_t>(rows, r0 + kQRows);
+  const bool codes = !p.amax_pass;
+  const float s = codes ? *p.scale : 1.0f;
+  float g[NC][V], b[NC][V];
+  load_params<PDT, V, NC>(a, !a.rms, g, b);
+  Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
+  if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, cur);
+  float m = -INFINITY;
+  const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
+  for (int64_t r = r0; r < r1; r++) {
+    if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * h, h, nxt);
+    float x[NC][V], mean, rstd;
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      unraw<DT, V>(cur[j], x[j]);
+    resident_stats<V, NC>(a, r, x, red, mean, rstd);
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      const int64_t c = col<V>(j);
+      if (c >= h) continue;
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        float y = fmul(fmul(fsub(x[j][k], mean), rstd), g[j][k]);
+        if (!a.rms) y = fadd(y, b[j][k]);
+        x[j][k] = y;
+      }
+      if (a.y) stv<DT, V>(a.y, r * h + c, x[j]);
+      /* the codes quantize y as stored (rounded into the activation dtype) */
+      uint32_t q[V];
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const float v = round_to<DT>(x[j][k]);
+        m = fmaxf(m, fabsf(v));
+        q[k] = codes ? code<OD>(v, s) : 0u;
+      }
+      if (!codes) continue;
+      uint8_t *row = p.data ? p.data + r * h + c : nullptr;
+      uint8_t *stage = p.col_data ? staged + (r - r0) * h + c : nullptr;
+      if constexpr (V == 1) {
+        if (row) *row = static_cast<uint8_t>(q[0]);
+        if (stage) *stage = static_cast<uint8_t>(q[0]);
+      } else {
+        /* V codes, V / 4 words: one 4- or 8-byte store each (c and hidden are multiples of V) */
+        uint32_t w[V / 4];
+#pragma unroll
+        for (int k = 0; k < V / 4; k++)
+          w[k] = q[4 * k] | q[4 * k + 1] << 8 | q[4 * k + 2] << 16 | q[4 * k + 3] << 24;
+        if (row && row_vec) {
+          if constexpr (V == 8)
+            *reinterpret_cast<uint2 *>(row) = make_uint2(w[0], w[1]);
+          else
+            *reinterpret_cast<uint32_t *>(row) = w[0];
+        } else if (row) {
+#pragma unroll
+          for (int k = 0; k < V; k++)
+            row[k] = static_cast<uint8_t>(q[k]);
+        }
+        if (stage) {
+          if constexpr (V == 8)
+            *reinterpret_cast<uint2 *>(stage) = make_uint2(w[0], w[1]);
+          else
+            *reinterpret_cast<uint32_t *>(stage) = w[0];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      cur[j] = nxt[j];
   }
+  if (codes && p.col_data) {
+    __syncthreads();
+    const int64_t n = r1 - r0;
+    if (n == kQRows && h % 4 == 0 && rows % kQRows == 0 &&
+        (reinterpret_cast<uintptr_t>(p.col_data) & 15) == 0) {
+      /* thread: 4 columns x 16 rows, read as 16 words (a warp reads whole staged rows) and
+       * transposed into 4 16-byte column runs */
+      for (int64_t c = static_cast<int64_t>(threadIdx.x) * 4; c < h; c += kRowThreads * 4) {
+        uint32_t w[kQRows];
+#pragma unroll
+        for (int i = 0; i < kQRows; i++)
+          w[i] = staged_word(staged, h, i, c);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+          uint32_t o[4];
+#pragma unroll
+          for (int q4 = 0; q4 < 4; q4++)
+            o[q4] = (w[4 * q4] >> (8 * k) & 0xFFu) | (w[4 * q4 + 1] >> (8 * k) & 0xFFu) << 8 |
+                    (w[4 * q4 + 2] >> (8 * k) & 0xFFu) << 16 |
+                    (w[4 * q4 + 3] >> (8 * k) & 0xFFu) << 24;
+          *reinterpret_cast<uint4 *>(p.col_data + (c + k) * rows + r0) =
+              make_uint4(o[0], o[1], o[2], o[3]);
+        }
+      }
+    } else {
+      for (int64_t e = threadIdx.x; e < n * h; e += kRowThreads) {
+        const int64_t c = e / n, i = e % n;
+        p.col_data[c * rows + r0 + i] = staged[i * h + c];
+      }
+    }
+  }
+  if (p.amax) {
+    m = lkc::block_max(m, fred);
+    if (threadIdx.x == 0) {
+      if (!p.amax_pass) {
+        /* an atomic that cannot raise the amax is left out */
+        if (m >= 0.0f && !(m <= *reinterpret_cast<volatile float *>(p.amax)))
+          lkc::atomic_fmax(p.amax, m);
+      } else {
+        tensor_amax_arrive(p, m);
+      }
+    }
+  }
+  if (p.write_tensor_inv && blockIdx.x == 0 && threadIdx.x == 0) write_tensor_inv(p, s);
 }
 
 template <class F> cudaError_t with_param_dtype(int dt, F &&f) {
@@ -349,6 +504,29 @@ template <class F> cudaError_t with_mode(int scaling, F &&f) {
 }
 
 std::atomic<uint64_t> smem_allowed[3][3][2][3][2];
+template <int DT, int PDT, int OD, int V, int NC> std::atomic<uint64_t> rows_smem_allowed;
+
+/* the per-tensor row-resident kernel for rows of up to kResident elements a thread, allowed
+ * the shared memory of its widest row, or nullptr */
+template <int DT, int PDT, int OD, int V>
+auto rows_kernel(int64_t h, cudaError_t &e) -> void (*)(Params) {
+  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
+  auto pick = [&](auto k, std::atomic<uint64_t> &done, int chunks) -> void (*)(Params) {
+    e = lkc::allow_smem(k, kQRows * kRowThreads * V * chunks, done);
+    return k;
+  };
+  e = cudaSuccess;
+  if (nc <= 1)
+    return pick(k_norm_quantize_rows<DT, PDT, OD, V, 1>, rows_smem_allowed<DT, PDT, OD, V, 1>, 1);
+  if (nc <= 2)
+    return pick(k_norm_quantize_rows<DT, PDT, OD, V, 2>, rows_smem_allowed<DT, PDT, OD, V, 2>, 2);
+  if (nc <= 4)
+    return pick(k_norm_quantize_rows<DT, PDT, OD, V, 4>, rows_smem_allowed<DT, PDT, OD, V, 4>, 4);
+  if constexpr (8 * V <= kResident)
+    if (nc <= 8)
+      return pick(k_norm_quantize_rows<DT, PDT, OD, V, 8>, rows_smem_allowed<DT, PDT, OD, V, 8>, 8);
+  return nullptr;
+}
 
 /* norm_fwd's vector width: 16 bytes when every row of x (and of y, when written) is aligned */
 bool vec_ok(const lutra_norm_args *a, int dt) {
@@ -366,6 +544,19 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
         constexpr int OD = decltype(ot)::value;
         return with_mode(scaling, [&](auto mt) {
           constexpr int MODE = decltype(mt)::value;
+          if constexpr (MODE == kTensor) {
+            cudaError_t e;
+            auto k = vec ? rows_kernel<DT, PDT, OD, vec16<DT>()>(n.hidden, e)
+                         : rows_kernel<DT, PDT, OD, 1>(n.hidden, e);
+            if (e != cudaSuccess) return e;
+            if (k) {
+              const unsigned grid =
+                  static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, kQRows)));
+              const int smem = p.col_data ? static_cast<int>(kQRows * n.hidden) : 0;
+              LKC_LAUNCH(k, grid, kRowThreads, smem, s, p);
+              return cudaGetLastError();
+            }
+          }
           constexpr int TR = TileShape<MODE>::TR, SMEM = smem_bytes<MODE>();
           const unsigned grid = static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, TR)));
           auto run = [&](auto kernel, int vi) {

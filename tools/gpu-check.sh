@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
-# steps: build cpu-specs gpu-specs sanitizer example bench norm-bench host (default: all). Logs
-# go to $OUT.
+# steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host (default: all
+# but norm-ab, which needs NORM_BASE). Logs go to $OUT.
 # steps: build cpu-specs gpu-specs sanitizer example bench host moe (default: all). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
@@ -73,6 +73,34 @@ if has norm-bench; then
     -Wl,-rpath,"$PWD" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/norm-bench-build.log" 2>&1 &&
     timeout 240 ./build/norm_throughput "$OUT/norm_throughput.md" > "$OUT/norm-bench.log" 2>&1
   note "norm throughput bench exit $?"
+  [ -f "$OUT/norm_throughput.md" ] && summary+=("$(cat "$OUT/norm_throughput.md")")
+fi
+if has norm-ab; then
+  # The norm bench against a baseline tree, alternating baseline and this tree twice, for a
+  # side-by-side figure: NORM_BASE=DIR, a copy of the commit to compare with (for instance
+  # `mkdir -p norm-base && git archive BASE | tar -x -C norm-base` in the checkout before the
+  # run: an untracked directory travels with the working tree); built here (CUDA, with this
+  # tree's CUTLASS copy; a full build, minutes) unless DIR/liblutra.so exists. Each binary is
+  # built from its own tree's bench source and linked to its own library.
+  if [ -d "${NORM_BASE:-}" ]; then
+    [ -d "$NORM_BASE/build/cutlass-4.2.0.0" ] || { mkdir -p "$NORM_BASE/build" && cp -r build/cutlass-4.2.0.0 "$NORM_BASE/build/"; }
+    [ -f "$NORM_BASE/liblutra.so" ] || make -C "$NORM_BASE" -j16 CUDA=1 > "$OUT/norm-base-build.log" 2>&1
+    base=$(cd "$NORM_BASE" && pwd)
+    gcc -std=c11 -O2 -D_GNU_SOURCE -I"$base/src" -I/usr/local/cuda/include "$base/bench/norm_throughput.c" \
+      -o build/norm_throughput_base -L"$base" -llutra -L/usr/local/cuda/lib64 -lcudart \
+      -Wl,-rpath,"$base" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/norm-ab-build.log" 2>&1
+    for k in 1 2; do
+      timeout 240 ./build/norm_throughput_base "$OUT/norm_base_$k.md" > "$OUT/norm-base-$k.log" 2>&1
+      note "norm bench, baseline tree, run $k: exit $?"
+      timeout 240 ./build/norm_throughput "$OUT/norm_new_$k.md" > "$OUT/norm-new-$k.log" 2>&1
+      note "norm bench, this tree, run $k: exit $?"
+    done
+    for f in norm_base_1 norm_new_1 norm_base_2 norm_new_2; do
+      [ -f "$OUT/$f.md" ] && summary+=("$f:" "$(tail -n +3 "$OUT/$f.md")")
+    done
+  else
+    note "norm-ab skipped: NORM_BASE is not a directory"
+  fi
 fi
 if has host; then
   timeout 300 bash bench/host_suite.sh "$OUT/host_overhead.md" > "$OUT/host-suite.log" 2>&1

@@ -261,31 +261,47 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
 }
 
 int main(int argc, char **argv) {
+  /* ARGS: quick (fewer cases), then optionally norm, fused, tensor or tiles (only those) */
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");
-  /* the vector path (16-byte rows), the scalar one (odd hidden), rows beyond one chunk per
-   * thread, and partial 32- / 128-row tiles and 128-column blocks */
-  const Shape norm_shapes[] = {{3, 64}, {7, 77}, {70, 520}, {33, 2056}, {5, 4100}};
+  const char *only = argc > 2 ? argv[2] : "";
+  setvbuf(stdout, nullptr, _IOLBF, 0); /* progress shows while it runs */
+  /* the vector path (16-byte rows), the scalar one (hidden not a whole number of vectors), one
+   * to eight chunks per thread (row-resident, 8192 bf16 columns the widest), wider rows (the
+   * fallback kernels), one row, and enough rows for several backward row blocks with several
+   * f32 groups each */
+  const Shape norm_shapes[] = {{3, 64},   {7, 77},    {70, 520}, {33, 2056}, {5, 4100},
+                               {1, 4096}, {1, 9},     {700, 64}, {130, 264}, {17, 8192},
+                               {3, 8200}, {2, 12288}, {9, 1030}, {4, 2500}};
   uint32_t seed = 1;
   for (int dt : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
     for (int pdt : {LUTRA_F32, LUTRA_BF16})
       for (const Shape &s : norm_shapes) {
+        if (!strcmp(only, "fused")) continue;
         if (quick && (s.hidden > 2100 || pdt == LUTRA_BF16) && dt != LUTRA_BF16) continue;
         for (int rms = 0; rms < 2; rms++) {
           const bool zc = (seed & 3) == 0;
           run_norm(dt, pdt, s, rms, zc, seed++);
         }
       }
-  const Shape fused_shapes[] = {{32, 64}, {64, 96},  {96, 320}, {160, 136},
-                                {37, 72}, {131, 40}, {45, 50}};
+  /* per-tensor: the row-resident kernel (whole 16-row column runs when rows is a multiple of
+   * 16, byte runs otherwise; the scalar path at hidden 1030), and above 8192 columns the tiles */
+  const Shape fused_shapes[] = {{32, 64}, {64, 96}, {96, 320},  {160, 136}, {37, 72},   {131, 40},
+                                {45, 50}, {1, 64},  {32, 4096}, {33, 1030}, {16, 12288}};
   for (int dt : {LUTRA_BF16, LUTRA_F32})
     for (int od : {LUTRA_E4M3, LUTRA_E5M2})
       for (const Shape &s : fused_shapes) {
+        if (!strcmp(only, "norm")) continue;
+        /* tensor: per-tensor scaling only; tiles: MXFP8 and 1x128 only */
+        const bool tensor = strcmp(only, "tiles") != 0, tiles = strcmp(only, "tensor") != 0;
         if (quick && (od == LUTRA_E5M2 || dt == LUTRA_F32) && s.rows * s.hidden > 7000) continue;
         const int pdt = (seed & 1) ? LUTRA_F32 : LUTRA_BF16;
         for (int rms = 0; rms < 2; rms++) {
-          run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, true, true, seed++);
-          run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, false, false, seed++);
-          run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, true, true, true, false, seed++);
+          if (tensor) {
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, true, true, seed++);
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, false, false, seed++);
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, true, true, true, false, seed++);
+          }
+          if (!tiles) continue;
           if (s.hidden % 32 == 0 && s.rows % 32 == 0)
             run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_MXFP8, false, true, true, false, seed++);
           if (s.hidden % 32 == 0)

@@ -54,6 +54,11 @@ for _, rc in ipairs(RECIPES) do
     for _, dtype in ipairs { "f32", "bf16" } do
       local shapes = { { 256, 1024 }, { 64, 96 } }
       if rc.name ~= "mxfp8" then shapes[3] = { 208, 336 } end -- partial 128-blocks
+      if rc.cfg.tensor then
+        -- per-tensor's row-resident kernel with 64 and 128 KB of staged columnwise codes
+        shapes[#shapes + 1] = { 48, 4096 }
+        shapes[#shapes + 1] = { 16, 8192 }
+      end
       for _, shape in ipairs(shapes) do
         local name = string.format("%s %s %s [%d, %d]", rc.name, rms and "RMSNorm" or "LayerNorm",
                                    dtype, shape[1], shape[2])

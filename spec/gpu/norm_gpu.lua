@@ -2,8 +2,8 @@
 -- both, output, input gradient and parameter gradients within NMSE bounds: 1e-10 for f32 (the
 -- element formulas are the CPU's f32 sequence; only the order of the double sums differs, so
 -- mean/rstd differ by at most an ulp), 1e-5 for bf16 (an ulp flip of a bf16 output). Shapes cover
--- the vector path (hidden % 8 == 0), the scalar path (odd hidden) and several row blocks of the
--- dgamma/dbeta reduction (rows > 64).
+-- the vector path (hidden % 8 == 0), the scalar path (odd hidden), several row blocks of the
+-- dgamma/dbeta reduction (rows > 64), the row-resident kernels' widths and a wider row.
 local lutra = require("lutra")
 local nn = lutra.nn
 local S = require("spec.gpu.support")
@@ -15,6 +15,13 @@ local CASES = {
   { dtype = "f32", bound = 1e-10, rows = 7, hidden = 77 },
   { dtype = "bf16", bound = 1e-5, rows = 300, hidden = 512 },
   { dtype = "bf16", bound = 1e-5, rows = 33, hidden = 100, zc = true },
+  -- the row-resident kernels at their widths (2 and 4 vectors a thread: 64 and 128 KB of shared
+  -- memory in the backward; f32 at 8 vectors) over many row blocks, and a row wider than they
+  -- hold (the separate dx and column-sum kernels)
+  { dtype = "bf16", bound = 1e-5, rows = 700, hidden = 4096 },
+  { dtype = "bf16", bound = 1e-5, rows = 40, hidden = 8192, zc = true },
+  { dtype = "f32", bound = 1e-10, rows = 20, hidden = 8192 },
+  { dtype = "bf16", bound = 1e-5, rows = 9, hidden = 12288 },
 }
 
 for _, kind in ipairs { "LayerNorm", "RMSNorm" } do

@@ -1,0 +1,184 @@
+/* What the norm kernels share (kernels/norm.cu, kernels/norm_quantize.cu): the row split of
+ * kRowThreads threads whose order every row sum follows (norm_cpu.c row_sum repeats it), its
+ * block reduction, and the row-resident kernels' chunk loads.
+ * No include guard, and everything in an unnamed namespace: tools/sim_norm.cpp includes both
+ * .cu files into one translation unit, each inside a namespace of its own (the two headers
+ * below have guards). */
+#include "common.cuh"
+#include "ops_common.cuh"
+
+namespace {
+
+using namespace lkops;
+
+constexpr int kRowThreads = 256, kRowWarps = kRowThreads / 32;
+constexpr int kResident = 32; /* the most row elements a thread of a row-resident kernel holds */
+
+/* The sums of the block's threads, N at a time, in block_sum's tree (kernels/ops_common.cuh:
+ * a butterfly per warp, the warps in order from 0.0). fin(t, lead) then runs in warp 0 alone
+ * and stores in red.out (lead: lane 0) what every thread reads after the return. The next call
+ * may follow at once: part is rewritten only after everyone passed this call's last barrier. */
+struct RowRed {
+  double part[2][kRowWarps];
+  double out[2];
+};
+
+template <int N, class F>
+__device__ __forceinline__ void row_reduce(double (&v)[N], RowRed &red, F &&fin) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int n = 0; n < N; n++)
+    v[n] = warp_sum(v[n]);
+  if (lane == 0) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+      red.part[n][warp] = v[n];
+  }
+  __syncthreads();
+  if (warp == 0) {
+    double t[N];
+#pragma unroll
+    for (int n = 0; n < N; n++) {
+      t[n] = 0.0;
+#pragma unroll
+      for (int w = 0; w < kRowWarps; w++)
+        t[n] += red.part[n][w];
+    }
+    fin(t, lane == 0);
+  }
+  __syncthreads();
+}
+
+template <int V> __device__ __forceinline__ int64_t col(int j) {
+  return (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(kRowThreads) * j) * V;
+}
+
+/* V elements as loaded, unpacked later: the next row's loads then do not hold the warp at an
+ * unpack before the current row's work is issued. V > 1 is one 16-byte vector. */
+template <int DT, int V> struct Raw { uint4 q; };
+template <int DT> struct Raw<DT, 1> { float f; };
+
+template <int DT, int V, int NC>
+__device__ __forceinline__ void load_row(const void *p, int64_t o, int64_t h, Raw<DT, V> (&r)[NC]) {
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = col<V>(j);
+    if (c >= h) continue;
+    if constexpr (V == 1) {
+      r[j].f = ld<DT>(p, o + c);
+    } else {
+      constexpr int esz = DT == LUTRA_F32 ? 4 : 2;
+      static_assert(V * esz == 16, "a raw chunk is one 16-byte vector");
+      r[j].q = *reinterpret_cast<const uint4 *>(static_cast<const char *>(p) + (o + c) * esz);
+    }
+  }
+}
+
+template <int DT, int V> __device__ __forceinline__ void unraw(const Raw<DT, V> &r, float (&f)[V]) {
+  if constexpr (V == 1) {
+    f[0] = r.f;
+  } else if constexpr (DT == LUTRA_F32) {
+    f[0] = __uint_as_float(r.q.x);
+    f[1] = __uint_as_float(r.q.y);
+    f[2] = __uint_as_float(r.q.z);
+    f[3] = __uint_as_float(r.q.w);
+  } else {
+    unpack2<DT>(r.q.x, f[0], f[1]);
+    unpack2<DT>(r.q.y, f[2], f[3]);
+    unpack2<DT>(r.q.z, f[4], f[5]);
+    unpack2<DT>(r.q.w, f[6], f[7]);
+  }
+}
+
+/* gamma (with zero_centered_gamma's + 1) and, when beta, beta at this thread's columns: vector
+ * loads when both are 16-byte aligned (V > 1 columns start at multiples of V) */
+template <int PDT, int V, int NC>
+__device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta, float (&g)[NC][V],
+                                            float (&b)[NC][V]) {
+  const bool vec = V > 1 && (reinterpret_cast<uintptr_t>(a.gamma) & 15) == 0 &&
+                   (!beta || (reinterpret_cast<uintptr_t>(a.beta) & 15) == 0);
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = col<V>(j);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      g[j][k] = b[j][k] = 0.0f;
+    if (c >= a.hidden) continue;
+    if (vec) {
+      ldv<PDT, V>(a.gamma, c, g[j]);
+      if (beta) ldv<PDT, V>(a.beta, c, b[j]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        g[j][k] = ld<PDT>(a.gamma, c + k);
+        if (beta) b[j][k] = ld<PDT>(a.beta, c + k);
+      }
+    }
+    if (a.zero_centered_gamma) {
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        g[j][k] = fadd(g[j][k], 1.0f);
+    }
+  }
+}
+
+/* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
+ * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. x is
+ * converted to double once for both of LayerNorm's sums. */
+template <int V, int NC>
+__device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t r,
+                                               const float (&x)[NC][V], RowRed &red, float &mean,
+                                               float &rstd) {
+  const int64_t h = a.hidden;
+  const double hd = static_cast<double>(h);
+  double xd[NC][V];
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      xd[j][k] = x[j][k];
+  double mean_d = 0.0, q[1] = {0.0};
+  if (!a.rms) {
+    double s[1] = {0.0};
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      if (col<V>(j) < h) {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          s[0] += xd[j][k];
+      }
+    row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
+      if (lead) red.out[0] = t[0] / hd;
+    });
+    mean_d = red.out[0];
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      if (col<V>(j) < h) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          const double d = xd[j][k] - mean_d;
+          q[0] += dmul_rn(d, d);
+        }
+      }
+  } else {
+    /* x - 0.0 is x: RMSNorm's squares skip the subtraction */
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      if (col<V>(j) < h) {
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          q[0] += dmul_rn(xd[j][k], xd[j][k]);
+      }
+  }
+  row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
+    const float rs = static_cast<float>(1.0 / sqrt(t[0] / hd + static_cast<double>(a.eps)));
+    if (!lead) return;
+    red.out[1] = rs;
+    if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mean_d);
+    if (a.rstd) a.rstd[r] = rs;
+  });
+  mean = static_cast<float>(mean_d);
+  rstd = static_cast<float>(red.out[1]);
+}
+
+} // namespace
