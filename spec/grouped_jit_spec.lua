@@ -14,7 +14,7 @@ local function linked_to_splits_loop(trace)
     if back and inner[back] then linked = linked + 1 end
     -- or the step's root trace at the loop file, entering the splits loop's trace (the trace
     -- order depends on which loop gets hot first, which varies from run to run)
-    local root_back = line:match("^%[TRACE%s+%d+ jit_grouped_loop%.lua:%d+ %-> (%d+)%]")
+    local root_back = line:match("^%[TRACE%s+%d+ [%w_]+%.lua:%d+ %-> (%d+)%]")
     if root_back and inner[root_back] then linked = linked + 1 end
   end
   return linked

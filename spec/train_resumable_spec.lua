@@ -65,12 +65,21 @@ describe("examples/train_resumable.lua", function()
   end)
 
   it("resumes a run killed with SIGKILL at an arbitrary moment to the same end", function()
-    -- a run takes about half a second here: kill at random moments inside it, until one kill
-    -- landed (timeout exits 137), resuming after each
+    -- kill at random moments inside a run (its length measured first: it depends on the
+    -- machine and its load), until two kills landed (timeout exits 137), resuming after each
+    local function now_s()
+      local p = io.popen("date +%s.%N")
+      local t = tonumber(p:read("*l"))
+      p:close()
+      return t
+    end
+    local t0 = now_s()
+    sh(common .. " --checkpoint " .. dir .. "/timed.st")
+    local length = math.max(now_s() - t0, 0.02)
     local killed = 0
-    for attempt = 1, 6 do
+    for attempt = 1, 10 do
       local ckpt = string.format("%s/killed%d.st", dir, attempt)
-      local delay = 0.05 + math.random() * 0.4
+      local delay = length * (0.1 + 0.7 * math.random())
       local code = sh(string.format("timeout -s KILL %.3f %s --checkpoint %s", delay, common, ckpt))
       local code2, out = sh(common .. " --checkpoint " .. ckpt .. " --resume")
       assert.are.equal(0, code2, out)

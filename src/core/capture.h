@@ -3,6 +3,8 @@
 #ifndef LUTRA_CORE_CAPTURE_H
 #define LUTRA_CORE_CAPTURE_H
 
+#include "lutra.h"
+
 #include <stdbool.h>
 
 extern _Thread_local bool lutra_capture_active;
@@ -18,8 +20,7 @@ bool lutra_capturing(void);
  * was freed (runtime/graph.c). The release function comes from the holder so that the graph,
  * below nn/ in the layers, never names the kinds above it. */
 typedef int (*lutra_capture_release)(void *object);
-enum { LUTRA_HOLD_TENSOR = 1 };
-int lutra_capture_hold(int kind, void *p, const char *fn);
+int lutra_capture_hold_tensor(const lutra_tensor *t, const char *fn);
 int lutra_capture_hold_object(void *object, lutra_capture_release release, const char *fn);
 
 #endif

@@ -503,7 +503,7 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
     g->splits_host_known = true;
   } else {
     TRY(g->be->copy(g->splits_dev->data, s->data, bytes));
-    if (LUTRA_CAPTURING()) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)s, fn));
+    if (LUTRA_CAPTURING()) TRY(lutra_capture_hold_tensor(s, fn));
     g->splits_host_known = false;
   }
   g->splits_set = true;

@@ -137,8 +137,8 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
   l->classes = lutra_cols(pred);
   if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold_object(l, release_loss, fn));
-    TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)pred, fn));
-    TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)target, fn));
+    TRY(lutra_capture_hold_tensor(pred, fn));
+    TRY(lutra_capture_hold_tensor(target, fn));
   }
   *loss = l->loss;
   return LUTRA_OK;

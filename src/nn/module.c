@@ -63,8 +63,8 @@ static int release_module(void *p) {
 static int hold_captured(lutra_module *m, const lutra_tensor *in, const lutra_tensor *out,
                          const char *fn) {
   TRY(lutra_capture_hold_object(m, release_module, fn));
-  TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)in, fn));
-  if (out) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)out, fn));
+  TRY(lutra_capture_hold_tensor(in, fn));
+  if (out) TRY(lutra_capture_hold_tensor(out, fn));
   return LUTRA_OK;
 }
 

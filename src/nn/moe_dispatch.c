@@ -158,8 +158,8 @@ static int hold_in_capture(lutra_moe_dispatch *d, const lutra_tensor *a, const l
                            const char *fn) {
   if (!LUTRA_CAPTURING()) return LUTRA_OK;
   TRY(lutra_capture_hold_object(d, release_dispatch, fn));
-  TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)a, fn));
-  if (b) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)b, fn));
+  TRY(lutra_capture_hold_tensor(a, fn));
+  if (b) TRY(lutra_capture_hold_tensor(b, fn));
   return LUTRA_OK;
 }
 

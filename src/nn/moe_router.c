@@ -127,7 +127,7 @@ int lutra_moe_router_forward(lutra_moe_router *r, const lutra_tensor *logits, lu
   lutra_tensor_hold(&r->logits, logits);
   if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold_object(r, release_router, fn));
-    TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)logits, fn));
+    TRY(lutra_capture_hold_tensor(logits, fn));
   }
   *probs = r->probs;
   *indices = r->indices;
@@ -157,7 +157,7 @@ int lutra_moe_router_backward(lutra_moe_router *r, const lutra_tensor *dprobs,
   a.dlogits = r->dlogits->data;
   int st = r->be->moe_topk_backward(&a);
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
-  if (LUTRA_CAPTURING()) TRY(lutra_capture_hold(LUTRA_HOLD_TENSOR, (void *)dprobs, fn));
+  if (LUTRA_CAPTURING()) TRY(lutra_capture_hold_tensor(dprobs, fn));
   *dlogits = r->dlogits;
   return LUTRA_OK;
 }

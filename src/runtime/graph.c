@@ -87,9 +87,8 @@ static int hold(void *p, lutra_capture_release release, const char *fn) {
   return LUTRA_OK;
 }
 
-int lutra_capture_hold(int kind, void *p, const char *fn) {
-  if (kind != LUTRA_HOLD_TENSOR) return lutra_error(LUTRA_EINVAL, fn, "unknown capture hold kind");
-  return hold(p, NULL, fn);
+int lutra_capture_hold_tensor(const lutra_tensor *t, const char *fn) {
+  return hold((void *)t, NULL, fn);
 }
 
 int lutra_capture_hold_object(void *object, lutra_capture_release release, const char *fn) {
