@@ -45,7 +45,7 @@ export LUA_PATH="lua/?.lua;lua/?/init.lua;${LUA_PATH:-;}"
 rm -f "$DIR"/host_torch.txt "$DIR"/host_counts_*.txt "$DIR"/host_lutra_*.txt
 
 if [ "$DEVICE" = cuda ]; then
-  if [ ! -f liblutra.so ] || ! grep -qx 'CUDA=1' build/config 2> /dev/null; then
+  if [ ! -f liblutra.so ] || ! grep -q '^CUDA=1' build/config 2> /dev/null; then
     echo "host_suite: liblutra.so with CUDA is not built here: run make (make CUDA=1) first" >&2
     exit 1
   fi

@@ -7,9 +7,13 @@
 -- the first one's grad_output split-quantize; in high precision the activation's own kernels run.
 -- Splits change every step, with empty experts and sizes that are no multiple of 16.
 -- Bounds: 1e-4 in high precision (the GEMMs' accumulation order, and the bias added after the
--- bf16 rounding on cuda); 1e-3 under FP8 (besides the GEMMs, the sigmoid / erf kinds round expf
--- / erff a few ulps off libm, which can move an FP8 code by one step, in a chain of two FP8
--- layers; a wrong expert offset, scale or missing activation gives NMSE ~1).
+-- bf16 rounding on cuda), 1e-3 for ReLU there: cuda's bias-after-rounding moves a hidden value by
+-- up to a bf16 ulp of x W, and the few within that of zero switch ReLU's derivative between 0 and
+-- 1 (a whole element of the hidden gradient; on the H200: input-gradient NMSE 2.4e-4). Under FP8
+-- 1e-2: the same bf16 differences move an E4M3 code by one step (12.5%) about once in 32 and an
+-- E5M2 gradient code (25%) once in 64, in a chain of two FP8 layers, which puts NMSE near 1e-3
+-- (seen on the H200: up to 3.1e-3, SwiGLU's parameter gradients); a wrong expert offset, scale
+-- or missing activation gives NMSE ~1.
 -- Run: LUTRA_TEST_DEVICE=cuda make test-gpu (or the CPU smoke test: LUTRA_TEST_DEVICE=cpu).
 local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
@@ -20,7 +24,7 @@ local function test(name, fn) S.test(it, name, fn) end
 local NUM, IN, H, OUT, T = 6, 64, 64, 96, 200
 
 local KINDS = {
-  { name = "relu", make = nn.ReLU },
+  { name = "relu", make = nn.ReLU, kink = true },
   { name = "silu", make = nn.SiLU },
   { name = "gelu_tanh", make = nn.GELU },
   { name = "swiglu", make = nn.SwiGLU, gated = true },
@@ -28,9 +32,9 @@ local KINDS = {
 
 local RECIPES = {
   { name = "bf16", bound = 1e-4 },
-  { name = "FP8 delayed", bound = 1e-3, fuses = true,
+  { name = "FP8 delayed", bound = 1e-2, fuses = true,
     make = function() return R.delayed { amax_history_len = 4 } end },
-  { name = "FP8 current", bound = 1e-3, fuses = true, make = function() return R.current {} end },
+  { name = "FP8 current", bound = 1e-2, fuses = true, make = function() return R.current {} end },
 }
 
 local function random_splits(total, seed) return S.random_splits(NUM, total, seed, 0.25) end
@@ -48,6 +52,7 @@ describe("the expert MLP on " .. DEV .. " against " .. REF, function()
       test(string.format("%s, %s: forward and backward with new device splits each step",
                          kind.name, rec.name), function()
         local seed = 100 * ki + ri
+        local bound = (kind.kink and not rec.make) and 1e-3 or rec.bound
         local seq_r, gr = mlp(kind, REF, seed)
         local seq_d, gd = mlp(kind, DEV, seed)
         local scope_r = rec.make and hold(lutra.autocast { recipe = rec.make() }) or nil
@@ -64,14 +69,14 @@ describe("the expert MLP on " .. DEV .. " against " .. REF, function()
           end
           local tag = string.format("%s %s step %d", kind.name, rec.name, step)
           local yr, yd = fwd(seq_r, xr, splits, scope_r), fwd(seq_d, xd, dsplits, scope_d)
-          S.assert_nmse(yd, yr, rec.bound, tag .. ": output")
+          S.assert_nmse(yd, yr, bound, tag .. ": output")
           local dxr, dxd = seq_r:backward(dyr), seq_d:backward(dyd)
           gd[1]:check_splits()
-          S.assert_nmse(dxd, dxr, rec.bound, tag .. ": input gradient")
+          S.assert_nmse(dxd, dxr, bound, tag .. ": input gradient")
           for m = 1, 2 do
             local pr, pd = gr[m]:parameters(), gd[m]:parameters()
             for j = 1, #pr do
-              S.assert_nmse(pd[j].grad, pr[j].grad, rec.bound,
+              S.assert_nmse(pd[j].grad, pr[j].grad, bound,
                             string.format("%s: grouped %d parameter %d gradient", tag, m, j))
             end
           end
