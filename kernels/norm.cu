@@ -8,9 +8,10 @@
  * dbeta agree within a bound (another order of the column sums).
  *
  * Rows of up to kResident elements per thread (8192 bf16 columns) stay in registers:
- *   forward (norm_fwd_rows): a block of 256 threads does kFwdRows rows, gamma and beta loaded
- *     once, the next row's 16-byte loads issued before the current row's reductions; x is
- *     converted to double once for both of LayerNorm's sums;
+ *   forward (norm_fwd_rows): a block of 256 threads does kFwdRows rows, the next row's 16-byte
+ *     loads issued before the current row's reductions; gamma and beta are read per row (L1
+ *     hits) and x is converted to double per sum, so a thread holds little beyond its two rows
+ *     and four blocks an SM stream at once (holding both, two blocks fit);
  *   backward (norm_bwd_rows): dx and the dgamma/dbeta partials in one pass over x and dy. Block
  *     rb does the rows of row block rb (a split that depends on rows and hidden only, so the sums
  *     are the same on every device and run); each thread owns its columns, adds dy * xhat and dy
@@ -32,7 +33,7 @@ using namespace lkops;
 namespace {
 
 constexpr int kColTile = 32, kRowLanes = 8, kRowsPerBlock = 64;
-constexpr int kFwdRows = 4;     /* rows per forward block: gamma and beta loaded once for them */
+constexpr int kFwdRows = 4;     /* rows per forward block */
 constexpr int kGroupRows = 16;  /* rows of f32 column sums before each goes into its double */
 constexpr int kBwdMinRows = 64; /* rows per backward row block at least: the partials' traffic */
 
@@ -153,14 +154,19 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
  * Thread t holds the chunks j = 0 .. NC - 1 of V columns from col<V>(j) (NC * V <= kResident),
  * which are norm_fwd's / norm_dx's chunks, so their sums and bits are the same. */
 
+/* the forward's blocks an SM: 64 registers a thread for rows of up to 16 elements a thread
+ * (gamma and beta are read per row from L1, not held), so four rows stream at once */
+template <int V, int NC> LKOPS_HD constexpr int fwd_blocks_per_sm() {
+  return NC * V <= 16 ? 4 : 2;
+}
+
 template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
+__global__ void __launch_bounds__(kRowThreads, fwd_blocks_per_sm<V, NC>())
     norm_fwd_rows(lutra_norm_args a) {
   __shared__ RowRed red;
   const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
   const int64_t r1 = imin<int64_t>(a.rows, r0 + kFwdRows);
-  float g[NC][V], b[NC][V];
-  load_params<PDT, V, NC>(a, !a.rms, g, b);
+  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
   Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
   load_row<DT, V, NC>(a.x, r0 * h, h, cur);
   for (int64_t r = r0; r < r1; r++) {
@@ -174,10 +180,12 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);
       if (c >= h) continue;
+      float g[V], b[V];
+      load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        float y = fmul(fmul(fsub(x[j][k], mean), rstd), g[j][k]);
-        if (!a.rms) y = fadd(y, b[j][k]);
+        float y = fmul(fmul(fsub(x[j][k], mean), rstd), g[k]);
+        if (beta) y = fadd(y, b[k]);
         x[j][k] = y;
       }
       stv<DT, V>(a.y, r * h + c, x[j]);

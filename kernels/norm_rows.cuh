@@ -90,53 +90,59 @@ template <int DT, int V> __device__ __forceinline__ void unraw(const Raw<DT, V> 
   }
 }
 
-/* gamma (with zero_centered_gamma's + 1) and, when beta, beta at this thread's columns: vector
- * loads when both are 16-byte aligned (V > 1 columns start at multiples of V) */
-template <int PDT, int V, int NC>
-__device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta, float (&g)[NC][V],
-                                            float (&b)[NC][V]) {
-  const bool vec = V > 1 && (reinterpret_cast<uintptr_t>(a.gamma) & 15) == 0 &&
-                   (!beta || (reinterpret_cast<uintptr_t>(a.beta) & 15) == 0);
+/* whether gamma (and beta, when read) take 16-byte vector loads: V > 1 columns start at
+ * multiples of V, so both pointers' alignment decides */
+template <int V> __device__ __forceinline__ bool params_vec(const lutra_norm_args &a, bool beta) {
+  return V > 1 && (reinterpret_cast<uintptr_t>(a.gamma) & 15) == 0 &&
+         (!beta || (reinterpret_cast<uintptr_t>(a.beta) & 15) == 0);
+}
+
+/* gamma (with zero_centered_gamma's + 1) and, when beta, beta at the V columns from c (zeros
+ * past the row's end) */
+template <int PDT, int V>
+__device__ __forceinline__ void load_param_chunk(const lutra_norm_args &a, bool beta, bool vec,
+                                                 int64_t c, float (&g)[V], float (&b)[V]) {
 #pragma unroll
-  for (int j = 0; j < NC; j++) {
-    const int64_t c = col<V>(j);
+  for (int k = 0; k < V; k++)
+    g[k] = b[k] = 0.0f;
+  if (c >= a.hidden) return;
+  if (vec) {
+    ldv<PDT, V>(a.gamma, c, g);
+    if (beta) ldv<PDT, V>(a.beta, c, b);
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      g[k] = ld<PDT>(a.gamma, c + k);
+      if (beta) b[k] = ld<PDT>(a.beta, c + k);
+    }
+  }
+  if (a.zero_centered_gamma) {
 #pragma unroll
     for (int k = 0; k < V; k++)
-      g[j][k] = b[j][k] = 0.0f;
-    if (c >= a.hidden) continue;
-    if (vec) {
-      ldv<PDT, V>(a.gamma, c, g[j]);
-      if (beta) ldv<PDT, V>(a.beta, c, b[j]);
-    } else {
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        g[j][k] = ld<PDT>(a.gamma, c + k);
-        if (beta) b[j][k] = ld<PDT>(a.beta, c + k);
-      }
-    }
-    if (a.zero_centered_gamma) {
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        g[j][k] = fadd(g[j][k], 1.0f);
-    }
+      g[k] = fadd(g[k], 1.0f);
   }
 }
 
+/* the same at all of this thread's chunks, for kernels that keep them in registers */
+template <int PDT, int V, int NC>
+__device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta, float (&g)[NC][V],
+                                            float (&b)[NC][V]) {
+  const bool vec = params_vec<V>(a, beta);
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    load_param_chunk<PDT, V>(a, beta, vec, col<V>(j), g[j], b[j]);
+}
+
 /* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
- * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. x is
- * converted to double once for both of LayerNorm's sums. */
+ * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. Each sum
+ * converts x to double again rather than keeping a double copy of the row: that copy would
+ * double the registers a thread holds and halve the rows an SM keeps in flight. */
 template <int V, int NC>
 __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t r,
                                                const float (&x)[NC][V], RowRed &red, float &mean,
                                                float &rstd) {
   const int64_t h = a.hidden;
   const double hd = static_cast<double>(h);
-  double xd[NC][V];
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      xd[j][k] = x[j][k];
   double mean_d = 0.0, q[1] = {0.0};
   if (!a.rms) {
     double s[1] = {0.0};
@@ -145,31 +151,24 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
       if (col<V>(j) < h) {
 #pragma unroll
         for (int k = 0; k < V; k++)
-          s[0] += xd[j][k];
+          s[0] += static_cast<double>(x[j][k]);
       }
     row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
       if (lead) red.out[0] = t[0] / hd;
     });
     mean_d = red.out[0];
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      if (col<V>(j) < h) {
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-          const double d = xd[j][k] - mean_d;
-          q[0] += dmul_rn(d, d);
-        }
-      }
-  } else {
-    /* x - 0.0 is x: RMSNorm's squares skip the subtraction */
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      if (col<V>(j) < h) {
-#pragma unroll
-        for (int k = 0; k < V; k++)
-          q[0] += dmul_rn(xd[j][k], xd[j][k]);
-      }
   }
+  /* x - 0.0 is x: RMSNorm's squares skip the subtraction */
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if (col<V>(j) < h) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const double d =
+            a.rms ? static_cast<double>(x[j][k]) : static_cast<double>(x[j][k]) - mean_d;
+        q[0] += dmul_rn(d, d);
+      }
+    }
   row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
     const float rs = static_cast<float>(1.0 / sqrt(t[0] / hd + static_cast<double>(a.eps)));
     if (!lead) return;

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
-# steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host (default: all
-# but norm-ab, which needs NORM_BASE). Logs go to $OUT.
-# steps: build cpu-specs gpu-specs sanitizer example bench host moe (default: all). Logs go to $OUT.
+# steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host moe grouped
+# dist prenorm probe ncu (default: build cpu-specs gpu-specs sanitizer example bench norm-bench
+# host moe). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
 # $LOGS and come back as $OUT/logs.tgz, beside $OUT/summary.txt.
@@ -76,31 +76,12 @@ if has norm-bench; then
   [ -f "$OUT/norm_throughput.md" ] && summary+=("$(cat "$OUT/norm_throughput.md")")
 fi
 if has norm-ab; then
-  # The norm bench against a baseline tree, alternating baseline and this tree twice, for a
-  # side-by-side figure: NORM_BASE=DIR, a copy of the commit to compare with (for instance
-  # `mkdir -p norm-base && git archive BASE | tar -x -C norm-base` in the checkout before the
-  # run: an untracked directory travels with the working tree); built here (CUDA, with this
-  # tree's CUTLASS copy; a full build, minutes) unless DIR/liblutra.so exists. Each binary is
-  # built from its own tree's bench source and linked to its own library.
-  if [ -d "${NORM_BASE:-}" ]; then
-    [ -d "$NORM_BASE/build/cutlass-4.2.0.0" ] || { mkdir -p "$NORM_BASE/build" && cp -r build/cutlass-4.2.0.0 "$NORM_BASE/build/"; }
-    [ -f "$NORM_BASE/liblutra.so" ] || make -C "$NORM_BASE" -j16 CUDA=1 > "$OUT/norm-base-build.log" 2>&1
-    base=$(cd "$NORM_BASE" && pwd)
-    gcc -std=c11 -O2 -D_GNU_SOURCE -I"$base/src" -I/usr/local/cuda/include "$base/bench/norm_throughput.c" \
-      -o build/norm_throughput_base -L"$base" -llutra -L/usr/local/cuda/lib64 -lcudart \
-      -Wl,-rpath,"$base" -Wl,-rpath,/usr/local/cuda/lib64 > "$OUT/norm-ab-build.log" 2>&1
-    for k in 1 2; do
-      timeout 240 ./build/norm_throughput_base "$OUT/norm_base_$k.md" > "$OUT/norm-base-$k.log" 2>&1
-      note "norm bench, baseline tree, run $k: exit $?"
-      timeout 240 ./build/norm_throughput "$OUT/norm_new_$k.md" > "$OUT/norm-new-$k.log" 2>&1
-      note "norm bench, this tree, run $k: exit $?"
-    done
-    for f in norm_base_1 norm_new_1 norm_base_2 norm_new_2; do
-      [ -f "$OUT/$f.md" ] && summary+=("$f:" "$(tail -n +3 "$OUT/$f.md")")
-    done
-  else
-    note "norm-ab skipped: NORM_BASE is not a directory"
-  fi
+  # this tree's norm kernels against those of commit NORM_BASE (default HEAD: the uncommitted
+  # change), side by side in one process, outputs compared byte for byte (tools/norm_ab/run.sh;
+  # where the checkout has no git history, put the base's three files in build/norm-ab-base/)
+  OUT="$OUT" timeout 400 bash tools/norm_ab/run.sh "${NORM_BASE:-HEAD}" > "$OUT/norm-ab.log" 2>&1
+  note "norm A/B exit $?"
+  [ -f "$OUT/norm_ab.md" ] && summary+=("$(cat "$OUT/norm_ab.md")")
 fi
 if has host; then
   timeout 300 bash bench/host_suite.sh "$OUT/host_overhead.md" > "$OUT/host-suite.log" 2>&1

@@ -64,24 +64,29 @@ typedef struct {
   cublasStatus_t status; /* of the heuristic, then of the matmul */
   int found;
   double max_rel;
+  /* the same error under other readings of the scale vectors, to tell a layout question from
+   * a wrong result: A's vector along N and B's along M (swapped), no scales at all, and the
+   * vectors divided rather than multiplied */
+  double rel_swapped, rel_unscaled, rel_divided;
   double ms; /* per GEMM, when timed */
 } result;
 
 /* outer: rowwise (outer-vector) scales, else one scale per tensor */
 static result run(cublasLtHandle_t lt, int M, int N, int K, bool outer, cudaDataType_t dtype,
                   bool check, int reps) {
-  result r = {CUBLAS_STATUS_SUCCESS, 0, 0.0, 0.0};
+  result r = {CUBLAS_STATUS_SUCCESS, 0, 0.0, 0.0, 0.0, 0.0, 0.0};
+  const int L = M > N ? M : N; /* both vectors get L entries: the swapped reading stays in bounds */
   size_t na = (size_t)M * K, nb = (size_t)N * K, nd = (size_t)M * N;
   uint8_t *ha = (uint8_t *)malloc(na), *hb = (uint8_t *)malloc(nb);
-  float *hsa = (float *)malloc(sizeof(float) * M), *hsb = (float *)malloc(sizeof(float) * N);
+  float *hsa = (float *)malloc(sizeof(float) * L), *hsb = (float *)malloc(sizeof(float) * L);
   for (size_t i = 0; i < na; i++)
     ha[i] = random_code();
   for (size_t i = 0; i < nb; i++)
     hb[i] = random_code();
-  for (int i = 0; i < M; i++)
+  for (int i = 0; i < L; i++)
     hsa[i] =
         outer ? ldexpf(1.0f + (next_u32() % 1000) / 1000.0f, (int)(next_u32() % 7) - 3) : 0.75f;
-  for (int i = 0; i < N; i++)
+  for (int i = 0; i < L; i++)
     hsb[i] =
         outer ? ldexpf(1.0f + (next_u32() % 1000) / 1000.0f, (int)(next_u32() % 7) - 3) : 1.25f;
   uint8_t *a, *b;
@@ -90,14 +95,14 @@ static result run(cublasLtHandle_t lt, int M, int N, int K, bool outer, cudaData
   size_t esize = dtype == CUDA_R_32F ? 4 : 2, ws_bytes = 32u << 20;
   CK(cudaMalloc(&a, na));
   CK(cudaMalloc(&b, nb));
-  CK(cudaMalloc(&sa, sizeof(float) * (outer ? M : 1)));
-  CK(cudaMalloc(&sb, sizeof(float) * (outer ? N : 1)));
+  CK(cudaMalloc(&sa, sizeof(float) * (outer ? L : 1)));
+  CK(cudaMalloc(&sb, sizeof(float) * (outer ? L : 1)));
   CK(cudaMalloc(&d, nd * esize));
   CK(cudaMalloc(&ws, ws_bytes));
   CK(cudaMemcpy(a, ha, na, cudaMemcpyHostToDevice));
   CK(cudaMemcpy(b, hb, nb, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(sa, hsa, sizeof(float) * (outer ? M : 1), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(sb, hsb, sizeof(float) * (outer ? N : 1), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(sa, hsa, sizeof(float) * (outer ? L : 1), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(sb, hsb, sizeof(float) * (outer ? L : 1), cudaMemcpyHostToDevice));
 
   /* column-major for cuBLASLt: A stored [M][K] row-major is K x M with op T; B [N][K] is K x N
    * with op N... as TN in TransformerEngine's naming: D (M x N col-major) = A^T B */
@@ -146,6 +151,11 @@ static result run(cublasLtHandle_t lt, int M, int N, int K, bool outer, cudaData
         double got = dtype == CUDA_R_32F ? ((float *)hd)[at] : bf16_to_f32(((uint16_t *)hd)[at]);
         double rel = fabs(got - want) / fmax(fabs(want), 1.0);
         if (rel > r.max_rel) r.max_rel = rel;
+        const double swapped = acc * hsa[outer ? j : 0] * hsb[outer ? i : 0];
+        const double divided = acc / (hsa[outer ? i : 0] * hsb[outer ? j : 0]);
+        r.rel_swapped = fmax(r.rel_swapped, fabs(got - swapped) / fmax(fabs(swapped), 1.0));
+        r.rel_unscaled = fmax(r.rel_unscaled, fabs(got - acc) / fmax(fabs(acc), 1.0));
+        r.rel_divided = fmax(r.rel_divided, fabs(got - divided) / fmax(fabs(divided), 1.0));
       }
     free(hd);
   }
@@ -204,8 +214,10 @@ int main(int argc, char **argv) {
         printf("rowwise %dx%dx%d -> %s: supported, %.3f ms (per-tensor FP8 %.3f ms)\n", M, N, K, dn,
                r.ms, p.ms);
       } else {
-        printf("rowwise %dx%dx%d -> %s: supported, max relative error %.3g (%s)\n", M, N, K, dn,
-               r.max_rel, r.max_rel <= tol ? "ok" : "MISMATCH");
+        printf("rowwise %dx%dx%d -> %s: supported, max relative error %.3g (%s); read as swapped "
+               "vectors %.3g, unscaled %.3g, divided %.3g\n",
+               M, N, K, dn, r.max_rel, r.max_rel <= tol ? "ok" : "MISMATCH", r.rel_swapped,
+               r.rel_unscaled, r.rel_divided);
         if (r.max_rel > tol) status = 1;
       }
     }

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The norm kernels of commit BASE (default HEAD) against this tree's, side by side
+# (tools/norm_ab/main.cu); run from the repository root on the GPU machine. Writes
+# ${OUT:-.}/norm_ab.md; exits 1 when an output differs.
+#   bash tools/norm_ab/run.sh [BASE] (BASE's files are taken from build/norm-ab-base/ when
+#   that directory exists, as it must where the checkout has no git history)
+set -euo pipefail
+base_dir=build/norm-ab-base
+if [ ! -d "$base_dir" ]; then
+  mkdir -p "$base_dir"
+  for f in norm.cu norm_rows.cuh norm_quantize.cu; do git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f"; done
+fi
+flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels)
+nvcc "${flags[@]}" -DAB_PREFIX=base "-DAB_DIR_NORM=\"../../$base_dir/norm.cu\"" \
+  "-DAB_DIR_QUANT=\"../../$base_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o build/norm_ab_base.o &
+nvcc "${flags[@]}" -DAB_PREFIX=cand '-DAB_DIR_NORM="../../kernels/norm.cu"' \
+  '-DAB_DIR_QUANT="../../kernels/norm_quantize.cu"' -c tools/norm_ab/variant.cu -o build/norm_ab_cand.o &
+wait %1 && wait %2
+nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o build/norm_ab_cand.o -o build/norm_ab
+./build/norm_ab "${OUT:-.}/norm_ab.md"

@@ -1,0 +1,33 @@
+/* One tree's norm kernels for tools/norm_ab/main.cu: kernels/norm.cu and kernels/norm_quantize.cu
+ * of the directory AB_DIR_NORM / AB_DIR_QUANT name, their entry points renamed AB_PREFIX_lk_*
+ * so that two trees link into one program. Built twice by tools/norm_ab/run.sh. */
+#define AB_CAT2(a, b)         a##_##b
+#define AB_CAT(a, b)          AB_CAT2(a, b)
+#define lk_layernorm_forward  AB_CAT(AB_PREFIX, lk_layernorm_forward)
+#define lk_layernorm_backward AB_CAT(AB_PREFIX, lk_layernorm_backward)
+#define lk_norm_row_blocks    AB_CAT(AB_PREFIX, lk_norm_row_blocks)
+#define lk_norm_quantize      AB_CAT(AB_PREFIX, lk_norm_quantize)
+
+#include <atomic> /* before the namespaces: norm.cu includes it */
+
+#include "common.cuh"
+#include "kernels.h"
+#include "ops_common.cuh"
+
+/* the two files' file-local names would clash in one translation unit */
+namespace ab_norm {
+#include AB_DIR_NORM
+}
+namespace ab_quant {
+#include AB_DIR_QUANT
+}
+
+/* norm.cu's entry points take C linkage from kernels.h's declarations only at file scope: give
+ * the namespaced ones C names here (the macros above add the prefix) */
+cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
+  return ab_norm::lk_layernorm_forward(a, s);
+}
+cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
+                                  cudaStream_t s) {
+  return ab_norm::lk_layernorm_backward(a, scratch, s);
+}
