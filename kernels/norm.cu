@@ -170,24 +170,15 @@ __global__ void __launch_bounds__(kRowThreads, fwd_blocks_per_sm<V, NC>())
   Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
   load_row<DT, V, NC>(a.x, r0 * h, h, cur);
   for (int64_t r = r0; r < r1; r++) {
-    if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * h, h, nxt);
     float x[NC][V], mean, rstd;
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      unraw<DT, V>(cur[j], x[j]);
-    resident_stats<V, NC>(a, r, x, red, mean, rstd);
+    resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);
       if (c >= h) continue;
       float g[V], b[V];
       load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        float y = fmul(fmul(fsub(x[j][k], mean), rstd), g[k]);
-        if (beta) y = fadd(y, b[k]);
-        x[j][k] = y;
-      }
+      normalize<V>(x[j], mean, rstd, g, b, beta);
       stv<DT, V>(a.y, r * h + c, x[j]);
     }
 #pragma unroll
@@ -341,12 +332,26 @@ template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t 
   return nullptr;
 }
 
+/* the column kernels' row lanes: lane y's sums g and b added into lane 0's in lane order (one
+ * fixed tree); true in lane 0 of a column in range, which then holds the totals */
+__device__ __forceinline__ bool sum_lanes(double &g, double &b, bool in_range) {
+  __shared__ double sg[kRowLanes][kColTile], sb[kRowLanes][kColTile];
+  sg[threadIdx.y][threadIdx.x] = g;
+  sb[threadIdx.y][threadIdx.x] = b;
+  __syncthreads();
+  if (threadIdx.y != 0 || !in_range) return false;
+  for (int k = 1; k < kRowLanes; k++) {
+    g += sg[k][threadIdx.x];
+    b += sb[k][threadIdx.x];
+  }
+  return true;
+}
+
 /* wider rows' dgamma/dbeta, pass 1: partial[rb][c] = sum over row block rb of dy * xhat (and
  * [nrb + rb][c]: of dy), x and dy read again */
 template <int DT>
 __global__ void __launch_bounds__(kColTile *kRowLanes)
     norm_dgamma_partial(lutra_norm_args a, double *partial, int64_t nrb) {
-  __shared__ double sg[kRowLanes][kColTile], sb[kRowLanes][kColTile];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x;
   const int64_t rb = blockIdx.y, h = a.hidden;
   const int64_t rpb = cdiv<int64_t>(a.rows, nrb);
@@ -361,14 +366,7 @@ __global__ void __launch_bounds__(kColTile *kRowLanes)
       b += dy;
     }
   }
-  sg[threadIdx.y][threadIdx.x] = g;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= h) return;
-  for (int k = 1; k < kRowLanes; k++) {
-    g += sg[k][threadIdx.x];
-    b += sb[k][threadIdx.x];
-  }
+  if (!sum_lanes(g, b, c < h)) return;
   partial[rb * h + c] = g;
   partial[(nrb + rb) * h + c] = b;
 }
@@ -379,7 +377,6 @@ __global__ void __launch_bounds__(kColTile *kRowLanes)
 template <int PDT, class P>
 __global__ void __launch_bounds__(kColTile *kRowLanes)
     norm_dgamma_final(lutra_norm_args a, const P *partial, int64_t nrb) {
-  __shared__ double sg[kRowLanes][kColTile], sb[kRowLanes][kColTile];
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kColTile + threadIdx.x, h = a.hidden;
   double g = 0.0, b = 0.0;
   if (c < h) {
@@ -388,14 +385,7 @@ __global__ void __launch_bounds__(kColTile *kRowLanes)
       b += partial[(nrb + rb) * h + c];
     }
   }
-  sg[threadIdx.y][threadIdx.x] = g;
-  sb[threadIdx.y][threadIdx.x] = b;
-  __syncthreads();
-  if (threadIdx.y != 0 || c >= h) return;
-  for (int k = 1; k < kRowLanes; k++) {
-    g += sg[k][threadIdx.x];
-    b += sb[k][threadIdx.x];
-  }
+  if (!sum_lanes(g, b, c < h)) return;
   st<PDT>(a.dgamma, c, static_cast<float>(g));
   if (!a.rms) st<PDT>(a.dbeta, c, static_cast<float>(b));
 }

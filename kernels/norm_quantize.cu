@@ -385,22 +385,13 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quant
   float m = -INFINITY;
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   for (int64_t r = r0; r < r1; r++) {
-    if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * h, h, nxt);
     float x[NC][V], mean, rstd;
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      unraw<DT, V>(cur[j], x[j]);
-    resident_stats<V, NC>(a, r, x, red, mean, rstd);
+    resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);
       if (c >= h) continue;
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        float y = fmul(fmul(fsub(x[j][k], mean), rstd), g[j][k]);
-        if (!a.rms) y = fadd(y, b[j][k]);
-        x[j][k] = y;
-      }
+      normalize<V>(x[j], mean, rstd, g[j], b[j], !a.rms);
       if (a.y) stv<DT, V>(a.y, r * h + c, x[j]);
       /* the codes quantize y as stored (rounded into the activation dtype) */
       uint32_t q[V];

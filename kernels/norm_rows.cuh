@@ -123,6 +123,18 @@ __device__ __forceinline__ void load_param_chunk(const lutra_norm_args &a, bool 
   }
 }
 
+/* the forward's formula on V values in place: y = (x - mean) * rstd * g (+ b) */
+template <int V>
+__device__ __forceinline__ void normalize(float (&x)[V], float mean, float rstd,
+                                          const float (&g)[V], const float (&b)[V], bool beta) {
+#pragma unroll
+  for (int k = 0; k < V; k++) {
+    float y = fmul(fmul(fsub(x[k], mean), rstd), g[k]);
+    if (beta) y = fadd(y, b[k]);
+    x[k] = y;
+  }
+}
+
 /* the same at all of this thread's chunks, for kernels that keep them in registers */
 template <int PDT, int V, int NC>
 __device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta, float (&g)[NC][V],
@@ -178,6 +190,21 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
   });
   mean = static_cast<float>(mean_d);
   rstd = static_cast<float>(red.out[1]);
+}
+
+/* row r of a row-resident loop over rows .. r1: the next row's loads issued into nxt first (they
+ * are in flight during this row's reductions), then row r, as loaded in cur, unpacked into x
+ * with its mean and rstd */
+template <int DT, int V, int NC>
+__device__ __forceinline__ void resident_row(const lutra_norm_args &a, int64_t r, int64_t r1,
+                                             const Raw<DT, V> (&cur)[NC], Raw<DT, V> (&nxt)[NC],
+                                             float (&x)[NC][V], RowRed &red, float &mean,
+                                             float &rstd) {
+  if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * a.hidden, a.hidden, nxt);
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    unraw<DT, V>(cur[j], x[j]);
+  resident_stats<V, NC>(a, r, x, red, mean, rstd);
 }
 
 } // namespace
