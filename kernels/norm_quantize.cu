@@ -3,9 +3,11 @@
  * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
  *
  * One block of 512 threads per tile of TR rows, in one launch from x to the codes:
- *   1. the row statistics, one warp per row (row_stats: norm_fwd's 256-thread split, vector
- *      width, per-thread order and block_sum tree, emulated by the warp's lanes): the same mean
- *      and rstd bits as lk_layernorm_forward, with no block barrier per row;
+ *   1. the row statistics: for block scaling with mean and rstd kept for backward, from
+ *      k_row_stats (kernels/norm_rows.cuh) launched first, which the tile kernel reads; else one
+ *      warp per row (row_stats: norm_fwd's 256-thread split, vector width, per-thread order and
+ *      block_sum tree, emulated by the warp's lanes, FP64-bound); the same mean and rstd bits as
+ *      lk_layernorm_forward either way;
  *   2. per chunk of CW columns: y for the TR x CW sub-tile (16-byte loads, 8 rows x 4 vectors
  *      per warp), with norm_fwd's f32 formula, rounded into the activation dtype as the stored y
  *      would be (and stored when a high-precision output is asked for), into shared memory; from
@@ -29,7 +31,6 @@ using namespace lkops;
 namespace {
 
 constexpr int kThreads = 512, kWarps = kThreads / 32;
-constexpr int kNormThreads = 256; /* norm_fwd's block (kernels/norm.cu kRowThreads) */
 enum Mode { kTensor = 0, kMx = 1, kBlock = 2 };
 
 template <int MODE> struct TileShape {
@@ -54,6 +55,7 @@ struct Params {
   uint32_t *work;           /* current pass 1 */
   int32_t amax_pass;        /* current pass 1: no codes, amax and scale through work */
   int32_t write_tensor_inv; /* per-tensor: scale_inv outputs = 1 / scale */
+  int32_t stats_ready;      /* n.mean / n.rstd hold the rows' statistics (k_row_stats ran) */
 };
 
 template <int DT> __device__ __forceinline__ float round_to(float v) {
@@ -64,57 +66,6 @@ template <int DT> __device__ __forceinline__ float round_to(float v) {
   } else {
     return __half2float(__float2half_rn(v));
   }
-}
-
-/* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
- * norm_fwd's threads l, l + 32, ..., l + 224 (kNormThreads of them in all), keeps each one's
- * double sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
- * block_sum's order (warp_sum per group of 32, then the groups from 0.0 in order): the same
- * mean and rstd bits as lk_layernorm_forward, without a block barrier per row. The chunk index
- * j runs outermost so that a lane has kGroups loads in flight at a time. */
-template <int DT, int V>
-__device__ __forceinline__ double warp_row_sum(const lutra_norm_args &a, int64_t o, int lane,
-                                               double mean_d, bool squares) {
-  constexpr int G = kNormThreads / 32;
-  const int64_t h = a.hidden;
-  double s[G];
-#pragma unroll
-  for (int g = 0; g < G; g++)
-    s[g] = 0.0;
-  for (int64_t j0 = static_cast<int64_t>(lane) * V; j0 < h; j0 += kNormThreads * V) {
-    float v[G][V] = {};
-#pragma unroll
-    for (int g = 0; g < G; g++)
-      if (j0 + 32 * g * V < h) ldv<DT, V>(a.x, o + j0 + 32 * g * V, v[g]);
-#pragma unroll
-    for (int g = 0; g < G; g++) {
-      if (j0 + 32 * g * V >= h) continue;
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        if (squares) {
-          const double d = v[g][k] - mean_d;
-          s[g] += dmul_rn(d, d);
-        } else {
-          s[g] += v[g][k];
-        }
-      }
-    }
-  }
-  double r = 0.0;
-#pragma unroll
-  for (int g = 0; g < G; g++)
-    r += warp_sum(s[g]);
-  return r;
-}
-
-template <int DT, int V>
-__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
-                                          float &mean, float &rstd) {
-  const double h = static_cast<double>(a.hidden);
-  const double mean_d = a.rms ? 0.0 : warp_row_sum<DT, V>(a, o, lane, 0.0, false) / h;
-  const double var = warp_row_sum<DT, V>(a, o, lane, mean_d, true) / h;
-  mean = static_cast<float>(mean_d);
-  rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
 }
 
 template <int OD> __device__ __forceinline__ uint8_t code(float v, float s) {
@@ -160,7 +111,13 @@ __global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
   const int64_t rows = a.rows, h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * TR;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  for (int i = warp; i < TR; i += kWarps) {
+  if (p.stats_ready) {
+    for (int i = tid; i < TR && r0 + i < rows; i += kThreads) {
+      smean[i] = a.rms ? 0.0f : a.mean[r0 + i];
+      srstd[i] = a.rstd[r0 + i];
+    }
+  }
+  for (int i = warp; i < TR && !p.stats_ready; i += kWarps) {
     const int64_t r = r0 + i;
     if (r >= rows) break;
     float mean, rstd;
@@ -548,13 +505,27 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
               return cudaGetLastError();
             }
           }
+          Params q = p;
+          /* block scaling with the statistics kept for backward: they come first from the
+           * row-resident kernel (two launches, each near the bandwidth) */
+          if (MODE != kTensor && n.rstd && (n.rms || n.mean) && n.rows > 0) {
+            auto sk = vec ? row_stats_kernel<DT, vec16<DT>()>(n.hidden)
+                          : row_stats_kernel<DT, 1>(n.hidden);
+            if (sk) {
+              LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, kStatRows)), kRowThreads,
+                         0, s, n, p.skip);
+              const cudaError_t e = cudaGetLastError();
+              if (e != cudaSuccess) return e;
+              q.stats_ready = 1;
+            }
+          }
           constexpr int TR = TileShape<MODE>::TR, SMEM = smem_bytes<MODE>();
           const unsigned grid = static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, TR)));
           auto run = [&](auto kernel, int vi) {
             cudaError_t e = lkc::allow_smem(
                 kernel, SMEM, smem_allowed[DT][PDT][OD == LUTRA_E4M3 ? 0 : 1][MODE][vi]);
             if (e != cudaSuccess) return e;
-            LKC_LAUNCH(kernel, grid, kThreads, SMEM, s, p);
+            LKC_LAUNCH(kernel, grid, kThreads, SMEM, s, q);
             return cudaGetLastError();
           };
           if (vec) return run(k_norm_quantize<DT, PDT, OD, vec16<DT>(), MODE>, 1);

@@ -196,15 +196,101 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
  * are in flight during this row's reductions), then row r, as loaded in cur, unpacked into x
  * with its mean and rstd */
 template <int DT, int V, int NC>
-__device__ __forceinline__ void resident_row(const lutra_norm_args &a, int64_t r, int64_t r1,
-                                             const Raw<DT, V> (&cur)[NC], Raw<DT, V> (&nxt)[NC],
-                                             float (&x)[NC][V], RowRed &red, float &mean,
-                                             float &rstd) {
+__device__ __forceinline__ void
+resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (&cur)[NC],
+             Raw<DT, V> (&nxt)[NC], float (&x)[NC][V], RowRed &red, float &mean, float &rstd) {
   if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * a.hidden, a.hidden, nxt);
 #pragma unroll
   for (int j = 0; j < NC; j++)
     unraw<DT, V>(cur[j], x[j]);
   resident_stats<V, NC>(a, r, x, red, mean, rstd);
+}
+
+/* The row statistics alone, mean and rstd into a.mean / a.rstd (resident_stats: the forward's
+ * bits), kStatRows rows a block, for the fused norm + block-scaled casts: their tile kernel
+ * (kernels/norm_quantize.cu) then reads them instead of summing every row in one warp, whose
+ * FP64 work bounds it. skip: TransformerEngine's noop flag, as the quantizers'. */
+constexpr int kStatRows = 4;
+
+template <int DT, int V, int NC>
+__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2)
+    k_row_stats(lutra_norm_args a, const int32_t *skip) {
+  if (skip && *skip) return;
+  __shared__ RowRed red;
+  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kStatRows;
+  const int64_t r1 = imin<int64_t>(a.rows, r0 + kStatRows);
+  Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
+  if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, cur);
+  for (int64_t r = r0; r < r1; r++) {
+    float x[NC][V], mean, rstd;
+    resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      cur[j] = nxt[j];
+  }
+}
+
+/* k_row_stats for rows of h columns, or nullptr where they exceed kResident elements a thread */
+template <int DT, int V>
+auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
+  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
+  if (nc <= 1) return k_row_stats<DT, V, 1>;
+  if (nc <= 2) return k_row_stats<DT, V, 2>;
+  if (nc <= 4) return k_row_stats<DT, V, 4>;
+  if constexpr (8 * V <= kResident)
+    if (nc <= 8) return k_row_stats<DT, V, 8>;
+  return nullptr;
+}
+
+/* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
+ * norm_fwd's threads l, l + 32, ..., l + 224 (kRowThreads of them in all), keeps each one's
+ * double sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
+ * block_sum's order (warp_sum per group of 32, then the groups from 0.0 in order): the same
+ * mean and rstd bits as lk_layernorm_forward, without a block barrier per row. The chunk index
+ * j runs outermost so that a lane has kGroups loads in flight at a time. */
+template <int DT, int V>
+__device__ __forceinline__ double warp_row_sum(const lutra_norm_args &a, int64_t o, int lane,
+                                               double mean_d, bool squares) {
+  constexpr int G = kRowThreads / 32;
+  const int64_t h = a.hidden;
+  double s[G];
+#pragma unroll
+  for (int g = 0; g < G; g++)
+    s[g] = 0.0;
+  for (int64_t j0 = static_cast<int64_t>(lane) * V; j0 < h; j0 += kRowThreads * V) {
+    float v[G][V] = {};
+#pragma unroll
+    for (int g = 0; g < G; g++)
+      if (j0 + 32 * g * V < h) ldv<DT, V>(a.x, o + j0 + 32 * g * V, v[g]);
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+      if (j0 + 32 * g * V >= h) continue;
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        if (squares) {
+          const double d = v[g][k] - mean_d;
+          s[g] += dmul_rn(d, d);
+        } else {
+          s[g] += v[g][k];
+        }
+      }
+    }
+  }
+  double r = 0.0;
+#pragma unroll
+  for (int g = 0; g < G; g++)
+    r += warp_sum(s[g]);
+  return r;
+}
+
+template <int DT, int V>
+__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
+                                          float &mean, float &rstd) {
+  const double h = static_cast<double>(a.hidden);
+  const double mean_d = a.rms ? 0.0 : warp_row_sum<DT, V>(a, o, lane, 0.0, false) / h;
+  const double var = warp_row_sum<DT, V>(a, o, lane, mean_d, true) / h;
+  mean = static_cast<float>(mean_d);
+  rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
 }
 
 } // namespace

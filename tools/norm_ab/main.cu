@@ -53,7 +53,9 @@ static Buffers make_buffers() {
   b.y = dev(N * 2), b.dx = dev(N * 2), b.dgamma = dev(H * 2), b.dbeta = dev(H * 2);
   b.data = dev(N), b.col = dev(N);
   b.mean = (float *)dev(R * 4), b.rstd = (float *)dev(R * 4);
-  b.scale_inv = (float *)dev(16), b.col_scale_inv = (float *)dev(16), b.amax = (float *)dev(16);
+  /* room for every layout's scales (block scaling: at most a byte or a float per 32 codes) */
+  b.scale_inv = (float *)dev(N / 8), b.col_scale_inv = (float *)dev(N / 8);
+  b.amax = (float *)dev(16);
   return b;
 }
 
@@ -72,7 +74,7 @@ static lutra_norm_args norm_args(const Buffers &b, bool rms) {
   return a;
 }
 
-enum Kind { FWD, BWD, QUANT_ROW, QUANT_BOTH };
+enum Kind { FWD, BWD, QUANT_ROW, QUANT_BOTH, QUANT_MX, QUANT_BLOCK };
 struct Case {
   const char *name;
   Kind kind;
@@ -93,9 +95,11 @@ static cudaError_t run(bool cand, const Case &c, Buffers &b) {
   q.norm.y = nullptr, q.norm.mean = c.rms ? nullptr : b.mean;
   q.quant.out_dtype = LUTRA_E4M3;
   q.quant.data = b.data, q.quant.scale_inv = b.scale_inv;
-  if (c.kind == QUANT_BOTH) q.quant.col_data = b.col, q.quant.col_scale_inv = b.col_scale_inv;
+  if (c.kind != QUANT_ROW) q.quant.col_data = b.col, q.quant.col_scale_inv = b.col_scale_inv;
   q.quant.scale = scale, q.quant.amax = b.amax;
-  q.scaling = LUTRA_SCALING_TENSOR;
+  q.scaling = c.kind == QUANT_MX      ? LUTRA_SCALING_MXFP8
+              : c.kind == QUANT_BLOCK ? LUTRA_SCALING_BLOCK_1D
+                                      : LUTRA_SCALING_TENSOR;
   return cand ? cand_lk_norm_quantize(&q, 0) : base_lk_norm_quantize(&q, 0);
 }
 
@@ -129,8 +133,15 @@ static int check(const Case &c, Buffers &bb, Buffers &bc) {
     if (!c.rms) bad += compare("dbeta", bb.dbeta, bc.dbeta, H * 2);
   } else {
     bad += compare("rowwise codes", bb.data, bc.data, N);
-    bad += compare("amax", bb.amax, bc.amax, 4);
-    if (c.kind == QUANT_BOTH) bad += compare("columnwise codes", bb.col, bc.col, N);
+    if (c.kind != QUANT_ROW) bad += compare("columnwise codes", bb.col, bc.col, N);
+    if (c.kind == QUANT_MX || c.kind == QUANT_BLOCK) {
+      bad += compare("rowwise scales", bb.scale_inv, bc.scale_inv, N / 8);
+      bad += compare("columnwise scales", bb.col_scale_inv, bc.col_scale_inv, N / 8);
+      bad += compare("rstd", bb.rstd, bc.rstd, R * 4);
+      if (!c.rms) bad += compare("mean", bb.mean, bc.mean, R * 4);
+    } else {
+      bad += compare("amax", bb.amax, bc.amax, 4);
+    }
   }
   return bad;
 }
@@ -203,6 +214,8 @@ int main(int argc, char **argv) {
       {"LayerNorm + FP8 delayed, rowwise", QUANT_ROW, false, 3},
       {"LayerNorm + FP8 delayed, rowwise + columnwise", QUANT_BOTH, false, 4},
       {"RMSNorm + FP8 delayed, rowwise + columnwise", QUANT_BOTH, true, 4},
+      {"LayerNorm + MXFP8, rowwise + columnwise", QUANT_MX, false, 4 + 1.0 / 16},
+      {"LayerNorm + FP8 1x128 blocks, rowwise + columnwise", QUANT_BLOCK, false, 4 + 1.0 / 16},
   };
   FILE *f = fopen(out, "w");
   cudaDeviceProp prop;
@@ -229,8 +242,8 @@ int main(int argc, char **argv) {
     /* the copy moves 4n bytes (n bf16 read and written) */
     const double pb = 100.0 * (c.bytes_per_n / 4.0) * mcopy / mb;
     const double pc = 100.0 * (c.bytes_per_n / 4.0) * mcopy / mc;
-    fprintf(f, "| %s | %gn | %.1f | %.1f | %.3f | %.1f%% | %.1f%% | %s |\n", c.name, c.bytes_per_n,
-            mb, mc, mc / mb, pb, pc, bad ? "DIFFER" : "identical");
+    fprintf(f, "| %s | %.4gn | %.1f | %.1f | %.3f | %.1f%% | %.1f%% | %s |\n", c.name,
+            c.bytes_per_n, mb, mc, mc / mb, pb, pc, bad ? "DIFFER" : "identical");
     printf("%s: base %.1f us, new %.1f us (copy %.1f us) %s\n", c.name, mb, mc, mcopy,
            bad ? "DIFFER" : "identical");
   }
