@@ -26,15 +26,12 @@
 -- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
 -- PyTorch at the same shapes: python3 bench/torch_grouped.py.
 local lutra = require("lutra")
+local timing = require("bench.support.timing")
 local ffi, nn = lutra.ffi, lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("grouped_bench.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("grouped_bench.lua")
   local p = argparse("grouped_bench.lua", "GroupedLinear host time per call beside its raw "
                      .. "launches, and grouped GEMM throughput beside one dense GEMM.")
   p:option("--part", "which benchmarks", "all"):choices({ "host", "gemm", "fp8", "all" })
@@ -61,12 +58,10 @@ if CUDA and not lutra.device_available("cuda") then
   os.exit(1)
 end
 
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  return s[math.floor(#s / 2) + 1]
-end
+local median = timing.median
+
+-- GPU time per call: 3 warm-up calls, then the mean over 20 (--quick: 5) between two syncs
+local function gpu_time(fn) return timing.mean_time(DEV, fn, o.quick and 5 or 20, 3) end
 
 -- per batch: sync, `calls` calls of fn, the host time of the loop / calls; the median
 local function host_time(fn, calls, batches, alt)
@@ -217,15 +212,6 @@ local function gemm_part()
   print("\n## Grouped GEMM throughput (forward, tokens 16384, device splits)")
   print("| experts | in -> out | routing | mode | grouped TFLOP/s | dense TFLOP/s | ratio |")
   print("|---|---|---|---|---|---|---|")
-  local function gpu_time(fn)
-    for _ = 1, 3 do fn() end
-    lutra.synchronize(DEV)
-    local reps = o.quick and 5 or 20
-    local t0 = lutra.now()
-    for _ = 1, reps do fn() end
-    lutra.synchronize(DEV)
-    return (lutra.now() - t0) / reps
-  end
   for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
     local K, N = shape[1], shape[2]
     local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
@@ -267,15 +253,6 @@ local function fp8_part()
   print("\n## FP8 grouped forward, where the time goes (tokens 16384, balanced device splits)")
   print("| experts | in -> out | variant | us/call | TFLOP/s | x dense FP8 (cached) |")
   print("|---|---|---|---|---|---|")
-  local function gpu_time(fn)
-    for _ = 1, 3 do fn() end
-    lutra.synchronize(DEV)
-    local reps = o.quick and 5 or 20
-    local t0 = lutra.now()
-    for _ = 1, reps do fn() end
-    lutra.synchronize(DEV)
-    return (lutra.now() - t0) / reps
-  end
   local cur = lutra.autocast { recipe = lutra.recipe.current {} }
   local del = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
   for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
