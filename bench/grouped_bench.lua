@@ -53,10 +53,7 @@ end
 local o = parse(arg)
 local DEV = o.device
 local CUDA = DEV == "cuda"
-if CUDA and not lutra.device_available("cuda") then
-  io.stderr:write("grouped_bench.lua: cuda is not available (use --device cpu)\n")
-  os.exit(1)
-end
+require("lutra.cli").need_device("grouped_bench.lua", DEV, "use --device cpu")
 
 local median = timing.median
 
@@ -151,12 +148,25 @@ local function random_splits(E, T, skew, seed)
   return s
 end
 
+-- a markdown table's heading (after an empty line unless first), header row and rule
+local function table_head(title, columns, first)
+  print((first and "" or "\n") .. "## " .. title)
+  print("| " .. table.concat(columns, " | ") .. " |")
+  print(string.rep("|---", #columns) .. "|")
+end
+
+-- the GPU parts' shapes: T tokens of K features into N, x and the dense Linear beside the grouped
+local T_GPU, GPU_SHAPES = 16384, { { 4096, 4096 }, { 1024, 4096 } }
+local function dense_at(K, N)
+  return lutra.tensor({ T_GPU, K }, "bf16", DEV):randn(5),
+         nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+end
+
 local function host_part()
   local K, N = o["in"], o.out
-  print(string.format("## GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)", DEV,
-                      o.rows, K, N))
-  print("| experts | mode | call | lutra us | floor us | ratio | launches |")
-  print("|---|---|---|---|---|---|---|")
+  table_head(string.format("GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)",
+                           DEV, o.rows, K, N),
+             { "experts", "mode", "call", "lutra us", "floor us", "ratio", "launches" }, true)
   for _, E in ipairs { 8, 64 } do
     local T = E * o.rows
     load_floors(T, K, N)
@@ -208,14 +218,13 @@ end
 
 local function gemm_part()
   if not CUDA then return end
-  local T = 16384
-  print("\n## Grouped GEMM throughput (forward, tokens 16384, device splits)")
-  print("| experts | in -> out | routing | mode | grouped TFLOP/s | dense TFLOP/s | ratio |")
-  print("|---|---|---|---|---|---|---|")
-  for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
+  local T = T_GPU
+  table_head("Grouped GEMM throughput (forward, tokens 16384, device splits)",
+             { "experts", "in -> out", "routing", "mode", "grouped TFLOP/s", "dense TFLOP/s",
+               "ratio" })
+  for _, shape in ipairs(GPU_SHAPES) do
     local K, N = shape[1], shape[2]
-    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
-    local dense = nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+    local x, dense = dense_at(K, N)
     for _, mode in ipairs { "bf16", "current" } do
       local scope = recipes[mode] and lutra.autocast { recipe = recipes[mode]() } or nil
       local function run(f) if scope then return scope:run(f) end return f() end
@@ -249,17 +258,15 @@ end
 -- the FP8 grouped forward taken apart (see the header): microseconds per call and TFLOP/s
 local function fp8_part()
   if not CUDA then return end
-  local T = 16384
-  print("\n## FP8 grouped forward, where the time goes (tokens 16384, balanced device splits)")
-  print("| experts | in -> out | variant | us/call | TFLOP/s | x dense FP8 (cached) |")
-  print("|---|---|---|---|---|---|")
+  local T = T_GPU
+  table_head("FP8 grouped forward, where the time goes (tokens 16384, balanced device splits)",
+             { "experts", "in -> out", "variant", "us/call", "TFLOP/s", "x dense FP8 (cached)" })
   local cur = lutra.autocast { recipe = lutra.recipe.current {} }
   local del = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
-  for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
+  for _, shape in ipairs(GPU_SHAPES) do
     local K, N = shape[1], shape[2]
     local flops = 2 * T * K * N
-    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
-    local dense = nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+    local x, dense = dense_at(K, N)
     cur:run(function() dense:forward(x, true) end)
     local td_cached = gpu_time(function() cur:run(function() dense:forward(x, false) end) end)
     local td_requant = gpu_time(function() cur:run(function() dense:forward(x) end) end)

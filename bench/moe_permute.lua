@@ -38,10 +38,7 @@ end
 
 local opt = parse(arg)
 local DEV = opt.device
-if DEV == "cuda" and not lutra.device_available("cuda") then
-  io.stderr:write("moe_permute.lua: cuda is not available (use --device cpu for a smoke test)\n")
-  os.exit(1)
-end
+require("lutra.cli").need_device("moe_permute.lua", DEV)
 local ITERS, RUNS = opt.quick and 2 or 20, opt.quick and 1 or 5
 
 local median = timing.median

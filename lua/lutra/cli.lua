@@ -1,5 +1,6 @@
 --- Command-line scripts' helper (the examples and benchmarks): lua-argparse, or the line that
--- says how to install it. Pure Lua; it loads neither the library nor argparse until asked.
+-- says how to install it; a device check before a script allocates. It loads neither the library
+-- nor argparse until asked.
 -- @module lutra.cli
 local M = {}
 
@@ -14,6 +15,16 @@ function M.argparse(name, opts)
     io.stderr:write(name, " needs lua-argparse (Debian: apt-get install lua-argparse)\n")
   end
   os.exit(2)
+end
+
+--- Exits with status 1, saying "NAME: cuda is not available (HINT)" on stderr, when device is
+-- "cuda" and this build or machine cannot run it; returns otherwise. hint: what to use instead
+-- (default "use --device cpu for a smoke test").
+function M.need_device(name, device, hint)
+  if device ~= "cuda" or require("lutra").device_available("cuda") then return end
+  io.stderr:write(name, ": cuda is not available (", hint or "use --device cpu for a smoke test",
+                  ")\n")
+  os.exit(1)
 end
 
 return M
