@@ -26,16 +26,9 @@ local ffi, C, nn = lutra.ffi, lutra.C, lutra.nn
 -- the command line, parsed with lua-argparse (Debian: lua-argparse) before MPI starts; under
 -- mpirun every rank parses it, and only the launcher's rank 0 prints the help or the error
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
   local launcher_rank = tonumber(os.getenv("OMPI_COMM_WORLD_RANK") or os.getenv("PMI_RANK") or 0)
   local quiet = launcher_rank ~= 0
-  if not found then
-    if not quiet then
-      io.stderr:write("dist_overhead.lua needs lua-argparse ",
-                      "(Debian: apt-get install lua-argparse)\n")
-    end
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("dist_overhead.lua", { quiet = quiet })
   local p = argparse("dist_overhead.lua", "Host time of the tensor-parallel Linear beside Linear "
                      .. "+ collective, collectives per step, SP all-gather bytes.")
   p:add_help({ action = function()

@@ -26,15 +26,12 @@
 -- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
 -- PyTorch at the same shapes: python3 bench/torch_grouped.py.
 local lutra = require("lutra")
+local timing = require("bench.support.timing")
 local ffi, nn = lutra.ffi, lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("grouped_bench.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("grouped_bench.lua")
   local p = argparse("grouped_bench.lua", "GroupedLinear host time per call beside its raw "
                      .. "launches, and grouped GEMM throughput beside one dense GEMM.")
   p:option("--part", "which benchmarks", "all"):choices({ "host", "gemm", "fp8", "all" })
@@ -56,17 +53,12 @@ end
 local o = parse(arg)
 local DEV = o.device
 local CUDA = DEV == "cuda"
-if CUDA and not lutra.device_available("cuda") then
-  io.stderr:write("grouped_bench.lua: cuda is not available (use --device cpu)\n")
-  os.exit(1)
-end
+require("lutra.cli").need_device("grouped_bench.lua", DEV, "use --device cpu")
 
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  return s[math.floor(#s / 2) + 1]
-end
+local median = timing.median
+
+-- GPU time per call: 3 warm-up calls, then the mean over 20 (--quick: 5) between two syncs
+local function gpu_time(fn) return timing.mean_time(DEV, fn, o.quick and 5 or 20, 3) end
 
 -- per batch: sync, `calls` calls of fn, the host time of the loop / calls; the median
 local function host_time(fn, calls, batches, alt)
@@ -156,12 +148,25 @@ local function random_splits(E, T, skew, seed)
   return s
 end
 
+-- a markdown table's heading (after an empty line unless first), header row and rule
+local function table_head(title, columns, first)
+  print((first and "" or "\n") .. "## " .. title)
+  print("| " .. table.concat(columns, " | ") .. " |")
+  print(string.rep("|---", #columns) .. "|")
+end
+
+-- the GPU parts' shapes: T tokens of K features into N, x and the dense Linear beside the grouped
+local T_GPU, GPU_SHAPES = 16384, { { 4096, 4096 }, { 1024, 4096 } }
+local function dense_at(K, N)
+  return lutra.tensor({ T_GPU, K }, "bf16", DEV):randn(5),
+         nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+end
+
 local function host_part()
   local K, N = o["in"], o.out
-  print(string.format("## GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)", DEV,
-                      o.rows, K, N))
-  print("| experts | mode | call | lutra us | floor us | ratio | launches |")
-  print("|---|---|---|---|---|---|---|")
+  table_head(string.format("GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)",
+                           DEV, o.rows, K, N),
+             { "experts", "mode", "call", "lutra us", "floor us", "ratio", "launches" }, true)
   for _, E in ipairs { 8, 64 } do
     local T = E * o.rows
     load_floors(T, K, N)
@@ -213,23 +218,13 @@ end
 
 local function gemm_part()
   if not CUDA then return end
-  local T = 16384
-  print("\n## Grouped GEMM throughput (forward, tokens 16384, device splits)")
-  print("| experts | in -> out | routing | mode | grouped TFLOP/s | dense TFLOP/s | ratio |")
-  print("|---|---|---|---|---|---|---|")
-  local function gpu_time(fn)
-    for _ = 1, 3 do fn() end
-    lutra.synchronize(DEV)
-    local reps = o.quick and 5 or 20
-    local t0 = lutra.now()
-    for _ = 1, reps do fn() end
-    lutra.synchronize(DEV)
-    return (lutra.now() - t0) / reps
-  end
-  for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
+  local T = T_GPU
+  table_head("Grouped GEMM throughput (forward, tokens 16384, device splits)",
+             { "experts", "in -> out", "routing", "mode", "grouped TFLOP/s", "dense TFLOP/s",
+               "ratio" })
+  for _, shape in ipairs(GPU_SHAPES) do
     local K, N = shape[1], shape[2]
-    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
-    local dense = nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+    local x, dense = dense_at(K, N)
     for _, mode in ipairs { "bf16", "current" } do
       local scope = recipes[mode] and lutra.autocast { recipe = recipes[mode]() } or nil
       local function run(f) if scope then return scope:run(f) end return f() end
@@ -263,26 +258,15 @@ end
 -- the FP8 grouped forward taken apart (see the header): microseconds per call and TFLOP/s
 local function fp8_part()
   if not CUDA then return end
-  local T = 16384
-  print("\n## FP8 grouped forward, where the time goes (tokens 16384, balanced device splits)")
-  print("| experts | in -> out | variant | us/call | TFLOP/s | x dense FP8 (cached) |")
-  print("|---|---|---|---|---|---|")
-  local function gpu_time(fn)
-    for _ = 1, 3 do fn() end
-    lutra.synchronize(DEV)
-    local reps = o.quick and 5 or 20
-    local t0 = lutra.now()
-    for _ = 1, reps do fn() end
-    lutra.synchronize(DEV)
-    return (lutra.now() - t0) / reps
-  end
+  local T = T_GPU
+  table_head("FP8 grouped forward, where the time goes (tokens 16384, balanced device splits)",
+             { "experts", "in -> out", "variant", "us/call", "TFLOP/s", "x dense FP8 (cached)" })
   local cur = lutra.autocast { recipe = lutra.recipe.current {} }
   local del = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
-  for _, shape in ipairs { { 4096, 4096 }, { 1024, 4096 } } do
+  for _, shape in ipairs(GPU_SHAPES) do
     local K, N = shape[1], shape[2]
     local flops = 2 * T * K * N
-    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
-    local dense = nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
+    local x, dense = dense_at(K, N)
     cur:run(function() dense:forward(x, true) end)
     local td_cached = gpu_time(function() cur:run(function() dense:forward(x, false) end) end)
     local td_requant = gpu_time(function() cur:run(function() dense:forward(x) end) end)

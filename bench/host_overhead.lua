@@ -19,15 +19,12 @@
 -- --device cpu runs the same figures on the CPU backend (floors and PyTorch are then n/a), as
 -- a smoke test that any machine can run; --quick uses 3 batches.
 local lutra = require("lutra")
+local timing = require("bench.support.timing")
 local ffi, nn = lutra.ffi, lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("host_overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("host_overhead.lua")
   local p = argparse("host_overhead.lua", "Host time per call of lutra's Lua entry points beside "
                      .. "the floors of the GPU work they issue and PyTorch doing the same work.")
   p:option("--device", "cuda or cpu", "cuda"):choices({ "cuda", "cpu" })
@@ -170,12 +167,7 @@ end
 
 -- ---- timing -------------------------------------------------------------------------------
 
-local function median(t)
-  local s = {}
-  for i, v in ipairs(t) do s[i] = v end
-  table.sort(s)
-  return s[math.floor(#s / 2) + 1], s[1], s[#s]
-end
+local median = timing.median -- the median, the smallest, the largest
 
 local function sync()
   lutra.synchronize(DEV)

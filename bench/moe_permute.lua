@@ -20,15 +20,12 @@
 -- batches alternating. --device cpu runs everything on the CPU backend (a smoke test: the
 -- figures are then CPU compute, not host overhead).
 local lutra = require("lutra")
+local timing = require("bench.support.timing")
 local ffi, moe = lutra.ffi, lutra.moe
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("moe_permute.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("moe_permute.lua")
   local p = argparse("moe_permute.lua", "Bandwidth and host cost of the MoE routing kernels "
                      .. "(router, permute, unpermute and their backwards).")
   p:option("--device", "cuda or cpu (cpu: a smoke test)", "cuda"):choices({ "cuda", "cpu" })
@@ -41,29 +38,11 @@ end
 
 local opt = parse(arg)
 local DEV = opt.device
-if DEV == "cuda" and not lutra.device_available("cuda") then
-  io.stderr:write("moe_permute.lua: cuda is not available (use --device cpu for a smoke test)\n")
-  os.exit(1)
-end
+require("lutra.cli").need_device("moe_permute.lua", DEV)
 local ITERS, RUNS = opt.quick and 2 or 20, opt.quick and 1 or 5
 
-local function median(t)
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)]
-end
-
-local function time_per_call(fn)
-  fn()
-  lutra.synchronize(DEV)
-  local runs = {}
-  for r = 1, RUNS do
-    local t0 = lutra.now()
-    for _ = 1, ITERS do fn() end
-    lutra.synchronize(DEV)
-    runs[r] = (lutra.now() - t0) / ITERS
-  end
-  return median(runs)
-end
+local median = timing.median
+local function time_per_call(fn) return timing.time_per_call(DEV, fn, ITERS, RUNS) end
 
 local lines = {}
 local function out(fmt, ...)

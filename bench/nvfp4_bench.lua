@@ -10,14 +10,11 @@
 -- "GB/s" counts the bf16 input read once (2 bytes per element); the quantizations write 1.125
 -- bytes per element more (both copies with their scales). --device cpu is a smoke test.
 local lutra = require("lutra")
+local timing = require("bench.support.timing")
 local R = lutra.recipe
 
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("nvfp4_bench.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("nvfp4_bench.lua")
   local p = argparse("nvfp4_bench.lua", "NVFP4 quantization bandwidth and GEMM time.")
   p:option("--device", "cuda or cpu (cpu: a smoke test)", "cuda"):choices({ "cuda", "cpu" })
   p:option("--size", "the square matrix size (a multiple of 16)", "8192"):convert(tonumber)
@@ -28,30 +25,11 @@ end
 
 local opt = parse(arg)
 local DEV = opt.device
-if DEV == "cuda" and not lutra.device_available("cuda") then
-  io.stderr:write("nvfp4_bench.lua: cuda is not available (use --device cpu for a smoke test)\n")
-  os.exit(1)
-end
+require("lutra.cli").need_device("nvfp4_bench.lua", DEV)
 local N = opt.quick and 256 or opt.size
 local ITERS, RUNS = opt.quick and 2 or 20, opt.quick and 1 or 5
 
-local function median(t)
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)]
-end
-
-local function time_per_call(fn)
-  fn()
-  lutra.synchronize(DEV)
-  local runs = {}
-  for r = 1, RUNS do
-    local t0 = lutra.now()
-    for _ = 1, ITERS do fn() end
-    lutra.synchronize(DEV)
-    runs[r] = (lutra.now() - t0) / ITERS
-  end
-  return median(runs)
-end
+local function time_per_call(fn) return timing.time_per_call(DEV, fn, ITERS, RUNS) end
 
 local x = lutra.tensor({ N, N }, "bf16", DEV):randn(1)
 local y = lutra.tensor({ N, N }, "bf16", DEV)

@@ -14,11 +14,7 @@ local blas = ffi.load("openblas")
 local ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
-local found, argparse = pcall(require, "argparse")
-if not found then
-  io.stderr:write("overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-  os.exit(2)
-end
+local argparse = require("lutra.cli").argparse("overhead.lua")
 local cli = argparse("overhead.lua", "Host time per call of lutra's Lua entry points beside the "
                      .. "raw C calls they wrap.")
 cli:option("--out", "also write the table to this file")

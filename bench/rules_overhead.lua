@@ -11,11 +11,7 @@ local nn = lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("rules_overhead.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("rules_overhead.lua")
   local p = argparse("rules_overhead.lua",
                      "Host cost per training step of a Lua scaling rule beside the built-in one.")
   p:option("--device", "cpu or cuda (LUTRA_DEVICE sets the default)", lutra.default_device)

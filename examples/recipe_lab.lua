@@ -18,11 +18,7 @@ local nn = lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("recipe_lab.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("recipe_lab.lua")
   local p = argparse("recipe_lab.lua",
                      "Trains one model under each recipe of a list and compares them with f32.")
   p:option("--recipes", "a Lua file returning the list of recipes", "examples/recipes/default.lua")

@@ -9,11 +9,7 @@ local nn = lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("train_mlp.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("train_mlp.lua")
   local p = argparse("train_mlp.lua", "Trains a 4-layer MLP on a generated task with an FP8 recipe.")
   p:option("--recipe", "FP8 recipe", "delayed")
    :choices({ "none", "delayed", "current", "mxfp8", "block" })

@@ -27,11 +27,7 @@ local nn, moe = lutra.nn, lutra.moe
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("train_moe.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("train_moe.lua")
   local p = argparse("train_moe.lua", "Trains a top-2 mixture-of-experts feed-forward layer on "
                      .. "clustered inputs whose experts must specialise.")
   p:option("--experts", "grouped: nn.GroupedLinear; linear: the nn.Linear reference mode",

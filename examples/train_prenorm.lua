@@ -17,11 +17,7 @@ local nn = lutra.nn
 
 -- the command line, parsed with lua-argparse (Debian: lua-argparse)
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("train_prenorm.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = require("lutra.cli").argparse("train_prenorm.lua")
   local p = argparse("train_prenorm.lua",
                      "Trains a pre-norm residual MLP stack with an FP8 recipe.")
   p:option("--recipe", "FP8 recipe (none: high precision)", "delayed")

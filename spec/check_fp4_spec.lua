@@ -4,7 +4,6 @@
 -- here, all 2^32 f32 patterns in `make check-fp4`. Pending without nvcc or cuda_fp4.h.
 
 local shell = require("spec.support.shell")
-local sh = shell.sh
 
 local has_nvcc = shell.has_nvcc()
 local has_fp4 = shell.has_cuda_header("cuda_fp4.h")
@@ -17,11 +16,6 @@ describe("NVFP4 conversions against cuda_fp4.h", function()
   end
 
   it("agree on every code, every bf16 and every 4099th f32 pattern", function()
-    local built, log = sh("make -s build/check_fp4")
-    assert.is_true(built, "building tools/check_fp4.cpp failed:\n" .. log)
-    local ok, out = sh("./build/check_fp4 4099")
-    assert.is_truthy(out:find("check%-fp4: %d+ f32 patterns"), out)
-    assert.is_true(ok, out)
-    assert.is_truthy(out:find(" 0 mismatches,"), out)
+    shell.check_against_cuda("fp4", "tools/check_fp4.cpp", 4099)
   end)
 end)

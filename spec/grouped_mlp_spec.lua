@@ -186,6 +186,13 @@ describe("the expert MLP: Sequential(GroupedLinear, activation, GroupedLinear)",
 end)
 
 describe("the expert MLP refuses bad input", function()
+  -- seq:forward(x, splits) fails with an error containing msg (x: 8 rows of IN by default)
+  local function refused(seq, splits, msg, x)
+    local ok, err = pcall(seq.forward, seq, x or lutra.tensor({ 8, IN }):randn(1), splits)
+    assert.is_false(ok)
+    assert.matches(msg, err, 1, true)
+  end
+
   it("a forward without splits", function()
     local mods = modules(KINDS[1], "f32", 5)
     local seq = nn.Sequential(mods[1], mods[2], mods[3])
@@ -198,33 +205,25 @@ describe("the expert MLP refuses bad input", function()
 
   it("splits given to a Sequential without a GroupedLinear", function()
     local seq = nn.Sequential(nn.Linear(IN, H), nn.ReLU(), nn.Linear(H, OUT))
-    local ok, err = pcall(seq.forward, seq, lutra.tensor({ 8, IN }):randn(1), { 4, 4 })
-    assert.is_false(ok)
-    assert.matches("lutra_grouped_forward: a sequential takes no m_splits", err, 1, true)
+    refused(seq, { 4, 4 }, "lutra_grouped_forward: a sequential takes no m_splits")
   end)
 
   it("splits for another number of experts than the second GroupedLinear's", function()
     local seq = nn.Sequential(nn.GroupedLinear(4, IN, H), nn.ReLU(), nn.GroupedLinear(3, H, OUT))
-    local ok, err = pcall(seq.forward, seq, lutra.tensor({ 8, IN }):randn(1), { 2, 2, 2, 2 })
-    assert.is_false(ok)
-    assert.matches("m_splits has 4 elements, the module has 3 experts", err, 1, true)
+    refused(seq, { 2, 2, 2, 2 }, "m_splits has 4 elements, the module has 3 experts")
   end)
 
   it("modules in an order whose features do not chain", function()
     -- a gated activation halves 32 features into 16: the second GroupedLinear expects 32
     local seq = nn.Sequential(nn.GroupedLinear(4, IN, H), nn.SwiGLU(), nn.GroupedLinear(4, H, OUT))
-    local ok, err = pcall(seq.forward, seq, lutra.tensor({ 8, IN }):randn(1), { 2, 2, 2, 2 })
-    assert.is_false(ok)
-    assert.matches("the activation's output has 16 features, the module expects 32", err, 1, true)
+    refused(seq, { 2, 2, 2, 2 }, "the activation's output has 16 features, the module expects 32")
     -- the activation first: its input is the data, of IN features, and it runs in the
     -- GroupedLinear's cast; a GroupedLinear after the last one is refused by its features
     local seq2 = nn.Sequential(nn.ReLU(), nn.GroupedLinear(4, IN, H), nn.GroupedLinear(4, OUT, 16))
     local y = seq2:forward(lutra.tensor({ 8, IN }):randn(2), { 2, 2, 2, 2 })
     assert.are.same({ 8, 16 }, y:dims())
     local seq3 = nn.Sequential(nn.GroupedLinear(4, IN, H), nn.GroupedLinear(4, 16, OUT))
-    ok, err = pcall(seq3.forward, seq3, lutra.tensor({ 8, IN }):randn(1), { 2, 2, 2, 2 })
-    assert.is_false(ok)
-    assert.matches("input has 32 features, the module expects 16", err, 1, true)
+    refused(seq3, { 2, 2, 2, 2 }, "input has 32 features, the module expects 16")
   end)
 
   it("splits that do not sum to the rows, and leaves the modules as they were", function()
@@ -232,9 +231,7 @@ describe("the expert MLP refuses bad input", function()
     local seq = nn.Sequential(mods[1], mods[2], mods[3])
     local x = lutra.tensor({ 8, IN }):randn(1)
     local y = seq:forward(x, { 2, 2, 2, 2 }):to_table()
-    local ok, err = pcall(seq.forward, seq, x, { 2, 2, 2, 3 })
-    assert.is_false(ok)
-    assert.matches("m_splits sum to 9, the input has 8 rows", err, 1, true)
+    refused(seq, { 2, 2, 2, 3 }, "m_splits sum to 9, the input has 8 rows", x)
     -- the refused call did not replace the splits: the backward of the last forward still runs
     seq:backward(lutra.tensor({ 8, OUT }):randn(2))
     same_bits(seq:forward(x, { 2, 2, 2, 2 }), y, "after the refused call")

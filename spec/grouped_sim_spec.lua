@@ -4,7 +4,6 @@
 -- with empty and unaligned experts, the weights' pointer mode, and bad splits. Needs the CUDA
 -- headers (no GPU); pending without them.
 local shell = require("spec.support.shell")
-local sh = shell.sh
 
 local has_headers = shell.has_cuda_header("cuda_fp16.h")
 
@@ -15,9 +14,8 @@ describe("the grouped quantization kernels, emulated", function()
   end
 
   it("equal the CPU reference byte for byte", function()
-    local built, log = sh("make -s CUDA=0 build/sim_grouped_quantize")
-    assert.is_true(built, "building tools/sim_grouped_quantize.cpp failed:\n" .. log)
-    local ok, out = sh("./build/sim_grouped_quantize")
+    local ok, out = shell.build_and_run("build/sim_grouped_quantize",
+                                        "tools/sim_grouped_quantize.cpp", nil, "CUDA=0")
     assert.is_true(ok, out)
     assert.is_truthy(out:find("ok   bad splits"), out)
     assert.is_truthy(out:find("\n0 failures"), out)

@@ -4,7 +4,6 @@
 -- and the dequantized values, over shapes, input dtypes, every option set and one-sided copies.
 -- Needs nvcc (host code only, no GPU); pending without it.
 local shell = require("spec.support.shell")
-local sh = shell.sh
 
 local has_nvcc = shell.has_nvcc()
 
@@ -15,9 +14,7 @@ describe("the NVFP4 kernels, emulated", function()
   end
 
   it("equal the CPU reference byte for byte", function()
-    local built, log = sh("make -s CUDA=0 build/sim_nvfp4")
-    assert.is_true(built, "building tools/sim_nvfp4.cu failed:\n" .. log)
-    local ok, out = sh("./build/sim_nvfp4")
+    local ok, out = shell.build_and_run("build/sim_nvfp4", "tools/sim_nvfp4.cu", nil, "CUDA=0")
     assert.is_true(ok, out)
     assert.is_truthy(out:find("sim%-nvfp4: %d+ cases, 0 mismatches, ok"), out)
   end)

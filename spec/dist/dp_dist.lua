@@ -50,6 +50,18 @@ local function close(got, want, tol, what)
   end
 end
 
+-- the f32 batch of salts salt and salt + 1 (the same on every rank of w, 4 rows a rank): this
+-- rank's rows of its inputs and targets, and the gradients of one process training on all of it
+local function my_rows_and_whole_grads(w, salt)
+  local rank, B = w:rank(), 4 * w:size()
+  local X = D.rank_data(B * IN, 0, salt):reshape({ B, IN })
+  local T = D.rank_data(B * OUT, 0, salt + 1):reshape({ B, OUT })
+  local whole = net({})
+  step(whole, nil, X, T)
+  return rows(X, IN, rank * 4, rank * 4 + 4, "f32"), rows(T, OUT, rank * 4, rank * 4 + 4, "f32"),
+         grads(whole)
+end
+
 describe("dist data parallel", function()
   local w = D.world()
   local rank, n = w:rank(), w:size()
@@ -90,11 +102,7 @@ describe("dist data parallel", function()
   end
   it("armed before the backward, each bucket starts when its gradients are done", function()
     local g = w:split(0, rank)
-    local X = D.rank_data(B * IN, 0, 63):reshape({ B, IN })
-    local T = D.rank_data(B * OUT, 0, 64):reshape({ B, OUT })
-    local whole = net({})
-    step(whole, nil, X, T)
-    local want = grads(whole)
+    local x, t, want = my_rows_and_whole_grads(w, 63)
     -- the same layers run one by one, to look between their backwards
     local l1 = lutra.nn.Linear(IN, HID, { seed = 1 })
     local act = lutra.nn.GELU()
@@ -102,8 +110,6 @@ describe("dist data parallel", function()
     local mine = lutra.nn.Sequential(l1, act, l2)
     -- buckets in backward order: [b2, W2], [b1], [W1]
     local sync = lutra.dist.grad_sync(g, mine, { bucket_bytes = (HID * OUT + OUT) * 4 })
-    local x = rows(X, IN, rank * 4, rank * 4 + 4, "f32")
-    local t = rows(T, OUT, rank * 4, rank * 4 + 4, "f32")
     for _ = 1, 2 do -- twice: the sync re-arms
       local loss = lutra.nn.MSELoss()
       loss:forward(l2:forward(act:forward(l1:forward(x))), t)
@@ -203,11 +209,7 @@ describe("dist data parallel: the optimizer step waits for the gradients", funct
   it("an optimizer over part of the synced model waits for all of it; one over other "
      .. "parameters does not touch the sync", function()
     local g = w:split(0, rank)
-    local X = D.rank_data(B * IN, 0, 73):reshape({ B, IN })
-    local T = D.rank_data(B * OUT, 0, 74):reshape({ B, OUT })
-    local whole = net({})
-    step(whole, nil, X, T)
-    local want = grads(whole)
+    local x, t, want = my_rows_and_whole_grads(w, 73)
     local l1 = lutra.nn.Linear(IN, HID, { seed = 1 })
     local l2 = lutra.nn.Linear(HID, OUT, { seed = 2 })
     local mine = lutra.nn.Sequential(l1, lutra.nn.GELU(), l2)
@@ -216,8 +218,6 @@ describe("dist data parallel: the optimizer step waits for the gradients", funct
     other:forward(D.rank_data(4 * IN, rank, 75):reshape({ 4, IN }))
     other:backward(D.rank_data(4 * OUT, rank, 76):reshape({ 4, OUT }))
     local other_opt = lutra.optim.SGD(other, { lr = 0.1 })
-    local x = rows(X, IN, rank * 4, rank * 4 + 4, "f32")
-    local t = rows(T, OUT, rank * 4, rank * 4 + 4, "f32")
     local loss = lutra.nn.MSELoss()
     loss:forward(mine:forward(x), t)
     sync:begin()

@@ -197,46 +197,42 @@ describe("dist on " .. DEV .. " (one rank)", function()
     end)
   end
 
-  test("a data-parallel step (begin, backward, optimizer step waiting for the comm stream) "
-       .. "captured in a CUDA graph: N replays equal N eager steps, bit for bit", function()
-    if DEV ~= "cuda" then
-      pending("CUDA graphs need the cuda device")
-      return
-    end
-    local g = group()
+  -- a test of a CUDA graph, given the group: pending on other devices
+  local function graph_test(name, fn)
+    test(name, function()
+      if DEV ~= "cuda" then
+        pending("CUDA graphs need the cuda device")
+        return
+      end
+      fn(group())
+    end)
+  end
+
+  graph_test("a data-parallel step (begin, backward, optimizer step waiting for the comm "
+             .. "stream) captured in a CUDA graph: N replays equal N eager steps, bit for bit",
+             function(g)
     local N = 4
     local eager, graphed = dp_trainer(g, "adamw"), dp_trainer(g, "adamw")
     local xs, ts = {}, {}
     for i = 1, N do
       xs[i] = lutra.tensor({ ROWS, IN }, "f32", DEV):randn(80 + i)
       ts[i] = lutra.tensor({ ROWS, OUT }, "f32", DEV):randn(90 + i)
-      eager.x:copy(xs[i])
-      eager.target:copy(ts[i])
-      eager.step()
     end
-    graphed.x:copy(xs[1])
-    graphed.target:copy(ts[1])
+    local function feed(t, i)
+      t.x:copy(xs[i])
+      t.target:copy(ts[i])
+    end
+    S.eager_steps(eager, N, feed)
     local before = g:stats().all_reduce
-    local graph = lutra.graph.capture(graphed.step, { warmup = 1 })
-    for i = 2, N do
-      graphed.x:copy(xs[i])
-      graphed.target:copy(ts[i])
-      graph:replay()
-    end
-    lutra.synchronize(DEV)
+    local graph = S.replayed_steps(graphed, N, feed)
     -- the warm-up and the capture issue the buckets' collectives; replays issue none on the host
     assert.are.equal(2 * graphed.sync:info(), g:stats().all_reduce - before)
     same_params(eager, graphed, "after the replays")
     graph:free()
   end)
 
-  test("a tensor-parallel step captured in a CUDA graph (NCCL inside) replays to the eager "
-       .. "results", function()
-    if DEV ~= "cuda" then
-      pending("CUDA graphs need the cuda device")
-      return
-    end
-    local g = group()
+  graph_test("a tensor-parallel step captured in a CUDA graph (NCCL inside) replays to the "
+             .. "eager results", function(g)
     local m1 = lutra.nn.Linear(IN, OUT, { device = DEV, parallel_mode = "column", tp_group = g,
                                           seed = 1 })
     local m2 = lutra.nn.Linear(OUT, IN, { device = DEV, parallel_mode = "row", tp_group = g,

@@ -82,23 +82,16 @@ describe("CUDA graphs on " .. DEV, function()
       local xs, ts = batches(N, 500)
       local eager = trainer(case.optim, case.recipe and case.recipe())
       local graphed = trainer(case.optim, case.recipe and case.recipe())
-      for i = 1, N do
-        eager.x:copy(xs[i])
-        eager.target:copy(ts[i])
-        eager.step()
+      local function feed(t, i)
+        t.x:copy(xs[i])
+        t.target:copy(ts[i])
       end
-      -- step 1 is the warm-up (eager); the capture records step 2 without running it
-      graphed.x:copy(xs[1])
-      graphed.target:copy(ts[1])
-      local g = lutra.graph.capture(graphed.step, { warmup = 1 })
-      local nodes = g:info()
-      assert.is_true(nodes >= 10, "the graph holds the step's kernels (" .. nodes .. " nodes)")
-      for i = 2, N do
-        graphed.x:copy(xs[i])
-        graphed.target:copy(ts[i])
-        g:replay()
-      end
-      lutra.synchronize(DEV)
+      S.eager_steps(eager, N, feed)
+      local nodes
+      local g = S.replayed_steps(graphed, N, feed, function(graph)
+        nodes = graph:info()
+        assert.is_true(nodes >= 10, "the graph holds the step's kernels (" .. nodes .. " nodes)")
+      end)
       assert.are.same({ nodes, N - 1 }, { g:info() })
       assert_same_params(eager, graphed, case.name)
       assert.are.equal(eager.loss:value(), graphed.loss:value(), "last loss")

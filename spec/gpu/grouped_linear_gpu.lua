@@ -30,14 +30,6 @@ local function pair(opts)
   return ref, dev
 end
 
-local function compare_params(ref, dev, what, grad)
-  local pr, pd = ref:parameters(), dev:parameters()
-  for i = 1, #pr do
-    S.assert_nmse(pd[i][grad], pr[i][grad], 1e-4, string.format("%s: %s of parameter %d", what,
-                                                                     grad, i))
-  end
-end
-
 describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
   local CASES = {
     { name = "bf16" },
@@ -51,9 +43,7 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
   for ci, case in ipairs(CASES) do
     test(case.name .. ": forward and backward with new device splits every call", function()
       local ref, dev = pair { bias = case.bias, amg = case.amg, seed = 40 + ci }
-      local rr = case.recipe and case.recipe()
-      local scope_r = rr and hold(lutra.autocast { recipe = rr }) or nil
-      local scope_d = rr and hold(lutra.autocast { recipe = rr }) or nil
+      local scope_r, scope_d = S.autocast_pair(case.recipe)
       local T = 200
       local dsplits = lutra.tensor({ NUM }, "i32", DEV)
       for step = 1, 4 do
@@ -61,17 +51,14 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
         dsplits:set(splits)
         local xr, xd = S.randn_pair({ T, IN }, "bf16", 77 * step + ci)
         local dyr, dyd = S.randn_pair({ T, OUT }, "bf16", 91 * step + ci)
-        local function fwd(m, x, sp, scope)
-          if scope then return scope:run(function() return m:forward(x, sp) end) end
-          return m:forward(x, sp)
-        end
-        local yr = fwd(ref, xr, splits, scope_r)
-        local yd = fwd(dev, xd, dsplits, scope_d)
+        local yr = S.under(scope_r, function() return ref:forward(xr, splits) end)
+        local yd = S.under(scope_d, function() return dev:forward(xd, dsplits) end)
         S.assert_nmse(yd, yr, 1e-4, case.name .. ": y, step " .. step)
         local dxr, dxd = ref:backward(dyr), dev:backward(dyd)
         dev:check_splits()
         S.assert_nmse(dxd, dxr, 1e-4, case.name .. ": dx, step " .. step)
-        compare_params(ref, dev, case.name .. ", step " .. step, case.amg and "main_grad" or "grad")
+        S.assert_grads_nmse(ref, dev, 1e-4, case.name .. ", step " .. step,
+                            case.amg and "main_grad" or "grad")
       end
     end)
   end
@@ -127,17 +114,11 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
         ts[i] = lutra.tensor({ T, OUT }, "bf16", DEV):randn(400 + i)
         ss[i] = random_splits(NUM, T, 500 + i)
       end
-      for i = 1, N do
-        eager.x:copy(xs[i]); eager.target:copy(ts[i]); eager.splits:set(ss[i])
-        eager.step()
+      local function feed(t, i)
+        t.x:copy(xs[i]); t.target:copy(ts[i]); t.splits:set(ss[i])
       end
-      graphed.x:copy(xs[1]); graphed.target:copy(ts[1]); graphed.splits:set(ss[1])
-      local g = lutra.graph.capture(graphed.step, { warmup = 1 })
-      for i = 2, N do
-        graphed.x:copy(xs[i]); graphed.target:copy(ts[i]); graphed.splits:set(ss[i])
-        g:replay()
-      end
-      lutra.synchronize(DEV)
+      S.eager_steps(eager, N, feed)
+      local g = S.replayed_steps(graphed, N, feed)
       graphed.m:check_splits()
       local pe, pg = eager.m:parameters(), graphed.m:parameters()
       for i = 1, #pe do

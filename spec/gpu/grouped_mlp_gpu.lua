@@ -55,20 +55,16 @@ describe("the expert MLP on " .. DEV .. " against " .. REF, function()
         local bound = (kind.kink and not rec.make) and 1e-3 or rec.bound
         local seq_r, gr = mlp(kind, REF, seed)
         local seq_d, gd = mlp(kind, DEV, seed)
-        local scope_r = rec.make and hold(lutra.autocast { recipe = rec.make() }) or nil
-        local scope_d = rec.make and hold(lutra.autocast { recipe = rec.make() }) or nil
+        local scope_r, scope_d = S.autocast_pair(rec.make)
         local dsplits = lutra.tensor({ NUM }, "i32", DEV)
         for step = 1, 3 do
           local splits = random_splits(T, 1000 * seed + step)
           dsplits:set(splits)
           local xr, xd = S.randn_pair({ T, IN }, "bf16", 31 * step + seed)
           local dyr, dyd = S.randn_pair({ T, OUT }, "bf16", 57 * step + seed)
-          local function fwd(seq, x, sp, scope)
-            if scope then return scope:run(function() return seq:forward(x, sp) end) end
-            return seq:forward(x, sp)
-          end
           local tag = string.format("%s %s step %d", kind.name, rec.name, step)
-          local yr, yd = fwd(seq_r, xr, splits, scope_r), fwd(seq_d, xd, dsplits, scope_d)
+          local yr = S.under(scope_r, function() return seq_r:forward(xr, splits) end)
+          local yd = S.under(scope_d, function() return seq_d:forward(xd, dsplits) end)
           S.assert_nmse(yd, yr, bound, tag .. ": output")
           local dxr, dxd = seq_r:backward(dyr), seq_d:backward(dyd)
           gd[1]:check_splits()

@@ -24,17 +24,8 @@ local function test(name, fn) S.test(it, name, fn) end
 
 local NUM, IN, OUT = 5, 48, 80
 
-local function random_splits(num, total, seed)
-  math.randomseed(seed)
-  local s, left = {}, total
-  for e = 1, num - 1 do
-    local v = math.random() < 0.25 and 0 or math.random(0, math.floor(2 * total / num))
-    if v > left then v = left end
-    s[e], left = v, left - v
-  end
-  s[num] = left
-  return s
-end
+-- a quarter of the experts empty
+local function random_splits(num, total, seed) return S.random_splits(num, total, seed, 0.25) end
 
 local function pair(opts)
   local a = { bias = opts.bias, dtype = opts.dtype, seed = opts.seed,
@@ -44,13 +35,7 @@ local function pair(opts)
   return ref, hold(nn.GroupedLinear(NUM, IN, OUT, a))
 end
 
-local function compare_params(ref, dev, bound, what, grad)
-  local pr, pd = ref:parameters(), dev:parameters()
-  for i = 1, #pr do
-    S.assert_nmse(pd[i][grad], pr[i][grad], bound, string.format("%s: %s of parameter %d", what,
-                                                                     grad, i))
-  end
-end
+local compare_params = S.assert_grads_nmse
 
 describe("nn.GroupedLinear's f32 path on " .. DEV .. " against " .. REF, function()
   for ci, case in ipairs { { name = "f32 with bias" }, { name = "f32 without bias", bias = false },
@@ -105,8 +90,7 @@ describe("nn.GroupedLinear under the block-scaled recipes on " .. DEV .. " again
       local ref = hold(nn.GroupedLinear(NUM, BIN, BOUT, a))
       a.device = DEV
       local dev = hold(nn.GroupedLinear(NUM, BIN, BOUT, a))
-      local scope_r = hold(lutra.autocast { recipe = case.recipe() })
-      local scope_d = hold(lutra.autocast { recipe = case.recipe() })
+      local scope_r, scope_d = S.autocast_pair(case.recipe)
       local T = 230
       local dsplits = lutra.tensor({ NUM }, "i32", DEV)
       for step = 1, 3 do

@@ -122,9 +122,8 @@ function S.keep(t)
   return lutra.tensor(t:dims(), t:dtype_name(), t:device_name()):copy(t)
 end
 
-local fbox = ffi.new("float[1]")
 -- x rounded to f32
-function S.f32(x) fbox[0] = x return fbox[0] end
+S.f32 = require("spec.support.f32")
 
 -- t:amax() cannot be called from Lua: the struct field lutra_tensor.amax (a float*) hides the
 -- method of the same name in lua/lutra/tensor.lua, so the C call is used directly.
@@ -245,6 +244,60 @@ function S.assert_nmse(got, want, bound, what, max_abs)
            what, worst, max_abs, wi, g[wi], w[wi], e)
   end
   return e
+end
+
+
+-- every parameter's gradient (grad: "grad" or "main_grad") of module dev against ref's:
+-- NMSE <= bound, each named "WHAT: GRAD of parameter I"
+function S.assert_grads_nmse(ref, dev, bound, what, grad)
+  local pr, pd = ref:parameters(), dev:parameters()
+  for i = 1, #pr do
+    S.assert_nmse(pd[i][grad], pr[i][grad], bound, string.format("%s: %s of parameter %d", what,
+                                                                     grad, i))
+  end
+end
+
+-- ---- recipes on both sides -------------------------------------------------------------------
+
+-- an autocast scope per side, each of its own recipe from make() (held until the test ends);
+-- nil, nil without make
+function S.autocast_pair(make)
+  if not make then return nil, nil end
+  return S.hold(lutra.autocast { recipe = make() }), S.hold(lutra.autocast { recipe = make() })
+end
+
+-- fn() inside scope, or plainly without one; fn's results
+function S.under(scope, fn)
+  if scope then return scope:run(fn) end
+  return fn()
+end
+
+-- ---- CUDA graphs of training steps -----------------------------------------------------------
+-- The two sides of a graph check over the same n batches. t is a trainer (a table whose step
+-- runs one training step on its own inputs); feed(t, i) loads batch i into those inputs.
+
+-- the eager side: batch i fed, then t.step(), for i = 1..n
+function S.eager_steps(t, n, feed)
+  for i = 1, n do
+    feed(t, i)
+    t.step()
+  end
+end
+
+-- the graphed side: batch 1 fed and t.step captured with one warm-up (the warm-up is step 1,
+-- run eagerly; the capture records step 2 without running it); after_capture(graph), when
+-- given, runs next; then batch i fed and the graph replayed for i = 2..n, and the device
+-- synchronized. Returns the graph (the caller frees it).
+function S.replayed_steps(t, n, feed, after_capture)
+  feed(t, 1)
+  local graph = lutra.graph.capture(t.step, { warmup = 1 })
+  if after_capture then after_capture(graph) end
+  for i = 2, n do
+    feed(t, i)
+    graph:replay()
+  end
+  lutra.synchronize(S.DEV)
+  return graph
 end
 
 return S

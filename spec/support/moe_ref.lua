@@ -14,11 +14,7 @@ function R.ints(t)
   return out
 end
 
-local fbox = ffi.new("float[1]")
-local function f32(x)
-  fbox[0] = x
-  return fbox[0]
-end
+local f32 = require("spec.support.f32")
 R.f32 = f32
 
 local function key(v) return v ~= v and -math.huge or v end

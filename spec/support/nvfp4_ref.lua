@@ -9,11 +9,7 @@ local C = require("lutra").C
 
 local M = {}
 
-local f32 = ffi.new("float[1]")
-local function r32(v)
-  f32[0] = v
-  return f32[0]
-end
+local r32 = require("spec.support.f32")
 M.r32 = r32
 
 local FLT_MAX = 3.4028234663852886e38
@@ -154,24 +150,23 @@ function M.read_scales(ptr, lines, len)
 end
 
 -- x (a Lua array, row-major [rows, cols]) as rows, and as columns (the columnwise copy's lines)
-function M.rows_of(v, rows, cols)
+local function lines_of(v, rows, cols, columnwise)
+  local n, len = rows, cols
+  if columnwise then n, len = cols, rows end
   local out = {}
-  for r = 1, rows do
+  for a = 1, n do
     local line = {}
-    for c = 1, cols do line[c] = v[(r - 1) * cols + c] end
-    out[r] = line
+    for b = 1, len do
+      local r, c = a, b
+      if columnwise then r, c = b, a end
+      line[b] = v[(r - 1) * cols + c]
+    end
+    out[a] = line
   end
   return out
 end
-function M.cols_of(v, rows, cols)
-  local out = {}
-  for c = 1, cols do
-    local line = {}
-    for r = 1, rows do line[r] = v[(r - 1) * cols + c] end
-    out[c] = line
-  end
-  return out
-end
+function M.rows_of(v, rows, cols) return lines_of(v, rows, cols, false) end
+function M.cols_of(v, rows, cols) return lines_of(v, rows, cols, true) end
 
 -- lines with the RHT applied to each 16 values
 function M.rht_lines(lines, signs)
