@@ -4,6 +4,8 @@
 # ${OUT:-.}/norm_ab.md; exits 1 when an output differs.
 #   bash tools/norm_ab/run.sh [BASE] (BASE's files are taken from build/norm-ab-base/ when
 #   that directory exists, as it must where the checkout has no git history)
+# NORM_AB_NO_RUN=1 only builds build/norm_ab (to overlap the build with other work; run
+# `build/norm_ab FILE.md` later, on an otherwise idle machine).
 set -euo pipefail
 base_dir=build/norm-ab-base
 if [ ! -d "$base_dir" ]; then
@@ -17,4 +19,5 @@ nvcc "${flags[@]}" -DAB_PREFIX=cand '-DAB_DIR_NORM="../../kernels/norm.cu"' \
   '-DAB_DIR_QUANT="../../kernels/norm_quantize.cu"' -c tools/norm_ab/variant.cu -o build/norm_ab_cand.o &
 wait %1 && wait %2
 nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o build/norm_ab_cand.o -o build/norm_ab
+[ "${NORM_AB_NO_RUN:-0}" = 1 ] && exit 0
 ./build/norm_ab "${OUT:-.}/norm_ab.md"
