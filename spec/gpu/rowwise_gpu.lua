@@ -143,10 +143,12 @@ describe("rowwise scaling on " .. DEV, function()
     local _, x2 = S.randn_pair({ 48, 64 }, "bf16", 2, 5)
     local t = q:quantize(x1)
     local before = outputs(t, true, true)
-    q:quantize_skip(x2, lutra.from_table({ 1 }, { 1 }, "i32", DEV))
+    local t1 = q:quantize_skip(x2, lutra.from_table({ 1 }, { 1 }, "i32", DEV))
+    -- the same buffers (the quantizer keeps one output per shape), so the check below can fail
+    assert.is_true(t1.data == t.data and t1.col_scale_inv == t.col_scale_inv, "another output")
     local after = outputs(t, true, true)
     for k, b in pairs(before) do S.assert_same_bytes(after[k], b, "skipped: " .. k) end
-    q:quantize_skip(x2, lutra.from_table({ 0 }, { 1 }, "i32", DEV))
+    t = q:quantize_skip(x2, lutra.from_table({ 0 }, { 1 }, "i32", DEV))
     local ref = hold(lutra.quantizer(R.rowwise(), "grad_output", { device = REF }))
     local want = outputs(ref:quantize(lutra.tensor({ 48, 64 }, "bf16", REF):randn(2, 0, 5)), true,
                          true)
