@@ -81,7 +81,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm threads-check check-codecs check-activations check-fp4 sim-nvfp4
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm sim-rowwise threads-check check-codecs check-activations check-fp4 sim-nvfp4
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -214,6 +214,12 @@ build/sim_norm: kernels/norm.cu kernels/norm_quantize.cu kernels/norm_rows.cuh k
                 kernels/ops_common.cuh kernels/kernels.h
 sim-norm: build/sim_norm
 	./build/sim_norm $(ARGS)
+# rowwise scaling's kernels (kernels/quantize_rowwise.cu) and its dequantization emulated the same
+# way against the CPU backend (tools/sim_rowwise.cpp), byte for byte; ARGS=quick for fewer cases.
+build/sim_rowwise: kernels/quantize_rowwise.cu kernels/quantize.cu kernels/common.cuh \
+                   kernels/kernels.h
+sim-rowwise: build/sim_rowwise
+	./build/sim_rowwise $(ARGS)
 
 # kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
 # for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.

@@ -42,6 +42,10 @@ cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
  * lk_dequantize's LUTRA_SCALING_NVFP4 case */
 cudaError_t lk_quantize_nvfp4(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_dequantize_nvfp4(const lutra_dequant_args *a, cudaStream_t s);
+/* rowwise scaling (kernels/quantize_rowwise.cu; lutra/formats.h): lutra_backend.quantize_rowwise,
+ * one launch for the rowwise copy, four for the columnwise one; no dbias or activation (the
+ * caller sums the bias gradient after); lk_dequantize takes LUTRA_SCALING_ROWWISE */
+cudaError_t lk_quantize_rowwise(const lutra_quant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
 /* external scaling rules (kernels/rules.cu): gather every meta's [scale, history] into staging

@@ -199,6 +199,8 @@ __device__ __forceinline__ float dequant_factor(const DequantArgs &a, int64_t i)
     return *static_cast<const float *>(a.scale_inv);
   case LUTRA_SCALING_MXFP8: /* cols % 32 == 0: r * (cols / 32) + c / 32 == i / 32 */
     return e8m0_value(static_cast<const uint8_t *>(a.scale_inv)[i / 32]);
+  case LUTRA_SCALING_ROWWISE: /* one per row of the copy (lutra/formats.h) */
+    return static_cast<const float *>(a.scale_inv)[i / a.cols];
   default: {
     /* lutra.h's layout: 1D [ceil(cols/128)][ld], block j of row r at j * ld + r; 2D
      * [ceil(rows/128)][ld], tile (i, j) at i * ld + j */
@@ -501,6 +503,7 @@ extern "C" cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s
   case LUTRA_SCALING_TENSOR:
   case LUTRA_SCALING_BLOCK_1D:
   case LUTRA_SCALING_BLOCK_2D:
+  case LUTRA_SCALING_ROWWISE:
     break;
   case LUTRA_SCALING_MXFP8:
     if (a->cols % 32 != 0) return cudaErrorInvalidValue;

@@ -294,7 +294,7 @@ function M.nvfp4(opts)
 end
 
 --- Torchao's ROWWISE (lutra/formats.h): one f32 scale per row of each copy, for every role.
--- The CPU backend emulates it; CUDA has no kernels yet.
+-- The CPU backend emulates it; on CUDA the GEMMs run on operands dequantized to BF16.
 --
 -- @tparam[opt] table opts {fp8_format = "e4m3" (or "hybrid": E5M2 for grad_output),
 -- power_2_scale = true, amax_epsilon = 0, gemm =, backward_override =}

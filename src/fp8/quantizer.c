@@ -293,7 +293,7 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     TRY(be->quantize_mxfp8(&a));
     break;
   case LUTRA_QUANT_ROWWISE:
-    CHECK_ARG(be->quantize_rowwise, "rowwise scaling has no %s kernels yet (the CPU emulates it)",
+    CHECK_ARG(be->quantize_rowwise, "rowwise scaling has no %s kernels (the CPU backend has them)",
               be->name);
     CHECK_ARG(!act, "rowwise scaling fuses no GELU gradient");
     a.dbias = NULL; /* not fused: the bias gradient is summed after */

@@ -4,8 +4,9 @@
  * Rowwise scaling (torchao's ROWWISE): one f32 scale per row of the rowwise copy and one per row
  * of the columnwise (transposed) copy, i.e. per row and per column of the tensor, from that
  * row's amax by TransformerEngine's compute_scale_from_amax (power_2_scale and amax_epsilon as
- * current scaling's). The CPU backend emulates it bit-exactly; CUDA has no kernels for it yet
- * (a quantization there is refused, naming it). */
+ * current scaling's). The CPU backend emulates it bit-exactly; the CUDA kernels write the same
+ * codes and scales, and CUDA GEMMs of rowwise operands run on operands dequantized to BF16 in
+ * the workspace (exact with power-of-two scales). */
 #ifndef LUTRA_FORMATS_H
 #define LUTRA_FORMATS_H
 

@@ -87,6 +87,15 @@ static int k_dequantize(const lutra_dequant_args *a) {
 static int k_nvfp4(const lutra_quant_args *a) {
   return LAUNCH(quantize_nvfp4, lk_quantize_nvfp4(a, lutra_cuda_stream()));
 }
+static int k_rowwise(const lutra_quant_args *a) {
+  static const char fn[] = "lutra_cuda_quantize_rowwise";
+  CHECK_ARG(a, "arguments are NULL");
+  CHECK_ARG(!a->dbias && !a->act, "rowwise scaling fuses no bias gradient or GELU gradient");
+  CHECK_ARG(!a->col_data || (a->rows + 63) / 64 <= 0xFFFF,
+            "%lld rows are more than the columnwise copy's kernels take (4194240)",
+            (long long)a->rows);
+  return LAUNCH(quantize_rowwise, lk_quantize_rowwise(a, lutra_cuda_stream()));
+}
 static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
   return LAUNCH(delayed_update, lk_delayed_update(metas, n, lutra_cuda_stream()));
 }
@@ -266,4 +275,5 @@ const lutra_backend lutra_cuda_table = {
     .rules_gather = lutra_cuda_rules_gather,
     .rules_apply = lutra_cuda_rules_apply,
     .quantize_nvfp4 = k_nvfp4,
+    .quantize_rowwise = k_rowwise,
 };

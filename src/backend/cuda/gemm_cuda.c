@@ -11,9 +11,10 @@
  * aligned: cuBLASLt 13.1 refuses 4-byte-aligned ones on the H200). Float8 block scaling runs
  * natively too (cuBLASLt 12.9+ on Hopper: scale modes VEC128_32F / BLK128x128_32F, the scale
  * arrays in the layouts lutra stores them in; 1D x 1D, 1D x 2D, 2D x 1D; no fast accumulation).
- * MXFP8 has no Hopper kernel, and 2D x 2D blocks none in cuBLASLt: those operands, and block
- * shapes the heuristic refuses, are dequantized to BF16 in the workspace and run as a BF16 GEMM
- * (the plan records which). tools/probe_block_gemm.cu checked the block layouts on the H200.
+ * MXFP8 has no Hopper kernel, and 2D x 2D blocks none in cuBLASLt: those operands, rowwise-scaled
+ * ones (lutra/formats.h: cuBLASLt's outer-vector scale mode is not used, see NUMERICS.md) and
+ * block shapes the heuristic refuses, are dequantized to BF16 in the workspace and run as a BF16
+ * GEMM (the plan records which). tools/probe_block_gemm.cu checked the block layouts on the H200.
  *
  * Epilogues (lutra_gemm_epilogue, lutra.h) map to cuBLASLt's in the same column-major view:
  * lutra's D [m, n] is cuBLASLt's D [n, m], so the GELU aux matrix is [n, m] with leading
@@ -41,7 +42,8 @@ typedef struct cuda_plan {
   cublasLtMatmulAlgo_t algo;
   bool fp8_scales;    /* native FP8: set the scale pointers per call */
   bool block_scales;  /* ... which are Float8 block scales (VEC128 / BLK128x128) */
-  bool dequantize;    /* MXFP8, 2D x 2D blocks, refused block shapes: dequantize to BF16 */
+  bool dequantize;    /* MXFP8, 2D x 2D blocks, rowwise, refused block shapes: dequantize to
+                         BF16 */
   bool bias_epilogue; /* else the bias is added by a kernel after the GEMM */
   bool stage_d;       /* no kernel writes D's dtype from these operands: run into an f32
                          scratch and convert (one rounding, as the CPU backend does) */
@@ -340,9 +342,10 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
     LT(make_layouts(c, k) ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED, "A/B layouts");
     found = find_config(c, k);
   }
-  /* MXFP8 (no Hopper kernel), 2D x 2D blocks, or block shapes this cuBLASLt refuses: dequantize
-   * to BF16 in the workspace. Exact for power-of-two scales (MXFP8, pow-2 block scales: an FP8
-   * code times 2^e fits BF16's 8-bit significand); other block scales round once to BF16. */
+  /* MXFP8 (no Hopper kernel), 2D x 2D blocks, rowwise scaling (one scale per row of each
+   * operand), or block shapes this cuBLASLt refuses: dequantize to BF16 in the workspace. Exact
+   * for power-of-two scales (MXFP8, pow-2 block or rowwise scales: an FP8 code times 2^e fits
+   * BF16's 8-bit significand); other scales round once to BF16. */
   if (!found && fp8 && !per_tensor) {
     c->dequantize = true;
     c->fp8_scales = c->block_scales = false;

@@ -1,0 +1,207 @@
+-- Rowwise scaling on the device against the CPU backend (lutra/formats.h;
+-- kernels/quantize_rowwise.cu against src/backend/cpu/rowwise_cpu.c): the codes of both copies,
+-- their per-row scale inverses and the dequantized values bit for bit, for every role, input
+-- dtype, power_2_scale on and off, one-sided quantizers, rows of zeros and special values; the
+-- skip flag; the GEMM of rowwise operands and a Linear's training step under
+-- lutra.recipe.rowwise, cuda against cpu.
+--
+-- The GEMM bounds. Hopper has no rowwise-scaled FP8 GEMM that lutra uses: the operands are
+-- dequantized to BF16 in the workspace (code * scale_inv of its row) and multiplied by cuBLASLt
+-- in BF16 with f32 accumulation; the CPU dequantizes the same codes to f32 and runs one f32
+-- sgemm. With power-of-two scales (the recipe's default) a dequantized value is an FP8 code
+-- (at most 4 significant bits) times a power of two, exact in BF16: both sides multiply the same
+-- values exactly and differ only in the order of the f32 sums, a relative error near
+-- sqrt(k) * 2^-24 (NMSE about 1e-13 for k = 128..256): bound 1e-9. Without power-of-two scales
+-- the BF16 dequantization rounds each operand once (relative error up to 2^-9, mean square
+-- about 1.3e-6 per operand, so about 2.6e-6 per product): bound 1e-4. A wrong scale on one row
+-- of 64, or a transposed layout, gives NMSE above 1e-2. Within one Linear every GEMM reads
+-- operands quantized from the same inputs (x, the weight, dy), so no difference is carried into
+-- a later quantization and the step's bounds are the GEMM's.
+local lutra = require("lutra")
+local ffi = require("ffi")
+local C = lutra.C
+local R = lutra.recipe
+local nn = lutra.nn
+local S = require("spec.gpu.support")
+local F = require("spec.support.fp8_bytes")
+local DEV, REF, hold, poisoned = S.DEV, S.REF, S.hold, S.poisoned
+local function test(name, fn) S.test(it, name, fn) end
+
+-- one f32 scale inverse per row of the copy (the columnwise copy's rows: x's columns)
+local function scale_bytes(t, columnwise)
+  local d = t:dims()
+  local rows = columnwise and d[2] or d[1]
+  local p = columnwise and t.col_scale_inv or t.scale_inv
+  return F.view_bytes(p, rows, C.LUTRA_F32, t.device)
+end
+
+-- everything one quantization shows, as byte strings
+local function outputs(t, rowwise, columnwise)
+  local out, d = {}, t:dims()
+  assert.are.equal("rowwise", t:scaling_name())
+  for _, cw in ipairs { false, true } do
+    if (cw and columnwise) or (not cw and rowwise) then
+      local side = cw and "columnwise" or "rowwise"
+      out[side .. " codes"] = t:bytes(cw)
+      out[side .. " scale_inv"] = scale_bytes(t, cw)
+      local shape = cw and { d[2], d[1] } or d
+      for _, od in ipairs { "f32", "bf16" } do
+        local y = lutra.dequantize(t, poisoned(shape, od, t:device_name()), cw)
+        out[side .. " dequantized " .. od] = y:bytes(false)
+      end
+    end
+  end
+  return out
+end
+
+-- x [rows, cols] of dtype dt on both devices, rows and columns of different magnitudes (so that
+-- every scale differs), with whole rows and columns of zeros when zeros is set
+local function input_pair(rows, cols, dt, seed, zeros)
+  local base = lutra.tensor({ rows, cols }, "f32"):randn(seed)
+  local v = base:read()
+  local buf = ffi.new("float[?]", rows * cols)
+  for r = 0, rows - 1 do
+    for c = 0, cols - 1 do
+      local x = v[r * cols + c] * 2 ^ (r % 9 - 4) * 2 ^ (c % 5 - 2)
+      if zeros and (r % 7 == 3 or c % 11 == 5) then x = 0 end
+      buf[r * cols + c] = x
+    end
+  end
+  return S.from_buf_pair(buf, { rows, cols }, dt)
+end
+
+local function compare(recipe, role, parts, xr, xd, what)
+  local opts = { rowwise = parts[1], columnwise = parts[2] }
+  opts.device = REF
+  local qr = hold(lutra.quantizer(recipe, role, opts))
+  opts = { rowwise = parts[1], columnwise = parts[2], device = DEV }
+  local qd = hold(lutra.quantizer(recipe, role, opts))
+  local want = outputs(qr:quantize(xr), parts[1], parts[2])
+  local got = outputs(qd:quantize(xd), parts[1], parts[2])
+  local n = 0
+  for k, v in pairs(want) do
+    S.assert_same_bytes(got[k], v, what .. ": " .. k)
+    n = n + 1
+  end
+  assert.is_true(n >= 4, what .. ": nothing compared")
+end
+
+-- 64x64 columnwise tiles and 16-element rows: partial tiles, one tile, several row slices
+local shapes = { { 48, 80 }, { 16, 16 }, { 144, 208 }, { 16, 1040 }, { 592, 32 } }
+
+describe("rowwise scaling on " .. DEV, function()
+  for _, role in ipairs { "input", "weight", "grad_output" } do
+    for _, dt in ipairs { "f32", "bf16", "f16" } do
+      for _, p2 in ipairs { true, false } do
+        local what = string.format("%s, %s, power_2_scale %s", role, dt, tostring(p2))
+        test(what .. ": both copies' codes, scale_inv and dequantized values as the CPU's", function()
+          -- hybrid: grad_output in E5M2
+          local recipe = R.rowwise { power_2_scale = p2, fp8_format = "hybrid" }
+          for i, s in ipairs(shapes) do
+            local xr, xd = input_pair(s[1], s[2], dt, 10 * i + #role, i % 2 == 0)
+            compare(recipe, role, { true, true }, xr, xd,
+                    string.format("%s %dx%d", what, s[1], s[2]))
+          end
+        end)
+      end
+    end
+  end
+
+  for _, parts in ipairs { { true, false }, { false, true } } do
+    test(string.format("one copy (rowwise %s, columnwise %s) as the CPU's", tostring(parts[1]),
+                       tostring(parts[2])), function()
+      local xr, xd = input_pair(80, 48, "bf16", 3, true)
+      compare(R.rowwise(), "input", parts, xr, xd, "one copy")
+    end)
+  end
+
+  test("amax_epsilon, an all-zero tensor, special values", function()
+    local v = {}
+    for i = 1, 32 * 64 do
+      local k = i % 64
+      v[i] = (k < 16) and 0 or (k == 17) and 1e-40 or (i == 300) and 0 / 0 or
+             (i == 700) and math.huge or (i == 701) and -math.huge or (i == 900) and 3e38 or
+             (i % 7 - 3) * 0.37
+    end
+    local xr, xd = S.from_buf_pair(S.buf_of(v), { 32, 64 }, "f32")
+    for _, p2 in ipairs { true, false } do
+      compare(R.rowwise { power_2_scale = p2 }, "input", { true, true }, xr, xd,
+              "special values, power_2_scale " .. tostring(p2))
+      compare(R.rowwise { power_2_scale = p2, amax_epsilon = 1e-3 }, "weight", { true, true }, xr,
+              xd, "special values, amax_epsilon 1e-3")
+    end
+    local zr = lutra.tensor({ 32, 48 }, "bf16", REF):fill(0)
+    local zd = lutra.tensor({ 32, 48 }, "bf16", DEV):fill(0)
+    compare(R.rowwise(), "input", { true, true }, zr, zd, "all zeros")
+    compare(R.rowwise { amax_epsilon = 0.5 }, "input", { true, true }, zr, zd,
+            "all zeros, amax_epsilon 0.5")
+  end)
+
+  test("a set skip flag leaves every output as it was; a clear one quantizes", function()
+    local q = hold(lutra.quantizer(R.rowwise(), "grad_output", { device = DEV }))
+    local _, x1 = S.randn_pair({ 48, 64 }, "bf16", 1)
+    local _, x2 = S.randn_pair({ 48, 64 }, "bf16", 2, 5)
+    local t = q:quantize(x1)
+    local before = outputs(t, true, true)
+    local t1 = q:quantize_skip(x2, lutra.from_table({ 1 }, { 1 }, "i32", DEV))
+    -- the same buffers (the quantizer keeps one output per shape), so the check below can fail
+    assert.is_true(t1.data == t.data and t1.col_scale_inv == t.col_scale_inv, "another output")
+    local after = outputs(t, true, true)
+    for k, b in pairs(before) do S.assert_same_bytes(after[k], b, "skipped: " .. k) end
+    t = q:quantize_skip(x2, lutra.from_table({ 0 }, { 1 }, "i32", DEV))
+    local ref = hold(lutra.quantizer(R.rowwise(), "grad_output", { device = REF }))
+    local want = outputs(ref:quantize(lutra.tensor({ 48, 64 }, "bf16", REF):randn(2, 0, 5)), true,
+                         true)
+    local got = outputs(t, true, true)
+    for k, b in pairs(want) do S.assert_same_bytes(got[k], b, "not skipped: " .. k) end
+  end)
+
+  for _, p2 in ipairs { true, false } do
+    local bound = p2 and 1e-9 or 1e-4
+    test(string.format("the GEMM of rowwise operands (power_2_scale %s): NMSE <= %g", tostring(p2),
+                       bound), function()
+      local out = {}
+      for _, dev in ipairs { REF, DEV } do
+        local r = R.rowwise { power_2_scale = p2 }
+        local a = hold(lutra.quantizer(r, "weight", { device = dev })):quantize(
+          lutra.tensor({ 128, 256 }, "f32", dev):randn(5))
+        local b = hold(lutra.quantizer(r, "input", { device = dev })):quantize(
+          lutra.tensor({ 64, 256 }, "f32", dev):randn(6, 0, 4))
+        out[dev] = lutra.gemm(a, true, b, false, poisoned({ 64, 128 }, "f32", dev))
+      end
+      S.assert_nmse(out[DEV], out[REF], bound, "rowwise gemm")
+    end)
+  end
+
+  for _, cfg in ipairs { { p2 = true, format = "e4m3", dtype = "f32" },
+                         { p2 = true, format = "hybrid", dtype = "bf16" },
+                         { p2 = false, format = "hybrid", dtype = "f32" } } do
+    local bound = cfg.p2 and 1e-9 or 1e-4
+    -- a bf16 module rounds y, dx and dw once more into bf16 (relative 2^-9 at most): a sum a
+    -- rounding apart can land on the other side of a bf16 rounding boundary
+    if cfg.dtype == "bf16" then bound = 1e-5 end
+    test(string.format("a Linear's training step under lutra.recipe.rowwise (%s, power_2_scale %s, "
+                       .. "%s) as on the CPU: NMSE <= %g", cfg.format, tostring(cfg.p2), cfg.dtype,
+                       bound), function()
+      local res = {}
+      for _, dev in ipairs { REF, DEV } do
+        local lin = hold(nn.Linear(128, 64, { seed = 7, device = dev, dtype = cfg.dtype }))
+        local x = lutra.tensor({ 96, 128 }, cfg.dtype, dev):randn(8)
+        local dy = lutra.tensor({ 96, 64 }, cfg.dtype, dev):randn(9, 0, 0.1)
+        local recipe = R.rowwise { power_2_scale = cfg.p2, fp8_format = cfg.format }
+        local y = lutra.autocast { recipe = recipe }:run(function() return lin:forward(x) end)
+        local params = lin:parameters()
+        res[dev] = { y = S.keep(y), dx = S.keep(lin:backward(dy)), dw = S.keep(params[1].grad) }
+        if params[2] then res[dev].db = S.keep(params[2].grad) end
+      end
+      for k in pairs(res[REF]) do
+        S.assert_nmse(res[DEV][k], res[REF][k], bound, k)
+      end
+      -- and it did quantize: the high-precision Linear's output is an FP8 rounding away
+      local hp = hold(nn.Linear(128, 64, { seed = 7, device = REF, dtype = cfg.dtype }))
+      local yh = hp:forward(lutra.tensor({ 96, 128 }, cfg.dtype, REF):randn(8))
+      local e = S.nmse_buf(S.keep(yh):read(), res[REF].y:read(), 96 * 64, "high precision")
+      assert.is_true(e > 1e-7, "the rowwise Linear's output equals the high-precision one")
+    end)
+  end
+end)
