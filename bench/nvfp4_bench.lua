@@ -63,17 +63,8 @@ gemm_rows[1] = string.format("| bf16 GEMM | %.1f | %.0f |", t_bf16 * 1e6, flops 
 gemm_rows[2] = string.format("| nvfp4 GEMM (dequantize to bf16 + bf16 GEMM) | %.1f | %.0f |",
                              t_fp4 * 1e6, flops / t_fp4 / 1e12)
 
-local out = { string.format("NVFP4 on %s, %d x %d (bf16 input)", DEV, N, N), "",
-              "| op | us | GB/s (input) |", "|---|---:|---:|" }
-for _, l in ipairs(rows) do out[#out + 1] = l end
-out[#out + 1] = ""
-out[#out + 1] = "| GEMM | us | TFLOP/s |"
-out[#out + 1] = "|---|---:|---:|"
-for _, l in ipairs(gemm_rows) do out[#out + 1] = l end
-local text = table.concat(out, "\n") .. "\n"
-io.write(text)
-if opt.out then
-  local f = assert(io.open(opt.out, "w"))
-  f:write(text)
-  f:close()
-end
+local title = string.format("NVFP4 on %s, %d x %d (bf16 input)", DEV, N, N)
+require("bench.support.report").tables(title, {
+  { head = "| op | us | GB/s (input) |", align = "|---|---:|---:|", rows = rows },
+  { head = "| GEMM | us | TFLOP/s |", align = "|---|---:|---:|", rows = gemm_rows },
+}, opt.out)

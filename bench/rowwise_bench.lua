@@ -12,12 +12,11 @@
 local lutra = require("lutra")
 local R = lutra.recipe
 
+local timing = require("bench.support.timing")
+local cli = require("lutra.cli")
+
 local function parse(argv)
-  local found, argparse = pcall(require, "argparse")
-  if not found then
-    io.stderr:write("rowwise_bench.lua needs lua-argparse (Debian: apt-get install lua-argparse)\n")
-    os.exit(2)
-  end
+  local argparse = cli.argparse("rowwise_bench.lua")
   local p = argparse("rowwise_bench.lua", "Rowwise scaling's quantization bandwidth and GEMM time.")
   p:option("--device", "cuda or cpu (cpu: a smoke test)", "cuda"):choices({ "cuda", "cpu" })
   p:option("--size", "the square matrix size (a multiple of 16)", "8192"):convert(tonumber)
@@ -28,30 +27,11 @@ end
 
 local opt = parse(arg)
 local DEV = opt.device
-if DEV == "cuda" and not lutra.device_available("cuda") then
-  io.stderr:write("rowwise_bench.lua: cuda is not available (use --device cpu for a smoke test)\n")
-  os.exit(1)
-end
+cli.need_device("rowwise_bench.lua", DEV)
 local N = opt.quick and 256 or opt.size
 local ITERS, RUNS = opt.quick and 2 or 20, opt.quick and 1 or 5
 
-local function median(t)
-  table.sort(t)
-  return t[math.floor((#t + 1) / 2)]
-end
-
-local function time_per_call(fn)
-  fn()
-  lutra.synchronize(DEV)
-  local runs = {}
-  for r = 1, RUNS do
-    local t0 = lutra.now()
-    for _ = 1, ITERS do fn() end
-    lutra.synchronize(DEV)
-    runs[r] = (lutra.now() - t0) / ITERS
-  end
-  return median(runs)
-end
+local function time_per_call(fn) return timing.time_per_call(DEV, fn, ITERS, RUNS) end
 
 local x = lutra.tensor({ N, N }, "bf16", DEV):randn(1)
 local y = lutra.tensor({ N, N }, "bf16", DEV)
@@ -89,17 +69,8 @@ gemm_row("rowwise GEMM (dequantize to bf16 + bf16 GEMM)",
          lutra.quantizer(R.rowwise(), "weight", { device = DEV }):quantize(w),
          lutra.quantizer(R.rowwise(), "input", { device = DEV }):quantize(x))
 
-local out = { string.format("Rowwise scaling on %s, %d x %d (bf16 input)", DEV, N, N), "",
-              "| op | us | GB/s (input) |", "|---|---:|---:|" }
-for _, l in ipairs(rows) do out[#out + 1] = l end
-out[#out + 1] = ""
-out[#out + 1] = "| GEMM | us | TFLOP/s |"
-out[#out + 1] = "|---|---:|---:|"
-for _, l in ipairs(gemm_rows) do out[#out + 1] = l end
-local text = table.concat(out, "\n") .. "\n"
-io.write(text)
-if opt.out then
-  local f = assert(io.open(opt.out, "w"))
-  f:write(text)
-  f:close()
-end
+local title = string.format("Rowwise scaling on %s, %d x %d (bf16 input)", DEV, N, N)
+require("bench.support.report").tables(title, {
+  { head = "| op | us | GB/s (input) |", align = "|---|---:|---:|", rows = rows },
+  { head = "| GEMM | us | TFLOP/s |", align = "|---|---:|---:|", rows = gemm_rows },
+}, opt.out)
