@@ -173,6 +173,49 @@ describe("rowwise scaling on " .. DEV, function()
     end)
   end
 
+  -- The norm modules run the norm, then the rowwise casts (no fused norm + rowwise kernel on
+  -- either backend). Their bounds are spec/gpu/fused_norm_gpu.lua's for FP8 recipes: the norm's
+  -- outputs match bit for bit (make sim-norm) but its dgamma sums and the GEMMs' f32 sums run
+  -- in another order, and in the MLP the second layer's input is quantized from the first GEMM's
+  -- output, where a sum a rounding apart can land on the other side of an FP8 rounding boundary.
+  for _, md in ipairs {
+    { name = "LayerNormLinear", in_ = 256, out = 128, bound = 1e-5,
+      make = function(o) return nn.LayerNormLinear(256, 128, o) end },
+    { name = "LayerNormMLP gelu", in_ = 128, out = 128, bound = 1e-4,
+      make = function(o) o.activation = "gelu" return nn.LayerNormMLP(128, 256, o) end },
+  } do
+    test(string.format("nn.%s under lutra.recipe.rowwise, two steps, as on the CPU: NMSE <= %g",
+                       md.name, md.bound), function()
+      local seed = math.random(1, 2 ^ 30)
+      local m, p = {}, {}
+      for i, dev in ipairs { REF, DEV } do
+        m[i] = hold(md.make { device = dev, seed = seed })
+        p[i] = m[i]:parameters()
+        for j = 1, #p[i] do p[i][j].value:randn(seed + j, 0, 0.5) end
+      end
+      local recipes = { R.rowwise { fp8_format = "hybrid" }, R.rowwise { fp8_format = "hybrid" } }
+      for step = 1, 2 do
+        local xa, xb = S.randn_pair({ 64, md.in_ }, "f32", seed + 10 * step)
+        local ga, gb = S.randn_pair({ 64, md.out }, "f32", seed + 10 * step + 1)
+        local res = {}
+        for i = 1, 2 do
+          local sc = lutra.autocast { recipe = recipes[i] }
+          sc:enter()
+          local y = m[i]:forward(i == 1 and xa or xb)
+          local dx = m[i]:backward(i == 1 and ga or gb)
+          sc:exit()
+          res[i] = { y = S.keep(y), dx = S.keep(dx) }
+        end
+        local what = md.name .. " step " .. step
+        S.assert_nmse(res[2].y, res[1].y, md.bound, what .. ": y")
+        S.assert_nmse(res[2].dx, res[1].dx, md.bound, what .. ": dx")
+        for j = 1, #p[1] do
+          S.assert_nmse(p[2][j].grad, p[1][j].grad, md.bound, what .. ": grad " .. j)
+        end
+      end
+    end)
+  end
+
   for _, cfg in ipairs { { p2 = true, format = "e4m3", dtype = "f32" },
                          { p2 = true, format = "hybrid", dtype = "bf16" },
                          { p2 = false, format = "hybrid", dtype = "f32" } } do
