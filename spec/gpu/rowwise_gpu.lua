@@ -173,6 +173,101 @@ describe("rowwise scaling on " .. DEV, function()
     end)
   end
 
+  -- a CUDA graph holds the rowwise kernels (their column amaxes included) and the dequantizing
+  -- GEMMs: replays equal eager steps bit for bit (every kernel of the step is deterministic)
+  if DEV == "cuda" then
+    test("a training step under lutra.recipe.rowwise in a CUDA graph: N replays equal N eager "
+         .. "steps, bit for bit", function()
+      local function trainer()
+        local t = {}
+        t.net = hold(nn.Sequential(nn.Linear(64, 128, { seed = 1, device = DEV }), nn.GELU(),
+                                   nn.Linear(128, 32, { seed = 2, device = DEV })))
+        t.loss = hold(nn.MSELoss())
+        t.opt = hold(lutra.optim.SGD(t.net, { lr = 1e-2, momentum = 0.9 }))
+        t.scope = lutra.autocast { recipe = R.rowwise { fp8_format = "hybrid" } }
+        t.x = lutra.tensor({ 64, 64 }, "f32", DEV)
+        t.target = lutra.tensor({ 64, 32 }, "f32", DEV)
+        t.step = function()
+          t.scope:enter()
+          local y = t.net:forward(t.x)
+          t.scope:exit()
+          t.loss:forward(y, t.target)
+          t.net:backward(t.loss:backward())
+          t.opt:step()
+        end
+        return t
+      end
+      local N = 5
+      local eager, graphed = trainer(), trainer()
+      local xs, ts = {}, {}
+      for i = 1, N do
+        xs[i] = lutra.tensor({ 64, 64 }, "f32", DEV):randn(700 + i)
+        ts[i] = lutra.tensor({ 64, 32 }, "f32", DEV):randn(800 + i)
+        eager.x:copy(xs[i])
+        eager.target:copy(ts[i])
+        eager.step()
+      end
+      graphed.x:copy(xs[1])
+      graphed.target:copy(ts[1])
+      local g = lutra.graph.capture(graphed.step, { warmup = 1 })
+      for i = 2, N do
+        graphed.x:copy(xs[i])
+        graphed.target:copy(ts[i])
+        g:replay()
+      end
+      lutra.synchronize(DEV)
+      local pa, pb = eager.net:parameters(), graphed.net:parameters()
+      for i = 1, #pa do
+        assert.are.equal(pa[i].value:bytes(), pb[i].value:bytes(), "parameter " .. i)
+      end
+      assert.are.equal(eager.loss:value(), graphed.loss:value(), "last loss")
+      g:free()
+    end)
+  end
+
+  -- The norm modules run the norm, then the rowwise casts (no fused norm + rowwise kernel on
+  -- either backend). Their bounds are spec/gpu/fused_norm_gpu.lua's for FP8 recipes: the norm's
+  -- outputs match bit for bit (make sim-norm) but its dgamma sums and the GEMMs' f32 sums run
+  -- in another order, and in the MLP the second layer's input is quantized from the first GEMM's
+  -- output, where a sum a rounding apart can land on the other side of an FP8 rounding boundary.
+  for _, md in ipairs {
+    { name = "LayerNormLinear", in_ = 256, out = 128, bound = 1e-5,
+      make = function(o) return nn.LayerNormLinear(256, 128, o) end },
+    { name = "LayerNormMLP gelu", in_ = 128, out = 128, bound = 1e-4,
+      make = function(o) o.activation = "gelu" return nn.LayerNormMLP(128, 256, o) end },
+  } do
+    test(string.format("nn.%s under lutra.recipe.rowwise, two steps, as on the CPU: NMSE <= %g",
+                       md.name, md.bound), function()
+      local seed = math.random(1, 2 ^ 30)
+      local m, p = {}, {}
+      for i, dev in ipairs { REF, DEV } do
+        m[i] = hold(md.make { device = dev, seed = seed })
+        p[i] = m[i]:parameters()
+        for j = 1, #p[i] do p[i][j].value:randn(seed + j, 0, 0.5) end
+      end
+      local recipes = { R.rowwise { fp8_format = "hybrid" }, R.rowwise { fp8_format = "hybrid" } }
+      for step = 1, 2 do
+        local xa, xb = S.randn_pair({ 64, md.in_ }, "f32", seed + 10 * step)
+        local ga, gb = S.randn_pair({ 64, md.out }, "f32", seed + 10 * step + 1)
+        local res = {}
+        for i = 1, 2 do
+          local sc = lutra.autocast { recipe = recipes[i] }
+          sc:enter()
+          local y = m[i]:forward(i == 1 and xa or xb)
+          local dx = m[i]:backward(i == 1 and ga or gb)
+          sc:exit()
+          res[i] = { y = S.keep(y), dx = S.keep(dx) }
+        end
+        local what = md.name .. " step " .. step
+        S.assert_nmse(res[2].y, res[1].y, md.bound, what .. ": y")
+        S.assert_nmse(res[2].dx, res[1].dx, md.bound, what .. ": dx")
+        for j = 1, #p[1] do
+          S.assert_nmse(p[2][j].grad, p[1][j].grad, md.bound, what .. ": grad " .. j)
+        end
+      end
+    end)
+  end
+
   for _, cfg in ipairs { { p2 = true, format = "e4m3", dtype = "f32" },
                          { p2 = true, format = "hybrid", dtype = "bf16" },
                          { p2 = false, format = "hybrid", dtype = "f32" } } do
