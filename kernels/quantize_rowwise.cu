@@ -13,7 +13,7 @@
  *      merges them with an atomic maximum on the f32 bits (non-negative values: the integer
  *      maximum is the float maximum, so the result does not depend on the blocks' order),
  *   3. the cast: 64x64 tiles through shared memory, each written transposed into [cols][rows]
- *      with consecutive threads storing consecutive bytes of one output row,
+ *      with consecutive threads storing consecutive words (or bytes) of one output row,
  *   4. col_scale_inv[c] = 1 / scale_rule(amax[c]), replacing the amax.
  * Every launch reads skip (TE's noop flag) first and writes nothing when it is set. */
 #include "common.cuh"
@@ -117,8 +117,10 @@ template <int DT> __global__ void __launch_bounds__(THREADS) k_col_amax(const Ro
 }
 
 /* grid (column tiles, row tiles): the TILE x TILE tile at (r0, c0), codes of column c of x in
- * row c of col_data; col_scale_inv still holds the amaxes */
-template <int DT, int OD>
+ * row c of col_data; col_scale_inv still holds the amaxes. WORDS (rows % 4 == 0, col_data 4-byte
+ * aligned): each thread encodes 4 consecutive bytes of an output row and stores them as one
+ * word, 16 threads per output row of the tile; else one byte per thread. */
+template <int DT, int OD, bool WORDS>
 __global__ void __launch_bounds__(THREADS) k_col_cast(const RowwiseArgs a) {
   if (skipped(a)) return;
   __shared__ float tile[TILE][TILE + 1];
@@ -134,12 +136,28 @@ __global__ void __launch_bounds__(THREADS) k_col_cast(const RowwiseArgs a) {
     if (r < a.rows && c < a.cols) tile[tr][tc] = load1<DT>(a.x, r * a.cols + c);
   }
   __syncthreads();
-  /* stores along col_data's rows: thread t writes byte t % TILE of output rows t / TILE, + 4 */
-  for (int i = t; i < TILE * TILE; i += THREADS) {
-    const int tc = i / TILE, tr = i % TILE;
-    const int64_t r = r0 + tr, c = c0 + tc;
-    if (r < a.rows && c < a.cols)
-      a.col_data[c * a.rows + r] = (uint8_t)encode1<OD>(tile[tr][tc], scale[tc]);
+  if (WORDS) {
+    /* rows % 4 == 0: a word of 4 rows lies wholly inside or outside the matrix */
+    constexpr int PER_ROW = TILE / 4;
+    for (int i = t; i < TILE * PER_ROW; i += THREADS) {
+      const int tc = i / PER_ROW, tr = (i % PER_ROW) * 4;
+      const int64_t r = r0 + tr, c = c0 + tc;
+      if (r < a.rows && c < a.cols) {
+        uint32_t w = 0;
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+          w |= encode1<OD>(tile[tr + k][tc], scale[tc]) << (8 * k);
+        *reinterpret_cast<uint32_t *>(a.col_data + c * a.rows + r) = w;
+      }
+    }
+  } else {
+    /* stores along col_data's rows: thread t writes byte t % TILE of output rows t / TILE, + 4 */
+    for (int i = t; i < TILE * TILE; i += THREADS) {
+      const int tc = i / TILE, tr = i % TILE;
+      const int64_t r = r0 + tr, c = c0 + tc;
+      if (r < a.rows && c < a.cols)
+        a.col_data[c * a.rows + r] = (uint8_t)encode1<OD>(tile[tr][tc], scale[tc]);
+    }
   }
 }
 
@@ -172,9 +190,13 @@ template <int DT, int OD> cudaError_t launch(const RowwiseArgs &r, cudaStream_t 
     const unsigned slices = grid_for(rows, AMAX_ROWS, MAX_SLICES);
     LKC_LAUNCH(k_col_amax<DT>, dim3(strips, slices), THREADS, 0, s, r);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    LKC_LAUNCH((k_col_cast<DT, OD>), dim3(strips, (unsigned)((rows + TILE - 1) / TILE)), THREADS, 0,
-               s, r);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const bool words = rows % 4 == 0 && ((uintptr_t)r.col_data & 3u) == 0;
+    e = with_bool(words, [&](auto w) {
+      constexpr auto K = k_col_cast<DT, OD, decltype(w)::value>;
+      LKC_LAUNCH(K, dim3(strips, (unsigned)((rows + TILE - 1) / TILE)), THREADS, 0, s, r);
+      return cudaGetLastError();
+    });
+    if (e != cudaSuccess) return e;
   }
   LKC_LAUNCH(k_col_finish, flat, THREADS, 0, s, r);
   return cudaGetLastError();

@@ -200,11 +200,13 @@ static void run_case(const Case &c, uint64_t seed) {
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");
   setvbuf(stdout, nullptr, _IOLBF, 0);
-  /* the vector row path (cols % 16 == 0), the scalar one, partial 64x64 tiles, one row, one
-   * column, several row slices of the amax pass (rows > 256), empty shapes */
-  const int64_t shapes[][2] = {{1, 1},    {1, 37},   {37, 1},  {5, 48},  {17, 33}, {64, 64},
-                               {65, 129}, {130, 70}, {3, 160}, {1, 200}, {200, 1}, {300, 16},
-                               {520, 24}, {0, 5},    {5, 0},   {0, 0}};
+  /* the vector row path (cols % 16 == 0), the scalar one, partial 64x64 tiles, the columnwise
+   * word stores (rows % 4 == 0) and byte stores, one row, one column, several row slices of the
+   * amax pass (rows > 256), empty shapes */
+  const int64_t shapes[][2] = {{1, 1},   {1, 37},   {37, 1},   {5, 48},   {17, 33},
+                               {64, 64}, {65, 129}, {130, 70}, {3, 160},  {1, 200},
+                               {200, 1}, {300, 16}, {520, 24}, {0, 5},    {5, 0},
+                               {0, 0},   {4, 3},    {68, 100}, {132, 40}, {16, 1}};
   uint64_t seed = 1;
   for (int xd : {LUTRA_BF16, LUTRA_F32, LUTRA_F16})
     for (int od : {LUTRA_E4M3, LUTRA_E5M2})
