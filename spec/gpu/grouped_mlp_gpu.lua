@@ -7,10 +7,11 @@
 -- the first one's grad_output split-quantize; in high precision the activation's own kernels run.
 -- Splits change every step, with empty experts and sizes that are no multiple of 16.
 -- Bounds: 1e-4 in high precision (the GEMMs' accumulation order, and the bias added after the
--- bf16 rounding on cuda), 1e-3 for ReLU there: cuda's bias-after-rounding moves a hidden value by
+-- bf16 rounding on cuda), 1e-2 for ReLU there: cuda's bias-after-rounding moves a hidden value by
 -- up to a bf16 ulp of x W, and the few within that of zero switch ReLU's derivative between 0 and
--- 1 (a whole element of the hidden gradient; on the H200: input-gradient NMSE 2.4e-4). Under FP8
--- 1e-2: the same bf16 differences move an E4M3 code by one step (12.5%) about once in 32 and an
+-- 1 (a whole element of the hidden gradient, and of an expert with few rows a large share of its
+-- weight gradient; on the H200: input gradient 2.4e-4, one expert's weight gradient 1.06e-3).
+-- Under FP8 1e-2: the same bf16 differences move an E4M3 code by one step (12.5%) about once in 32 and an
 -- E5M2 gradient code (25%) once in 64, in a chain of two FP8 layers, which puts NMSE near 1e-3
 -- (seen on the H200: up to 3.1e-3, SwiGLU's parameter gradients); a wrong expert offset, scale
 -- or missing activation gives NMSE ~1.
@@ -52,7 +53,7 @@ describe("the expert MLP on " .. DEV .. " against " .. REF, function()
       test(string.format("%s, %s: forward and backward with new device splits each step",
                          kind.name, rec.name), function()
         local seed = 100 * ki + ri
-        local bound = (kind.kink and not rec.make) and 1e-3 or rec.bound
+        local bound = (kind.kink and not rec.make) and 1e-2 or rec.bound
         local seq_r, gr = mlp(kind, REF, seed)
         local seq_d, gd = mlp(kind, DEV, seed)
         local scope_r, scope_d = S.autocast_pair(rec.make)
