@@ -343,7 +343,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quant
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   for (int64_t r = r0; r < r1; r++) {
     float x[NC][V], mean, rstd;
-    resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
+    resident_row<DT, V, NC, true>(a, r, r1, cur, nxt, x, red, mean, rstd);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);

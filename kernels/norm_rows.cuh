@@ -146,15 +146,29 @@ __device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta,
 }
 
 /* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
- * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. Each sum
- * converts x to double again rather than keeping a double copy of the row: that copy would
- * double the registers a thread holds and halve the rows an SM keeps in flight. */
-template <int V, int NC>
+ * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. HOLD: x
+ * converted to double once and held for both of LayerNorm's sums, for kernels whose occupancy
+ * other resources bound (the fused per-tensor kernel's staged codes: measured faster so); else
+ * each sum converts again, since the double copy would double the registers a thread holds and
+ * halve the rows an SM keeps in flight (the forward: measured faster so). The same bits. */
+template <int V, int NC, bool HOLD = false>
 __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t r,
                                                const float (&x)[NC][V], RowRed &red, float &mean,
                                                float &rstd) {
   const int64_t h = a.hidden;
   const double hd = static_cast<double>(h);
+  double xd[HOLD ? NC : 1][HOLD ? V : 1];
+  if constexpr (HOLD) {
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        xd[j][k] = x[j][k];
+  }
+  auto xv = [&](int j, int k) -> double {
+    if constexpr (HOLD) return xd[j][k];
+    return static_cast<double>(x[j][k]);
+  };
   double mean_d = 0.0, q[1] = {0.0};
   if (!a.rms) {
     double s[1] = {0.0};
@@ -163,7 +177,7 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
       if (col<V>(j) < h) {
 #pragma unroll
         for (int k = 0; k < V; k++)
-          s[0] += static_cast<double>(x[j][k]);
+          s[0] += xv(j, k);
       }
     row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
       if (lead) red.out[0] = t[0] / hd;
@@ -176,8 +190,7 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
     if (col<V>(j) < h) {
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        const double d =
-            a.rms ? static_cast<double>(x[j][k]) : static_cast<double>(x[j][k]) - mean_d;
+        const double d = a.rms ? xv(j, k) : xv(j, k) - mean_d;
         q[0] += dmul_rn(d, d);
       }
     }
@@ -195,7 +208,7 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
 /* row r of a row-resident loop over rows .. r1: the next row's loads issued into nxt first (they
  * are in flight during this row's reductions), then row r, as loaded in cur, unpacked into x
  * with its mean and rstd */
-template <int DT, int V, int NC>
+template <int DT, int V, int NC, bool HOLD = false>
 __device__ __forceinline__ void
 resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (&cur)[NC],
              Raw<DT, V> (&nxt)[NC], float (&x)[NC][V], RowRed &red, float &mean, float &rstd) {
@@ -203,7 +216,7 @@ resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (
 #pragma unroll
   for (int j = 0; j < NC; j++)
     unraw<DT, V>(cur[j], x[j]);
-  resident_stats<V, NC>(a, r, x, red, mean, rstd);
+  resident_stats<V, NC, HOLD>(a, r, x, red, mean, rstd);
 }
 
 /* The row statistics alone, mean and rstd into a.mean / a.rstd (resident_stats: the forward's
