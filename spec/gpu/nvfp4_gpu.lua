@@ -24,20 +24,7 @@ end
 
 -- everything one quantization shows, as byte strings
 local function outputs(t, rowwise, columnwise)
-  local out, d = {}, t:dims()
-  for _, cw in ipairs { false, true } do
-    if (cw and columnwise) or (not cw and rowwise) then
-      local side = cw and "columnwise" or "rowwise"
-      out[side .. " codes"] = t:bytes(cw)
-      out[side .. " scales"] = scale_bytes(t, cw)
-      local shape = cw and { d[2], d[1] } or d
-      for _, od in ipairs { "f32", "bf16" } do
-        local y = lutra.dequantize(t, poisoned(shape, od, t:device_name()), cw)
-        out[side .. " dequantized " .. od] = y:bytes(false)
-      end
-    end
-  end
-  return out
+  return S.quantized_outputs(t, rowwise, columnwise, scale_bytes, "scales")
 end
 
 local cases = {

@@ -37,21 +37,8 @@ end
 
 -- everything one quantization shows, as byte strings
 local function outputs(t, rowwise, columnwise)
-  local out, d = {}, t:dims()
   assert.are.equal("rowwise", t:scaling_name())
-  for _, cw in ipairs { false, true } do
-    if (cw and columnwise) or (not cw and rowwise) then
-      local side = cw and "columnwise" or "rowwise"
-      out[side .. " codes"] = t:bytes(cw)
-      out[side .. " scale_inv"] = scale_bytes(t, cw)
-      local shape = cw and { d[2], d[1] } or d
-      for _, od in ipairs { "f32", "bf16" } do
-        local y = lutra.dequantize(t, poisoned(shape, od, t:device_name()), cw)
-        out[side .. " dequantized " .. od] = y:bytes(false)
-      end
-    end
-  end
-  return out
+  return S.quantized_outputs(t, rowwise, columnwise, scale_bytes, "scale_inv")
 end
 
 -- x [rows, cols] of dtype dt on both devices, rows and columns of different magnitudes (so that
@@ -203,19 +190,13 @@ describe("rowwise scaling on " .. DEV, function()
       for i = 1, N do
         xs[i] = lutra.tensor({ 64, 64 }, "f32", DEV):randn(700 + i)
         ts[i] = lutra.tensor({ 64, 32 }, "f32", DEV):randn(800 + i)
-        eager.x:copy(xs[i])
-        eager.target:copy(ts[i])
-        eager.step()
       end
-      graphed.x:copy(xs[1])
-      graphed.target:copy(ts[1])
-      local g = lutra.graph.capture(graphed.step, { warmup = 1 })
-      for i = 2, N do
-        graphed.x:copy(xs[i])
-        graphed.target:copy(ts[i])
-        g:replay()
+      local function feed(t, i)
+        t.x:copy(xs[i])
+        t.target:copy(ts[i])
       end
-      lutra.synchronize(DEV)
+      S.eager_steps(eager, N, feed)
+      local g = S.replayed_steps(graphed, N, feed)
       local pa, pb = eager.net:parameters(), graphed.net:parameters()
       for i = 1, #pa do
         assert.are.equal(pa[i].value:bytes(), pb[i].value:bytes(), "parameter " .. i)

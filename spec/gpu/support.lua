@@ -157,6 +157,26 @@ end
 
 -- byte strings must be identical; esize groups bytes into elements for the message, and a
 -- float dtype code (optional) decodes both values there
+-- Everything one quantization t shows, as byte strings keyed by what they are: each asked-for
+-- copy's codes, its scales (scale_bytes(t, columnwise) -> bytes, under the key "<copy> <label>")
+-- and its dequantization into f32 and bf16 (outputs poisoned first).
+function S.quantized_outputs(t, rowwise, columnwise, scale_bytes, label)
+  local out, d = {}, t:dims()
+  for _, cw in ipairs { false, true } do
+    if (cw and columnwise) or (not cw and rowwise) then
+      local side = cw and "columnwise" or "rowwise"
+      out[side .. " codes"] = t:bytes(cw)
+      out[side .. " " .. label] = scale_bytes(t, cw)
+      local shape = cw and { d[2], d[1] } or d
+      for _, od in ipairs { "f32", "bf16" } do
+        local y = lutra.dequantize(t, S.poisoned(shape, od, t:device_name()), cw)
+        out[side .. " dequantized " .. od] = y:bytes(false)
+      end
+    end
+  end
+  return out
+end
+
 function S.assert_same_bytes(got, want, what, esize, code)
   if got == want then return end
   esize = esize or 1
