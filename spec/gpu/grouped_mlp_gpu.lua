@@ -11,10 +11,10 @@
 -- up to a bf16 ulp of x W, and the few within that of zero switch ReLU's derivative between 0 and
 -- 1 (a whole element of the hidden gradient, and of an expert with few rows a large share of its
 -- weight gradient; on the H200: input gradient 2.4e-4, one expert's weight gradient 1.06e-3).
--- Under FP8 1e-2: the same bf16 differences move an E4M3 code by one step (12.5%) about once in 32 and an
--- E5M2 gradient code (25%) once in 64, in a chain of two FP8 layers, which puts NMSE near 1e-3
--- (seen on the H200: up to 3.1e-3, SwiGLU's parameter gradients); a wrong expert offset, scale
--- or missing activation gives NMSE ~1.
+-- Under FP8 1e-2: the same bf16 differences move an E4M3 code by one step (12.5%) about once
+-- in 32 and an E5M2 gradient code (25%) once in 64, in a chain of two FP8 layers, which puts
+-- NMSE near 1e-3 (seen on the H200: up to 3.1e-3, SwiGLU's parameter gradients); a wrong expert
+-- offset, scale or missing activation gives NMSE ~1.
 -- Run: LUTRA_TEST_DEVICE=cuda make test-gpu (or the CPU smoke test: LUTRA_TEST_DEVICE=cpu).
 local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
