@@ -28,28 +28,6 @@ struct Deq {
   uint16_t *out;
 };
 
-LKC_HD int64_t round_up(int64_t v, int64_t to) {
-  return (v + to - 1) / to * to;
-}
-
-/* lutra_grouped_scale_region (backend/grouped_layout.h), callable on the device */
-LKC_HD int64_t region(int scaling, int64_t rows, int64_t cols, bool columnwise) {
-  if (columnwise) {
-    const int64_t t = rows;
-    rows = cols;
-    cols = t;
-  }
-  const int64_t nb = (cols + 127) / 128;
-  int64_t n = 1;
-  if (scaling == LUTRA_SCALING_MXFP8)
-    n = rows * ((cols + 31) / 32);
-  else if (scaling == LUTRA_SCALING_BLOCK_1D)
-    n = nb * round_up(rows, 4);
-  else if (scaling == LUTRA_SCALING_BLOCK_2D)
-    n = (rows + 127) / 128 * round_up(nb, 4);
-  return round_up(n, 16);
-}
-
 struct Slice {
   int ok, e;
   int64_t P, p, sc; /* padded rows before, padded rows, the scale array's start */
@@ -65,11 +43,11 @@ __device__ void locate(const Deq &a, int64_t prow, Slice *w) {
       w->ok = 0;
       continue;
     }
-    const int64_t p = round_up(s, a.align);
+    const int64_t p = lutra_grouped_roundup(s, a.align);
     if (w->e < 0 && prow < P + p) w->e = e, w->P = P, w->p = p, w->sc = sc;
     r += s;
     P += p;
-    sc += region(a.scaling, p, a.cols, a.columnwise != 0);
+    sc += lutra_grouped_scale_region(a.scaling, p, a.cols, a.columnwise != 0);
   }
   if (a.splits && r != a.total_rows) w->ok = 0;
 }
@@ -85,9 +63,9 @@ __device__ __forceinline__ float factor(const Deq &a, const Slice &w, int64_t r,
   case LUTRA_SCALING_MXFP8:
     return e8m0_value(s8[i * (cols / 32) + j / 32]);
   case LUTRA_SCALING_BLOCK_1D:
-    return sf[(j / 128) * round_up(rows, 4) + i];
+    return sf[(j / 128) * lutra_grouped_roundup(rows, 4) + i];
   case LUTRA_SCALING_BLOCK_2D:
-    return sf[(i / 128) * round_up((cols + 127) / 128, 4) + j / 128];
+    return sf[(i / 128) * lutra_grouped_roundup((cols + 127) / 128, 4) + j / 128];
   default:
     return sf[0];
   }

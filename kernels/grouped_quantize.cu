@@ -21,6 +21,7 @@
 #include "act_cast.cuh"
 #include "common.cuh"
 #include "grouped_kernels.h"
+#include "grouped_rows.cuh"
 
 #include "backend/grouped_layout.h"
 
@@ -46,21 +47,14 @@ __device__ __forceinline__ void store1_any(void *p, int dtype, int64_t i, float 
 }
 constexpr int TILE_ROWS = 16;
 
-struct GroupedQuant {
-  const void *x;
-  const void *const *xs;
-  const int32_t *splits;
-  int32_t *bad_split;
-  int64_t total_rows, cols, rows_each;
-  int num, align, current, power_2_scale;
-  float fp8_max, eps;
+struct GroupedQuant : GroupedRows {
+  int current;
   uint8_t *data, *col_data;
   float *scale_inv, *col_scale_inv;
   float *scale, *amax;
   int amax_stride;
   void *const *dbias;
   int dbias_dtype, dbias_accumulate;
-  const int32_t *skip;
   uint32_t *work; /* current scaling: expert e's accumulator and tile count at work[4 e] */
   /* lutra_grouped_quant_args.act: the values quantized are lkact::act_value's of the rows */
   const void *act;
@@ -264,19 +258,8 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
                  (!q->act_forward && !q->x)))
     return cudaErrorInvalidValue;
   GroupedQuant a;
-  a.x = q->x;
-  a.xs = q->xs;
-  a.splits = q->xs ? nullptr : q->splits;
-  a.bad_split = q->bad_split;
-  a.total_rows = q->total_rows;
-  a.cols = q->cols;
-  a.rows_each = q->rows_each;
-  a.num = q->num;
-  a.align = q->out.align;
+  take_rows(a, q);
   a.current = q->kind == LUTRA_QUANT_CURRENT;
-  a.power_2_scale = q->power_2_scale;
-  a.fp8_max = q->fp8_max;
-  a.eps = q->amax_epsilon;
   a.data = static_cast<uint8_t *>(q->out.data);
   a.col_data = static_cast<uint8_t *>(q->out.col_data);
   a.scale_inv = static_cast<float *>(q->out.scale_inv);
@@ -287,7 +270,6 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   a.dbias = q->dbias;
   a.dbias_dtype = q->dbias_dtype;
   a.dbias_accumulate = q->dbias_accumulate;
-  a.skip = q->skip;
   a.work = q->work;
   a.act = q->act;
   a.act_kind = q->act_kind;

@@ -18,6 +18,7 @@
  * tools/sim_grouped_quantize.cpp checks the kernel on the CPU). */
 #include "common.cuh"
 #include "grouped_kernels.h"
+#include "grouped_rows.cuh"
 
 #include "backend/grouped_layout.h"
 
@@ -28,40 +29,12 @@ using namespace lkc;
 constexpr int BT = 128; /* threads per block = columns per block */
 enum { MODE_MX = 0, MODE_1D = 1, MODE_2D = 2 };
 
-struct BlockQuant {
-  const void *x;
-  const void *const *xs;
-  const int32_t *splits;
-  int32_t *bad_split;
-  int64_t total_rows, cols, rows_each;
-  int num, align, scaling, power_2_scale;
-  float fp8_max, max_rcp, eps;
+struct BlockQuant : GroupedRows {
+  int scaling;
+  float max_rcp;
   uint8_t *data, *col_data;
   void *scale_inv, *col_scale_inv;
-  const int32_t *skip;
 };
-
-LKC_HD int64_t round_to(int64_t v, int64_t to) {
-  return (v + to - 1) / to * to;
-}
-
-/* lutra_grouped_scale_region (backend/grouped_layout.h), callable on the device */
-LKC_HD int64_t scale_region(int scaling, int64_t rows, int64_t cols, bool columnwise) {
-  if (columnwise) {
-    const int64_t t = rows;
-    rows = cols;
-    cols = t;
-  }
-  const int64_t nb = (cols + 127) / 128;
-  int64_t n = 1;
-  if (scaling == LUTRA_SCALING_MXFP8)
-    n = rows * ((cols + 31) / 32);
-  else if (scaling == LUTRA_SCALING_BLOCK_1D)
-    n = nb * round_to(rows, 4);
-  else if (scaling == LUTRA_SCALING_BLOCK_2D)
-    n = (rows + 127) / 128 * round_to(nb, 4);
-  return round_to(n, 16);
-}
 
 /* the row group gi (counted over all experts) and where its expert's slices start */
 struct Group {
@@ -79,7 +52,7 @@ __device__ void locate_group(const BlockQuant &a, int64_t gi, int G, Group *g) {
       g->ok = 0;
       continue;
     }
-    const int64_t p = round_to(s, a.align), ng = (p + G - 1) / G;
+    const int64_t p = lutra_grouped_roundup(s, a.align), ng = (p + G - 1) / G;
     if (g->e < 0 && gi < groups + ng) {
       g->e = e;
       g->R = r, g->P = P, g->s = s, g->p = p, g->srow = srow, g->scol = scol;
@@ -89,8 +62,8 @@ __device__ void locate_group(const BlockQuant &a, int64_t gi, int G, Group *g) {
     r += s;
     P += p;
     groups += ng;
-    srow += scale_region(a.scaling, p, a.cols, false);
-    scol += scale_region(a.scaling, p, a.cols, true);
+    srow += lutra_grouped_scale_region(a.scaling, p, a.cols, false);
+    scol += lutra_grouped_scale_region(a.scaling, p, a.cols, true);
   }
   if (a.splits && r != a.total_rows) g->ok = 0;
 }
@@ -177,13 +150,15 @@ template <int XD, int OD> __device__ void b1d_group(const BlockQuant &a, const G
       const float rs = scale_rule(m, a.fp8_max, a.power_2_scale, a.eps);
       a.data[(g.P + g.r0 + i) * cols + c] = (uint8_t)encode1<OD>(v, rs);
       if (t == 0) /* [cb][roundup(p, 4)] */
-        static_cast<float *>(a.scale_inv)[g.srow + (c0 / 128) * round_to(g.p, 4) + g.r0 + i] =
+        static_cast<float *>(
+            a.scale_inv)[g.srow + (c0 / 128) * lutra_grouped_roundup(g.p, 4) + g.r0 + i] =
             div_x86(1.0f, rs);
     }
     if (a.col_data) put_col(w, i, encode1<OD>(v, cs), dst);
   }
   if (a.col_data && active) /* the transpose [cols][p]: [rb][roundup(cols, 4)] */
-    static_cast<float *>(a.col_scale_inv)[g.scol + (g.r0 / 128) * round_to(cols, 4) + c] =
+    static_cast<float *>(
+        a.col_scale_inv)[g.scol + (g.r0 / 128) * lutra_grouped_roundup(cols, 4) + c] =
         div_x86(1.0f, cs);
 }
 
@@ -208,9 +183,11 @@ template <int XD, int OD> __device__ void b2d_group(const BlockQuant &a, const G
   const float inv = div_x86(1.0f, s);
   const int64_t cb = (cols + 127) / 128, rb = (g.p + 127) / 128;
   if (a.data) /* [rb][roundup(cb, 4)] */
-    static_cast<float *>(a.scale_inv)[g.srow + (g.r0 / 128) * round_to(cb, 4) + c0 / 128] = inv;
+    static_cast<float *>(
+        a.scale_inv)[g.srow + (g.r0 / 128) * lutra_grouped_roundup(cb, 4) + c0 / 128] = inv;
   if (a.col_data) /* [cb][roundup(rb, 4)] */
-    static_cast<float *>(a.col_scale_inv)[g.scol + (c0 / 128) * round_to(rb, 4) + g.r0 / 128] = inv;
+    static_cast<float *>(
+        a.col_scale_inv)[g.scol + (c0 / 128) * lutra_grouped_roundup(rb, 4) + g.r0 / 128] = inv;
 }
 
 template <int XD, int OD, int MODE> __global__ void __launch_bounds__(BT) k_qblocks(BlockQuant a) {
@@ -247,25 +224,13 @@ extern "C" cudaError_t lk_grouped_quantize_blocks(const lutra_grouped_quant_args
   if (mode == MODE_MX && (q->cols % 32 || q->out.align % 32)) return cudaErrorInvalidValue;
   if (q->out.align % 16) return cudaErrorInvalidValue;
   BlockQuant a;
-  a.x = q->x;
-  a.xs = q->xs;
-  a.splits = q->xs ? nullptr : q->splits;
-  a.bad_split = q->bad_split;
-  a.total_rows = q->total_rows;
-  a.cols = q->cols;
-  a.rows_each = q->rows_each;
-  a.num = q->num;
-  a.align = q->out.align;
+  take_rows(a, q);
   a.scaling = q->out.scaling;
-  a.power_2_scale = q->power_2_scale;
-  a.fp8_max = q->fp8_max;
   a.max_rcp = 1.0f / q->fp8_max; /* the CPU's 1 / lutra_dtype_max, in f32 */
-  a.eps = q->amax_epsilon;
   a.data = q->out.scale_inv ? static_cast<uint8_t *>(q->out.data) : nullptr;
   a.col_data = q->out.col_scale_inv ? static_cast<uint8_t *>(q->out.col_data) : nullptr;
   a.scale_inv = q->out.scale_inv;
   a.col_scale_inv = q->out.col_scale_inv;
-  a.skip = q->skip;
   const int G = mode == MODE_MX ? 32 : 128;
   cudaError_t err = cudaSuccess;
   if (a.data || a.col_data) {

@@ -20,12 +20,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-static inline int64_t lutra_grouped_roundup(int64_t v, int64_t to) {
+/* host and device: the CUDA kernels (kernels/grouped_*.cu) compute the same offsets with these */
+#ifdef __CUDACC__
+#define LUTRA_GROUPED_HD __host__ __device__
+#else
+#define LUTRA_GROUPED_HD
+#endif
+
+static inline LUTRA_GROUPED_HD int64_t lutra_grouped_roundup(int64_t v, int64_t to) {
   return (v + to - 1) / to * to;
 }
 
 /* rows each expert's token rows are padded to for a scaling mode */
-static inline int32_t lutra_grouped_align(int scaling) {
+static inline LUTRA_GROUPED_HD int32_t lutra_grouped_align(int scaling) {
   switch (scaling) {
   case LUTRA_SCALING_MXFP8:
     return 32;
@@ -39,8 +46,8 @@ static inline int32_t lutra_grouped_align(int scaling) {
 
 /* scale elements of a [rows, cols] matrix (the columnwise copy's when columnwise), as
  * lutra_scale_count in runtime/tensor.c counts them (the layouts of lutra.h) */
-static inline int64_t lutra_grouped_scale_elems(int scaling, int64_t rows, int64_t cols,
-                                                bool columnwise) {
+static inline LUTRA_GROUPED_HD int64_t lutra_grouped_scale_elems(int scaling, int64_t rows,
+                                                                 int64_t cols, bool columnwise) {
   if (columnwise) {
     int64_t t = rows;
     rows = cols;
@@ -62,8 +69,8 @@ static inline int64_t lutra_grouped_scale_elems(int scaling, int64_t rows, int64
 }
 
 /* expert scale arrays start 16 elements apart at least */
-static inline int64_t lutra_grouped_scale_region(int scaling, int64_t padded_rows, int64_t cols,
-                                                 bool columnwise) {
+static inline LUTRA_GROUPED_HD int64_t lutra_grouped_scale_region(int scaling, int64_t padded_rows,
+                                                                  int64_t cols, bool columnwise) {
   return lutra_grouped_roundup(lutra_grouped_scale_elems(scaling, padded_rows, cols, columnwise),
                                16);
 }
