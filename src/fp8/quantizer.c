@@ -206,6 +206,19 @@ static int observe(lutra_quantizer *q, const lutra_tensor *x, const char *fn) {
   return q->be->amax(x->data, x->dtype, x->numel, q->meta.amax_history);
 }
 
+/* the bias gradient of x summed after a quantization that does not fuse it */
+static int unfused_dbias(const lutra_backend *be, const lutra_tensor *x, lutra_tensor *dbias,
+                         const lutra_quantize_op *op) {
+  return be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
+                                               .dtype = x->dtype,
+                                               .rows = lutra_rows(x),
+                                               .cols = lutra_cols(x),
+                                               .db = dbias->data,
+                                               .db_dtype = dbias->dtype,
+                                               .accumulate = op->dbias_accumulate,
+                                               .skip = op->skip});
+}
+
 static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_tensor **out,
                          const char *fn) {
   if (op->observe) return observe(q, op->x, fn);
@@ -298,15 +311,7 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     CHECK_ARG(!act, "rowwise scaling fuses no GELU gradient");
     a.dbias = NULL; /* not fused: the bias gradient is summed after */
     TRY(be->quantize_rowwise(&a));
-    if (dbias)
-      TRY(be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
-                                                .dtype = x->dtype,
-                                                .rows = lutra_rows(x),
-                                                .cols = lutra_cols(x),
-                                                .db = dbias->data,
-                                                .db_dtype = dbias->dtype,
-                                                .accumulate = op->dbias_accumulate,
-                                                .skip = op->skip}));
+    if (dbias) TRY(unfused_dbias(be, x, dbias, op));
     break;
   case LUTRA_QUANT_NVFP4:
     a.dbias = NULL; /* not fused: the bias gradient is summed after */
@@ -315,15 +320,7 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
     a.seed = fp4_call_seed(s->seed, q->calls);
     TRY(be->quantize_nvfp4(&a));
     q->calls++;
-    if (dbias)
-      TRY(be->bias_grad(&(lutra_bias_grad_args){.dy = x->data,
-                                                .dtype = x->dtype,
-                                                .rows = lutra_rows(x),
-                                                .cols = lutra_cols(x),
-                                                .db = dbias->data,
-                                                .db_dtype = dbias->dtype,
-                                                .accumulate = op->dbias_accumulate,
-                                                .skip = op->skip}));
+    if (dbias) TRY(unfused_dbias(be, x, dbias, op));
     break;
   default:
     TRY(be->quantize_block(&a));
