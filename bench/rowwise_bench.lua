@@ -12,35 +12,8 @@
 local lutra = require("lutra")
 local R = lutra.recipe
 
-local timing = require("bench.support.timing")
-local cli = require("lutra.cli")
-
-local function parse(argv)
-  local argparse = cli.argparse("rowwise_bench.lua")
-  local p = argparse("rowwise_bench.lua", "Rowwise scaling's quantization bandwidth and GEMM time.")
-  p:option("--device", "cuda or cpu (cpu: a smoke test)", "cuda"):choices({ "cuda", "cpu" })
-  p:option("--size", "the square matrix size (a multiple of 16)", "8192"):convert(tonumber)
-  p:option("--out", "also write the table to this markdown file")
-  p:flag("--quick", "a small size and fewer runs")
-  return p:parse(argv)
-end
-
-local opt = parse(arg)
-local DEV = opt.device
-cli.need_device("rowwise_bench.lua", DEV)
-local N = opt.quick and 256 or opt.size
-local ITERS, RUNS = opt.quick and 2 or 20, opt.quick and 1 or 5
-
-local function time_per_call(fn) return timing.time_per_call(DEV, fn, ITERS, RUNS) end
-
-local x = lutra.tensor({ N, N }, "bf16", DEV):randn(1)
-local y = lutra.tensor({ N, N }, "bf16", DEV)
-local rows = {}
-local function row(name, t, bytes)
-  rows[#rows + 1] = string.format("| %s | %.1f | %.0f |", name, t * 1e6, bytes / t / 1e9)
-end
-
-row("copy (bf16, read + write)", time_per_call(function() y:copy(x) end), 4 * N * N)
+local b = require("bench.support.format_bench").new(
+  "rowwise_bench.lua", "Rowwise scaling's quantization bandwidth and GEMM time.")
 local cases = {
   { "current scaling cast (E4M3, both copies)", R.current { fp8_format = "e4m3" }, true, true },
   { "rowwise, rowwise copy only", R.rowwise(), true, false },
@@ -48,29 +21,17 @@ local cases = {
   { "rowwise, both copies", R.rowwise(), true, true },
 }
 for _, c in ipairs(cases) do
-  local q = lutra.quantizer(c[2], "input", { device = DEV, rowwise = c[3], columnwise = c[4] })
-  row(c[1], time_per_call(function() q:quantize(x) end), 2 * N * N)
+  b:quantize_row(c[1], lutra.quantizer(c[2], "input", { device = b.device, rowwise = c[3],
+                                                       columnwise = c[4] }))
 end
 
-local gemm_rows = {}
-local d = lutra.tensor({ N, N }, "bf16", DEV)
-local w = lutra.tensor({ N, N }, "bf16", DEV):randn(2)
-local flops = 2 * N * N * N
-local function gemm_row(name, a, b)
-  local t = time_per_call(function() lutra.gemm(a, true, b, false, d) end)
-  gemm_rows[#gemm_rows + 1] = string.format("| %s | %.1f | %.0f |", name, t * 1e6, flops / t / 1e12)
+local function quantized(recipe, role, t)
+  return lutra.quantizer(recipe, role, { device = b.device }):quantize(t)
 end
-gemm_row("bf16 GEMM", w, x)
+b:gemm_row("bf16 GEMM", b.w, b.x)
 local cur = R.current { fp8_format = "e4m3" }
-gemm_row("per-tensor FP8 GEMM (current scaling)",
-         lutra.quantizer(cur, "weight", { device = DEV }):quantize(w),
-         lutra.quantizer(cur, "input", { device = DEV }):quantize(x))
-gemm_row("rowwise GEMM (dequantize to bf16 + bf16 GEMM)",
-         lutra.quantizer(R.rowwise(), "weight", { device = DEV }):quantize(w),
-         lutra.quantizer(R.rowwise(), "input", { device = DEV }):quantize(x))
-
-local title = string.format("Rowwise scaling on %s, %d x %d (bf16 input)", DEV, N, N)
-require("bench.support.report").tables(title, {
-  { head = "| op | us | GB/s (input) |", align = "|---|---:|---:|", rows = rows },
-  { head = "| GEMM | us | TFLOP/s |", align = "|---|---:|---:|", rows = gemm_rows },
-}, opt.out)
+b:gemm_row("per-tensor FP8 GEMM (current scaling)", quantized(cur, "weight", b.w),
+           quantized(cur, "input", b.x))
+b:gemm_row("rowwise GEMM (dequantize to bf16 + bf16 GEMM)", quantized(R.rowwise(), "weight", b.w),
+           quantized(R.rowwise(), "input", b.x))
+b:report("Rowwise scaling")

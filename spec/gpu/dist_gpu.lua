@@ -170,12 +170,7 @@ describe("dist on " .. DEV .. " (one rank)", function()
     end
     return t
   end
-  local function same_params(a, b, what)
-    local pa, pb = a.net:parameters(), b.net:parameters()
-    for i = 1, #pa do
-      assert.are.equal(pb[i].value:bytes(), pa[i].value:bytes(), what .. ": parameter " .. i)
-    end
-  end
+  local same_params = S.assert_same_params
 
   for _, optim in ipairs({ "sgd", "adamw" }) do
     test(optim .. ": the optimizer step waits for the data-parallel buckets by itself (on cuda "
@@ -213,15 +208,7 @@ describe("dist on " .. DEV .. " (one rank)", function()
              function(g)
     local N = 4
     local eager, graphed = dp_trainer(g, "adamw"), dp_trainer(g, "adamw")
-    local xs, ts = {}, {}
-    for i = 1, N do
-      xs[i] = lutra.tensor({ ROWS, IN }, "f32", DEV):randn(80 + i)
-      ts[i] = lutra.tensor({ ROWS, OUT }, "f32", DEV):randn(90 + i)
-    end
-    local function feed(t, i)
-      t.x:copy(xs[i])
-      t.target:copy(ts[i])
-    end
+    local feed = S.batch_feed(N, { ROWS, IN }, { ROWS, OUT }, 80, 90)
     S.eager_steps(eager, N, feed)
     local before = g:stats().all_reduce
     local graph = S.replayed_steps(graphed, N, feed)

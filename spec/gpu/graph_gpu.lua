@@ -41,23 +41,6 @@ local function trainer(optim, recipe)
   return t
 end
 
-local function batches(n, seed)
-  local xs, ts = {}, {}
-  for i = 1, n do
-    xs[i] = lutra.tensor({ B, IN }, "f32", DEV):randn(seed + i)
-    ts[i] = lutra.tensor({ B, OUT }, "f32", DEV):randn(seed + 100 + i)
-  end
-  return xs, ts
-end
-
-local function assert_same_params(a, b, what)
-  local pa, pb = a.net:parameters(), b.net:parameters()
-  for i = 1, #pa do
-    assert.are.equal(pa[i].value:bytes(), pb[i].value:bytes(),
-                     string.format("%s: parameter %d differs", what, i))
-  end
-end
-
 describe("CUDA graphs on " .. DEV, function()
   if DEV ~= "cuda" then
     it("are refused on the " .. DEV .. " device with a clear error", function()
@@ -79,13 +62,9 @@ describe("CUDA graphs on " .. DEV, function()
   for _, case in ipairs(CASES) do
     test(case.name .. ": N replays equal N eager steps, bit for bit", function()
       local N = 6
-      local xs, ts = batches(N, 500)
+      local feed = S.batch_feed(N, { B, IN }, { B, OUT }, 500, 600)
       local eager = trainer(case.optim, case.recipe and case.recipe())
       local graphed = trainer(case.optim, case.recipe and case.recipe())
-      local function feed(t, i)
-        t.x:copy(xs[i])
-        t.target:copy(ts[i])
-      end
       S.eager_steps(eager, N, feed)
       local nodes
       local g = S.replayed_steps(graphed, N, feed, function(graph)
@@ -93,7 +72,7 @@ describe("CUDA graphs on " .. DEV, function()
         assert.is_true(nodes >= 10, "the graph holds the step's kernels (" .. nodes .. " nodes)")
       end)
       assert.are.same({ nodes, N - 1 }, { g:info() })
-      assert_same_params(eager, graphed, case.name)
+      S.assert_same_params(eager, graphed, case.name)
       assert.are.equal(eager.loss:value(), graphed.loss:value(), "last loss")
       g:free()
     end)

@@ -186,21 +186,10 @@ describe("rowwise scaling on " .. DEV, function()
       end
       local N = 5
       local eager, graphed = trainer(), trainer()
-      local xs, ts = {}, {}
-      for i = 1, N do
-        xs[i] = lutra.tensor({ 64, 64 }, "f32", DEV):randn(700 + i)
-        ts[i] = lutra.tensor({ 64, 32 }, "f32", DEV):randn(800 + i)
-      end
-      local function feed(t, i)
-        t.x:copy(xs[i])
-        t.target:copy(ts[i])
-      end
+      local feed = S.batch_feed(N, { 64, 64 }, { 64, 32 }, 700, 800)
       S.eager_steps(eager, N, feed)
       local g = S.replayed_steps(graphed, N, feed)
-      local pa, pb = eager.net:parameters(), graphed.net:parameters()
-      for i = 1, #pa do
-        assert.are.equal(pa[i].value:bytes(), pb[i].value:bytes(), "parameter " .. i)
-      end
+      S.assert_same_params(eager, graphed, "after the replays")
       assert.are.equal(eager.loss:value(), graphed.loss:value(), "last loss")
       g:free()
     end)

@@ -296,6 +296,29 @@ end
 -- The two sides of a graph check over the same n batches. t is a trainer (a table whose step
 -- runs one training step on its own inputs); feed(t, i) loads batch i into those inputs.
 
+-- n random batches (x of x_shape seeded x_seed + i, target of t_shape seeded t_seed + i, dtype
+-- f32 unless given) on the device, and feed(t, i) copying batch i into t.x and t.target
+function S.batch_feed(n, x_shape, t_shape, x_seed, t_seed, dtype)
+  local xs, ts = {}, {}
+  for i = 1, n do
+    xs[i] = lutra.tensor(x_shape, dtype or "f32", S.DEV):randn(x_seed + i)
+    ts[i] = lutra.tensor(t_shape, dtype or "f32", S.DEV):randn(t_seed + i)
+  end
+  return function(t, i)
+    t.x:copy(xs[i])
+    t.target:copy(ts[i])
+  end
+end
+
+-- every parameter of trainers a and b (their .net) the same bytes
+function S.assert_same_params(a, b, what)
+  local pa, pb = a.net:parameters(), b.net:parameters()
+  assert.are.equal(#pa, #pb, what .. ": parameter count")
+  for i = 1, #pa do
+    assert.are.equal(pa[i].value:bytes(), pb[i].value:bytes(), what .. ": parameter " .. i)
+  end
+end
+
 -- the eager side: batch i fed, then t.step(), for i = 1..n
 function S.eager_steps(t, n, feed)
   for i = 1, n do
