@@ -302,13 +302,8 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 
 /* the row-resident kernel for rows of up to kResident elements a thread, or nullptr */
 template <int DT, int PDT, int V> auto fwd_rows_kernel(int64_t h) -> void (*)(lutra_norm_args) {
-  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  if (nc <= 1) return norm_fwd_rows<DT, PDT, V, 1>;
-  if (nc <= 2) return norm_fwd_rows<DT, PDT, V, 2>;
-  if (nc <= 4) return norm_fwd_rows<DT, PDT, V, 4>;
-  if constexpr (8 * V <= kResident)
-    if (nc <= 8) return norm_fwd_rows<DT, PDT, V, 8>;
-  return nullptr;
+  return with_resident_chunks<V, void (*)(lutra_norm_args)>(
+      h, [](auto nc) { return norm_fwd_rows<DT, PDT, V, decltype(nc)::value>; });
 }
 
 using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);

@@ -458,22 +458,13 @@ template <int DT, int PDT, int OD, int V, int NC> std::atomic<uint64_t> rows_sme
  * the shared memory of its widest row, or nullptr */
 template <int DT, int PDT, int OD, int V>
 auto rows_kernel(int64_t h, cudaError_t &e) -> void (*)(Params) {
-  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  auto pick = [&](auto k, std::atomic<uint64_t> &done, int chunks) -> void (*)(Params) {
-    e = lkc::allow_smem(k, kQRows * kRowThreads * V * chunks, done);
-    return k;
-  };
   e = cudaSuccess;
-  if (nc <= 1)
-    return pick(k_norm_quantize_rows<DT, PDT, OD, V, 1>, rows_smem_allowed<DT, PDT, OD, V, 1>, 1);
-  if (nc <= 2)
-    return pick(k_norm_quantize_rows<DT, PDT, OD, V, 2>, rows_smem_allowed<DT, PDT, OD, V, 2>, 2);
-  if (nc <= 4)
-    return pick(k_norm_quantize_rows<DT, PDT, OD, V, 4>, rows_smem_allowed<DT, PDT, OD, V, 4>, 4);
-  if constexpr (8 * V <= kResident)
-    if (nc <= 8)
-      return pick(k_norm_quantize_rows<DT, PDT, OD, V, 8>, rows_smem_allowed<DT, PDT, OD, V, 8>, 8);
-  return nullptr;
+  return with_resident_chunks<V, void (*)(Params)>(h, [&](auto nc) -> void (*)(Params) {
+    constexpr int NC = decltype(nc)::value;
+    e = lkc::allow_smem(k_norm_quantize_rows<DT, PDT, OD, V, NC>, kQRows * kRowThreads * V * NC,
+                        rows_smem_allowed<DT, PDT, OD, V, NC>);
+    return k_norm_quantize_rows<DT, PDT, OD, V, NC>;
+  });
 }
 
 /* norm_fwd's vector width: 16 bytes when every row of x (and of y, when written) is aligned */

@@ -219,6 +219,19 @@ resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (
   resident_stats<V, NC, HOLD>(a, r, x, red, mean, rstd);
 }
 
+/* f(std::integral_constant<int, NC>()) for rows of h columns held NC chunks of V a thread by
+ * the row-resident kernels (NC 1, 2, 4 or 8, at most kResident elements a thread), or R() when
+ * the rows are wider */
+template <int V, class R, class F> R with_resident_chunks(int64_t h, F &&f) {
+  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
+  if (nc <= 1) return f(std::integral_constant<int, 1>());
+  if (nc <= 2) return f(std::integral_constant<int, 2>());
+  if (nc <= 4) return f(std::integral_constant<int, 4>());
+  if constexpr (8 * V <= kResident)
+    if (nc <= 8) return f(std::integral_constant<int, 8>());
+  return R();
+}
+
 /* The row statistics alone, mean and rstd into a.mean / a.rstd (resident_stats: the forward's
  * bits), kStatRows rows a block, for the fused norm + block-scaled casts: their tile kernel
  * (kernels/norm_quantize.cu) then reads them instead of summing every row in one warp, whose
@@ -246,13 +259,8 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2)
 /* k_row_stats for rows of h columns, or nullptr where they exceed kResident elements a thread */
 template <int DT, int V>
 auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
-  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  if (nc <= 1) return k_row_stats<DT, V, 1>;
-  if (nc <= 2) return k_row_stats<DT, V, 2>;
-  if (nc <= 4) return k_row_stats<DT, V, 4>;
-  if constexpr (8 * V <= kResident)
-    if (nc <= 8) return k_row_stats<DT, V, 8>;
-  return nullptr;
+  return with_resident_chunks<V, void (*)(lutra_norm_args, const int32_t *)>(
+      h, [](auto nc) { return k_row_stats<DT, V, decltype(nc)::value>; });
 }
 
 /* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
