@@ -107,7 +107,8 @@ local function load_floors(M, K, N)
 end
 
 -- The launches one call issues (kernels/grouped_*.cu, src/nn/grouped_*.c), whatever the number
--- of experts: the splits' device-to-device copy, then per quantization k_cast (after k_amax under
+-- of experts (the device splits are read in place: the forward GEMM's k_setup keeps the copy
+-- its backward reads, so no copy is issued): per quantization k_cast (after k_amax under
 -- current scaling; + k_dbias for grad_output with a bias), per GEMM k_setup + the CUTLASS launch
 -- (+ k_add_bias in FPROP, k_dbias in a bf16 WGRAD), and the scope's one fused delayed-scaling
 -- update per direction.
@@ -115,7 +116,7 @@ local function launches(mode, backward)
   local quant = mode == "current" and 2 or 1
   local fwd = mode == "bf16" and 3 or (2 * quant + 3 + (mode == "delayed" and 1 or 0))
   local bwd = mode == "bf16" and 5 or (quant + 1 + 4 + (mode == "delayed" and 1 or 0))
-  return 1, fwd + (backward and bwd or 0) -- memcpys, launches
+  return 0, fwd + (backward and bwd or 0) -- memcpys, launches
 end
 
 local function floor_fn(copies, kernels)

@@ -23,7 +23,7 @@
  *                                                                grad_output
  *   Fp8Grad     e5m2 x e4m3 -> bf16, TN, promoted accumulation   DGRAD, WGRAD (HYBRID)
  *   Fp8GradF32  e5m2 x e4m3 -> f32, TN, beta = 1                 WGRAD into main_grad (HYBRID)
- * Tiles 128x128x64 (bf16) / 128x128x128 (FP8), cluster 1x1. f32 modules are
+ * Tiles 128x256x64 in 2x1 clusters (bf16) / 128x128x128, cluster 1x1 (FP8). f32 modules are
  * cudaErrorNotSupported (an f32 GroupedLinear runs per-expert cuBLASLt GEMMs from host splits).
  *
  * FP8 operands the FP8 instantiations do not take (MXFP8: Hopper has no MXFP8 tensor cores;
@@ -76,14 +76,15 @@ constexpr bool kBuilt = true;
 constexpr bool kBuilt = false;
 #endif
 
-template <class EA, class LA, class EB, class LB, class ED, class Tile, class Schedule>
+template <class EA, class LA, class EB, class LB, class ED, class Tile, class Schedule,
+          class ClusterShape = Shape<_1, _1, _1>>
 struct Config {
   using ElementA = EA;
   using ElementB = EB;
   using ElementD = ED;
   static constexpr int kAlignA = 16 / sizeof(EA), kAlignB = 16 / sizeof(EB),
                        kAlignD = 16 / sizeof(ED);
-  using Cluster = Shape<_1, _1, _1>;
+  using Cluster = ClusterShape;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, RowMajor *, kAlignD, ED,
@@ -103,15 +104,17 @@ struct Config {
   using StrideD = typename Kernel::InternalStrideD;
 };
 
-using TileBf16 = Shape<_128, _128, _64>;
+/* bf16: 128 x 256 tiles in clusters of two along M (each B tile multicast to both CTAs) */
+using TileBf16 = Shape<_128, _256, _64>;
+using ClusterBf16 = Shape<_2, _1, _1>;
 using TileFp8 = Shape<_128, _128, _128>;
 using Coop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using CoopFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
 
-using Bf16Tn = Config<bf16, RowMajor, bf16, ColMajor, bf16, TileBf16, Coop>;
-using Bf16Nn = Config<bf16, RowMajor, bf16, RowMajor, bf16, TileBf16, Coop>;
-using Bf16Nt = Config<bf16, ColMajor, bf16, RowMajor, bf16, TileBf16, Coop>;
-using Bf16NtF32 = Config<bf16, ColMajor, bf16, RowMajor, float, TileBf16, Coop>;
+using Bf16Tn = Config<bf16, RowMajor, bf16, ColMajor, bf16, TileBf16, Coop, ClusterBf16>;
+using Bf16Nn = Config<bf16, RowMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
+using Bf16Nt = Config<bf16, ColMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
+using Bf16NtF32 = Config<bf16, ColMajor, bf16, RowMajor, float, TileBf16, Coop, ClusterBf16>;
 using Fp8Fprop = Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8, CoopFast>;
 using Fp8Grad = Config<e5m2, RowMajor, e4m3, ColMajor, bf16, TileFp8, Coop>;
 using Fp8GradF32 = Config<e5m2, RowMajor, e4m3, ColMajor, float, TileFp8, Coop>;
@@ -162,6 +165,7 @@ struct Setup {
   int pass, num, fp8, align;
   const int32_t *splits;
   int32_t *bad_split;
+  int32_t *save_splits; /* FPROP: the splits copied here as they are read (lutra_grouped_gemm_args) */
   int64_t total_rows, in, out;
   const char *x, *dy;   /* bf16 token operands */
   const void *const *w; /* bf16 weights */
@@ -192,6 +196,7 @@ template <class C> __global__ void k_setup(Setup s, Arrays<C> a) {
     s.R[0] = s.P[0] = 0;
     for (int e = 0; e < s.num; e++) {
       const int64_t n = s.splits[e];
+      if (s.save_splits) s.save_splits[e] = static_cast<int32_t>(n);
       if (n < 0) ok = 0;
       r += n < 0 ? 0 : n;
       p += n < 0 ? 0 : (n + s.align - 1) / s.align * s.align;
@@ -402,6 +407,7 @@ extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *w
   s.align = g->fp8 ? (g->pass == LUTRA_GROUPED_FPROP ? g->xq.align : g->dyq.align) : 1;
   s.splits = g->splits;
   s.bad_split = g->bad_split;
+  s.save_splits = g->pass == LUTRA_GROUPED_FPROP ? g->save_splits : nullptr;
   s.total_rows = g->total_rows;
   s.in = g->in;
   s.out = g->out;

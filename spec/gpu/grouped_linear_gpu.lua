@@ -63,6 +63,30 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
     end)
   end
 
+  -- the forward reads the caller's device splits in place and its GEMM keeps the copy the
+  -- backward reads: splits overwritten between the two must not reach the backward
+  for _, case in ipairs { { name = "bf16" },
+                          { name = "FP8 delayed scaling",
+                            recipe = function() return R.delayed { amax_history_len = 4 } end } } do
+    test(case.name .. ": the backward takes the forward's splits, not the caller's tensor since",
+         function()
+      local ref, dev = pair { seed = 60 }
+      local scope_r, scope_d = S.autocast_pair(case.recipe)
+      local T = 150
+      local splits, other = random_splits(NUM, T, 61), random_splits(NUM, T, 62)
+      local dsplits = lutra.from_table(splits, { NUM }, "i32", DEV)
+      local xr, xd = S.randn_pair({ T, IN }, "bf16", 63)
+      local dyr, dyd = S.randn_pair({ T, OUT }, "bf16", 64)
+      S.under(scope_r, function() return ref:forward(xr, splits) end)
+      S.under(scope_d, function() return dev:forward(xd, dsplits) end)
+      dsplits:set(other)
+      local dxr, dxd = ref:backward(dyr), dev:backward(dyd)
+      dev:check_splits()
+      S.assert_nmse(dxd, dxr, 1e-4, case.name .. ": dx")
+      S.assert_grads_nmse(ref, dev, 1e-4, case.name, "grad")
+    end)
+  end
+
   test("reports a bad device split at the next check, and writes nothing", function()
     local _, dev = pair { seed = 3 }
     local x = lutra.tensor({ 40, IN }, "bf16", DEV):randn(5)

@@ -463,6 +463,10 @@ typedef struct lutra_grouped_gemm_args {
   int32_t bias_dtype;      /* bias's and db's */
   int32_t fast_accum;      /* FP8 FPROP: no split accumulator */
   void *scratch;           /* as lutra_grouped_quant_args.scratch */
+  /* FPROP: where splits are copied as the GEMM reads them, or NULL. A module's forward reads
+   * the caller's device splits in place and keeps this copy for its backward, so that a
+   * forward issues no copy of its own. */
+  int32_t *save_splits;
 } lutra_grouped_gemm_args;
 
 typedef struct lutra_backend {

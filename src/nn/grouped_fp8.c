@@ -190,7 +190,8 @@ static lutra_grouped_quant_args quant_args(const grouped_linear *g, const groupe
   lutra_grouped_quant_args a = {
       .num = g->num,
       .kind = s->kind,
-      .splits = g->splits_dev->data,
+      /* the input's rows are this forward's (in place before its GEMM saves them) */
+      .splits = r == &g->roles[LUTRA_ROLE_INPUT] ? g->splits_now : g->splits_dev->data,
       .bad_split = g->bad_split ? g->bad_split->data : NULL,
       .scratch = g->scratch,
       .x_dtype = g->dtype,
@@ -299,7 +300,7 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
   }
   lutra_grouped_gemm_args ga;
   lutra_grouped_common(g, lutra_rows(x), &ga);
-  ga.pass = LUTRA_GROUPED_FPROP;
+  lutra_grouped_forward_splits(g, &ga);
   ga.fp8 = 1;
   ga.fast_accum = 1;
   ga.xq = g->xq.q;

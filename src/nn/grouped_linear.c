@@ -107,7 +107,7 @@ static int forward_impl(grouped_linear *g, const lutra_tensor *x, const lutra_te
     if (calibrate) st = lutra_grouped_observe(g, x, r, fn);
     lutra_grouped_gemm_args ga;
     lutra_grouped_common(g, rows, &ga);
-    ga.pass = LUTRA_GROUPED_FPROP;
+    lutra_grouped_forward_splits(g, &ga);
     ga.x = x->data;
     ga.y = g->y->data;
     if (st == LUTRA_OK) {
@@ -295,6 +295,8 @@ static void grouped_release(lutra_module *m) {
   if (g->scratch) g->be->free(g->scratch);
   g->ptrs = g->scratch = NULL;
   lutra_tensor_hold(&g->x, NULL); /* before the tensors: it may be act_y */
+  lutra_tensor_hold(&g->splits_in, NULL);
+  g->splits_now = NULL;
   lutra_tensor *owned[] = {g->y, g->dx, g->act_y, g->splits_dev, g->bad_split};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
@@ -467,6 +469,12 @@ static int check_grouped(const lutra_module *m, const char *fn) {
 }
 
 /* rows >= 0: the input's rows, which host splits must sum to (checked before anything changes) */
+void lutra_grouped_forward_splits(const grouped_linear *g, lutra_grouped_gemm_args *a) {
+  a->pass = LUTRA_GROUPED_FPROP;
+  a->splits = g->splits_now;
+  a->save_splits = g->splits_now != g->splits_dev->data ? g->splits_dev->data : NULL;
+}
+
 static int check_splits(const grouped_linear *g, const lutra_tensor *s, int64_t rows,
                         const char *fn) {
   TRY(lutra_check_tensor(s, fn, "m_splits"));
@@ -501,9 +509,13 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
                                                                              bytes));
     memcpy(g->splits_host, v, bytes);
     g->splits_host_known = true;
+    g->splits_now = g->splits_dev->data;
+    lutra_tensor_hold(&g->splits_in, NULL);
   } else {
-    TRY(g->be->copy(g->splits_dev->data, s->data, bytes));
+    /* read in place by the forward, whose GEMM keeps the copy a backward reads */
     if (LUTRA_CAPTURING()) TRY(lutra_capture_hold_tensor(s, fn));
+    lutra_tensor_hold(&g->splits_in, s);
+    g->splits_now = s->data;
     g->splits_host_known = false;
   }
   g->splits_set = true;

@@ -42,8 +42,13 @@ typedef struct grouped_linear {
   /* the output of the activation before this module when the forward started from it (the
    * fusion protocol's forward_from_act): written only where a backward reads it */
   lutra_tensor *act_y;
-  /* the splits of the next / last forward */
+  /* the splits of the next / last forward: splits_dev is what a backward reads; a forward reads
+   * splits_now, which is splits_dev for host splits (uploaded there) and the caller's device
+   * tensor for device splits (held in splits_in), copied into splits_dev by the forward's
+   * GEMM as it reads them (lutra_grouped_gemm_args.save_splits): no copy of their own */
   lutra_tensor *splits_dev; /* I32 [num] on the module's device */
+  const lutra_tensor *splits_in;
+  const int32_t *splits_now;
   int32_t *splits_host;     /* [num]: valid when splits_host_known */
   bool splits_set, splits_host_known;
   lutra_tensor *bad_split; /* I32 [1] device error flag (devices only) */
@@ -108,6 +113,8 @@ int lutra_grouped_param_names(grouped_linear *g, const char *fn);
 extern const lutra_checkpoint_ops lutra_grouped_checkpoint;
 /* the arguments every grouped call shares */
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
+/* a as the forward's GEMM takes it: FPROP, this forward's splits, their copy for the backward */
+void lutra_grouped_forward_splits(const grouped_linear *g, lutra_grouped_gemm_args *a);
 /* the wgrad pass of ga (set up for the backward's operands) into the module's weight gradients
  * (or main grads); db the bias gradients the GEMM writes (NULL: none) */
 int lutra_grouped_wgrad(const grouped_linear *g, lutra_grouped_gemm_args *ga, void *const *db,

@@ -1,23 +1,29 @@
 #!/usr/bin/env bash
 # The norm kernels of commit BASE (default HEAD) against this tree's, side by side
 # (tools/norm_ab/main.cu); run from the repository root on the GPU machine. Writes
-# ${OUT:-.}/norm_ab.md; exits 1 when an output differs.
+# ${OUT:-.}/norm_ab${NORM_AB_TAG:+-TAG}.md; exits 1 when an output differs.
 #   bash tools/norm_ab/run.sh [BASE] (BASE's files are taken from build/norm-ab-base/ when
 #   that directory exists, as it must where the checkout has no git history)
 # NORM_AB_NO_RUN=1 only builds build/norm_ab (to overlap the build with other work; run
 # `build/norm_ab FILE.md` later, on an otherwise idle machine).
+# NORM_AB_CAND=DIR takes the candidate's norm.cu and norm_quantize.cu (and, where DIR has one,
+# norm_rows.cuh) from DIR instead of kernels/, and NORM_AB_TAG=NAME names its objects and
+# program build/norm_ab-NAME: several candidates against one base, built side by side.
 set -euo pipefail
 base_dir=build/norm-ab-base
+cand_dir=${NORM_AB_CAND:-kernels}
+tag=${NORM_AB_TAG:+-$NORM_AB_TAG}
 if [ ! -d "$base_dir" ]; then
   mkdir -p "$base_dir"
   for f in norm.cu norm_rows.cuh norm_quantize.cu; do git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f"; done
 fi
 flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels)
-nvcc "${flags[@]}" -DAB_PREFIX=base "-DAB_DIR_NORM=\"../../$base_dir/norm.cu\"" \
-  "-DAB_DIR_QUANT=\"../../$base_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o build/norm_ab_base.o &
-nvcc "${flags[@]}" -DAB_PREFIX=cand '-DAB_DIR_NORM="../../kernels/norm.cu"' \
-  '-DAB_DIR_QUANT="../../kernels/norm_quantize.cu"' -c tools/norm_ab/variant.cu -o build/norm_ab_cand.o &
+[ -f "build/norm_ab_base.o" ] && [ -n "$tag" ] || \
+  nvcc "${flags[@]}" -DAB_PREFIX=base "-DAB_DIR_NORM=\"../../$base_dir/norm.cu\"" \
+    "-DAB_DIR_QUANT=\"../../$base_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o build/norm_ab_base.o &
+nvcc "${flags[@]}" -DAB_PREFIX=cand "-DAB_DIR_NORM=\"../../$cand_dir/norm.cu\"" \
+  "-DAB_DIR_QUANT=\"../../$cand_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o "build/norm_ab_cand$tag.o" &
 wait %1 && wait %2
-nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o build/norm_ab_cand.o -o build/norm_ab
+nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o "build/norm_ab_cand$tag.o" -o "build/norm_ab$tag"
 [ "${NORM_AB_NO_RUN:-0}" = 1 ] && exit 0
-./build/norm_ab "${OUT:-.}/norm_ab.md"
+"./build/norm_ab$tag" "${OUT:-.}/norm_ab$tag.md"

@@ -241,6 +241,8 @@ int lutra_cpu_grouped_gemm(const lutra_grouped_gemm_args *g) {
   CHECK_ARG(g->pass >= LUTRA_GROUPED_FPROP && g->pass <= LUTRA_GROUPED_WGRAD, "unknown pass %d",
             (int)g->pass);
   TRY(check_splits(g->splits, g->num, g->total_rows, fn));
+  if (g->pass == LUTRA_GROUPED_FPROP && g->save_splits && g->save_splits != g->splits)
+    memcpy(g->save_splits, g->splits, (size_t)g->num * sizeof(int32_t));
   const int64_t in = g->in, out = g->out;
   const size_t es = lutra_dtype_size(g->dtype);
   const lutra_grouped_fp8 *tok = g->pass == LUTRA_GROUPED_FPROP ? &g->xq : &g->dyq;
@@ -257,7 +259,7 @@ int lutra_cpu_grouped_gemm(const lutra_grouped_gemm_args *g) {
                               round64((size_t)(p * wide) * es)
                         : 0;
     size_t gemmb = round64((size_t)(p * in + p * out + in * out) * 4) + 3 * 64;
-    char *buf;
+    char *buf = NULL;
     TRY(scratch_get(opb + gemmb, (void **)&buf, fn));
     float *f_tok = (float *)(void *)buf, *f_w = f_tok + p * (in > out ? in : out);
     float *f_tok2 = f_w + in * out, *gemm_ws = (float *)(void *)(buf + opb);
