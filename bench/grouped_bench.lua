@@ -110,11 +110,11 @@ end
 -- of experts (the device splits are read in place: the forward GEMM's k_setup keeps the copy
 -- its backward reads, so no copy is issued): per quantization k_cast (after k_amax under
 -- current scaling; + k_dbias for grad_output with a bias), per GEMM k_setup + the CUTLASS launch
--- (+ k_add_bias in FPROP, k_dbias in a bf16 WGRAD), and the scope's one fused delayed-scaling
--- update per direction.
+-- (FPROP adds the bias in its epilogue; + k_dbias in a bf16 WGRAD), and the scope's one fused
+-- delayed-scaling update per direction.
 local function launches(mode, backward)
   local quant = mode == "current" and 2 or 1
-  local fwd = mode == "bf16" and 3 or (2 * quant + 3 + (mode == "delayed" and 1 or 0))
+  local fwd = mode == "bf16" and 2 or (2 * quant + 2 + (mode == "delayed" and 1 or 0))
   local bwd = mode == "bf16" and 5 or (quant + 1 + 4 + (mode == "delayed" and 1 or 0))
   return 0, fwd + (backward and bwd or 0) -- memcpys, launches
 end

@@ -15,12 +15,12 @@
  * zero region (the kernel needs one K step to clear its accumulators), so dW_e = 0 (+ dW_e).
  *
  * The instantiations (each costs minutes of compile time; nothing else is instantiated):
- *   Bf16Tn      bf16 x bf16 -> bf16, A K-major, B K-major        FPROP
+ *   Bf16Tn      bf16 x bf16 -> bf16, A K-major, B K-major        FPROP (+ bias, BiasEpilogue)
  *   Bf16Nn      bf16 x bf16 -> bf16, A K-major, B N-major        DGRAD
  *   Bf16Nt      bf16 x bf16 -> bf16, A M-major, B N-major        WGRAD into the gradient
  *   Bf16NtF32   as Bf16Nt -> f32, beta = 1                       WGRAD into main_grad
- *   Fp8Fprop    e4m3 x e4m3 -> bf16, TN, fast accumulation       FPROP; DGRAD/WGRAD of an E4M3
- *                                                                grad_output
+ *   Fp8Fprop    e4m3 x e4m3 -> bf16, TN, fast accumulation       FPROP (+ bias); DGRAD/WGRAD of an E4M3
+ *                                                                grad_output (no bias: adds 0)
  *   Fp8Grad     e5m2 x e4m3 -> bf16, TN, promoted accumulation   DGRAD, WGRAD (HYBRID)
  *   Fp8GradF32  e5m2 x e4m3 -> f32, TN, beta = 1                 WGRAD into main_grad (HYBRID)
  * Tiles 128x256x64 in 2x1 clusters (bf16) / 128x128x128, cluster 1x1 (FP8). f32 modules are
@@ -76,9 +76,20 @@ constexpr bool kBuilt = true;
 constexpr bool kBuilt = false;
 #endif
 
+/* FPROP's epilogue: D = alpha_e acc + bias_e[n] in f32 (the bias row broadcast over the
+ * expert's rows from a pointer per expert; a NULL array reads 0), rounded once into D */
+template <class ED, class Tile>
+using BiasEpilogue = cutlass::epilogue::fusion::Sm90EVT<
+    cutlass::epilogue::fusion::Sm90Compute<cutlass::homogeneous_multiply_add, ED, float,
+                                           cutlass::FloatRoundStyle::round_to_nearest>,
+    cutlass::epilogue::fusion::Sm90ScalarBroadcastPtrArray<float, Stride<_0, _0, int64_t>>,
+    cutlass::epilogue::fusion::Sm90AccFetch,
+    cutlass::epilogue::fusion::Sm90RowBroadcast<0, Tile, bf16 *, float, Stride<_0, _1, _0>>>;
+
 template <class EA, class LA, class EB, class LB, class ED, class Tile, class Schedule,
-          class ClusterShape = Shape<_1, _1, _1>>
+          class ClusterShape = Shape<_1, _1, _1>, bool Bias = false>
 struct Config {
+  static constexpr bool kBias = Bias;
   using ElementA = EA;
   using ElementB = EB;
   using ElementD = ED;
@@ -89,7 +100,8 @@ struct Config {
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, ED, RowMajor *, kAlignD, ED,
       RowMajor *, kAlignD, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
-      cutlass::epilogue::fusion::LinearCombination<ED, float>>::CollectiveOp;
+      cute::conditional_t<Bias, BiasEpilogue<ED, Tile>,
+                          cutlass::epilogue::fusion::LinearCombination<ED, float>>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, EA, LA *, kAlignA, EB, LB *, kAlignB,
       float, Tile, Cluster,
@@ -111,11 +123,12 @@ using TileFp8 = Shape<_128, _128, _128>;
 using Coop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using CoopFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
 
-using Bf16Tn = Config<bf16, RowMajor, bf16, ColMajor, bf16, TileBf16, Coop, ClusterBf16>;
+using Bf16Tn = Config<bf16, RowMajor, bf16, ColMajor, bf16, TileBf16, Coop, ClusterBf16, true>;
 using Bf16Nn = Config<bf16, RowMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
 using Bf16Nt = Config<bf16, ColMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
 using Bf16NtF32 = Config<bf16, ColMajor, bf16, RowMajor, float, TileBf16, Coop, ClusterBf16>;
-using Fp8Fprop = Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8, CoopFast>;
+using Fp8Fprop = Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8, CoopFast, Shape<_1, _1, _1>,
+                        true>;
 using Fp8Grad = Config<e5m2, RowMajor, e4m3, ColMajor, bf16, TileFp8, Coop>;
 using Fp8GradF32 = Config<e5m2, RowMajor, e4m3, ColMajor, float, TileFp8, Coop>;
 
@@ -168,7 +181,8 @@ struct Setup {
   int32_t *save_splits; /* FPROP: the splits copied here as they are read (lutra_grouped_gemm_args) */
   int64_t total_rows, in, out;
   const char *x, *dy;   /* bf16 token operands */
-  const void *const *w; /* bf16 weights */
+  const void *const *w;    /* bf16 weights */
+  const void *const *bias; /* FPROP: bf16 biases, or NULL */
   void *y, *dx;         /* bf16 outputs */
   void *const *dw;      /* WGRAD outputs */
   lutra_grouped_fp8 xq, dyq, wq;
@@ -290,13 +304,8 @@ int sm_count() {
   return n;
 }
 
-template <class C> typename C::Gemm::Arguments arguments(const Arrays<C> &a, int num, float beta) {
-  using Gemm = typename C::Gemm;
-  cutlass::KernelHardwareInfo hw;
-  cudaGetDevice(&hw.device_id);
-  hw.sm_count = sm_count();
-  typename Gemm::Arguments args;
-  decltype(args.epilogue.thread) fusion;
+/* D = alpha_e acc (+ beta C) */
+template <class F, class A> void set_lincomb(F &fusion, const A &a, float beta) {
   fusion.alpha = 0.0f;
   fusion.beta = beta;
   fusion.alpha_ptr = nullptr;
@@ -305,6 +314,27 @@ template <class C> typename C::Gemm::Arguments arguments(const Arrays<C> &a, int
   fusion.beta_ptr_array = nullptr;
   fusion.dAlpha = {cute::_0{}, cute::_0{}, 1};
   fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+}
+
+template <class C>
+typename C::Gemm::Arguments arguments(const Arrays<C> &a, int num, float beta,
+                                      const void *const *bias) {
+  using Gemm = typename C::Gemm;
+  cutlass::KernelHardwareInfo hw;
+  cudaGetDevice(&hw.device_id);
+  hw.sm_count = sm_count();
+  typename Gemm::Arguments args;
+  decltype(args.epilogue.thread) fusion;
+  if constexpr (C::kBias) {
+    /* the tree's leaves in order (alpha, acc, bias), then its node */
+    fusion = {{{0.0f}, {nullptr}, {a.alpha_ptr}, {{cute::_0{}, cute::_0{}, 1}}},
+              {},
+              {reinterpret_cast<const bf16 *const *>(bias), bf16(0.0f), {}},
+              {}};
+    (void)beta;
+  } else {
+    set_lincomb(fusion, a, beta);
+  }
   args = typename Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                   {num, a.problems, nullptr},
                                   {a.a, a.sa, a.b, a.sb},
@@ -313,19 +343,46 @@ template <class C> typename C::Gemm::Arguments arguments(const Arrays<C> &a, int
   return args;
 }
 
-/* the initialized GEMM objects of this thread, per instantiation */
+/* the initialized GEMM objects of this thread, per instantiation, with their launch grid */
 template <class C> struct Cached {
   void *scratch = nullptr, *workspace = nullptr;
+  const void *const *bias = nullptr;
   int num = 0;
   float beta = 0.0f;
   typename C::Gemm gemm;
+  dim3 grid;
 };
+
+/* The kernel of an initialized GEMM object, launched directly: GemmUniversalAdapter::run would
+ * also set the kernel's non-portable-cluster attribute on every launch of a clustered kernel (a
+ * driver call per GEMM that the 2-CTA clusters here do not need: portable cluster sizes go up
+ * to 8), and recompute the grid, which depends only on what initialize saw. */
+template <class C> cudaError_t launch(Cached<C> &c, cudaStream_t st) {
+  using K = typename C::Kernel;
+  using Cl = typename C::Cluster;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = c.grid;
+  cfg.blockDim = K::get_block_shape();
+  cfg.dynamicSmemBytes = K::SharedStorageSize;
+  cfg.stream = st;
+  cudaLaunchAttribute cluster[1];
+  cluster[0].id = cudaLaunchAttributeClusterDimension;
+  cluster[0].val.clusterDim.x = size<0>(Cl{});
+  cluster[0].val.clusterDim.y = size<1>(Cl{});
+  cluster[0].val.clusterDim.z = size<2>(Cl{});
+  cfg.attrs = cluster;
+  cfg.numAttrs = size(Cl{}) > 1 ? 1 : 0;
+  /* the launch copies the parameters: the cached object's own are passed */
+  void *params[] = {const_cast<typename K::Params *>(&c.gemm.params())};
+  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void *>(cutlass::device_kernel<K>), params);
+}
 constexpr int kCacheSlots = 8;
 
 template <class C>
 cudaError_t run(const Setup &s, void *scratch, float beta, void *workspace, size_t ws_bytes,
                 cudaStream_t st) {
   if (!kBuilt) return cudaErrorNotSupported;
+  if (C::kBias && beta != 0.0f) return cudaErrorNotSupported; /* its epilogue reads no C */
   const Arrays<C> a = arrays_of<C>(scratch, s.num, s.in, s.out);
   k_setup<C><<<1, 256, 0, st>>>(s, a);
   cudaError_t err = cudaGetLastError();
@@ -334,10 +391,11 @@ cudaError_t run(const Setup &s, void *scratch, float beta, void *workspace, size
   static thread_local int next = 0;
   Cached<C> *hit = nullptr;
   for (auto &c : cache)
-    if (c.scratch == scratch && c.workspace == workspace && c.num == s.num && c.beta == beta)
+    if (c.scratch == scratch && c.workspace == workspace && c.num == s.num && c.beta == beta &&
+        c.bias == s.bias)
       hit = &c;
   if (!hit) {
-    auto args = arguments<C>(a, s.num, beta);
+    auto args = arguments<C>(a, s.num, beta, s.bias);
     if (C::Gemm::get_workspace_size(args) > ws_bytes) return cudaErrorInvalidValue;
     Cached<C> &slot = cache[next];
     next = (next + 1) % kCacheSlots;
@@ -346,39 +404,30 @@ cudaError_t run(const Setup &s, void *scratch, float beta, void *workspace, size
       slot.scratch = nullptr;
       return cudaErrorNotSupported;
     }
+    slot.grid = C::Kernel::get_grid_shape(slot.gemm.params());
     slot.scratch = scratch;
     slot.workspace = workspace;
     slot.num = s.num;
     slot.beta = beta;
+    slot.bias = s.bias;
     hit = &slot;
   }
-  if (hit->gemm.run(st) != cutlass::Status::kSuccess) return cudaErrorLaunchFailure;
-  return cudaGetLastError();
+  err = launch<C>(*hit, st);
+  return err != cudaSuccess ? err : cudaGetLastError();
 }
 
-/* y[r, :] += bias_e for the rows of expert e (in f32, rounded once more into bf16) */
-__global__ void k_add_bias(bf16 *y, const void *const *bias, const int64_t *R, int num,
-                           int64_t rows, int64_t cols) {
-  const int64_t r = blockIdx.x;
-  if (r >= rows || r >= R[num]) return;
-  int lo = 0, hi = num - 1;
-  while (lo < hi) { /* the expert with R[e] <= r < R[e + 1] */
-    const int mid = (lo + hi + 1) / 2;
-    if (R[mid] <= r)
-      lo = mid;
-    else
-      hi = mid - 1;
-  }
-  const bf16 *b = static_cast<const bf16 *>(bias[lo]);
-  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = float(y[r * cols + c]) + float(b[c]);
-    y[r * cols + c] = bf16(v);
-  }
+/* the bf16 instantiation of a pass (bf16 operands, or FP8 ones dequantized to bf16) */
+cudaError_t run_bf16(const Setup &s, int pass, bool f32_out, float beta, void *scratch,
+                     void *workspace, size_t ws_bytes, cudaStream_t st) {
+  if (pass == LUTRA_GROUPED_FPROP) return run<Bf16Tn>(s, scratch, 0.0f, workspace, ws_bytes, st);
+  if (pass == LUTRA_GROUPED_DGRAD) return run<Bf16Nn>(s, scratch, 0.0f, workspace, ws_bytes, st);
+  if (f32_out) return run<Bf16NtF32>(s, scratch, beta, workspace, ws_bytes, st);
+  return run<Bf16Nt>(s, scratch, beta, workspace, ws_bytes, st);
 }
 
 template <class C> size_t workspace_of(int num) {
   Arrays<C> a{};
-  auto args = arguments<C>(a, num, 0.0f);
+  auto args = arguments<C>(a, num, 0.0f, nullptr);
   return C::Gemm::get_workspace_size(args);
 }
 
@@ -400,6 +449,8 @@ extern "C" size_t lk_grouped_gemm_workspace(int num) {
 extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *workspace,
                                        size_t workspace_bytes, cudaStream_t st) {
   if (g->dtype != LUTRA_BF16 || g->in % 16 || g->out % 16) return cudaErrorNotSupported;
+  if (g->pass == LUTRA_GROUPED_FPROP && g->bias && g->bias_dtype != LUTRA_BF16)
+    return cudaErrorNotSupported;
   Setup s{};
   s.pass = g->pass;
   s.num = g->num;
@@ -414,6 +465,7 @@ extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *w
   s.x = static_cast<const char *>(g->x);
   s.dy = static_cast<const char *>(g->dy);
   s.w = g->w;
+  s.bias = g->pass == LUTRA_GROUPED_FPROP ? g->bias : nullptr;
   s.y = g->y;
   s.dx = g->dx;
   s.dw = g->dw;
@@ -454,23 +506,9 @@ extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *w
     s.ah = ah;
     s.bh = bh;
     s.pw = lutra_grouped_roundup(g->out, g->wq.align);
-    if (g->pass == LUTRA_GROUPED_FPROP)
-      err = run<Bf16Tn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
-    else if (g->pass == LUTRA_GROUPED_DGRAD)
-      err = run<Bf16Nn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
-    else if (f32_out)
-      err = run<Bf16NtF32>(s, g->scratch, beta, workspace, workspace_bytes, st);
-    else
-      err = run<Bf16Nt>(s, g->scratch, beta, workspace, workspace_bytes, st);
+    err = run_bf16(s, g->pass, f32_out, beta, g->scratch, workspace, workspace_bytes, st);
   } else if (!g->fp8) {
-    if (g->pass == LUTRA_GROUPED_FPROP)
-      err = run<Bf16Tn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
-    else if (g->pass == LUTRA_GROUPED_DGRAD)
-      err = run<Bf16Nn>(s, g->scratch, 0.0f, workspace, workspace_bytes, st);
-    else if (f32_out)
-      err = run<Bf16NtF32>(s, g->scratch, beta, workspace, workspace_bytes, st);
-    else
-      err = run<Bf16Nt>(s, g->scratch, beta, workspace, workspace_bytes, st);
+    err = run_bf16(s, g->pass, f32_out, beta, g->scratch, workspace, workspace_bytes, st);
   } else {
     const int a_dtype = g->pass == LUTRA_GROUPED_FPROP ? g->xq.dtype : g->dyq.dtype;
     const int b_dtype = g->pass == LUTRA_GROUPED_WGRAD ? g->xq.dtype : g->wq.dtype;
@@ -487,10 +525,5 @@ extern "C" cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *w
     else
       return cudaErrorNotSupported;
   }
-  if (err != cudaSuccess || g->pass != LUTRA_GROUPED_FPROP || !g->bias) return err;
-  if (g->bias_dtype != LUTRA_BF16) return cudaErrorNotSupported;
-  if (g->total_rows > 0)
-    k_add_bias<<<(unsigned)g->total_rows, 256, 0, st>>>(static_cast<bf16 *>(g->y), g->bias, s.R,
-                                                        g->num, g->total_rows, g->out);
-  return cudaGetLastError();
+  return err;
 }

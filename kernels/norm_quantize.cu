@@ -324,8 +324,17 @@ __device__ __forceinline__ uint32_t staged_word(const uint8_t *st, int64_t h, in
   return *reinterpret_cast<const uint32_t *>(st + i * h + c);
 }
 
-template <int DT, int PDT, int OD, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quantize_rows(Params p) {
+/* STAGE: the columnwise codes are staged (p.col_data). Without them the kernel is the forward's
+ * (gamma and beta read per row, x converted to double per sum: four blocks an SM); with them the
+ * staged codes bound the blocks an SM anyway, and held parameters and doubles are faster (both
+ * measured side by side, tools/norm_ab: BENCHMARKS.md) */
+template <int V, int NC, bool STAGE> constexpr int rows_blocks_per_sm() {
+  return NC * V <= 16 ? (STAGE ? 2 : 4) : (STAGE ? 1 : 2);
+}
+
+template <int DT, int PDT, int OD, int V, int NC, bool STAGE>
+__global__ void __launch_bounds__(kRowThreads, rows_blocks_per_sm<V, NC, STAGE>())
+    k_norm_quantize_rows(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   __shared__ RowRed red;
   __shared__ float fred[32];
@@ -335,41 +344,49 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quant
   const int64_t r1 = imin<int64_t>(rows, r0 + kQRows);
   const bool codes = !p.amax_pass;
   const float s = codes ? *p.scale : 1.0f;
-  float g[NC][V], b[NC][V];
-  load_params<PDT, V, NC>(a, !a.rms, g, b);
+  const bool beta = !a.rms, pv = params_vec<V>(a, beta);
+  float g[STAGE ? NC : 1][V], b[STAGE ? NC : 1][V];
+  if constexpr (STAGE) load_params<PDT, V, NC>(a, beta, g, b);
   Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
   if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, cur);
   float m = -INFINITY;
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   for (int64_t r = r0; r < r1; r++) {
     float x[NC][V], mean, rstd;
-    resident_row<DT, V, NC, true>(a, r, r1, cur, nxt, x, red, mean, rstd);
+    resident_row<DT, V, NC, STAGE>(a, r, r1, cur, nxt, x, red, mean, rstd);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);
       if (c >= h) continue;
-      normalize<V>(x[j], mean, rstd, g[j], b[j], !a.rms);
+      if constexpr (STAGE) {
+        normalize<V>(x[j], mean, rstd, g[j], b[j], beta);
+      } else {
+        load_param_chunk<PDT, V>(a, beta, pv, c, g[0], b[0]);
+        normalize<V>(x[j], mean, rstd, g[0], b[0], beta);
+      }
       if (a.y) stv<DT, V>(a.y, r * h + c, x[j]);
       /* the codes quantize y as stored (rounded into the activation dtype) */
-      uint32_t q[V];
+      float v[V];
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        const float v = round_to<DT>(x[j][k]);
-        m = fmaxf(m, fabsf(v));
-        q[k] = codes ? code<OD>(v, s) : 0u;
+        v[k] = round_to<DT>(x[j][k]);
+        m = fmaxf(m, fabsf(v[k]));
       }
       if (!codes) continue;
       uint8_t *row = p.data ? p.data + r * h + c : nullptr;
-      uint8_t *stage = p.col_data ? staged + (r - r0) * h + c : nullptr;
+      uint8_t *stage = STAGE ? staged + (r - r0) * h + c : nullptr;
       if constexpr (V == 1) {
-        if (row) *row = static_cast<uint8_t>(q[0]);
-        if (stage) *stage = static_cast<uint8_t>(q[0]);
+        const uint32_t q = code<OD>(v[0], s);
+        if (row) *row = static_cast<uint8_t>(q);
+        if (stage) *stage = static_cast<uint8_t>(q);
       } else {
-        /* V codes, V / 4 words: one 4- or 8-byte store each (c and hidden are multiples of V) */
+        /* V codes, V / 4 words, two codes a conversion: one 4- or 8-byte store each (c and
+         * hidden are multiples of V) */
         uint32_t w[V / 4];
 #pragma unroll
         for (int k = 0; k < V / 4; k++)
-          w[k] = q[4 * k] | q[4 * k + 1] << 8 | q[4 * k + 2] << 16 | q[4 * k + 3] << 24;
+          w[k] = lkc::fp8x2<OD>(v[4 * k] * s, v[4 * k + 1] * s) |
+                 lkc::fp8x2<OD>(v[4 * k + 2] * s, v[4 * k + 3] * s) << 16;
         if (row && row_vec) {
           if constexpr (V == 8)
             *reinterpret_cast<uint2 *>(row) = make_uint2(w[0], w[1]);
@@ -378,7 +395,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quant
         } else if (row) {
 #pragma unroll
           for (int k = 0; k < V; k++)
-            row[k] = static_cast<uint8_t>(q[k]);
+            row[k] = static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4)));
         }
         if (stage) {
           if constexpr (V == 8)
@@ -392,7 +409,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1) k_norm_quant
     for (int j = 0; j < NC; j++)
       cur[j] = nxt[j];
   }
-  if (codes && p.col_data) {
+  if (STAGE && codes) {
     __syncthreads();
     const int64_t n = r1 - r0;
     if (n == kQRows && h % 4 == 0 && rows % kQRows == 0 &&
@@ -454,16 +471,17 @@ template <class F> cudaError_t with_mode(int scaling, F &&f) {
 std::atomic<uint64_t> smem_allowed[3][3][2][3][2];
 template <int DT, int PDT, int OD, int V, int NC> std::atomic<uint64_t> rows_smem_allowed;
 
-/* the per-tensor row-resident kernel for rows of up to kResident elements a thread, allowed
- * the shared memory of its widest row, or nullptr */
+/* the per-tensor row-resident kernel for rows of up to kResident elements a thread (staging the
+ * columnwise codes when stage), allowed the shared memory of its widest row, or nullptr */
 template <int DT, int PDT, int OD, int V>
-auto rows_kernel(int64_t h, cudaError_t &e) -> void (*)(Params) {
+auto rows_kernel(int64_t h, bool stage, cudaError_t &e) -> void (*)(Params) {
   e = cudaSuccess;
   return with_resident_chunks<V, void (*)(Params)>(h, [&](auto nc) -> void (*)(Params) {
     constexpr int NC = decltype(nc)::value;
-    e = lkc::allow_smem(k_norm_quantize_rows<DT, PDT, OD, V, NC>, kQRows * kRowThreads * V * NC,
-                        rows_smem_allowed<DT, PDT, OD, V, NC>);
-    return k_norm_quantize_rows<DT, PDT, OD, V, NC>;
+    if (!stage) return k_norm_quantize_rows<DT, PDT, OD, V, NC, false>;
+    e = lkc::allow_smem(k_norm_quantize_rows<DT, PDT, OD, V, NC, true>,
+                        kQRows * kRowThreads * V * NC, rows_smem_allowed<DT, PDT, OD, V, NC>);
+    return k_norm_quantize_rows<DT, PDT, OD, V, NC, true>;
   });
 }
 
@@ -485,13 +503,14 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
           constexpr int MODE = decltype(mt)::value;
           if constexpr (MODE == kTensor) {
             cudaError_t e;
-            auto k = vec ? rows_kernel<DT, PDT, OD, vec16<DT>()>(n.hidden, e)
-                         : rows_kernel<DT, PDT, OD, 1>(n.hidden, e);
+            const bool stage = p.col_data && !p.amax_pass;
+            auto k = vec ? rows_kernel<DT, PDT, OD, vec16<DT>()>(n.hidden, stage, e)
+                         : rows_kernel<DT, PDT, OD, 1>(n.hidden, stage, e);
             if (e != cudaSuccess) return e;
             if (k) {
               const unsigned grid =
                   static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, kQRows)));
-              const int smem = p.col_data ? static_cast<int>(kQRows * n.hidden) : 0;
+              const int smem = stage ? static_cast<int>(kQRows * n.hidden) : 0;
               LKC_LAUNCH(k, grid, kRowThreads, smem, s, p);
               return cudaGetLastError();
             }

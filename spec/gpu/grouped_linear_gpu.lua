@@ -5,8 +5,8 @@
 -- training step replayed with new device splits each replay equal to the same steps run eagerly.
 --
 -- Tolerances: both sides quantize with the same scales to the same codes (the quantization is
--- bit-exact), so only the GEMMs differ: f32 accumulation in another order, and in FPROP the bias
--- added after the bf16 rounding on cuda (before it on the CPU): NMSE <= 1e-4 (bf16 output
+-- bit-exact), so only the GEMMs differ: f32 accumulation in another order (the bias is added in
+-- f32 before the one rounding into bf16 on both: FPROP's epilogue on cuda): NMSE <= 1e-4 (bf16 output
 -- rounding is ~1e-6 NMSE; a wrong expert offset or scale gives ~1). The graph check is bitwise:
 -- the grouped kernels are deterministic (no split-K, order-free atomics for amaxes).
 --
