@@ -19,8 +19,8 @@
  *   Bf16Nn      bf16 x bf16 -> bf16, A K-major, B N-major        DGRAD
  *   Bf16Nt      bf16 x bf16 -> bf16, A M-major, B N-major        WGRAD into the gradient
  *   Bf16NtF32   as Bf16Nt -> f32, beta = 1                       WGRAD into main_grad
- *   Fp8Fprop    e4m3 x e4m3 -> bf16, TN, fast accumulation       FPROP (+ bias); DGRAD/WGRAD of an E4M3
- *                                                                grad_output (no bias: adds 0)
+ *   Fp8Fprop    e4m3 x e4m3 -> bf16, TN, fast accumulation       FPROP (+ bias); DGRAD/WGRAD
+ *                                                                of an E4M3 grad_output (bias 0)
  *   Fp8Grad     e5m2 x e4m3 -> bf16, TN, promoted accumulation   DGRAD, WGRAD (HYBRID)
  *   Fp8GradF32  e5m2 x e4m3 -> f32, TN, beta = 1                 WGRAD into main_grad (HYBRID)
  * Tiles 128x256x64 in 2x1 clusters (bf16) / 128x128x128, cluster 1x1 (FP8). f32 modules are
@@ -127,8 +127,8 @@ using Bf16Tn = Config<bf16, RowMajor, bf16, ColMajor, bf16, TileBf16, Coop, Clus
 using Bf16Nn = Config<bf16, RowMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
 using Bf16Nt = Config<bf16, ColMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
 using Bf16NtF32 = Config<bf16, ColMajor, bf16, RowMajor, float, TileBf16, Coop, ClusterBf16>;
-using Fp8Fprop = Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8, CoopFast, Shape<_1, _1, _1>,
-                        true>;
+using Fp8Fprop =
+    Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8, CoopFast, Shape<_1, _1, _1>, true>;
 using Fp8Grad = Config<e5m2, RowMajor, e4m3, ColMajor, bf16, TileFp8, Coop>;
 using Fp8GradF32 = Config<e5m2, RowMajor, e4m3, ColMajor, float, TileFp8, Coop>;
 
@@ -178,13 +178,13 @@ struct Setup {
   int pass, num, fp8, align;
   const int32_t *splits;
   int32_t *bad_split;
-  int32_t *save_splits; /* FPROP: the splits copied here as they are read (lutra_grouped_gemm_args) */
+  int32_t *save_splits; /* FPROP: the splits copied here as read (lutra_grouped_gemm_args) */
   int64_t total_rows, in, out;
-  const char *x, *dy;   /* bf16 token operands */
+  const char *x, *dy;      /* bf16 token operands */
   const void *const *w;    /* bf16 weights */
   const void *const *bias; /* FPROP: bf16 biases, or NULL */
-  void *y, *dx;         /* bf16 outputs */
-  void *const *dw;      /* WGRAD outputs */
+  void *y, *dx;            /* bf16 outputs */
+  void *const *dw;         /* WGRAD outputs */
   lutra_grouped_fp8 xq, dyq, wq;
   int64_t *R, *P, *ok;
   /* dequantized FP8 (lk_grouped_gemm_dequantizes): the bf16 token operand ah ([padded rows,
@@ -374,7 +374,8 @@ template <class C> cudaError_t launch(Cached<C> &c, cudaStream_t st) {
   cfg.numAttrs = size(Cl{}) > 1 ? 1 : 0;
   /* the launch copies the parameters: the cached object's own are passed */
   void *params[] = {const_cast<typename K::Params *>(&c.gemm.params())};
-  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void *>(cutlass::device_kernel<K>), params);
+  return cudaLaunchKernelExC(&cfg, reinterpret_cast<const void *>(cutlass::device_kernel<K>),
+                             params);
 }
 constexpr int kCacheSlots = 8;
 

@@ -49,7 +49,7 @@ typedef struct grouped_linear {
   lutra_tensor *splits_dev; /* I32 [num] on the module's device */
   const lutra_tensor *splits_in;
   const int32_t *splits_now;
-  int32_t *splits_host;     /* [num]: valid when splits_host_known */
+  int32_t *splits_host; /* [num]: valid when splits_host_known */
   bool splits_set, splits_host_known;
   lutra_tensor *bad_split; /* I32 [1] device error flag (devices only) */
   void *scratch;           /* devices only: lutra_grouped_scratch_bytes, zeroed */
