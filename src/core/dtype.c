@@ -110,18 +110,6 @@ const char *lutra_dtype_name(int dtype) {
   }
 }
 
-bool lutra_dtype_is_float(int dtype) {
-  return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16;
-}
-
-bool lutra_dtype_is_fp8(int dtype) {
-  return dtype == LUTRA_E4M3 || dtype == LUTRA_E5M2;
-}
-
-bool lutra_dtype_is_quantized(int dtype) {
-  return lutra_dtype_is_fp8(dtype) || dtype == LUTRA_E2M1;
-}
-
 size_t lutra_dtype_bytes(int dtype, int64_t n) {
   if (dtype == LUTRA_E2M1) return (size_t)(n / 2 + n % 2);
   return (size_t)n * lutra_dtype_size(dtype);

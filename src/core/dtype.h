@@ -6,10 +6,17 @@
 
 #include <stdbool.h>
 
-bool lutra_dtype_is_float(int dtype); /* F32, BF16, F16 */
-bool lutra_dtype_is_fp8(int dtype);   /* E4M3, E5M2 */
+/* inline: every GEMM, quantization and module call asks these several times */
+static inline bool lutra_dtype_is_float(int dtype) { /* F32, BF16, F16 */
+  return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16;
+}
+static inline bool lutra_dtype_is_fp8(int dtype) { /* E4M3, E5M2 */
+  return dtype == LUTRA_E4M3 || dtype == LUTRA_E5M2;
+}
 /* FP8 or E2M1 (lutra/nvfp4.h): values that need their tensor's scales */
-bool lutra_dtype_is_quantized(int dtype);
+static inline bool lutra_dtype_is_quantized(int dtype) {
+  return lutra_dtype_is_fp8(dtype) || dtype == LUTRA_E2M1;
+}
 /* bytes of n elements (E2M1: two per byte, so lutra_dtype_size, bytes per element, says 0) */
 size_t lutra_dtype_bytes(int dtype, int64_t n);
 
