@@ -187,6 +187,31 @@ __global__ void __launch_bounds__(kRowThreads, fwd_blocks_per_sm<V, NC>())
   }
 }
 
+/* norm_fwd_rows two rows at a time (resident_pairs: twice the bytes in flight) */
+template <int DT, int PDT, int V, int NC>
+__global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args a) {
+  __shared__ RowRed red;
+  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
+  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
+  resident_pairs<DT, V, NC>(
+      a, r0, imin<int64_t>(a.rows, r0 + kFwdRows), red,
+      [&](int64_t r, bool two, float(&x)[2][NC][V], const float(&mean)[2], const float(&rstd)[2]) {
+#pragma unroll
+        for (int j = 0; j < NC; j++) {
+          const int64_t c = col<V>(j);
+          if (c >= h) continue;
+          float g[V], b[V];
+          load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+#pragma unroll
+          for (int i = 0; i < 2; i++) {
+            if (i == 1 && !two) break;
+            normalize<V>(x[i][j], mean[i], rstd[i], g, b, beta);
+            stv<DT, V>(a.y, (r + i) * h + c, x[i][j]);
+          }
+        }
+      });
+}
+
 /* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
  * when asked for, and the dgamma / dbeta sums of row block blockIdx.x into partial[rb][c] and
  * partial[nrb + rb][c] (f32). Dynamic shared memory: 2 * hidden doubles. */
@@ -303,7 +328,11 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 /* the row-resident kernel for rows of up to kResident elements a thread, or nullptr */
 template <int DT, int PDT, int V> auto fwd_rows_kernel(int64_t h) -> void (*)(lutra_norm_args) {
   return with_resident_chunks<V, void (*)(lutra_norm_args)>(
-      h, [](auto nc) { return norm_fwd_rows<DT, PDT, V, decltype(nc)::value>; });
+      h, [](auto nc) -> void (*)(lutra_norm_args) {
+        constexpr int NC = decltype(nc)::value;
+        if constexpr (NC * V <= 16) return norm_fwd_rows2<DT, PDT, V, NC>;
+        return norm_fwd_rows<DT, PDT, V, NC>;
+      });
 }
 
 using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);

@@ -100,7 +100,7 @@ __device__ __forceinline__ void write_tensor_inv(const Params &p, float s) {
 }
 
 template <int DT, int PDT, int OD, int V, int MODE>
-__global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
+__global__ void __launch_bounds__(kThreads, 2) k_norm_quantize(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   using T = TileShape<MODE>;
   constexpr int TR = T::TR, CW = T::CW, LD = CW + 1;
@@ -309,151 +309,11 @@ __global__ void __launch_bounds__(kThreads) k_norm_quantize(Params p) {
   if (p.write_tensor_inv && blockIdx.x == 0 && tid == 0) write_tensor_inv(p, s);
 }
 
-/* ---- per-tensor scaling, rows resident ------------------------------------------------------
- * For rows of up to kResident elements a thread (hidden <= 8192 for 16-bit inputs): a block of
- * kRowThreads threads does kQRows consecutive rows one after the other with norm_fwd_rows'
- * split (kernels/norm.cu; resident_stats: the same mean and rstd bits), so x is read once and
- * the next row's loads are in flight during the current row's reductions. The rowwise codes
- * leave from registers (a warp's stores are whole 128-byte lines); the columnwise codes are
- * staged in shared memory as [kQRows][hidden] bytes and leave as one kQRows-byte run per column
- * (whole 16-byte stores when rows is a multiple of kQRows). */
-constexpr int kQRows = 16;
+} // namespace
 
-/* the four codes of columns c .. c + 3 of tile row i, from the staged [kQRows][h] bytes */
-__device__ __forceinline__ uint32_t staged_word(const uint8_t *st, int64_t h, int i, int64_t c) {
-  return *reinterpret_cast<const uint32_t *>(st + i * h + c);
-}
+#include "norm_quantize_rows.cuh"
 
-/* STAGE: the columnwise codes are staged (p.col_data). Without them the kernel is the forward's
- * (gamma and beta read per row, x converted to double per sum: four blocks an SM); with them the
- * staged codes bound the blocks an SM anyway, and held parameters and doubles are faster (both
- * measured side by side, tools/norm_ab: BENCHMARKS.md) */
-template <int V, int NC, bool STAGE> constexpr int rows_blocks_per_sm() {
-  return NC * V <= 16 ? (STAGE ? 2 : 4) : (STAGE ? 1 : 2);
-}
-
-template <int DT, int PDT, int OD, int V, int NC, bool STAGE>
-__global__ void __launch_bounds__(kRowThreads, rows_blocks_per_sm<V, NC, STAGE>())
-    k_norm_quantize_rows(Params p) {
-  if (p.skip && *p.skip) return; /* uniform: before any barrier */
-  __shared__ RowRed red;
-  __shared__ float fred[32];
-  uint8_t *staged = lkc::dyn_smem(); /* [kQRows][h] columnwise codes, when asked for */
-  const lutra_norm_args &a = p.n;
-  const int64_t h = a.hidden, rows = a.rows, r0 = static_cast<int64_t>(blockIdx.x) * kQRows;
-  const int64_t r1 = imin<int64_t>(rows, r0 + kQRows);
-  const bool codes = !p.amax_pass;
-  const float s = codes ? *p.scale : 1.0f;
-  const bool beta = !a.rms, pv = params_vec<V>(a, beta);
-  float g[STAGE ? NC : 1][V], b[STAGE ? NC : 1][V];
-  if constexpr (STAGE) load_params<PDT, V, NC>(a, beta, g, b);
-  Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
-  if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, cur);
-  float m = -INFINITY;
-  const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
-  for (int64_t r = r0; r < r1; r++) {
-    float x[NC][V], mean, rstd;
-    resident_row<DT, V, NC, STAGE>(a, r, r1, cur, nxt, x, red, mean, rstd);
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-      const int64_t c = col<V>(j);
-      if (c >= h) continue;
-      if constexpr (STAGE) {
-        normalize<V>(x[j], mean, rstd, g[j], b[j], beta);
-      } else {
-        load_param_chunk<PDT, V>(a, beta, pv, c, g[0], b[0]);
-        normalize<V>(x[j], mean, rstd, g[0], b[0], beta);
-      }
-      if (a.y) stv<DT, V>(a.y, r * h + c, x[j]);
-      /* the codes quantize y as stored (rounded into the activation dtype) */
-      float v[V];
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        v[k] = round_to<DT>(x[j][k]);
-        m = fmaxf(m, fabsf(v[k]));
-      }
-      if (!codes) continue;
-      uint8_t *row = p.data ? p.data + r * h + c : nullptr;
-      uint8_t *stage = STAGE ? staged + (r - r0) * h + c : nullptr;
-      if constexpr (V == 1) {
-        const uint32_t q = code<OD>(v[0], s);
-        if (row) *row = static_cast<uint8_t>(q);
-        if (stage) *stage = static_cast<uint8_t>(q);
-      } else {
-        /* V codes, V / 4 words, two codes a conversion: one 4- or 8-byte store each (c and
-         * hidden are multiples of V) */
-        uint32_t w[V / 4];
-#pragma unroll
-        for (int k = 0; k < V / 4; k++)
-          w[k] = lkc::fp8x2<OD>(v[4 * k] * s, v[4 * k + 1] * s) |
-                 lkc::fp8x2<OD>(v[4 * k + 2] * s, v[4 * k + 3] * s) << 16;
-        if (row && row_vec) {
-          if constexpr (V == 8)
-            *reinterpret_cast<uint2 *>(row) = make_uint2(w[0], w[1]);
-          else
-            *reinterpret_cast<uint32_t *>(row) = w[0];
-        } else if (row) {
-#pragma unroll
-          for (int k = 0; k < V; k++)
-            row[k] = static_cast<uint8_t>(w[k / 4] >> (8 * (k % 4)));
-        }
-        if (stage) {
-          if constexpr (V == 8)
-            *reinterpret_cast<uint2 *>(stage) = make_uint2(w[0], w[1]);
-          else
-            *reinterpret_cast<uint32_t *>(stage) = w[0];
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      cur[j] = nxt[j];
-  }
-  if (STAGE && codes) {
-    __syncthreads();
-    const int64_t n = r1 - r0;
-    if (n == kQRows && h % 4 == 0 && rows % kQRows == 0 &&
-        (reinterpret_cast<uintptr_t>(p.col_data) & 15) == 0) {
-      /* thread: 4 columns x 16 rows, read as 16 words (a warp reads whole staged rows) and
-       * transposed into 4 16-byte column runs */
-      for (int64_t c = static_cast<int64_t>(threadIdx.x) * 4; c < h; c += kRowThreads * 4) {
-        uint32_t w[kQRows];
-#pragma unroll
-        for (int i = 0; i < kQRows; i++)
-          w[i] = staged_word(staged, h, i, c);
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-          uint32_t o[4];
-#pragma unroll
-          for (int q4 = 0; q4 < 4; q4++)
-            o[q4] = (w[4 * q4] >> (8 * k) & 0xFFu) | (w[4 * q4 + 1] >> (8 * k) & 0xFFu) << 8 |
-                    (w[4 * q4 + 2] >> (8 * k) & 0xFFu) << 16 |
-                    (w[4 * q4 + 3] >> (8 * k) & 0xFFu) << 24;
-          *reinterpret_cast<uint4 *>(p.col_data + (c + k) * rows + r0) =
-              make_uint4(o[0], o[1], o[2], o[3]);
-        }
-      }
-    } else {
-      for (int64_t e = threadIdx.x; e < n * h; e += kRowThreads) {
-        const int64_t c = e / n, i = e % n;
-        p.col_data[c * rows + r0 + i] = staged[i * h + c];
-      }
-    }
-  }
-  if (p.amax) {
-    m = lkc::block_max(m, fred);
-    if (threadIdx.x == 0) {
-      if (!p.amax_pass) {
-        /* an atomic that cannot raise the amax is left out */
-        if (m >= 0.0f && !(m <= *reinterpret_cast<volatile float *>(p.amax)))
-          lkc::atomic_fmax(p.amax, m);
-      } else {
-        tensor_amax_arrive(p, m);
-      }
-    }
-  }
-  if (p.write_tensor_inv && blockIdx.x == 0 && threadIdx.x == 0) write_tensor_inv(p, s);
-}
+namespace {
 
 template <class F> cudaError_t with_param_dtype(int dt, F &&f) {
   if (dt == LUTRA_F32) return f(std::integral_constant<int, LUTRA_F32>());
@@ -478,10 +338,10 @@ auto rows_kernel(int64_t h, bool stage, cudaError_t &e) -> void (*)(Params) {
   e = cudaSuccess;
   return with_resident_chunks<V, void (*)(Params)>(h, [&](auto nc) -> void (*)(Params) {
     constexpr int NC = decltype(nc)::value;
-    if (!stage) return k_norm_quantize_rows<DT, PDT, OD, V, NC, false>;
-    e = lkc::allow_smem(k_norm_quantize_rows<DT, PDT, OD, V, NC, true>,
-                        kQRows * kRowThreads * V * NC, rows_smem_allowed<DT, PDT, OD, V, NC>);
-    return k_norm_quantize_rows<DT, PDT, OD, V, NC, true>;
+    if (!stage) return k_norm_quantize_rows<DT, PDT, OD, V, NC>;
+    e = lkc::allow_smem(k_norm_quantize_staged<DT, PDT, OD, V, NC>, kQRows * kRowThreads * V * NC,
+                        rows_smem_allowed<DT, PDT, OD, V, NC>);
+    return k_norm_quantize_staged<DT, PDT, OD, V, NC>;
   });
 }
 

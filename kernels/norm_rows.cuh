@@ -205,6 +205,102 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
   rstd = static_cast<float>(red.out[1]);
 }
 
+/* resident_stats for rows r and r + 1 at once (the second only when two): both rows' sums in one
+ * block reduction (row_reduce<2>: each row's tree as alone, so the same bits), half the barriers
+ * a row. */
+template <int V, int NC>
+__device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_t r, bool two,
+                                                const float (&x)[2][NC][V], RowRed &red,
+                                                float (&mean)[2], float (&rstd)[2]) {
+  const int64_t h = a.hidden;
+  const double hd = static_cast<double>(h);
+  double mean_d[2] = {0.0, 0.0};
+  if (!a.rms) {
+    double s[2] = {0.0, 0.0};
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      if (col<V>(j) < h) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          s[0] += static_cast<double>(x[0][j][k]);
+          s[1] += static_cast<double>(x[1][j][k]);
+        }
+      }
+    row_reduce<2>(s, red, [&](double(&t)[2], bool lead) {
+      if (!lead) return;
+      red.out[0] = t[0] / hd;
+      red.out[1] = t[1] / hd;
+    });
+    mean_d[0] = red.out[0];
+    mean_d[1] = red.out[1];
+  }
+  double q[2] = {0.0, 0.0};
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if (col<V>(j) < h) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const double xv = static_cast<double>(x[i][j][k]);
+          const double d = a.rms ? xv : xv - mean_d[i];
+          q[i] += dmul_rn(d, d);
+        }
+      }
+    }
+  row_reduce<2>(q, red, [&](double(&t)[2], bool lead) {
+    float rs[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+      rs[i] = static_cast<float>(1.0 / sqrt(t[i] / hd + static_cast<double>(a.eps)));
+    if (!lead) return;
+    red.out[0] = rs[0];
+    red.out[1] = rs[1];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      if (i == 1 && !two) break;
+      if (a.mean && !a.rms) a.mean[r + i] = static_cast<float>(mean_d[i]);
+      if (a.rstd) a.rstd[r + i] = rs[i];
+    }
+  });
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    mean[i] = static_cast<float>(mean_d[i]);
+    rstd[i] = static_cast<float>(red.out[i]);
+  }
+}
+
+/* A row-resident loop over rows r0 .. r1 two at a time: the next two rows' loads are issued
+ * before the current two's statistics (resident_stats2), so twice the bytes of a one-row loop are
+ * in flight; then f(r, two, x, mean, rstd) with rows r and (when two) r + 1 unpacked as x[0],
+ * x[1]. */
+template <int DT, int V, int NC, class F>
+__device__ __forceinline__ void resident_pairs(const lutra_norm_args &a, int64_t r0, int64_t r1,
+                                               RowRed &red, F &&f) {
+  const int64_t h = a.hidden;
+  Raw<DT, V> c0[NC] = {}, c1[NC] = {}, n0[NC] = {}, n1[NC] = {};
+  if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, c0);
+  if (r0 + 1 < r1) load_row<DT, V, NC>(a.x, (r0 + 1) * h, h, c1);
+  for (int64_t r = r0; r < r1; r += 2) {
+    const bool two = r + 1 < r1;
+    if (r + 2 < r1) load_row<DT, V, NC>(a.x, (r + 2) * h, h, n0);
+    if (r + 3 < r1) load_row<DT, V, NC>(a.x, (r + 3) * h, h, n1);
+    float x[2][NC][V], mean[2], rstd[2];
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      unraw<DT, V>(c0[j], x[0][j]);
+      unraw<DT, V>(c1[j], x[1][j]);
+    }
+    resident_stats2<V, NC>(a, r, two, x, red, mean, rstd);
+    f(r, two, x, mean, rstd);
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      c0[j] = n0[j];
+      c1[j] = n1[j];
+    }
+  }
+}
+
 /* row r of a row-resident loop over rows .. r1: the next row's loads issued into nxt first (they
  * are in flight during this row's reductions), then row r, as loaded in cur, unpacked into x
  * with its mean and rstd */

@@ -6,8 +6,8 @@
 #   that directory exists, as it must where the checkout has no git history)
 # NORM_AB_NO_RUN=1 only builds build/norm_ab (to overlap the build with other work; run
 # `build/norm_ab FILE.md` later, on an otherwise idle machine).
-# NORM_AB_CAND=DIR takes the candidate's norm.cu and norm_quantize.cu (and, where DIR has one,
-# norm_rows.cuh) from DIR instead of kernels/, and NORM_AB_TAG=NAME names its objects and
+# NORM_AB_CAND=DIR takes the candidate's norm.cu and norm_quantize.cu (and, where DIR has them,
+# norm_rows.cuh and norm_quantize_rows.cuh) from DIR instead of kernels/, and NORM_AB_TAG=NAME names its objects and
 # program build/norm_ab-NAME: several candidates against one base, built side by side.
 set -euo pipefail
 base_dir=build/norm-ab-base
@@ -15,7 +15,9 @@ cand_dir=${NORM_AB_CAND:-kernels}
 tag=${NORM_AB_TAG:+-$NORM_AB_TAG}
 if [ ! -d "$base_dir" ]; then
   mkdir -p "$base_dir"
-  for f in norm.cu norm_rows.cuh norm_quantize.cu; do git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f"; done
+  for f in norm.cu norm_rows.cuh norm_quantize.cu norm_quantize_rows.cuh; do
+    git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f" 2> /dev/null || rm -f "$base_dir/$f"
+  done
 fi
 flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels)
 [ -f "build/norm_ab_base.o" ] && [ -n "$tag" ] || \
