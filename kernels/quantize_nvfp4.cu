@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(THREADS) k_amax(Args a, int copy, int into) {
 __global__ void __launch_bounds__(THREADS) k_quantize(Args a, int copy) {
   if (skipped(a)) return;
   float *t = tail(a, copy);
-  const float ge = global_encode(t[1]);
+  const float ge = fp4_global_encode(t[1]);
   const int64_t nb = len_of(a, copy) / B, n = lines_of(a, copy) * nb;
   const int64_t i0 = blockIdx.x * (int64_t)THREADS + threadIdx.x;
   for (int64_t i = i0; i < n; i += (int64_t)gridDim.x * THREADS)
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(THREADS) k_tiles(Args a) {
   if (skipped(a)) return;
   const int copy = a.scales[0] ? 0 : 1;
   float *t = tail(a, copy);
-  const float ge = global_encode(t[1]);
+  const float ge = fp4_global_encode(t[1]);
   const int64_t cb = a.cols / B, n = a.rows / B * cb;
   const int64_t i0 = blockIdx.x * (int64_t)THREADS + threadIdx.x;
   for (int64_t i = i0; i < n; i += (int64_t)gridDim.x * THREADS)

@@ -58,7 +58,7 @@ void run_kernels(Args a) {
   };
   if (a.opts & LUTRA_NVFP4_2D) {
     amax_into(0, 3);
-    const float ge = global_encode(tail(a.scales[0] ? 0 : 1)[1]);
+    const float ge = fp4_global_encode(tail(a.scales[0] ? 0 : 1)[1]);
     for (int64_t ti = 0; ti < a.rows / B; ti++)
       for (int64_t tj = 0; tj < a.cols / B; tj++)
         quantize_tile(a, ti, tj, ge);
@@ -69,7 +69,7 @@ void run_kernels(Args a) {
   for (int c = 0; c < 2; c++) {
     if (!a.data[c]) continue;
     amax_into(c, 1 << c);
-    const float ge = global_encode(tail(c)[1]);
+    const float ge = fp4_global_encode(tail(c)[1]);
     const int64_t nb = len_of(a, c) / B;
     for (int64_t i = 0; i < lines_of(a, c) * nb; i++)
       quantize_block(a, c, i / nb, i % nb, ge);
