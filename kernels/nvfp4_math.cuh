@@ -34,6 +34,25 @@ struct Args {
   const int32_t *skip;
 };
 
+/* a quantization's arguments as the kernels take them (the launcher's and tools/sim_nvfp4.cu's);
+ * a copy without codes gets no scales either */
+inline Args args_of(const lutra_quant_args &q) {
+  Args a = {};
+  a.x = q.x;
+  a.x_dtype = q.x_dtype;
+  a.rows = q.rows;
+  a.cols = q.cols;
+  a.data[0] = static_cast<uint8_t *>(q.data);
+  a.data[1] = static_cast<uint8_t *>(q.col_data);
+  a.scales[0] = q.data ? static_cast<uint8_t *>(q.scale_inv) : nullptr;
+  a.scales[1] = q.col_data ? static_cast<uint8_t *>(q.col_scale_inv) : nullptr;
+  a.opts = q.nvfp4;
+  a.signs = q.rht_signs;
+  a.seed = q.seed;
+  a.skip = q.skip;
+  return a;
+}
+
 /* where a copy's f32 words (decode scale, amax) sit behind its block scales */
 LKOPS_HD int64_t tail_offset(int64_t lines, int64_t len) {
   return (lines * (len / B) + 15) / 16 * 16;
