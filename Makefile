@@ -205,7 +205,8 @@ sim-moe: build/sim_moe
 # the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
 build/sim_grouped_quantize: kernels/grouped_quantize.cu kernels/grouped_quantize_blocks.cu \
                             kernels/grouped_dequant.cu kernels/grouped_kernels.h kernels/common.cuh \
-                            kernels/act_cast.cuh kernels/activation_math.cuh kernels/ops_common.cuh
+                            kernels/act_cast.cuh kernels/activation_math.cuh kernels/ops_common.cuh \
+                            kernels/grouped_rows.cuh
 sim-grouped: build/sim_grouped_quantize
 	./build/sim_grouped_quantize
 # the norms and the fused norm + FP8 cast (kernels/norm.cu, kernels/norm_quantize.cu) emulated

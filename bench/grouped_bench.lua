@@ -163,6 +163,15 @@ local function dense_at(K, N)
          nn.Linear(K, N, { dtype = "bf16", device = DEV, bias = false, seed = 6 })
 end
 
+-- fn(g) for a bf16 GroupedLinear g of E experts, K -> N, without bias on the device; then g's
+-- device splits checked (a bad split fails the bench) and g freed
+local function with_grouped(E, K, N, fn)
+  local g = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, bias = false, seed = 7 })
+  fn(g)
+  g:check_splits()
+  g:free()
+end
+
 local function host_part()
   local K, N = o["in"], o.out
   table_head(string.format("GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)",
@@ -217,9 +226,31 @@ local function host_part()
   end
 end
 
+-- the rows of grouped GEMM g (E experts, K -> N) on x under mode (run(f): f inside the mode's
+-- scope) against the dense forward's time td: balanced and skewed routing, and for bf16 the
+-- per-expert cuBLASLt path with the same (host) splits
+local function gemm_rows(g, E, K, N, x, mode, run, td)
+  local T = T_GPU
+  local flops = 2 * T * K * N
+  for _, skew in ipairs { false, true } do
+    local host = random_splits(E, T, skew, 9)
+    local sp = lutra.from_table(host, { E }, "i32", DEV)
+    local function row(what, t)
+      print(string.format("| %d | %d -> %d | %s | %s | %.0f | %.0f | %.2f |", E, K, N,
+                          skew and "skewed" or "balanced", what, flops / t / 1e12,
+                          flops / td / 1e12, td / t))
+    end
+    row(mode, gpu_time(function() run(function() g:forward(x, sp) end) end))
+    if mode == "bf16" then
+      g:set_path("per_expert")
+      row("bf16 per-expert", gpu_time(function() g:forward(x, host) end))
+      g:set_path("grouped")
+    end
+  end
+end
+
 local function gemm_part()
   if not CUDA then return end
-  local T = T_GPU
   table_head("Grouped GEMM throughput (forward, tokens 16384, device splits)",
              { "experts", "in -> out", "routing", "mode", "grouped TFLOP/s", "dense TFLOP/s",
                "ratio" })
@@ -231,26 +262,7 @@ local function gemm_part()
       local function run(f) if scope then return scope:run(f) end return f() end
       local td = gpu_time(function() run(function() dense:forward(x) end) end)
       for _, E in ipairs { 8, 64 } do
-        local g = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, bias = false, seed = 7 })
-        for _, skew in ipairs { false, true } do
-          local host = random_splits(E, T, skew, 9)
-          local sp = lutra.from_table(host, { E }, "i32", DEV)
-          local flops = 2 * T * K * N
-          local tg = gpu_time(function() run(function() g:forward(x, sp) end) end)
-          print(string.format("| %d | %d -> %d | %s | %s | %.0f | %.0f | %.2f |", E, K, N,
-                              skew and "skewed" or "balanced", mode, flops / tg / 1e12,
-                              flops / td / 1e12, td / tg))
-          if mode == "bf16" then -- the per-expert cuBLASLt path with the same (host) splits
-            g:set_path("per_expert")
-            local tp = gpu_time(function() g:forward(x, host) end)
-            print(string.format("| %d | %d -> %d | %s | bf16 per-expert | %.0f | %.0f | %.2f |",
-                                E, K, N, skew and "skewed" or "balanced", flops / tp / 1e12,
-                                flops / td / 1e12, td / tp))
-            g:set_path("grouped")
-          end
-        end
-        g:check_splits()
-        g:free()
+        with_grouped(E, K, N, function(g) gemm_rows(g, E, K, N, x, mode, run, td) end)
       end
     end
   end
@@ -272,27 +284,27 @@ local function fp8_part()
     local td_cached = gpu_time(function() cur:run(function() dense:forward(x, false) end) end)
     local td_requant = gpu_time(function() cur:run(function() dense:forward(x) end) end)
     for _, E in ipairs { 8, 64 } do
-      local g = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, bias = false, seed = 7 })
-      local sp = lutra.from_table(random_splits(E, T, false, 9), { E }, "i32", DEV)
-      local rows = {
-        { "dense FP8 current, weight quantized every call", td_requant },
-        { "dense FP8 current, weight cached", td_cached },
-        { "grouped bf16", gpu_time(function() g:forward(x, sp) end) },
-        { "grouped current, weights quantized every call",
-          gpu_time(function() cur:run(function() g:forward(x, sp) end) end) },
-      }
-      cur:run(function() g:forward(x, sp, true) end)
-      rows[#rows + 1] = { "grouped current, weights cached",
-                          gpu_time(function() cur:run(function() g:forward(x, sp, false) end) end) }
-      del:run(function() g:forward(x, sp, true) end)
-      rows[#rows + 1] = { "grouped delayed, weights cached",
-                          gpu_time(function() del:run(function() g:forward(x, sp, false) end) end) }
-      for _, r in ipairs(rows) do
-        print(string.format("| %d | %d -> %d | %s | %.1f | %.0f | %.2f |", E, K, N, r[1],
-                            r[2] * 1e6, flops / r[2] / 1e12, td_cached / r[2]))
-      end
-      g:check_splits()
-      g:free()
+      with_grouped(E, K, N, function(g)
+        local sp = lutra.from_table(random_splits(E, T, false, 9), { E }, "i32", DEV)
+        local rows = {
+          { "dense FP8 current, weight quantized every call", td_requant },
+          { "dense FP8 current, weight cached", td_cached },
+          { "grouped bf16", gpu_time(function() g:forward(x, sp) end) },
+          { "grouped current, weights quantized every call",
+            gpu_time(function() cur:run(function() g:forward(x, sp) end) end) },
+        }
+        -- the weights quantized once under scope, then the forward reading them cached
+        local function cached(scope)
+          scope:run(function() g:forward(x, sp, true) end)
+          return gpu_time(function() scope:run(function() g:forward(x, sp, false) end) end)
+        end
+        rows[#rows + 1] = { "grouped current, weights cached", cached(cur) }
+        rows[#rows + 1] = { "grouped delayed, weights cached", cached(del) }
+        for _, r in ipairs(rows) do
+          print(string.format("| %d | %d -> %d | %s | %.1f | %.0f | %.2f |", E, K, N, r[1],
+                              r[2] * 1e6, flops / r[2] / 1e12, td_cached / r[2]))
+        end
+      end)
     end
   end
 end

@@ -13,44 +13,17 @@
 
 namespace lkact {
 
+/* the activation of kind k (and its derivative); the callers have checked k, and an unknown one
+ * would be taken as GELU (erf) */
 __device__ __forceinline__ float act_f(int k, float x) {
-  switch (k) {
-  case LUTRA_ACT_GELU_TANH:
-  case LUTRA_ACT_GEGLU:
-    return lkops::ActGeluTanh::f(x);
-  case LUTRA_ACT_RELU:
-  case LUTRA_ACT_REGLU:
-    return lkops::ActRelu::f(x);
-  case LUTRA_ACT_SILU:
-  case LUTRA_ACT_SWIGLU:
-    return lkops::ActSig<false>::f(x);
-  case LUTRA_ACT_QGELU:
-    return lkops::ActSig<true>::f(x);
-  case LUTRA_ACT_SRELU:
-    return lkops::ActSrelu::f(x);
-  default:
-    return lkops::ActGeluErf::f(x);
-  }
+  return lkops::act_dispatch(
+      k, [&](auto kind) { return decltype(kind)::f(x); }, [&] { return lkops::ActGeluErf::f(x); });
 }
 
 __device__ __forceinline__ float act_df(int k, float x) {
-  switch (k) {
-  case LUTRA_ACT_GELU_TANH:
-  case LUTRA_ACT_GEGLU:
-    return lkops::ActGeluTanh::df(x);
-  case LUTRA_ACT_RELU:
-  case LUTRA_ACT_REGLU:
-    return lkops::ActRelu::df(x);
-  case LUTRA_ACT_SILU:
-  case LUTRA_ACT_SWIGLU:
-    return lkops::ActSig<false>::df(x);
-  case LUTRA_ACT_QGELU:
-    return lkops::ActSig<true>::df(x);
-  case LUTRA_ACT_SRELU:
-    return lkops::ActSrelu::df(x);
-  default:
-    return lkops::ActGeluErf::df(x);
-  }
+  return lkops::act_dispatch(
+      k, [&](auto kind) { return decltype(kind)::df(x); },
+      [&] { return lkops::ActGeluErf::df(x); });
 }
 
 template <int XD> __device__ __forceinline__ float round_to(float v) {

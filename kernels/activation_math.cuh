@@ -59,8 +59,10 @@ struct ActGeluErf {
   }
 };
 
-/* Calls f(Kind()) for LUTRA_ACT_* act (gated kinds: their gate's function). */
-template <class F> inline cudaError_t with_act(int act, F &&f) {
+/* Calls f(Kind()) for LUTRA_ACT_* act (gated kinds: their gate's function), unknown() for any
+ * other act: on the host (with_act) and in the kernels (act_cast.cuh's act_f, act_df). */
+#pragma nv_exec_check_disable
+template <class F, class U> LKOPS_HD auto act_dispatch(int act, F &&f, U &&unknown) {
   switch (act) {
   case LUTRA_ACT_GELU_TANH:
   case LUTRA_ACT_GEGLU:
@@ -78,8 +80,13 @@ template <class F> inline cudaError_t with_act(int act, F &&f) {
   case LUTRA_ACT_GELU_ERF:
     return f(ActGeluErf());
   default:
-    return cudaErrorInvalidValue;
+    return unknown();
   }
+}
+
+/* f(Kind()) for LUTRA_ACT_* act; cudaErrorInvalidValue for any other */
+template <class F> inline cudaError_t with_act(int act, F &&f) {
+  return act_dispatch(act, f, [] { return cudaErrorInvalidValue; });
 }
 
 } // namespace lkops

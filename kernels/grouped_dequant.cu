@@ -10,6 +10,7 @@
  * power-of-two scales of MXFP8 and of power-of-two block scales). */
 #include "common.cuh"
 #include "grouped_kernels.h"
+#include "grouped_rows.cuh"
 
 #include "backend/grouped_layout.h"
 
@@ -34,22 +35,14 @@ struct Slice {
 };
 
 __device__ void locate(const Deq &a, int64_t prow, Slice *w) {
-  int64_t r = 0, P = 0, sc = 0;
-  w->ok = 1;
+  int64_t P = 0, sc = 0;
   w->e = -1;
-  for (int e = 0; e < a.num; e++) {
-    const int64_t s = a.splits ? (int64_t)a.splits[e] : a.rows_each;
-    if (s < 0) {
-      w->ok = 0;
-      continue;
-    }
-    const int64_t p = lutra_grouped_roundup(s, a.align);
-    if (w->e < 0 && prow < P + p) w->e = e, w->P = P, w->p = p, w->sc = sc;
-    r += s;
-    P += p;
-    sc += lutra_grouped_scale_region(a.scaling, p, a.cols, a.columnwise != 0);
-  }
-  if (a.splits && r != a.total_rows) w->ok = 0;
+  w->ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
+                      [&](int e, int64_t, int64_t, int64_t p) {
+                        if (w->e < 0 && prow < P + p) w->e = e, w->P = P, w->p = p, w->sc = sc;
+                        P += p;
+                        sc += lutra_grouped_scale_region(a.scaling, p, a.cols, a.columnwise != 0);
+                      });
 }
 
 /* scale_inv of element (r, c) of the expert's [p, cols] matrix, read from the copy stored: the

@@ -70,24 +70,16 @@ struct Where {
 
 /* the expert holding padded row prow (e_fixed < 0), or expert e_fixed */
 __device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *w) {
-  int64_t r = 0, p = 0;
-  w->ok = 1;
+  int64_t P = 0;
   w->e = -1;
-  for (int e = 0; e < a.num; e++) {
-    const int64_t s = a.splits ? (int64_t)a.splits[e] : a.rows_each;
-    if (s < 0) {
-      w->ok = 0;
-      continue;
-    }
-    const int64_t pe = (s + a.align - 1) / a.align * a.align;
-    if (w->e < 0 && (e_fixed >= 0 ? e == e_fixed : prow < p + pe)) {
-      w->e = e;
-      w->R = r, w->P = p, w->s = s, w->p = pe;
-    }
-    r += s;
-    p += pe;
-  }
-  if (a.splits && r != a.total_rows) w->ok = 0;
+  w->ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
+                      [&](int e, int64_t r, int64_t s, int64_t p) {
+                        if (w->e < 0 && (e_fixed >= 0 ? e == e_fixed : prow < P + p)) {
+                          w->e = e;
+                          w->R = r, w->P = P, w->s = s, w->p = p;
+                        }
+                        P += p;
+                      });
 }
 
 /* 16 consecutive elements of row r of the block's expert from column c, zero past its s rows

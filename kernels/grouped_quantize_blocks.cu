@@ -43,29 +43,22 @@ struct Group {
 };
 
 __device__ void locate_group(const BlockQuant &a, int64_t gi, int G, Group *g) {
-  int64_t r = 0, P = 0, groups = 0, srow = 0, scol = 0;
-  g->ok = 1;
+  int64_t P = 0, groups = 0, srow = 0, scol = 0;
   g->e = -1;
-  for (int e = 0; e < a.num; e++) {
-    const int64_t s = a.splits ? (int64_t)a.splits[e] : a.rows_each;
-    if (s < 0) {
-      g->ok = 0;
-      continue;
-    }
-    const int64_t p = lutra_grouped_roundup(s, a.align), ng = (p + G - 1) / G;
-    if (g->e < 0 && gi < groups + ng) {
-      g->e = e;
-      g->R = r, g->P = P, g->s = s, g->p = p, g->srow = srow, g->scol = scol;
-      g->r0 = (gi - groups) * G;
-      g->n = p - g->r0 < G ? p - g->r0 : G;
-    }
-    r += s;
-    P += p;
-    groups += ng;
-    srow += lutra_grouped_scale_region(a.scaling, p, a.cols, false);
-    scol += lutra_grouped_scale_region(a.scaling, p, a.cols, true);
-  }
-  if (a.splits && r != a.total_rows) g->ok = 0;
+  g->ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
+                      [&](int e, int64_t r, int64_t s, int64_t p) {
+                        const int64_t ng = (p + G - 1) / G;
+                        if (g->e < 0 && gi < groups + ng) {
+                          g->e = e;
+                          g->R = r, g->P = P, g->s = s, g->p = p, g->srow = srow, g->scol = scol;
+                          g->r0 = (gi - groups) * G;
+                          g->n = p - g->r0 < G ? p - g->r0 : G;
+                        }
+                        P += p;
+                        groups += ng;
+                        srow += lutra_grouped_scale_region(a.scaling, p, a.cols, false);
+                        scol += lutra_grouped_scale_region(a.scaling, p, a.cols, true);
+                      });
 }
 
 /* element (r, c) of the group's expert: zero in the padding rows and past the last column */

@@ -6,6 +6,7 @@
 #define LUTRA_KERNELS_GROUPED_ROWS_CUH
 
 #include "backend/backend.h"
+#include "backend/grouped_layout.h"
 
 struct GroupedRows {
   const void *x;
@@ -33,6 +34,28 @@ inline void take_rows(GroupedRows &a, const lutra_grouped_quant_args *q) {
   a.fp8_max = q->fp8_max;
   a.eps = q->amax_epsilon;
   a.skip = q->skip;
+}
+
+/* The experts' splits in order (splits[e], or rows_each each when splits is null), for the
+ * kernels that find where a row or a block of rows lies (the split quantizers, the grouped
+ * dequantization): calls visit(e, r, s, p) for each expert e with a good split, given the good
+ * experts' rows before it r, its rows s and its rows padded to align p. Returns false when a split
+ * is negative (that expert is skipped) or, with splits, when they do not add up to total_rows. */
+template <class Visit>
+__device__ bool walk_splits(const int32_t *splits, int64_t rows_each, int64_t total_rows, int num,
+                            int align, Visit &&visit) {
+  bool ok = true;
+  int64_t r = 0;
+  for (int e = 0; e < num; e++) {
+    const int64_t s = splits ? (int64_t)splits[e] : rows_each;
+    if (s < 0) {
+      ok = false;
+      continue;
+    }
+    visit(e, r, s, lutra_grouped_roundup(s, align));
+    r += s;
+  }
+  return ok && !(splits && r != total_rows);
 }
 
 #endif

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(THREADS) k_amax(Args a, int copy, int into) {
 __global__ void __launch_bounds__(THREADS) k_quantize(Args a, int copy) {
   if (skipped(a)) return;
   float *t = tail(a, copy);
-  const float ge = global_encode(t[1]);
+  const float ge = fp4_global_encode(t[1]);
   const int64_t nb = len_of(a, copy) / B, n = lines_of(a, copy) * nb;
   const int64_t i0 = blockIdx.x * (int64_t)THREADS + threadIdx.x;
   for (int64_t i = i0; i < n; i += (int64_t)gridDim.x * THREADS)
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(THREADS) k_tiles(Args a) {
   if (skipped(a)) return;
   const int copy = a.scales[0] ? 0 : 1;
   float *t = tail(a, copy);
-  const float ge = global_encode(t[1]);
+  const float ge = fp4_global_encode(t[1]);
   const int64_t cb = a.cols / B, n = a.rows / B * cb;
   const int64_t i0 = blockIdx.x * (int64_t)THREADS + threadIdx.x;
   for (int64_t i = i0; i < n; i += (int64_t)gridDim.x * THREADS)
@@ -96,19 +96,7 @@ extern "C" cudaError_t lk_quantize_nvfp4(const lutra_quant_args *q, cudaStream_t
       ((q->nvfp4 & LUTRA_NVFP4_2D) && (q->nvfp4 & LUTRA_NVFP4_RHT)) || q->dbias || q->act ||
       (q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv))
     return cudaErrorInvalidValue;
-  Args a = {};
-  a.x = q->x;
-  a.x_dtype = q->x_dtype;
-  a.rows = q->rows;
-  a.cols = q->cols;
-  a.data[0] = static_cast<uint8_t *>(q->data);
-  a.data[1] = static_cast<uint8_t *>(q->col_data);
-  a.scales[0] = q->data ? static_cast<uint8_t *>(q->scale_inv) : nullptr;
-  a.scales[1] = q->col_data ? static_cast<uint8_t *>(q->col_scale_inv) : nullptr;
-  a.opts = q->nvfp4;
-  a.signs = q->rht_signs;
-  a.seed = q->seed;
-  a.skip = q->skip;
+  const Args a = args_of(*q);
   if (q->rows == 0 || q->cols == 0 || (!a.data[0] && !a.data[1])) return cudaSuccess;
   k_zero<<<1, 32, 0, s>>>(a);
   if (q->nvfp4 & LUTRA_NVFP4_2D) {

@@ -58,7 +58,7 @@ void run_kernels(Args a) {
   };
   if (a.opts & LUTRA_NVFP4_2D) {
     amax_into(0, 3);
-    const float ge = global_encode(tail(a.scales[0] ? 0 : 1)[1]);
+    const float ge = fp4_global_encode(tail(a.scales[0] ? 0 : 1)[1]);
     for (int64_t ti = 0; ti < a.rows / B; ti++)
       for (int64_t tj = 0; tj < a.cols / B; tj++)
         quantize_tile(a, ti, tj, ge);
@@ -69,7 +69,7 @@ void run_kernels(Args a) {
   for (int c = 0; c < 2; c++) {
     if (!a.data[c]) continue;
     amax_into(c, 1 << c);
-    const float ge = global_encode(tail(c)[1]);
+    const float ge = fp4_global_encode(tail(c)[1]);
     const int64_t nb = len_of(a, c) / B;
     for (int64_t i = 0; i < lines_of(a, c) * nb; i++)
       quantize_block(a, c, i / nb, i % nb, ge);
@@ -94,32 +94,26 @@ void one_case(int64_t rows, int64_t cols, int dtype, int opts, bool rowwise, boo
   const size_t scale_bytes = (size_t)((rows * cols / 16 + 15) / 16 * 16 + 16);
   std::vector<uint8_t> kd(n / 2, 0xAA), kc(n / 2, 0xAA), ks(scale_bytes, 0), kcs(scale_bytes, 0);
   std::vector<uint8_t> cd(n / 2, 0x55), cc(n / 2, 0x55), cs(scale_bytes, 0), ccs(scale_bytes, 0);
-  Args a = {};
-  a.x = x.data();
-  a.x_dtype = dtype;
-  a.rows = rows;
-  a.cols = cols;
-  a.data[0] = rowwise ? kd.data() : nullptr;
-  a.data[1] = columnwise ? kc.data() : nullptr;
-  a.scales[0] = rowwise ? ks.data() : nullptr;
-  a.scales[1] = columnwise ? kcs.data() : nullptr;
-  a.opts = opts;
-  a.signs = LUTRA_NVFP4_TE_SIGNS;
-  a.seed = 0x1234567890ABCDEFull;
-  run_kernels(a);
   lutra_quant_args q = {};
   q.x = x.data();
   q.x_dtype = dtype;
   q.out_dtype = LUTRA_E2M1;
   q.rows = rows;
   q.cols = cols;
-  q.data = rowwise ? cd.data() : nullptr;
-  q.scale_inv = rowwise ? cs.data() : nullptr;
-  q.col_data = columnwise ? cc.data() : nullptr;
-  q.col_scale_inv = columnwise ? ccs.data() : nullptr;
   q.nvfp4 = opts;
   q.rht_signs = LUTRA_NVFP4_TE_SIGNS;
-  q.seed = a.seed;
+  q.seed = 0x1234567890ABCDEFull;
+  /* the same call into the kernels' buffers (through the launcher's args_of), then the CPU's */
+  auto into = [&](std::vector<uint8_t> &d, std::vector<uint8_t> &s, std::vector<uint8_t> &c,
+                  std::vector<uint8_t> &cs_) {
+    q.data = rowwise ? d.data() : nullptr;
+    q.scale_inv = rowwise ? s.data() : nullptr;
+    q.col_data = columnwise ? c.data() : nullptr;
+    q.col_scale_inv = columnwise ? cs_.data() : nullptr;
+  };
+  into(kd, ks, kc, kcs);
+  run_kernels(args_of(q));
+  into(cd, cs, cc, ccs);
   if (lutra_cpu_quantize_nvfp4(&q) != LUTRA_OK) {
     std::printf("cpu refused %s: %s\n", setup, lutra_last_error());
     failures++;

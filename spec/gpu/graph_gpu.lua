@@ -25,19 +25,7 @@ local function trainer(optim, recipe)
   t.scope = recipe and lutra.autocast { recipe = recipe } or nil
   t.x = lutra.tensor({ B, IN }, "f32", DEV)
   t.target = lutra.tensor({ B, OUT }, "f32", DEV)
-  t.step = function()
-    local y
-    if t.scope then
-      t.scope:enter()
-      y = t.net:forward(t.x)
-      t.scope:exit()
-    else
-      y = t.net:forward(t.x)
-    end
-    t.loss:forward(y, t.target)
-    t.net:backward(t.loss:backward())
-    t.opt:step()
-  end
+  t.step = S.training_step(t)
   return t
 end
 

@@ -43,23 +43,11 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
   for ci, case in ipairs(CASES) do
     test(case.name .. ": forward and backward with new device splits every call", function()
       local ref, dev = pair { bias = case.bias, amg = case.amg, seed = 40 + ci }
-      local scope_r, scope_d = S.autocast_pair(case.recipe)
-      local T = 200
-      local dsplits = lutra.tensor({ NUM }, "i32", DEV)
-      for step = 1, 4 do
-        local splits = random_splits(NUM, T, 1000 * ci + step)
-        dsplits:set(splits)
-        local xr, xd = S.randn_pair({ T, IN }, "bf16", 77 * step + ci)
-        local dyr, dyd = S.randn_pair({ T, OUT }, "bf16", 91 * step + ci)
-        local yr = S.under(scope_r, function() return ref:forward(xr, splits) end)
-        local yd = S.under(scope_d, function() return dev:forward(xd, dsplits) end)
-        S.assert_nmse(yd, yr, 1e-4, case.name .. ": y, step " .. step)
-        local dxr, dxd = ref:backward(dyr), dev:backward(dyd)
-        dev:check_splits()
-        S.assert_nmse(dxd, dxr, 1e-4, case.name .. ": dx, step " .. step)
-        S.assert_grads_nmse(ref, dev, 1e-4, case.name .. ", step " .. step,
-                            case.amg and "main_grad" or "grad")
-      end
+      S.assert_grouped_steps(ref, dev, {
+        steps = 4, rows = 200, in_ = IN, out = OUT, dtype = "bf16", recipe = case.recipe,
+        splits = function(step) return random_splits(NUM, 200, 1000 * ci + step) end,
+        seeds = function(step) return 77 * step + ci, 91 * step + ci end,
+        check = true, bound = 1e-4, amg = case.amg, what = case.name })
     end)
   end
 
@@ -108,26 +96,14 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
     local T, N = 256, 5
     local function trainer(recipe)
       local t = {}
-      t.m = hold(nn.GroupedLinear(NUM, IN, OUT, { dtype = "bf16", device = DEV, seed = 11 }))
-      t.opt = hold(lutra.optim.SGD(t.m, { lr = 1e-2 }))
+      t.net = hold(nn.GroupedLinear(NUM, IN, OUT, { dtype = "bf16", device = DEV, seed = 11 }))
+      t.opt = hold(lutra.optim.SGD(t.net, { lr = 1e-2 }))
       t.loss = hold(nn.MSELoss())
       t.scope = recipe and hold(lutra.autocast { recipe = recipe }) or nil
       t.x = lutra.tensor({ T, IN }, "bf16", DEV)
       t.target = lutra.tensor({ T, OUT }, "bf16", DEV)
       t.splits = lutra.tensor({ NUM }, "i32", DEV)
-      t.step = function()
-        local y
-        if t.scope then
-          t.scope:enter()
-          y = t.m:forward(t.x, t.splits)
-          t.scope:exit()
-        else
-          y = t.m:forward(t.x, t.splits)
-        end
-        t.loss:forward(y, t.target)
-        t.m:backward(t.loss:backward())
-        t.opt:step()
-      end
+      t.step = S.training_step(t, function() return t.net:forward(t.x, t.splits) end)
       return t
     end
     for _, recipe in ipairs { false, R.delayed { amax_history_len = 4 } } do
@@ -143,13 +119,9 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
       end
       S.eager_steps(eager, N, feed)
       local g = S.replayed_steps(graphed, N, feed)
-      graphed.m:check_splits()
-      local pe, pg = eager.m:parameters(), graphed.m:parameters()
-      for i = 1, #pe do
-        assert.are.equal(pe[i].value:bytes(), pg[i].value:bytes(),
-                         string.format("%s: parameter %d differs after %d replays",
-                                       recipe and "FP8" or "bf16", i, N - 1))
-      end
+      graphed.net:check_splits()
+      S.assert_same_params(eager, graphed, string.format("%s, after %d replays",
+                                                         recipe and "FP8" or "bf16", N - 1))
       g:free()
     end
   end)

@@ -42,20 +42,12 @@ describe("nn.GroupedLinear's f32 path on " .. DEV .. " against " .. REF, functio
                            { name = "f32 into main_grad", amg = true } } do
     test(case.name .. ": forward and backward with new host splits every call", function()
       local ref, dev = pair { dtype = "f32", bias = case.bias, amg = case.amg, seed = 60 + ci }
-      local T = 150
-      for step = 1, 4 do
-        local splits = random_splits(NUM, T, 700 * ci + step)
-        local xr, xd = S.randn_pair({ T, IN }, "f32", 31 * step + ci)
-        local dyr, dyd = S.randn_pair({ T, OUT }, "f32", 37 * step + ci)
-        -- host splits as a Lua table on one side, a CPU tensor on the other
-        local yr = ref:forward(xr, splits)
-        local yd = dev:forward(xd, lutra.from_table(splits, { NUM }, "i32", "cpu"))
-        S.assert_nmse(yd, yr, 1e-10, case.name .. ": y, step " .. step)
-        local dxr, dxd = ref:backward(dyr), dev:backward(dyd)
-        S.assert_nmse(dxd, dxr, 1e-10, case.name .. ": dx, step " .. step)
-        compare_params(ref, dev, 1e-10, case.name .. ", step " .. step,
-                       case.amg and "main_grad" or "grad")
-      end
+      -- host splits as a Lua table on one side, a CPU tensor on the other
+      S.assert_grouped_steps(ref, dev, {
+        steps = 4, rows = 150, in_ = IN, out = OUT, dtype = "f32", host_splits = true,
+        splits = function(step) return random_splits(NUM, 150, 700 * ci + step) end,
+        seeds = function(step) return 31 * step + ci, 37 * step + ci end,
+        bound = 1e-10, amg = case.amg, what = case.name })
     end)
   end
 
@@ -90,23 +82,11 @@ describe("nn.GroupedLinear under the block-scaled recipes on " .. DEV .. " again
       local ref = hold(nn.GroupedLinear(NUM, BIN, BOUT, a))
       a.device = DEV
       local dev = hold(nn.GroupedLinear(NUM, BIN, BOUT, a))
-      local scope_r, scope_d = S.autocast_pair(case.recipe)
-      local T = 230
-      local dsplits = lutra.tensor({ NUM }, "i32", DEV)
-      for step = 1, 3 do
-        local splits = random_splits(NUM, T, 900 * ci + step)
-        dsplits:set(splits)
-        local xr, xd = S.randn_pair({ T, BIN }, "bf16", 13 * step + ci)
-        local dyr, dyd = S.randn_pair({ T, BOUT }, "bf16", 17 * step + ci)
-        local yr = scope_r:run(function() return ref:forward(xr, splits) end)
-        local yd = scope_d:run(function() return dev:forward(xd, dsplits) end)
-        S.assert_nmse(yd, yr, 1e-4, case.name .. ": y, step " .. step)
-        local dxr, dxd = ref:backward(dyr), dev:backward(dyd)
-        if DEV ~= "cpu" then dev:check_splits() end
-        S.assert_nmse(dxd, dxr, 1e-4, case.name .. ": dx, step " .. step)
-        compare_params(ref, dev, 1e-4, case.name .. ", step " .. step,
-                       case.amg and "main_grad" or "grad")
-      end
+      S.assert_grouped_steps(ref, dev, {
+        steps = 3, rows = 230, in_ = BIN, out = BOUT, dtype = "bf16", recipe = case.recipe,
+        splits = function(step) return random_splits(NUM, 230, 900 * ci + step) end,
+        seeds = function(step) return 13 * step + ci, 17 * step + ci end,
+        check = DEV ~= "cpu", bound = 1e-4, amg = case.amg, what = case.name })
     end)
   end
 end)

@@ -6,26 +6,13 @@
 -- order differs, NMSE 1e-9) and a Linear's training step under lutra.recipe.nvfp4 (NMSE 1e-4:
 -- a GEMM result a rounding apart can flip a downstream E2M1 code, as for FP8).
 local lutra = require("lutra")
-local C = lutra.C
 local R = lutra.recipe
-local nn = lutra.nn
 local S = require("spec.gpu.support")
-local F = require("spec.support.fp8_bytes")
-local DEV, REF, hold, poisoned = S.DEV, S.REF, S.hold, S.poisoned
+local DEV, REF, hold = S.DEV, S.REF, S.hold
 local function test(name, fn) S.test(it, name, fn) end
 
-local function scale_bytes(t, columnwise)
-  local d = t:dims()
-  local r, c = d[1], d[2]
-  if columnwise then r, c = c, r end
-  local p = columnwise and t.col_scale_inv or t.scale_inv
-  return F.view_bytes(p, math.ceil(r * c / 16 / 16) * 16 + 16, C.LUTRA_E4M3, t.device)
-end
-
 -- everything one quantization shows, as byte strings
-local function outputs(t, rowwise, columnwise)
-  return S.quantized_outputs(t, rowwise, columnwise, scale_bytes, "scales")
-end
+local outputs = S.outputs_of("nvfp4", "scales")
 
 local cases = {
   { name = "input (1x16, RHT columnwise)", recipe = {}, role = "input" },
@@ -60,13 +47,7 @@ describe("NVFP4 on " .. DEV, function()
   end
 
   test("special values: zero blocks, NaN, infinities, subnormals", function()
-    local v = {}
-    for i = 1, 32 * 64 do
-      local k = i % 64
-      v[i] = (k < 16) and 0 or (k == 17) and 1e-40 or (i == 300) and 0 / 0 or
-             (i == 700) and math.huge or (i == 701) and -math.huge or (i % 7 - 3) * 0.37
-    end
-    local xr, xd = S.from_buf_pair(S.buf_of(v), { 32, 64 }, "f32")
+    local xr, xd = S.special_values_pair()
     for _, role in ipairs { "input", "weight", "grad_output" } do
       local r = R.nvfp4 { seed = 1 }
       local want = outputs(hold(lutra.quantizer(r, role, { device = REF })):quantize(xr), true, true)
@@ -88,27 +69,12 @@ describe("NVFP4 on " .. DEV, function()
   end)
 
   test("the GEMM of NVFP4 operands: the CPU's BF16 products up to accumulation order", function()
-    local out = {}
-    for _, dev in ipairs { REF, DEV } do
-      local r = R.nvfp4 { disable_rht = true }
-      local a = hold(lutra.quantizer(r, "weight", { device = dev })):quantize(
-        lutra.tensor({ 128, 256 }, "f32", dev):randn(5))
-      local b = hold(lutra.quantizer(r, "input", { device = dev })):quantize(
-        lutra.tensor({ 64, 256 }, "f32", dev):randn(6))
-      out[dev] = lutra.gemm(a, true, b, false, poisoned({ 64, 128 }, "f32", dev))
-    end
-    S.assert_nmse(out[DEV], out[REF], 1e-9, "nvfp4 gemm")
+    S.assert_quantized_gemm(function() return R.nvfp4 { disable_rht = true } end, 1e-9,
+                            "nvfp4 gemm")
   end)
 
   test("a Linear's training step under lutra.recipe.nvfp4 as on the CPU", function()
-    local res = {}
-    for _, dev in ipairs { REF, DEV } do
-      local lin = hold(nn.Linear(128, 64, { seed = 7, device = dev }))
-      local x = lutra.tensor({ 64, 128 }, "f32", dev):randn(8)
-      local dy = lutra.tensor({ 64, 64 }, "f32", dev):randn(9, 0, 0.1)
-      local y = lutra.autocast { recipe = R.nvfp4 { seed = 4 } }:run(function() return lin:forward(x) end)
-      res[dev] = { y = S.keep(y), dx = S.keep(lin:backward(dy)), dw = S.keep(lin:parameters()[1].grad) }
-    end
-    for _, k in ipairs { "y", "dx", "dw" } do S.assert_nmse(res[DEV][k], res[REF][k], 1e-4, k) end
+    local want, got = S.linear_step_pair(function() return R.nvfp4 { seed = 4 } end, 64)
+    for _, k in ipairs { "y", "dx", "dw" } do S.assert_nmse(got[k], want[k], 1e-4, k) end
   end)
 end)

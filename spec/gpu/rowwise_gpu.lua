@@ -19,27 +19,14 @@
 -- a later quantization and the step's bounds are the GEMM's.
 local lutra = require("lutra")
 local ffi = require("ffi")
-local C = lutra.C
 local R = lutra.recipe
 local nn = lutra.nn
 local S = require("spec.gpu.support")
-local F = require("spec.support.fp8_bytes")
-local DEV, REF, hold, poisoned = S.DEV, S.REF, S.hold, S.poisoned
+local DEV, REF, hold = S.DEV, S.REF, S.hold
 local function test(name, fn) S.test(it, name, fn) end
 
--- one f32 scale inverse per row of the copy (the columnwise copy's rows: x's columns)
-local function scale_bytes(t, columnwise)
-  local d = t:dims()
-  local rows = columnwise and d[2] or d[1]
-  local p = columnwise and t.col_scale_inv or t.scale_inv
-  return F.view_bytes(p, rows, C.LUTRA_F32, t.device)
-end
-
 -- everything one quantization shows, as byte strings
-local function outputs(t, rowwise, columnwise)
-  assert.are.equal("rowwise", t:scaling_name())
-  return S.quantized_outputs(t, rowwise, columnwise, scale_bytes, "scale_inv")
-end
+local outputs = S.outputs_of("rowwise", "scale_inv")
 
 -- x [rows, cols] of dtype dt on both devices, rows and columns of different magnitudes (so that
 -- every scale differs), with whole rows and columns of zeros when zeros is set
@@ -103,14 +90,7 @@ describe("rowwise scaling on " .. DEV, function()
   end
 
   test("amax_epsilon, an all-zero tensor, special values", function()
-    local v = {}
-    for i = 1, 32 * 64 do
-      local k = i % 64
-      v[i] = (k < 16) and 0 or (k == 17) and 1e-40 or (i == 300) and 0 / 0 or
-             (i == 700) and math.huge or (i == 701) and -math.huge or (i == 900) and 3e38 or
-             (i % 7 - 3) * 0.37
-    end
-    local xr, xd = S.from_buf_pair(S.buf_of(v), { 32, 64 }, "f32")
+    local xr, xd = S.special_values_pair { [900] = 3e38 }
     for _, p2 in ipairs { true, false } do
       compare(R.rowwise { power_2_scale = p2 }, "input", { true, true }, xr, xd,
               "special values, power_2_scale " .. tostring(p2))
@@ -147,16 +127,8 @@ describe("rowwise scaling on " .. DEV, function()
     local bound = p2 and 1e-9 or 1e-4
     test(string.format("the GEMM of rowwise operands (power_2_scale %s): NMSE <= %g", tostring(p2),
                        bound), function()
-      local out = {}
-      for _, dev in ipairs { REF, DEV } do
-        local r = R.rowwise { power_2_scale = p2 }
-        local a = hold(lutra.quantizer(r, "weight", { device = dev })):quantize(
-          lutra.tensor({ 128, 256 }, "f32", dev):randn(5))
-        local b = hold(lutra.quantizer(r, "input", { device = dev })):quantize(
-          lutra.tensor({ 64, 256 }, "f32", dev):randn(6, 0, 4))
-        out[dev] = lutra.gemm(a, true, b, false, poisoned({ 64, 128 }, "f32", dev))
-      end
-      S.assert_nmse(out[DEV], out[REF], bound, "rowwise gemm")
+      S.assert_quantized_gemm(function() return R.rowwise { power_2_scale = p2 } end, bound,
+                              "rowwise gemm", 4)
     end)
   end
 
@@ -174,14 +146,7 @@ describe("rowwise scaling on " .. DEV, function()
         t.scope = lutra.autocast { recipe = R.rowwise { fp8_format = "hybrid" } }
         t.x = lutra.tensor({ 64, 64 }, "f32", DEV)
         t.target = lutra.tensor({ 64, 32 }, "f32", DEV)
-        t.step = function()
-          t.scope:enter()
-          local y = t.net:forward(t.x)
-          t.scope:exit()
-          t.loss:forward(y, t.target)
-          t.net:backward(t.loss:backward())
-          t.opt:step()
-        end
+        t.step = S.training_step(t)
         return t
       end
       local N = 5
@@ -248,24 +213,16 @@ describe("rowwise scaling on " .. DEV, function()
     test(string.format("a Linear's training step under lutra.recipe.rowwise (%s, power_2_scale %s, "
                        .. "%s) as on the CPU: NMSE <= %g", cfg.format, tostring(cfg.p2), cfg.dtype,
                        bound), function()
-      local res = {}
-      for _, dev in ipairs { REF, DEV } do
-        local lin = hold(nn.Linear(128, 64, { seed = 7, device = dev, dtype = cfg.dtype }))
-        local x = lutra.tensor({ 96, 128 }, cfg.dtype, dev):randn(8)
-        local dy = lutra.tensor({ 96, 64 }, cfg.dtype, dev):randn(9, 0, 0.1)
-        local recipe = R.rowwise { power_2_scale = cfg.p2, fp8_format = cfg.format }
-        local y = lutra.autocast { recipe = recipe }:run(function() return lin:forward(x) end)
-        local params = lin:parameters()
-        res[dev] = { y = S.keep(y), dx = S.keep(lin:backward(dy)), dw = S.keep(params[1].grad) }
-        if params[2] then res[dev].db = S.keep(params[2].grad) end
-      end
-      for k in pairs(res[REF]) do
-        S.assert_nmse(res[DEV][k], res[REF][k], bound, k)
+      local want, got = S.linear_step_pair(function()
+        return R.rowwise { power_2_scale = cfg.p2, fp8_format = cfg.format }
+      end, 96, cfg.dtype)
+      for k in pairs(want) do
+        S.assert_nmse(got[k], want[k], bound, k)
       end
       -- and it did quantize: the high-precision Linear's output is an FP8 rounding away
       local hp = hold(nn.Linear(128, 64, { seed = 7, device = REF, dtype = cfg.dtype }))
       local yh = hp:forward(lutra.tensor({ 96, 128 }, cfg.dtype, REF):randn(8))
-      local e = S.nmse_buf(S.keep(yh):read(), res[REF].y:read(), 96 * 64, "high precision")
+      local e = S.nmse_buf(S.keep(yh):read(), want.y:read(), 96 * 64, "high precision")
       assert.is_true(e > 1e-7, "the rowwise Linear's output equals the high-precision one")
     end)
   end

@@ -177,6 +177,16 @@ function S.quantized_outputs(t, rowwise, columnwise, scale_bytes, label)
   return out
 end
 
+-- outputs(t, rowwise, columnwise) for the tensors of one scaling (scaling_name; t is checked to
+-- be of it): S.quantized_outputs with the scale arrays of spec/support/fp8_bytes.lua, under label
+function S.outputs_of(scaling, label)
+  local scale_bytes = require("spec.support.fp8_bytes").scale_bytes
+  return function(t, rowwise, columnwise)
+    assert.are.equal(scaling, t:scaling_name())
+    return S.quantized_outputs(t, rowwise, columnwise, scale_bytes, label)
+  end
+end
+
 function S.assert_same_bytes(got, want, what, esize, code)
   if got == want then return end
   esize = esize or 1
@@ -296,6 +306,21 @@ end
 -- The two sides of a graph check over the same n batches. t is a trainer (a table whose step
 -- runs one training step on its own inputs); feed(t, i) loads batch i into those inputs.
 
+-- a trainer's step: forward() (t.net's forward of t.x unless given) inside t.scope when it has
+-- one (entered and exited by hand, as a training loop does), the loss against t.target, the
+-- backward through t.net and t.opt's step
+function S.training_step(t, forward)
+  forward = forward or function() return t.net:forward(t.x) end
+  return function()
+    if t.scope then t.scope:enter() end
+    local y = forward()
+    if t.scope then t.scope:exit() end
+    t.loss:forward(y, t.target)
+    t.net:backward(t.loss:backward())
+    t.opt:step()
+  end
+end
+
 -- n random batches (x of x_shape seeded x_seed + i, target of t_shape seeded t_seed + i, dtype
 -- f32 unless given) on the device, and feed(t, i) copying batch i into t.x and t.target
 function S.batch_feed(n, x_shape, t_shape, x_seed, t_seed, dtype)
@@ -341,6 +366,87 @@ function S.replayed_steps(t, n, feed, after_capture)
   end
   lutra.synchronize(S.DEV)
   return graph
+end
+
+-- ---- the quantization formats' device checks (nvfp4_gpu, rowwise_gpu) -------------------------
+
+-- a 32x64 f32 input with the special cases on both sides: 16 zeros in each row of 64, a
+-- subnormal, a NaN, both infinities and, at the indices extra gives (when given), its values
+function S.special_values_pair(extra)
+  local v = {}
+  for i = 1, 32 * 64 do
+    local k = i % 64
+    v[i] = (k < 16) and 0 or (k == 17) and 1e-40 or (i == 300) and 0 / 0 or
+           (i == 700) and HUGE or (i == 701) and -HUGE or (extra and extra[i]) or
+           (i % 7 - 3) * 0.37
+  end
+  return S.from_buf_pair(S.buf_of(v), { 32, 64 }, "f32")
+end
+
+-- the GEMM of a weight [128, 256] and an input [64, 256] (standard deviation b_std, 1 unless
+-- given), each quantized on each side by a quantizer of recipe() for its role: the device's
+-- product within NMSE bound of the CPU's
+function S.assert_quantized_gemm(recipe, bound, what, b_std)
+  local out = {}
+  for i, dev in ipairs { S.REF, S.DEV } do
+    local r = recipe()
+    local a = S.hold(lutra.quantizer(r, "weight", { device = dev })):quantize(
+      lutra.tensor({ 128, 256 }, "f32", dev):randn(5))
+    local b = S.hold(lutra.quantizer(r, "input", { device = dev })):quantize(
+      lutra.tensor({ 64, 256 }, "f32", dev):randn(6, 0, b_std or 1))
+    out[i] = lutra.gemm(a, true, b, false, S.poisoned({ 64, 128 }, "f32", dev))
+  end
+  S.assert_nmse(out[2], out[1], bound, what)
+end
+
+-- a Linear(128, 64)'s forward under recipe() and backward on each side, from the same weights,
+-- x [rows, 128] and dy (dtype f32 unless given): the CPU's and the device's y, dx, dw and, with
+-- a bias, db
+function S.linear_step_pair(recipe, rows, dtype)
+  local res = {}
+  for i, dev in ipairs { S.REF, S.DEV } do
+    local lin = S.hold(lutra.nn.Linear(128, 64, { seed = 7, device = dev, dtype = dtype }))
+    local x = lutra.tensor({ rows, 128 }, dtype or "f32", dev):randn(8)
+    local dy = lutra.tensor({ rows, 64 }, dtype or "f32", dev):randn(9, 0, 0.1)
+    local y = lutra.autocast { recipe = recipe() }:run(function() return lin:forward(x) end)
+    local params = lin:parameters()
+    res[i] = { y = S.keep(y), dx = S.keep(lin:backward(dy)), dw = S.keep(params[1].grad) }
+    if params[2] then res[i].db = S.keep(params[2].grad) end
+  end
+  return res[1], res[2]
+end
+
+-- ---- GroupedLinear pairs ---------------------------------------------------------------------
+
+-- o.steps forwards and backwards of the GroupedLinear pair ref (the CPU's) and dev, each on
+-- fresh inputs of o.dtype: step i's o.rows rows split by o.splits(i) (dev gets them in a device
+-- tensor, or with o.host_splits in a CPU one), x and dy seeded by o.seeds(i), each side under an
+-- autocast scope of its own o.recipe() (none without o.recipe), the device's splits checked after
+-- each backward when o.check; y, dx and every expert's grad (main_grad with o.amg) within NMSE
+-- o.bound
+function S.assert_grouped_steps(ref, dev, o)
+  local scope_r, scope_d = S.autocast_pair(o.recipe)
+  local dsplits
+  for step = 1, o.steps do
+    local splits = o.splits(step)
+    if o.host_splits then
+      dsplits = lutra.from_table(splits, { #splits }, "i32", "cpu")
+    else
+      dsplits = dsplits or lutra.tensor({ #splits }, "i32", S.DEV)
+      dsplits:set(splits)
+    end
+    local x_seed, dy_seed = o.seeds(step)
+    local xr, xd = S.randn_pair({ o.rows, o.in_ }, o.dtype, x_seed)
+    local dyr, dyd = S.randn_pair({ o.rows, o.out }, o.dtype, dy_seed)
+    local what = o.what .. ", step " .. step
+    local yr = S.under(scope_r, function() return ref:forward(xr, splits) end)
+    local yd = S.under(scope_d, function() return dev:forward(xd, dsplits) end)
+    S.assert_nmse(yd, yr, o.bound, what .. ": y")
+    local dxr, dxd = ref:backward(dyr), dev:backward(dyd)
+    if o.check then dev:check_splits() end
+    S.assert_nmse(dxd, dxr, o.bound, what .. ": dx")
+    S.assert_grads_nmse(ref, dev, o.bound, what, o.amg and "main_grad" or "grad")
+  end
 end
 
 return S

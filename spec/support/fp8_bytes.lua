@@ -33,8 +33,10 @@ end
 
 local function round4(n) return math.ceil(n / 4) * 4 end
 
--- The raw scale array of one copy of a 2-D FP8 tensor t, per lutra.h's layouts (block scaling's
--- zero padding included), and its element size.
+-- The raw scale array of one copy of a 2-D FP8 (or NVFP4) tensor t, per lutra.h's layouts (block
+-- scaling's zero padding included), and its element size. Rowwise scaling: one f32 per row of the
+-- copy; NVFP4 (lutra/nvfp4.h): the E4M3 block scales padded to 16 bytes, then the copy's decode
+-- scale and amax (an f32 each).
 function M.scale_bytes(t, columnwise)
   local dims = t:dims()
   local r, c = dims[1], dims[2]
@@ -46,12 +48,16 @@ function M.scale_bytes(t, columnwise)
     count, dt = r * math.ceil(c / 32), C.LUTRA_E8M0
   elseif sc == "block_1d" then
     count = math.ceil(c / 128) * round4(r)
+  elseif sc == "rowwise" then
+    count = r
+  elseif sc == "nvfp4" then
+    count, dt = math.ceil(r * c / 16 / 16) * 16 + 16, C.LUTRA_E4M3
   else
     assert(sc == "block_2d", "unknown scaling " .. tostring(sc))
     count = math.ceil(r / 128) * round4(math.ceil(c / 128))
   end
   local p = columnwise and t.col_scale_inv or t.scale_inv
-  return M.view_bytes(p, count, dt, t.device), sc == "mxfp8" and 1 or 4
+  return M.view_bytes(p, count, dt, t.device), dt == C.LUTRA_F32 and 4 or 1
 end
 
 -- Everything a quantization may write: both copies' codes and scale arrays, the tensor's amax,

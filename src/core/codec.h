@@ -31,13 +31,21 @@
 /* the NaN every NaN code decodes to (what the hardware's widening conversions give) */
 #define LUTRA_F32_NAN_BITS 0x7FFFFFFFu
 
+/* The few functions the kernels share with the CPU (core/fp4.h's, through
+ * kernels/nvfp4_math.cuh) are host and device functions under nvcc. */
+#ifdef __CUDACC__
+#define LUTRA_CODEC_HD __host__ __device__
+#else
+#define LUTRA_CODEC_HD
+#endif
+
 /* f32 bit patterns, for the exact conversions */
-static inline uint32_t f32_bits(float f) {
+static inline LUTRA_CODEC_HD uint32_t f32_bits(float f) {
   uint32_t u;
   memcpy(&u, &f, sizeof u);
   return u;
 }
-static inline float bits_f32(uint32_t u) {
+static inline LUTRA_CODEC_HD float bits_f32(uint32_t u) {
   float f;
   memcpy(&f, &u, sizeof f);
   return f;
@@ -143,7 +151,7 @@ static inline uint8_t f32_to_e5m2(float f) {
   return f32_to_fp8(f, 2, 15, 0x47600000u /* 57344 */, 0x7Bu);
 }
 
-static inline float fp8_to_f32(uint32_t c, int mbits, int bias) {
+static inline LUTRA_CODEC_HD float fp8_to_f32(uint32_t c, int mbits, int bias) {
   uint32_t sign = (c & 0x80u) << 24;
   uint32_t e = (c & 0x7Fu) >> mbits;
   uint32_t m = c & ((1u << mbits) - 1u);
@@ -155,7 +163,7 @@ static inline float fp8_to_f32(uint32_t c, int mbits, int bias) {
   return bits_f32(sign | ((e + (uint32_t)(127 - bias)) << 23) | (m << (23 - mbits)));
 }
 
-static inline float e4m3_to_f32(uint32_t c) {
+static inline LUTRA_CODEC_HD float e4m3_to_f32(uint32_t c) {
   c &= 0xFFu;
   if ((c & 0x7Fu) == 0x7Fu) return bits_f32(LUTRA_F32_NAN_BITS);
   return fp8_to_f32(c, 3, 7);
