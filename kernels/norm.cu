@@ -187,29 +187,14 @@ __global__ void __launch_bounds__(kRowThreads, fwd_blocks_per_sm<V, NC>())
   }
 }
 
-/* norm_fwd_rows two rows at a time (resident_pairs: twice the bytes in flight) */
+/* norm_fwd_rows two rows at a time (normalized_pairs: twice the bytes in flight) */
 template <int DT, int PDT, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args a) {
   __shared__ RowRed red;
-  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
-  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
-  resident_pairs<DT, V, NC>(
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
+  normalized_pairs<DT, PDT, V, NC>(
       a, r0, imin<int64_t>(a.rows, r0 + kFwdRows), red,
-      [&](int64_t r, bool two, float(&x)[2][NC][V], const float(&mean)[2], const float(&rstd)[2]) {
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-          const int64_t c = col<V>(j);
-          if (c >= h) continue;
-          float g[V], b[V];
-          load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
-#pragma unroll
-          for (int i = 0; i < 2; i++) {
-            if (i == 1 && !two) break;
-            normalize<V>(x[i][j], mean[i], rstd[i], g, b, beta);
-            stv<DT, V>(a.y, (r + i) * h + c, x[i][j]);
-          }
-        }
-      });
+      [&](int64_t r, int64_t c, const float(&y)[V]) { stv<DT, V>(a.y, r * a.hidden + c, y); });
 }
 
 /* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx

@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1)
   finish_rows(p, m, fred, s);
 }
 
-/* Rowwise codes only (or current scaling's amax pass): two rows at a time (resident_pairs),
+/* Rowwise codes only (or current scaling's amax pass): two rows at a time (normalized_pairs),
  * gamma and beta read per chunk (L1 hits), x converted to double per sum, as the forward. */
 template <int DT, int PDT, int OD, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1) k_norm_quantize_rows(Params p) {
@@ -171,28 +171,15 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1) k_norm_quant
   const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kQRows;
   const bool codes = !p.amax_pass && p.data;
   const float s = !p.amax_pass ? *p.scale : 1.0f;
-  const bool beta = !a.rms, pv = params_vec<V>(a, beta);
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   float m = -INFINITY;
-  resident_pairs<DT, V, NC>(
-      a, r0, imin<int64_t>(a.rows, r0 + kQRows), red,
-      [&](int64_t r, bool two, float(&x)[2][NC][V], const float(&mean)[2], const float(&rstd)[2]) {
-#pragma unroll
-        for (int j = 0; j < NC; j++) {
-          const int64_t c = col<V>(j);
-          if (c >= h) continue;
-          float g[V], b[V];
-          load_param_chunk<PDT, V>(a, beta, pv, c, g, b);
-#pragma unroll
-          for (int i = 0; i < 2; i++) {
-            if (i == 1 && !two) break;
-            normalize<V>(x[i][j], mean[i], rstd[i], g, b, beta);
-            if (a.y) stv<DT, V>(a.y, (r + i) * h + c, x[i][j]);
-            emit_chunk<DT, OD, V>(x[i][j], s, codes, codes ? p.data + (r + i) * h + c : nullptr,
-                                  row_vec, nullptr, m);
-          }
-        }
-      });
+  normalized_pairs<DT, PDT, V, NC>(a, r0, imin<int64_t>(a.rows, r0 + kQRows), red,
+                                   [&](int64_t r, int64_t c, const float(&y)[V]) {
+                                     if (a.y) stv<DT, V>(a.y, r * h + c, y);
+                                     emit_chunk<DT, OD, V>(y, s, codes,
+                                                           codes ? p.data + r * h + c : nullptr,
+                                                           row_vec, nullptr, m);
+                                   });
   finish_rows(p, m, fred, s);
 }
 

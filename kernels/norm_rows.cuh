@@ -272,12 +272,13 @@ __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_
 
 /* A row-resident loop over rows r0 .. r1 two at a time: the next two rows' loads are issued
  * before the current two's statistics (resident_stats2), so twice the bytes of a one-row loop are
- * in flight; then f(r, two, x, mean, rstd) with rows r and (when two) r + 1 unpacked as x[0],
- * x[1]. */
-template <int DT, int V, int NC, class F>
-__device__ __forceinline__ void resident_pairs(const lutra_norm_args &a, int64_t r0, int64_t r1,
-                                               RowRed &red, F &&f) {
+ * in flight; then per chunk of V columns from c, gamma and beta read once (L1 hits) for both rows,
+ * and f(r, c, y) with y the forward's output at row r (in f32, not yet rounded). */
+template <int DT, int PDT, int V, int NC, class F>
+__device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64_t r0, int64_t r1,
+                                                 RowRed &red, F &&f) {
   const int64_t h = a.hidden;
+  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
   Raw<DT, V> c0[NC] = {}, c1[NC] = {}, n0[NC] = {}, n1[NC] = {};
   if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, c0);
   if (r0 + 1 < r1) load_row<DT, V, NC>(a.x, (r0 + 1) * h, h, c1);
@@ -292,7 +293,19 @@ __device__ __forceinline__ void resident_pairs(const lutra_norm_args &a, int64_t
       unraw<DT, V>(c1[j], x[1][j]);
     }
     resident_stats2<V, NC>(a, r, two, x, red, mean, rstd);
-    f(r, two, x, mean, rstd);
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      const int64_t c = col<V>(j);
+      if (c >= h) continue;
+      float g[V], b[V];
+      load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        if (i == 1 && !two) break;
+        normalize<V>(x[i][j], mean[i], rstd[i], g, b, beta);
+        f(r + i, c, x[i][j]);
+      }
+    }
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       c0[j] = n0[j];
