@@ -75,11 +75,10 @@ __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
     q[0] += dmul_rn(d, d);
   });
   row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
-    const float rstd = static_cast<float>(1.0 / sqrt(t[0] / hd + static_cast<double>(a.eps)));
+    const float rstd = row_rstd(a, t[0]);
     if (!lead) return;
     red.out[1] = rstd;
-    if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mean_d);
-    if (a.rstd) a.rstd[r] = rstd;
+    keep_stats(a, r, mean_d, rstd);
   });
   const float mean = static_cast<float>(mean_d), rstd = static_cast<float>(red.out[1]);
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {

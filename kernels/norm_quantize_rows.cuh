@@ -89,10 +89,11 @@ __device__ __forceinline__ void finish_rows(const Params &p, float m, float *fre
 }
 
 /* The columnwise codes staged ([kQRows][hidden] bytes of dynamic shared memory): the rows one
- * after the other, parameters and x's doubles held (the staged codes bound the blocks an SM
- * anyway, and held parameters and doubles measured faster so). */
+ * after the other, parameters and x's doubles held, two blocks an SM (the staged codes bound the
+ * blocks an SM anyway; held parameters and doubles, and two blocks rather than three with fewer
+ * registers, measured faster side by side: BENCHMARKS.md) */
 template <int DT, int PDT, int OD, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1)
+__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
     k_norm_quantize_staged(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   __shared__ RowRed red;

@@ -145,6 +145,19 @@ __device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta,
     load_param_chunk<PDT, V>(a, beta, vec, col<V>(j), g[j], b[j]);
 }
 
+/* 1 / sqrt(var + eps) of a row whose squared deviations sum to t, in double, rounded once */
+__device__ __forceinline__ float row_rstd(const lutra_norm_args &a, double t) {
+  return static_cast<float>(1.0 /
+                            sqrt(t / static_cast<double>(a.hidden) + static_cast<double>(a.eps)));
+}
+
+/* row r's statistics into a.mean (LayerNorm) and a.rstd where given */
+__device__ __forceinline__ void keep_stats(const lutra_norm_args &a, int64_t r, double mean_d,
+                                           float rstd) {
+  if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mean_d);
+  if (a.rstd) a.rstd[r] = rstd;
+}
+
 /* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
  * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. HOLD: x
  * converted to double once and held for both of LayerNorm's sums, for kernels whose occupancy
@@ -195,11 +208,10 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
       }
     }
   row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
-    const float rs = static_cast<float>(1.0 / sqrt(t[0] / hd + static_cast<double>(a.eps)));
+    const float rs = row_rstd(a, t[0]);
     if (!lead) return;
     red.out[1] = rs;
-    if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mean_d);
-    if (a.rstd) a.rstd[r] = rs;
+    keep_stats(a, r, mean_d, rs);
   });
   mean = static_cast<float>(mean_d);
   rstd = static_cast<float>(red.out[1]);
@@ -249,19 +261,12 @@ __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_
       }
     }
   row_reduce<2>(q, red, [&](double(&t)[2], bool lead) {
-    float rs[2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      rs[i] = static_cast<float>(1.0 / sqrt(t[i] / hd + static_cast<double>(a.eps)));
+    const float rs[2] = {row_rstd(a, t[0]), row_rstd(a, t[1])};
     if (!lead) return;
     red.out[0] = rs[0];
     red.out[1] = rs[1];
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      if (i == 1 && !two) break;
-      if (a.mean && !a.rms) a.mean[r + i] = static_cast<float>(mean_d[i]);
-      if (a.rstd) a.rstd[r + i] = rs[i];
-    }
+    keep_stats(a, r, mean_d[0], rs[0]);
+    if (two) keep_stats(a, r + 1, mean_d[1], rs[1]);
   });
 #pragma unroll
   for (int i = 0; i < 2; i++) {
