@@ -8,10 +8,11 @@
  * dbeta agree within a bound (another order of the column sums).
  *
  * Rows of up to kResident elements per thread (8192 bf16 columns) stay in registers:
- *   forward (norm_fwd_rows): a block of 256 threads does kFwdRows rows, the next row's 16-byte
- *     loads issued before the current row's reductions; gamma and beta are read per row (L1
- *     hits) and x is converted to double per sum, so a thread holds little beyond its two rows
- *     and four blocks an SM stream at once (holding both, two blocks fit);
+ *   forward: a block of 256 threads does kFwdRows rows, two at a time up to 16 elements a
+ *     thread (norm_fwd_rows2: both rows' sums in one block reduction, the next two rows' 16-byte
+ *     loads issued before the current ones' reductions, three blocks an SM), one at a time for
+ *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits) and x is converted
+ *     to double per sum, so a thread holds little beyond its rows;
  *   backward (norm_bwd_rows): dx and the dgamma/dbeta partials in one pass over x and dy. Block
  *     rb does the rows of row block rb (a split that depends on rows and hidden only, so the sums
  *     are the same on every device and run); each thread owns its columns, adds dy * xhat and dy
@@ -153,8 +154,9 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
  * Thread t holds the chunks j = 0 .. NC - 1 of V columns from col<V>(j) (NC * V <= kResident),
  * which are norm_fwd's / norm_dx's chunks, so their sums and bits are the same. */
 
-/* the forward's blocks an SM: 64 registers a thread for rows of up to 16 elements a thread
- * (gamma and beta are read per row from L1, not held), so four rows stream at once */
+/* the one-row forward's blocks an SM: 64 registers a thread for rows of up to 16 elements a
+ * thread (gamma and beta are read per row from L1, not held); fwd_rows_kernel takes it only for
+ * wider rows, where two fit */
 template <int V, int NC> LKOPS_HD constexpr int fwd_blocks_per_sm() {
   return NC * V <= 16 ? 4 : 2;
 }
