@@ -75,12 +75,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
     const double d = x - mean_d;
     q[0] += dmul_rn(d, d);
   });
-  row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
-    const float rstd = row_rstd(a, t[0]);
-    if (!lead) return;
-    red.out[1] = rstd;
-    keep_stats(a, r, mean_d, rstd);
-  });
+  row_reduce<1>(q, red, rstd_fin(a, r, mean_d, red));
   const float mean = static_cast<float>(mean_d), rstd = static_cast<float>(red.out[1]);
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float v[V];

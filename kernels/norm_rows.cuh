@@ -158,6 +158,17 @@ __device__ __forceinline__ void keep_stats(const lutra_norm_args &a, int64_t r, 
   if (a.rstd) a.rstd[r] = rstd;
 }
 
+/* row_reduce's fin for row r's sum of squares: its rstd into red.out[1], its statistics kept */
+__device__ __forceinline__ auto rstd_fin(const lutra_norm_args &a, int64_t r, double mean_d,
+                                         RowRed &red) {
+  return [&a, r, mean_d, &red](double(&t)[1], bool lead) {
+    const float rs = row_rstd(a, t[0]);
+    if (!lead) return;
+    red.out[1] = rs;
+    keep_stats(a, r, mean_d, rs);
+  };
+}
+
 /* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
  * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. HOLD: x
  * converted to double once and held for both of LayerNorm's sums, for kernels whose occupancy
@@ -207,12 +218,7 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
         q[0] += dmul_rn(d, d);
       }
     }
-  row_reduce<1>(q, red, [&](double(&t)[1], bool lead) {
-    const float rs = row_rstd(a, t[0]);
-    if (!lead) return;
-    red.out[1] = rs;
-    keep_stats(a, r, mean_d, rs);
-  });
+  row_reduce<1>(q, red, rstd_fin(a, r, mean_d, red));
   mean = static_cast<float>(mean_d);
   rstd = static_cast<float>(red.out[1]);
 }
