@@ -149,16 +149,10 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
  * Thread t holds the chunks j = 0 .. NC - 1 of V columns from col<V>(j) (NC * V <= kResident),
  * which are norm_fwd's / norm_dx's chunks, so their sums and bits are the same. */
 
-/* the one-row forward's blocks an SM: 64 registers a thread for rows of up to 16 elements a
- * thread (gamma and beta are read per row from L1, not held); fwd_rows_kernel takes it only for
- * wider rows, where two fit */
-template <int V, int NC> LKOPS_HD constexpr int fwd_blocks_per_sm() {
-  return NC * V <= 16 ? 4 : 2;
-}
-
+/* the one-row forward, for rows wider than norm_fwd_rows2 takes (more than 16 elements a
+ * thread): gamma and beta read per row from L1, not held, so two blocks an SM fit */
 template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, fwd_blocks_per_sm<V, NC>())
-    norm_fwd_rows(lutra_norm_args a) {
+__global__ void __launch_bounds__(kRowThreads, 2) norm_fwd_rows(lutra_norm_args a) {
   __shared__ RowRed red;
   const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
   const int64_t r1 = imin<int64_t>(a.rows, r0 + kFwdRows);

@@ -191,7 +191,8 @@ static lutra_grouped_quant_args quant_args(const grouped_linear *g, const groupe
       .num = g->num,
       .kind = s->kind,
       /* the input's rows are this forward's (in place before its GEMM saves them) */
-      .splits = r == &g->roles[LUTRA_ROLE_INPUT] ? g->splits_now : g->splits_dev->data,
+      .splits =
+          r == &g->roles[LUTRA_ROLE_INPUT] ? lutra_grouped_splits_now(g) : g->splits_dev->data,
       .bad_split = g->bad_split ? g->bad_split->data : NULL,
       .scratch = g->scratch,
       .x_dtype = g->dtype,

@@ -296,7 +296,6 @@ static void grouped_release(lutra_module *m) {
   g->ptrs = g->scratch = NULL;
   lutra_tensor_hold(&g->x, NULL); /* before the tensors: it may be act_y */
   lutra_tensor_hold(&g->splits_in, NULL);
-  g->splits_now = NULL;
   lutra_tensor *owned[] = {g->y, g->dx, g->act_y, g->splits_dev, g->bad_split};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
@@ -468,13 +467,13 @@ static int check_grouped(const lutra_module *m, const char *fn) {
   return LUTRA_OK;
 }
 
-/* rows >= 0: the input's rows, which host splits must sum to (checked before anything changes) */
 void lutra_grouped_forward_splits(const grouped_linear *g, lutra_grouped_gemm_args *a) {
   a->pass = LUTRA_GROUPED_FPROP;
-  a->splits = g->splits_now;
-  a->save_splits = g->splits_now != g->splits_dev->data ? g->splits_dev->data : NULL;
+  a->splits = lutra_grouped_splits_now(g);
+  a->save_splits = g->splits_in ? g->splits_dev->data : NULL;
 }
 
+/* rows >= 0: the input's rows, which host splits must sum to (checked before anything changes) */
 static int check_splits(const grouped_linear *g, const lutra_tensor *s, int64_t rows,
                         const char *fn) {
   TRY(lutra_check_tensor(s, fn, "m_splits"));
@@ -509,13 +508,11 @@ static int set_splits(grouped_linear *g, const lutra_tensor *s, const char *fn) 
                                                                              bytes));
     memcpy(g->splits_host, v, bytes);
     g->splits_host_known = true;
-    g->splits_now = g->splits_dev->data;
     lutra_tensor_hold(&g->splits_in, NULL);
   } else {
     /* read in place by the forward, whose GEMM keeps the copy a backward reads */
     if (LUTRA_CAPTURING()) TRY(lutra_capture_hold_tensor(s, fn));
     lutra_tensor_hold(&g->splits_in, s);
-    g->splits_now = s->data;
     g->splits_host_known = false;
   }
   g->splits_set = true;

@@ -43,12 +43,11 @@ typedef struct grouped_linear {
    * fusion protocol's forward_from_act): written only where a backward reads it */
   lutra_tensor *act_y;
   /* the splits of the next / last forward: splits_dev is what a backward reads; a forward reads
-   * splits_now, which is splits_dev for host splits (uploaded there) and the caller's device
-   * tensor for device splits (held in splits_in), copied into splits_dev by the forward's
-   * GEMM as it reads them (lutra_grouped_gemm_args.save_splits): no copy of their own */
+   * lutra_grouped_splits_now: splits_dev for host splits (uploaded there), else the caller's
+   * device tensor, held in splits_in and copied into splits_dev by the forward's GEMM as it
+   * reads them (lutra_grouped_gemm_args.save_splits): no copy of their own */
   lutra_tensor *splits_dev; /* I32 [num] on the module's device */
   const lutra_tensor *splits_in;
-  const int32_t *splits_now;
   int32_t *splits_host; /* [num]: valid when splits_host_known */
   bool splits_set, splits_host_known;
   lutra_tensor *bad_split; /* I32 [1] device error flag (devices only) */
@@ -115,6 +114,10 @@ extern const lutra_checkpoint_ops lutra_grouped_checkpoint;
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
 /* a as the forward's GEMM takes it: FPROP, this forward's splits, their copy for the backward */
 void lutra_grouped_forward_splits(const grouped_linear *g, lutra_grouped_gemm_args *a);
+/* the splits this forward's kernels read */
+static inline const int32_t *lutra_grouped_splits_now(const grouped_linear *g) {
+  return g->splits_in ? (const int32_t *)g->splits_in->data : (const int32_t *)g->splits_dev->data;
+}
 /* the wgrad pass of ga (set up for the backward's operands) into the module's weight gradients
  * (or main grads); db the bias gradients the GEMM writes (NULL: none) */
 int lutra_grouped_wgrad(const grouped_linear *g, lutra_grouped_gemm_args *ga, void *const *db,
