@@ -6,8 +6,10 @@
  *
  * Build (from the repository root; bench/host_suite.sh does this):
  *   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
- *     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt
- * (-cudart shared: the same libcudart.so that liblutra.so calls, not nvcc's static default.)
+ *     bench/host_floors.cu bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
+ * (-cudart shared: the same libcudart.so that liblutra.so calls, not nvcc's static default;
+ * bench/host_replay.cu adds the replay floors, the captured launches of one lutra call issued
+ * again raw, and needs the driver API: -lcuda.)
  *
  * API (extern "C"; each returns 0, or 1 after printing the failed call to stderr):
  *   hf_init(M, K, N)        creates a stream, the operands, the GEMM plans and the graph, for
