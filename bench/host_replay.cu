@@ -148,7 +148,8 @@ static void clear_slot(Slot &s) {
 
 static size_t index_of(const std::vector<CUgraphNode> &nodes, CUgraphNode x) {
   size_t i = 0;
-  while (i < nodes.size() && nodes[i] != x) i++;
+  while (i < nodes.size() && nodes[i] != x)
+    i++;
   return i;
 }
 
@@ -186,7 +187,8 @@ static int topo_order(CUgraph g, std::vector<CUgraphNode> &order, std::vector<ch
   pdl.clear();
   for (size_t k = 0; k < n; k++) {
     size_t pick = 0;
-    while (pick < n && (done[pick] || waits[pick])) pick++;
+    while (pick < n && (done[pick] || waits[pick]))
+      pick++;
     if (pick == n) {
       fprintf(stderr, "host_replay: the captured graph has a cycle\n");
       return 1;
@@ -344,9 +346,12 @@ static const char *refused(CUgraphNodeType t) {
   case CU_GRAPH_NODE_TYPE_MEM_FREE:
     return "a stream-ordered allocation or free (the call allocated inside the capture: warm it "
            "up first; kernels re-issued raw would address memory only a graph launch maps)";
-  case CU_GRAPH_NODE_TYPE_HOST: return "a host function";
-  case CU_GRAPH_NODE_TYPE_CONDITIONAL: return "a conditional node";
-  default: return "an external-semaphore or batch memory-op node";
+  case CU_GRAPH_NODE_TYPE_HOST:
+    return "a host function";
+  case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+    return "a conditional node";
+  default:
+    return "an external-semaphore or batch memory-op node";
   }
 }
 
@@ -392,7 +397,8 @@ static int record(Slot &s) {
   std::vector<char> pdl;
   TRY(topo_order((CUgraph)s.graph, order, pdl));
   s.ops.reserve(order.size());
-  for (size_t i = 0; i < order.size(); i++) TRY(record_node(order[i], pdl[i] != 0, s));
+  for (size_t i = 0; i < order.size(); i++)
+    TRY(record_node(order[i], pdl[i] != 0, s));
   return 0;
 }
 
@@ -432,12 +438,24 @@ static int issue_memset(const CUDA_MEMSET_NODE_PARAMS &m, cudaStream_t st) {
   CUstream s = (CUstream)st;
   void *dst = (void *)(uintptr_t)m.dst;
   switch (m.elementSize * 2 + (m.height > 1)) { /* the element size, and 1-D or 2-D */
-  case 2: CK(cudaMemsetAsync(dst, (int)m.value, m.width, st)); break;
-  case 3: CK(cudaMemset2DAsync(dst, m.pitch, (int)m.value, m.width, m.height, st)); break;
-  case 4: CU(cuMemsetD16Async(m.dst, (unsigned short)m.value, m.width, s)); break;
-  case 5: CU(cuMemsetD2D16Async(m.dst, m.pitch, (unsigned short)m.value, m.width, m.height, s)); break;
-  case 8: CU(cuMemsetD32Async(m.dst, m.value, m.width, s)); break;
-  case 9: CU(cuMemsetD2D32Async(m.dst, m.pitch, m.value, m.width, m.height, s)); break;
+  case 2:
+    CK(cudaMemsetAsync(dst, (int)m.value, m.width, st));
+    break;
+  case 3:
+    CK(cudaMemset2DAsync(dst, m.pitch, (int)m.value, m.width, m.height, st));
+    break;
+  case 4:
+    CU(cuMemsetD16Async(m.dst, (unsigned short)m.value, m.width, s));
+    break;
+  case 5:
+    CU(cuMemsetD2D16Async(m.dst, m.pitch, (unsigned short)m.value, m.width, m.height, s));
+    break;
+  case 8:
+    CU(cuMemsetD32Async(m.dst, m.value, m.width, s));
+    break;
+  case 9:
+    CU(cuMemsetD2D32Async(m.dst, m.pitch, m.value, m.width, m.height, s));
+    break;
   default:
     fprintf(stderr, "host_replay: a memset node of %u-byte elements\n", m.elementSize);
     return 1;
@@ -448,11 +466,19 @@ static int issue_memset(const CUDA_MEMSET_NODE_PARAMS &m, cudaStream_t st) {
 static int issue(Op &o, cudaStream_t st) {
   switch (o.kind) {
   case OP_KERNEL_RT:
-  case OP_KERNEL_DRV: return issue_kernel(o, st);
-  case OP_MEMSET: return issue_memset(o.set, st);
-  case OP_COPY: CK(cudaMemcpyAsync(o.dst, o.src, o.bytes, cudaMemcpyDefault, st)); break;
-  case OP_COPY3D: CU(cuMemcpy3DAsync(&o.copy, (CUstream)st)); break;
-  case OP_GRAPH: CK(cudaGraphLaunch(o.exec, st)); break;
+  case OP_KERNEL_DRV:
+    return issue_kernel(o, st);
+  case OP_MEMSET:
+    return issue_memset(o.set, st);
+  case OP_COPY:
+    CK(cudaMemcpyAsync(o.dst, o.src, o.bytes, cudaMemcpyDefault, st));
+    break;
+  case OP_COPY3D:
+    CU(cuMemcpy3DAsync(&o.copy, (CUstream)st));
+    break;
+  case OP_GRAPH:
+    CK(cudaGraphLaunch(o.exec, st));
+    break;
   }
   return 0;
 }
@@ -549,7 +575,8 @@ EXPORT int hf_replay_issue(int slot, int calls) {
   Slot *s = slot_at(slot, true, "hf_replay_issue");
   if (!s) return 1;
   for (int c = 0; c < calls; c++)
-    for (Op &o : s->ops) TRY(issue(o, g_rstream));
+    for (Op &o : s->ops)
+      TRY(issue(o, g_rstream));
   return 0;
 }
 
