@@ -158,7 +158,10 @@ end
 -- lutra runs the whole host part on the replay stream (non-blocking, as lutra's own stream is):
 -- the capture must be of the stream lutra issues to, the warm-up calls before it must have
 -- made that stream's buffers (nothing may be first allocated inside a capture), and the call
--- and its floor then run on the same kind of stream, neither with an advantage.
+-- and its floor then run on the same kind of stream, neither with an advantage. The capture is
+-- the library's, not lutra.graph's: lutra does not know of it, so the captured call takes the
+-- eager path the timed calls take (under lutra_graph_begin it would not: cached one-GEMM graphs
+-- run directly there, and what a graph uses is held).
 local REPLAY_SLOT = 0
 local replay_stream -- nil: no replay floors (cpu, no library, or one built without them)
 local stream_box, counts_box = ffi.new("void *[1]"), ffi.new("int64_t[5]")
