@@ -18,6 +18,8 @@
  *   hf_issue(floor, calls)  issues `calls` times the raw work of one floor, without waiting
  *   hf_sync()               waits for the floors' stream
  *   hf_describe()           the device and versions, one line
+ *   hf_replay_*             the replay floors: one lutra call's launches captured and issued
+ *                           again raw (bench/host_replay.cu, same library, its own stream)
  * The floors (enum hf_floor, names in hf_names for the Lua side):
  *   launch          empty kernel <<<1, 32>>> + cudaGetLastError (as lutra checks each launch)
  *   launch_big      a kernel with 7 KiB of parameters (a multi-tensor optimizer launch)

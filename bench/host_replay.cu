@@ -270,8 +270,9 @@ static int record_attrs(CUgraphNode node, bool pdl, Op &o) {
   return 0;
 }
 
-/* a kernel's name and parameter bytes, for HF_REPLAY_LOG (the parameter count is found by
- * asking for indices until the driver says there is none) */
+/* a kernel's name and parameter bytes, for HF_REPLAY_LOG only, so its queries are unchecked
+ * (a failed name query prints "?"; the parameter count is found by asking for indices until
+ * the driver says there is none) */
 static void log_kernel(const Op &o) {
   const CUDA_KERNEL_NODE_PARAMS &k = o.k;
   const char *name = NULL;
