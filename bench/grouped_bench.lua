@@ -3,9 +3,13 @@
 --   host   host time per call of a GroupedLinear forward and forward+backward, 8 and 64
 --          experts, bf16 and FP8 (delayed, current), device m_splits that change every call
 --          (a ring of 16 pre-made device tensors: nothing is read or written by the host), next
---          to the floor of the raw launches each call issues (counted from the code below and
---          issued through bench/host_floors.cu in this process, batches alternating), so the
---          ratio is measured on the same core in the same seconds.
+--          to the floor of the raw launches each call issues: one call captured from the stream
+--          lutra runs on and its launches issued again exactly as captured (the CUTLASS kernel's
+--          2-CTA cluster, dynamic shared memory and parameter block included; bench/host_replay.cu)
+--          from this process, batches alternating with lutra's, so the ratio (lutra / that
+--          floor) is measured on the same core in the same seconds. Beside it the older floor of
+--          as many empty <<<1, 32>>> launches as launches() below counts, which understates what
+--          those launches cost; a captured kernel count unlike that count is warned about.
 --   gemm   GPU throughput of the grouped GEMM (forward of a GroupedLinear, the splits on the
 --          device) at tokens 16384, 4096 -> 4096 and 1024 -> 4096, 8 and 64 experts, balanced
 --          and skewed routing, bf16 and FP8 current scaling, against one dense GEMM of the same
@@ -19,11 +23,12 @@
 --            nsys profile -o grouped_fp8 --stats=true luajit bench/grouped_bench.lua --part fp8
 -- Usage (on the GPU machine, from the repository root, after make):
 --   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
---     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt
+--     bench/host_floors.cu bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/grouped_bench.lua [--part host|gemm|fp8|all]
 --     [--rows 16] [--in 64] [--out 64] [--batches 15] [--calls 200] [--quick]
 --     [--floors-lib build/libhost_floors.so] [--device cuda|cpu]   (--help lists them)
 -- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
+-- HF_REPLAY_LOG=1 prints each captured kernel (grid, shared memory, parameter bytes, cluster).
 -- PyTorch at the same shapes: python3 bench/torch_grouped.py.
 local lutra = require("lutra")
 local timing = require("bench.support.timing")
@@ -60,24 +65,37 @@ local median = timing.median
 -- GPU time per call: 3 warm-up calls, then the mean over 20 (--quick: 5) between two syncs
 local function gpu_time(fn) return timing.mean_time(DEV, fn, o.quick and 5 or 20, 3) end
 
--- per batch: sync, `calls` calls of fn, the host time of the loop / calls; the median
-local function host_time(fn, calls, batches, alt)
-  local a, b = {}, {}
+local hf -- bench/host_floors.cu's library, when loaded (cuda)
+
+-- lutra's stream (the replay floors' too: lutra runs on it) and the empty launches' own
+local function sync()
+  lutra.synchronize(DEV)
+  if hf then hf.hf_sync() end
+end
+
+-- per batch: sync, `calls` calls of fn, the host time of the loop / calls, then the same for
+-- each function of the list alts in turn; fn's median, and the alts' medians in a list
+local function host_time(fn, calls, batches, alts)
+  local a, b, m = {}, {}, {}
   fn()
-  if alt then alt() end
+  for j, alt in ipairs(alts) do
+    alt()
+    b[j] = {}
+  end
   for _ = 1, batches do
-    lutra.synchronize(DEV)
+    sync()
     local t0 = lutra.now()
     for _ = 1, calls do fn() end
     a[#a + 1] = (lutra.now() - t0) / calls
-    if alt then
-      lutra.synchronize(DEV)
+    for j, alt in ipairs(alts) do
+      sync()
       t0 = lutra.now()
       for _ = 1, calls do alt() end
-      b[#b + 1] = (lutra.now() - t0) / calls
+      b[j][#b[j] + 1] = (lutra.now() - t0) / calls
     end
   end
-  return median(a), alt and median(b) or nil
+  for j = 1, #alts do m[j] = median(b[j]) end
+  return median(a), m
 end
 
 -- ---- floors ----------------------------------------------------------------------------------
@@ -88,8 +106,16 @@ ffi.cdef [[
   const char *hf_describe(void);
   int hf_available(int floor);
   const char *const hf_names[64];
+  int hf_replay_stream(void **stream_out);
+  int hf_replay_begin(void **stream_out);
+  int hf_replay_end(int slot);
+  int hf_replay_abort(void);
+  int hf_replay_counts(int slot, int64_t *kernels, int64_t *copies, int64_t *memsets,
+                       int64_t *graphs, int64_t *skipped);
+  int hf_replay_issue(int slot, int calls);
+  int hf_replay_free(int slot);
 ]]
-local hf, floor_ids = nil, {}
+local floor_ids = {}
 local function load_floors(M, K, N)
   if not CUDA then return end
   local ok, lib = pcall(ffi.load, o["floors-lib"])
@@ -126,6 +152,100 @@ local function floor_fn(copies, kernels)
     hf.hf_issue(mc, copies)
     hf.hf_issue(ln, kernels)
   end
+end
+
+-- ---- replay floors: one call captured, its launches issued again raw (bench/host_replay.cu) --
+-- lutra runs the whole host part on the replay stream (non-blocking, as lutra's own stream is):
+-- the capture must be of the stream lutra issues to, the warm-up calls before it must have
+-- made that stream's buffers (nothing may be first allocated inside a capture), and the call
+-- and its floor then run on the same kind of stream, neither with an advantage. The capture is
+-- the library's, not lutra.graph's: lutra does not know of it, so the captured call takes the
+-- eager path the timed calls take (under lutra_graph_begin it would not: cached one-GEMM graphs
+-- run directly there, and what a graph uses is held).
+local REPLAY_SLOT = 0
+local replay_stream -- nil: no replay floors (cpu, no library, or one built without them)
+local stream_box, counts_box = ffi.new("void *[1]"), ffi.new("int64_t[5]")
+
+local function load_replay()
+  if not hf or replay_stream then return end
+  -- a library built before bench/host_replay.cu lacks the symbols
+  if not pcall(function() return hf.hf_replay_begin end) then
+    io.stderr:write("grouped_bench.lua: the floors library has no replay floors (build it again ",
+                    "with bench/host_replay.cu): replay floors n/a\n")
+    return
+  end
+  if hf.hf_replay_stream(stream_box) ~= 0 then return end
+  replay_stream = stream_box[0]
+end
+
+-- fn (one call) captured into REPLAY_SLOT; true, or false after saying why (the capture is then
+-- discarded whole, the autocast scopes fn entered are left, and the floor is n/a). The garbage
+-- is collected first and the collector stopped meanwhile: a finalizer that frees a tensor inside
+-- the capture would put a free node in it, which the floor refuses.
+local function capture(fn, what)
+  local depth = lutra.autocast_state()
+  collectgarbage()
+  collectgarbage("stop")
+  local ok, err = hf.hf_replay_begin(stream_box) == 0, "hf_replay_begin failed (above)"
+  if ok then
+    ok, err = pcall(fn)
+    if ok then
+      ok, err = hf.hf_replay_end(REPLAY_SLOT) == 0, "hf_replay_end refused it (above)"
+    else
+      hf.hf_replay_abort()
+      lutra.autocast_unwind(depth)
+    end
+  end
+  collectgarbage("restart")
+  if not ok then
+    io.stderr:write("grouped_bench.lua: ", what, ": no replay floor: ", tostring(err), "\n")
+  end
+  return ok
+end
+
+-- The replay floor of fn (`fwd` or `step`): a function issuing the captured launches once, and
+-- the captured counts {kernels, copies, memsets, graphs}; nil when there is none. Three eager
+-- calls come first (buffers, plans, CUTLASS's initialized GEMMs and the second sighting that
+-- makes a cached one-GEMM graph are all made there, not inside the capture). The captured
+-- call ran nothing on the GPU while lutra's host state advanced (the ring of splits, the amax
+-- history's position), so two eager calls follow before anything is timed; and the re-issued
+-- launches write lutra's live buffers with the captured call's inputs, harmless for a timing
+-- floor since every timed lutra call rewrites what it reads. One trial issue, waited for,
+-- shows a floor that fails before it is timed.
+local function replay_floor(fn, what)
+  if not replay_stream then return nil end
+  for _ = 1, 3 do fn() end
+  if not capture(fn, what) then return nil end
+  local b = counts_box
+  local ok = hf.hf_replay_counts(REPLAY_SLOT, b, b + 1, b + 2, b + 3, b + 4) == 0
+  fn()
+  fn()
+  ok = ok and hf.hf_replay_issue(REPLAY_SLOT, 1) == 0
+  sync()
+  if not ok then
+    io.stderr:write("grouped_bench.lua: ", what, ": no replay floor (above)\n")
+    hf.hf_replay_free(REPLAY_SLOT)
+    return nil
+  end
+  local slot = REPLAY_SLOT
+  local function floor()
+    if hf.hf_replay_issue(slot, 1) ~= 0 then error("grouped_bench.lua: hf_replay_issue failed") end
+  end
+  return floor, { kernels = tonumber(b[0]), copies = tonumber(b[1]), memsets = tonumber(b[2]),
+                  graphs = tonumber(b[3]) }
+end
+
+-- what the table's launches column shows: the captured work when there is a capture (said on
+-- stderr where it is not what launches() counted), else the count
+local function launch_column(what, cap, copies, kernels)
+  if not cap then return copies + kernels end
+  if cap.kernels ~= kernels or cap.copies ~= copies or cap.memsets ~= 0 or cap.graphs ~= 0 then
+    io.stderr:write(string.format("grouped_bench.lua: %s: captured %d kernels, %d copies, %d "
+                                  .. "memsets, %d graph launches; launches() counts %d kernels, "
+                                  .. "%d copies\n", what, cap.kernels, cap.copies, cap.memsets,
+                                  cap.graphs, kernels, copies))
+  end
+  return cap.kernels + cap.copies + cap.memsets + cap.graphs
 end
 
 local recipes = { bf16 = false, ["bf16-per-expert"] = false, ["bf16-per-expert-graphs"] = false,
@@ -176,10 +296,13 @@ local function host_part()
   local K, N = o["in"], o.out
   table_head(string.format("GroupedLinear host time per call (%s, %d rows per expert, %d -> %d)",
                            DEV, o.rows, K, N),
-             { "experts", "mode", "call", "lutra us", "floor us", "ratio", "launches" }, true)
+             { "experts", "mode", "call", "lutra us", "replay floor us", "ratio",
+               "empty-launch floor us", "launches" }, true)
+  load_floors(8 * o.rows, K, N) -- (hf_init's shapes are its GEMM floors', unused here)
+  load_replay()
+  if replay_stream then lutra.cuda_set_stream(replay_stream) end
   for _, E in ipairs { 8, 64 } do
     local T = E * o.rows
-    load_floors(T, K, N)
     for _, mode in ipairs { "bf16", "delayed", "current", "bf16-per-expert",
                             "bf16-per-expert-graphs" } do
       local m = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, seed = 1 })
@@ -215,14 +338,30 @@ local function host_part()
         -- graphs: one graph launch per pass)
         if per_expert then copies, kernels = 1, E * (fig[3] and 3 or 1) end
         if graphs then kernels = fig[3] and 2 or 1 end
-        local t, f = host_time(fig[2], o.calls, o.batches,
-                               not per_expert and floor_fn(copies, kernels) or nil)
-        print(string.format("| %d | %s | %s | %.2f | %s | %s | %d |", E, mode, fig[1], t * 1e6,
-                            f and string.format("%.2f", f * 1e6) or "n/a",
-                            f and string.format("%.2f", t / f) or "n/a", copies + kernels))
+        local what = string.format("%d experts %s %s", E, mode, fig[1])
+        local replay, cap, empty
+        if not per_expert then
+          replay, cap = replay_floor(fig[2], what)
+          empty = floor_fn(copies, kernels)
+        end
+        local alts = {}
+        if replay then alts[#alts + 1] = replay end
+        if empty then alts[#alts + 1] = empty end
+        local t, m_alts = host_time(fig[2], o.calls, o.batches, alts)
+        local f, fe = replay and m_alts[1], empty and m_alts[#alts]
+        if replay then hf.hf_replay_free(REPLAY_SLOT) end
+        local function us(v) return v and string.format("%.2f", v * 1e6) or "n/a" end
+        print(string.format("| %d | %s | %s | %.2f | %s | %s | %s | %d |", E, mode, fig[1],
+                            t * 1e6, us(f), f and string.format("%.2f", t / f) or "n/a", us(fe),
+                            launch_column(what, cap, copies, kernels)))
       end
       if CUDA then m:check_splits() end
     end
+  end
+  -- back to lutra's own stream for the GPU parts, the replay stream's work done
+  if replay_stream then
+    lutra.synchronize(DEV)
+    lutra.cuda_set_stream(nil)
   end
 end
 

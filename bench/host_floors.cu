@@ -6,8 +6,10 @@
  *
  * Build (from the repository root; bench/host_suite.sh does this):
  *   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
- *     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt
- * (-cudart shared: the same libcudart.so that liblutra.so calls, not nvcc's static default.)
+ *     bench/host_floors.cu bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
+ * (-cudart shared: the same libcudart.so that liblutra.so calls, not nvcc's static default;
+ * bench/host_replay.cu adds the replay floors, the captured launches of one lutra call issued
+ * again raw, and needs the driver API: -lcuda.)
  *
  * API (extern "C"; each returns 0, or 1 after printing the failed call to stderr):
  *   hf_init(M, K, N)        creates a stream, the operands, the GEMM plans and the graph, for
@@ -16,6 +18,8 @@
  *   hf_issue(floor, calls)  issues `calls` times the raw work of one floor, without waiting
  *   hf_sync()               waits for the floors' stream
  *   hf_describe()           the device and versions, one line
+ *   hf_replay_*             the replay floors: one lutra call's launches captured and issued
+ *                           again raw (bench/host_replay.cu, same library, its own stream)
  * The floors (enum hf_floor, names in hf_names for the Lua side):
  *   launch          empty kernel <<<1, 32>>> + cudaGetLastError (as lutra checks each launch)
  *   launch_big      a kernel with 7 KiB of parameters (a multi-tensor optimizer launch)

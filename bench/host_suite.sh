@@ -51,7 +51,7 @@ if [ "$DEVICE" = cuda ]; then
   fi
   echo "== building build/libhost_floors.so and build/launch_count.so"
   "$NVCC" -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared bench/host_floors.cu \
-    -o build/libhost_floors.so -lcublasLt
+    bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
   gcc -std=c11 -O2 -Wall -Wextra -shared -fPIC -I"$CUDA_HOME/include" bench/launch_count.c \
     -o build/launch_count.so -ldl
 

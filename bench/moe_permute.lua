@@ -2,9 +2,9 @@
 -- The MoE routing kernels (lutra.moe: router, permute, unpermute and their backwards) on the
 -- GPU: their bandwidth against a device-to-device copy of the same bytes, and their host cost
 -- per call against the raw launches they issue. On the GPU machine, from the repository root,
--- with liblutra.so built with CUDA:
+-- with liblutra.so built with CUDA (the floors library once; optional):
 --   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
---     bench/host_floors.cu -o build/libhost_floors.so -lcublasLt      # (once; optional)
+--     bench/host_floors.cu bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/moe_permute.lua [--device cuda|cpu]
 --          [--floors-lib build/libhost_floors.so] [--out FILE.md] [--quick]
 --   (--help lists them)

@@ -18,6 +18,15 @@ export LUA_PATH="lua/?.lua;lua/?/init.lua;/tmp/devkit/usr/share/luajit-2.1.0-bet
 summary=()
 note() { summary+=("$1"); echo "== $1"; }
 has() { [[ " $steps " == *" $1 "* ]]; }
+# build/libhost_floors.so (bench/host_floors.cu's floors), built again when a source is newer:
+# a stale library lacks what the benches look up in it (the replay floors)
+floors_lib() {
+  [ build/libhost_floors.so -nt bench/host_floors.cu ] &&
+    [ build/libhost_floors.so -nt bench/host_replay.cu ] && return 0
+  mkdir -p build
+  nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared bench/host_floors.cu \
+    bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda > "$1" 2>&1
+}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
 if has build; then
@@ -106,8 +115,7 @@ if has moe; then
     LUTRA_DEVICE=cuda luajit examples/train_moe.lua $args --every 200 > "$OUT/moe-$tag.log" 2>&1
     note "moe example $args: exit $? $(tail -1 "$OUT/moe-$tag.log")"
   done
-  [ -f build/libhost_floors.so ] || nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC \
-    -cudart shared bench/host_floors.cu -o build/libhost_floors.so -lcublasLt > "$OUT/moe-floors.log" 2>&1
+  floors_lib "$OUT/moe-floors.log"
   timeout 240 luajit bench/moe_permute.lua --device cuda --floors-lib build/libhost_floors.so \
     --out "$OUT/moe_permute.md" > "$OUT/moe-bench.log" 2>&1
   note "moe permute bench exit $?"
@@ -115,15 +123,15 @@ fi
 if has grouped; then
   # GroupedLinear (bench/grouped_bench.lua: host time against the raw launches, grouped GEMM
   # throughput against one dense GEMM of the same FLOPs) and PyTorch at the same shapes
-  [ -f build/libhost_floors.so ] || nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC \
-    -cudart shared bench/host_floors.cu -o build/libhost_floors.so -lcublasLt > "$OUT/grouped-floors.log" 2>&1
+  floors_lib "$OUT/grouped-floors.log"
   # the grouped GPU specs alone, with every NMSE printed (their margins)
   LUTRA_GPU_SPEC_VERBOSE=1 timeout 300 luajit /tmp/devkit/usr/bin/busted --pattern=_gpu \
     spec/gpu/grouped_linear_gpu.lua spec/gpu/grouped_paths_gpu.lua > "$OUT/grouped-specs.log" 2>&1
   note "grouped gpu specs: $(grep -E 'successes' "$OUT/grouped-specs.log" | tail -1)"
   # --part all: host time, GEMM throughput, and the FP8 forward taken apart (--part fp8)
-  timeout 420 luajit bench/grouped_bench.lua --part all --floors-lib build/libhost_floors.so \
-    > "$OUT/grouped-bench.log" 2>&1
+  # (HF_REPLAY_LOG=1: each captured kernel's grid, shared memory, parameter bytes and cluster)
+  HF_REPLAY_LOG=1 timeout 420 luajit bench/grouped_bench.lua --part all \
+    --floors-lib build/libhost_floors.so > "$OUT/grouped-bench.log" 2>&1
   note "grouped bench exit $?"
   # the FP8 forward's kernels one by one, where Nsight Systems is installed
   if command -v nsys > /dev/null; then
