@@ -5,16 +5,14 @@
  * t adding the chunks t, t + kRowThreads, ... of V columns (16 bytes when the rows are aligned),
  * a butterfly per warp, the warps' sums in order from 0.0 (row_reduce). The CPU reference
  * (norm_cpu.c row_sum) adds them in this order, so mean, rstd, y and dx are its bits; dgamma and
- * dbeta agree within a bound (another order of the column sums). LayerNorm's statistics take one
- * pass: the sums of d = x - shift and of d * d, shift the row's first element, both in one
- * reduction (norm_rows.cuh ln_moments says why nothing is lost against two passes).
+ * dbeta agree within a bound (another order of the column sums).
  *
  * Rows of up to kResident elements per thread (8192 bf16 columns) stay in registers:
  *   forward: a block of 256 threads does kFwdRows rows, two at a time up to 16 elements a
  *     thread (norm_fwd_rows2: both rows' sums in one block reduction, the next two rows' 16-byte
  *     loads issued before the current ones' reductions, three blocks an SM), one at a time for
  *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits) and x is converted
- *     to double as it is added, so a thread holds little beyond its rows;
+ *     to double per sum, so a thread holds little beyond its rows;
  *   backward (norm_bwd_rows): dx and the dgamma/dbeta partials in one pass over x and dy. Block
  *     rb does the rows of row block rb (a split that depends on rows and hidden only, so the sums
  *     are the same on every device and run); each thread owns its columns, adds dy * xhat and dy
@@ -57,33 +55,28 @@ __device__ __forceinline__ void for_cols(const void *p, int64_t base, int64_t h,
   }
 }
 
-/* the rows wider than the row-resident kernels take: x read once for the sums and once for y */
+/* the rows wider than the row-resident kernels take: x read once per sum and once for y */
 template <int DT, int PDT, int V>
 __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
   __shared__ RowRed red;
   const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
-  const float shift[1] = {row_shift<DT>(a, r)};
-  double v[2] = {0.0, 0.0};
-  /* thread_sums' layout, the loop twice (a runtime index would put v in local memory) */
-  if (a.rms) {
-    for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) {
-      const double d = static_cast<double>(x);
-      v[0] += dmul_rn(d, d);
+  const double hd = static_cast<double>(h);
+  double mean_d = 0.0;
+  if (!a.rms) {
+    double s[1] = {0.0};
+    for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) { s[0] += x; });
+    row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
+      if (lead) red.out[0] = t[0] / hd;
     });
-  } else {
-    for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) {
-      const double d = static_cast<double>(x) - static_cast<double>(shift[0]);
-      v[0] += d;
-      v[1] += dmul_rn(d, d);
-    });
+    mean_d = red.out[0];
   }
-  float mean, rstd;
-  {
-    float m[1], rs[1];
-    moments_of_sums<1>(a, r, 1, v, shift, red, m, rs);
-    mean = m[0];
-    rstd = rs[0];
-  }
+  double q[1] = {0.0};
+  for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) {
+    const double d = x - mean_d;
+    q[0] += dmul_rn(d, d);
+  });
+  row_reduce<1>(q, red, rstd_fin(a, r, mean_d, red));
+  const float mean = static_cast<float>(mean_d), rstd = static_cast<float>(red.out[1]);
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float v[V];
     ldv<DT, V>(a.x, o + c, v);

@@ -19,8 +19,8 @@ constexpr int kResident = 32; /* the most row elements a thread of a row-residen
  * and stores in red.out (lead: lane 0) what every thread reads after the return. The next call
  * may follow at once: part is rewritten only after everyone passed this call's last barrier. */
 struct RowRed {
-  double part[4][kRowWarps];
-  double out[4];
+  double part[2][kRowWarps];
+  double out[2];
 };
 
 template <int N, class F>
@@ -145,26 +145,10 @@ __device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta,
     load_param_chunk<PDT, V>(a, beta, vec, col<V>(j), g[j], b[j]);
 }
 
-/* 1 / sqrt(var + eps) in double, rounded once */
-__device__ __forceinline__ float rstd_of(const lutra_norm_args &a, double var) {
-  return static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
-}
-
-/* A LayerNorm row's mean and biased variance from one pass: the double sums s1 of d = x - shift
- * and s2 of d * d, shift the row's first element (row_shift). The shifted sums lose nothing the
- * f32 statistics keep: (shift - mean)^2 is at most hidden times the variance (the shift is one
- * of the row's elements), so the subtraction below costs about log2(hidden + 1) of double's 53
- * bits. norm_cpu.c ln_moments is the same operations (no FMA). */
-__device__ __forceinline__ double ln_moments(const lutra_norm_args &a, double shift, double s1,
-                                             double s2, double &mean) {
-  const double hd = static_cast<double>(a.hidden), m1 = s1 / hd;
-  mean = shift + m1;
-  return fmax(0.0, s2 / hd - dmul_rn(m1, m1));
-}
-
-/* row r's shift for ln_moments (0 for RMSNorm, which sums x * x unshifted) */
-template <int DT> __device__ __forceinline__ float row_shift(const lutra_norm_args &a, int64_t r) {
-  return a.rms ? 0.0f : ld<DT>(a.x, r * a.hidden);
+/* 1 / sqrt(var + eps) of a row whose squared deviations sum to t, in double, rounded once */
+__device__ __forceinline__ float row_rstd(const lutra_norm_args &a, double t) {
+  return static_cast<float>(1.0 /
+                            sqrt(t / static_cast<double>(a.hidden) + static_cast<double>(a.eps)));
 }
 
 /* row r's statistics into a.mean (LayerNorm) and a.rstd where given */
@@ -174,101 +158,133 @@ __device__ __forceinline__ void keep_stats(const lutra_norm_args &a, int64_t r, 
   if (a.rstd) a.rstd[r] = rstd;
 }
 
-/* this thread's share of N rows' sums, xv(i, j, k) the element k of chunk j (col<V>(j)) of row
- * i: LayerNorm's s1 and s2 of row i in v[2i], v[2i + 1]; RMSNorm's sum of squares in v[2i]
- * (the loops twice, not a runtime index: that would put v in local memory) */
-template <int N, int V, int NC, class X>
-__device__ __forceinline__ void thread_sums(const lutra_norm_args &a, X &&xv,
-                                            const float (&shift)[N], double (&v)[2 * N]) {
-#pragma unroll
-  for (int n = 0; n < 2 * N; n++)
-    v[n] = 0.0;
-  if (a.rms) {
+/* row_reduce's fin for row r's sum of squares: its rstd into red.out[1], its statistics kept */
+__device__ __forceinline__ auto rstd_fin(const lutra_norm_args &a, int64_t r, double mean_d,
+                                         RowRed &red) {
+  return [&a, r, mean_d, &red](double(&t)[1], bool lead) {
+    const float rs = row_rstd(a, t[0]);
+    if (!lead) return;
+    red.out[1] = rs;
+    keep_stats(a, r, mean_d, rs);
+  };
+}
+
+/* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
+ * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. HOLD: x
+ * converted to double once and held for both of LayerNorm's sums, for kernels whose occupancy
+ * other resources bound (the fused per-tensor kernel's staged codes: measured faster so); else
+ * each sum converts again, since the double copy would double the registers a thread holds and
+ * halve the rows an SM keeps in flight (the forward: measured faster so). The same bits. */
+template <int V, int NC, bool HOLD = false>
+__device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t r,
+                                               const float (&x)[NC][V], RowRed &red, float &mean,
+                                               float &rstd) {
+  const int64_t h = a.hidden;
+  const double hd = static_cast<double>(h);
+  double xd[HOLD ? NC : 1][HOLD ? V : 1];
+  if constexpr (HOLD) {
 #pragma unroll
     for (int j = 0; j < NC; j++)
-      if (col<V>(j) < a.hidden) {
-#pragma unroll
-        for (int k = 0; k < V; k++)
-#pragma unroll
-          for (int i = 0; i < N; i++) {
-            const double x = static_cast<double>(xv(i, j, k));
-            v[2 * i] += dmul_rn(x, x);
-          }
-      }
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-    if (col<V>(j) < a.hidden) {
 #pragma unroll
       for (int k = 0; k < V; k++)
-#pragma unroll
-        for (int i = 0; i < N; i++) {
-          const double d = static_cast<double>(xv(i, j, k)) - static_cast<double>(shift[i]);
-          v[2 * i] += d;
-          v[2 * i + 1] += dmul_rn(d, d);
-        }
-    }
-}
-
-/* mean and rstd of N rows from r (only the first `count` real) from this thread's sums v
- * (thread_sums' layout), in lk_layernorm_forward's order and roundings: all rows' sums in one
- * block reduction (each row's tree as alone, so the same bits); warp 0 also stores them in
- * a.mean / a.rstd where given */
-template <int N>
-__device__ __forceinline__ void moments_of_sums(const lutra_norm_args &a, int64_t r, int count,
-                                                double (&v)[2 * N], const float (&shift)[N],
-                                                RowRed &red, float (&mean)[N], float (&rstd)[N]) {
-  auto fin = [&](double(&t)[2 * N], bool lead) {
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-      double m = 0.0;
-      const double var = a.rms ? t[2 * i] / static_cast<double>(a.hidden)
-                               : ln_moments(a, shift[i], t[2 * i], t[2 * i + 1], m);
-      const float rs = rstd_of(a, var);
-      if (!lead) continue;
-      red.out[2 * i] = m;
-      red.out[2 * i + 1] = rs;
-      if (i < count) keep_stats(a, r + i, m, rs);
-    }
+        xd[j][k] = x[j][k];
+  }
+  auto xv = [&](int j, int k) -> double {
+    if constexpr (HOLD) return xd[j][k];
+    return static_cast<double>(x[j][k]);
   };
-  if (a.rms) {
-    /* one sum a row: half the shuffles */
-    double q[N];
+  double mean_d = 0.0, q[1] = {0.0};
+  if (!a.rms) {
+    double s[1] = {0.0};
 #pragma unroll
-    for (int i = 0; i < N; i++)
-      q[i] = v[2 * i];
-    row_reduce<N>(q, red, [&](double(&t)[N], bool lead) {
-      double t2[2 * N];
+    for (int j = 0; j < NC; j++)
+      if (col<V>(j) < h) {
 #pragma unroll
-      for (int i = 0; i < N; i++)
-        t2[2 * i] = t[i], t2[2 * i + 1] = 0.0;
-      fin(t2, lead);
+        for (int k = 0; k < V; k++)
+          s[0] += xv(j, k);
+      }
+    row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
+      if (lead) red.out[0] = t[0] / hd;
     });
-  } else {
-    row_reduce<2 * N>(v, red, fin);
+    mean_d = red.out[0];
   }
+  /* x - 0.0 is x: RMSNorm's squares skip the subtraction */
 #pragma unroll
-  for (int i = 0; i < N; i++) {
-    mean[i] = static_cast<float>(red.out[2 * i]);
-    rstd[i] = static_cast<float>(red.out[2 * i + 1]);
+  for (int j = 0; j < NC; j++)
+    if (col<V>(j) < h) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const double d = a.rms ? xv(j, k) : xv(j, k) - mean_d;
+        q[0] += dmul_rn(d, d);
+      }
+    }
+  row_reduce<1>(q, red, rstd_fin(a, r, mean_d, red));
+  mean = static_cast<float>(mean_d);
+  rstd = static_cast<float>(red.out[1]);
+}
+
+/* resident_stats for rows r and r + 1 at once (the second only when two): both rows' sums in one
+ * block reduction (row_reduce<2>: each row's tree as alone, so the same bits), half the barriers
+ * a row. */
+template <int V, int NC>
+__device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_t r, bool two,
+                                                const float (&x)[2][NC][V], RowRed &red,
+                                                float (&mean)[2], float (&rstd)[2]) {
+  const int64_t h = a.hidden;
+  const double hd = static_cast<double>(h);
+  double mean_d[2] = {0.0, 0.0};
+  if (!a.rms) {
+    double s[2] = {0.0, 0.0};
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      if (col<V>(j) < h) {
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          s[0] += static_cast<double>(x[0][j][k]);
+          s[1] += static_cast<double>(x[1][j][k]);
+        }
+      }
+    row_reduce<2>(s, red, [&](double(&t)[2], bool lead) {
+      if (!lead) return;
+      red.out[0] = t[0] / hd;
+      red.out[1] = t[1] / hd;
+    });
+    mean_d[0] = red.out[0];
+    mean_d[1] = red.out[1];
+  }
+  double q[2] = {0.0, 0.0};
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if (col<V>(j) < h) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const double xv = static_cast<double>(x[i][j][k]);
+          const double d = a.rms ? xv : xv - mean_d[i];
+          q[i] += dmul_rn(d, d);
+        }
+      }
+    }
+  row_reduce<2>(q, red, [&](double(&t)[2], bool lead) {
+    const float rs[2] = {row_rstd(a, t[0]), row_rstd(a, t[1])};
+    if (!lead) return;
+    red.out[0] = rs[0];
+    red.out[1] = rs[1];
+    keep_stats(a, r, mean_d[0], rs[0]);
+    if (two) keep_stats(a, r + 1, mean_d[1], rs[1]);
+  });
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    mean[i] = static_cast<float>(mean_d[i]);
+    rstd[i] = static_cast<float>(red.out[i]);
   }
 }
 
-/* moments_of_sums of N rows, xv as thread_sums' */
-template <int N, int V, int NC, class X>
-__device__ __forceinline__ void resident_moments(const lutra_norm_args &a, int64_t r, int count,
-                                                 X &&xv, const float (&shift)[N], RowRed &red,
-                                                 float (&mean)[N], float (&rstd)[N]) {
-  double v[2 * N];
-  thread_sums<N, V, NC>(a, xv, shift, v);
-  moments_of_sums<N>(a, r, count, v, shift, red, mean, rstd);
-}
-
-/* A row-resident loop over rows r0 .. r1 two at a time: the next two rows' loads are issued before
- * the current two's statistics (resident_moments), so twice the bytes of a one-row loop are in
- * flight; then per chunk of V columns from c, gamma and beta read once (L1 hits) for both rows, and
- * f(r, c, y) with y the forward's output at row r (in f32, not yet rounded). */
+/* A row-resident loop over rows r0 .. r1 two at a time: the next two rows' loads are issued
+ * before the current two's statistics (resident_stats2), so twice the bytes of a one-row loop are
+ * in flight; then per chunk of V columns from c, gamma and beta read once (L1 hits) for both rows,
+ * and f(r, c, y) with y the forward's output at row r (in f32, not yet rounded). */
 template <int DT, int PDT, int V, int NC, class F>
 __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64_t r0, int64_t r1,
                                                  RowRed &red, F &&f) {
@@ -279,9 +295,6 @@ __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64
   if (r0 + 1 < r1) load_row<DT, V, NC>(a.x, (r0 + 1) * h, h, c1);
   for (int64_t r = r0; r < r1; r += 2) {
     const bool two = r + 1 < r1;
-    /* the shifts are L1 hits (rows r and r + 1 are in): loaded with the next rows' loads they
-     * would hold four more registers */
-    const float sc[2] = {row_shift<DT>(a, r), two ? row_shift<DT>(a, r + 1) : 0.0f};
     if (r + 2 < r1) load_row<DT, V, NC>(a.x, (r + 2) * h, h, n0);
     if (r + 3 < r1) load_row<DT, V, NC>(a.x, (r + 3) * h, h, n1);
     float x[2][NC][V], mean[2], rstd[2];
@@ -290,8 +303,7 @@ __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64
       unraw<DT, V>(c0[j], x[0][j]);
       unraw<DT, V>(c1[j], x[1][j]);
     }
-    resident_moments<2, V, NC>(
-        a, r, two ? 2 : 1, [&](int i, int j, int k) { return x[i][j][k]; }, sc, red, mean, rstd);
+    resident_stats2<V, NC>(a, r, two, x, red, mean, rstd);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);
@@ -313,23 +325,18 @@ __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64
   }
 }
 
-/* row r of a row-resident loop over rows .. r1: its shift loaded (an L1 hit: row r is in), the
- * next row's loads issued into nxt (in flight during this row's reduction), then row r, as
- * loaded in cur, unpacked into x with its mean and rstd */
-template <int DT, int V, int NC>
+/* row r of a row-resident loop over rows .. r1: the next row's loads issued into nxt first (they
+ * are in flight during this row's reductions), then row r, as loaded in cur, unpacked into x
+ * with its mean and rstd */
+template <int DT, int V, int NC, bool HOLD = false>
 __device__ __forceinline__ void
 resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (&cur)[NC],
              Raw<DT, V> (&nxt)[NC], float (&x)[NC][V], RowRed &red, float &mean, float &rstd) {
-  const float shift[1] = {row_shift<DT>(a, r)};
   if (r + 1 < r1) load_row<DT, V, NC>(a.x, (r + 1) * a.hidden, a.hidden, nxt);
 #pragma unroll
   for (int j = 0; j < NC; j++)
     unraw<DT, V>(cur[j], x[j]);
-  float m[1], rs[1];
-  resident_moments<1, V, NC>(
-      a, r, 1, [&](int, int j, int k) { return x[j][k]; }, shift, red, m, rs);
-  mean = m[0];
-  rstd = rs[0];
+  resident_stats<V, NC, HOLD>(a, r, x, red, mean, rstd);
 }
 
 /* f(std::integral_constant<int, NC>()) for rows of h columns held NC chunks of V a thread by
@@ -345,7 +352,7 @@ template <int V, class R, class F> R with_resident_chunks(int64_t h, F &&f) {
   return R();
 }
 
-/* The row statistics alone, mean and rstd into a.mean / a.rstd (resident_moments: the forward's
+/* The row statistics alone, mean and rstd into a.mean / a.rstd (resident_stats: the forward's
  * bits), kStatRows rows a block, for the fused norm + block-scaled casts: their tile kernel
  * (kernels/norm_quantize.cu) then reads them instead of summing every row in one warp, whose
  * FP64 work bounds it. skip: TransformerEngine's noop flag, as the quantizers'. */
@@ -378,46 +385,53 @@ auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
 
 /* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
  * norm_fwd's threads l, l + 32, ..., l + 224 (kRowThreads of them in all), keeps each one's
- * double sums (thread_sums' s1, s2) over its chunks in that thread's order, and adds the virtual
- * threads' warp sums in block_sum's order (warp_sum per group of 32, then the groups from 0.0 in
- * order): the same mean and rstd bits as lk_layernorm_forward, without a block barrier per row.
- */
+ * double sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
+ * block_sum's order (warp_sum per group of 32, then the groups from 0.0 in order): the same
+ * mean and rstd bits as lk_layernorm_forward, without a block barrier per row. The chunk index
+ * j runs outermost so that a lane has kGroups loads in flight at a time. */
 template <int DT, int V>
-__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
-                                          float &mean, float &rstd) {
+__device__ __forceinline__ double warp_row_sum(const lutra_norm_args &a, int64_t o, int lane,
+                                               double mean_d, bool squares) {
   constexpr int G = kRowThreads / 32;
   const int64_t h = a.hidden;
-  const double shift = a.rms ? 0.0 : static_cast<double>(ld<DT>(a.x, o));
-  double s1[G], s2[G];
+  double s[G];
 #pragma unroll
   for (int g = 0; g < G; g++)
-    s1[g] = s2[g] = 0.0;
-  /* one chunk loaded at a time: the sixteen double sums already hold a third of the registers
-   * the tile kernel that calls this has */
+    s[g] = 0.0;
   for (int64_t j0 = static_cast<int64_t>(lane) * V; j0 < h; j0 += kRowThreads * V) {
+    float v[G][V] = {};
+#pragma unroll
+    for (int g = 0; g < G; g++)
+      if (j0 + 32 * g * V < h) ldv<DT, V>(a.x, o + j0 + 32 * g * V, v[g]);
 #pragma unroll
     for (int g = 0; g < G; g++) {
       if (j0 + 32 * g * V >= h) continue;
-      float v[V];
-      ldv<DT, V>(a.x, o + j0 + 32 * g * V, v);
 #pragma unroll
       for (int k = 0; k < V; k++) {
-        const double d = static_cast<double>(v[k]) - shift;
-        s1[g] += d;
-        s2[g] += dmul_rn(d, d);
+        if (squares) {
+          const double d = v[g][k] - mean_d;
+          s[g] += dmul_rn(d, d);
+        } else {
+          s[g] += v[g][k];
+        }
       }
     }
   }
-  double t1 = 0.0, t2 = 0.0;
+  double r = 0.0;
 #pragma unroll
-  for (int g = 0; g < G; g++) {
-    t1 += warp_sum(s1[g]);
-    t2 += warp_sum(s2[g]);
-  }
-  double mean_d = 0.0;
-  const double var = a.rms ? t2 / static_cast<double>(h) : ln_moments(a, shift, t1, t2, mean_d);
+  for (int g = 0; g < G; g++)
+    r += warp_sum(s[g]);
+  return r;
+}
+
+template <int DT, int V>
+__device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
+                                          float &mean, float &rstd) {
+  const double h = static_cast<double>(a.hidden);
+  const double mean_d = a.rms ? 0.0 : warp_row_sum<DT, V>(a, o, lane, 0.0, false) / h;
+  const double var = warp_row_sum<DT, V>(a, o, lane, mean_d, true) / h;
   mean = static_cast<float>(mean_d);
-  rstd = rstd_of(a, var);
+  rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
 }
 
 } // namespace

@@ -71,36 +71,14 @@ static double row_sum(const lutra_norm_args *a, int64_t o, norm_term term, const
   return total;
 }
 
-/* LayerNorm's terms: x less the row's shift (its first element), and that squared. One pass of
- * both sums replaces a pass for the mean and one for the squared deviations: the shifted sums in
- * double lose nothing f32 statistics keep (ln_moments). */
-static double shifted(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
-  return (double)lutra_elem_load(a->x, a->dtype, o + c) - *(const double *)ctx;
-}
-
-static double term_d(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
-  return shifted(a, o, c, ctx);
-}
-
-static double term_dsq(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
-  const double d = shifted(a, o, c, ctx);
-  return d * d;
+static double term_x(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+  (void)ctx;
+  return lutra_elem_load(a->x, a->dtype, o + c);
 }
 
 static double term_sq(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
-  (void)ctx;
-  const double x = lutra_elem_load(a->x, a->dtype, o + c);
-  return x * x;
-}
-
-/* The kernels' finish of a LayerNorm row (kernels/norm_rows.cuh ln_moments): from the sums s1 of
- * d = x - shift and s2 of d^2, mean = shift + s1 / h and the biased variance s2 / h - (s1 / h)^2.
- * Its cancellation is bounded: the shift is one of the row's elements, so (shift - mean)^2 is at
- * most h times the variance, and the subtraction loses about log2(h + 1) bits of 53. */
-static double ln_moments(double shift, double s1, double s2, int64_t h, double *mean) {
-  const double m1 = s1 / (double)h;
-  *mean = shift + m1;
-  return fmax(0.0, s2 / (double)h - m1 * m1);
+  const double d = lutra_elem_load(a->x, a->dtype, o + c) - *(const double *)ctx;
+  return d * d;
 }
 
 int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
@@ -108,15 +86,9 @@ int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
   const int64_t h = a->hidden;
   for (int64_t r = 0; r < a->rows; r++) {
     const int64_t o = r * h;
+    const double mean_d = a->rms ? 0.0 : row_sum(a, o, term_x, NULL) / (double)h;
     /* LayerNorm: the biased variance; RMSNorm: mean(x^2) */
-    double mean_d = 0.0, var;
-    if (a->rms) {
-      var = row_sum(a, o, term_sq, NULL) / (double)h;
-    } else {
-      const double shift = lutra_elem_load(a->x, a->dtype, o);
-      var = ln_moments(shift, row_sum(a, o, term_d, &shift), row_sum(a, o, term_dsq, &shift), h,
-                       &mean_d);
-    }
+    const double var = row_sum(a, o, term_sq, &mean_d) / (double)h;
     const float mean = (float)mean_d;
     const float rstd = (float)(1.0 / sqrt(var + (double)a->eps));
     for (int64_t c = 0; c < h; c++) {
