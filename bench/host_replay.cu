@@ -244,6 +244,20 @@ static bool more_than_one(unsigned x, unsigned y, unsigned z) {
   return (uint64_t)(x ? x : 1) * (y ? y : 1) * (z ? z : 1) > 1;
 }
 
+/* an attribute the driver may not answer for a graph node (cuGraphKernelNodeGetAttribute gave
+ * CUDA_ERROR_INVALID_VALUE for the preferred cluster dimension on the H200's driver 580): zero,
+ * the default, then; any other error is one */
+static int optional_attr(CUgraphNode node, CUlaunchAttributeID id, CUlaunchAttributeValue *v) {
+  memset(v, 0, sizeof *v);
+  const CUresult r = cuGraphKernelNodeGetAttribute(node, id, v);
+  if (r == CUDA_ERROR_INVALID_VALUE) {
+    memset(v, 0, sizeof *v);
+    return 0;
+  }
+  CU(r);
+  return 0;
+}
+
 /* the attributes of a kernel node that change what a launch does, where they are not the
  * defaults (a launch without them is a launch with the defaults) */
 static int record_attrs(CUgraphNode node, bool pdl, Op &o) {
@@ -251,16 +265,15 @@ static int record_attrs(CUgraphNode node, bool pdl, Op &o) {
   CU(cuGraphKernelNodeGetAttribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, &v));
   if (more_than_one(v.clusterDim.x, v.clusterDim.y, v.clusterDim.z))
     add_attr(o, CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, v);
-  CU(cuGraphKernelNodeGetAttribute(node, CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION, &v));
+  TRY(optional_attr(node, CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION, &v));
   if (more_than_one(v.preferredClusterDim.x, v.preferredClusterDim.y, v.preferredClusterDim.z))
     add_attr(o, CU_LAUNCH_ATTRIBUTE_PREFERRED_CLUSTER_DIMENSION, v);
-  CU(cuGraphKernelNodeGetAttribute(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE,
-                                   &v));
+  TRY(optional_attr(node, CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, &v));
   if (v.clusterSchedulingPolicyPreference != CU_CLUSTER_SCHEDULING_POLICY_DEFAULT)
     add_attr(o, CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE, v);
-  CU(cuGraphKernelNodeGetAttribute(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v));
+  TRY(optional_attr(node, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, &v));
   if (v.cooperative) add_attr(o, CU_LAUNCH_ATTRIBUTE_COOPERATIVE, v);
-  CU(cuGraphKernelNodeGetAttribute(node, CU_LAUNCH_ATTRIBUTE_PRIORITY, &v));
+  TRY(optional_attr(node, CU_LAUNCH_ATTRIBUTE_PRIORITY, &v));
   if (v.priority) add_attr(o, CU_LAUNCH_ATTRIBUTE_PRIORITY, v);
   if (pdl) {
     memset(&v, 0, sizeof v);
