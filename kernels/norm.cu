@@ -8,7 +8,8 @@
  * dbeta agree within a bound (another order of the column sums).
  *
  * Rows of up to kResident elements per thread (8192 bf16 columns) stay in registers:
- *   forward: a block of 256 threads does kFwdRows rows, two at a time up to 16 elements a
+ *   forward: a block of 256 threads does kFwdRows rows (LayerNorm in pairs: the rows spread
+ *     over one wave, fwd_rows_per_block), two at a time up to 16 elements a
  *     thread (norm_fwd_rows2: both rows' sums in one block reduction, the next two rows' 16-byte
  *     loads issued before the current ones' reductions, three blocks an SM), one at a time for
  *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits) and x is converted
@@ -152,10 +153,10 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
 /* the one-row forward, for rows wider than norm_fwd_rows2 takes (more than 16 elements a
  * thread): gamma and beta read per row from L1, not held, so two blocks an SM fit */
 template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, 2) norm_fwd_rows(lutra_norm_args a) {
+__global__ void __launch_bounds__(kRowThreads, 2) norm_fwd_rows(lutra_norm_args a, int64_t rpb) {
   __shared__ RowRed red;
-  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
-  const int64_t r1 = imin<int64_t>(a.rows, r0 + kFwdRows);
+  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * rpb;
+  const int64_t r1 = imin<int64_t>(a.rows, r0 + rpb);
   const bool beta = !a.rms, vec = params_vec<V>(a, beta);
   Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
   load_row<DT, V, NC>(a.x, r0 * h, h, cur);
@@ -179,11 +180,11 @@ __global__ void __launch_bounds__(kRowThreads, 2) norm_fwd_rows(lutra_norm_args 
 
 /* norm_fwd_rows two rows at a time (normalized_pairs: twice the bytes in flight) */
 template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args a) {
+__global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args a, int64_t rpb) {
   __shared__ RowRed red;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kFwdRows;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rpb;
   normalized_pairs<DT, PDT, V, NC>(
-      a, r0, imin<int64_t>(a.rows, r0 + kFwdRows), red,
+      a, r0, imin<int64_t>(a.rows, r0 + rpb), red,
       [&](int64_t r, int64_t c, const float(&y)[V]) { stv<DT, V>(a.y, r * a.hidden + c, y); });
 }
 
@@ -301,9 +302,10 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 }
 
 /* the row-resident kernel for rows of up to kResident elements a thread, or nullptr */
-template <int DT, int PDT, int V> auto fwd_rows_kernel(int64_t h) -> void (*)(lutra_norm_args) {
-  return with_resident_chunks<V, void (*)(lutra_norm_args)>(
-      h, [](auto nc) -> void (*)(lutra_norm_args) {
+template <int DT, int PDT, int V>
+auto fwd_rows_kernel(int64_t h) -> void (*)(lutra_norm_args, int64_t) {
+  return with_resident_chunks<V, void (*)(lutra_norm_args, int64_t)>(
+      h, [](auto nc) -> void (*)(lutra_norm_args, int64_t) {
         constexpr int NC = decltype(nc)::value;
         if constexpr (NC * V <= 16) return norm_fwd_rows2<DT, PDT, V, NC>;
         return norm_fwd_rows<DT, PDT, V, NC>;
@@ -464,6 +466,25 @@ int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden) {
   return wide_row_blocks(rows, hidden);
 }
 
+/* rows a LayerNorm forward block of norm_fwd_rows2 (pairs: up to 16 elements a thread) does:
+ * the rows spread over one wave of resident blocks (three an SM), in pairs, kFwdRows at least,
+ * so no tail wave and each block's first loads (which nothing in the block overlaps) paid once
+ * per many rows. RMSNorm and the one-row kernel keep kFwdRows: measured 0.975x for LayerNorm,
+ * 1.10x for RMSNorm side by side (BENCHMARKS.md); the one-row kernel not measured. */
+int64_t fwd_rows_per_block(const lutra_norm_args *a, bool pairs) {
+  if (a->rms || !pairs) return kFwdRows;
+  static thread_local int sms = 0;
+  if (sms <= 0) {
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
+        sms <= 0)
+      sms = 132; /* an H100/H200's count: only the split changes, not the result */
+  }
+  const int64_t per = cdiv<int64_t>(a->rows, 3 * static_cast<int64_t>(sms));
+  return imax<int64_t>(kFwdRows, per + (per & 1));
+}
+
 cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
   if (bad(a) || !a->y) return cudaErrorInvalidValue;
   if (a->rows == 0) return cudaSuccess;
@@ -474,8 +495,11 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
       auto run = [&](auto v) {
         constexpr int V = decltype(v)::value;
         if (auto k = fwd_rows_kernel<DT, PDT, V>(a->hidden)) {
-          const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->rows, kFwdRows));
-          LKC_LAUNCH(k, grid, kRowThreads, 0, s, *a);
+          /* NC * V <= 16 (fwd_rows_kernel): V = 1 rows go up to 8 chunks of 1 */
+          const bool pairs = V == 1 || a->hidden <= 16 * static_cast<int64_t>(kRowThreads);
+          const int64_t rpb = fwd_rows_per_block(a, pairs);
+          const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->rows, rpb));
+          LKC_LAUNCH(k, grid, kRowThreads, 0, s, *a, rpb);
         } else {
           LKC_LAUNCH((norm_fwd<DT, PDT, V>), static_cast<unsigned>(a->rows), kRowThreads, 0, s, *a);
         }
