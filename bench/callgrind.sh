@@ -8,6 +8,8 @@
 # liblutra.so and build/ are left alone, then runs small LuaJIT loops under callgrind:
 #   autocast   enter+exit pairs of a delayed-recipe scope from Lua (scope:enter() scope:exit())
 #   linear     forward of nn.Linear(64, 64, {bias = false}), f32, x [64, 64], CPU backend
+#   grouped    forward of nn.GroupedLinear(8, 64, 64, {bias = false}), f32, x [128, 64], 16 rows
+#              an expert given as an i32 tensor (the device splits' path), CPU backend
 # Each loop runs twice, N and 2N iterations; a figure is (Ir(2N) - Ir(N)) / N, which drops
 # start-up, JIT compilation and first-call costs (plans, buffers). Figures:
 #   autocast_pair_lua    whole program per pair: Lua methods, FFI calls and C (JIT on)
@@ -15,6 +17,10 @@
 #   linear_fwd_c_nogemm  inclusive Ir of lutra_module_forward_ex minus that of cblas_sgemm, per
 #                        forward: lutra's C work around the GEMM (checks, plan lookup, buffers)
 #   linear_fwd_gemm      inclusive Ir of cblas_sgemm per forward (OpenBLAS; for reference)
+#   grouped_fwd_c_nogemm inclusive Ir of lutra_grouped_forward minus that of
+#                        lutra_cpu_grouped_gemm, per forward: GroupedLinear's C work around its
+#                        one grouped GEMM (checks, the splits' hold, plan, buffers; the CUDA
+#                        build's launch code differs below the backend call)
 # The C-side figures are collected only inside the named functions (--toggle-collect) and are
 # exact: the same on every run of the same build. The whole-program figure varies by about
 # +-0.05 per pair between runs (LuaJIT's start-up depends on addresses), N being 10^6.
@@ -58,6 +64,12 @@ elseif what == "linear" then
   local x = lutra.tensor({ 64, 64 }):randn(1)
   lin:forward(x)
   for _ = 1, n do lin:forward(x) end
+elseif what == "grouped" then
+  local g = lutra.nn.GroupedLinear(8, 64, 64, { bias = false })
+  local x = lutra.tensor({ 128, 64 }):randn(1)
+  local splits = lutra.from_table({ 16, 16, 16, 16, 16, 16, 16, 16 }, { 8 }, "i32")
+  g:forward(x, splits)
+  for _ = 1, n do g:forward(x, splits) end
 else
   error("unknown loop " .. tostring(what))
 end
@@ -92,11 +104,15 @@ autocast_c=$(per autocast 100000 --toggle-collect=lutra_autocast_enter \
 linear_fwd=$(per linear 1000 --toggle-collect=lutra_module_forward_ex)
 linear_gemm=$(per linear 1000 --toggle-collect=cblas_sgemm)
 linear_nogemm=$(awk -v f="$linear_fwd" -v g="$linear_gemm" 'BEGIN { printf "%.2f", f - g }')
+grouped_fwd=$(per grouped 1000 --toggle-collect=lutra_grouped_forward)
+grouped_gemm=$(per grouped 1000 --toggle-collect=lutra_cpu_grouped_gemm)
+grouped_nogemm=$(awk -v f="$grouped_fwd" -v g="$grouped_gemm" 'BEGIN { printf "%.2f", f - g }')
 
 echo "callgrind autocast_pair_lua $autocast_lua"
 echo "callgrind autocast_pair_c $autocast_c"
 echo "callgrind linear_fwd_c_nogemm $linear_nogemm"
 echo "callgrind linear_fwd_gemm $linear_gemm"
+echo "callgrind grouped_fwd_c_nogemm $grouped_nogemm"
 
 TABLE=$(cat << EOF
 - Source: $SOURCE, built with \`make CUDA=0\` ($(${CC:-cc} --version | head -1), CFLAGS -O2 -g)
@@ -109,6 +125,7 @@ TABLE=$(cat << EOF
 | autocast enter+exit, C side (lutra_autocast_enter + lutra_autocast_exit, inclusive) | $autocast_c |
 | Linear forward f32 64x64 -> 64, CPU: lutra_module_forward_ex minus cblas_sgemm (inclusive) | $linear_nogemm |
 | (the cblas_sgemm of that forward, OpenBLAS) | $linear_gemm |
+| GroupedLinear forward f32, 8 experts x 16 rows of 64 -> 64, i32 splits tensor, CPU: lutra_grouped_forward minus lutra_cpu_grouped_gemm (inclusive) | $grouped_nogemm |
 EOF
 )
 echo
