@@ -53,19 +53,10 @@
 #include <stdio.h>
 #include <string.h>
 
-#define EXPORT extern "C" __attribute__((visibility("default")))
+#include "host_checks.h"
 
-/* ---- status checks: print the call, return 1 ------------------------------------------ */
+/* ---- cuBLASLt status checks: print the call, return 1 -------------------------------- */
 
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "host_floors.cu:%d: %s failed: %s (%s)\n", __LINE__, #call,                  \
-              cudaGetErrorString(e_), cudaGetErrorName(e_));                                       \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
 #define CB(call)                                                                                   \
   do {                                                                                             \
     cublasStatus_t s_ = (call);                                                                    \
@@ -74,10 +65,6 @@
               #call, (int)s_, cublasLtGetStatusName(s_), cublasLtGetStatusString(s_));             \
       return 1;                                                                                    \
     }                                                                                              \
-  } while (0)
-#define TRY(call)                                                                                  \
-  do {                                                                                             \
-    if ((call) != 0) return 1;                                                                     \
   } while (0)
 
 /* ---- kernels -------------------------------------------------------------------------- */

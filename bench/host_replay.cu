@@ -64,35 +64,7 @@
 #include <string.h>
 #include <vector>
 
-#define EXPORT extern "C" __attribute__((visibility("default")))
-
-/* ---- status checks: print the call, return 1 ------------------------------------------ */
-
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "host_replay.cu:%d: %s failed: %s (%s)\n", __LINE__, #call,                  \
-              cudaGetErrorString(e_), cudaGetErrorName(e_));                                       \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-#define CU(call)                                                                                   \
-  do {                                                                                             \
-    CUresult r_ = (call);                                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                                      \
-      const char *s_ = NULL, *n_ = NULL;                                                           \
-      cuGetErrorString(r_, &s_);                                                                   \
-      cuGetErrorName(r_, &n_);                                                                     \
-      fprintf(stderr, "host_replay.cu:%d: %s failed: %s (%s)\n", __LINE__, #call,                  \
-              s_ ? s_ : "unknown error", n_ ? n_ : "?");                                           \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-#define TRY(call)                                                                                  \
-  do {                                                                                             \
-    if ((call) != 0) return 1;                                                                     \
-  } while (0)
+#include "host_checks.h"
 
 /* ---- what a slot holds ---------------------------------------------------------------- */
 

@@ -22,7 +22,8 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 # a stale library lacks what the benches look up in it (the replay floors)
 floors_lib() {
   [ build/libhost_floors.so -nt bench/host_floors.cu ] &&
-    [ build/libhost_floors.so -nt bench/host_replay.cu ] && return 0
+    [ build/libhost_floors.so -nt bench/host_replay.cu ] &&
+    [ build/libhost_floors.so -nt bench/host_checks.h ] && return 0
   mkdir -p build
   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared bench/host_floors.cu \
     bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda > "$1" 2>&1
