@@ -30,6 +30,15 @@ floors_lib() {
 }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$OUT/gpu.txt" 2>&1
+# the carried kit unpacked again where its luajit is missing (seen once on a fresh machine,
+# 2026-12-02, cause not found: every Lua step then failed with "luajit: not found")
+if ! command -v luajit > /dev/null && [ -d .devkit ]; then
+  for f in .devkit/*.deb; do dpkg -x "$f" /tmp/devkit; done
+  export PATH=/tmp/devkit/usr/bin:$PATH
+fi
+# the benches parse their options with lua-argparse, which the kit holds only when asked:
+# DEVKIT_EXTRA=lua-argparse ../shared/tools/device-kit
+luajit -e 'require("argparse")' > /dev/null 2>&1 || note "lua-argparse missing: the benches will fail"
 if has build; then
   make -j16 CUDA=1 > "$OUT/build.log" 2>&1 && note "build ok" || { note "build FAILED"; tail -40 "$OUT/build.log"; exit 1; }
 fi
