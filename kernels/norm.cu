@@ -8,8 +8,8 @@
  * dbeta agree within a bound (another order of the column sums).
  *
  * Rows of up to kResident elements per thread (8192 bf16 columns) stay in registers:
- *   forward: a block of 256 threads does kFwdRows rows (LayerNorm in pairs: the rows spread
- *     over one wave, fwd_rows_per_block), two at a time up to 16 elements a
+ *   forward: a block of 256 threads does kFwdRows rows (LayerNorm's two-row kernel: its share
+ *     of one wave of blocks, fwd_rows_per_block), two at a time up to 16 elements a
  *     thread (norm_fwd_rows2: both rows' sums in one block reduction, the next two rows' 16-byte
  *     loads issued before the current ones' reductions, three blocks an SM), one at a time for
  *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits) and x is converted
@@ -301,12 +301,14 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
     }
 }
 
-/* the row-resident kernel for rows of up to kResident elements a thread, or nullptr */
+/* the row-resident kernel for rows of up to kResident elements a thread, or nullptr; pairs:
+ * whether it is the two-row one */
 template <int DT, int PDT, int V>
-auto fwd_rows_kernel(int64_t h) -> void (*)(lutra_norm_args, int64_t) {
+auto fwd_rows_kernel(int64_t h, bool &pairs) -> void (*)(lutra_norm_args, int64_t) {
   return with_resident_chunks<V, void (*)(lutra_norm_args, int64_t)>(
-      h, [](auto nc) -> void (*)(lutra_norm_args, int64_t) {
+      h, [&pairs](auto nc) -> void (*)(lutra_norm_args, int64_t) {
         constexpr int NC = decltype(nc)::value;
+        pairs = NC * V <= 16;
         if constexpr (NC * V <= 16) return norm_fwd_rows2<DT, PDT, V, NC>;
         return norm_fwd_rows<DT, PDT, V, NC>;
       });
@@ -466,22 +468,15 @@ int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden) {
   return wide_row_blocks(rows, hidden);
 }
 
-/* rows a LayerNorm forward block of norm_fwd_rows2 (pairs: up to 16 elements a thread) does:
- * the rows spread over one wave of resident blocks (three an SM), in pairs, kFwdRows at least,
- * so no tail wave and each block's first loads (which nothing in the block overlaps) paid once
- * per many rows. RMSNorm and the one-row kernel keep kFwdRows: measured 0.975x for LayerNorm,
- * 1.10x for RMSNorm side by side (BENCHMARKS.md); the one-row kernel not measured. */
+/* rows a LayerNorm forward block of norm_fwd_rows2 (pairs) does: the rows spread over one wave
+ * of resident blocks (three an SM), in pairs, kFwdRows at least, so no tail wave and each
+ * block's first loads (which nothing in the block overlaps) paid once per many rows. RMSNorm and
+ * the one-row kernel keep kFwdRows: measured 0.975x for LayerNorm, 1.10x for RMSNorm side by
+ * side (BENCHMARKS.md); the one-row kernel not measured. Only the split depends on the device,
+ * not the result. */
 int64_t fwd_rows_per_block(const lutra_norm_args *a, bool pairs) {
   if (a->rms || !pairs) return kFwdRows;
-  static thread_local int sms = 0;
-  if (sms <= 0) {
-    int dev = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess ||
-        sms <= 0)
-      sms = 132; /* an H100/H200's count: only the split changes, not the result */
-  }
-  const int64_t per = cdiv<int64_t>(a->rows, 3 * static_cast<int64_t>(sms));
+  const int64_t per = cdiv<int64_t>(a->rows, 3 * static_cast<int64_t>(lkc::num_sms()));
   return imax<int64_t>(kFwdRows, per + (per & 1));
 }
 
@@ -494,9 +489,8 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
       constexpr int PDT = decltype(pt)::value;
       auto run = [&](auto v) {
         constexpr int V = decltype(v)::value;
-        if (auto k = fwd_rows_kernel<DT, PDT, V>(a->hidden)) {
-          /* NC * V <= 16 (fwd_rows_kernel): V = 1 rows go up to 8 chunks of 1 */
-          const bool pairs = V == 1 || a->hidden <= 16 * static_cast<int64_t>(kRowThreads);
+        bool pairs = false;
+        if (auto k = fwd_rows_kernel<DT, PDT, V>(a->hidden, pairs)) {
           const int64_t rpb = fwd_rows_per_block(a, pairs);
           const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->rows, rpb));
           LKC_LAUNCH(k, grid, kRowThreads, 0, s, *a, rpb);
