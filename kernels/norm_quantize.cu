@@ -25,6 +25,7 @@
 #include "common.cuh"
 #include "norm_rows.cuh"
 #include "ops_common.cuh"
+#include "quantize_tiles.cuh"
 
 using namespace lkops;
 
@@ -351,6 +352,56 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
   return bytes % 16 == 0 && aligned(a->x, 16) && (!a->y || aligned(a->y, 16));
 }
 
+/* The statistics from the row-resident kernel, then the quantizer's own tile kernel normalizing
+ * each tile as it loads it (lkq::NormIn): k_cast16 (per-tensor), k_mx16 (MXFP8), k_block (1x128).
+ * Those read x once more but run at the quantizer's rate, where this file's tile kernel, which
+ * stages f32 values through shared memory, ran at a fraction of it (BENCHMARKS.md). Taken where
+ * the statistics are kept for backward (rows' mean and rstd given), x is 16-bit, every buffer is
+ * 16-byte aligned and the dims suit the quantizer's vector path; returns cudaErrorNotSupported
+ * (having launched nothing) elsewhere. */
+cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
+  const lutra_norm_args &n = p.n;
+  const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
+  const bool ok = vec && (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rstd &&
+                  (n.rms || n.mean) && n.rows > 0 && n.hidden % multiple == 0 &&
+                  (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !p.col_data)) &&
+                  aligned(n.gamma, 16) && (n.rms || aligned(n.beta, 16)) && aligned(p.data, 16) &&
+                  aligned(p.col_data, 16) && (!n.y || aligned(n.y, 16)) &&
+                  cdiv<int64_t>(n.rows, 128) * cdiv<int64_t>(n.hidden, 128) < UINT32_MAX;
+  auto sk = !ok ? nullptr
+                : n.dtype == LUTRA_BF16 ? row_stats_kernel<LUTRA_BF16, vec16<LUTRA_BF16>()>(n.hidden)
+                                        : row_stats_kernel<LUTRA_F16, vec16<LUTRA_F16>()>(n.hidden);
+  if (!sk) return cudaErrorNotSupported;
+  lkq::TileArgs t;
+  memset(&t, 0, sizeof t);
+  t.x = n.x;
+  t.rows = n.rows;
+  t.cols = n.hidden;
+  t.skip = p.skip;
+  t.data = p.data;
+  t.col_data = p.col_data;
+  t.scale_inv = p.scale_inv;
+  t.col_scale_inv = p.col_scale_inv;
+  t.max_rcp = p.max_rcp;
+  t.fp8_max = p.fp8_max;
+  t.eps = p.amax_epsilon;
+  t.power_2_scale = p.power_2_scale;
+  t.norm = {n.rms ? nullptr : n.mean, n.rstd,     n.gamma, n.rms ? nullptr : n.beta,
+            n.y,                      n.param_dtype == LUTRA_F32, n.zero_centered_gamma};
+  if (scaling == LUTRA_SCALING_TENSOR) {
+    t.scale = p.scale;
+    t.amax = p.amax;
+    t.cast_scale_inv = static_cast<float *>(p.scale_inv);
+    t.cast_col_scale_inv = static_cast<float *>(p.col_scale_inv);
+  }
+  LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, kStatRows)), kRowThreads, 0, s, n,
+             p.skip);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  if (scaling == LUTRA_SCALING_BLOCK_1D) return lkq::launch_block_norm(t, n.dtype, out_dtype, s);
+  return lkq::launch_t128(t, n.dtype, out_dtype, scaling == LUTRA_SCALING_MXFP8, s);
+}
+
 cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
   return with_dtype(n.dtype, [&](auto t) {
@@ -442,6 +493,12 @@ extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStre
   p.write_tensor_inv = a->scaling == LUTRA_SCALING_TENSOR;
   /* one vector width for both passes of current scaling: the same statistics in each */
   const bool vec = vec_ok(&a->norm, a->norm.dtype);
+  /* per-tensor current scaling keeps its two passes of this file's kernels: the statistics and
+   * max|y| in one, the codes in the other */
+  if (!a->current) {
+    const cudaError_t e = launch_tiles(p, a->scaling, q.out_dtype, vec, s);
+    if (e != cudaErrorNotSupported) return e;
+  }
   if (a->scaling == LUTRA_SCALING_TENSOR && a->current) {
     Params first = p;
     first.amax_pass = 1;

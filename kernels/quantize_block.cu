@@ -18,7 +18,24 @@ constexpr int T128_SMEM = (128 * T128_LD + 2 * 4 * 128) * 4;
  * + 4 warp, cq = lane >> 2: the 8 units of a 128-column row are 8 lanes of one warp). In the
  * column phase warp w takes rows 32 (w & 3) .. + 31 of columns 32 (w >> 2) + lane and that + 64;
  * a 1x128 block of the transpose spans 4 warps, which combine their amaxes in shared memory. */
-template <int XD, int OD, int DIM, bool VEC>
+/* NormIn's norm of the 16 values of row r from column c on, in place, each rounded into x's
+ * dtype (and stored into the norm's y where it is wanted); nothing for a unit outside */
+template <int XD>
+__device__ __forceinline__ void block_norm(const TileArgs &a, int64_t r, int64_t c,
+                                           float (&v)[16]) {
+  if (r >= a.rows || c >= a.cols) return;
+  const NormIn &n = a.norm;
+  float g[16], b[16];
+  norm_params<16>(n, c, g, b);
+  const float mean = n.mean ? __ldg(n.mean + r) : 0.0f, rstd = __ldg(n.rstd + r);
+#pragma unroll
+  for (int k = 0; k < 16; k++)
+    v[k] = half_value<XD>(half_bits<XD>(norm_value(n, v[k], mean, rstd, g[k], b[k])));
+  if (n.y) store16<XD>(n.y, r * a.cols + c, v);
+}
+
+/* NORM: the tile is normalized as it is loaded (NormIn; 16-bit x, the vector path, 1x128) */
+template <int XD, int OD, int DIM, bool VEC, bool NORM = false>
 __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
   if (a.skip && *a.skip) return;
   float *sm = reinterpret_cast<float *>(dyn_smem());
@@ -40,8 +57,10 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
     const int64_t r0 = tr * 128, c0 = tc * 128, c = c0 + 16 * cq;
     float v[4][16];
 #pragma unroll
-    for (int q = 0; q < 4; q++)
+    for (int q = 0; q < 4; q++) {
       load_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
+      if (NORM) block_norm<XD>(a, r0 + lr + 32 * q, c, v[q]);
+    }
 
     /* 128x128: one scale for the tile (zeros outside the matrix do not change the amax) */
     float s2 = 1.0f;
@@ -130,9 +149,9 @@ __global__ void __launch_bounds__(T128_THREADS, 2) k_block(TileArgs a) {
   }
 }
 
-template <int XD, int OD, int DIM, bool V>
+template <int XD, int OD, int DIM, bool V, bool NORM = false>
 cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
-  constexpr auto K = k_block<XD, OD, DIM, V>;
+  constexpr auto K = k_block<XD, OD, DIM, V, NORM>;
   static std::atomic<uint64_t> smem_set{0};
   int smem = 0;
   if (a.col_data) {
@@ -172,5 +191,19 @@ extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t
         return dim == 1 ? launch_block<XD, OD, 1, V>(a, s) : launch_block<XD, OD, 2, V>(a, s);
       });
     });
+  });
+}
+
+/* 1x128 blocks of a.norm's output (lk_norm_quantize): bf16 / f16 x on the vector path only */
+cudaError_t lkq::launch_block_norm(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s) {
+  if ((x_dtype != LUTRA_BF16 && x_dtype != LUTRA_F16) || !a.norm.rstd || !vec_ok(a))
+    return cudaErrorInvalidValue;
+  a.tiles_r = (a.rows + 127) / 128;
+  a.tiles_c = (a.cols + 127) / 128;
+  a.ntiles = a.tiles_r * a.tiles_c;
+  return with_fp8_dtype(out_dtype, [&](auto od) {
+    constexpr int OD = decltype(od)::value;
+    return x_dtype == LUTRA_BF16 ? launch_block<LUTRA_BF16, OD, 1, true, true>(a, s)
+                                 : launch_block<LUTRA_F16, OD, 1, true, true>(a, s);
   });
 }

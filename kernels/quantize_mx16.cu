@@ -242,6 +242,30 @@ __device__ __forceinline__ bool mx_load(const TileArgs &a, int64_t r, int64_t c,
   return in;
 }
 
+/* NormIn's norm of the thread's 8 rows of 8 values from (r, c) on, in place, each rounded into
+ * x's dtype; stored into the norm's y where it is wanted. Called only for values inside. */
+template <int XD>
+__device__ __forceinline__ void mx_norm(const TileArgs &a, int64_t r, int64_t c, uint4 (&x)[8]) {
+  const NormIn &n = a.norm;
+  float g[8], b[8];
+  norm_params<8>(n, c, g, b);
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    const float mean = n.mean ? __ldg(n.mean + r + i) : 0.0f, rstd = __ldg(n.rstd + r + i);
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const uint32_t u = word_of(x[i], j);
+      const float lo = norm_value(n, value16<XD>(u, 0), mean, rstd, g[2 * j], b[2 * j]);
+      const float hi = norm_value(n, value16<XD>(u, 1), mean, rstd, g[2 * j + 1], b[2 * j + 1]);
+      w[j] = half_bits<XD>(lo) | half_bits<XD>(hi) << 16;
+    }
+    x[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    if (n.y)
+      *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(n.y) + (r + i) * a.cols + c) = x[i];
+  }
+}
+
 /* Both code tiles of sm to memory: 8 lanes per 128-byte line, a warp stores 4 whole lines per
  * instruction */
 __device__ __forceinline__ void mx_store_codes(const TileArgs &a, int t, int64_t r0, int64_t c0,
@@ -277,7 +301,8 @@ template <int XD> __device__ __forceinline__ uint32_t mx_top(const uint4 (&x)[8]
   return __vmaxu2(top, top >> 16) & 0xFFFFu;
 }
 
-template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx16(TileArgs a) {
+template <int XD, int OD, bool NORM>
+__global__ void __launch_bounds__(MX_THREADS, 2) k_mx16(TileArgs a) {
   if (a.skip && *a.skip) return;
   const MxSmem sm = mx_smem();
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -288,7 +313,8 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_mx1
     int64_t r0, c0;
     mx_tile_origin(a, tile, r0, c0);
     uint4 x[8];
-    mx_load<XD>(a, r0 + tr, c0 + tc, x);
+    const bool in = mx_load<XD>(a, r0 + tr, c0 + tc, x);
+    if (NORM && in) mx_norm<XD>(a, r0 + tr, c0 + tc, x);
 
     uint32_t rm[4] = {0u, 0u, 0u, 0u}, cm[4] = {0u, 0u, 0u, 0u};
     mx_amax<XD, false>(x, row_out, col_out, rm, cm);
@@ -387,7 +413,8 @@ __device__ __forceinline__ void cast_encode(const uint4 (&x)[8], float s, uint2 
   }
 }
 
-template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
+template <int XD, int OD, bool NORM>
+__global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
   if (a.skip && *a.skip) return;
   const MxSmem sm = mx_smem();
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
@@ -403,6 +430,7 @@ template <int XD, int OD> __global__ void __launch_bounds__(MX_THREADS, 2) k_cas
     mx_tile_origin(a, tile, r0, c0);
     uint4 x[8];
     const bool in = mx_load<XD>(a, r0 + tr, c0 + tc, x);
+    if (NORM && in) mx_norm<XD>(a, r0 + tr, c0 + tc, x);
     constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
     const bool special = s_special || mx_top<XD>(x) >= INF;
     if (a.amax && in) m_loc = fmaxf(m_loc, cast_amax<XD>(x, special));
@@ -444,7 +472,8 @@ bool lkq::t128_ok(const lutra_quant_args *q, const TileArgs &a, int64_t multiple
          aligned16(a.data) && aligned16(a.col_data) && tiles_r * tiles_c < UINT32_MAX;
 }
 
-/* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile */
+/* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile; the NORM kernels where
+ * a.norm.rstd is set */
 cudaError_t lkq::launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cudaStream_t s) {
   a.tiles_r = (a.rows + MX_T - 1) / MX_T;
   a.tiles_c = (a.cols + MX_T - 1) / MX_T;
@@ -452,10 +481,13 @@ cudaError_t lkq::launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cu
   const unsigned grid = grid_for(a.ntiles, 1, INT32_MAX);
   const bool bf16 = x_dtype == LUTRA_BF16;
   return with_fp8_dtype(out_dtype, [&](auto od) {
-    constexpr int OD = decltype(od)::value;
-    const auto K = mx ? (bf16 ? k_mx16<LUTRA_BF16, OD> : k_mx16<LUTRA_F16, OD>)
-                      : (bf16 ? k_cast16<LUTRA_BF16, OD> : k_cast16<LUTRA_F16, OD>);
-    LKC_LAUNCH(K, grid, MX_THREADS, MX_SMEM, s, a);
-    return cudaGetLastError();
+    return with_bool(a.norm.rstd != nullptr, [&](auto norm) {
+      constexpr int OD = decltype(od)::value;
+      constexpr bool N = decltype(norm)::value;
+      const auto K = mx ? (bf16 ? k_mx16<LUTRA_BF16, OD, N> : k_mx16<LUTRA_F16, OD, N>)
+                        : (bf16 ? k_cast16<LUTRA_BF16, OD, N> : k_cast16<LUTRA_F16, OD, N>);
+      LKC_LAUNCH(K, grid, MX_THREADS, MX_SMEM, s, a);
+      return cudaGetLastError();
+    });
   });
 }

@@ -17,12 +17,28 @@
 #define LUTRA_KERNELS_QUANTIZE_TILES_CUH
 
 #include "common.cuh"
+#include "ops_common.cuh"
 
 #include <math.h>
 
 namespace lkq {
 
 using namespace lkc;
+
+/* A norm applied to x as a tile is loaded (lk_norm_quantize, kernels/norm_quantize.cu, with the
+ * rows' statistics computed first): y = ((x - mean[r]) * rstd[r]) * g[c] (+ beta[c]), norm_fwd's
+ * f32 order of operations with g = gamma (+ 1 for a zero-centered gamma), rounded into x's dtype
+ * as the stored y would be. The tile is then quantized as if it had been read from y, so the
+ * codes equal the norm's output quantized, bit for bit. Only the kernels instantiated with NORM
+ * read it; rstd is never NULL there. */
+struct NormIn {
+  const float *mean;        /* NULL for RMSNorm (mean 0) */
+  const float *rstd;
+  const void *gamma, *beta; /* [cols], 16-byte aligned; beta NULL for RMSNorm */
+  void *y;                  /* the normalized matrix in x's dtype, or NULL */
+  int param_f32;            /* gamma and beta are f32 (else bf16) */
+  int zero_centered;
+};
 
 struct TileArgs {
   const void *x;
@@ -57,7 +73,65 @@ struct TileArgs {
   /* lutra_quant_args.skip: when set and nonzero, every block returns at once (the flag is the
    * same for all threads, so no barrier is left waiting) and nothing is written */
   const int32_t *skip;
+  NormIn norm;
 };
+
+/* gamma (+ 1 when zero-centered) and beta of the N columns from c (c a multiple of 8) */
+template <int N>
+__device__ __forceinline__ void norm_params(const NormIn &n, int64_t c, float (&g)[N],
+                                            float (&b)[N]) {
+  static_assert(N % 8 == 0, "whole 16-byte vectors of bf16 parameters");
+#pragma unroll
+  for (int k = 0; k < N; k++)
+    b[k] = 0.0f;
+  if (n.param_f32) {
+    const float4 *pg = reinterpret_cast<const float4 *>(static_cast<const float *>(n.gamma) + c);
+    const float4 *pb = reinterpret_cast<const float4 *>(static_cast<const float *>(n.beta) + c);
+#pragma unroll
+    for (int k = 0; k < N / 4; k++) {
+      const float4 u = __ldg(pg + k);
+      g[4 * k] = u.x, g[4 * k + 1] = u.y, g[4 * k + 2] = u.z, g[4 * k + 3] = u.w;
+      if (n.beta) {
+        const float4 w = __ldg(pb + k);
+        b[4 * k] = w.x, b[4 * k + 1] = w.y, b[4 * k + 2] = w.z, b[4 * k + 3] = w.w;
+      }
+    }
+  } else {
+    const uint4 *pg = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(n.gamma) + c);
+    const uint4 *pb = reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(n.beta) + c);
+#pragma unroll
+    for (int k = 0; k < N / 8; k++) {
+      const uint4 u = __ldg(pg + k);
+      const uint32_t wg[4] = {u.x, u.y, u.z, u.w};
+      uint32_t wb[4] = {0u, 0u, 0u, 0u};
+      if (n.beta) {
+        const uint4 w = __ldg(pb + k);
+        wb[0] = w.x, wb[1] = w.y, wb[2] = w.z, wb[3] = w.w;
+      }
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        g[8 * k + 2 * j] = bf16_value(wg[j] & 0xFFFFu);
+        g[8 * k + 2 * j + 1] = bf16_value(wg[j] >> 16);
+        if (n.beta) {
+          b[8 * k + 2 * j] = bf16_value(wb[j] & 0xFFFFu);
+          b[8 * k + 2 * j + 1] = bf16_value(wb[j] >> 16);
+        }
+      }
+    }
+  }
+  if (n.zero_centered) {
+#pragma unroll
+    for (int k = 0; k < N; k++)
+      g[k] = lkops::fadd(g[k], 1.0f);
+  }
+}
+
+/* y of one value, unrounded (lkops' operations: never contracted into an FMA) */
+__device__ __forceinline__ float norm_value(const NormIn &n, float x, float mean, float rstd,
+                                            float g, float b) {
+  const float y = lkops::fmul(lkops::fmul(lkops::fsub(x, mean), rstd), g);
+  return n.beta ? lkops::fadd(y, b) : y;
+}
 
 /* the 16 values of row r from column c (zeros outside the matrix) */
 template <int XD, bool VEC>
@@ -91,7 +165,7 @@ __device__ __forceinline__ void load_raw(const TileArgs &a, const void *src, int
   if (VEC) {
     if (r < a.rows && c < a.cols) {
       const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(src) +
-                                                       (r * a.cols + c) * elem_size<XD>::value);
+                                                       (r * a.cols + c) * lkc::elem_size<XD>::value);
 #pragma unroll
       for (int k = 0; k < N; k++)
         u.w[k] = __ldg(q + k);
@@ -261,6 +335,13 @@ inline void block_outputs(TileArgs &a, const lutra_quant_args *q, bool row_out, 
 bool t128_ok(const lutra_quant_args *q, const TileArgs &a, int64_t multiple);
 /* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile */
 cudaError_t launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cudaStream_t s);
+
+/* ---- the norm-fused tile kernels (lk_norm_quantize) ------------------------------------------ */
+
+/* k_block's 1x128 blocks over a.norm's output of a bf16 / f16 x (quantize_block.cu); the vector
+ * path's conditions (vec_ok) and 16-byte aligned gamma and beta, else cudaErrorInvalidValue.
+ * launch_t128 takes a.norm the same way (its NORM kernels where a.norm.rstd is set). */
+cudaError_t launch_block_norm(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s);
 
 } // namespace lkq
 

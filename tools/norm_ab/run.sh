@@ -7,7 +7,8 @@
 # NORM_AB_NO_RUN=1 only builds build/norm_ab (to overlap the build with other work; run
 # `build/norm_ab FILE.md` later, on an otherwise idle machine).
 # NORM_AB_CAND=DIR takes the candidate's norm.cu and norm_quantize.cu (and, where DIR has them,
-# norm_rows.cuh and norm_quantize_rows.cuh) from DIR instead of kernels/, and NORM_AB_TAG=NAME names its objects and
+# norm_rows.cuh, norm_quantize_rows.cuh, quantize_mx16.cu and quantize_block.cu) from DIR instead
+# of kernels/, and NORM_AB_TAG=NAME names its objects and
 # program build/norm_ab-NAME: several candidates against one base, built side by side.
 set -euo pipefail
 base_dir=build/norm-ab-base
@@ -23,9 +24,22 @@ flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels)
 [ -f "build/norm_ab_base.o" ] && [ -n "$tag" ] || \
   nvcc "${flags[@]}" -DAB_PREFIX=base "-DAB_DIR_NORM=\"../../$base_dir/norm.cu\"" \
     "-DAB_DIR_QUANT=\"../../$base_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o build/norm_ab_base.o &
+pids=($!)
 nvcc "${flags[@]}" -DAB_PREFIX=cand "-DAB_DIR_NORM=\"../../$cand_dir/norm.cu\"" \
   "-DAB_DIR_QUANT=\"../../$cand_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o "build/norm_ab_cand$tag.o" &
-wait %1 && wait %2
-nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o "build/norm_ab_cand$tag.o" -o "build/norm_ab$tag"
+pids+=($!)
+# the quantizer's tile kernels, which a tree's fused norm may launch (lkq::launch_t128,
+# launch_block_norm): the candidate's, linked once (a base that calls them gets these too)
+tiles=()
+for f in quantize_mx16 quantize_block; do
+  src=kernels/$f.cu
+  [ -f "$cand_dir/$f.cu" ] && src=$cand_dir/$f.cu
+  nvcc "${flags[@]}" -c "$src" -o "build/norm_ab_$f$tag.o" &
+  pids+=($!)
+  tiles+=("build/norm_ab_$f$tag.o")
+done
+for p in "${pids[@]}"; do wait "$p"; done
+nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o "build/norm_ab_cand$tag.o" \
+  "${tiles[@]}" -o "build/norm_ab$tag"
 [ "${NORM_AB_NO_RUN:-0}" = 1 ] && exit 0
 "./build/norm_ab$tag" "${OUT:-.}/norm_ab$tag.md"

@@ -13,6 +13,9 @@
 #include "common.cuh"
 #include "kernels.h"
 #include "ops_common.cuh"
+/* at file scope: the fused norm's tile path calls the quantizer's launchers (lkq::, linked from
+ * kernels/quantize_mx16.cu and quantize_block.cu), not copies in the namespace below */
+#include "quantize_tiles.cuh"
 
 /* the two files' file-local names would clash in one translation unit */
 namespace ab_norm {
