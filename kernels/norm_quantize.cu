@@ -354,15 +354,23 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
 
 /* The statistics from the row-resident kernel, then the quantizer's own tile kernel normalizing
  * each tile as it loads it (lkq::NormIn): k_cast16 (per-tensor), k_mx16 (MXFP8), k_block (1x128).
- * Those read x once more but run at the quantizer's rate, where this file's tile kernel, which
- * stages f32 values through shared memory, ran at a fraction of it (BENCHMARKS.md). Taken where
- * the statistics are kept for backward (rows' mean and rstd given), x is 16-bit, every buffer is
+ * Those read x once more but run near the quantizer's rate, where this file's tile kernel, which
+ * stages f32 values through shared memory, and the staged per-tensor kernel ran at a fraction of
+ * it (BENCHMARKS.md). Taken where there is room for the statistics (rows' mean and rstd given:
+ * kept for backward, or the CUDA backend's scratch), a columnwise copy or block scaling is
+ * asked for, x is 16-bit, every buffer is
  * 16-byte aligned and the dims suit the quantizer's vector path; returns cudaErrorNotSupported
  * (having launched nothing) elsewhere. */
+constexpr int64_t kTileMinTensorElems = int64_t(1) << 22;
+
 cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
-  const bool ok = vec && (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rstd &&
+  /* per-tensor: rowwise only, the row-resident kernel (one pass) is faster (BENCHMARKS.md); both
+   * copies of a small matrix keep the staged kernel's one launch, the host's cost there */
+  const bool ok = vec &&
+                  (scaling != LUTRA_SCALING_TENSOR ||
+                   (p.col_data && n.rows * n.hidden >= kTileMinTensorElems)) && (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rstd &&
                   (n.rms || n.mean) && n.rows > 0 && n.hidden % multiple == 0 &&
                   (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !p.col_data)) &&
                   aligned(n.gamma, 16) && (n.rms || aligned(n.beta, 16)) && aligned(p.data, 16) &&

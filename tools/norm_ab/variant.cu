@@ -17,7 +17,10 @@
  * kernels/quantize_mx16.cu and quantize_block.cu), not copies in the namespace below */
 #include "quantize_tiles.cuh"
 
-/* the two files' file-local names would clash in one translation unit */
+/* the two files' file-local names would clash in one translation unit, and their names of
+ * external linkage between the two trees' objects: a namespace per file and tree */
+#define ab_norm  AB_CAT(AB_PREFIX, norm)
+#define ab_quant AB_CAT(AB_PREFIX, quant)
 namespace ab_norm {
 #include AB_DIR_NORM
 }

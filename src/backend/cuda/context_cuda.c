@@ -43,6 +43,8 @@ typedef struct stream_state {
   int64_t dbias_floats; /* ... and the per-strip tile counts the kernel leaves at zero */
   uint32_t *dbias_count;
   int64_t dbias_counters;
+  float *norm_stats;       /* the fused norm + FP8 cast's row statistics when none are kept */
+  int64_t norm_stat_floats;
 } stream_state;
 
 typedef struct thread_ctx {
@@ -154,7 +156,7 @@ static cudaError_t state_init(stream_state *st) {
 /* Frees a state's device memory in on's order (its own stream, or the thread's own stream
  * once everything that could still use the memory has finished). */
 static void state_release(stream_state *st, cudaStream_t on) {
-  void *ptrs[] = {st->workspace, st->reduce_block, st->dbias, st->dbias_count};
+  void *ptrs[] = {st->workspace, st->reduce_block, st->dbias, st->dbias_count, st->norm_stats};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
     if (ptrs[i]) cudaFreeAsync(ptrs[i], on);
   free(st);
@@ -304,13 +306,13 @@ const lk_scratch *lutra_cuda_reduce_scratch(void) {
 }
 
 /* Scratch of a fused quantize + bias gradient (stream_state): the partial column sums, and the
- * per-strip tile counts the kernel leaves at zero. Each grows to the largest shape seen on the
+ * per-strip tile counts the kernel leaves at zero; and of a fused norm + FP8 cast. Each grows to the largest shape seen on the
  * stream (stream-ordered, so an old buffer is reused only after the kernels queued before it),
  * so a steady loop does not allocate; new counts are zeroed once. */
 static int grow_scratch(void **ptr, int64_t *have, int64_t need, size_t elem, bool zero) {
-  static const char fn[] = "lutra_cuda_quantize_dbias";
+  static const char fn[] = "lutra_cuda_scratch";
   if (need <= *have) return LUTRA_OK;
-  TRY(lutra_cuda_refuse_in_capture(fn, "growing the bias-gradient scratch"));
+  TRY(lutra_cuda_refuse_in_capture(fn, "growing a kernel's scratch (a new shape)"));
   void *p;
   TRY(lutra_cuda_status(cudaMallocAsync(&p, (size_t)need * elem, lutra_cuda_stream()), fn,
                         "cudaMallocAsync"));
@@ -335,5 +337,16 @@ int lutra_cuda_dbias_scratch(int64_t rows, int64_t cols, lutra_quant_args *q) {
                    sizeof(uint32_t), true));
   q->dbias_scratch = st->dbias;
   q->dbias_count = st->dbias_count;
+  return LUTRA_OK;
+}
+
+int lutra_cuda_norm_stats_scratch(int64_t rows, float **mean, float **rstd) {
+  stream_state *st = cur_state();
+  *mean = *rstd = NULL;
+  if (2 * rows > st->norm_stat_floats && LUTRA_CAPTURING()) return LUTRA_OK;
+  TRY(grow_scratch((void **)&st->norm_stats, &st->norm_stat_floats, 2 * rows, sizeof(float),
+                   false));
+  *mean = st->norm_stats;
+  *rstd = st->norm_stats + rows;
   return LUTRA_OK;
 }

@@ -30,6 +30,11 @@ int lutra_cuda_workspace(size_t bytes, void **ptr, size_t *have);
 /* The fused quantize + bias gradient's scratch of this thread's stream, grown for a rows x cols
  * input, into q (dbias_scratch, dbias_count). */
 int lutra_cuda_dbias_scratch(int64_t rows, int64_t cols, lutra_quant_args *q);
+/* Room for the row statistics (mean, rstd) of a rows-row fused norm + FP8 cast that keeps none:
+ * its tile path computes them first (kernels/norm_quantize.cu). Grown like the bias-gradient
+ * scratch; NULL, NULL while capturing a graph that would need it grown (the call then takes the
+ * path that needs none). */
+int lutra_cuda_norm_stats_scratch(int64_t rows, float **mean, float **rstd);
 /* Threads holding a CUDA context (stream, handle, scratch): for checking thread-exit release. */
 int lutra_cuda_live_threads(void);
 /* Calls a CUDA graph cannot contain: LUTRA_ESTATE naming what while this thread captures one. */
