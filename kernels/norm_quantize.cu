@@ -2,7 +2,11 @@
  * lutra_norm_quant_args in src/backend/backend.h, reference
  * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
  *
- * One block of 512 threads per tile of TR rows, in one launch from x to the codes:
+ * Block scaling, and per-tensor scaling with both copies of a large matrix, take the tile path
+ * where there is room for the rows' statistics (launch_tiles below: the statistics, then the
+ * quantizer's own tile kernel normalizing as it loads). Elsewhere (rowwise-only per-tensor, small
+ * matrices, f32 or unaligned inputs, current scaling) this file's kernels:
+ * one block of 512 threads per tile of TR rows, in one launch from x to the codes:
  *   1. the row statistics: for block scaling with mean and rstd kept for backward, from
  *      k_row_stats (kernels/norm_rows.cuh) launched first, which the tile kernel reads; else one
  *      warp per row (row_stats: norm_fwd's 256-thread split, vector width, per-thread order and
