@@ -1,10 +1,11 @@
 -- Tensor-parallel GroupedLinear under mpirun (every expert column- or row-parallel) against the
 -- unsharded GroupedLinear run on the same tokens on every rank: forward, input gradient, every
--- expert's weight and bias gradients, each compared with the slice this rank holds. Bitwise where
--- the shard computes the same sums in the same order (the wgrads, the row dgrad, the bias
--- gradients, the FP8 column forward); NMSE < 1e-12 where the all-reduce reassociates the sum
--- over the split features (the column dgrad, the row forward) and for the f32 column forward
--- (OpenBLAS's blocking depends on the GEMM's N). Under delayed FP8 with the
+-- expert's weight and bias gradients, each compared with the slice this rank holds. Bitwise for
+-- the bias gradients (lutra's own column sums, in the same order); NMSE < 1e-12 for the GEMMs'
+-- outputs: the all-reduce reassociates the sum over the split features (the column dgrad, the
+-- row forward), and OpenBLAS's blocking, which depends on the GEMM's shape and the CPU, may order
+-- the shard's sums otherwise (the column forward, the row dgrad, the wgrads: bitwise on some
+-- CPUs, not on an AMD EPYC of 2026-12-02). Under delayed FP8 with the
 -- amaxes reduced over the TP group every rank quantizes with the unsharded module's scales: the
 -- same bounds hold.
 local lutra = require("lutra")
@@ -98,14 +99,15 @@ describe("dist tensor-parallel GroupedLinear", function()
           local after = g:stats()
           local what = string.format("step %d ", step)
           local col = mode == "column"
-          -- the f32 column forward: OpenBLAS picks its kernel's blocking by the GEMM's N (out),
-          -- so the shard's sums over in may be ordered otherwise (the FP8 emulation's are not)
-          local col_y = (not col or not case.recipe) and 1e-12 or nil
-          same(y, block(y_ref, OUT, 0, R, o0, o1), col_y, what .. "y")
-          same(dx, block(dx_ref, IN, 0, R, i0, i1), col and 1e-12 or nil, what .. "dx")
+          -- the forward and the input gradient within NMSE 1e-12, not bitwise: OpenBLAS picks
+          -- its kernel per CPU and its blocking by the GEMM's shape, so the shard's sums may be
+          -- ordered otherwise; on some CPUs (an AMD EPYC of 2026-12-02) that reaches the FP8
+          -- emulation's GEMMs and the row dgrad too, which other CPUs give bitwise
+          same(y, block(y_ref, OUT, 0, R, o0, o1), 1e-12, what .. "y")
+          same(dx, block(dx_ref, IN, 0, R, i0, i1), 1e-12, what .. "dx")
           for e = 1, E do
             same(pp[2 * e - 1].grad:to_table(),
-                 block(rp[2 * e - 1].grad:to_table(), IN, o0, o1, i0, i1), nil,
+                 block(rp[2 * e - 1].grad:to_table(), IN, o0, o1, i0, i1), 1e-12,
                  what .. "dW of expert " .. e)
             same(pp[2 * e].grad:to_table(), block(rp[2 * e].grad:to_table(), 1, b0, b1, 0, 1),
                  nil, what .. "dbias of expert " .. e)

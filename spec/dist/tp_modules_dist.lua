@@ -286,7 +286,9 @@ describe("dist tensor-parallel LayerNormLinear and LayerNormMLP", function()
         -- FC2's output sums over the ffn features the ranks split (its all-reduce), and every
         -- gradient before FC2's dgrad follows dy alone: FC1's and FC2's wgrads bitwise
         check_mlp(ref, par, H, F, R, sp, fc1, f0, f1, X, dY, nil, nil,
-                  { y = 1e-12, dx = 1e-12, dnorm = 1e-12 }, act)
+                  -- dW1 within NMSE too: OpenBLAS's blocking by the shard's shape reorders
+                  -- FC1's wgrad sums on some CPUs (an AMD EPYC of 2026-12-02)
+                  { y = 1e-12, dx = 1e-12, dw = 1e-12, dnorm = 1e-12 }, act)
       end)
     end
   end
@@ -304,7 +306,7 @@ describe("dist tensor-parallel LayerNormLinear and LayerNormMLP", function()
       -- the same scales as the unsharded module (global amaxes), the same FC1 codes; FC2's
       -- output and the input gradient are reassociated f32 sums of the same products
       check_mlp(ref, par, H, F, R, true, fc1, f0, f1, X, dY, s_ref, s_par,
-                { y = 1e-12, dx = 1e-12, dnorm = 1e-12 }, "step " .. k)
+                { y = 1e-12, dx = 1e-12, dw = 1e-12, dnorm = 1e-12 }, "step " .. k)
     end
   end)
 
