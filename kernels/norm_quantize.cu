@@ -374,15 +374,16 @@ cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, 
    * copies of a small matrix keep the staged kernel's one launch, the host's cost there */
   const bool ok = vec &&
                   (scaling != LUTRA_SCALING_TENSOR ||
-                   (p.col_data && n.rows * n.hidden >= kTileMinTensorElems)) && (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rstd &&
-                  (n.rms || n.mean) && n.rows > 0 && n.hidden % multiple == 0 &&
+                   (p.col_data && n.rows * n.hidden >= kTileMinTensorElems)) &&
+                  (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rstd && (n.rms || n.mean) &&
+                  n.rows > 0 && n.hidden % multiple == 0 &&
                   (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !p.col_data)) &&
                   aligned(n.gamma, 16) && (n.rms || aligned(n.beta, 16)) && aligned(p.data, 16) &&
                   aligned(p.col_data, 16) && (!n.y || aligned(n.y, 16)) &&
                   cdiv<int64_t>(n.rows, 128) * cdiv<int64_t>(n.hidden, 128) < UINT32_MAX;
-  auto sk = !ok ? nullptr
-                : n.dtype == LUTRA_BF16 ? row_stats_kernel<LUTRA_BF16, vec16<LUTRA_BF16>()>(n.hidden)
-                                        : row_stats_kernel<LUTRA_F16, vec16<LUTRA_F16>()>(n.hidden);
+  auto sk = !ok                     ? nullptr
+            : n.dtype == LUTRA_BF16 ? row_stats_kernel<LUTRA_BF16, vec16<LUTRA_BF16>()>(n.hidden)
+                                    : row_stats_kernel<LUTRA_F16, vec16<LUTRA_F16>()>(n.hidden);
   if (!sk) return cudaErrorNotSupported;
   lkq::TileArgs t;
   memset(&t, 0, sizeof t);
@@ -398,8 +399,9 @@ cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, 
   t.fp8_max = p.fp8_max;
   t.eps = p.amax_epsilon;
   t.power_2_scale = p.power_2_scale;
-  t.norm = {n.rms ? nullptr : n.mean, n.rstd,     n.gamma, n.rms ? nullptr : n.beta,
-            n.y,                      n.param_dtype == LUTRA_F32, n.zero_centered_gamma};
+  t.norm = {n.rms ? nullptr : n.mean, n.rstd, n.gamma,
+            n.rms ? nullptr : n.beta, n.y,    n.param_dtype == LUTRA_F32,
+            n.zero_centered_gamma};
   if (scaling == LUTRA_SCALING_TENSOR) {
     t.scale = p.scale;
     t.amax = p.amax;

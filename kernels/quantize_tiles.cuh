@@ -32,7 +32,7 @@ using namespace lkc;
  * codes equal the norm's output quantized, bit for bit. Only the kernels instantiated with NORM
  * read it; rstd is never NULL there. */
 struct NormIn {
-  const float *mean;        /* NULL for RMSNorm (mean 0) */
+  const float *mean; /* NULL for RMSNorm (mean 0) */
   const float *rstd;
   const void *gamma, *beta; /* [cols], 16-byte aligned; beta NULL for RMSNorm */
   void *y;                  /* the normalized matrix in x's dtype, or NULL */
@@ -164,8 +164,8 @@ __device__ __forceinline__ void load_raw(const TileArgs &a, const void *src, int
   constexpr int N = RawUnit<XD>::N;
   if (VEC) {
     if (r < a.rows && c < a.cols) {
-      const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(src) +
-                                                       (r * a.cols + c) * lkc::elem_size<XD>::value);
+      const uint4 *q = reinterpret_cast<const uint4 *>(
+          static_cast<const unsigned char *>(src) + (r * a.cols + c) * lkc::elem_size<XD>::value);
 #pragma unroll
       for (int k = 0; k < N; k++)
         u.w[k] = __ldg(q + k);

@@ -43,7 +43,7 @@ typedef struct stream_state {
   int64_t dbias_floats; /* ... and the per-strip tile counts the kernel leaves at zero */
   uint32_t *dbias_count;
   int64_t dbias_counters;
-  float *norm_stats;       /* the fused norm + FP8 cast's row statistics when none are kept */
+  float *norm_stats; /* the fused norm + FP8 cast's row statistics when none are kept */
   int64_t norm_stat_floats;
 } stream_state;
 
@@ -306,9 +306,9 @@ const lk_scratch *lutra_cuda_reduce_scratch(void) {
 }
 
 /* Scratch of a fused quantize + bias gradient (stream_state): the partial column sums, and the
- * per-strip tile counts the kernel leaves at zero; and of a fused norm + FP8 cast. Each grows to the largest shape seen on the
- * stream (stream-ordered, so an old buffer is reused only after the kernels queued before it),
- * so a steady loop does not allocate; new counts are zeroed once. */
+ * per-strip tile counts the kernel leaves at zero; and of a fused norm + FP8 cast. Each grows to
+ * the largest shape seen on the stream (stream-ordered, so an old buffer is reused only after the
+ * kernels queued before it), so a steady loop does not allocate; new counts are zeroed once. */
 static int grow_scratch(void **ptr, int64_t *have, int64_t need, size_t elem, bool zero) {
   static const char fn[] = "lutra_cuda_scratch";
   if (need <= *have) return LUTRA_OK;
