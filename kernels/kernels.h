@@ -104,6 +104,10 @@ int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden);
 /* the norm writing its output FP8 (kernels/norm_quantize.cu; lutra_norm_quant_args): one launch,
  * two for per-tensor current scaling (its amax first); hidden within the norm kernels' range */
 cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s);
+/* whether lk_norm_quantize takes the tile path (the statistics, then the quantizer's tile kernel)
+ * for a call like a once a's norm has mean (LayerNorm) and rstd to write: the CUDA backend gives
+ * a call that keeps none a scratch for them only then */
+int lk_norm_quantize_tiles(const lutra_norm_quant_args *a);
 /* out = a + b element-wise, the sum in f32 rounded once (kernels/residual.cu) */
 cudaError_t lk_add(const void *a, const void *b, void *out, int dtype, int64_t n, cudaStream_t s);
 /* optimizers, many tensors per launch (multi-tensor apply; kernels/optim.cu) */

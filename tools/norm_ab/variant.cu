@@ -1,12 +1,13 @@
 /* One tree's norm kernels for tools/norm_ab/main.cu: kernels/norm.cu and kernels/norm_quantize.cu
  * of the directory AB_DIR_NORM / AB_DIR_QUANT name, their entry points renamed AB_PREFIX_lk_*
  * so that two trees link into one program. Built twice by tools/norm_ab/run.sh. */
-#define AB_CAT2(a, b)         a##_##b
-#define AB_CAT(a, b)          AB_CAT2(a, b)
-#define lk_layernorm_forward  AB_CAT(AB_PREFIX, lk_layernorm_forward)
-#define lk_layernorm_backward AB_CAT(AB_PREFIX, lk_layernorm_backward)
-#define lk_norm_row_blocks    AB_CAT(AB_PREFIX, lk_norm_row_blocks)
-#define lk_norm_quantize      AB_CAT(AB_PREFIX, lk_norm_quantize)
+#define AB_CAT2(a, b)          a##_##b
+#define AB_CAT(a, b)           AB_CAT2(a, b)
+#define lk_layernorm_forward   AB_CAT(AB_PREFIX, lk_layernorm_forward)
+#define lk_layernorm_backward  AB_CAT(AB_PREFIX, lk_layernorm_backward)
+#define lk_norm_row_blocks     AB_CAT(AB_PREFIX, lk_norm_row_blocks)
+#define lk_norm_quantize       AB_CAT(AB_PREFIX, lk_norm_quantize)
+#define lk_norm_quantize_tiles AB_CAT(AB_PREFIX, lk_norm_quantize_tiles)
 
 #include <atomic> /* before the namespaces: norm.cu includes it */
 

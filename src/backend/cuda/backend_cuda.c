@@ -165,8 +165,7 @@ static int k_norm_quantize(const lutra_norm_quant_args *a) {
             "scaling %d is not tensor, mxfp8 or block_1d", (int)a->scaling);
   CHECK_ARG(a->quant.out_dtype == LUTRA_E4M3 || a->quant.out_dtype == LUTRA_E5M2,
             "output dtype %d is not e4m3 or e5m2", (int)a->quant.out_dtype);
-  if (a->norm.rstd || a->current || a->norm.rows <= 0 ||
-      (a->scaling == LUTRA_SCALING_TENSOR && !a->quant.col_data))
+  if (a->norm.rstd || !lk_norm_quantize_tiles(a))
     return LAUNCH(norm_quantize, lk_norm_quantize(a, lutra_cuda_stream()));
   /* no statistics kept (an inference forward, lutra_norm_quantize): the tile path (the statistics
    * first, then the quantizer's tile kernels) wants them somewhere */
