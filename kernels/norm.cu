@@ -20,8 +20,6 @@
  *     over groups of kGroupRows rows in f32 and each group into a double per column in shared
  *     memory, and writes the block's sums, rounded to f32, to partial[rb][c]; norm_dgamma_final
  *     adds the row blocks in a fixed order. Two launches (TransformerEngine's bwd + finalize).
- *     Vectorized rows of up to 32 bytes a thread take norm_bwd_rows2, the same sums two rows at
- *     a time (one block reduction and barrier pair per two rows, the next two rows in flight).
  * In both, the row statistics' double divisions and square root (tens of FP64 instructions)
  * run in one warp, not in all eight: per row they cost more FP64 issue than the row's elements.
  * Wider rows take norm_fwd / norm_dx (x re-read from L2 per pass) and the column-tile partials
@@ -303,203 +301,6 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
     }
 }
 
-/* The backward two rows at a time, for the rows norm_bwd_rows holds two blocks an SM of: both
- * rows' dx sums in one block reduction (row_reduce<4>, each row's tree as alone) and the next
- * two rows' loads in flight meanwhile, so half the barriers a row and twice the bytes in flight.
- * The registers that buys come from the dgamma / dbeta group sums, which live in shared memory
- * (this thread's slots only, read and written once a pair: the same f32 adds in the same row
- * order), and from xhat and dxhat, recomputed from the rows as loaded for dx. Every output has
- * norm_bwd_rows's bits. Dynamic shared memory: 2 * hidden doubles, then group_floats<V, NC>(). */
-template <int V, int NC> LKOPS_HD constexpr int group_floats() {
-  return 2 * NC * V * kRowThreads;
-}
-
-/* this thread's group sums of chunk j (set 0: dy * xhat, set 1: dy), laid out by thread so that a
- * warp's accesses take distinct banks */
-template <int V, int NC>
-__device__ __forceinline__ void group_load(const float *grp, int set, int j, float (&v)[V]) {
-  if constexpr (V % 4 == 0) {
-#pragma unroll
-    for (int q = 0; q < V / 4; q++) {
-      const float4 f = reinterpret_cast<const float4 *>(
-          grp)[((set * NC + j) * (V / 4) + q) * kRowThreads + threadIdx.x];
-      v[4 * q] = f.x, v[4 * q + 1] = f.y, v[4 * q + 2] = f.z, v[4 * q + 3] = f.w;
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      v[k] = grp[((set * NC + j) * V + k) * kRowThreads + threadIdx.x];
-  }
-}
-
-template <int V, int NC>
-__device__ __forceinline__ void group_store(float *grp, int set, int j, const float (&v)[V]) {
-  if constexpr (V % 4 == 0) {
-#pragma unroll
-    for (int q = 0; q < V / 4; q++)
-      reinterpret_cast<float4 *>(grp)[((set * NC + j) * (V / 4) + q) * kRowThreads + threadIdx.x] =
-          make_float4(v[4 * q], v[4 * q + 1], v[4 * q + 2], v[4 * q + 3]);
-  } else {
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      grp[((set * NC + j) * V + k) * kRowThreads + threadIdx.x] = v[k];
-  }
-}
-
-template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, 2)
-    norm_bwd_rows2(lutra_norm_args a, float *partial, int64_t nrb) {
-  __shared__ RowRed red;
-  const int64_t h = a.hidden, rb = blockIdx.x, rpb = cdiv<int64_t>(a.rows, nrb);
-  const int64_t r0 = imin<int64_t>(a.rows, rb * rpb), r1 = imin<int64_t>(a.rows, r0 + rpb);
-  const double hd = static_cast<double>(h);
-  double *acc = reinterpret_cast<double *>(lkc::dyn_smem()); /* only this thread's columns */
-  float *grp = reinterpret_cast<float *>(acc + 2 * h);
-  float g[NC][V];
-  {
-    float unused[NC][V];
-    load_params<PDT, V, NC>(a, false, g, unused);
-  }
-  const float zero[V] = {};
-#pragma unroll
-  for (int j = 0; j < NC; j++) {
-    group_store<V, NC>(grp, 0, j, zero);
-    group_store<V, NC>(grp, 1, j, zero);
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      if (col<V>(j) + k < h) acc[col<V>(j) + k] = acc[h + col<V>(j) + k] = 0.0;
-  }
-  /* the f32 group sums into the doubles: every kGroupRows rows (pairs keep that count even) and
-   * at the end */
-  auto flush = [&] {
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-      if (col<V>(j) >= h) continue;
-      float sg[V], sb[V];
-      group_load<V, NC>(grp, 0, j, sg);
-      group_load<V, NC>(grp, 1, j, sb);
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        acc[col<V>(j) + k] += sg[k];
-        acc[h + col<V>(j) + k] += sb[k];
-      }
-      group_store<V, NC>(grp, 0, j, zero);
-      group_store<V, NC>(grp, 1, j, zero);
-    }
-  };
-  Raw<DT, V> xc[2][NC] = {}, dc[2][NC] = {}, xn[2][NC] = {}, dn[2][NC] = {};
-  float mc[2] = {}, rc[2] = {}, mn[2] = {}, rn[2] = {};
-  auto load_pair = [&](int64_t r, Raw<DT, V>(&x)[2][NC], Raw<DT, V>(&dy)[2][NC], float(&m)[2],
-                       float(&rs)[2]) {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      if (r + i >= r1) break;
-      load_row<DT, V, NC>(a.x, (r + i) * h, h, x[i]);
-      load_row<DT, V, NC>(a.dy, (r + i) * h, h, dy[i]);
-      m[i] = a.rms ? 0.0f : a.mean[r + i];
-      rs[i] = a.rstd[r + i];
-    }
-  };
-  /* row i of the pair at chunk j: xhat and dxhat as norm_bwd_rows computes them */
-  auto terms = [&](int i, int j, float(&xhat)[V], float(&dxhat)[V], float(&dy)[V]) {
-    float x[V];
-    unraw<DT, V>(xc[i][j], x);
-    unraw<DT, V>(dc[i][j], dy);
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      xhat[k] = fmul(fsub(x[k], mc[i]), rc[i]);
-      dxhat[k] = fmul(dy[k], g[j][k]);
-    }
-  };
-  load_pair(r0, xc, dc, mc, rc);
-  int grouped = 0;
-  for (int64_t r = r0; r < r1; r += 2) {
-    const int n = r + 1 < r1 ? 2 : 1;
-    load_pair(r + 2, xn, dn, mn, rn);
-    double s[4] = {0.0, 0.0, 0.0, 0.0};
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-      if (col<V>(j) >= h) continue;
-      float sg[V], sb[V];
-      group_load<V, NC>(grp, 0, j, sg);
-      group_load<V, NC>(grp, 1, j, sb);
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        if (i == n) break;
-        float xhat[V], dxhat[V], dy[V];
-        terms(i, j, xhat, dxhat, dy);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-          sg[k] = fadd(sg[k], fmul(dy[k], xhat[k]));
-          sb[k] = fadd(sb[k], dy[k]);
-          s[2 * i] += static_cast<double>(fmul(dxhat[k], xhat[k]));
-          s[2 * i + 1] += dxhat[k];
-        }
-      }
-      group_store<V, NC>(grp, 0, j, sg);
-      group_store<V, NC>(grp, 1, j, sb);
-    }
-    grouped += n;
-    if (grouped == kGroupRows) {
-      flush();
-      grouped = 0;
-    }
-    if (a.dx) {
-      row_reduce<4>(s, red, [&](double(&t)[4], bool lead) {
-        float c[4];
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          c[q] = q % 2 == 1 && a.rms ? 0.0f : static_cast<float>(t[q] / hd);
-        if (!lead) return;
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-          red.out[q] = c[q];
-      });
-      float c1[2], c2[2];
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        c1[i] = static_cast<float>(red.out[2 * i]);
-        c2[i] = static_cast<float>(red.out[2 * i + 1]);
-      }
-#pragma unroll
-      for (int j = 0; j < NC; j++) {
-        const int64_t c = col<V>(j);
-        if (c >= h) continue;
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          if (i == n) break;
-          float xhat[V], dxhat[V], dy[V], dx[V];
-          terms(i, j, xhat, dxhat, dy);
-#pragma unroll
-          for (int k = 0; k < V; k++)
-            dx[k] = fmul(fsub(dxhat[k], fadd(fmul(xhat[k], c1[i]), c2[i])), rc[i]);
-          stv<DT, V>(a.dx, (r + i) * h + c, dx);
-        }
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-      mc[i] = mn[i];
-      rc[i] = rn[i];
-#pragma unroll
-      for (int j = 0; j < NC; j++) {
-        xc[i][j] = xn[i][j];
-        dc[i][j] = dn[i][j];
-      }
-    }
-  }
-  flush();
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      const int64_t c = col<V>(j) + k;
-      if (c >= h) continue;
-      partial[rb * h + c] = static_cast<float>(acc[c]);
-      partial[(nrb + rb) * h + c] = static_cast<float>(acc[h + c]);
-    }
-}
-
 /* the row-resident kernel for rows of up to kResident elements a thread, or nullptr; pairs:
  * whether it is the two-row one */
 template <int DT, int PDT, int V>
@@ -518,36 +319,19 @@ template <int DT, int PDT, int V, int NC> std::atomic<uint64_t> bwd_smem_allowed
 
 /* the row-resident backward for rows of up to kResident elements a thread, allowed the
  * shared memory of its widest row, or nullptr */
-/* the widest row's shared memory of the row-resident backward: the doubles, and the pairs
- * kernel's group sums after them */
-template <int V, int NC> constexpr int bwd_rows_smem(bool pairs) {
-  return NC * V * kRowThreads * 2 * static_cast<int>(sizeof(double)) +
-         (pairs ? group_floats<V, NC>() * static_cast<int>(sizeof(float)) : 0);
-}
-
-template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e, int &smem) {
+template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e) {
   const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  e = cudaSuccess;
-  auto pick = [&](auto nc_t) -> bwd_fn {
-    constexpr int NC = decltype(nc_t)::value;
-    const int doubles = static_cast<int>(h * 2 * static_cast<int64_t>(sizeof(double)));
-    if constexpr (V > 1 && bwd_blocks_per_sm<DT, V, NC>() == 2) {
-      smem = doubles + group_floats<V, NC>() * static_cast<int>(sizeof(float));
-      e = lkc::allow_smem(norm_bwd_rows2<DT, PDT, V, NC>, bwd_rows_smem<V, NC>(true),
-                          bwd_smem_allowed<DT, PDT, V, NC>);
-      return norm_bwd_rows2<DT, PDT, V, NC>;
-    }
-    smem = doubles;
-    e = lkc::allow_smem(norm_bwd_rows<DT, PDT, V, NC>, bwd_rows_smem<V, NC>(false),
-                        bwd_smem_allowed<DT, PDT, V, NC>);
-    return norm_bwd_rows<DT, PDT, V, NC>;
+  auto pick = [&](auto k, std::atomic<uint64_t> &done, int ncols) -> bwd_fn {
+    e = lkc::allow_smem(k, ncols * kRowThreads * 2 * static_cast<int>(sizeof(double)), done);
+    return k;
   };
-  if (nc <= 1) return pick(std::integral_constant<int, 1>());
-  if (nc <= 2) return pick(std::integral_constant<int, 2>());
-  if (nc <= 4) return pick(std::integral_constant<int, 4>());
+  e = cudaSuccess;
+  if (nc <= 1) return pick(norm_bwd_rows<DT, PDT, V, 1>, bwd_smem_allowed<DT, PDT, V, 1>, V);
+  if (nc <= 2) return pick(norm_bwd_rows<DT, PDT, V, 2>, bwd_smem_allowed<DT, PDT, V, 2>, 2 * V);
+  if (nc <= 4) return pick(norm_bwd_rows<DT, PDT, V, 4>, bwd_smem_allowed<DT, PDT, V, 4>, 4 * V);
   /* 64 bytes of x a thread at most: f32 rows of 8 vectors would spill */
   if constexpr (8 * V * (DT == LUTRA_F32 ? 4 : 2) <= 64)
-    if (nc <= 8) return pick(std::integral_constant<int, 8>());
+    if (nc <= 8) return pick(norm_bwd_rows<DT, PDT, V, 8>, bwd_smem_allowed<DT, PDT, V, 8>, 8 * V);
   return nullptr;
 }
 
@@ -637,12 +421,12 @@ template <int DT, int PDT, int V>
 cudaError_t backward_rows(const lutra_norm_args *a, const lk_scratch *scratch, cudaStream_t s,
                           bool &done) {
   cudaError_t e;
-  int smem = 0;
-  const bwd_fn k = bwd_rows_kernel<DT, PDT, V>(a->hidden, e, smem);
+  const bwd_fn k = bwd_rows_kernel<DT, PDT, V>(a->hidden, e);
   done = k != nullptr;
   if (!k || e != cudaSuccess) return e;
   const int64_t nrb = bwd_row_blocks(a->rows, a->hidden);
   float *partial = reinterpret_cast<float *>(scratch->bias_partial);
+  const int smem = static_cast<int>(a->hidden * 2 * static_cast<int64_t>(sizeof(double)));
   LKC_LAUNCH(k, static_cast<unsigned>(nrb), kRowThreads, smem, s, *a, partial, nrb);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;

@@ -365,7 +365,10 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
  * asked for, x is 16-bit, every buffer is
  * 16-byte aligned and the dims suit the quantizer's vector path; returns cudaErrorNotSupported
  * (having launched nothing) elsewhere. */
-constexpr int64_t kTileMinTensorElems = int64_t(1) << 22;
+#ifndef LK_TILE_MIN_TENSOR_ELEMS /* tools/sim_norm.cpp lowers it: its shapes are small */
+#define LK_TILE_MIN_TENSOR_ELEMS (int64_t(1) << 22)
+#endif
+constexpr int64_t kTileMinTensorElems = LK_TILE_MIN_TENSOR_ELEMS;
 
 /* whether the call suits the tile path, the statistics' room aside (lk_norm_quantize_tiles) */
 bool tiles_suit(const Params &p, int scaling, bool vec) {

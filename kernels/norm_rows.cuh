@@ -18,15 +18,13 @@ constexpr int kResident = 32; /* the most row elements a thread of a row-residen
  * a butterfly per warp, the warps in order from 0.0). fin(t, lead) then runs in warp 0 alone
  * and stores in red.out (lead: lane 0) what every thread reads after the return. The next call
  * may follow at once: part is rewritten only after everyone passed this call's last barrier. */
-constexpr int kRowSums = 4; /* the most sums one reduction takes: two rows' two (the backward) */
 struct RowRed {
-  double part[kRowSums][kRowWarps];
-  double out[kRowSums];
+  double part[2][kRowWarps];
+  double out[2];
 };
 
 template <int N, class F>
 __device__ __forceinline__ void row_reduce(double (&v)[N], RowRed &red, F &&fin) {
-  static_assert(N <= kRowSums, "RowRed holds kRowSums sums");
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int n = 0; n < N; n++)

@@ -29,6 +29,9 @@
 namespace sim_norm_rows {
 #include "norm.cu"
 }
+/* per-tensor scaling's tile path from 8192 elements (the GPU's 4M): half the fused shapes below
+ * take it where the statistics are kept, the others the row-resident kernels */
+#define LK_TILE_MIN_TENSOR_ELEMS 8192
 namespace sim_norm_fused {
 #include "norm_quantize.cu"
 }
