@@ -2,8 +2,8 @@
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
 # steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host moe grouped
-# dist prenorm probe ncu (default: build cpu-specs gpu-specs sanitizer example bench norm-bench
-# host moe). Logs go to $OUT.
+# dist prenorm probe ncu ncu-norm (default: build cpu-specs gpu-specs sanitizer example bench
+# norm-bench host moe). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
 # $LOGS and come back as $OUT/logs.tgz, beside $OUT/summary.txt.
@@ -114,6 +114,22 @@ if has ncu; then
     --section SpeedOfLight --section WarpStateStats --section Occupancy \
     --section MemoryWorkloadAnalysis luajit tools/quantize_once.lua > "$OUT/ncu.txt" 2>&1
   note "ncu exit $?"
+fi
+if has ncu-norm; then
+  # where the norm kernels spend their time: Nsight Compute over tools/norm_ab (built here when
+  # the norm-ab step has not), each kernel's first two launches (norm_ab's output check, base
+  # then candidate), one ncu run per kernel: the timing batches after each check would spend a
+  # launch count shared by several kernels on the first one's repeats.
+  # NCU_NORM_KERNELS: the kernel names (regexes) to profile
+  [ -x build/norm_ab ] || NORM_AB_NO_RUN=1 bash tools/norm_ab/run.sh "${NORM_BASE:-HEAD}" \
+    > "$OUT/ncu-norm-build.log" 2>&1
+  for k in ${NCU_NORM_KERNELS:-norm_fwd_rows2 norm_bwd_rows k_row_stats k_cast16 k_mx16 k_block}; do
+    timeout 120 ncu --clock-control none -k regex:"$k" -c 2 --section SpeedOfLight \
+      --section Occupancy --section WarpStateStats --section InstructionStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,regex:sm__inst_executed_pipe_.*\.avg\.pct_of_peak_sustained_active' \
+      ./build/norm_ab /tmp/ncu-norm-ab.md > "$OUT/ncu-$k.txt" 2>&1
+    note "ncu $k exit $?"
+  done
 fi
 if has moe; then
   # MoE routing (lutra.moe): examples/train_moe.lua with GroupedLinear experts (bf16 on cuda)
