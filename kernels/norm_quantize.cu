@@ -370,26 +370,27 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
 #endif
 constexpr int64_t kTileMinTensorElems = LK_TILE_MIN_TENSOR_ELEMS;
 
-/* whether the call suits the tile path, the statistics' room aside (lk_norm_quantize_tiles) */
-bool tiles_suit(const Params &p, int scaling, bool vec) {
-  const lutra_norm_args &n = p.n;
+/* whether a call suits the tile path, the statistics' room aside (lk_norm_quantize_tiles):
+ * data / col_data the rowwise / columnwise codes asked for */
+bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data, int scaling,
+                bool vec) {
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
   /* per-tensor: rowwise only, the row-resident kernel (one pass) is faster (BENCHMARKS.md); both
    * copies of a small matrix keep the staged kernel's one launch, the host's cost there */
   return vec &&
          (scaling != LUTRA_SCALING_TENSOR ||
-          (p.col_data && n.rows * n.hidden >= kTileMinTensorElems)) &&
+          (col_data && n.rows * n.hidden >= kTileMinTensorElems)) &&
          (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rows > 0 &&
          n.hidden % multiple == 0 &&
-         (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !p.col_data)) &&
-         aligned(n.gamma, 16) && (n.rms || aligned(n.beta, 16)) && aligned(p.data, 16) &&
-         aligned(p.col_data, 16) && (!n.y || aligned(n.y, 16)) &&
+         (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !col_data)) &&
+         aligned(n.gamma, 16) && (n.rms || aligned(n.beta, 16)) && aligned(data, 16) &&
+         aligned(col_data, 16) && (!n.y || aligned(n.y, 16)) &&
          cdiv<int64_t>(n.rows, 128) * cdiv<int64_t>(n.hidden, 128) < UINT32_MAX;
 }
 
 cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
-  const bool ok = n.rstd && (n.rms || n.mean) && tiles_suit(p, scaling, vec);
+  const bool ok = n.rstd && (n.rms || n.mean) && tiles_suit(n, p.data, p.col_data, scaling, vec);
   auto sk = !ok                     ? nullptr
             : n.dtype == LUTRA_BF16 ? row_stats_kernel<LUTRA_BF16, vec16<LUTRA_BF16>()>(n.hidden)
                                     : row_stats_kernel<LUTRA_F16, vec16<LUTRA_F16>()>(n.hidden);
@@ -494,7 +495,16 @@ bool bad(const lutra_norm_quant_args *a) {
   return a->scaling != LUTRA_SCALING_BLOCK_1D;
 }
 
-Params params_of(const lutra_norm_quant_args *a) {
+} // namespace
+
+extern "C" int lk_norm_quantize_tiles(const lutra_norm_quant_args *a) {
+  return a && !bad(a) && !a->current &&
+         tiles_suit(a->norm, a->quant.data, a->quant.col_data, a->scaling,
+                    vec_ok(&a->norm, a->norm.dtype));
+}
+
+extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s) {
+  if (!a || bad(a)) return cudaErrorInvalidValue;
   const lutra_quant_args &q = a->quant;
   Params p{};
   p.n = a->norm;
@@ -511,20 +521,6 @@ Params params_of(const lutra_norm_quant_args *a) {
   p.power_2_scale = q.power_2_scale;
   if (a->current) p.fp8_max = a->fp8_max;
   p.write_tensor_inv = a->scaling == LUTRA_SCALING_TENSOR;
-  return p;
-}
-
-} // namespace
-
-extern "C" int lk_norm_quantize_tiles(const lutra_norm_quant_args *a) {
-  return a && !bad(a) && !a->current &&
-         tiles_suit(params_of(a), a->scaling, vec_ok(&a->norm, a->norm.dtype));
-}
-
-extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s) {
-  if (!a || bad(a)) return cudaErrorInvalidValue;
-  const lutra_quant_args &q = a->quant;
-  Params p = params_of(a);
   /* one vector width for both passes of current scaling: the same statistics in each */
   const bool vec = vec_ok(&a->norm, a->norm.dtype);
   /* per-tensor current scaling keeps its two passes of this file's kernels: the statistics and

@@ -29,8 +29,9 @@
 namespace sim_norm_rows {
 #include "norm.cu"
 }
-/* per-tensor scaling's tile path from 8192 elements (the GPU's 4M): half the fused shapes below
- * take it where the statistics are kept, the others the row-resident kernels */
+/* per-tensor scaling's tile path from 8192 elements (the GPU's 4M): the 16-bit fused shapes
+ * below with both dims multiples of 16 and 8192 elements or more ([96, 320], [32, 4096],
+ * [16, 12288]) take it where the statistics are kept and both copies are asked for */
 #define LK_TILE_MIN_TENSOR_ELEMS 8192
 namespace sim_norm_fused {
 #include "norm_quantize.cu"
