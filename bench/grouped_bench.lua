@@ -135,13 +135,19 @@ end
 -- The launches one call issues (kernels/grouped_*.cu, src/nn/grouped_*.c), whatever the number
 -- of experts (the device splits are read in place: the forward GEMM's k_setup keeps the copy
 -- its backward reads, so no copy is issued): per quantization k_cast (after k_amax under
--- current scaling; + k_dbias for grad_output with a bias), per GEMM k_setup + the CUTLASS launch
--- (FPROP adds the bias in its epilogue; + k_dbias in a bf16 WGRAD), and the scope's one fused
--- delayed-scaling update per direction.
+-- current scaling; + k_dbias for grad_output with a bias), per GEMM one launch of its cached
+-- graph (src/backend/cuda/gemm_graphs.c: k_setup + the CUTLASS kernel, FPROP adding the bias in
+-- its epilogue, + k_dbias in a bf16 WGRAD; without graphs, LUTRA_GEMM_GRAPHS=0, those are
+-- launched one by one: 2 a GEMM, 3 for a bf16 WGRAD), and the scope's one fused delayed-scaling
+-- update per direction.
+local GRAPHS = os.getenv("LUTRA_GEMM_GRAPHS") ~= "0"
 local function launches(mode, backward)
   local quant = mode == "current" and 2 or 1
-  local fwd = mode == "bf16" and 2 or (2 * quant + 2 + (mode == "delayed" and 1 or 0))
-  local bwd = mode == "bf16" and 5 or (quant + 1 + 4 + (mode == "delayed" and 1 or 0))
+  local gemm = GRAPHS and 1 or 2
+  local wgrad_bf16 = GRAPHS and 1 or 3
+  local fwd = mode == "bf16" and gemm or (2 * quant + gemm + (mode == "delayed" and 1 or 0))
+  local bwd = mode == "bf16" and gemm + wgrad_bf16
+              or (quant + 1 + 2 * gemm + (mode == "delayed" and 1 or 0))
   return 0, fwd + (backward and bwd or 0) -- memcpys, launches
 end
 
@@ -204,17 +210,18 @@ local function capture(fn, what)
 end
 
 -- The replay floor of fn (`fwd` or `step`): a function issuing the captured launches once, and
--- the captured counts {kernels, copies, memsets, graphs}; nil when there is none. Three eager
+-- the captured counts {kernels, copies, memsets, graphs}; nil when there is none. warm eager
 -- calls come first (buffers, plans, CUTLASS's initialized GEMMs and the second sighting that
--- makes a cached one-GEMM graph are all made there, not inside the capture). The captured
+-- makes a cached graph of each GEMM call, one per splits tensor of the ring, are all made there,
+-- not inside the capture, whose call then launches those graphs as the timed calls do). The captured
 -- call ran nothing on the GPU while lutra's host state advanced (the ring of splits, the amax
 -- history's position), so two eager calls follow before anything is timed; and the re-issued
 -- launches write lutra's live buffers with the captured call's inputs, harmless for a timing
 -- floor since every timed lutra call rewrites what it reads. One trial issue, waited for,
 -- shows a floor that fails before it is timed.
-local function replay_floor(fn, what)
+local function replay_floor(fn, what, warm)
   if not replay_stream then return nil end
-  for _ = 1, 3 do fn() end
+  for _ = 1, warm do fn() end
   if not capture(fn, what) then return nil end
   local b = counts_box
   local ok = hf.hf_replay_counts(REPLAY_SLOT, b, b + 1, b + 2, b + 3, b + 4) == 0
@@ -341,7 +348,7 @@ local function host_part()
         local what = string.format("%d experts %s %s", E, mode, fig[1])
         local replay, cap, empty
         if not per_expert then
-          replay, cap = replay_floor(fig[2], what)
+          replay, cap = replay_floor(fig[2], what, 2 * ring_n + 1)
           empty = floor_fn(copies, kernels)
         end
         local alts = {}

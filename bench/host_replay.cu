@@ -25,8 +25,8 @@
  *                  issues), cuMemsetD16/D32(2D)Async for 2- and 4-byte ones
  *   memcpy nodes   cudaMemcpyAsync for linear copies, cuMemcpy3DAsync otherwise
  *   child graphs   cudaGraphLaunch of an instantiation of the child: what lutra did there (a
- *                  cached one-GEMM graph, src/backend/cuda/gemm_graphs.c, is launched as a
- *                  graph even while someone else captures the stream)
+ *                  cached GEMM graph, src/backend/cuda/gemm_graphs.c, goes into someone
+ *                  else's capture of the stream as a child graph; uncaptured, it is launched)
  *   empty, event record and event wait nodes   skipped, counted (re-recording lutra's events
  *                  would change its state; they order work, they do not do any)
  * Refused (hf_replay_end returns 1, the floor is n/a): memory allocation and free nodes (the
@@ -318,10 +318,21 @@ static int record_copy(CUgraphNode node, Op &o) {
   return 0;
 }
 
+/* The child's graph belongs to its node, which the driver refuses to instantiate as it is
+ * (cudaErrorNotSupported): a clone of it is instantiated, what a graph launch of lutra's own
+ * cached graph costs. */
 static int record_child(CUgraphNode node, Op &o) {
-  CUgraph child;
+  CUgraph child, copy;
   CU(cuGraphChildGraphNodeGetGraph(node, &child));
-  CK(cudaGraphInstantiate(&o.exec, (cudaGraph_t)child, 0));
+  CU(cuGraphClone(&copy, child));
+  cudaError_t e = cudaGraphInstantiate(&o.exec, (cudaGraph_t)copy, 0);
+  cuGraphDestroy(copy);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError(); /* not left for the next launch lutra checks */
+    fprintf(stderr, "host_replay: a child graph could not be instantiated: %s\n",
+            cudaGetErrorString(e));
+    return 1;
+  }
   o.kind = OP_GRAPH;
   return 0;
 }

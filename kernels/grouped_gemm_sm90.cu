@@ -23,7 +23,8 @@
  *                                                                of an E4M3 grad_output (bias 0)
  *   Fp8Grad     e5m2 x e4m3 -> bf16, TN, promoted accumulation   DGRAD, WGRAD (HYBRID)
  *   Fp8GradF32  e5m2 x e4m3 -> f32, TN, beta = 1                 WGRAD into main_grad (HYBRID)
- * Tiles 128x256x64 in 2x1 clusters (bf16) / 128x128x128, cluster 1x1 (FP8). f32 modules are
+ * Tiles 128x256x64 in 2x1 clusters (bf16), 128x256x128 in 2x1 clusters (Fp8Fprop) and
+ * 128x128x128, cluster 1x1 (the other FP8 ones). f32 modules are
  * cudaErrorNotSupported (an f32 GroupedLinear runs per-expert cuBLASLt GEMMs from host splits).
  *
  * FP8 operands the FP8 instantiations do not take (MXFP8: Hopper has no MXFP8 tensor cores;
@@ -120,6 +121,8 @@ struct Config {
 using TileBf16 = Shape<_128, _256, _64>;
 using ClusterBf16 = Shape<_2, _1, _1>;
 using TileFp8 = Shape<_128, _128, _128>;
+/* e4m3 x e4m3: 128 x 256 tiles in clusters of two along M, as bf16 */
+using TileFp8Fprop = Shape<_128, _256, _128>;
 using Coop = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
 using CoopFast = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperativeFP8FastAccum;
 
@@ -128,7 +131,7 @@ using Bf16Nn = Config<bf16, RowMajor, bf16, RowMajor, bf16, TileBf16, Coop, Clus
 using Bf16Nt = Config<bf16, ColMajor, bf16, RowMajor, bf16, TileBf16, Coop, ClusterBf16>;
 using Bf16NtF32 = Config<bf16, ColMajor, bf16, RowMajor, float, TileBf16, Coop, ClusterBf16>;
 using Fp8Fprop =
-    Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8, CoopFast, Shape<_1, _1, _1>, true>;
+    Config<e4m3, RowMajor, e4m3, ColMajor, bf16, TileFp8Fprop, CoopFast, ClusterBf16, true>;
 using Fp8Grad = Config<e5m2, RowMajor, e4m3, ColMajor, bf16, TileFp8, Coop>;
 using Fp8GradF32 = Config<e5m2, RowMajor, e4m3, ColMajor, float, TileFp8, Coop>;
 

@@ -467,6 +467,10 @@ typedef struct lutra_grouped_gemm_args {
    * the caller's device splits in place and keeps this copy for its backward, so that a
    * forward issues no copy of its own. */
   int32_t *save_splits;
+  /* the calling module's slot for the backend's cached graphs of its calls (CUDA: the call's
+   * launches replayed as one graph, backend/cuda/gemm_graphs.c; freed by call_graphs_free), or
+   * NULL: every call runs directly */
+  void **call_graphs;
 } lutra_grouped_gemm_args;
 
 typedef struct lutra_backend {
@@ -545,6 +549,8 @@ typedef struct lutra_backend {
   /* grouped operations (NULL where the backend has none: GroupedLinear refuses then) */
   int (*grouped_quantize)(const lutra_grouped_quant_args *a);
   int (*grouped_gemm)(const lutra_grouped_gemm_args *g);
+  /* frees what grouped_gemm cached in a module's call_graphs slot (NULL: nothing is cached) */
+  void (*call_graphs_free)(void *graphs);
 
   /* Current scaling of a cast with an activation inside (lutra_quant_args.act_kind): *amax =
    * max|v| over the matrix that cast quantizes (NaNs ignored), *scale from it as current_scale

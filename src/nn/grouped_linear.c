@@ -35,7 +35,9 @@ void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_g
                                  .dtype = g->dtype,
                                  .w = (const void *const *)g->ptrs,
                                  .bias = g->has_bias ? (const void *const *)g->ptrs + g->num : NULL,
-                                 .bias_dtype = g->dtype};
+                                 .bias_dtype = g->dtype,
+                                 /* a cache the backend keeps for the module, not its state */
+                                 .call_graphs = (void **)&g->call_graphs};
   if (g->skip_forward_bias) a->bias = NULL;
 }
 
@@ -286,6 +288,8 @@ static void grouped_release(lutra_module *m) {
   lutra_grouped_fp8_release(g);
   lutra_grouped_graphs_free(g->graphs);
   g->graphs = NULL;
+  if (g->call_graphs && g->be->call_graphs_free) g->be->call_graphs_free(g->call_graphs);
+  g->call_graphs = NULL;
   lutra_tensor **sets[] = {g->weight,           g->bias,          g->wgrad, g->bgrad,
                            g->weight_main_grad, g->bias_main_grad};
   for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)

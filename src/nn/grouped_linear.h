@@ -51,6 +51,7 @@ typedef struct grouped_linear {
   int32_t *splits_host; /* [num]: valid when splits_host_known */
   bool splits_set, splits_host_known;
   lutra_tensor *bad_split; /* I32 [1] device error flag (devices only) */
+  void *call_graphs;       /* the backend's cached graphs of the grouped GEMM calls, or NULL */
   void *scratch;           /* devices only: lutra_grouped_scratch_bytes, zeroed */
   /* FP8 */
   grouped_role roles[LUTRA_NUM_ROLES];

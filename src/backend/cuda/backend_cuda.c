@@ -278,6 +278,7 @@ const lutra_backend lutra_cuda_table = {
     .add = k_add,
     .grouped_quantize = lutra_cuda_grouped_quantize,
     .grouped_gemm = lutra_cuda_grouped_gemm,
+    .call_graphs_free = lutra_cuda_call_graphs_free,
     .from_host_async = lutra_cuda_from_host_async,
     .rules_gather = lutra_cuda_rules_gather,
     .rules_apply = lutra_cuda_rules_apply,

@@ -78,8 +78,8 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
 void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cuda_gemm(const lutra_gemm_args *g);
 
-/* gemm_graphs.c: a plan's eager calls replayed as one-GEMM CUDA graphs. The arguments a call
- * bakes into its kernels: */
+/* gemm_graphs.c: eager GEMM calls replayed as CUDA graphs, keyed by the arguments a call bakes
+ * into its kernels, memcmp'd: a key type has no padding bytes. cuBLASLt's: */
 typedef struct lutra_gemm_call {
   const void *a, *b;
   void *d;
@@ -87,13 +87,18 @@ typedef struct lutra_gemm_call {
   void *workspace;
   cudaStream_t stream;
   float beta;
+  int32_t zero; /* 0: no padding in a key */
 } lutra_gemm_call;
-typedef struct lutra_gemm_graphs lutra_gemm_graphs;
-/* Runs the call: issue(ctx) (sets the descriptor's pointers and calls cublasLtMatmul on
- * key->stream), directly or through the graph cached in *slot for these arguments. */
-int lutra_gemm_graphs_run(lutra_gemm_graphs **slot, const lutra_gemm_call *key,
-                          int (*issue)(void *), void *ctx, const char *fn);
-void lutra_gemm_graphs_free(lutra_gemm_graphs *g);
+typedef struct lutra_call_graphs lutra_call_graphs;
+/* Runs the call: issue(ctx) (the call's launches on stream, returning a status), directly or
+ * through the graph cached in *slot for this key (key_bytes, the same for every call of one
+ * cache). */
+int lutra_call_graphs_run(lutra_call_graphs **slot, const void *key, size_t key_bytes,
+                          cudaStream_t stream, int (*issue)(void *), void *ctx, const char *fn);
+void lutra_call_graphs_free(lutra_call_graphs *g);
+void lutra_cuda_call_graphs_free(void *g); /* the backend table's call_graphs_free */
+_Static_assert(sizeof(lutra_gemm_call) == 10 * sizeof(void *) + 2 * sizeof(int32_t),
+               "lutra_gemm_call has padding bytes: its keys are memcmp'd");
 void lutra_gemm_graphs_stats(int64_t *graphs, int64_t *launches);
 
 /* One GEMM workspace per device and stream: cuBLASLt's 32 MiB on Hopper and newer, with

@@ -49,7 +49,7 @@ typedef struct cuda_plan {
                          scratch and convert (one rounding, as the CPU backend does) */
   bool lt_epilogue;   /* the key's epilogue runs in cuBLASLt; else kernels after the GEMM */
   size_t a_bytes, b_bytes, d_bytes;
-  lutra_gemm_graphs *graphs; /* eager calls replayed as graphs (gemm_graphs.c) */
+  lutra_call_graphs *graphs; /* eager calls replayed as graphs (gemm_graphs.c) */
 } cuda_plan;
 
 static cudaDataType_t cuda_type(int dtype) {
@@ -73,7 +73,7 @@ static size_t round256(size_t n) {
 
 static void destroy(cuda_plan *c) {
   if (!c) return;
-  lutra_gemm_graphs_free(c->graphs);
+  lutra_call_graphs_free(c->graphs);
   if (c->op) cublasLtMatmulDescDestroy(c->op);
   if (c->la) cublasLtMatrixLayoutDestroy(c->la);
   if (c->lb) cublasLtMatrixLayoutDestroy(c->lb);
@@ -550,7 +550,7 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
         .stream = s,
         .beta = g->accumulate ? 1.0f : 0.0f,
     };
-    TRY(lutra_gemm_graphs_run(&c->graphs, &key, issue_matmul, &m, fn));
+    TRY(lutra_call_graphs_run(&c->graphs, &key, sizeof key, s, issue_matmul, &m, fn));
   }
   if (g->bias && !c->bias_epilogue)
     TRY(lutra_cuda_status(lk_add_bias(d, d_dtype, g->bias, g->bias_dtype, g->m, g->n, s), fn,

@@ -44,8 +44,43 @@ static size_t workspace_for(int num) {
   return last_bytes;
 }
 
+/* A grouped GEMM call as its cached graph's key (gemm_graphs.c): everything its launches bake
+ * in. The problem sizes are not in it: the setup kernel reads them from the device splits. */
+typedef struct grouped_call {
+  lutra_grouped_gemm_args args;
+  void *workspace;
+  size_t workspace_bytes;
+  cudaStream_t stream;
+} grouped_call;
+_Static_assert(sizeof(lutra_grouped_fp8) == 4 * sizeof(void *) + 4 * sizeof(int32_t) &&
+                   sizeof(lutra_grouped_gemm_args) == 13 * sizeof(void *) + 3 * sizeof(int64_t) +
+                                                          8 * sizeof(int32_t) +
+                                                          3 * sizeof(lutra_grouped_fp8) &&
+                   sizeof(grouped_call) == sizeof(lutra_grouped_gemm_args) + 3 * sizeof(void *),
+               "a grouped GEMM key has padding bytes: keys are memcmp'd");
+
+static const char gemm_fn[] = "lutra_cuda_grouped_gemm";
+
+/* the call's launches: the setup kernel and the CUTLASS kernel (a dequantizing FP8 pass's casts
+ * before them), and a high-precision wgrad's bias gradient */
+static int issue_grouped(void *ctx) {
+  const grouped_call *c = ctx;
+  const lutra_grouped_gemm_args *g = &c->args;
+  cudaError_t e = lk_grouped_gemm(g, c->workspace, c->workspace_bytes, c->stream);
+  if (e == cudaErrorNotSupported) {
+    (void)cudaGetLastError();
+    return lutra_error(LUTRA_EUNSUPPORTED, gemm_fn,
+                       "no grouped GEMM kernel for this combination (in and out multiples of 16, "
+                       "an sm_90 device; see kernels/grouped_gemm_sm90.cu)");
+  }
+  if (e == cudaSuccess && g->pass == LUTRA_GROUPED_WGRAD && !g->fp8 && g->db)
+    e = lk_grouped_dbias(g->dy, g->dtype, g->total_rows, g->out, g->num, g->splits, g->db,
+                         g->bias_dtype, g->accumulate, c->stream);
+  return lutra_cuda_status(e, gemm_fn, "grouped GEMM");
+}
+
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
-  static const char fn[] = "lutra_cuda_grouped_gemm";
+  static const char *const fn = gemm_fn;
   CHECK_ARG(g && g->num > 0 && g->scratch, "bad grouped GEMM arguments");
   /* No f32 (or TF32) grouped instantiation: each costs minutes of compile time, and an f32
    * GroupedLinear with host splits runs one cuBLASLt f32 GEMM per expert instead
@@ -61,25 +96,18 @@ int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
                        "tensor: one cuBLASLt GEMM per expert); device m_splits need a bf16 "
                        "module (the grouped GEMM has no %s kernels)",
                        lutra_dtype_name(g->dtype), lutra_dtype_name(g->dtype));
-  void *ws;
-  size_t have, need = workspace_for(g->num);
+  size_t need = workspace_for(g->num);
   if (lk_grouped_gemm_dequantizes(g)) {
     size_t ab, bb;
     lk_grouped_dequant_bytes(g, &ab, &bb);
     need = (need + 255) / 256 * 256 + ab + bb;
   }
-  TRY(lutra_cuda_workspace(need, &ws, &have));
-  cudaError_t e = lk_grouped_gemm(g, ws, have, lutra_cuda_stream());
-  if (e == cudaErrorNotSupported) {
-    (void)cudaGetLastError();
-    return lutra_error(LUTRA_EUNSUPPORTED, fn,
-                       "no grouped GEMM kernel for this combination (in and out multiples of 16, "
-                       "an sm_90 device; see kernels/grouped_gemm_sm90.cu)");
-  }
-  if (e == cudaSuccess && g->pass == LUTRA_GROUPED_WGRAD && !g->fp8 && g->db)
-    e = lk_grouped_dbias(g->dy, g->dtype, g->total_rows, g->out, g->num, g->splits, g->db,
-                         g->bias_dtype, g->accumulate, lutra_cuda_stream());
-  return lutra_cuda_status(e, fn, "grouped GEMM");
+  grouped_call c = {.args = *g, .stream = lutra_cuda_stream()};
+  /* the workspace before any capture: a capture must not record its allocation */
+  TRY(lutra_cuda_workspace(need, &c.workspace, &c.workspace_bytes));
+  if (!g->call_graphs) return issue_grouped(&c);
+  return lutra_call_graphs_run((lutra_call_graphs **)g->call_graphs, &c, sizeof c, c.stream,
+                               issue_grouped, &c, fn);
 }
 
 /* ---- host splits: staged through a pinned ring ------------------------------------------------
