@@ -136,13 +136,15 @@ end
 -- of experts (the device splits are read in place: the forward GEMM's k_setup keeps the copy
 -- its backward reads, so no copy is issued): per quantization k_cast (after k_amax under
 -- current scaling; + k_dbias for grad_output with a bias), per GEMM one launch of its cached
--- graph (src/backend/cuda/gemm_graphs.c: k_setup + the CUTLASS kernel, FPROP adding the bias in
+-- graph (src/backend/cuda/call_graphs.c: k_setup + the CUTLASS kernel, FPROP adding the bias in
 -- its epilogue, + k_dbias in a bf16 WGRAD; without graphs, LUTRA_GEMM_GRAPHS=0, those are
 -- launched one by one: 2 a GEMM, 3 for a bf16 WGRAD), and the scope's one fused delayed-scaling
--- update per direction.
+-- update per direction. A quantization is one launch of its cached graph too, unless
+-- LUTRA_LAUNCH_GRAPHS=0.
 local GRAPHS = os.getenv("LUTRA_GEMM_GRAPHS") ~= "0"
+local KERNEL_GRAPHS = os.getenv("LUTRA_LAUNCH_GRAPHS") ~= "0"
 local function launches(mode, backward)
-  local quant = mode == "current" and 2 or 1
+  local quant = (mode == "current" and not KERNEL_GRAPHS) and 2 or 1
   local gemm = GRAPHS and 1 or 2
   local wgrad_bf16 = GRAPHS and 1 or 3
   local fwd = mode == "bf16" and gemm or (2 * quant + gemm + (mode == "delayed" and 1 or 0))

@@ -537,6 +537,7 @@ local function floor_parts(fig)
   local w, c = fig.work, counted[fig.key]
   local launches, big = w.launch or 0, w.launch_big or 0
   local memsets, memcpys, graph = w.memset or 0, w.memcpy or 0, w.graph or 0
+  local cached = 0 -- graph launches of calls lutra cached (counted)
   local gemms, approx = {}, w.approx
   for i, g in ipairs(w.matmul or {}) do gemms[i] = g end
   local note = ""
@@ -549,11 +550,18 @@ local function floor_parts(fig)
       big = math.min(big, c.launches)
       launches, memsets, memcpys = c.launches - big, c.memsets, c.memcpys
       if c.graphs ~= graph and #gemms > 0 and c.graphs - graph == #gemms - c.matmuls then
-        -- lutra replayed those GEMMs as cached graphs (src/backend/cuda/gemm_graphs.c)
+        -- lutra replayed those GEMMs as cached graphs (src/backend/cuda/call_graphs.c)
         note = string.format(" (counted: %d of the %d GEMMs as cached graph launches)",
                              c.graphs - graph, #gemms)
+      elseif c.graphs > graph then
+        -- lutra replayed GEMMs and kernel launches as cached graphs (call_graphs.c)
+        note = string.format(" (counted: %d GEMMs and %d launches of the code's table as %d " ..
+                             "cached graph launches)", #gemms - c.matmuls,
+                             (w.launch or 0) + (w.launch_big or 0) - c.launches, c.graphs - graph)
       end
-      graph = c.graphs
+      -- a cached call's graph (1-3 nodes) at the cheapest graph launch's floor; the code's
+      -- own graphs (whole steps) at the 4-kernel graph's
+      cached = math.max(0, c.graphs - graph)
       if c.matmuls ~= #gemms then
         local kinds = #gemms > 0 and gemms or { "lt_bf16_fprop" }
         gemms, approx = {}, c.matmuls > 0
@@ -570,6 +578,7 @@ local function floor_parts(fig)
   add("memset", memsets)
   add("memcpy", memcpys)
   add("graph_launch", graph)
+  add("graph_launch1", cached)
   for _, g in ipairs(gemms) do
     if not by_kind[g] then
       by_kind[g] = { g, 0 }
@@ -583,7 +592,8 @@ local function floor_parts(fig)
   if memsets > 0 then words[#words + 1] = memsets .. " memset" .. (memsets > 1 and "s" or "") end
   if memcpys > 0 then words[#words + 1] = memcpys .. " memcpy" .. (memcpys > 1 and "s" or "") end
   if #gemms > 0 then words[#words + 1] = #gemms .. (#gemms == 1 and " GEMM" or " GEMMs") end
-  if graph > 0 then words[#words + 1] = graph .. (graph == 1 and " graph launch" or " graph launches") end
+  local ng = graph + cached
+  if ng > 0 then words[#words + 1] = ng .. (ng == 1 and " graph launch" or " graph launches") end
   local what = #words > 0 and table.concat(words, " + ") .. note or "no GPU work"
   return parts, what, approx
 end
@@ -639,6 +649,7 @@ local floor_names = {
   { "lt_fp8_wgrad", "cublasLtMatmul FP8 E4M3 x E5M2, wgrad (TN)" },
   { "lt_set_attr", "cublasLtMatmulDescSetAttribute (not a launch)" },
   { "graph_launch", "cudaGraphLaunch, graph of 4 empty kernels" },
+  { "graph_launch1", "cudaGraphLaunch, graph of 1 empty kernel" },
   { "lt_bf16_fprop_bias", "cublasLtMatmul BF16, fprop + BIAS" },
   { "lt_bf16_fprop_gelu_aux_bias", "cublasLtMatmul BF16, fprop + GELU_AUX_BIAS" },
   { "lt_bf16_dgrad_dgelu", "cublasLtMatmul BF16, dgrad + DGELU" },

@@ -25,7 +25,7 @@
  *                  issues), cuMemsetD16/D32(2D)Async for 2- and 4-byte ones
  *   memcpy nodes   cudaMemcpyAsync for linear copies, cuMemcpy3DAsync otherwise
  *   child graphs   cudaGraphLaunch of an instantiation of the child: what lutra did there (a
- *                  cached GEMM graph, src/backend/cuda/gemm_graphs.c, goes into someone
+ *                  cached GEMM graph, src/backend/cuda/call_graphs.c, goes into someone
  *                  else's capture of the stream as a child graph; uncaptured, it is launched)
  *   empty, event record and event wait nodes   skipped, counted (re-recording lutra's events
  *                  would change its state; they order work, they do not do any)

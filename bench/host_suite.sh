@@ -8,7 +8,8 @@
 # On the GPU machine, from the repository root, with liblutra.so built with CUDA (make):
 #   source .devkit/enter.sh && bash bench/host_suite.sh [TABLE.md]
 # The table goes to TABLE.md, else $OUT/host_overhead.md when $OUT is set, else
-# bench/host_overhead.md, and the same with every GEMM a direct cublasLtMatmul to TABLE-direct.md;
+# bench/host_overhead.md, and the same with every GEMM and kernel issued directly to
+# TABLE-direct.md;
 # the raw outputs (host_counts_*.txt, host_torch.txt, host_lutra_*.txt) go to $OUT, else
 # build/host_suite/.
 # About a minute (PyTorch's import and CUDA start-up take most of it).
@@ -64,6 +65,7 @@ if [ "$DEVICE" = cuda ]; then
   echo "== lutra: GPU work per call (bench/launch_count.so preloaded)"
   for mode in graphs direct; do
     if ! LUTRA_GEMM_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) \
+      LUTRA_LAUNCH_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) \
       LD_PRELOAD=$PWD/build/launch_count.so $PIN "$LUAJIT" bench/host_overhead.lua \
       --device cuda $SHAPES --hidden "$HIDDEN" --count "$DIR/host_counts_$mode.txt"; then
       echo "host_suite: counting failed; the floors use the counts from the code" >&2
@@ -72,15 +74,17 @@ if [ "$DEVICE" = cuda ]; then
   done
 fi
 
-# Twice: as lutra runs by default (eager GEMMs seen before replay as cached one-GEMM graphs,
-# src/backend/cuda/gemm_graphs.c), and with LUTRA_GEMM_GRAPHS=0 (every GEMM a direct cublasLtMatmul, the
-# raw call its floor issues): TABLE, and TABLE with -direct before .md.
+# Twice: as lutra runs by default (eager GEMMs and kernel launches seen before replay as cached
+# graphs, src/backend/cuda/call_graphs.c), and with LUTRA_GEMM_GRAPHS=0 LUTRA_LAUNCH_GRAPHS=0
+# (every GEMM a direct cublasLtMatmul, every kernel a direct launch: the raw calls their floors
+# issue): TABLE, and TABLE with -direct before .md.
 for mode in graphs direct; do
   table=$TABLE
   [ $mode = direct ] && table=${TABLE%.md}-direct.md
-  echo "== lutra: host time per call ($mode GEMMs)"
+  echo "== lutra: host time per call ($mode GEMMs and kernel launches)"
   # LUTRA_LOG_PLANS=1: each GEMM plan's algorithm goes to stderr, beside host_floors' own
-  LUTRA_GEMM_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) LUTRA_LOG_PLANS=1 \
+  LUTRA_GEMM_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) \
+    LUTRA_LAUNCH_GRAPHS=$([ $mode = direct ] && echo 0 || echo 1) LUTRA_LOG_PLANS=1 \
     $PIN "$LUAJIT" bench/host_overhead.lua --device "$DEVICE" $SHAPES --hidden "$HIDDEN" \
     --batches "$BATCHES" --floors-lib build/libhost_floors.so --torch "$DIR/host_torch.txt" \
     --counts "$DIR/host_counts_$mode.txt" --table "$table" | tee "$DIR/host_lutra_$mode.txt"

@@ -260,6 +260,8 @@ __global__ void __launch_bounds__(THREADS) k_dequant(DequantArgs a) {
 
 /* ---- delayed scaling update ------------------------------------------------------------------ */
 
+/* what the launch reads of a meta (src/backend/cuda/backend_cuda.c keys a cached update by
+ * the same fields: keep the two alike) */
 struct DelayedMeta {
   float *scale, *scale_inv, *history;
   int32_t history_len, algo;

@@ -225,7 +225,7 @@ static void check_dequant(const lutra_grouped_fp8 &q, bool col, const std::vecto
       cpu::lutra_cpu_dequantize(&(const lutra_dequant_args &)lutra_dequant_args{
           (const char *)(col ? q.col_data : q.data) + P * cols,
           (const char *)(col ? q.col_scale_inv : q.scale_inv) + sc * ss, q.dtype, q.scaling,
-          col ? cols : p, col ? p : cols, f.data(), LUTRA_F32});
+          col ? cols : p, col ? p : cols, f.data(), LUTRA_F32, 0});
     for (int64_t r = 0; r < p; r++)
       for (int64_t c = 0; c < cols; c++)
         want[(size_t)((P + r) * cols + c)] =

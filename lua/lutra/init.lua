@@ -168,6 +168,14 @@ function M.gemm_graph_stats()
   return tonumber(g[0]), tonumber(l[0])
 end
 
+--- eager cuda kernel launches (norms, casts, activations, losses...) replayed as cached graphs:
+-- (graphs cached, calls served by them)
+function M.launch_graph_stats()
+  local g, l = core.ffi.new("int64_t[1]"), core.ffi.new("int64_t[1]")
+  core.check(C.lutra_launch_graph_stats(g, l))
+  return tonumber(g[0]), tonumber(l[0])
+end
+
 --- Seeds the global generator that unseeded fills (x:randn(), x:uniform()) and nn.Linear
 -- without seed draw their seeds from: the same seed, the same draws.
 function M.manual_seed(seed)

@@ -1,4 +1,4 @@
--- Eager GEMMs replayed as cached one-GEMM CUDA graphs (src/backend/cuda/gemm_graphs.c): a call seen
+-- Eager GEMMs replayed as cached one-GEMM CUDA graphs (src/backend/cuda/call_graphs.c): a call seen
 -- again with the same pointers runs as a graph launch. A graph reads and writes memory when it
 -- runs, so a replay must give what a direct call gives: the CPU backend's result, within the
 -- plain GEMM's bounds (spec/gpu/ops_gpu.lua: bf16 D 2e-5, FP8 1e-6 for f32 D), after the

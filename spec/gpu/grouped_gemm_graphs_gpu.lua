@@ -1,4 +1,4 @@
--- GroupedLinear's grouped GEMMs replayed as cached CUDA graphs (src/backend/cuda/gemm_graphs.c,
+-- GroupedLinear's grouped GEMMs replayed as cached CUDA graphs (src/backend/cuda/call_graphs.c,
 -- src/backend/cuda/grouped_cuda.c): a grouped GEMM call seen again with the same arguments (the
 -- module's buffers, the caller's x and device splits, the same workspace and stream) runs as
 -- one cudaGraphLaunch of its setup and CUTLASS kernels. The graph's setup kernel reads the

@@ -31,6 +31,13 @@ typedef struct lutra_scale_meta {
   int32_t rule;
 } lutra_scale_meta;
 
+/* The argument structs below are compared as bytes (backend/cuda/call_graphs.c keys a cached
+ * call by its struct): no padding, which -Wpadded checks; a spare word is a named pad, zeroed by
+ * the initializers that build every struct. */
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
+#endif
 /* One quantization: x [rows, cols] (F32/BF16/F16) into FP8 rowwise and/or columnwise outputs,
  * in the layouts documented at lutra_tensor in lutra.h. NULL outputs are skipped. */
 typedef struct lutra_quant_args {
@@ -47,6 +54,7 @@ typedef struct lutra_quant_args {
   int32_t power_2_scale;
   float amax_epsilon;
   int32_t block_dim; /* 1: 1x128 blocks, 2: 128x128 tiles */
+  int32_t pad;
   /* bias gradient of x, computed with the quantization (TransformerEngine's quantize_dbias):
    * dbias[c] (+= when dbias_accumulate) sum_r x[r, c], rounded once into dbias_dtype. The CPU
    * sums in double; a fused CUDA kernel sums each 64-row tile in f32 into dbias_scratch
@@ -93,6 +101,10 @@ typedef struct lutra_quant_args {
   uint64_t seed;
 } lutra_quant_args;
 
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#pragma GCC diagnostic pop
+#endif
+
 /* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
 static inline int64_t lutra_dbias_scratch_floats(int64_t rows, int64_t cols) {
   return (rows + 63) / 64 * cols;
@@ -101,6 +113,10 @@ static inline int64_t lutra_dbias_counters(int64_t cols) {
   return (cols + 63) / 64;
 }
 
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
+#endif
 /* Dequantize an FP8 matrix stored as [rows, cols] with the given scaling layout. */
 typedef struct lutra_dequant_args {
   const void *data;
@@ -110,7 +126,12 @@ typedef struct lutra_dequant_args {
   int64_t rows, cols;
   void *out;
   int32_t out_dtype; /* F32, BF16 or F16 */
+  int32_t pad;
 } lutra_dequant_args;
+
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#pragma GCC diagnostic pop
+#endif
 
 /* A GEMM operand as stored (row-major [rows, cols]) and how it is used. */
 typedef struct lutra_gemm_operand {
@@ -186,6 +207,10 @@ typedef struct lutra_optim_args {
   uint32_t *arrivals;
 } lutra_optim_args;
 
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
+#endif
 /* Activation kinds (lutra_act_args.act). Internal to the backends and modules, so that kinds
  * can be added (relu, silu, swiglu, erf GELU) without touching the public API; a backend
  * refuses a kind it does not implement with LUTRA_EUNSUPPORTED. */
@@ -233,6 +258,7 @@ typedef struct lutra_act_args {
 typedef struct lutra_bias_grad_args {
   const void *dy; /* [rows, cols] */
   int32_t dtype;
+  int32_t pad;
   int64_t rows, cols;
   void *db; /* [cols] */
   int32_t db_dtype;
@@ -251,10 +277,11 @@ typedef struct lutra_loss_args {
   const void *target;    /* mse: pred's dtype and size */
   const int32_t *labels; /* softmax_xent: [rows], each in [0, cols) */
   int32_t dtype;         /* pred's, target's and dgrad's */
-  int64_t rows, cols;    /* softmax_xent */
-  int64_t n;             /* mse */
-  float *loss;           /* f32 [1] */
-  void *dgrad;           /* if not NULL: d loss / d pred, pred's dtype and shape */
+  int32_t pad;
+  int64_t rows, cols; /* softmax_xent */
+  int64_t n;          /* mse */
+  float *loss;        /* f32 [1] */
+  void *dgrad;        /* if not NULL: d loss / d pred, pred's dtype and shape */
   /* softmax_xent on a device, if not NULL: backend memory set to 1 when a label is outside
    * [0, cols) (never cleared by the backend; the loss is NaN then). A kernel cannot return an
    * error, and reading a flag back would cost a synchronization per call, so the loss module
@@ -468,10 +495,14 @@ typedef struct lutra_grouped_gemm_args {
    * forward issues no copy of its own. */
   int32_t *save_splits;
   /* the calling module's slot for the backend's cached graphs of its calls (CUDA: the call's
-   * launches replayed as one graph, backend/cuda/gemm_graphs.c; freed by call_graphs_free), or
+   * launches replayed as one graph, backend/cuda/call_graphs.c; freed by call_graphs_free), or
    * NULL: every call runs directly */
   void **call_graphs;
 } lutra_grouped_gemm_args;
+
+#if defined(__GNUC__) && !defined(__CUDACC__) && !defined(__cplusplus)
+#pragma GCC diagnostic pop
+#endif
 
 typedef struct lutra_backend {
   const char *name;

@@ -509,13 +509,13 @@ int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes) {
   return LUTRA_OK;
 }
 
-/* The one-GEMM graphs are the CUDA backend's (backend/cuda/gemm_graphs.c); zero elsewhere. */
+/* The GEMM graphs are the CUDA backend's (backend/cuda/call_graphs.c); zero elsewhere. */
 int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches) {
   static const char fn[] = "lutra_gemm_graph_stats";
   CHECK_ARG(graphs && launches, "output pointers must not be NULL");
   *graphs = *launches = 0;
 #ifdef LUTRA_WITH_CUDA
-  lutra_gemm_graphs_stats(graphs, launches);
+  lutra_call_graphs_stats(LUTRA_CALLS_GEMM, graphs, launches);
 #endif
   return LUTRA_OK;
 }

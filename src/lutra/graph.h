@@ -29,6 +29,12 @@ LUTRA_API int lutra_graph_replay(lutra_graph *g);
 LUTRA_API int lutra_graph_info(const lutra_graph *g, int64_t *nodes, int64_t *replays);
 LUTRA_API int lutra_graph_release(lutra_graph *g);
 LUTRA_API int lutra_graph_free(lutra_graph *g);
+/* Eager cuda kernel launches replayed as CUDA graphs, as lutra_gemm_graph_stats says of GEMMs
+ * (lutra/gemm.h): a launcher's call (a norm, a cast, an activation, a loss...) seen again with
+ * the same arguments on the same stream runs as a cudaGraphLaunch of its captured launches,
+ * with the same results (src/backend/cuda/call_graphs.c; LUTRA_LAUNCH_GRAPHS=0 at load turns it
+ * off). graphs: cached now; launches: calls served so far. */
+LUTRA_API int lutra_launch_graph_stats(int64_t *graphs, int64_t *launches);
 
 #ifdef __cplusplus
 }

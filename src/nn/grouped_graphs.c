@@ -7,7 +7,7 @@
  * buffers (x, y, dy, dx: inputs may move between calls, the module's own outputs move when
  * their shape changes) and the stream's GEMM workspace (it moves when it grows, and differs per
  * stream). The weights, biases and gradients are the module's own for its life. As for the
- * one-GEMM graphs of gemm_graphs.c: the first sighting of a key runs directly (plans made,
+ * one-GEMM graphs of call_graphs.c: the first sighting of a key runs directly (plans made,
  * kernels loaded, which a capture must not do), the second is captured (lutra_graph_begin/end
  * on the module's device, so everything that refuses inside a capture refuses here too, and
  * the one-GEMM graphs run their calls directly into this one) and then launched, later ones are

@@ -26,6 +26,10 @@
 #include "core/trace.h"
 #include "runtime/tensor.h"
 
+#ifdef LUTRA_WITH_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
 #include <stdlib.h>
 
 typedef struct held {
@@ -199,6 +203,18 @@ int lutra_graph_info(const lutra_graph *g, int64_t *nodes, int64_t *replays) {
 
 int lutra_graph_capturing(void) {
   return lutra_capture_active;
+}
+
+/* The kernel launchers' graphs are the CUDA backend's (backend/cuda/call_graphs.c); zero
+ * elsewhere. */
+int lutra_launch_graph_stats(int64_t *graphs, int64_t *launches) {
+  static const char fn[] = "lutra_launch_graph_stats";
+  CHECK_ARG(graphs && launches, "output pointers must not be NULL");
+  *graphs = *launches = 0;
+#ifdef LUTRA_WITH_CUDA
+  lutra_call_graphs_stats(LUTRA_CALLS_KERNEL, graphs, launches);
+#endif
+  return LUTRA_OK;
 }
 
 int lutra_graph_release(lutra_graph *g) {

@@ -12,44 +12,178 @@
 
 #define LAUNCH(name, call) lutra_cuda_status((call), "lutra_cuda_" #name, "kernel " #name)
 
+/* A launcher's call is run through its cached graph (call_graphs.c): key and context are one
+ * struct holding everything the launches bake in, the arguments as given and the stream; the
+ * stream's scratch lives in the stream's state, as the cache does, so it is the same for every
+ * call a cache sees. backend.h's argument structs have no padding bytes, and neither have the
+ * structs here (-Wpadded checks both): two calls with equal bytes issue equal launches. */
+#define CACHED(launcher, call, issue, name)                                                        \
+  lutra_call_graphs_run(lutra_cuda_launch_graphs(launcher), LUTRA_CALLS_KERNEL, &(call),           \
+                        sizeof(call), (call).stream, issue, &(call), name)
+
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
+#endif
+typedef struct convert_call {
+  const void *src;
+  void *dst;
+  int32_t src_dtype, dst_dtype;
+  int64_t n;
+  cudaStream_t stream;
+} convert_call;
+typedef struct fill_call {
+  void *dst;
+  int32_t dtype;
+  float value;
+  int64_t n;
+  cudaStream_t stream;
+} fill_call;
+typedef struct amax_call {
+  const void *x;
+  float *amax;
+  int32_t dtype, pad;
+  int64_t n;
+  cudaStream_t stream;
+} amax_call;
+typedef struct current_scale_call {
+  const void *x;
+  float *amax, *scale;
+  uint32_t *work;
+  const int32_t *skip;
+  int32_t dtype, pow2;
+  float fp8_max, eps;
+  int64_t n;
+  cudaStream_t stream;
+} current_scale_call;
+typedef struct add_call {
+  const void *a, *b;
+  void *out;
+  int32_t dtype, pad;
+  int64_t n;
+  cudaStream_t stream;
+} add_call;
+typedef cudaError_t (*quantize_launcher)(const lutra_quant_args *, cudaStream_t);
+typedef struct quantize_call {
+  lutra_quant_args a;
+  quantize_launcher launch;
+  const char *name;
+  int32_t fused_dbias; /* the bias gradient inside the tiled kernel (else a kernel after it) */
+  int32_t pad;
+  cudaStream_t stream;
+} quantize_call;
+typedef struct current_scale_act_call {
+  lutra_quant_args a;
+  float *amax, *scale;
+  uint32_t *work;
+  float fp8_max;
+  int32_t pad;
+  cudaStream_t stream;
+} current_scale_act_call;
+/* the launchers whose only argument is one of backend.h's structs */
+#define ARGS_CALL(args_type)                                                                       \
+  typedef struct args_type##_call {                                                                \
+    args_type a;                                                                                   \
+    cudaStream_t stream;                                                                           \
+  } args_type##_call
+ARGS_CALL(lutra_quant_args);
+ARGS_CALL(lutra_dequant_args);
+ARGS_CALL(lutra_act_args);
+ARGS_CALL(lutra_bias_grad_args);
+ARGS_CALL(lutra_loss_args);
+ARGS_CALL(lutra_norm_args);
+ARGS_CALL(lutra_norm_quant_args);
+ARGS_CALL(lutra_topk_args);
+ARGS_CALL(lutra_permute_args);
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+
+/* A cached launcher over one struct: issue_<name> launches lk_<name>(&a, stream), or with the
+ * stream's reduction scratch lk_<name>(&a, scratch, stream) */
+#define ISSUE_ARGS(name, args_type)                                                                \
+  static int issue_##name(void *p) {                                                               \
+    const args_type##_call *c = p;                                                                 \
+    return LAUNCH(name, lk_##name(&c->a, c->stream));                                              \
+  }
+#define ISSUE_ARGS_SCRATCH(name, args_type)                                                        \
+  static int issue_##name(void *p) {                                                               \
+    const args_type##_call *c = p;                                                                 \
+    return LAUNCH(name, lk_##name(&c->a, lutra_cuda_reduce_scratch(), c->stream));                 \
+  }
+#define RUN_ARGS(launcher, name, args_type, args)                                                  \
+  do {                                                                                             \
+    args_type##_call call = {.a = *(args), .stream = lutra_cuda_stream()};                         \
+    return CACHED(launcher, call, issue_##name, "lutra_cuda_" #name);                              \
+  } while (0)
+
+static int issue_convert(void *p) {
+  const convert_call *c = p;
+  return LAUNCH(convert, lk_convert(c->src, c->src_dtype, c->dst, c->dst_dtype, c->n, c->stream));
+}
 static int k_convert(const void *src, int sd, void *dst, int dd, int64_t n) {
-  return LAUNCH(convert, lk_convert(src, sd, dst, dd, n, lutra_cuda_stream()));
+  convert_call c = {src, dst, sd, dd, n, lutra_cuda_stream()};
+  return CACHED(LUTRA_LAUNCH_CONVERT, c, issue_convert, "lutra_cuda_convert");
+}
+static int issue_fill(void *p) {
+  const fill_call *c = p;
+  return LAUNCH(fill, lk_fill(c->dst, c->dtype, c->n, c->value, c->stream));
 }
 static int k_fill(void *dst, int dtype, int64_t n, float v) {
-  return LAUNCH(fill, lk_fill(dst, dtype, n, v, lutra_cuda_stream()));
+  fill_call c = {dst, dtype, v, n, lutra_cuda_stream()};
+  return CACHED(LUTRA_LAUNCH_FILL, c, issue_fill, "lutra_cuda_fill");
+}
+static int issue_amax(void *p) {
+  const amax_call *c = p;
+  return LAUNCH(amax, lk_amax(c->x, c->dtype, c->n, c->amax, c->stream));
 }
 static int k_amax(const void *x, int dtype, int64_t n, float *amax) {
-  return LAUNCH(amax, lk_amax(x, dtype, n, amax, lutra_cuda_stream()));
+  amax_call c = {x, amax, dtype, 0, n, lutra_cuda_stream()};
+  return CACHED(LUTRA_LAUNCH_AMAX, c, issue_amax, "lutra_cuda_amax");
+}
+static int issue_current_scale(void *p) {
+  const current_scale_call *c = p;
+  return LAUNCH(current_scale, lk_current_scale(c->x, c->dtype, c->n, c->fp8_max, c->pow2, c->eps,
+                                                c->amax, c->scale, c->work, c->skip, c->stream));
 }
 static int k_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int pow2, float eps,
                            float *amax, float *scale, uint32_t *work, const int32_t *skip) {
-  return LAUNCH(current_scale, lk_current_scale(x, dtype, n, fp8_max, pow2, eps, amax, scale, work,
-                                                skip, lutra_cuda_stream()));
+  current_scale_call c = {
+      x, amax, scale, work, skip, dtype, pow2, fp8_max, eps, n, lutra_cuda_stream()};
+  return CACHED(LUTRA_LAUNCH_CURRENT_SCALE, c, issue_current_scale, "lutra_cuda_current_scale");
 }
-typedef cudaError_t (*quantize_launcher)(const lutra_quant_args *, cudaStream_t);
+
+/* A quantization and, when unfused, its bias gradient after it: one graph for both */
+static int issue_quantize(void *p) {
+  const quantize_call *c = p;
+  if (!c->a.dbias || c->fused_dbias)
+    return lutra_cuda_status(c->launch(&c->a, c->stream), c->name,
+                             c->a.dbias ? "kernel with dbias" : "kernel");
+  lutra_quant_args q = c->a;
+  q.dbias = NULL;
+  TRY(lutra_cuda_status(c->launch(&q, c->stream), c->name, "kernel"));
+  const lutra_bias_grad_args b = {.dy = q.x,
+                                  .dtype = q.x_dtype,
+                                  .rows = q.rows,
+                                  .cols = q.cols,
+                                  .db = c->a.dbias,
+                                  .db_dtype = q.dbias_dtype,
+                                  .accumulate = q.dbias_accumulate,
+                                  .skip = q.skip};
+  return LAUNCH(bias_grad, lk_bias_grad(&b, lutra_cuda_reduce_scratch(), c->stream));
+}
 
 /* A quantization with its bias gradient: fused into the tiled kernel when it writes a
  * columnwise output (the kernel reads every column there anyway), else a bias-gradient kernel
- * after the quantization. */
-static int quantize_with_dbias(quantize_launcher launch, bool can_fuse, const lutra_quant_args *a,
-                               const char *name) {
-  if (!a->dbias) return lutra_cuda_status(launch(a, lutra_cuda_stream()), name, "kernel");
-  lutra_quant_args q = *a;
-  if (can_fuse && a->col_data && a->rows > 0 && a->cols > 0) {
-    TRY(lutra_cuda_dbias_scratch(a->rows, a->cols, &q));
-    return lutra_cuda_status(launch(&q, lutra_cuda_stream()), name, "kernel with dbias");
+ * after the quantization. The fused kernel's scratch is taken before the call's key. */
+static int quantize_with_dbias(int launcher, quantize_launcher launch, bool can_fuse,
+                               const lutra_quant_args *a, const char *name) {
+  quantize_call c = {.a = *a, .launch = launch, .name = name, .stream = lutra_cuda_stream()};
+  if (a->dbias && can_fuse && a->col_data && a->rows > 0 && a->cols > 0) {
+    TRY(lutra_cuda_dbias_scratch(a->rows, a->cols, &c.a));
+    c.fused_dbias = 1;
   }
-  q.dbias = NULL;
-  TRY(lutra_cuda_status(launch(&q, lutra_cuda_stream()), name, "kernel"));
-  const lutra_bias_grad_args b = {.dy = a->x,
-                                  .dtype = a->x_dtype,
-                                  .rows = a->rows,
-                                  .cols = a->cols,
-                                  .db = a->dbias,
-                                  .db_dtype = a->dbias_dtype,
-                                  .accumulate = a->dbias_accumulate,
-                                  .skip = a->skip};
-  return LAUNCH(bias_grad, lk_bias_grad(&b, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
+  return CACHED(launcher, c, issue_quantize, name);
 }
 
 /* an activation inside the cast (lutra_quant_args.act) is the per-tensor casts' (the block
@@ -64,29 +198,45 @@ static int check_cast_act(const lutra_quant_args *a, bool per_tensor, const char
                        "an activation's bias gradient inside the cast needs a columnwise output");
   return LUTRA_OK;
 }
+static int issue_current_scale_act(void *p) {
+  const current_scale_act_call *c = p;
+  return LAUNCH(current_scale_act,
+                lk_current_scale_act(&c->a, c->fp8_max, c->amax, c->scale, c->work, c->stream));
+}
 static int k_current_scale_act(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
                                uint32_t *work) {
-  return LAUNCH(current_scale_act,
-                lk_current_scale_act(a, fp8_max, amax, scale, work, lutra_cuda_stream()));
+  current_scale_act_call c = {.a = *a,
+                              .amax = amax,
+                              .scale = scale,
+                              .work = work,
+                              .fp8_max = fp8_max,
+                              .stream = lutra_cuda_stream()};
+  return CACHED(LUTRA_LAUNCH_CURRENT_SCALE_ACT, c, issue_current_scale_act,
+                "lutra_cuda_current_scale_act");
 }
 static int k_cast(const lutra_quant_args *a) {
   TRY(check_cast_act(a, true, "lutra_cuda_cast"));
-  return quantize_with_dbias(lk_cast, true, a, "lutra_cuda_cast");
+  return quantize_with_dbias(LUTRA_LAUNCH_CAST, lk_cast, true, a, "lutra_cuda_cast");
 }
 static int k_mxfp8(const lutra_quant_args *a) {
   TRY(check_cast_act(a, false, "lutra_cuda_quantize_mxfp8"));
-  return quantize_with_dbias(lk_quantize_mxfp8, true, a, "lutra_cuda_quantize_mxfp8");
+  return quantize_with_dbias(LUTRA_LAUNCH_MXFP8, lk_quantize_mxfp8, true, a,
+                             "lutra_cuda_quantize_mxfp8");
 }
 static int k_block(const lutra_quant_args *a) {
   TRY(check_cast_act(a, false, "lutra_cuda_quantize_block"));
-  return quantize_with_dbias(lk_quantize_block, false, a, "lutra_cuda_quantize_block");
+  return quantize_with_dbias(LUTRA_LAUNCH_BLOCK, lk_quantize_block, false, a,
+                             "lutra_cuda_quantize_block");
 }
+ISSUE_ARGS(dequantize, lutra_dequant_args)
 static int k_dequantize(const lutra_dequant_args *a) {
-  return LAUNCH(dequantize, lk_dequantize(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_DEQUANTIZE, dequantize, lutra_dequant_args, a);
 }
+/* NVFP4's stochastic rounding takes a new seed every call: no two calls are alike, none cached */
 static int k_nvfp4(const lutra_quant_args *a) {
   return LAUNCH(quantize_nvfp4, lk_quantize_nvfp4(a, lutra_cuda_stream()));
 }
+ISSUE_ARGS(quantize_rowwise, lutra_quant_args)
 static int k_rowwise(const lutra_quant_args *a) {
   static const char fn[] = "lutra_cuda_quantize_rowwise";
   CHECK_ARG(a, "arguments are NULL");
@@ -94,10 +244,53 @@ static int k_rowwise(const lutra_quant_args *a) {
   CHECK_ARG(!a->col_data || (a->rows + 63) / 64 <= 0xFFFF,
             "%lld rows are more than the columnwise copy's kernels take (4194240)",
             (long long)a->rows);
-  return LAUNCH(quantize_rowwise, lk_quantize_rowwise(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_ROWWISE, quantize_rowwise, lutra_quant_args, a);
+}
+/* The scope's delayed-scaling update reads its host metas into the kernel's parameters, so its
+ * key is what it reads of each (kernels/quantize.cu's DelayedMeta: keep the two alike), for up
+ * to DELAYED_KEY_METAS metas; a longer list (a large model's) runs directly. */
+enum { DELAYED_KEY_METAS = 16 };
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic error "-Wpadded"
+#endif
+typedef struct delayed_meta_key {
+  float *scale, *scale_inv, *history;
+  int32_t history_len, algo;
+  float fp8_max;
+  int32_t margin;
+} delayed_meta_key;
+typedef struct delayed_call {
+  lutra_scale_meta *const *metas; /* not in the key: read only while the call is issued */
+  cudaStream_t stream;
+  int32_t n, pad;
+  delayed_meta_key m[DELAYED_KEY_METAS];
+} delayed_call;
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+static int issue_delayed_update(void *p) {
+  const delayed_call *c = p;
+  return LAUNCH(delayed_update, lk_delayed_update(c->metas, c->n, c->stream));
 }
 static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
-  return LAUNCH(delayed_update, lk_delayed_update(metas, n, lutra_cuda_stream()));
+  if (n <= 0 || n > DELAYED_KEY_METAS || !metas)
+    return LAUNCH(delayed_update, lk_delayed_update(metas, n, lutra_cuda_stream()));
+  delayed_call c = {.stream = lutra_cuda_stream(), .n = n};
+  for (int j = 0; j < n; j++) {
+    const lutra_scale_meta *m = metas[j];
+    if (!m) return LAUNCH(delayed_update, lk_delayed_update(metas, n, c.stream)); /* it refuses */
+    c.m[j] = (delayed_meta_key){m->scale,       m->scale_inv,         m->amax_history,
+                                m->history_len, m->amax_compute_algo, m->fp8_max,
+                                m->margin};
+  }
+  /* the key holds no metas pointer (two lists of equal contents are the same call); the
+   * context, the same call with it */
+  delayed_call ctx = c;
+  ctx.metas = metas;
+  return lutra_call_graphs_run(lutra_cuda_launch_graphs(LUTRA_LAUNCH_DELAYED_UPDATE),
+                               LUTRA_CALLS_KERNEL, &c, sizeof c, c.stream, issue_delayed_update,
+                               &ctx, "lutra_cuda_delayed_update");
 }
 /* The kernels answer an unknown kind with cudaErrorInvalidValue only; the message is given
  * here, where it can say which kind. */
@@ -112,23 +305,29 @@ static int check_act(const lutra_act_args *a, const char *fn) {
               (long long)a->rows, (long long)a->cols);
   return LUTRA_OK;
 }
+ISSUE_ARGS(activation_forward, lutra_act_args)
+ISSUE_ARGS(activation_backward, lutra_act_args)
 static int k_activation_forward(const lutra_act_args *a) {
   TRY(check_act(a, "lutra_cuda_activation_forward"));
-  return LAUNCH(activation_forward, lk_activation_forward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_ACT_FORWARD, activation_forward, lutra_act_args, a);
 }
 static int k_activation_backward(const lutra_act_args *a) {
   TRY(check_act(a, "lutra_cuda_activation_backward"));
-  return LAUNCH(activation_backward, lk_activation_backward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_ACT_BACKWARD, activation_backward, lutra_act_args, a);
 }
+ISSUE_ARGS_SCRATCH(bias_grad, lutra_bias_grad_args)
 static int k_bias_grad(const lutra_bias_grad_args *a) {
-  return LAUNCH(bias_grad, lk_bias_grad(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_BIAS_GRAD, bias_grad, lutra_bias_grad_args, a);
 }
+ISSUE_ARGS_SCRATCH(mse, lutra_loss_args)
+ISSUE_ARGS_SCRATCH(softmax_xent, lutra_loss_args)
 static int k_mse(const lutra_loss_args *a) {
-  return LAUNCH(mse, lk_mse(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_MSE, mse, lutra_loss_args, a);
 }
 static int k_xent(const lutra_loss_args *a) {
-  return LAUNCH(softmax_xent, lk_softmax_xent(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_XENT, softmax_xent, lutra_loss_args, a);
 }
+/* not cached: the launches read the host arrays of tensor pointers they are given */
 static int k_sgd(const lutra_optim_args *a) {
   return LAUNCH(sgd_step, lk_sgd_step(a, lutra_cuda_stream()));
 }
@@ -146,16 +345,18 @@ static int check_norm(const lutra_norm_args *a, const char *fn) {
             (long long)a->rows);
   return LUTRA_OK;
 }
+ISSUE_ARGS(layernorm_forward, lutra_norm_args)
+ISSUE_ARGS_SCRATCH(layernorm_backward, lutra_norm_args)
 static int k_layernorm_forward(const lutra_norm_args *a) {
   TRY(check_norm(a, "lutra_cuda_layernorm_forward"));
-  return LAUNCH(layernorm_forward, lk_layernorm_forward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_NORM_FORWARD, layernorm_forward, lutra_norm_args, a);
 }
 static int k_layernorm_backward(const lutra_norm_args *a) {
   TRY(check_norm(a, "lutra_cuda_layernorm_backward"));
-  return LAUNCH(layernorm_backward,
-                lk_layernorm_backward(a, lutra_cuda_reduce_scratch(), lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_NORM_BACKWARD, layernorm_backward, lutra_norm_args, a);
 }
 
+ISSUE_ARGS(norm_quantize, lutra_norm_quant_args)
 static int k_norm_quantize(const lutra_norm_quant_args *a) {
   static const char fn[] = "lutra_cuda_norm_quantize";
   CHECK_ARG(a != NULL, "arguments are NULL");
@@ -165,18 +366,23 @@ static int k_norm_quantize(const lutra_norm_quant_args *a) {
             "scaling %d is not tensor, mxfp8 or block_1d", (int)a->scaling);
   CHECK_ARG(a->quant.out_dtype == LUTRA_E4M3 || a->quant.out_dtype == LUTRA_E5M2,
             "output dtype %d is not e4m3 or e5m2", (int)a->quant.out_dtype);
-  if (a->norm.rstd || !lk_norm_quantize_tiles(a))
-    return LAUNCH(norm_quantize, lk_norm_quantize(a, lutra_cuda_stream()));
-  /* no statistics kept (an inference forward, lutra_norm_quantize): the tile path (the statistics
-   * first, then the quantizer's tile kernels) wants them somewhere */
   lutra_norm_quant_args with = *a;
-  TRY(lutra_cuda_norm_stats_scratch(a->norm.rows, &with.norm.mean, &with.norm.rstd));
-  if (a->norm.rms) with.norm.mean = NULL;
-  return LAUNCH(norm_quantize, lk_norm_quantize(&with, lutra_cuda_stream()));
+  if (!a->norm.rstd && lk_norm_quantize_tiles(a)) {
+    /* no statistics kept (an inference forward, lutra_norm_quantize): the tile path (the
+     * statistics first, then the quantizer's tile kernels) wants them somewhere */
+    TRY(lutra_cuda_norm_stats_scratch(a->norm.rows, &with.norm.mean, &with.norm.rstd));
+    if (a->norm.rms) with.norm.mean = NULL;
+  }
+  RUN_ARGS(LUTRA_LAUNCH_NORM_QUANTIZE, norm_quantize, lutra_norm_quant_args, &with);
 }
 
+static int issue_add(void *p) {
+  const add_call *c = p;
+  return LAUNCH(add, lk_add(c->a, c->b, c->out, c->dtype, c->n, c->stream));
+}
 static int k_add(const void *a, const void *b, void *out, int dtype, int64_t n) {
-  return LAUNCH(add, lk_add(a, b, out, dtype, n, lutra_cuda_stream()));
+  add_call c = {a, b, out, dtype, 0, n, lutra_cuda_stream()};
+  return CACHED(LUTRA_LAUNCH_ADD, c, issue_add, "lutra_cuda_add");
 }
 
 /* MoE routing: the kernels' limits are refused here with a message (kernels.h) */
@@ -202,32 +408,38 @@ static int check_permute(const lutra_permute_args *a, const char *fn) {
             (int)a->experts, LUTRA_MOE_MAX_EXPERTS);
   return LUTRA_OK;
 }
+ISSUE_ARGS(moe_topk_forward, lutra_topk_args)
+ISSUE_ARGS(moe_topk_backward, lutra_topk_args)
+ISSUE_ARGS(moe_permute, lutra_permute_args)
+ISSUE_ARGS(moe_permute_backward, lutra_permute_args)
+ISSUE_ARGS(moe_unpermute, lutra_permute_args)
+ISSUE_ARGS(moe_unpermute_backward, lutra_permute_args)
 static int k_moe_topk_forward(const lutra_topk_args *a) {
   TRY(check_topk(a, "lutra_cuda_moe_topk_forward"));
-  return LAUNCH(moe_topk_forward, lk_moe_topk_forward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_TOPK_FORWARD, moe_topk_forward, lutra_topk_args, a);
 }
 static int k_moe_topk_backward(const lutra_topk_args *a) {
   TRY(check_topk(a, "lutra_cuda_moe_topk_backward"));
-  return LAUNCH(moe_topk_backward, lk_moe_topk_backward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_TOPK_BACKWARD, moe_topk_backward, lutra_topk_args, a);
 }
 static int k_moe_permute(const lutra_permute_args *a) {
   static const char fn[] = "lutra_cuda_moe_permute";
   TRY(check_permute(a, fn));
   CHECK_ARG(a->bad_index && a->scratch && a->m_splits && a->indices,
             "indices, m_splits, scratch and the bad-index flag must not be NULL");
-  return LAUNCH(moe_permute, lk_moe_permute(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_PERMUTE, moe_permute, lutra_permute_args, a);
 }
 static int k_moe_permute_backward(const lutra_permute_args *a) {
   TRY(check_permute(a, "lutra_cuda_moe_permute_backward"));
-  return LAUNCH(moe_permute_backward, lk_moe_permute_backward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_PERMUTE_BACKWARD, moe_permute_backward, lutra_permute_args, a);
 }
 static int k_moe_unpermute(const lutra_permute_args *a) {
   TRY(check_permute(a, "lutra_cuda_moe_unpermute"));
-  return LAUNCH(moe_unpermute, lk_moe_unpermute(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_UNPERMUTE, moe_unpermute, lutra_permute_args, a);
 }
 static int k_moe_unpermute_backward(const lutra_permute_args *a) {
   TRY(check_permute(a, "lutra_cuda_moe_unpermute_backward"));
-  return LAUNCH(moe_unpermute_backward, lk_moe_unpermute_backward(a, lutra_cuda_stream()));
+  RUN_ARGS(LUTRA_LAUNCH_UNPERMUTE_BACKWARD, moe_unpermute_backward, lutra_permute_args, a);
 }
 
 const lutra_backend lutra_cuda_table = {

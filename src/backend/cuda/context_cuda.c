@@ -3,7 +3,7 @@
  *
  * One device (the current one at first use). Every thread has its own stream, created at its
  * first call, and its own cuBLASLt handle: two threads training their own models must not
- * order each other's work, nor see each other's one-GEMM captures (gemm_graphs.c captures the
+ * order each other's work, nor see each other's one-GEMM captures (call_graphs.c captures the
  * thread's stream). lutra_cuda_set_stream replaces the calling thread's stream only.
  *
  * Scratch that kernels fill and read later in stream order (the GEMM workspace with its
@@ -45,6 +45,9 @@ typedef struct stream_state {
   int64_t dbias_counters;
   float *norm_stats; /* the fused norm + FP8 cast's row statistics when none are kept */
   int64_t norm_stat_floats;
+  /* the kernel launchers' cached graphs (call_graphs.c), one cache per launcher: their keys
+   * hold this stream's scratch pointers, which live as long as the state */
+  lutra_call_graphs *launches[LUTRA_LAUNCHERS];
 } stream_state;
 
 typedef struct thread_ctx {
@@ -156,6 +159,8 @@ static cudaError_t state_init(stream_state *st) {
 /* Frees a state's device memory in on's order (its own stream, or the thread's own stream
  * once everything that could still use the memory has finished). */
 static void state_release(stream_state *st, cudaStream_t on) {
+  for (int i = 0; i < LUTRA_LAUNCHERS; i++)
+    lutra_call_graphs_free(st->launches[i]);
   void *ptrs[] = {st->workspace, st->reduce_block, st->dbias, st->dbias_count, st->norm_stats};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
     if (ptrs[i]) cudaFreeAsync(ptrs[i], on);
@@ -299,6 +304,14 @@ int lutra_cuda_workspace(size_t bytes, void **ptr, size_t *have) {
   *ptr = st->workspace;
   *have = st->workspace_bytes;
   return LUTRA_OK;
+}
+
+bool lutra_cuda_stream_private(void) {
+  return cur_state()->own;
+}
+
+lutra_call_graphs **lutra_cuda_launch_graphs(int launcher) {
+  return &cur_state()->launches[launcher];
 }
 
 const lk_scratch *lutra_cuda_reduce_scratch(void) {

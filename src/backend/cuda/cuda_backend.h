@@ -22,6 +22,10 @@ int lutra_cuda_use_stream(void *stream);
 /* The calling thread's stream and cuBLASLt handle (valid once lutra_cuda_backend succeeded on
  * this thread), and the scratch its stream's reducing kernels use (kernels.h's lk_scratch). */
 cudaStream_t lutra_cuda_stream(void);
+/* Whether the calling thread's stream is its own, the one lutra made: its handle never leaves
+ * lutra (lutra_cuda_set_stream takes a caller's stream, no call returns this one), so nobody
+ * but lutra can capture it (lutra.graph, which sets lutra_capture_active, and call_graphs.c) */
+bool lutra_cuda_stream_private(void);
 cublasLtHandle_t lutra_cuda_lt(void);
 struct lk_scratch;
 const struct lk_scratch *lutra_cuda_reduce_scratch(void);
@@ -78,8 +82,8 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p);
 void lutra_cuda_gemm_plan_free(lutra_gemm_plan *p);
 int lutra_cuda_gemm(const lutra_gemm_args *g);
 
-/* gemm_graphs.c: eager GEMM calls replayed as CUDA graphs, keyed by the arguments a call bakes
- * into its kernels, memcmp'd: a key type has no padding bytes. cuBLASLt's: */
+/* call_graphs.c: eager calls replayed as CUDA graphs, keyed by the arguments a call bakes into
+ * its kernels, memcmp'd: a key type has no padding bytes. cuBLASLt's: */
 typedef struct lutra_gemm_call {
   const void *a, *b;
   void *d;
@@ -90,16 +94,54 @@ typedef struct lutra_gemm_call {
   int32_t zero; /* 0: no padding in a key */
 } lutra_gemm_call;
 typedef struct lutra_call_graphs lutra_call_graphs;
+/* What a cache serves (its capacity and its statistics): GEMMs (a plan's cuBLASLt calls, a
+ * GroupedLinear's grouped GEMMs), or a kernel launcher's calls (one cache per launcher and
+ * stream, backend_cuda.c) */
+enum { LUTRA_CALLS_GEMM = 0, LUTRA_CALLS_KERNEL = 1, LUTRA_CALLS_KINDS = 2 };
 /* Runs the call: issue(ctx) (the call's launches on stream, returning a status), directly or
- * through the graph cached in *slot for this key (key_bytes, the same for every call of one
- * cache). */
-int lutra_call_graphs_run(lutra_call_graphs **slot, const void *key, size_t key_bytes,
+ * through the graph cached in *slot (made at the first call, of that kind) for this key
+ * (key_bytes, the same for every call of one cache). */
+int lutra_call_graphs_run(lutra_call_graphs **slot, int kind, const void *key, size_t key_bytes,
                           cudaStream_t stream, int (*issue)(void *), void *ctx, const char *fn);
 void lutra_call_graphs_free(lutra_call_graphs *g);
 void lutra_cuda_call_graphs_free(void *g); /* the backend table's call_graphs_free */
 _Static_assert(sizeof(lutra_gemm_call) == 10 * sizeof(void *) + 2 * sizeof(int32_t),
                "lutra_gemm_call has padding bytes: its keys are memcmp'd");
-void lutra_gemm_graphs_stats(int64_t *graphs, int64_t *launches);
+/* graphs cached now and calls served by them so far, of one kind (process-wide) */
+void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches);
+/* The kernel launchers whose calls are cached as graphs (backend_cuda.c, grouped_cuda.c), and
+ * the calling thread's stream's cache of one of them (context_cuda.c) */
+enum {
+  LUTRA_LAUNCH_CONVERT,
+  LUTRA_LAUNCH_FILL,
+  LUTRA_LAUNCH_AMAX,
+  LUTRA_LAUNCH_CURRENT_SCALE,
+  LUTRA_LAUNCH_CURRENT_SCALE_ACT,
+  LUTRA_LAUNCH_CAST,
+  LUTRA_LAUNCH_MXFP8,
+  LUTRA_LAUNCH_BLOCK,
+  LUTRA_LAUNCH_DEQUANTIZE,
+  LUTRA_LAUNCH_ROWWISE,
+  LUTRA_LAUNCH_ACT_FORWARD,
+  LUTRA_LAUNCH_ACT_BACKWARD,
+  LUTRA_LAUNCH_BIAS_GRAD,
+  LUTRA_LAUNCH_MSE,
+  LUTRA_LAUNCH_XENT,
+  LUTRA_LAUNCH_NORM_FORWARD,
+  LUTRA_LAUNCH_NORM_BACKWARD,
+  LUTRA_LAUNCH_NORM_QUANTIZE,
+  LUTRA_LAUNCH_ADD,
+  LUTRA_LAUNCH_TOPK_FORWARD,
+  LUTRA_LAUNCH_TOPK_BACKWARD,
+  LUTRA_LAUNCH_PERMUTE,
+  LUTRA_LAUNCH_PERMUTE_BACKWARD,
+  LUTRA_LAUNCH_UNPERMUTE,
+  LUTRA_LAUNCH_UNPERMUTE_BACKWARD,
+  LUTRA_LAUNCH_GROUPED_QUANTIZE,
+  LUTRA_LAUNCH_DELAYED_UPDATE,
+  LUTRA_LAUNCHERS
+};
+lutra_call_graphs **lutra_cuda_launch_graphs(int launcher);
 
 /* One GEMM workspace per device and stream: cuBLASLt's 32 MiB on Hopper and newer, with
  * 256 bytes for alignment, as TransformerEngine sizes it. */

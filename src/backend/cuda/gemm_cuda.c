@@ -49,7 +49,7 @@ typedef struct cuda_plan {
                          scratch and convert (one rounding, as the CPU backend does) */
   bool lt_epilogue;   /* the key's epilogue runs in cuBLASLt; else kernels after the GEMM */
   size_t a_bytes, b_bytes, d_bytes;
-  lutra_call_graphs *graphs; /* eager calls replayed as graphs (gemm_graphs.c) */
+  lutra_call_graphs *graphs; /* eager calls replayed as graphs (call_graphs.c) */
 } cuda_plan;
 
 static cudaDataType_t cuda_type(int dtype) {
@@ -468,7 +468,7 @@ static int epilogue_kernels(const lutra_gemm_args *g, void *x, int x_dtype, cuda
   return lutra_cuda_status(e, fn, "GEMM epilogue kernels");
 }
 
-/* One cublasLtMatmul with its per-call pointers: what gemm_graphs.c runs directly or captures */
+/* One cublasLtMatmul with its per-call pointers: what call_graphs.c runs directly or captures */
 typedef struct matmul_call {
   cuda_plan *c;
   const lutra_gemm_args *g;
@@ -550,7 +550,8 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
         .stream = s,
         .beta = g->accumulate ? 1.0f : 0.0f,
     };
-    TRY(lutra_call_graphs_run(&c->graphs, &key, sizeof key, s, issue_matmul, &m, fn));
+    TRY(lutra_call_graphs_run(&c->graphs, LUTRA_CALLS_GEMM, &key, sizeof key, s, issue_matmul, &m,
+                              fn));
   }
   if (g->bias && !c->bias_epilogue)
     TRY(lutra_cuda_status(lk_add_bias(d, d_dtype, g->bias, g->bias_dtype, g->m, g->n, s), fn,

@@ -10,26 +10,49 @@
 #include <pthread.h>
 #include <string.h>
 
+/* A grouped quantization as its cached graph's key (call_graphs.c): the arguments (the splits
+ * are read on the device, inside the graph) and the stream */
+typedef struct grouped_quant_call {
+  lutra_grouped_quant_args args;
+  int64_t rows_cap; /* the packed layout's rows, from the arguments */
+  cudaStream_t stream;
+} grouped_quant_call;
+_Static_assert(sizeof(grouped_quant_call) == sizeof(lutra_grouped_quant_args) + 2 * 8,
+               "a grouped quantization key has padding bytes: keys are memcmp'd");
+
+static int issue_grouped_quantize(void *ctx) {
+  static const char fn[] = "lutra_cuda_grouped_quantize";
+  const grouped_quant_call *c = ctx;
+  const lutra_grouped_quant_args *a = &c->args;
+  if (a->kind == LUTRA_QUANT_DELAYED || a->kind == LUTRA_QUANT_CURRENT)
+    return lutra_cuda_status(lk_grouped_quantize(a, c->rows_cap, c->stream), fn,
+                             "kernel grouped_quantize");
+  return lutra_cuda_status(lk_grouped_quantize_blocks(a, c->rows_cap, c->stream), fn,
+                           "kernel grouped_quantize_blocks");
+}
+
 int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a) {
   static const char fn[] = "lutra_cuda_grouped_quantize";
   CHECK_ARG(a && a->num > 0 && a->cols > 0 && a->out.align > 0 && a->scratch,
             "bad grouped quantization arguments");
   CHECK_ARG(a->out.dtype == LUTRA_E4M3 || a->out.dtype == LUTRA_E5M2, "output dtype %d is no FP8",
             (int)a->out.dtype);
-  int64_t cap = a->xs ? (int64_t)a->num * lutra_grouped_roundup(a->rows_each, a->out.align)
-                      : lutra_grouped_rows_cap(a->total_rows, a->num, a->out.align);
-  if (a->kind == LUTRA_QUANT_DELAYED || a->kind == LUTRA_QUANT_CURRENT)
-    return lutra_cuda_status(lk_grouped_quantize(a, cap, lutra_cuda_stream()), fn,
-                             "kernel grouped_quantize");
-  if (a->kind != LUTRA_QUANT_MXFP8 && a->kind != LUTRA_QUANT_BLOCK_1D &&
+  if (a->kind != LUTRA_QUANT_DELAYED && a->kind != LUTRA_QUANT_CURRENT &&
+      a->kind != LUTRA_QUANT_MXFP8 && a->kind != LUTRA_QUANT_BLOCK_1D &&
       a->kind != LUTRA_QUANT_BLOCK_2D)
     return lutra_error(LUTRA_EUNSUPPORTED, fn, "no grouped quantization for quantizer kind %d",
                        (int)a->kind);
   CHECK_ARG(a->kind != LUTRA_QUANT_MXFP8 || (a->cols % 32 == 0 && a->out.align % 32 == 0),
             "MXFP8 needs columns and row padding in multiples of 32 (got %lld, %d)",
             (long long)a->cols, (int)a->out.align);
-  return lutra_cuda_status(lk_grouped_quantize_blocks(a, cap, lutra_cuda_stream()), fn,
-                           "kernel grouped_quantize_blocks");
+  grouped_quant_call c = {
+      .args = *a,
+      .rows_cap = a->xs ? (int64_t)a->num * lutra_grouped_roundup(a->rows_each, a->out.align)
+                        : lutra_grouped_rows_cap(a->total_rows, a->num, a->out.align),
+      .stream = lutra_cuda_stream()};
+  return lutra_call_graphs_run(lutra_cuda_launch_graphs(LUTRA_LAUNCH_GROUPED_QUANTIZE),
+                               LUTRA_CALLS_KERNEL, &c, sizeof c, c.stream, issue_grouped_quantize,
+                               &c, fn);
 }
 
 /* the CUTLASS kernels' workspace for num experts, asked once per expert count and thread (a
@@ -44,7 +67,7 @@ static size_t workspace_for(int num) {
   return last_bytes;
 }
 
-/* A grouped GEMM call as its cached graph's key (gemm_graphs.c): everything its launches bake
+/* A grouped GEMM call as its cached graph's key (call_graphs.c): everything its launches bake
  * in. The problem sizes are not in it: the setup kernel reads them from the device splits. */
 typedef struct grouped_call {
   lutra_grouped_gemm_args args;
@@ -80,7 +103,7 @@ static int issue_grouped(void *ctx) {
 }
 
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
-  static const char *const fn = gemm_fn;
+  const char *fn = gemm_fn;
   CHECK_ARG(g && g->num > 0 && g->scratch, "bad grouped GEMM arguments");
   /* No f32 (or TF32) grouped instantiation: each costs minutes of compile time, and an f32
    * GroupedLinear with host splits runs one cuBLASLt f32 GEMM per expert instead
@@ -106,8 +129,8 @@ int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
   /* the workspace before any capture: a capture must not record its allocation */
   TRY(lutra_cuda_workspace(need, &c.workspace, &c.workspace_bytes));
   if (!g->call_graphs) return issue_grouped(&c);
-  return lutra_call_graphs_run((lutra_call_graphs **)g->call_graphs, &c, sizeof c, c.stream,
-                               issue_grouped, &c, fn);
+  return lutra_call_graphs_run((lutra_call_graphs **)g->call_graphs, LUTRA_CALLS_GEMM, &c, sizeof c,
+                               c.stream, issue_grouped, &c, fn);
 }
 
 /* ---- host splits: staged through a pinned ring ------------------------------------------------

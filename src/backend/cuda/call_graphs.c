@@ -1,0 +1,249 @@
+/* Eager calls replayed as CUDA graphs. A cublasLtMatmul costs the host several times what a
+ * cudaGraphLaunch does (BENCHMARKS.md has the figures), and so do a grouped GEMM's two launches
+ * (the setup kernel and the clustered CUTLASS kernel) and even one kernel launch (the norm, a
+ * cast, an activation: a <<<>>> launch costs the host about twice a graph launch on the H200
+ * machines measured); in a training loop every such call comes again and again with the same
+ * arguments: modules own their outputs, gradients and quantized copies, so the pointers do not
+ * change from step to step. A cache therefore keeps the calls it has seen, keyed by every
+ * argument the call bakes into its kernels (for cuBLASLt: operand, output, bias, aux, scale and
+ * workspace pointers, beta, the stream; for a grouped GEMM or a kernel launcher: its whole
+ * argument struct, its scratch and the stream): the second time a call comes, its launches are
+ * captured into a graph, and from then on that graph is launched instead. A graph
+ * reads and writes memory when it runs, exactly as the call would (a grouped GEMM's problem
+ * sizes are read from the device splits by its setup kernel, inside the graph), so results are
+ * the same bit for bit; only what the call's arguments point to may change.
+ *
+ * The first sighting runs directly (it also loads the kernel's module and initializes CUTLASS's
+ * cached GEMM object, which a capture must not do), so a one-off call never pays for a capture.
+ * Calls made while lutra captures a graph of its own run directly: that capture records them.
+ * A call about to be captured here while someone else captures the stream runs directly too;
+ * a call whose graph exists goes into that capture as a child graph node (CUDA refuses a
+ * cudaGraphLaunch on a capturing stream), which costs a capture-status query per cached call
+ * (cudaStreamGetCaptureInfo) on a caller's stream; the thread's own stream, whose handle never
+ * leaves lutra, is captured only by lutra and needs none. A cache (one per GEMM plan
+ * and per GroupedLinear, keeping 32 calls: the layers that share a shape, a module's passes;
+ * one per kernel launcher and stream, keeping 512: every layer's norm, cast, activation) finds
+ * a key through a hash of its bytes; past its capacity further calls run directly, and nothing
+ * is evicted. Destroying a cache destroys its graphs, which CUDA frees once a launch still in
+ * flight ends. LUTRA_GEMM_GRAPHS=0 in the environment at load turns the GEMM caches off,
+ * LUTRA_LAUNCH_GRAPHS=0 the kernel launchers' (each on its own, for side-by-side figures).
+ *
+ * Threads: plans are per thread and each thread captures its own stream (thread-local capture
+ * mode: another thread's calls neither invalidate this capture nor are refused by it), so a
+ * plan's cache is never seen by two threads; a module is used by one thread at a time. The key
+ * holds the stream and the workspace (one per thread and stream), so a thread that switches
+ * streams captures a graph per stream. Only the statistics are process-wide (atomic). */
+#include "cuda_backend.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct call_graph {
+  cudaGraph_t graph;    /* what exec was made from: a capture of the stream takes it as a child */
+  cudaGraphExec_t exec; /* NULL: seen once (or could not be captured: see broken) */
+  bool broken;          /* the capture failed: this call always runs directly */
+} call_graph;
+
+/* calls[i]'s key is the key_bytes at keys + i * key_bytes, its hash hashes[i]; index is an
+ * open-addressing table (mask + 1 slots, twice the capacity: short probes) of call numbers + 1,
+ * 0 for an empty slot */
+struct lutra_call_graphs {
+  int kind, count, capacity;
+  uint32_t mask;
+  size_t key_bytes;
+  call_graph *calls;
+  uint64_t *hashes;
+  int32_t *index;
+  unsigned char *keys;
+};
+
+static const int capacity_of[LUTRA_CALLS_KINDS] = {
+    [LUTRA_CALLS_GEMM] = 32, [LUTRA_CALLS_KERNEL] = 512};
+static bool graphs_on[LUTRA_CALLS_KINDS] = {true, true};
+static _Atomic int64_t stat_graphs[LUTRA_CALLS_KINDS], stat_launches[LUTRA_CALLS_KINDS];
+
+static bool switched_off(const char *name) {
+  const char *v = getenv(name);
+  return v && strcmp(v, "0") == 0;
+}
+
+__attribute__((constructor)) static void read_graphs_switch(void) {
+  graphs_on[LUTRA_CALLS_GEMM] = !switched_off("LUTRA_GEMM_GRAPHS");
+  graphs_on[LUTRA_CALLS_KERNEL] = !switched_off("LUTRA_LAUNCH_GRAPHS");
+}
+
+void lutra_cuda_call_graphs_free(void *g) {
+  lutra_call_graphs_free(g);
+}
+
+void lutra_call_graphs_free(lutra_call_graphs *g) {
+  if (!g) return;
+  for (int i = 0; i < g->count; i++)
+    if (g->calls[i].exec) {
+      cudaGraphExecDestroy(g->calls[i].exec);
+      cudaGraphDestroy(g->calls[i].graph);
+      stat_graphs[g->kind]--;
+    }
+  free(g);
+}
+
+/* One allocation: the struct, then calls, hashes, index and keys (each 8-byte aligned). */
+static lutra_call_graphs *cache_new(int kind, size_t key_bytes) {
+  const int cap = capacity_of[kind];
+  uint32_t slots = 1;
+  while (slots < 2u * (uint32_t)cap)
+    slots <<= 1;
+  const size_t calls = (sizeof(lutra_call_graphs) + 7) / 8 * 8;
+  const size_t hashes = calls + (size_t)cap * sizeof(call_graph);
+  const size_t index = hashes + (size_t)cap * sizeof(uint64_t);
+  const size_t keys = index + ((size_t)slots * sizeof(int32_t) + 7) / 8 * 8;
+  unsigned char *m = calloc(1, keys + (size_t)cap * key_bytes);
+  if (!m) return NULL;
+  lutra_call_graphs *g = (lutra_call_graphs *)m;
+  g->kind = kind;
+  g->capacity = cap;
+  g->mask = slots - 1;
+  g->key_bytes = key_bytes;
+  g->calls = (call_graph *)(m + calls);
+  g->hashes = (uint64_t *)(m + hashes);
+  g->index = (int32_t *)(m + index);
+  g->keys = m + keys;
+  return g;
+}
+
+/* A 64-bit hash of the key's bytes, eight at a time (keys are structs of pointers and sizes:
+ * mostly whole words) */
+static uint64_t key_hash(const void *key, size_t n) {
+  const unsigned char *p = key;
+  uint64_t h = 0x9E3779B97F4A7C15ull ^ n;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0xFF51AFD7ED558CCDull;
+    h ^= h >> 32;
+  }
+  for (; n > 0; n--, p++)
+    h = (h ^ *p) * 0x100000001B3ull;
+  return h ^ (h >> 29);
+}
+
+/* The call cached under key, or NULL; *slot_out: the index slot it is in or would go to. */
+static call_graph *find(const lutra_call_graphs *g, const void *key, uint64_t h,
+                        uint32_t *slot_out) {
+  uint32_t s = (uint32_t)h & g->mask;
+  for (int32_t i; (i = g->index[s]) != 0; s = (s + 1) & g->mask) {
+    const int c = i - 1;
+    if (g->hashes[c] == h && memcmp(g->keys + (size_t)c * g->key_bytes, key, g->key_bytes) == 0)
+      return &g->calls[c];
+  }
+  *slot_out = s;
+  return NULL;
+}
+/* Captures issue(ctx) on the call's stream into an executable graph; NULL when it cannot be
+ * (the call then runs directly, now and later, and reports its own errors). */
+static bool capture(call_graph *c, cudaStream_t s, int (*issue)(void *), void *ctx) {
+  if (cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  int st = issue(ctx);
+  cudaGraph_t graph = NULL;
+  cudaError_t e = cudaStreamEndCapture(s, &graph);
+  cudaGraphExec_t exec = NULL;
+  if (st == LUTRA_OK && e == cudaSuccess && graph) e = cudaGraphInstantiate(&exec, graph, 0);
+  if (e != cudaSuccess || st != LUTRA_OK) {
+    cudaGetLastError(); /* a failed capture must not leave its error for the next call */
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    return false;
+  }
+  c->graph = graph;
+  c->exec = exec;
+  return true;
+}
+
+/* Whether someone captures the stream, and then what the capture holds so far (*outer, *deps).
+ * The thread's own stream is captured by nobody but lutra (cuda_backend.h): no query there.
+ * false with *unknown set where the query fails or finds an invalidated capture. */
+static bool captured(cudaStream_t stream, cudaGraph_t *outer, const cudaGraphNode_t **deps,
+                     size_t *ndeps, bool *unknown) {
+  *unknown = false;
+  if (lutra_cuda_stream_private() && stream == lutra_cuda_stream()) return false;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamGetCaptureInfo(stream, &cs, NULL, outer, deps, NULL, ndeps) != cudaSuccess) {
+    cudaGetLastError(); /* e.g. edges with data this query cannot return */
+    *unknown = true;
+    return false;
+  }
+  *unknown = cs == cudaStreamCaptureStatusInvalidated;
+  return cs == cudaStreamCaptureStatusActive;
+}
+
+/* c's graph on stream: launched, or, while someone captures the stream, added to that capture
+ * as a child node after what the capture holds so far (the capture then continues from it).
+ * Where the stream's state is unknown the call runs directly (and reports what it meets). */
+static int launch(int kind, const call_graph *c, cudaStream_t stream, int (*issue)(void *),
+                  void *ctx, const char *fn) {
+  cudaGraph_t outer = NULL;
+  const cudaGraphNode_t *deps = NULL;
+  size_t ndeps = 0;
+  bool unknown;
+  const bool in_capture = captured(stream, &outer, &deps, &ndeps, &unknown);
+  if (unknown) return issue(ctx);
+  stat_launches[kind]++;
+  if (!in_capture)
+    return lutra_cuda_status(cudaGraphLaunch(c->exec, stream), fn,
+                             "cudaGraphLaunch (a cached call)");
+  cudaGraphNode_t node;
+  cudaError_t e = cudaGraphAddChildGraphNode(&node, outer, deps, ndeps, c->graph);
+  if (e == cudaSuccess)
+    e = cudaStreamUpdateCaptureDependencies(stream, &node, NULL, 1,
+                                            cudaStreamSetCaptureDependencies);
+  return lutra_cuda_status(e, fn, "adding a cached call to the stream's capture");
+}
+
+int lutra_call_graphs_run(lutra_call_graphs **slot, int kind, const void *key, size_t key_bytes,
+                          cudaStream_t stream, int (*issue)(void *), void *ctx, const char *fn) {
+  if (!graphs_on[kind] || lutra_capture_active) return issue(ctx);
+  lutra_call_graphs *g = *slot;
+  if (!g) {
+    g = cache_new(kind, key_bytes);
+    if (!g) return issue(ctx);
+    *slot = g;
+  }
+  if (g->key_bytes != key_bytes || g->kind != kind) return issue(ctx); /* one key type a cache */
+  const uint64_t h = key_hash(key, key_bytes);
+  uint32_t free_slot = 0;
+  call_graph *c = find(g, key, h, &free_slot);
+  if (c && c->exec) return launch(kind, c, stream, issue, ctx, fn);
+  if (!c) { /* first sighting: remember it, run it directly */
+    if (g->count < g->capacity) {
+      const int n = g->count++;
+      memcpy(g->keys + (size_t)n * key_bytes, key, key_bytes);
+      g->hashes[n] = h;
+      g->calls[n] = (call_graph){0};
+      g->index[free_slot] = n + 1;
+    }
+    return issue(ctx);
+  }
+  if (c->broken) return issue(ctx);
+  enum cudaStreamCaptureStatus outer = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &outer) != cudaSuccess ||
+      outer != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return issue(ctx);
+  }
+  if (!capture(c, stream, issue, ctx)) {
+    c->broken = true;
+    return issue(ctx);
+  }
+  stat_graphs[kind]++;
+  stat_launches[kind]++;
+  return lutra_cuda_status(cudaGraphLaunch(c->exec, stream), fn, "cudaGraphLaunch (a cached call)");
+}
+
+void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches) {
+  *graphs = stat_graphs[kind];
+  *launches = stat_launches[kind];
+}
