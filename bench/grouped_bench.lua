@@ -46,6 +46,8 @@ local function parse(argv)
   p:option("--batches", "timed batches per figure", "15", tonumber)
   p:option("--calls", "calls per timed batch", "200", tonumber)
   p:flag("--quick", "3 batches of 50 calls, fewer GEMM repetitions")
+  p:flag("--caller-stream", "host part: time lutra on the replay floors' stream (a caller's) "
+         .. "instead of its own")
   p:option("--floors-lib", "bench/host_floors.cu's library", "build/libhost_floors.so")
    :target("floors-lib")
   p:option("--device", "cuda or cpu (cpu: the host part on the CPU backend)", "cuda")
@@ -67,10 +69,12 @@ local function gpu_time(fn) return timing.mean_time(DEV, fn, o.quick and 5 or 20
 
 local hf -- bench/host_floors.cu's library, when loaded (cuda)
 
--- lutra's stream (the replay floors' too: lutra runs on it) and the empty launches' own
+-- lutra's stream, the replay floors' and the empty launches' own
+local replay_stream -- nil: no replay floors (cpu, no library, or one built without them)
 local function sync()
   lutra.synchronize(DEV)
   if hf then hf.hf_sync() end
+  if replay_stream then hf.hf_replay_sync() end
 end
 
 -- per batch: sync, `calls` calls of fn, the host time of the loop / calls, then the same for
@@ -107,6 +111,7 @@ ffi.cdef [[
   int hf_available(int floor);
   const char *const hf_names[64];
   int hf_replay_stream(void **stream_out);
+  int hf_replay_sync(void);
   int hf_replay_begin(void **stream_out);
   int hf_replay_end(int slot);
   int hf_replay_abort(void);
@@ -148,8 +153,10 @@ local function launches(mode, backward)
   local gemm = GRAPHS and 1 or 2
   local wgrad_bf16 = GRAPHS and 1 or 3
   local fwd = mode == "bf16" and gemm or (2 * quant + gemm + (mode == "delayed" and 1 or 0))
+  -- grad_output's quantization and its k_dbias: one graph launch when kernels are cached
+  local dy_quant = KERNEL_GRAPHS and 1 or quant + 1
   local bwd = mode == "bf16" and gemm + wgrad_bf16
-              or (quant + 1 + 2 * gemm + (mode == "delayed" and 1 or 0))
+              or (dy_quant + 2 * gemm + (mode == "delayed" and 1 or 0))
   return 0, fwd + (backward and bwd or 0) -- memcpys, launches
 end
 
@@ -171,7 +178,6 @@ end
 -- eager path the timed calls take (under lutra_graph_begin it would not: cached one-GEMM graphs
 -- run directly there, and what a graph uses is held).
 local REPLAY_SLOT = 0
-local replay_stream -- nil: no replay floors (cpu, no library, or one built without them)
 local stream_box, counts_box = ffi.new("void *[1]"), ffi.new("int64_t[5]")
 
 local function load_replay()
@@ -353,12 +359,24 @@ local function host_part()
           replay, cap = replay_floor(fig[2], what, 2 * ring_n + 1)
           empty = floor_fn(copies, kernels)
         end
+        -- timed on lutra's own stream, as a user's calls run by default (a caller's stream,
+        -- which someone else may be capturing, costs each cached call a capture-status query:
+        -- --caller-stream times that); the floor stays on the replay stream it was captured on
+        if replay_stream and not o.caller_stream then
+          lutra.synchronize(DEV)
+          lutra.cuda_set_stream(nil)
+          for _ = 1, 2 * ring_n + 1 do fig[2]() end -- the own stream's caches made
+        end
         local alts = {}
         if replay then alts[#alts + 1] = replay end
         if empty then alts[#alts + 1] = empty end
         local t, m_alts = host_time(fig[2], o.calls, o.batches, alts)
         local f, fe = replay and m_alts[1], empty and m_alts[#alts]
         if replay then hf.hf_replay_free(REPLAY_SLOT) end
+        if replay_stream and not o.caller_stream then
+          lutra.synchronize(DEV)
+          lutra.cuda_set_stream(replay_stream)
+        end
         local function us(v) return v and string.format("%.2f", v * 1e6) or "n/a" end
         print(string.format("| %d | %s | %s | %.2f | %s | %s | %s | %d |", E, mode, fig[1],
                             t * 1e6, us(f), f and string.format("%.2f", t / f) or "n/a", us(fe),

@@ -46,6 +46,7 @@
  *   hf_replay_stream(&s)     creates (once) the replay stream, non-blocking like lutra's own,
  *                            and returns it: hand it to lutra (lutra.cuda_set_stream) so that
  *                            the call, its capture and the re-issued floor share one stream
+ *   hf_replay_sync()         waits for the replay stream (nothing to do before it exists)
  *   hf_replay_begin(&s)      the same, then starts a thread-local capture on it
  *   hf_replay_end(slot)      ends the capture and records it in slot (0..7, free); a capture
  *                            that failed or holds something refused is discarded whole
@@ -485,6 +486,11 @@ static int issue(Op &o, cudaStream_t st) {
 EXPORT int hf_replay_stream(void **stream_out) {
   if (!g_rstream) CK(cudaStreamCreateWithFlags(&g_rstream, cudaStreamNonBlocking));
   if (stream_out) *stream_out = g_rstream;
+  return 0;
+}
+
+EXPORT int hf_replay_sync(void) {
+  if (g_rstream) CK(cudaStreamSynchronize(g_rstream));
   return 0;
 }
 

@@ -20,13 +20,14 @@
  * a call whose graph exists goes into that capture as a child graph node (CUDA refuses a
  * cudaGraphLaunch on a capturing stream), which costs a capture-status query per cached call
  * (cudaStreamGetCaptureInfo) on a caller's stream; the thread's own stream, whose handle never
- * leaves lutra, is captured only by lutra and needs none. A cache (one per GEMM plan
- * and per GroupedLinear, keeping 32 calls: the layers that share a shape, a module's passes;
- * one per kernel launcher and stream, keeping 512: every layer's norm, cast, activation) finds
- * a key through a hash of its bytes; past its capacity further calls run directly, and nothing
- * is evicted. Destroying a cache destroys its graphs, which CUDA frees once a launch still in
- * flight ends. LUTRA_GEMM_GRAPHS=0 in the environment at load turns the GEMM caches off,
- * LUTRA_LAUNCH_GRAPHS=0 the kernel launchers' (each on its own, for side-by-side figures).
+ * leaves lutra, is captured only by lutra and needs none. A cache (one per GEMM plan,
+ * keeping 256 calls: every layer that shares the shape, in training and in eval, on each stream
+ * used; one per GroupedLinear, 256: its passes over each splits tensor it is given; one per
+ * kernel launcher and stream, 512: every layer's norm, cast, activation) finds a key through a
+ * hash of its bytes; past its capacity further calls run directly, and nothing is evicted.
+ * Destroying a cache destroys its graphs, which CUDA frees once a launch still in flight ends.
+ * LUTRA_GEMM_GRAPHS=0 in the environment at load turns the GEMM caches off, LUTRA_LAUNCH_GRAPHS=0
+ * the kernel launchers' (each on its own, for side-by-side figures).
  *
  * Threads: plans are per thread and each thread captures its own stream (thread-local capture
  * mode: another thread's calls neither invalidate this capture nor are refused by it), so a
@@ -59,7 +60,7 @@ struct lutra_call_graphs {
 };
 
 static const int capacity_of[LUTRA_CALLS_KINDS] = {
-    [LUTRA_CALLS_GEMM] = 32, [LUTRA_CALLS_KERNEL] = 512};
+    [LUTRA_CALLS_GEMM] = 256, [LUTRA_CALLS_KERNEL] = 512};
 static bool graphs_on[LUTRA_CALLS_KINDS] = {true, true};
 static _Atomic int64_t stat_graphs[LUTRA_CALLS_KINDS], stat_launches[LUTRA_CALLS_KINDS];
 
