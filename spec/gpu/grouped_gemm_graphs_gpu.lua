@@ -25,34 +25,8 @@ end
 
 local function values(t) return t:to_table() end
 
--- the CUDA runtime liblutra links (already loaded: its soname), for a capture of our own
-local function cudart()
-  pcall(ffi.cdef, [[
-    int cudaStreamCreateWithFlags(void **stream, unsigned int flags);
-    int cudaStreamDestroy(void *stream);
-    int cudaStreamSynchronize(void *stream);
-    int cudaStreamBeginCapture(void *stream, int mode);
-    int cudaStreamEndCapture(void *stream, void **graph);
-    int cudaGraphInstantiate(void **exec, void *graph, unsigned long long flags);
-    int cudaGraphLaunch(void *exec, void *stream);
-    int cudaGraphExecDestroy(void *exec);
-    int cudaGraphDestroy(void *graph);
-  ]])
-  for _, name in ipairs { "libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart" } do
-    local ok, lib = pcall(ffi.load, name)
-    if ok then return lib end
-  end
-  error("the CUDA runtime library could not be loaded")
-end
 
-local function same_values(got, want, what)
-  assert.are.equal(#want, #got, what)
-  for i = 1, #want do
-    if not (got[i] == want[i] or (got[i] ~= got[i] and want[i] ~= want[i])) then
-      S.fail("%s: element %d differs: %.9g vs %.9g", what, i, got[i], want[i])
-    end
-  end
-end
+local same_values = S.same_values
 
 local function grads_of(m)
   local out = {}
@@ -131,12 +105,7 @@ describe("GroupedLinear's grouped GEMMs replayed as cached graphs on " .. DEV, f
   test("inside someone else's capture of lutra's stream a cached call goes in as a child graph",
        function()
     if DEV ~= "cuda" then return end -- a CUDA stream capture: nothing to check on the CPU
-    local rt = cudart()
-    local box = ffi.new("void *[1]")
-    assert.are.equal(0, rt.cudaStreamCreateWithFlags(box, 1))
-    local stream = box[0]
-    lutra.cuda_set_stream(stream)
-    local ok, err = pcall(function()
+    S.with_caller_stream(function(rt, stream)
       local a = { bias = true, dtype = "bf16", seed = 500 }
       local ref = hold(nn.GroupedLinear(NUM, IN, OUT, a))
       a.device = DEV
@@ -183,10 +152,6 @@ describe("GroupedLinear's grouped GEMMs replayed as cached graphs on " .. DEV, f
       rt.cudaGraphExecDestroy(ebox[0])
       rt.cudaGraphDestroy(gbox[0])
     end)
-    lutra.synchronize(DEV)
-    lutra.cuda_set_stream(nil)
-    rt.cudaStreamDestroy(stream)
-    assert(ok, err)
   end)
 
   test("a module freed and made again: its graphs go with it, the new one runs correctly",

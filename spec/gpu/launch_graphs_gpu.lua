@@ -20,34 +20,8 @@ local function served()
   return launches
 end
 
-local function same_values(got, want, what)
-  assert.are.equal(#want, #got, what)
-  for i = 1, #want do
-    if not (got[i] == want[i] or (got[i] ~= got[i] and want[i] ~= want[i])) then
-      S.fail("%s: element %d differs: %.9g vs %.9g", what, i, got[i], want[i])
-    end
-  end
-end
+local same_values = S.same_values
 
--- the CUDA runtime liblutra links (already loaded: its soname), for a capture of our own
-local function cudart()
-  pcall(ffi.cdef, [[
-    int cudaStreamCreateWithFlags(void **stream, unsigned int flags);
-    int cudaStreamDestroy(void *stream);
-    int cudaStreamSynchronize(void *stream);
-    int cudaStreamBeginCapture(void *stream, int mode);
-    int cudaStreamEndCapture(void *stream, void **graph);
-    int cudaGraphInstantiate(void **exec, void *graph, unsigned long long flags);
-    int cudaGraphLaunch(void *exec, void *stream);
-    int cudaGraphExecDestroy(void *exec);
-    int cudaGraphDestroy(void *graph);
-  ]])
-  for _, name in ipairs { "libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart" } do
-    local ok, lib = pcall(ffi.load, name)
-    if ok then return lib end
-  end
-  error("the CUDA runtime library could not be loaded")
-end
 
 local ROWS, HIDDEN = 130, 256
 
@@ -140,12 +114,7 @@ describe("kernel launches replayed as cached graphs on " .. DEV, function()
   test("inside someone else's capture of lutra's stream a cached norm goes in as a child graph",
        function()
     if DEV ~= "cuda" then return end -- a CUDA stream capture: nothing to check on the CPU
-    local rt = cudart()
-    local box = ffi.new("void *[1]")
-    assert.are.equal(0, rt.cudaStreamCreateWithFlags(box, 1))
-    local stream = box[0]
-    lutra.cuda_set_stream(stream)
-    local ok, err = pcall(function()
+    S.with_caller_stream(function(rt, stream)
       local seed = math.random(1, 2 ^ 30)
       local ma = hold(nn.RMSNorm(HIDDEN, { dtype = "bf16", device = REF }))
       local mb = hold(nn.RMSNorm(HIDDEN, { dtype = "bf16", device = DEV }))
@@ -175,9 +144,5 @@ describe("kernel launches replayed as cached graphs on " .. DEV, function()
       rt.cudaGraphExecDestroy(ebox[0])
       rt.cudaGraphDestroy(gbox[0])
     end)
-    lutra.synchronize(DEV)
-    lutra.cuda_set_stream(nil)
-    rt.cudaStreamDestroy(stream)
-    assert(ok, err)
   end)
 end)

@@ -449,4 +449,51 @@ function S.assert_grouped_steps(ref, dev, o)
   end
 end
 
+-- equal values (NaN equal to NaN) of two tables, element by element
+function S.same_values(got, want, what)
+  assert.are.equal(#want, #got, what)
+  for i = 1, #want do
+    if not (got[i] == want[i] or (got[i] ~= got[i] and want[i] ~= want[i])) then
+      S.fail("%s: element %d differs: %.9g vs %.9g", what, i, got[i], want[i])
+    end
+  end
+end
+
+-- the CUDA runtime liblutra links (already loaded: its soname), for a stream capture of a
+-- spec's own (not lutra.graph's)
+function S.cudart()
+  local ffi = require("ffi")
+  pcall(ffi.cdef, [[
+    int cudaStreamCreateWithFlags(void **stream, unsigned int flags);
+    int cudaStreamDestroy(void *stream);
+    int cudaStreamSynchronize(void *stream);
+    int cudaStreamBeginCapture(void *stream, int mode);
+    int cudaStreamEndCapture(void *stream, void **graph);
+    int cudaGraphInstantiate(void **exec, void *graph, unsigned long long flags);
+    int cudaGraphLaunch(void *exec, void *stream);
+    int cudaGraphExecDestroy(void *exec);
+    int cudaGraphDestroy(void *graph);
+  ]])
+  for _, name in ipairs { "libcudart.so.13", "libcudart.so.12", "libcudart.so", "cudart" } do
+    local ok, lib = pcall(ffi.load, name)
+    if ok then return lib end
+  end
+  error("the CUDA runtime library could not be loaded")
+end
+
+-- fn(rt, stream) with lutra on a new non-blocking stream of the spec's own (rt: S.cudart()),
+-- and lutra back on its own stream afterwards, whatever fn did
+function S.with_caller_stream(fn)
+  local rt = S.cudart()
+  local box = require("ffi").new("void *[1]")
+  assert.are.equal(0, rt.cudaStreamCreateWithFlags(box, 1))
+  local stream = box[0]
+  lutra.cuda_set_stream(stream)
+  local ok, err = pcall(fn, rt, stream)
+  lutra.synchronize(S.DEV)
+  lutra.cuda_set_stream(nil)
+  rt.cudaStreamDestroy(stream)
+  assert(ok, err)
+end
+
 return S
