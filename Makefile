@@ -81,7 +81,7 @@ CDEF = lua/lutra/cdef.lua
 LUA_FILES = $(filter-out $(CDEF),$(sort $(wildcard lua/lutra/*.lua)))
 RUN_ENV = LUA_PATH="lua/?.lua;lua/?/init.lua;;" LUAJIT="$(LUAJIT)"
 
-.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm sim-rowwise threads-check check-codecs check-activations check-fp4 sim-nvfp4
+.PHONY: all test test-asan test-gpu run bench bench-dist doc install install-rock clean format sim-mx sim-moe sim-grouped sim-norm sim-rowwise threads-check check-codecs check-activations check-fp4 sim-nvfp4 check-call-graphs
 
 all: $(LIB) $(SONAME) $(CDEF)
 
@@ -231,6 +231,17 @@ build/check_activation_math: tools/check_activation_math.cu $(SIM_OBJ) kernels/a
 	  -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 check-activations: build/check_activation_math
 	./build/check_activation_math
+
+# The call-graph cache (src/backend/cuda/call_graphs.c) against a fake CUDA runtime that replays
+# what a capture recorded (tools/check_call_graphs.c; spec/call_graphs_spec.lua): needs the CUDA
+# headers, not a GPU.
+build/check_call_graphs: tools/check_call_graphs.c src/backend/cuda/call_graphs.c \
+                         src/backend/cuda/cuda_backend.h $(HDRS)
+	@mkdir -p build
+	$(CC) -std=c11 -O1 -Wall -Wextra -Werror -Isrc -Ikernels -I$(CUDA_HOME)/include \
+	  -DLUTRA_WITH_CUDA -o $@ tools/check_call_graphs.c src/backend/cuda/call_graphs.c
+check-call-graphs: build/check_call_graphs
+	./build/check_call_graphs
 
 # Threads training their own models at once against one thread alone, bit for bit, and the
 # release of per-thread caches at thread exit (tools/threads_check.c; spec/threads_spec.lua runs

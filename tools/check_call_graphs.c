@@ -1,0 +1,261 @@
+/* The call-graph cache (src/backend/cuda/call_graphs.c) against a fake CUDA runtime, on the
+ * host: the cache's own logic (first sighting direct, second captured and launched, later ones
+ * launched, keys told apart byte by byte, capacity, a failed capture, the capture-status query
+ * on a caller's stream, a child graph inside someone else's capture, lutra's own capture, the
+ * statistics) without a GPU. The fake records what a call's issue function launches while a
+ * capture is open and applies it again at each cudaGraphLaunch, so a replayed call must leave
+ * what the direct call would have left. Needs the CUDA headers only (cuda_backend.h includes
+ * them); spec/call_graphs_spec.lua builds and runs it (make check-call-graphs).
+ * Output: one "ok"/"FAIL" line per check, then "N failures". */
+#include "backend/cuda/cuda_backend.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the fake runtime --------------------------------------------------------------------
+ * A "launch" adds value to out[slot]. A graph is the list of launches captured into it. */
+enum { MAX_OPS = 8, OUT_SLOTS = 1024 };
+typedef struct fake_graph {
+  int n;
+  int slot[MAX_OPS];
+  int value[MAX_OPS];
+} fake_graph;
+
+static int64_t out[OUT_SLOTS];
+static fake_graph *recording;       /* a capture of ours is open */
+static bool outer_capture;          /* someone else captures the (caller's) stream */
+static int graph_launches, child_nodes, capture_queries, fail_capture_issue;
+static int graphs_alive;
+_Thread_local bool lutra_capture_active;
+static bool own_stream = true;
+static cudaStream_t const OWN = (cudaStream_t)0x1000, CALLER = (cudaStream_t)0x2000;
+
+static void fake_launch(int slot, int value) {
+  if (recording) {
+    recording->slot[recording->n] = slot;
+    recording->value[recording->n++] = value;
+  } else {
+    out[slot] += value;
+  }
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode m) {
+  (void)s, (void)m;
+  recording = calloc(1, sizeof *recording);
+  return recording ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+  (void)s;
+  *g = (cudaGraph_t)recording;
+  recording = NULL;
+  graphs_alive++;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags) {
+  (void)flags;
+  *e = (cudaGraphExec_t)g; /* the same record: exec and graph are destroyed together */
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+  (void)s;
+  const fake_graph *g = (const fake_graph *)e;
+  for (int i = 0; i < g->n; i++)
+    out[g->slot[i]] += g->value[i];
+  graph_launches++;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+  (void)e;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+  free(g);
+  graphs_alive--;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *st) {
+  *st = s == CALLER && outer_capture ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamGetCaptureInfo(cudaStream_t s, enum cudaStreamCaptureStatus *st,
+                                     unsigned long long *id, cudaGraph_t *graph,
+                                     const cudaGraphNode_t **deps, const cudaGraphEdgeData **edges,
+                                     size_t *ndeps) {
+  (void)id, (void)edges;
+  capture_queries++;
+  cudaStreamIsCapturing(s, st);
+  if (graph) *graph = NULL;
+  if (deps) *deps = NULL;
+  if (ndeps) *ndeps = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphAddChildGraphNode(cudaGraphNode_t *node, cudaGraph_t graph,
+                                       const cudaGraphNode_t *deps, size_t n, cudaGraph_t child) {
+  (void)graph, (void)deps, (void)n, (void)child;
+  *node = (cudaGraphNode_t)0x3000;
+  child_nodes++;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamUpdateCaptureDependencies(cudaStream_t s, cudaGraphNode_t *deps,
+                                                const cudaGraphEdgeData *data, size_t n,
+                                                unsigned int flags) {
+  (void)s, (void)deps, (void)data, (void)n, (void)flags;
+  return cudaSuccess;
+}
+
+/* ---- what call_graphs.c needs of the rest of the backend ----------------------------------- */
+int lutra_cuda_status(cudaError_t e, const char *fn, const char *what) {
+  (void)fn, (void)what;
+  return e == cudaSuccess ? LUTRA_OK : LUTRA_EBACKEND;
+}
+cudaStream_t lutra_cuda_stream(void) {
+  return own_stream ? OWN : CALLER;
+}
+bool lutra_cuda_stream_private(void) {
+  return own_stream;
+}
+
+/* ---- the calls ------------------------------------------------------------------------------ */
+typedef struct test_key {
+  int32_t slot, value; /* the call adds value to out[slot], twice (two launches) */
+  cudaStream_t stream;
+} test_key;
+
+static int direct_issues; /* issue() calls made outside a capture */
+
+static int issue(void *p) {
+  const test_key *k = p;
+  if (!recording) direct_issues++;
+  if (recording && fail_capture_issue) return LUTRA_EBACKEND;
+  fake_launch(k->slot, k->value);
+  fake_launch(k->slot, k->value);
+  return LUTRA_OK;
+}
+
+static int run(lutra_call_graphs **cache, int kind, int slot, int value) {
+  test_key k = {slot, value, lutra_cuda_stream()};
+  return lutra_call_graphs_run(cache, kind, &k, sizeof k, k.stream, issue, &k, "check");
+}
+
+static int failures;
+static void check(bool ok, const char *what) {
+  printf("%s %s\n", ok ? "ok  " : "FAIL", what);
+  if (!ok) failures++;
+}
+
+int main(void) {
+  lutra_call_graphs *cache = NULL;
+  int64_t graphs, served;
+
+  /* the sightings: direct, captured + launched, launched */
+  run(&cache, LUTRA_CALLS_KERNEL, 1, 5);
+  check(out[1] == 10 && direct_issues == 1 && graph_launches == 0, "first sighting runs directly");
+  run(&cache, LUTRA_CALLS_KERNEL, 1, 5);
+  check(out[1] == 20 && direct_issues == 1 && graph_launches == 1,
+        "second sighting is captured and launched, with the direct call's effect");
+  run(&cache, LUTRA_CALLS_KERNEL, 1, 5);
+  check(out[1] == 30 && direct_issues == 1 && graph_launches == 2,
+        "third call is one graph launch, issue not called");
+  lutra_call_graphs_stats(LUTRA_CALLS_KERNEL, &graphs, &served);
+  check(graphs == 1 && served == 2, "statistics: one graph cached, two calls served");
+  check(capture_queries == 0, "no capture-status query on the thread's own stream");
+
+  /* a key one byte apart is another call */
+  run(&cache, LUTRA_CALLS_KERNEL, 1, 6);
+  check(out[1] == 42 && direct_issues == 2, "a key that differs in one field runs as its own call");
+
+  /* many keys, 16 slots each written by ~31 of them (keys alike but for the value): each
+   * call's graph applies its own effect (the hashed index finds every one, whole keys compared) */
+  memset(out, 0, sizeof out);
+  for (int round = 0; round < 3; round++)
+    for (int s = 100; s < 600; s++)
+      run(&cache, LUTRA_CALLS_KERNEL, 100 + s % 16, s);
+  bool each = true;
+  for (int slot = 100; slot < 116; slot++) {
+    int64_t want = 0;
+    for (int s = 100; s < 600; s++)
+      if (100 + s % 16 == slot) want += 6 * s;
+    each = each && out[slot] == want;
+  }
+  check(each, "500 keys, three calls each: every call's effect, from its own graph");
+
+  /* capacity: 512 calls a kernel cache; past it, calls run directly, and still correctly */
+  memset(out, 0, sizeof out);
+  int before = direct_issues;
+  for (int round = 0; round < 3; round++)
+    for (int s = 600; s < 620; s++)
+      run(&cache, LUTRA_CALLS_KERNEL, s, 1);
+  bool full = true;
+  for (int s = 600; s < 620; s++)
+    full = full && out[s] == 6;
+  /* 502 keys were seen before these 20: 10 fit, 10 run directly all three times */
+  check(full && direct_issues - before == 10 + 30, "past the capacity calls run directly");
+
+  /* a capture that fails: that call runs directly from then on */
+  lutra_call_graphs *other = NULL;
+  memset(out, 0, sizeof out);
+  before = direct_issues;
+  run(&other, LUTRA_CALLS_GEMM, 7, 1);
+  fail_capture_issue = 1;
+  run(&other, LUTRA_CALLS_GEMM, 7, 1);
+  fail_capture_issue = 0;
+  run(&other, LUTRA_CALLS_GEMM, 7, 1);
+  check(out[7] == 6 && direct_issues - before == 3 && graphs_alive == 501 + 10,
+        "a failed capture leaves no graph; the call runs directly, correctly");
+
+  /* lutra's own capture (lutra.graph) records the launches itself: direct */
+  lutra_capture_active = true;
+  before = direct_issues;
+  int launches_before = graph_launches;
+  run(&cache, LUTRA_CALLS_KERNEL, 1, 5);
+  lutra_capture_active = false;
+  check(direct_issues - before == 1 && graph_launches == launches_before,
+        "inside lutra's own capture a cached call runs directly");
+
+  /* a caller's stream: the capture status is asked; inside someone else's capture a cached
+   * call goes in as a child graph (no launch) */
+  own_stream = false;
+  lutra_call_graphs *mine = NULL;
+  memset(out, 0, sizeof out);
+  for (int i = 0; i < 3; i++)
+    run(&mine, LUTRA_CALLS_GEMM, 9, 2);
+  check(out[9] == 12 && capture_queries == 1, "a caller's stream: one query a cached launch");
+  outer_capture = true;
+  launches_before = graph_launches;
+  run(&mine, LUTRA_CALLS_GEMM, 9, 2);
+  outer_capture = false;
+  check(child_nodes == 1 && graph_launches == launches_before && out[9] == 12,
+        "inside someone else's capture: a child graph node, nothing launched");
+  /* a call about to be captured while someone else captures runs directly (their capture
+   * records its launches) */
+  outer_capture = true;
+  before = direct_issues;
+  run(&mine, LUTRA_CALLS_GEMM, 10, 1);
+  run(&mine, LUTRA_CALLS_GEMM, 10, 1);
+  outer_capture = false;
+  check(direct_issues - before == 2, "not captured while someone else captures the stream");
+  own_stream = true;
+
+  /* one key size a cache: another size runs directly */
+  before = direct_issues;
+  int32_t small = 3;
+  lutra_call_graphs_run(&mine, LUTRA_CALLS_GEMM, &small, sizeof small, CALLER, issue,
+                        &(test_key){11, 1, CALLER}, "check");
+  check(direct_issues - before == 1, "a key of another size runs directly");
+
+  /* freeing a cache destroys its graphs */
+  lutra_call_graphs_free(cache);
+  lutra_call_graphs_free(other);
+  lutra_call_graphs_free(mine);
+  lutra_call_graphs_stats(LUTRA_CALLS_KERNEL, &graphs, &served);
+  int64_t gemm_graphs, gemm_served;
+  lutra_call_graphs_stats(LUTRA_CALLS_GEMM, &gemm_graphs, &gemm_served);
+  check(graphs_alive == 0 && graphs == 0 && gemm_graphs == 0,
+        "freed caches destroy their graphs; the statistics follow");
+  printf("%d failures\n", failures);
+  return failures ? 1 : 0;
+}
