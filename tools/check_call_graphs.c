@@ -23,8 +23,8 @@ typedef struct fake_graph {
 } fake_graph;
 
 static int64_t out[OUT_SLOTS];
-static fake_graph *recording;       /* a capture of ours is open */
-static bool outer_capture;          /* someone else captures the (caller's) stream */
+static fake_graph *recording; /* a capture of ours is open */
+static bool outer_capture;    /* someone else captures the (caller's) stream */
 static int graph_launches, child_nodes, capture_queries, fail_capture_issue;
 static int graphs_alive;
 _Thread_local bool lutra_capture_active;
