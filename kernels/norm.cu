@@ -1,7 +1,7 @@
 /* LayerNorm and RMSNorm forward and backward (kernels.h; semantics: lutra_norm_args in
  * src/backend/backend.h, reference src/backend/cpu/norm_cpu.c).
  *
- * Every row sum is the same double sum in the same order: kRowThreads (virtual) threads, thread
+ * Every row sum is the same f32 sum in the same order: kRowThreads (virtual) threads, thread
  * t adding the chunks t, t + kRowThreads, ... of V columns (16 bytes when the rows are aligned),
  * a butterfly per warp, the warps' sums in order from 0.0 (row_reduce). The CPU reference
  * (norm_cpu.c row_sum) adds them in this order, so mean, rstd, y and dx are its bits; dgamma and
@@ -12,16 +12,19 @@
  *     of one wave of blocks, fwd_rows_per_block), two at a time up to 16 elements a
  *     thread (norm_fwd_rows2: both rows' sums in one block reduction, the next two rows' 16-byte
  *     loads issued before the current ones' reductions, three blocks an SM), one at a time for
- *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits) and x is converted
- *     to double per sum, so a thread holds little beyond its rows;
+ *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits), so a thread holds
+ *     little beyond its rows;
  *   backward (norm_bwd_rows): dx and the dgamma/dbeta partials in one pass over x and dy. Block
  *     rb does the rows of row block rb (a split that depends on rows and hidden only, so the sums
  *     are the same on every device and run); each thread owns its columns, adds dy * xhat and dy
  *     over groups of kGroupRows rows in f32 and each group into a double per column in shared
  *     memory, and writes the block's sums, rounded to f32, to partial[rb][c]; norm_dgamma_final
  *     adds the row blocks in a fixed order. Two launches (TransformerEngine's bwd + finalize).
- * In both, the row statistics' double divisions and square root (tens of FP64 instructions)
- * run in one warp, not in all eight: per row they cost more FP64 issue than the row's elements.
+ * In both, the row statistics' divisions and square root run in warp 0 alone (row_reduce's fin).
+ * The sums were double once (FP64 adds and an f32 -> f64 conversion per element, the latter at a
+ * quarter of the f32 rate on Hopper): that bound LayerNorm's forward and the fused casts behind
+ * the memory system (BENCHMARKS.md, "The norms' row sums in f32"); f32 is what TransformerEngine
+ * adds in too.
  * Wider rows take norm_fwd / norm_dx (x re-read from L2 per pass) and the column-tile partials
  * of norm_dgamma_partial (x and dy read again). */
 #include "common.cuh"
@@ -61,23 +64,22 @@ template <int DT, int PDT, int V>
 __global__ void __launch_bounds__(kRowThreads) norm_fwd(lutra_norm_args a) {
   __shared__ RowRed red;
   const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
-  const double hd = static_cast<double>(h);
-  double mean_d = 0.0;
+  float mean = 0.0f;
   if (!a.rms) {
-    double s[1] = {0.0};
-    for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) { s[0] += x; });
-    row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
-      if (lead) red.out[0] = t[0] / hd;
+    float s[1] = {0.0f};
+    for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) { s[0] = fadd(s[0], x); });
+    row_reduce<1>(s, red, [&](float(&t)[1], bool lead) {
+      if (lead) red.out[0] = fdiv(t[0], static_cast<float>(h));
     });
-    mean_d = red.out[0];
+    mean = red.out[0];
   }
-  double q[1] = {0.0};
+  float q[1] = {0.0f};
   for_cols<DT, V>(a.x, o, h, [&](int64_t, float x) {
-    const double d = x - mean_d;
-    q[0] += dmul_rn(d, d);
+    const float d = a.rms ? x : fsub(x, mean);
+    q[0] = fadd(q[0], fmul(d, d));
   });
-  row_reduce<1>(q, red, rstd_fin(a, r, mean_d, red));
-  const float mean = static_cast<float>(mean_d), rstd = static_cast<float>(red.out[1]);
+  row_reduce<1>(q, red, rstd_fin(a, r, mean, red));
+  const float rstd = red.out[1];
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float v[V];
     ldv<DT, V>(a.x, o + c, v);
@@ -107,12 +109,12 @@ __device__ __forceinline__ void dx_terms(const lutra_norm_args &a, int64_t o, in
 }
 
 /* c1 = mean(dxhat xhat), c2 = mean(dxhat) (0 for RMSNorm) into red.out, from warp 0 */
-__device__ __forceinline__ void dx_coefficients(const lutra_norm_args &a, double (&s)[2],
+__device__ __forceinline__ void dx_coefficients(const lutra_norm_args &a, float (&s)[2],
                                                 RowRed &red) {
-  const double hd = static_cast<double>(a.hidden);
-  row_reduce<2>(s, red, [&](double(&t)[2], bool lead) {
-    const float c1 = static_cast<float>(t[0] / hd);
-    const float c2 = a.rms ? 0.0f : static_cast<float>(t[1] / hd);
+  const float hf = static_cast<float>(a.hidden);
+  row_reduce<2>(s, red, [&](float(&t)[2], bool lead) {
+    const float c1 = fdiv(t[0], hf);
+    const float c2 = a.rms ? 0.0f : fdiv(t[1], hf);
     if (!lead) return;
     red.out[0] = c1;
     red.out[1] = c2;
@@ -124,14 +126,14 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
   __shared__ RowRed red;
   const int64_t r = blockIdx.x, h = a.hidden, o = r * h;
   const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
-  double s[2] = {0.0, 0.0};
+  float s[2] = {0.0f, 0.0f};
   for (int64_t c = static_cast<int64_t>(threadIdx.x) * V; c < h; c += kRowThreads * V) {
     float xhat[V], dxhat[V];
     dx_terms<DT, PDT, V>(a, o, c, mean, rstd, xhat, dxhat);
 #pragma unroll
     for (int k = 0; k < V; k++) {
-      s[0] += static_cast<double>(fmul(dxhat[k], xhat[k]));
-      s[1] += dxhat[k];
+      s[0] = fadd(s[0], fmul(dxhat[k], xhat[k]));
+      s[1] = fadd(s[1], dxhat[k]);
     }
   }
   dx_coefficients(a, s, red);
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args
 
 /* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
  * when asked for, and the dgamma / dbeta sums of row block blockIdx.x into partial[rb][c] and
- * partial[nrb + rb][c] (f32). Dynamic shared memory: 2 * hidden doubles. */
+ * partial[nrb + rb][c] (f32). Dynamic shared memory: two doubles per column a thread holds. */
 /* the backward holds two rows (this one and the next, as loaded) of x and dy: two blocks an SM
  * fit 128 registers up to 32 bytes of each a thread */
 template <int DT, int V, int NC> LKOPS_HD constexpr int bwd_blocks_per_sm() {
@@ -201,7 +203,14 @@ template <int DT, int PDT, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
     norm_bwd_rows(lutra_norm_args a, float *partial, int64_t nrb) {
   __shared__ RowRed red;
-  double *acc = reinterpret_cast<double *>(lkc::dyn_smem()); /* only this thread's columns */
+  /* dgamma's sums of this thread's columns, then dbeta's: slot (j V + k) kRowThreads + thread, so
+   * that a warp's 8-byte accesses are consecutive (by column, a thread's V columns apart, they
+   * were 16-way bank conflicts) */
+  double *acc = reinterpret_cast<double *>(lkc::dyn_smem());
+  auto slot = [](int j, int k) {
+    return (j * V + k) * kRowThreads + static_cast<int>(threadIdx.x);
+  };
+  constexpr int kBeta = NC * V * kRowThreads;
   const int64_t h = a.hidden, rb = blockIdx.x, rpb = cdiv<int64_t>(a.rows, nrb);
   const int64_t r0 = imin<int64_t>(a.rows, rb * rpb), r1 = imin<int64_t>(a.rows, r0 + rpb);
   float g[NC][V], sg[NC][V], sb[NC][V];
@@ -211,7 +220,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 #pragma unroll
     for (int k = 0; k < V; k++) {
       sg[j][k] = sb[j][k] = 0.0f;
-      if (col<V>(j) + k < h) acc[col<V>(j) + k] = acc[h + col<V>(j) + k] = 0.0;
+      acc[slot(j, k)] = acc[kBeta + slot(j, k)] = 0.0;
     }
   }
   /* the f32 group sums into the doubles: every kGroupRows rows and at the end */
@@ -222,8 +231,8 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       for (int k = 0; k < V; k++) {
         const int64_t c = col<V>(j) + k;
         if (c < h) {
-          acc[c] += sg[j][k];
-          acc[h + c] += sb[j][k];
+          acc[slot(j, k)] += sg[j][k];
+          acc[kBeta + slot(j, k)] += sb[j][k];
         }
         sg[j][k] = sb[j][k] = 0.0f;
       }
@@ -245,7 +254,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       rn = a.rstd[r + 1];
     }
     float xhat[NC][V], dxhat[NC][V];
-    double s[2] = {0.0, 0.0};
+    float s[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       float x[V], dy[V];
@@ -259,8 +268,8 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
         if (!in) continue;
         sg[j][k] = fadd(sg[j][k], fmul(dy[k], xhat[j][k]));
         sb[j][k] = fadd(sb[j][k], dy[k]);
-        s[0] += static_cast<double>(fmul(dxhat[j][k], xhat[j][k]));
-        s[1] += dxhat[j][k];
+        s[0] = fadd(s[0], fmul(dxhat[j][k], xhat[j][k]));
+        s[1] = fadd(s[1], dxhat[j][k]);
       }
     }
     if (++grouped == kGroupRows) {
@@ -296,8 +305,8 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
     for (int k = 0; k < V; k++) {
       const int64_t c = col<V>(j) + k;
       if (c >= h) continue;
-      partial[rb * h + c] = static_cast<float>(acc[c]);
-      partial[(nrb + rb) * h + c] = static_cast<float>(acc[h + c]);
+      partial[rb * h + c] = static_cast<float>(acc[slot(j, k)]);
+      partial[(nrb + rb) * h + c] = static_cast<float>(acc[kBeta + slot(j, k)]);
     }
 }
 
@@ -317,12 +326,13 @@ auto fwd_rows_kernel(int64_t h, bool &pairs) -> void (*)(lutra_norm_args, int64_
 using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
 template <int DT, int PDT, int V, int NC> std::atomic<uint64_t> bwd_smem_allowed;
 
-/* the row-resident backward for rows of up to kResident elements a thread, allowed the
- * shared memory of its widest row, or nullptr */
-template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e) {
+/* the row-resident backward for rows of up to kResident elements a thread, or nullptr; smem:
+ * the dynamic shared memory it takes (two doubles for each of a thread's columns), allowed */
+template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e, int &smem) {
   const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
   auto pick = [&](auto k, std::atomic<uint64_t> &done, int ncols) -> bwd_fn {
-    e = lkc::allow_smem(k, ncols * kRowThreads * 2 * static_cast<int>(sizeof(double)), done);
+    smem = ncols * kRowThreads * 2 * static_cast<int>(sizeof(double));
+    e = lkc::allow_smem(k, smem, done);
     return k;
   };
   e = cudaSuccess;
@@ -421,12 +431,12 @@ template <int DT, int PDT, int V>
 cudaError_t backward_rows(const lutra_norm_args *a, const lk_scratch *scratch, cudaStream_t s,
                           bool &done) {
   cudaError_t e;
-  const bwd_fn k = bwd_rows_kernel<DT, PDT, V>(a->hidden, e);
+  int smem = 0;
+  const bwd_fn k = bwd_rows_kernel<DT, PDT, V>(a->hidden, e, smem);
   done = k != nullptr;
   if (!k || e != cudaSuccess) return e;
   const int64_t nrb = bwd_row_blocks(a->rows, a->hidden);
   float *partial = reinterpret_cast<float *>(scratch->bias_partial);
-  const int smem = static_cast<int>(a->hidden * 2 * static_cast<int64_t>(sizeof(double)));
   LKC_LAUNCH(k, static_cast<unsigned>(nrb), kRowThreads, smem, s, *a, partial, nrb);
   e = cudaGetLastError();
   if (e != cudaSuccess) return e;

@@ -10,7 +10,7 @@
  *   1. the row statistics: for block scaling with mean and rstd kept for backward, from
  *      k_row_stats (kernels/norm_rows.cuh) launched first, which the tile kernel reads; else one
  *      warp per row (row_stats: norm_fwd's 256-thread split, vector width, per-thread order and
- *      block_sum tree, emulated by the warp's lanes, FP64-bound); the same mean and rstd bits as
+ *      block_sum tree, emulated by the warp's lanes); the same mean and rstd bits as
  *      lk_layernorm_forward either way;
  *   2. per chunk of CW columns: y for the TR x CW sub-tile (16-byte loads, 8 rows x 4 vectors
  *      per warp), with norm_fwd's f32 formula, rounded into the activation dtype as the stored y

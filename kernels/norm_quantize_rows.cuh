@@ -89,9 +89,9 @@ __device__ __forceinline__ void finish_rows(const Params &p, float m, float *fre
 }
 
 /* The columnwise codes staged ([kQRows][hidden] bytes of dynamic shared memory): the rows one
- * after the other, parameters and x's doubles held, two blocks an SM (the staged codes bound the
- * blocks an SM anyway; held parameters and doubles, and two blocks rather than three with fewer
- * registers, measured faster side by side: BENCHMARKS.md) */
+ * after the other, parameters held, two blocks an SM (the staged codes bound the blocks an SM
+ * anyway; held parameters, and two blocks rather than three with fewer registers, measured faster
+ * side by side: BENCHMARKS.md) */
 template <int DT, int PDT, int OD, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
     k_norm_quantize_staged(Params p) {
@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   for (int64_t r = r0; r < r1; r++) {
     float x[NC][V], mean, rstd;
-    resident_row<DT, V, NC, true>(a, r, r1, cur, nxt, x, red, mean, rstd);
+    resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       const int64_t c = col<V>(j);
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
 }
 
 /* Rowwise codes only (or current scaling's amax pass): two rows at a time (normalized_pairs),
- * gamma and beta read per chunk (L1 hits), x converted to double per sum, as the forward. */
+ * gamma and beta read per chunk (L1 hits), as the forward. */
 template <int DT, int PDT, int OD, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1) k_norm_quantize_rows(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */

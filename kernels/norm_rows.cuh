@@ -19,12 +19,12 @@ constexpr int kResident = 32; /* the most row elements a thread of a row-residen
  * and stores in red.out (lead: lane 0) what every thread reads after the return. The next call
  * may follow at once: part is rewritten only after everyone passed this call's last barrier. */
 struct RowRed {
-  double part[2][kRowWarps];
-  double out[2];
+  float part[2][kRowWarps];
+  float out[2];
 };
 
 template <int N, class F>
-__device__ __forceinline__ void row_reduce(double (&v)[N], RowRed &red, F &&fin) {
+__device__ __forceinline__ void row_reduce(float (&v)[N], RowRed &red, F &&fin) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
   for (int n = 0; n < N; n++)
@@ -36,13 +36,13 @@ __device__ __forceinline__ void row_reduce(double (&v)[N], RowRed &red, F &&fin)
   }
   __syncthreads();
   if (warp == 0) {
-    double t[N];
+    float t[N];
 #pragma unroll
     for (int n = 0; n < N; n++) {
-      t[n] = 0.0;
+      t[n] = 0.0f;
 #pragma unroll
       for (int w = 0; w < kRowWarps; w++)
-        t[n] += red.part[n][w];
+        t[n] = fadd(t[n], red.part[n][w]);
     }
     fin(t, lane == 0);
   }
@@ -145,82 +145,80 @@ __device__ __forceinline__ void load_params(const lutra_norm_args &a, bool beta,
     load_param_chunk<PDT, V>(a, beta, vec, col<V>(j), g[j], b[j]);
 }
 
-/* 1 / sqrt(var + eps) of a row whose squared deviations sum to t, in double, rounded once */
-__device__ __forceinline__ float row_rstd(const lutra_norm_args &a, double t) {
-  return static_cast<float>(1.0 /
-                            sqrt(t / static_cast<double>(a.hidden) + static_cast<double>(a.eps)));
+/* 1 / sqrt(var + eps) of a row whose squared deviations sum to t (each step rounded) */
+__device__ __forceinline__ float row_rstd(const lutra_norm_args &a, float t) {
+  return fdiv(1.0f, fsqrt(fadd(fdiv(t, static_cast<float>(a.hidden)), a.eps)));
 }
 
 /* row r's statistics into a.mean (LayerNorm) and a.rstd where given */
-__device__ __forceinline__ void keep_stats(const lutra_norm_args &a, int64_t r, double mean_d,
+__device__ __forceinline__ void keep_stats(const lutra_norm_args &a, int64_t r, float mean,
                                            float rstd) {
-  if (a.mean && !a.rms) a.mean[r] = static_cast<float>(mean_d);
+  if (a.mean && !a.rms) a.mean[r] = mean;
   if (a.rstd) a.rstd[r] = rstd;
 }
 
 /* row_reduce's fin for row r's sum of squares: its rstd into red.out[1], its statistics kept */
-__device__ __forceinline__ auto rstd_fin(const lutra_norm_args &a, int64_t r, double mean_d,
+__device__ __forceinline__ auto rstd_fin(const lutra_norm_args &a, int64_t r, float mean,
                                          RowRed &red) {
-  return [&a, r, mean_d, &red](double(&t)[1], bool lead) {
+  return [&a, r, mean, &red](float(&t)[1], bool lead) {
     const float rs = row_rstd(a, t[0]);
     if (!lead) return;
     red.out[1] = rs;
-    keep_stats(a, r, mean_d, rs);
+    keep_stats(a, r, mean, rs);
   };
 }
 
+/* A row sum's first level, a thread's own elements (the chunks col<V>(j), in column order, fadd:
+ * no contraction), then row_reduce's tree; norm_cpu.c row_sum adds in the same order. The
+ * deviations are taken from the mean as rounded to f32, the one y uses. */
+template <int V, int NC>
+__device__ __forceinline__ float thread_sum(const lutra_norm_args &a, const float (&x)[NC][V]) {
+  float p = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if (col<V>(j) < a.hidden) {
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        p = fadd(p, x[j][k]);
+    }
+  return p;
+}
+
+/* x - 0.0 is x: RMSNorm's squares skip the subtraction */
+template <int V, int NC>
+__device__ __forceinline__ float thread_squares(const lutra_norm_args &a, const float (&x)[NC][V],
+                                                float mean) {
+  float p = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+    if (col<V>(j) < a.hidden) {
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const float d = a.rms ? x[j][k] : fsub(x[j][k], mean);
+        p = fadd(p, fmul(d, d));
+      }
+    }
+  return p;
+}
+
 /* mean and rstd of row r held as x (the chunks col<V>(j)) in lk_layernorm_forward's order and
- * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. HOLD: x
- * converted to double once and held for both of LayerNorm's sums, for kernels whose occupancy
- * other resources bound (the fused per-tensor kernel's staged codes: measured faster so); else
- * each sum converts again, since the double copy would double the registers a thread holds and
- * halve the rows an SM keeps in flight (the forward: measured faster so). The same bits. */
-template <int V, int NC, bool HOLD = false>
+ * roundings; warp 0 also stores them in a.mean[r] / a.rstd[r] when those are given. */
+template <int V, int NC>
 __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t r,
                                                const float (&x)[NC][V], RowRed &red, float &mean,
                                                float &rstd) {
-  const int64_t h = a.hidden;
-  const double hd = static_cast<double>(h);
-  double xd[HOLD ? NC : 1][HOLD ? V : 1];
-  if constexpr (HOLD) {
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        xd[j][k] = x[j][k];
-  }
-  auto xv = [&](int j, int k) -> double {
-    if constexpr (HOLD) return xd[j][k];
-    return static_cast<double>(x[j][k]);
-  };
-  double mean_d = 0.0, q[1] = {0.0};
+  const float hf = static_cast<float>(a.hidden);
+  mean = 0.0f;
   if (!a.rms) {
-    double s[1] = {0.0};
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      if (col<V>(j) < h) {
-#pragma unroll
-        for (int k = 0; k < V; k++)
-          s[0] += xv(j, k);
-      }
-    row_reduce<1>(s, red, [&](double(&t)[1], bool lead) {
-      if (lead) red.out[0] = t[0] / hd;
+    float s[1] = {thread_sum<V, NC>(a, x)};
+    row_reduce<1>(s, red, [&](float(&t)[1], bool lead) {
+      if (lead) red.out[0] = fdiv(t[0], hf);
     });
-    mean_d = red.out[0];
+    mean = red.out[0];
   }
-  /* x - 0.0 is x: RMSNorm's squares skip the subtraction */
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-    if (col<V>(j) < h) {
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        const double d = a.rms ? xv(j, k) : xv(j, k) - mean_d;
-        q[0] += dmul_rn(d, d);
-      }
-    }
-  row_reduce<1>(q, red, rstd_fin(a, r, mean_d, red));
-  mean = static_cast<float>(mean_d);
-  rstd = static_cast<float>(red.out[1]);
+  float q[1] = {thread_squares<V, NC>(a, x, mean)};
+  row_reduce<1>(q, red, rstd_fin(a, r, mean, red));
+  rstd = red.out[1];
 }
 
 /* resident_stats for rows r and r + 1 at once (the second only when two): both rows' sums in one
@@ -230,55 +228,30 @@ template <int V, int NC>
 __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_t r, bool two,
                                                 const float (&x)[2][NC][V], RowRed &red,
                                                 float (&mean)[2], float (&rstd)[2]) {
-  const int64_t h = a.hidden;
-  const double hd = static_cast<double>(h);
-  double mean_d[2] = {0.0, 0.0};
+  const float hf = static_cast<float>(a.hidden);
+  mean[0] = mean[1] = 0.0f;
   if (!a.rms) {
-    double s[2] = {0.0, 0.0};
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-      if (col<V>(j) < h) {
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-          s[0] += static_cast<double>(x[0][j][k]);
-          s[1] += static_cast<double>(x[1][j][k]);
-        }
-      }
-    row_reduce<2>(s, red, [&](double(&t)[2], bool lead) {
+    float s[2] = {thread_sum<V, NC>(a, x[0]), thread_sum<V, NC>(a, x[1])};
+    row_reduce<2>(s, red, [&](float(&t)[2], bool lead) {
       if (!lead) return;
-      red.out[0] = t[0] / hd;
-      red.out[1] = t[1] / hd;
+      red.out[0] = fdiv(t[0], hf);
+      red.out[1] = fdiv(t[1], hf);
     });
-    mean_d[0] = red.out[0];
-    mean_d[1] = red.out[1];
+    mean[0] = red.out[0];
+    mean[1] = red.out[1];
   }
-  double q[2] = {0.0, 0.0};
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-    if (col<V>(j) < h) {
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-          const double xv = static_cast<double>(x[i][j][k]);
-          const double d = a.rms ? xv : xv - mean_d[i];
-          q[i] += dmul_rn(d, d);
-        }
-      }
-    }
-  row_reduce<2>(q, red, [&](double(&t)[2], bool lead) {
+  float q[2] = {thread_squares<V, NC>(a, x[0], mean[0]), thread_squares<V, NC>(a, x[1], mean[1])};
+  row_reduce<2>(q, red, [&](float(&t)[2], bool lead) {
     const float rs[2] = {row_rstd(a, t[0]), row_rstd(a, t[1])};
     if (!lead) return;
     red.out[0] = rs[0];
     red.out[1] = rs[1];
-    keep_stats(a, r, mean_d[0], rs[0]);
-    if (two) keep_stats(a, r + 1, mean_d[1], rs[1]);
+    keep_stats(a, r, mean[0], rs[0]);
+    if (two) keep_stats(a, r + 1, mean[1], rs[1]);
   });
 #pragma unroll
-  for (int i = 0; i < 2; i++) {
-    mean[i] = static_cast<float>(mean_d[i]);
-    rstd[i] = static_cast<float>(red.out[i]);
-  }
+  for (int i = 0; i < 2; i++)
+    rstd[i] = red.out[i];
 }
 
 /* A row-resident loop over rows r0 .. r1 two at a time: the next two rows' loads are issued
@@ -328,7 +301,7 @@ __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64
 /* row r of a row-resident loop over rows .. r1: the next row's loads issued into nxt first (they
  * are in flight during this row's reductions), then row r, as loaded in cur, unpacked into x
  * with its mean and rstd */
-template <int DT, int V, int NC, bool HOLD = false>
+template <int DT, int V, int NC>
 __device__ __forceinline__ void
 resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (&cur)[NC],
              Raw<DT, V> (&nxt)[NC], float (&x)[NC][V], RowRed &red, float &mean, float &rstd) {
@@ -336,7 +309,7 @@ resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (
 #pragma unroll
   for (int j = 0; j < NC; j++)
     unraw<DT, V>(cur[j], x[j]);
-  resident_stats<V, NC, HOLD>(a, r, x, red, mean, rstd);
+  resident_stats<V, NC>(a, r, x, red, mean, rstd);
 }
 
 /* f(std::integral_constant<int, NC>()) for rows of h columns held NC chunks of V a thread by
@@ -355,7 +328,7 @@ template <int V, class R, class F> R with_resident_chunks(int64_t h, F &&f) {
 /* The row statistics alone, mean and rstd into a.mean / a.rstd (resident_stats: the forward's
  * bits), kStatRows rows a block, for the fused norm + block-scaled casts: their tile kernel
  * (kernels/norm_quantize.cu) then reads them instead of summing every row in one warp, whose
- * FP64 work bounds it. skip: TransformerEngine's noop flag, as the quantizers'. */
+ * per-row work bounds it. skip: TransformerEngine's noop flag, as the quantizers'. */
 constexpr int kStatRows = 4;
 
 template <int DT, int V, int NC>
@@ -385,19 +358,19 @@ auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
 
 /* norm_fwd's statistics of row o (kernels/norm.cu) computed by one warp: lane l stands for
  * norm_fwd's threads l, l + 32, ..., l + 224 (kRowThreads of them in all), keeps each one's
- * double sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
+ * f32 sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
  * block_sum's order (warp_sum per group of 32, then the groups from 0.0 in order): the same
  * mean and rstd bits as lk_layernorm_forward, without a block barrier per row. The chunk index
  * j runs outermost so that a lane has kGroups loads in flight at a time. */
 template <int DT, int V>
-__device__ __forceinline__ double warp_row_sum(const lutra_norm_args &a, int64_t o, int lane,
-                                               double mean_d, bool squares) {
+__device__ __forceinline__ float warp_row_sum(const lutra_norm_args &a, int64_t o, int lane,
+                                              float mean, bool squares) {
   constexpr int G = kRowThreads / 32;
   const int64_t h = a.hidden;
-  double s[G];
+  float s[G];
 #pragma unroll
   for (int g = 0; g < G; g++)
-    s[g] = 0.0;
+    s[g] = 0.0f;
   for (int64_t j0 = static_cast<int64_t>(lane) * V; j0 < h; j0 += kRowThreads * V) {
     float v[G][V] = {};
 #pragma unroll
@@ -409,29 +382,27 @@ __device__ __forceinline__ double warp_row_sum(const lutra_norm_args &a, int64_t
 #pragma unroll
       for (int k = 0; k < V; k++) {
         if (squares) {
-          const double d = v[g][k] - mean_d;
-          s[g] += dmul_rn(d, d);
+          const float d = a.rms ? v[g][k] : fsub(v[g][k], mean);
+          s[g] = fadd(s[g], fmul(d, d));
         } else {
-          s[g] += v[g][k];
+          s[g] = fadd(s[g], v[g][k]);
         }
       }
     }
   }
-  double r = 0.0;
+  float r = 0.0f;
 #pragma unroll
   for (int g = 0; g < G; g++)
-    r += warp_sum(s[g]);
+    r = fadd(r, warp_sum(s[g]));
   return r;
 }
 
 template <int DT, int V>
 __device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, int lane,
                                           float &mean, float &rstd) {
-  const double h = static_cast<double>(a.hidden);
-  const double mean_d = a.rms ? 0.0 : warp_row_sum<DT, V>(a, o, lane, 0.0, false) / h;
-  const double var = warp_row_sum<DT, V>(a, o, lane, mean_d, true) / h;
-  mean = static_cast<float>(mean_d);
-  rstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(a.eps)));
+  const float h = static_cast<float>(a.hidden);
+  mean = a.rms ? 0.0f : fdiv(warp_row_sum<DT, V>(a, o, lane, 0.0f, false), h);
+  rstd = row_rstd(a, warp_row_sum<DT, V>(a, o, lane, mean, true));
 }
 
 } // namespace

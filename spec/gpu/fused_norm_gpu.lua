@@ -5,8 +5,8 @@
 --      amax history): the fused kernel repeats norm_fwd's statistics (thread split, vector width,
 --      block_sum tree) and the quantizers' f32 order of operations, so the math is the same
 --      order. Per recipe, LayerNorm/RMSNorm, f32/bf16, shapes with partial 128-blocks.
---   2. Device against the CPU reference: the row statistics are double sums in another order on
---      the two backends, so mean and rstd may differ by an f32 ulp (norm_gpu.lua), which moves y
+--   2. Device against the CPU reference: the row statistics are the same f32 sums in the same
+--      order (norm_cpu.c row_sum); the bound allows mean and rstd an f32 ulp apart, which moves y
 --      by an ulp and flips a code only where y * scale lies within an ulp of an FP8 rounding
 --      boundary: at most 0.1% of the codes (and of the scales) may differ, and the dequantized
 --      values (both copies) agree within NMSE 1e-6.

@@ -290,7 +290,7 @@ typedef struct lutra_loss_args {
 } lutra_loss_args;
 
 /* ---- norms (LayerNorm, RMSNorm; src/backend/cpu/norm_cpu.c, kernels/norm.cu) ----
- * Over the last dim of x [rows, hidden], statistics in f32 (the CPU sums in double):
+ * Over the last dim of x [rows, hidden], statistics in f32 (f32 sums in one fixed order):
  *   LayerNorm  y = (x - mean) * rstd * g + beta,  rstd = 1 / sqrt(var + eps)  (biased var)
  *   RMSNorm    y = x * rstd * g,                  rstd = 1 / sqrt(mean(x^2) + eps)
  * with g = gamma, or gamma + 1 when zero_centered_gamma (TransformerEngine's: the stored weight

@@ -2,9 +2,10 @@
  * backend/backend.h). Plain loops over F32/BF16/F16 through lutra_elem_load/store.
  *
  * What the CUDA kernels match exactly and what only within a bound:
- * - the row statistics (mean, rstd) and the backward's row sums (c1, c2) are double sums rounded
- *   once into f32, added in the kernels' order (row_sum below: NORM_LANES lanes over 16-byte
- *   chunks, a butterfly per 32 lanes, the groups in order), so they are the kernels' bits;
+ * - the row statistics (mean, rstd) and the backward's row sums (c1, c2) are f32 sums added in
+ *   the kernels' order (row_sum below: NORM_LANES lanes over 16-byte chunks, a butterfly per 32
+ *   lanes, the groups in order), and the divisions and square root after them are the kernels'
+ *   correctly rounded f32 operations, so they are the kernels' bits;
  * - given the same mean and rstd, every element formula below (xhat, y, dxhat, dx) is a fixed
  *   sequence of f32 roundings without FMA that the kernels repeat through fadd/fmul
  *   (kernels/ops_common.cuh): exact;
@@ -39,29 +40,29 @@ static inline float gamma_at(const lutra_norm_args *a, int64_t c) {
   return a->zero_centered_gamma ? g + 1.0f : g;
 }
 
-/* The kernels' order for a row's double sum of term(c): lane t of NORM_LANES (kernels/norm.cu's
+/* The kernels' order for a row's sum of term(c): lane t of NORM_LANES (kernels/norm.cu's
  * kRowThreads) adds the chunks t, t + NORM_LANES, ... of V columns each (V = 16 bytes of the
  * activation dtype when a row is a whole number of 16-byte vectors, else 1), in column order;
  * each group of 32 lanes is summed by a butterfly (lane l adds lane l ^ o for o = 16 .. 1), and
- * the groups' sums are added from 0.0 in order. */
+ * the groups' sums are added from 0.0 in order. All in f32, as TransformerEngine's norms add. */
 enum { NORM_LANES = 256 };
 
-typedef double (*norm_term)(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx);
+typedef float (*norm_term)(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx);
 
-static double row_sum(const lutra_norm_args *a, int64_t o, norm_term term, const void *ctx) {
+static float row_sum(const lutra_norm_args *a, int64_t o, norm_term term, const void *ctx) {
   const int64_t h = a->hidden, esz = (int64_t)lutra_dtype_size(a->dtype);
   const int64_t v = (h * esz) % 16 == 0 ? 16 / esz : 1;
-  double lane[32], total = 0.0;
+  float lane[32], total = 0.0f;
   for (int g = 0; g < NORM_LANES / 32; g++) {
     for (int l = 0; l < 32; l++) {
-      double s = 0.0;
+      float s = 0.0f;
       for (int64_t c = (int64_t)(32 * g + l) * v; c < h; c += NORM_LANES * v)
         for (int64_t k = 0; k < v && c + k < h; k++)
           s += term(a, o, c + k, ctx);
       lane[l] = s;
     }
     for (int off = 16; off > 0; off >>= 1) {
-      double next[32];
+      float next[32];
       for (int l = 0; l < 32; l++)
         next[l] = lane[l] + lane[l ^ off];
       memcpy(lane, next, sizeof lane);
@@ -71,13 +72,15 @@ static double row_sum(const lutra_norm_args *a, int64_t o, norm_term term, const
   return total;
 }
 
-static double term_x(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+static float term_x(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
   (void)ctx;
   return lutra_elem_load(a->x, a->dtype, o + c);
 }
 
-static double term_sq(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
-  const double d = lutra_elem_load(a->x, a->dtype, o + c) - *(const double *)ctx;
+/* ctx: the row's mean as rounded to f32 (NULL for RMSNorm: x itself) */
+static float term_sq(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+  const float x = lutra_elem_load(a->x, a->dtype, o + c);
+  const float d = ctx ? x - *(const float *)ctx : x;
   return d * d;
 }
 
@@ -86,11 +89,10 @@ int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
   const int64_t h = a->hidden;
   for (int64_t r = 0; r < a->rows; r++) {
     const int64_t o = r * h;
-    const double mean_d = a->rms ? 0.0 : row_sum(a, o, term_x, NULL) / (double)h;
+    const float mean = a->rms ? 0.0f : row_sum(a, o, term_x, NULL) / (float)h;
     /* LayerNorm: the biased variance; RMSNorm: mean(x^2) */
-    const double var = row_sum(a, o, term_sq, &mean_d) / (double)h;
-    const float mean = (float)mean_d;
-    const float rstd = (float)(1.0 / sqrt(var + (double)a->eps));
+    const float var = row_sum(a, o, term_sq, a->rms ? NULL : &mean) / (float)h;
+    const float rstd = 1.0f / sqrtf(var + a->eps);
     for (int64_t c = 0; c < h; c++) {
       float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
       float y = xhat * gamma_at(a, c);
@@ -104,14 +106,14 @@ int lutra_cpu_layernorm_forward(const lutra_norm_args *a) {
 }
 
 /* the backward's row-sum terms; ctx: the row's {mean, rstd} */
-static double term_dxhat_xhat(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+static float term_dxhat_xhat(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
   const float *st = ctx;
   float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - st[0]) * st[1];
   float dxhat = lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
-  return (double)(dxhat * xhat);
+  return dxhat * xhat;
 }
 
-static double term_dxhat(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
+static float term_dxhat(const lutra_norm_args *a, int64_t o, int64_t c, const void *ctx) {
   (void)ctx;
   return lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
 }
@@ -135,8 +137,8 @@ int lutra_cpu_layernorm_backward(const lutra_norm_args *a) {
       acc[h + c] += dy;
     }
     if (!a->dx) continue;
-    const double s1 = row_sum(a, o, term_dxhat_xhat, stats), s2 = row_sum(a, o, term_dxhat, stats);
-    const float c1 = (float)(s1 / (double)h), c2 = a->rms ? 0.0f : (float)(s2 / (double)h);
+    const float s1 = row_sum(a, o, term_dxhat_xhat, stats), s2 = row_sum(a, o, term_dxhat, stats);
+    const float c1 = s1 / (float)h, c2 = a->rms ? 0.0f : s2 / (float)h;
     for (int64_t c = 0; c < h; c++) {
       float xhat = (lutra_elem_load(a->x, a->dtype, o + c) - mean) * rstd;
       float dxhat = lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
