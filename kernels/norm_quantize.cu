@@ -61,6 +61,7 @@ struct Params {
   int32_t amax_pass;        /* current pass 1: no codes, amax and scale through work */
   int32_t write_tensor_inv; /* per-tensor: scale_inv outputs = 1 / scale */
   int32_t stats_ready;      /* n.mean / n.rstd hold the rows' statistics (k_row_stats ran) */
+  int64_t pair_rows;        /* k_norm_quantize_rows: the rows a block does (an even number) */
 };
 
 template <int DT> __device__ __forceinline__ float round_to(float v) {
@@ -426,6 +427,14 @@ cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, 
   return lkq::launch_t128(t, n.dtype, out_dtype, scaling == LUTRA_SCALING_MXFP8, s);
 }
 
+/* k_norm_quantize_rows' rows a block: an even share of one wave (its blocks an SM: three up to
+ * 16 elements a thread, else one), at least kQRows */
+int64_t pair_rows_per_block(int64_t rows, int64_t hidden) {
+  const int64_t per_sm = hidden <= 16 * static_cast<int64_t>(kRowThreads) ? 3 : 1;
+  const int64_t per = cdiv<int64_t>(rows, per_sm * lkc::num_sms());
+  return imax<int64_t>(kQRows, per + (per & 1));
+}
+
 cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
   return with_dtype(n.dtype, [&](auto t) {
@@ -443,10 +452,12 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
                          : rows_kernel<DT, PDT, OD, 1>(n.hidden, stage, e);
             if (e != cudaSuccess) return e;
             if (k) {
+              Params q = p;
+              q.pair_rows = stage ? kQRows : pair_rows_per_block(n.rows, n.hidden);
               const unsigned grid =
-                  static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, kQRows)));
+                  static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, q.pair_rows)));
               const int smem = stage ? static_cast<int>(kQRows * n.hidden) : 0;
-              LKC_LAUNCH(k, grid, kRowThreads, smem, s, p);
+              LKC_LAUNCH(k, grid, kRowThreads, smem, s, q);
               return cudaGetLastError();
             }
           }

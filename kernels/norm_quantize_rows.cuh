@@ -162,19 +162,21 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 2 : 1)
 }
 
 /* Rowwise codes only (or current scaling's amax pass): two rows at a time (normalized_pairs),
- * gamma and beta read per chunk (L1 hits), as the forward. */
+ * gamma and beta read per chunk (L1 hits), p.pair_rows rows a block: as the forward, the rows
+ * spread over one wave of blocks (pair_rows_per_block), so no partial last wave and each
+ * block's first, unoverlapped loads are paid once per many rows. */
 template <int DT, int PDT, int OD, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1) k_norm_quantize_rows(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   __shared__ RowRed red;
   __shared__ float fred[32];
   const lutra_norm_args &a = p.n;
-  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kQRows;
+  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * p.pair_rows;
   const bool codes = !p.amax_pass && p.data;
   const float s = !p.amax_pass ? *p.scale : 1.0f;
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   float m = -INFINITY;
-  normalized_pairs<DT, PDT, V, NC>(a, r0, imin<int64_t>(a.rows, r0 + kQRows), red,
+  normalized_pairs<DT, PDT, V, NC>(a, r0, imin<int64_t>(a.rows, r0 + p.pair_rows), red,
                                    [&](int64_t r, int64_t c, const float(&y)[V]) {
                                      if (a.y) stv<DT, V>(a.y, r * h + c, y);
                                      emit_chunk<DT, OD, V>(y, s, codes,
