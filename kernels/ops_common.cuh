@@ -90,14 +90,6 @@ LKOPS_HD float fmul(float a, float b) {
   return a * b;
 #endif
 }
-/* a double product nvcc may not contract into an FMA with the sum it feeds (the CPU's order) */
-LKOPS_HD double dmul_rn(double a, double b) {
-#ifdef __CUDA_ARCH__
-  return __dmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
 LKOPS_HD float fdiv(float a, float b) {
 #ifdef __CUDA_ARCH__
   return __fdiv_rn(a, b);
