@@ -141,6 +141,14 @@ static int run(lutra_call_graphs **cache, int kind, int slot, int value) {
   return lutra_call_graphs_run(cache, kind, &k, sizeof k, k.stream, issue, &k, "check");
 }
 
+/* graphs the statistics count as cached, of both kinds: the fake's live graphs must match */
+static int64_t cached_graphs(void) {
+  int64_t g[2], served;
+  lutra_call_graphs_stats(LUTRA_CALLS_KERNEL, &g[0], &served);
+  lutra_call_graphs_stats(LUTRA_CALLS_GEMM, &g[1], &served);
+  return g[0] + g[1];
+}
+
 static int failures;
 static void check(bool ok, const char *what) {
   printf("%s %s\n", ok ? "ok  " : "FAIL", what);
@@ -183,17 +191,87 @@ int main(void) {
   }
   check(each, "500 keys, three calls each: every call's effect, from its own graph");
 
-  /* capacity: 512 calls a kernel cache; past it, calls run directly, and still correctly */
+  /* capacity: 512 calls a kernel cache; past it a newcomer takes the place of a call the clock
+   * hand finds not served since it last passed; every call still has its effect */
   memset(out, 0, sizeof out);
   int before = direct_issues;
+  const int64_t evicted_before = lutra_call_graphs_evictions(LUTRA_CALLS_KERNEL);
   for (int round = 0; round < 3; round++)
     for (int s = 600; s < 620; s++)
       run(&cache, LUTRA_CALLS_KERNEL, s, 1);
   bool full = true;
   for (int s = 600; s < 620; s++)
     full = full && out[s] == 6;
-  /* 502 keys were seen before these 20: 10 fit, 10 run directly all three times */
-  check(full && direct_issues - before == 10 + 30, "past the capacity calls run directly");
+  check(full && lutra_call_graphs_evictions(LUTRA_CALLS_KERNEL) > evicted_before &&
+            lutra_call_graphs_consistent(cache),
+        "past the capacity calls give way, every call's effect still right, the index whole");
+  check(cached_graphs() == graphs_alive, "an evicted call's graph is destroyed");
+
+  /* a working set larger than the capacity, cycled: each call gives way before it comes again,
+   * so nothing is captured (a capture per call would cost more than running it) */
+  lutra_call_graphs *cycled = NULL;
+  memset(out, 0, sizeof out);
+  before = direct_issues;
+  int launches_before = graph_launches;
+  const int64_t gemm_evicted = lutra_call_graphs_evictions(LUTRA_CALLS_GEMM);
+  for (int round = 0; round < 3; round++)
+    for (int s = 0; s < 300; s++)
+      run(&cycled, LUTRA_CALLS_GEMM, s, 1);
+  bool cycled_right = true;
+  for (int s = 0; s < 300; s++)
+    cycled_right = cycled_right && out[s] == 6;
+  check(cycled_right && direct_issues - before == 900 && graph_launches == launches_before &&
+            lutra_call_graphs_evictions(LUTRA_CALLS_GEMM) - gemm_evicted == 900 - 256,
+        "300 calls cycled through a 256-call cache: all direct, none captured, FIFO evictions");
+  check(lutra_call_graphs_consistent(cycled), "the index after 644 evictions");
+
+  /* a hot call survives a flood of one-off calls (the hand clears it, it is served again before
+   * the hand comes round), and after the flood a new repeated call is captured again: with
+   * nothing evicted, a cache once full ran every later call directly */
+  lutra_call_graphs *hot = NULL;
+  memset(out, 0, sizeof out);
+  for (int i = 0; i < 3; i++)
+    run(&hot, LUTRA_CALLS_KERNEL, 1, 3);
+  launches_before = graph_launches;
+  before = direct_issues;
+  for (int i = 0; i < 5000; i++) {
+    run(&hot, LUTRA_CALLS_KERNEL, 2 + i % 1000, 1000 + i); /* a new key each time */
+    if (i % 100 == 99) run(&hot, LUTRA_CALLS_KERNEL, 1, 3);
+  }
+  check(out[1] == 6 * 53 && graph_launches - launches_before == 50 &&
+            direct_issues - before == 5000,
+        "a call served every 100 one-off calls stays a graph launch through 5000 of them");
+  launches_before = graph_launches;
+  before = direct_issues;
+  for (int i = 0; i < 3; i++)
+    run(&hot, LUTRA_CALLS_KERNEL, 1, 4);
+  check(out[1] == 6 * 53 + 24 && graph_launches - launches_before == 2 &&
+            direct_issues - before == 1,
+        "after the flood a new call is captured at its second sighting");
+  check(lutra_call_graphs_consistent(hot), "the index after 4500 evictions");
+
+  /* a mixed workload (a few hot calls, many warm, a long tail), checked call by call against
+   * what the calls add when run directly */
+  lutra_call_graphs *mixed = NULL;
+  memset(out, 0, sizeof out);
+  int64_t want[OUT_SLOTS] = {0};
+  uint64_t rng = 0x243F6A8885A308D3ull;
+  for (int i = 0; i < 40000; i++) {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    const uint32_t r = (uint32_t)(rng >> 33);
+    const int key = r % 4 == 0   ? (int)(r >> 8) % 8
+                    : r % 4 == 1 ? (int)(r >> 8) % 400
+                                 : (int)(r >> 8) % 5000;
+    const int slot = key % OUT_SLOTS;
+    run(&mixed, LUTRA_CALLS_GEMM, slot, key + 1);
+    want[slot] += 2 * (key + 1);
+  }
+  bool mixed_right = memcmp(out, want, sizeof out) == 0;
+  check(mixed_right && lutra_call_graphs_consistent(mixed) && cached_graphs() == graphs_alive,
+        "40000 calls of a skewed mix: each call's effect, the index whole, no graph leaked");
+  lutra_call_graphs_free(cycled);
+  lutra_call_graphs_free(hot);
+  lutra_call_graphs_free(mixed);
 
   /* a capture that fails: that call runs directly from then on */
   lutra_call_graphs *other = NULL;
@@ -204,13 +282,13 @@ int main(void) {
   run(&other, LUTRA_CALLS_GEMM, 7, 1);
   fail_capture_issue = 0;
   run(&other, LUTRA_CALLS_GEMM, 7, 1);
-  check(out[7] == 6 && direct_issues - before == 3 && graphs_alive == 501 + 10,
+  check(out[7] == 6 && direct_issues - before == 3 && graphs_alive == cached_graphs(),
         "a failed capture leaves no graph; the call runs directly, correctly");
 
   /* lutra's own capture (lutra.graph) records the launches itself: direct */
   lutra_capture_active = true;
   before = direct_issues;
-  int launches_before = graph_launches;
+  launches_before = graph_launches;
   run(&cache, LUTRA_CALLS_KERNEL, 1, 5);
   lutra_capture_active = false;
   check(direct_issues - before == 1 && graph_launches == launches_before,

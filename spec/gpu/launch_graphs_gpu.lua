@@ -145,4 +145,28 @@ describe("kernel launches replayed as cached graphs on " .. DEV, function()
       rt.cudaGraphDestroy(gbox[0])
     end)
   end)
+  -- a launcher's cache (512 calls) at capacity: newcomers take the place of calls not served
+  -- lately (call_graphs.c's clock), so a repeated call made after 700 others is still
+  -- captured and served by its graph, and every fill writes its own value
+  test("past a launcher cache's capacity a new repeated call is still served by a graph",
+       function()
+    local t = hold(lutra.tensor({ 64 }, "f32", DEV))
+    local graphs_before = lutra.launch_graph_stats()
+    for v = 1, 700 do
+      t:fill(v)
+      t:fill(v) -- the second sighting: captured and launched
+      local got = t:to_table()
+      if got[1] ~= v or got[64] ~= v then S.fail("fill %d: got %s, %s", v, got[1], got[64]) end
+    end
+    local before = served()
+    for _ = 1, 3 do t:fill(-1.5) end
+    local got = t:to_table()
+    assert.are.equal(-1.5, got[1])
+    assert.are.equal(-1.5, got[64])
+    if DEV == "cuda" then
+      assert.are.equal(2, served() - before, "the new call captured at its second sighting")
+      local grown = lutra.launch_graph_stats() - graphs_before
+      assert.is_true(grown <= 512, "graphs the fill cache added, at most its capacity: " .. grown)
+    end
+  end)
 end)

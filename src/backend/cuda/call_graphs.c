@@ -24,8 +24,14 @@
  * keeping 256 calls: every layer that shares the shape, in training and in eval, on each stream
  * used; one per GroupedLinear, 256: its passes over each splits tensor it is given; one per
  * kernel launcher and stream, 512: every layer's norm, cast, activation) finds a key through a
- * hash of its bytes; past its capacity further calls run directly, and nothing is evicted.
- * Destroying a cache destroys its graphs, which CUDA frees once a launch still in flight ends.
+ * hash of its bytes. At its capacity a new call takes the place of one not served since the
+ * clock hand last passed it (CLOCK, an approximation of least recently used that costs a hit
+ * one store): pointers that moved (outputs reallocated for a new shape, a freed module's
+ * buffers) leave keys that never come again, and without eviction they would fill the cache
+ * for good and leave every later call direct. The newcomer is only remembered, as any first
+ * sighting, so a working set larger than the capacity, cycled, runs directly instead of
+ * capturing a graph per call. Destroying an evicted or freed cache's graph is safe while a
+ * launch of it still runs: CUDA frees it once that launch ends.
  * LUTRA_GEMM_GRAPHS=0 in the environment at load turns the GEMM caches off, LUTRA_LAUNCH_GRAPHS=0
  * the kernel launchers' (each on its own, for side-by-side figures).
  *
@@ -44,6 +50,7 @@ typedef struct call_graph {
   cudaGraph_t graph;    /* what exec was made from: a capture of the stream takes it as a child */
   cudaGraphExec_t exec; /* NULL: seen once (or could not be captured: see broken) */
   bool broken;          /* the capture failed: this call always runs directly */
+  bool used;            /* served since the clock hand last passed it */
 } call_graph;
 
 /* calls[i]'s key is the key_bytes at keys + i * key_bytes, its hash hashes[i]; index is an
@@ -51,6 +58,7 @@ typedef struct call_graph {
  * 0 for an empty slot */
 struct lutra_call_graphs {
   int kind, count, capacity;
+  int hand; /* the next call the clock looks at when one must give way */
   uint32_t mask;
   size_t key_bytes;
   call_graph *calls;
@@ -62,7 +70,8 @@ struct lutra_call_graphs {
 static const int capacity_of[LUTRA_CALLS_KINDS] = {
     [LUTRA_CALLS_GEMM] = 256, [LUTRA_CALLS_KERNEL] = 512};
 static bool graphs_on[LUTRA_CALLS_KINDS] = {true, true};
-static _Atomic int64_t stat_graphs[LUTRA_CALLS_KINDS], stat_launches[LUTRA_CALLS_KINDS];
+static _Atomic int64_t stat_graphs[LUTRA_CALLS_KINDS], stat_launches[LUTRA_CALLS_KINDS],
+    stat_evictions[LUTRA_CALLS_KINDS];
 
 static bool switched_off(const char *name) {
   const char *v = getenv(name);
@@ -74,6 +83,15 @@ __attribute__((constructor)) static void read_graphs_switch(void) {
   graphs_on[LUTRA_CALLS_KERNEL] = !switched_off("LUTRA_LAUNCH_GRAPHS");
 }
 
+static void destroy_graph(int kind, call_graph *c) {
+  if (!c->exec) return;
+  cudaGraphExecDestroy(c->exec);
+  cudaGraphDestroy(c->graph);
+  c->exec = NULL;
+  c->graph = NULL;
+  stat_graphs[kind]--;
+}
+
 void lutra_cuda_call_graphs_free(void *g) {
   lutra_call_graphs_free(g);
 }
@@ -81,11 +99,7 @@ void lutra_cuda_call_graphs_free(void *g) {
 void lutra_call_graphs_free(lutra_call_graphs *g) {
   if (!g) return;
   for (int i = 0; i < g->count; i++)
-    if (g->calls[i].exec) {
-      cudaGraphExecDestroy(g->calls[i].exec);
-      cudaGraphDestroy(g->calls[i].graph);
-      stat_graphs[g->kind]--;
-    }
+    destroy_graph(g->kind, &g->calls[i]);
   free(g);
 }
 
@@ -140,6 +154,49 @@ static call_graph *find(const lutra_call_graphs *g, const void *key, uint64_t h,
   }
   *slot_out = s;
   return NULL;
+}
+
+/* Takes call c out of the index: linear probing's deletion, which moves every later key of the
+ * probe run that would no longer be found past the hole back into it (no tombstones: probes
+ * stay as short as the table's load). */
+static void unindex(lutra_call_graphs *g, int c) {
+  uint32_t hole = (uint32_t)g->hashes[c] & g->mask;
+  while (g->index[hole] != c + 1)
+    hole = (hole + 1) & g->mask;
+  for (uint32_t s = (hole + 1) & g->mask; g->index[s] != 0; s = (s + 1) & g->mask) {
+    const uint32_t home = (uint32_t)g->hashes[g->index[s] - 1] & g->mask;
+    /* the key at s stays unless its home lies cyclically outside (hole, s] */
+    const bool stays = hole < s ? (home > hole && home <= s) : (home > hole || home <= s);
+    if (stays) continue;
+    g->index[hole] = g->index[s];
+    hole = s;
+  }
+  g->index[hole] = 0;
+}
+
+/* The call that gives way at capacity: the first the clock hand finds not served since it last
+ * passed (the hand clears what it passes), its graph destroyed and its key out of the index. */
+static int evict(lutra_call_graphs *g) {
+  for (;;) {
+    const int c = g->hand;
+    g->hand = (g->hand + 1) % g->capacity;
+    if (g->calls[c].used) {
+      g->calls[c].used = false;
+      continue;
+    }
+    destroy_graph(g->kind, &g->calls[c]);
+    unindex(g, c);
+    stat_evictions[g->kind]++;
+    return c;
+  }
+}
+
+/* remembers key (hash h) as call n, seen once, in index slot s */
+static void remember(lutra_call_graphs *g, int n, const void *key, uint64_t h, uint32_t s) {
+  memcpy(g->keys + (size_t)n * g->key_bytes, key, g->key_bytes);
+  g->hashes[n] = h;
+  g->calls[n] = (call_graph){0};
+  g->index[s] = n + 1;
 }
 /* Captures issue(ctx) on the call's stream into an executable graph; NULL when it cannot be
  * (the call then runs directly, now and later, and reports its own errors). */
@@ -217,14 +274,15 @@ int lutra_call_graphs_run(lutra_call_graphs **slot, int kind, const void *key, s
   const uint64_t h = key_hash(key, key_bytes);
   uint32_t free_slot = 0;
   call_graph *c = find(g, key, h, &free_slot);
+  if (c) c->used = true;
   if (c && c->exec) return launch(kind, c, stream, issue, ctx, fn);
-  if (!c) { /* first sighting: remember it, run it directly */
+  if (!c) { /* first sighting: remember it (in a place given up, at capacity), run it directly */
     if (g->count < g->capacity) {
-      const int n = g->count++;
-      memcpy(g->keys + (size_t)n * key_bytes, key, key_bytes);
-      g->hashes[n] = h;
-      g->calls[n] = (call_graph){0};
-      g->index[free_slot] = n + 1;
+      remember(g, g->count++, key, h, free_slot);
+    } else {
+      const int n = evict(g);
+      find(g, key, h, &free_slot); /* the deletion may have moved the slot it would go to */
+      remember(g, n, key, h, free_slot);
     }
     return issue(ctx);
   }
@@ -247,4 +305,24 @@ int lutra_call_graphs_run(lutra_call_graphs **slot, int kind, const void *key, s
 void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches) {
   *graphs = stat_graphs[kind];
   *launches = stat_launches[kind];
+}
+
+int64_t lutra_call_graphs_evictions(int kind) {
+  return stat_evictions[kind];
+}
+
+bool lutra_call_graphs_consistent(const lutra_call_graphs *g) {
+  if (!g) return true;
+  int indexed = 0;
+  for (uint32_t s = 0; s <= g->mask; s++)
+    if (g->index[s] != 0) {
+      if (g->index[s] < 1 || g->index[s] > g->count) return false;
+      indexed++;
+    }
+  for (int c = 0; c < g->count; c++) {
+    uint32_t slot;
+    const call_graph *found = find(g, g->keys + (size_t)c * g->key_bytes, g->hashes[c], &slot);
+    if (found != &g->calls[c]) return false;
+  }
+  return indexed == g->count;
 }

@@ -109,6 +109,11 @@ _Static_assert(sizeof(lutra_gemm_call) == 10 * sizeof(void *) + 2 * sizeof(int32
                "lutra_gemm_call has padding bytes: its keys are memcmp'd");
 /* graphs cached now and calls served by them so far, of one kind (process-wide) */
 void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches);
+/* calls that gave way to a newcomer at a cache's capacity so far, of one kind (process-wide) */
+int64_t lutra_call_graphs_evictions(int kind);
+/* whether every call a cache holds is found by its key through the index, and the index holds
+ * nothing else (tools/check_call_graphs.c asks it after evictions) */
+bool lutra_call_graphs_consistent(const lutra_call_graphs *g);
 /* The kernel launchers whose calls are cached as graphs (backend_cuda.c, grouped_cuda.c), and
  * the calling thread's stream's cache of one of them (context_cuda.c) */
 enum {
