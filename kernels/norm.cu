@@ -486,8 +486,7 @@ int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden) {
  * not the result. */
 int64_t fwd_rows_per_block(const lutra_norm_args *a, bool pairs) {
   if (a->rms || !pairs) return kFwdRows;
-  const int64_t per = cdiv<int64_t>(a->rows, 3 * static_cast<int64_t>(lkc::num_sms()));
-  return imax<int64_t>(kFwdRows, per + (per & 1));
+  return wave_share_rows(a->rows, 3, kFwdRows);
 }
 
 cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {

@@ -430,9 +430,7 @@ cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, 
 /* k_norm_quantize_rows' rows a block: an even share of one wave (its blocks an SM: three up to
  * 16 elements a thread, else one), at least kQRows */
 int64_t pair_rows_per_block(int64_t rows, int64_t hidden) {
-  const int64_t per_sm = hidden <= 16 * static_cast<int64_t>(kRowThreads) ? 3 : 1;
-  const int64_t per = cdiv<int64_t>(rows, per_sm * lkc::num_sms());
-  return imax<int64_t>(kQRows, per + (per & 1));
+  return wave_share_rows(rows, hidden <= 16 * static_cast<int64_t>(kRowThreads) ? 3 : 1, kQRows);
 }
 
 cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {

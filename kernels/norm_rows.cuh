@@ -49,6 +49,13 @@ __device__ __forceinline__ void row_reduce(float (&v)[N], RowRed &red, F &&fin) 
   __syncthreads();
 }
 
+/* Rows a block of a row-resident kernel takes so that blocks_per_sm blocks an SM cover the rows
+ * in one wave: an even share (the two-row loops), at least least rows */
+inline int64_t wave_share_rows(int64_t rows, int64_t blocks_per_sm, int64_t least) {
+  const int64_t per = cdiv<int64_t>(rows, blocks_per_sm * static_cast<int64_t>(lkc::num_sms()));
+  return imax<int64_t>(least, per + (per & 1));
+}
+
 template <int V> __device__ __forceinline__ int64_t col(int j) {
   return (static_cast<int64_t>(threadIdx.x) + static_cast<int64_t>(kRowThreads) * j) * V;
 }

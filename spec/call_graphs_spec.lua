@@ -1,10 +1,10 @@
 -- The call-graph cache of the CUDA backend (src/backend/cuda/call_graphs.c) on the host, against
 -- a fake CUDA runtime that applies at each graph launch what the call's capture recorded
 -- (tools/check_call_graphs.c, `make check-call-graphs`): first sighting direct, second captured,
--- later ones launched with the direct call's effect; keys told apart whole; eviction at capacity; a failed
--- capture; the capture-status query on a caller's stream only; a child graph inside someone
--- else's capture; lutra's own capture; the statistics. Needs the CUDA headers (no GPU); pending
--- without them.
+-- later ones launched with the direct call's effect; keys told apart whole; eviction at
+-- capacity; a failed capture; the capture-status query on a caller's stream only; a child graph
+-- inside someone else's capture; lutra's own capture; the statistics. Needs the CUDA headers (no
+-- GPU); pending without them.
 local shell = require("spec.support.shell")
 
 describe("the call-graph cache, on a fake CUDA runtime", function()

@@ -45,6 +45,26 @@ for _, k in ipairs(KINDS) do
       end)
     end
 
+    -- rows far from zero (offset 1e4, spread 1; one row with an outlier element): LayerNorm's
+    -- variance is a sum of squared deviations from the row's mean (two passes), so nothing
+    -- cancels; sum(x^2)/n - mean^2 in f32 would lose it (1e8 - 1e8 at 7 digits) and put y off
+    -- by O(1). Bound: the f32 rounding of a mean near 1e4 (ulp 1e-3) moves y by about
+    -- 1e-3 / sigma; 4e-3 absolute per element.
+    it("rows far from zero: y near the f64 reference (no cancellation in the statistics)",
+       function()
+      local rows, h, eps = 3, 4096, 1e-5
+      local m, g, b = N.new_norm(k.rms, h, { eps = eps }, 31)
+      local x = lutra.tensor({ rows, h }):randn(math.random(1, 2 ^ 30), 1e4, 1)
+      local xt = x:to_table()
+      xt[2 * h + 7] = 1e4 + 300 -- row 3: one element 300 sigma out
+      x = lutra.from_table(xt, { rows, h })
+      local y = m:forward(x):to_table()
+      local want = N.ref_norm(xt, g:to_table(), b and b:to_table(), rows, h, eps, k.rms)
+      local worst = 0
+      for i = 1, #want do worst = math.max(worst, math.abs(y[i] - want[i])) end
+      assert.is_true(worst <= 4e-3, string.format("max |y - ref| = %.3g", worst))
+    end)
+
     it("bf16 module: forward and backward near the f64 reference", function()
       local rows, h = 3, 32
       local m = k.new(h, { dtype = "bf16" })

@@ -51,6 +51,25 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
     end)
   end
 
+  -- 40 experts under delayed scaling: 80 metas in the scope's forward update, 40 in the
+  -- backward's, more than the 16 of the update's small graph key (backend_cuda.c: the wide key
+  -- of up to 128). From the second step the updates replay as graphs; the scales they leave must
+  -- still be the CPU's, step after step (the outputs follow from them; bench/grouped_bench.lua
+  -- counts what runs as graphs).
+  test("FP8 delayed scaling, 40 experts: the scope's wide updates replayed as graphs", function()
+    local num = 40
+    local a = { dtype = "bf16", seed = 71 }
+    local ref = hold(nn.GroupedLinear(num, IN, OUT, a))
+    a.device = DEV
+    local dev = hold(nn.GroupedLinear(num, IN, OUT, a))
+    S.assert_grouped_steps(ref, dev, {
+      steps = 5, rows = 400, in_ = IN, out = OUT, dtype = "bf16",
+      recipe = function() return R.delayed { amax_history_len = 4 } end,
+      splits = function(step) return random_splits(num, 400, 700 + step) end,
+      seeds = function(step) return 31 * step, 37 * step end,
+      bound = 1e-4, what = "40 experts, delayed" })
+  end)
+
   -- the forward reads the caller's device splits in place and its GEMM keeps the copy the
   -- backward reads: splits overwritten between the two must not reach the backward
   for _, case in ipairs { { name = "bf16" },

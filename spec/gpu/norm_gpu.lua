@@ -3,7 +3,8 @@
 -- row sums and element formulas are the CPU's f32 sequence, so the bound is slack kept for a
 -- sum order a future kernel may change), 1e-5 for bf16 (an ulp flip of a bf16 output). Shapes cover
 -- the vector path (hidden % 8 == 0), the scalar path (odd hidden), several row blocks of the
--- dgamma/dbeta reduction (rows > 64), the row-resident kernels' widths and a wider row.
+-- dgamma/dbeta reduction (rows > 64), the row-resident kernels' widths and a wider row, threads
+-- with unequal shares of a row and rows far from zero.
 local lutra = require("lutra")
 local nn = lutra.nn
 local S = require("spec.gpu.support")
@@ -22,6 +23,11 @@ local CASES = {
   { dtype = "bf16", bound = 1e-5, rows = 40, hidden = 8192, zc = true },
   { dtype = "f32", bound = 1e-10, rows = 20, hidden = 8192 },
   { dtype = "bf16", bound = 1e-5, rows = 9, hidden = 12288 },
+  -- threads with unequal shares of a row (300 scalars over 256 threads, 257 vectors of 8), and
+  -- rows far from zero (mean 1e3)
+  { dtype = "f32", bound = 1e-10, rows = 50, hidden = 300 },
+  { dtype = "bf16", bound = 1e-5, rows = 30, hidden = 2056 },
+  { dtype = "f32", bound = 1e-10, rows = 64, hidden = 4096, mean = 1e3 },
 }
 
 for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
@@ -41,8 +47,8 @@ for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
           pb[i].value:randn(seed + 10 + i, i == 1 and not c.zc and 1 or 0, 0.3)
         end
         local shape = { c.rows, c.hidden }
-        local xa = lutra.tensor(shape, c.dtype, REF):randn(seed, 0.5, 2)
-        local xb = lutra.tensor(shape, c.dtype, DEV):randn(seed, 0.5, 2)
+        local xa = lutra.tensor(shape, c.dtype, REF):randn(seed, c.mean or 0.5, 2)
+        local xb = lutra.tensor(shape, c.dtype, DEV):randn(seed, c.mean or 0.5, 2)
         local ga = lutra.tensor(shape, c.dtype, REF):randn(seed + 1)
         local gb = lutra.tensor(shape, c.dtype, DEV):randn(seed + 1)
         S.assert_nmse(mb:forward(xb), ma:forward(xa), c.bound, name .. ": output")

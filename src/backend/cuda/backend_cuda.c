@@ -7,6 +7,7 @@
 #include "kernels.h"
 
 #include <stdint.h>
+#include <string.h>
 
 /* ---- kernels: each wrapper turns the launch status into a lutra status ------------------ */
 
@@ -247,9 +248,12 @@ static int k_rowwise(const lutra_quant_args *a) {
   RUN_ARGS(LUTRA_LAUNCH_ROWWISE, quantize_rowwise, lutra_quant_args, a);
 }
 /* The scope's delayed-scaling update reads its host metas into the kernel's parameters, so its
- * key is what it reads of each (kernels/quantize.cu's DelayedMeta: keep the two alike), for up
- * to DELAYED_KEY_METAS metas; a longer list (a large model's) runs directly. */
-enum { DELAYED_KEY_METAS = 16 };
+ * key is what it reads of each (kernels/quantize.cu's DelayedMeta: keep the two alike): up to
+ * DELAYED_KEY_METAS metas in one cache, up to DELAYED_WIDE_METAS (a GroupedLinear of 64 experts
+ * has 128 in its forward) in another, whose 4 KB keys cost the host about what the direct
+ * launch of those parameters costs it (BENCHMARKS.md); a longer list (a large model's) runs
+ * directly, its launches one per 768 metas. */
+enum { DELAYED_KEY_METAS = 16, DELAYED_WIDE_METAS = 128 };
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic error "-Wpadded"
@@ -260,37 +264,61 @@ typedef struct delayed_meta_key {
   float fp8_max;
   int32_t margin;
 } delayed_meta_key;
-typedef struct delayed_call {
+typedef struct delayed_head {
   lutra_scale_meta *const *metas; /* not in the key: read only while the call is issued */
   cudaStream_t stream;
   int32_t n, pad;
+} delayed_head;
+typedef struct delayed_call {
+  delayed_head h;
   delayed_meta_key m[DELAYED_KEY_METAS];
 } delayed_call;
+typedef struct delayed_wide_call {
+  delayed_head h;
+  delayed_meta_key m[DELAYED_WIDE_METAS];
+} delayed_wide_call;
 #if defined(__GNUC__)
 #pragma GCC diagnostic pop
 #endif
 static int issue_delayed_update(void *p) {
-  const delayed_call *c = p;
-  return LAUNCH(delayed_update, lk_delayed_update(c->metas, c->n, c->stream));
+  const delayed_head *h = p;
+  return LAUNCH(delayed_update, lk_delayed_update(h->metas, h->n, h->stream));
+}
+/* the key's entries of metas[0..n) (the rest of m stays zero), false where one is NULL */
+static bool delayed_keys(lutra_scale_meta *const *metas, int n, delayed_meta_key *m) {
+  for (int j = 0; j < n; j++) {
+    const lutra_scale_meta *x = metas[j];
+    if (!x) return false;
+    m[j] = (delayed_meta_key){x->scale,       x->scale_inv,         x->amax_history,
+                              x->history_len, x->amax_compute_algo, x->fp8_max,
+                              x->margin};
+  }
+  return true;
+}
+/* the call keyed by key (key_bytes, whose head holds no metas pointer: two lists of equal
+ * contents are the same call), issued with metas */
+static int run_delayed(int launcher, delayed_head *key, size_t key_bytes,
+                       lutra_scale_meta *const *metas) {
+  delayed_head ctx = {.metas = metas, .stream = key->stream, .n = key->n};
+  return lutra_call_graphs_run(lutra_cuda_launch_graphs(launcher), LUTRA_CALLS_KERNEL, key,
+                               key_bytes, key->stream, issue_delayed_update, &ctx,
+                               "lutra_cuda_delayed_update");
 }
 static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
-  if (n <= 0 || n > DELAYED_KEY_METAS || !metas)
-    return LAUNCH(delayed_update, lk_delayed_update(metas, n, lutra_cuda_stream()));
-  delayed_call c = {.stream = lutra_cuda_stream(), .n = n};
-  for (int j = 0; j < n; j++) {
-    const lutra_scale_meta *m = metas[j];
-    if (!m) return LAUNCH(delayed_update, lk_delayed_update(metas, n, c.stream)); /* it refuses */
-    c.m[j] = (delayed_meta_key){m->scale,       m->scale_inv,         m->amax_history,
-                                m->history_len, m->amax_compute_algo, m->fp8_max,
-                                m->margin};
+  const cudaStream_t s = lutra_cuda_stream();
+  if (n <= 0 || n > DELAYED_WIDE_METAS || !metas)
+    return LAUNCH(delayed_update, lk_delayed_update(metas, n, s));
+  if (n <= DELAYED_KEY_METAS) {
+    delayed_call c = {.h = {.stream = s, .n = n}};
+    if (!delayed_keys(metas, n, c.m)) /* it refuses */
+      return LAUNCH(delayed_update, lk_delayed_update(metas, n, s));
+    return run_delayed(LUTRA_LAUNCH_DELAYED_UPDATE, &c.h, sizeof c, metas);
   }
-  /* the key holds no metas pointer (two lists of equal contents are the same call); the
-   * context, the same call with it */
-  delayed_call ctx = c;
-  ctx.metas = metas;
-  return lutra_call_graphs_run(lutra_cuda_launch_graphs(LUTRA_LAUNCH_DELAYED_UPDATE),
-                               LUTRA_CALLS_KERNEL, &c, sizeof c, c.stream, issue_delayed_update,
-                               &ctx, "lutra_cuda_delayed_update");
+  delayed_wide_call c;
+  c.h = (delayed_head){.stream = s, .n = n};
+  memset(c.m + n, 0, (size_t)(DELAYED_WIDE_METAS - n) * sizeof *c.m);
+  if (!delayed_keys(metas, n, c.m)) return LAUNCH(delayed_update, lk_delayed_update(metas, n, s));
+  return run_delayed(LUTRA_LAUNCH_DELAYED_UPDATE_WIDE, &c.h, sizeof c, metas);
 }
 /* The kernels answer an unknown kind with cudaErrorInvalidValue only; the message is given
  * here, where it can say which kind. */

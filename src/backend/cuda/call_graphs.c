@@ -23,15 +23,15 @@
  * leaves lutra, is captured only by lutra and needs none. A cache (one per GEMM plan,
  * keeping 256 calls: every layer that shares the shape, in training and in eval, on each stream
  * used; one per GroupedLinear, 256: its passes over each splits tensor it is given; one per
- * kernel launcher and stream, 512: every layer's norm, cast, activation) finds a key through a
- * hash of its bytes. At its capacity a new call takes the place of one not served since the
- * clock hand last passed it (CLOCK, an approximation of least recently used that costs a hit
- * one store): pointers that moved (outputs reallocated for a new shape, a freed module's
- * buffers) leave keys that never come again, and without eviction they would fill the cache
- * for good and leave every later call direct. The newcomer is only remembered, as any first
- * sighting, so a working set larger than the capacity, cycled, runs directly instead of
- * capturing a graph per call. Destroying an evicted or freed cache's graph is safe while a
- * launch of it still runs: CUDA frees it once that launch ends.
+ * kernel launcher and stream, 512: every layer's norm, cast, activation; fewer where the keys
+ * are KBs, at most 512 KB of them) finds a key through a hash of its bytes. At its capacity a new
+ * call takes the place of one not served since the clock hand last passed it (CLOCK, an
+ * approximation of least recently used that costs a hit one store): pointers that moved (outputs
+ * reallocated for a new shape, a freed module's buffers) leave keys that never come again, and
+ * without eviction they would fill the cache for good and leave every later call direct. The
+ * newcomer is only remembered, as any first sighting, so a working set larger than the capacity,
+ * cycled, runs directly instead of capturing a graph per call. Destroying an evicted or freed
+ * cache's graph is safe while a launch of it still runs: CUDA frees it once that launch ends.
  * LUTRA_GEMM_GRAPHS=0 in the environment at load turns the GEMM caches off, LUTRA_LAUNCH_GRAPHS=0
  * the kernel launchers' (each on its own, for side-by-side figures).
  *
@@ -105,7 +105,12 @@ void lutra_call_graphs_free(lutra_call_graphs *g) {
 
 /* One allocation: the struct, then calls, hashes, index and keys (each 8-byte aligned). */
 static lutra_call_graphs *cache_new(int kind, size_t key_bytes) {
-  const int cap = capacity_of[kind];
+  /* keys of a few KB (the wide delayed update's) keep fewer calls: at most KEY_MEMORY of keys */
+  enum { KEY_MEMORY = 512 * 1024, LEAST = 16 };
+  const size_t fit = KEY_MEMORY / (key_bytes ? key_bytes : 1);
+  const int cap = fit >= (size_t)capacity_of[kind] ? capacity_of[kind]
+                  : fit > LEAST                    ? (int)fit
+                                                   : LEAST;
   uint32_t slots = 1;
   while (slots < 2u * (uint32_t)cap)
     slots <<= 1;
