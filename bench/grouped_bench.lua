@@ -78,11 +78,17 @@ local function sync()
 end
 
 -- per batch: sync, `calls` calls of fn, the host time of the loop / calls, then the same for
--- each function of the list alts in turn; fn's median, and the alts' medians in a list
+-- each function of the list alts in turn; fn's median, and the alts' medians in a list.
+-- Every switch between fn and an alt waits for both streams: a replay floor re-issues a call's
+-- work on the replay stream while fn runs on lutra's own, and both write the module's buffers
+-- (its copy of the splits, which the backward's GEMMs read). Overlapping, a backward can read
+-- another forward's half-written splits and set the module's bad-split flag, which the check
+-- after each mode reports.
 local function host_time(fn, calls, batches, alts)
   local a, b, m = {}, {}, {}
   fn()
   for j, alt in ipairs(alts) do
+    sync()
     alt()
     b[j] = {}
   end
@@ -98,6 +104,7 @@ local function host_time(fn, calls, batches, alts)
       b[j][#b[j] + 1] = (lutra.now() - t0) / calls
     end
   end
+  sync()
   for j = 1, #alts do m[j] = median(b[j]) end
   return median(a), m
 end
