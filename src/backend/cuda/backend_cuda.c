@@ -250,9 +250,9 @@ static int k_rowwise(const lutra_quant_args *a) {
 /* The scope's delayed-scaling update reads its host metas into the kernel's parameters, so its
  * key is what it reads of each (kernels/quantize.cu's DelayedMeta: keep the two alike): up to
  * DELAYED_KEY_METAS metas in one cache, up to DELAYED_WIDE_METAS (a GroupedLinear of 64 experts
- * has 128 in its forward) in another, whose 4 KB keys cost the host about what the direct
- * launch of those parameters costs it (BENCHMARKS.md); a longer list (a large model's) runs
- * directly, its launches one per 768 metas. */
+ * has 128 in its forward) in another, whose 4 KB keys are built, hashed and compared per call
+ * in place of a launch carrying as many bytes of parameters; a longer list (a large model's)
+ * runs directly, its launches one per 768 metas. */
 enum { DELAYED_KEY_METAS = 16, DELAYED_WIDE_METAS = 128 };
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
