@@ -239,7 +239,7 @@ build/check_call_graphs: tools/check_call_graphs.c src/backend/cuda/call_graphs.
                          src/backend/cuda/cuda_backend.h $(HDRS)
 	@mkdir -p build
 	$(CC) -std=c11 -O1 -Wall -Wextra -Werror -Isrc -Ikernels -I$(CUDA_HOME)/include \
-	  -DLUTRA_WITH_CUDA -o $@ tools/check_call_graphs.c src/backend/cuda/call_graphs.c
+	  -DLUTRA_WITH_CUDA -DLUTRA_CALL_GRAPHS_CHECK -o $@ tools/check_call_graphs.c src/backend/cuda/call_graphs.c
 check-call-graphs: build/check_call_graphs
 	./build/check_call_graphs
 

@@ -111,9 +111,12 @@ _Static_assert(sizeof(lutra_gemm_call) == 10 * sizeof(void *) + 2 * sizeof(int32
 void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches);
 /* calls that gave way to a newcomer at a cache's capacity so far, of one kind (process-wide) */
 int64_t lutra_call_graphs_evictions(int kind);
+#ifdef LUTRA_CALL_GRAPHS_CHECK
 /* whether every call a cache holds is found by its key through the index, and the index holds
- * nothing else (tools/check_call_graphs.c asks it after evictions) */
+ * nothing else (tools/check_call_graphs.c, built with LUTRA_CALL_GRAPHS_CHECK, asks it after
+ * evictions) */
 bool lutra_call_graphs_consistent(const lutra_call_graphs *g);
+#endif
 /* The kernel launchers whose calls are cached as graphs (backend_cuda.c, grouped_cuda.c), and
  * the calling thread's stream's cache of one of them (context_cuda.c) */
 enum {
