@@ -2,7 +2,8 @@
 -- GroupedLinear benchmarks (issue 13), one process, side by side:
 --   host   host time per call of a GroupedLinear forward and forward+backward, 8 and 64
 --          experts, bf16 and FP8 (delayed, current), device m_splits that change every call
---          (a ring of 16 pre-made device tensors: nothing is read or written by the host), next
+--          (a ring of --ring pre-made device tensors, 16 by default: nothing is read or written by
+--          the host; --ring 1 keeps one tensor whose contents the caller would rewrite), next
 --          to the floor of the raw launches each call issues: one call captured from the stream
 --          lutra runs on and its launches issued again exactly as captured (the CUTLASS kernel's
 --          2-CTA cluster, dynamic shared memory and parameter block included; bench/host_replay.cu)
@@ -25,7 +26,7 @@
 --   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \
 --     bench/host_floors.cu bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/grouped_bench.lua [--part host|gemm|fp8|all]
---     [--rows 16] [--in 64] [--out 64] [--batches 15] [--calls 200] [--quick]
+--     [--rows 16] [--in 64] [--out 64] [--batches 15] [--calls 200] [--ring 16] [--quick]
 --     [--floors-lib build/libhost_floors.so] [--device cuda|cpu]   (--help lists them)
 -- --device cpu runs the host part on the CPU backend (no floors) as a smoke test.
 -- HF_REPLAY_LOG=1 prints each captured kernel (grid, shared memory, parameter bytes, cluster).
@@ -45,6 +46,7 @@ local function parse(argv)
   p:option("--out", "output features (host part)", "64", tonumber)
   p:option("--batches", "timed batches per figure", "15", tonumber)
   p:option("--calls", "calls per timed batch", "200", tonumber)
+  p:option("--ring", "device splits tensors the host part cycles through", "16", tonumber)
   p:flag("--quick", "3 batches of 50 calls, fewer GEMM repetitions")
   p:flag("--caller-stream", "host part: time lutra on the replay floors' stream (a caller's) "
          .. "instead of its own")
@@ -340,7 +342,7 @@ local function host_part()
       local x = lutra.tensor({ T, K }, "bf16", DEV):randn(2)
       local dy = lutra.tensor({ T, N }, "bf16", DEV):randn(3)
       local ring = {}
-      local ring_n = graphs and 4 or 16
+      local ring_n = graphs and 4 or o.ring
       for i = 1, ring_n do
         ring[i] = per_expert and random_splits(E, T, false, i)
                   or lutra.from_table(random_splits(E, T, false, i), { E }, "i32", DEV)

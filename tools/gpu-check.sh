@@ -2,7 +2,7 @@
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
 # steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host moe grouped
-# dist prenorm probe ncu ncu-norm (default: build cpu-specs gpu-specs sanitizer example bench
+# dist prenorm probe ncu ncu-norm grouped-profile (default: build cpu-specs gpu-specs sanitizer example bench
 # norm-bench host moe). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
@@ -167,6 +167,25 @@ if has grouped; then
   fi
   timeout 200 python3 bench/torch_grouped.py > "$OUT/torch-grouped.log" 2>&1
   note "torch grouped bench exit $?"
+fi
+if has grouped-profile; then
+  # where a GroupedLinear forward's host time goes (bench/profile_grouped.lua under gperftools'
+  # CPU profiler; the kit holds it when made with DEVKIT_EXTRA="libgoogle-perftools4
+  # libtcmalloc-minimal4 libunwind8 google-perftools"), then the grouped host bench with the
+  # splits in one device tensor (--ring 1) beside the ring of 16
+  CPUPROFILE_FREQUENCY=4000 timeout 120 luajit bench/profile_grouped.lua "$OUT/grouped" 8 \
+    > "$OUT/grouped-profile.log" 2>&1
+  note "grouped profile exit $?: $(grep -c forward "$OUT/grouped-profile.log") figures"
+  for m in bf16 delayed; do
+    timeout 60 perl /tmp/devkit/usr/bin/google-pprof --text /tmp/devkit/usr/bin/luajit \
+      "$OUT/grouped-$m.prof" > "$OUT/grouped-$m-pprof.txt" 2>&1
+  done
+  floors_lib "$OUT/grouped-floors.log"
+  for ring in 1 16; do
+    timeout 200 luajit bench/grouped_bench.lua --part host --ring $ring \
+      --floors-lib build/libhost_floors.so > "$OUT/grouped-host-ring$ring.txt" 2>&1
+    note "grouped host bench (ring $ring) exit $?"
+  done
 fi
 if has dist; then
   # process groups on one GPU (1-rank NCCL): parallel Linear host time beside Linear + the raw
