@@ -1,9 +1,10 @@
 -- Where a GroupedLinear forward's host time goes (a tool: nothing is asserted): the forward of
 -- bench/grouped_bench.lua's host part (16 rows per expert, 64 -> 64, device splits from a ring
 -- of 16) in a loop under gperftools' CPU profiler (libprofiler, ProfilerStart/ProfilerStop
--- around the loop only), batches of 200 calls with a sync between them as the bench times them
--- (an unsynced loop fills the driver's launch queue, and the samples then show the host waiting for the GPU: sched_yield
--- inside cuGraphLaunch). The sync's own samples are those outside lutra_grouped_forward.
+-- around the loop only), batches of 200 calls with a sync between them as the bench times
+-- them. An unsynced loop fills the driver's launch queue, and its samples then show the host
+-- waiting for the GPU (sched_yield inside cuGraphLaunch). The syncs' own samples are those
+-- outside lutra_grouped_forward.
 --   CPUPROFILE_FREQUENCY=4000 luajit bench/profile_grouped.lua OUT_PREFIX [experts] [calls]
 -- writes OUT_PREFIX-bf16.prof and OUT_PREFIX-delayed.prof; read them with
 --   google-pprof --text "$(command -v luajit)" OUT_PREFIX-bf16.prof
