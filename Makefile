@@ -212,7 +212,8 @@ sim-grouped: build/sim_grouped_quantize
 # the norms and the fused norm + FP8 cast (kernels/norm.cu, kernels/norm_quantize.cu) emulated
 # the same way against the CPU backend (tools/sim_norm.cpp); ARGS=quick for fewer cases.
 build/sim_norm: kernels/norm.cu kernels/norm_quantize.cu kernels/norm_rows.cuh kernels/norm_quantize_rows.cuh kernels/common.cuh \
-                kernels/ops_common.cuh kernels/kernels.h kernels/quantize_tiles.cuh \
+                kernels/bulk_rows.cuh kernels/norm_bwd_rows.cuh kernels/ops_common.cuh kernels/kernels.h \
+                kernels/quantize_tiles.cuh \
                 kernels/quantize_mx16.cu kernels/quantize_block.cu
 sim-norm: build/sim_norm
 	./build/sim_norm $(ARGS)

@@ -14,12 +14,17 @@
  *     loads issued before the current ones' reductions, three blocks an SM), one at a time for
  *     wider rows (norm_fwd_rows); gamma and beta are read per row (L1 hits), so a thread holds
  *     little beyond its rows;
- *   backward (norm_bwd_rows): dx and the dgamma/dbeta partials in one pass over x and dy. Block
- *     rb does the rows of row block rb (a split that depends on rows and hidden only, so the sums
- *     are the same on every device and run); each thread owns its columns, adds dy * xhat and dy
- *     over groups of kGroupRows rows in f32 and each group into a double per column in shared
- *     memory, and writes the block's sums, rounded to f32, to partial[rb][c]; norm_dgamma_final
- *     adds the row blocks in a fixed order. Two launches (TransformerEngine's bwd + finalize).
+ *   backward (norm_bwd_rows, kernels/norm_bwd_rows.cuh): dx and the dgamma/dbeta partials in
+ *     one pass over x and dy. Block rb does the rows of row block rb (a split that depends on
+ *     rows and hidden only, so the sums are the same on every device and run); each thread owns
+ *     its columns, adds dy * xhat and dy over groups of kGroupRows rows in f32 and each group
+ *     into a double per column in shared memory, and writes the block's sums, rounded to f32,
+ *     to partial[rb][c]; norm_dgamma_final adds the row blocks in a fixed order. Two launches
+ *     (TransformerEngine's bwd + finalize). On sm_90 and later, 16-byte rows come into shared
+ *     memory by the bulk copy engine, each row of x and dy with its mean and rstd, kBwdStages
+ *     rows ahead (kernels/bulk_rows.cuh): loaded one row ahead into registers instead, each
+ *     row waited at the hand-over of the next row's loads (BENCHMARKS.md, "The norm backward's
+ *     rows staged"). Older devices and unaligned rows keep the register loads.
  * In both, the row statistics' divisions and square root run in warp 0 alone (row_reduce's fin).
  * The sums were double once (FP64 adds and an f32 -> f64 conversion per element, the latter at a
  * quarter of the f32 rate on Hopper): that bound LayerNorm's forward and the fused casts behind
@@ -27,6 +32,7 @@
  * adds in too.
  * Wider rows take norm_fwd / norm_dx (x re-read from L2 per pass) and the column-tile partials
  * of norm_dgamma_partial (x and dy read again). */
+#include "bulk_rows.cuh"
 #include "common.cuh"
 #include "norm_rows.cuh"
 #include "ops_common.cuh"
@@ -190,125 +196,7 @@ __global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args
       [&](int64_t r, int64_t c, const float(&y)[V]) { stv<DT, V>(a.y, r * a.hidden + c, y); });
 }
 
-/* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
- * when asked for, and the dgamma / dbeta sums of row block blockIdx.x into partial[rb][c] and
- * partial[nrb + rb][c] (f32). Dynamic shared memory: two doubles per column a thread holds. */
-/* the backward holds two rows (this one and the next, as loaded) of x and dy: two blocks an SM
- * fit 128 registers up to 32 bytes of each a thread */
-template <int DT, int V, int NC> LKOPS_HD constexpr int bwd_blocks_per_sm() {
-  return NC * V * (DT == LUTRA_F32 ? 4 : 2) <= 32 ? 2 : 1;
-}
-
-template <int DT, int PDT, int V, int NC>
-__global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
-    norm_bwd_rows(lutra_norm_args a, float *partial, int64_t nrb) {
-  __shared__ RowRed red;
-  /* dgamma's sums of this thread's columns, then dbeta's: slot (j V + k) kRowThreads + thread, so
-   * that a warp's 8-byte accesses are consecutive (by column, a thread's V columns apart, they
-   * were 16-way bank conflicts) */
-  double *acc = reinterpret_cast<double *>(lkc::dyn_smem());
-  auto slot = [](int j, int k) {
-    return (j * V + k) * kRowThreads + static_cast<int>(threadIdx.x);
-  };
-  constexpr int kBeta = NC * V * kRowThreads;
-  const int64_t h = a.hidden, rb = blockIdx.x, rpb = cdiv<int64_t>(a.rows, nrb);
-  const int64_t r0 = imin<int64_t>(a.rows, rb * rpb), r1 = imin<int64_t>(a.rows, r0 + rpb);
-  float g[NC][V], sg[NC][V], sb[NC][V];
-  load_params<PDT, V, NC>(a, false, g, sg);
-#pragma unroll
-  for (int j = 0; j < NC; j++) {
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      sg[j][k] = sb[j][k] = 0.0f;
-      acc[slot(j, k)] = acc[kBeta + slot(j, k)] = 0.0;
-    }
-  }
-  /* the f32 group sums into the doubles: every kGroupRows rows and at the end */
-  auto flush = [&] {
-#pragma unroll
-    for (int j = 0; j < NC; j++)
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        const int64_t c = col<V>(j) + k;
-        if (c < h) {
-          acc[slot(j, k)] += sg[j][k];
-          acc[kBeta + slot(j, k)] += sb[j][k];
-        }
-        sg[j][k] = sb[j][k] = 0.0f;
-      }
-  };
-  Raw<DT, V> xc[NC] = {}, xn[NC] = {}, dc[NC] = {}, dn[NC] = {};
-  float mc = 0.0f, rc = 0.0f, mn = 0.0f, rn = 0.0f;
-  if (r0 < r1) {
-    load_row<DT, V, NC>(a.x, r0 * h, h, xc);
-    load_row<DT, V, NC>(a.dy, r0 * h, h, dc);
-    mc = a.rms ? 0.0f : a.mean[r0];
-    rc = a.rstd[r0];
-  }
-  int grouped = 0;
-  for (int64_t r = r0; r < r1; r++) {
-    if (r + 1 < r1) {
-      load_row<DT, V, NC>(a.x, (r + 1) * h, h, xn);
-      load_row<DT, V, NC>(a.dy, (r + 1) * h, h, dn);
-      mn = a.rms ? 0.0f : a.mean[r + 1];
-      rn = a.rstd[r + 1];
-    }
-    float xhat[NC][V], dxhat[NC][V];
-    float s[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-      float x[V], dy[V];
-      unraw<DT, V>(xc[j], x);
-      unraw<DT, V>(dc[j], dy);
-      const bool in = col<V>(j) < h;
-#pragma unroll
-      for (int k = 0; k < V; k++) {
-        xhat[j][k] = fmul(fsub(x[k], mc), rc);
-        dxhat[j][k] = fmul(dy[k], g[j][k]);
-        if (!in) continue;
-        sg[j][k] = fadd(sg[j][k], fmul(dy[k], xhat[j][k]));
-        sb[j][k] = fadd(sb[j][k], dy[k]);
-        s[0] = fadd(s[0], fmul(dxhat[j][k], xhat[j][k]));
-        s[1] = fadd(s[1], dxhat[j][k]);
-      }
-    }
-    if (++grouped == kGroupRows) {
-      flush();
-      grouped = 0;
-    }
-    if (a.dx) {
-      dx_coefficients(a, s, red);
-      const float c1 = static_cast<float>(red.out[0]), c2 = static_cast<float>(red.out[1]);
-#pragma unroll
-      for (int j = 0; j < NC; j++) {
-        const int64_t c = col<V>(j);
-        if (c >= h) continue;
-        float dx[V];
-#pragma unroll
-        for (int k = 0; k < V; k++)
-          dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rc);
-        stv<DT, V>(a.dx, r * h + c, dx);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-      xc[j] = xn[j];
-      dc[j] = dn[j];
-    }
-    mc = mn;
-    rc = rn;
-  }
-  flush();
-#pragma unroll
-  for (int j = 0; j < NC; j++)
-#pragma unroll
-    for (int k = 0; k < V; k++) {
-      const int64_t c = col<V>(j) + k;
-      if (c >= h) continue;
-      partial[rb * h + c] = static_cast<float>(acc[slot(j, k)]);
-      partial[(nrb + rb) * h + c] = static_cast<float>(acc[kBeta + slot(j, k)]);
-    }
-}
+#include "norm_bwd_rows.cuh"
 
 /* the row-resident kernel for rows of up to kResident elements a thread, or nullptr; pairs:
  * whether it is the two-row one */
@@ -321,28 +209,6 @@ auto fwd_rows_kernel(int64_t h, bool &pairs) -> void (*)(lutra_norm_args, int64_
         if constexpr (NC * V <= 16) return norm_fwd_rows2<DT, PDT, V, NC>;
         return norm_fwd_rows<DT, PDT, V, NC>;
       });
-}
-
-using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
-template <int DT, int PDT, int V, int NC> std::atomic<uint64_t> bwd_smem_allowed;
-
-/* the row-resident backward for rows of up to kResident elements a thread, or nullptr; smem:
- * the dynamic shared memory it takes (two doubles for each of a thread's columns), allowed */
-template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e, int &smem) {
-  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
-  auto pick = [&](auto k, std::atomic<uint64_t> &done, int ncols) -> bwd_fn {
-    smem = ncols * kRowThreads * 2 * static_cast<int>(sizeof(double));
-    e = lkc::allow_smem(k, smem, done);
-    return k;
-  };
-  e = cudaSuccess;
-  if (nc <= 1) return pick(norm_bwd_rows<DT, PDT, V, 1>, bwd_smem_allowed<DT, PDT, V, 1>, V);
-  if (nc <= 2) return pick(norm_bwd_rows<DT, PDT, V, 2>, bwd_smem_allowed<DT, PDT, V, 2>, 2 * V);
-  if (nc <= 4) return pick(norm_bwd_rows<DT, PDT, V, 4>, bwd_smem_allowed<DT, PDT, V, 4>, 4 * V);
-  /* 64 bytes of x a thread at most: f32 rows of 8 vectors would spill */
-  if constexpr (8 * V * (DT == LUTRA_F32 ? 4 : 2) <= 64)
-    if (nc <= 8) return pick(norm_bwd_rows<DT, PDT, V, 8>, bwd_smem_allowed<DT, PDT, V, 8>, 8 * V);
-  return nullptr;
 }
 
 /* the column kernels' row lanes: lane y's sums g and b added into lane 0's in lane order (one

@@ -17,6 +17,7 @@
 
 #define LKC_LAUNCH SIM_LAUNCH
 
+#include "bulk_rows.cuh"
 #include "common.cuh"
 #include "kernels.h"
 #include "ops_common.cuh"

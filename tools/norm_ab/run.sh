@@ -7,7 +7,8 @@
 # NORM_AB_NO_RUN=1 only builds build/norm_ab (to overlap the build with other work; run
 # `build/norm_ab FILE.md` later, on an otherwise idle machine).
 # NORM_AB_CAND=DIR takes the candidate's norm.cu and norm_quantize.cu (and, where DIR has them,
-# norm_rows.cuh, norm_quantize_rows.cuh, quantize_mx16.cu and quantize_block.cu) from DIR instead
+# norm_rows.cuh, norm_bwd_rows.cuh, norm_quantize_rows.cuh, quantize_mx16.cu and
+# quantize_block.cu) from DIR instead
 # of kernels/, and NORM_AB_TAG=NAME names its objects and
 # program build/norm_ab-NAME: several candidates against one base, built side by side.
 set -euo pipefail
@@ -16,7 +17,7 @@ cand_dir=${NORM_AB_CAND:-kernels}
 tag=${NORM_AB_TAG:+-$NORM_AB_TAG}
 if [ ! -d "$base_dir" ]; then
   mkdir -p "$base_dir"
-  for f in norm.cu norm_rows.cuh norm_quantize.cu norm_quantize_rows.cuh; do
+  for f in norm.cu norm_rows.cuh norm_bwd_rows.cuh norm_quantize.cu norm_quantize_rows.cuh; do
     git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f" 2> /dev/null || rm -f "$base_dir/$f"
   done
 fi

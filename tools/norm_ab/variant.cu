@@ -11,6 +11,7 @@
 
 #include <atomic> /* before the namespaces: norm.cu includes it */
 
+#include "bulk_rows.cuh" /* file scope too: the candidate norm.cu includes it */
 #include "common.cuh"
 #include "kernels.h"
 #include "ops_common.cuh"

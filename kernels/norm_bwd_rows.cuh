@@ -1,0 +1,227 @@
+/* The row-resident norm backward (norm_bwd_rows) and its selection: included by kernels/norm.cu
+ * inside its unnamed namespace, after the helpers it uses (dx_coefficients, kGroupRows); no
+ * include guard (tools/sim_norm.cpp and tools/norm_ab include norm.cu inside namespaces of
+ * their own). */
+
+/* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
+ * when asked for, and the dgamma / dbeta sums of row block blockIdx.x into partial[rb][c] and
+ * partial[nrb + rb][c] (f32). Dynamic shared memory: two doubles per column a thread holds, then
+ * with S > 0 the S stages of rows (kernels/bulk_rows.cuh) and their barriers.
+ * S = 0: the next row's x and dy loaded into registers during this row (one row ahead);
+ * S > 0: rows S ahead brought into shared memory by the copy engine (16-byte rows, V > 1). */
+/* the backward holds two rows (this one and the next, as loaded) of x and dy: two blocks an SM
+ * fit 128 registers up to 32 bytes of each a thread */
+template <int DT, int V, int NC> LKOPS_HD constexpr int bwd_blocks_per_sm() {
+  return NC * V * (DT == LUTRA_F32 ? 4 : 2) <= 32 ? 2 : 1;
+}
+
+constexpr int kBwdStages = 3; /* rows in flight a block of the staged backward */
+
+/* the staged backward's stage bytes: one row of x and one of dy, then the row's mean and rstd
+ * (16 bytes, for the copies' alignment) */
+template <int DT> LKOPS_HD int64_t bwd_stage_bytes(int64_t h) {
+  return 2 * h * (DT == LUTRA_F32 ? 4 : 2) + 16;
+}
+
+template <int DT, int PDT, int V, int NC, int S>
+__global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
+    norm_bwd_rows(lutra_norm_args a, float *partial, int64_t nrb) {
+  static_assert(S == 0 || V > 1, "the staged backward takes 16-byte rows");
+  __shared__ RowRed red;
+  /* dgamma's sums of this thread's columns, then dbeta's: slot (j V + k) kRowThreads + thread, so
+   * that a warp's 8-byte accesses are consecutive (by column, a thread's V columns apart, they
+   * were 16-way bank conflicts) */
+  double *acc = reinterpret_cast<double *>(lkc::dyn_smem());
+  auto slot = [](int j, int k) {
+    return (j * V + k) * kRowThreads + static_cast<int>(threadIdx.x);
+  };
+  constexpr int kBeta = NC * V * kRowThreads;
+  constexpr int esz = DT == LUTRA_F32 ? 4 : 2;
+  const int64_t h = a.hidden, rb = blockIdx.x, rpb = cdiv<int64_t>(a.rows, nrb);
+  const int64_t r0 = imin<int64_t>(a.rows, rb * rpb), r1 = imin<int64_t>(a.rows, r0 + rpb);
+  /* the stages (bwd_stage_bytes each) S of them after the doubles, the barriers after those */
+  const uint32_t row_bytes = static_cast<uint32_t>(h * esz);
+  const int64_t stage_bytes = bwd_stage_bytes<DT>(h);
+  unsigned char *stages = lkc::dyn_smem() + 2 * kBeta * sizeof(double);
+  uint64_t *bars = reinterpret_cast<uint64_t *>(stages + S * stage_bytes);
+  auto issue = [&](int64_t r) {
+    const int st = static_cast<int>((r - r0) % (S > 0 ? S : 1));
+    unsigned char *d = stages + st * stage_bytes;
+    lkc::stage_expect(&bars[st], 2 * row_bytes);
+    lkc::stage_copy(d, static_cast<const char *>(a.x) + r * h * esz, row_bytes, &bars[st]);
+    lkc::stage_copy(d + row_bytes, static_cast<const char *>(a.dy) + r * h * esz, row_bytes,
+                    &bars[st]);
+    float *stats = reinterpret_cast<float *>(d + 2 * row_bytes);
+    if (!a.rms) lkc::stage_copy4(stats, a.mean + r);
+    lkc::stage_copy4(stats + 1, a.rstd + r);
+    lkc::stage_arrive_copies(&bars[st]);
+  };
+  if constexpr (S > 0) {
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < S; st++)
+        lkc::stage_init(&bars[st], 2);
+      for (int64_t r = r0; r < imin<int64_t>(r1, r0 + S); r++)
+        issue(r);
+    }
+  }
+  float g[NC][V], sg[NC][V], sb[NC][V];
+  load_params<PDT, V, NC>(a, false, g, sg);
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      sg[j][k] = sb[j][k] = 0.0f;
+      acc[slot(j, k)] = acc[kBeta + slot(j, k)] = 0.0;
+    }
+  }
+  if constexpr (S > 0) __syncthreads(); /* the barriers' init seen by every thread */
+  /* the f32 group sums into the doubles: every kGroupRows rows and at the end */
+  auto flush = [&] {
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const int64_t c = col<V>(j) + k;
+        if (c < h) {
+          acc[slot(j, k)] += sg[j][k];
+          acc[kBeta + slot(j, k)] += sb[j][k];
+        }
+        sg[j][k] = sb[j][k] = 0.0f;
+      }
+  };
+  Raw<DT, V> xc[NC] = {}, xn[NC] = {}, dc[NC] = {}, dn[NC] = {};
+  float mc = 0.0f, rc = 0.0f, mn = 0.0f, rn = 0.0f;
+  if constexpr (S == 0) {
+    if (r0 < r1) {
+      load_row<DT, V, NC>(a.x, r0 * h, h, xc);
+      load_row<DT, V, NC>(a.dy, r0 * h, h, dc);
+      mc = a.rms ? 0.0f : a.mean[r0];
+      rc = a.rstd[r0];
+    }
+  }
+  int grouped = 0;
+  for (int64_t r = r0; r < r1; r++) {
+    if constexpr (S > 0) {
+      const int64_t i = r - r0;
+      const int st = static_cast<int>(i % S);
+      lkc::stage_wait(&bars[st], static_cast<uint32_t>((i / S) & 1));
+      const unsigned char *d = stages + st * stage_bytes;
+      load_row<DT, V, NC>(d, 0, h, xc);
+      load_row<DT, V, NC>(d + row_bytes, 0, h, dc);
+      const float *stats = reinterpret_cast<const float *>(d + 2 * row_bytes);
+      mc = a.rms ? 0.0f : stats[0];
+      rc = stats[1];
+    } else if (r + 1 < r1) {
+      load_row<DT, V, NC>(a.x, (r + 1) * h, h, xn);
+      load_row<DT, V, NC>(a.dy, (r + 1) * h, h, dn);
+      mn = a.rms ? 0.0f : a.mean[r + 1];
+      rn = a.rstd[r + 1];
+    }
+    float xhat[NC][V], dxhat[NC][V];
+    float s[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < NC; j++) {
+      float x[V], dy[V];
+      unraw<DT, V>(xc[j], x);
+      unraw<DT, V>(dc[j], dy);
+      const bool in = col<V>(j) < h;
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        xhat[j][k] = fmul(fsub(x[k], mc), rc);
+        dxhat[j][k] = fmul(dy[k], g[j][k]);
+        if (!in) continue;
+        sg[j][k] = fadd(sg[j][k], fmul(dy[k], xhat[j][k]));
+        sb[j][k] = fadd(sb[j][k], dy[k]);
+        s[0] = fadd(s[0], fmul(dxhat[j][k], xhat[j][k]));
+        s[1] = fadd(s[1], dxhat[j][k]);
+      }
+    }
+    if (++grouped == kGroupRows) {
+      flush();
+      grouped = 0;
+    }
+    if (a.dx) {
+      dx_coefficients(a, s, red); /* its barriers: every thread's reads of the stage done */
+    } else if constexpr (S > 0) {
+      __syncthreads();
+    }
+    if constexpr (S > 0) {
+      if (threadIdx.x == 0 && r + S < r1) {
+        lkc::stage_reuse_fence();
+        issue(r + S);
+      }
+    }
+    if (a.dx) {
+      const float c1 = static_cast<float>(red.out[0]), c2 = static_cast<float>(red.out[1]);
+#pragma unroll
+      for (int j = 0; j < NC; j++) {
+        const int64_t c = col<V>(j);
+        if (c >= h) continue;
+        float dx[V];
+#pragma unroll
+        for (int k = 0; k < V; k++)
+          dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rc);
+        stv<DT, V>(a.dx, r * h + c, dx);
+      }
+    }
+    if constexpr (S == 0) {
+#pragma unroll
+      for (int j = 0; j < NC; j++) {
+        xc[j] = xn[j];
+        dc[j] = dn[j];
+      }
+      mc = mn;
+      rc = rn;
+    }
+  }
+  flush();
+#pragma unroll
+  for (int j = 0; j < NC; j++)
+#pragma unroll
+    for (int k = 0; k < V; k++) {
+      const int64_t c = col<V>(j) + k;
+      if (c >= h) continue;
+      partial[rb * h + c] = static_cast<float>(acc[slot(j, k)]);
+      partial[(nrb + rb) * h + c] = static_cast<float>(acc[kBeta + slot(j, k)]);
+    }
+}
+
+using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
+template <int DT, int PDT, int V, int NC, int S> std::atomic<uint64_t> bwd_smem_allowed;
+
+/* the row-resident backward of S stages for rows of up to kResident elements a thread, or
+ * nullptr; smem: the dynamic shared memory it takes (two doubles for each of a thread's columns;
+ * the stages and their barriers), allowed */
+template <int DT, int PDT, int V, int S>
+bwd_fn bwd_rows_kernel_s(int64_t h, cudaError_t &e, int &smem) {
+  const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
+  auto pick = [&](auto k, std::atomic<uint64_t> &done, int ncols) -> bwd_fn {
+    smem = ncols * kRowThreads * 2 * static_cast<int>(sizeof(double)) +
+           S * static_cast<int>(bwd_stage_bytes<DT>(h) + sizeof(uint64_t));
+    if (S > 0 && smem > lkc::smem_optin()) return nullptr; /* the stages do not fit */
+    e = lkc::allow_smem(k, smem, done);
+    return k;
+  };
+  e = cudaSuccess;
+  if (nc <= 1) return pick(norm_bwd_rows<DT, PDT, V, 1, S>, bwd_smem_allowed<DT, PDT, V, 1, S>, V);
+  if (nc <= 2)
+    return pick(norm_bwd_rows<DT, PDT, V, 2, S>, bwd_smem_allowed<DT, PDT, V, 2, S>, 2 * V);
+  if (nc <= 4)
+    return pick(norm_bwd_rows<DT, PDT, V, 4, S>, bwd_smem_allowed<DT, PDT, V, 4, S>, 4 * V);
+  /* 64 bytes of x a thread at most: f32 rows of 8 vectors would spill */
+  if constexpr (8 * V * (DT == LUTRA_F32 ? 4 : 2) <= 64)
+    if (nc <= 8)
+      return pick(norm_bwd_rows<DT, PDT, V, 8, S>, bwd_smem_allowed<DT, PDT, V, 8, S>, 8 * V);
+  return nullptr;
+}
+
+/* the staged backward where rows are 16-byte vectors, the device has the bulk copy engine
+ * (sm_90 on) and a block's shared memory holds the stages, else the one loading a row ahead
+ * into registers */
+template <int DT, int PDT, int V> bwd_fn bwd_rows_kernel(int64_t h, cudaError_t &e, int &smem) {
+  if constexpr (V > 1) {
+    if (lkc::bulk_copies())
+      if (bwd_fn k = bwd_rows_kernel_s<DT, PDT, V, kBwdStages>(h, e, smem)) return k;
+  }
+  return bwd_rows_kernel_s<DT, PDT, V, 0>(h, e, smem);
+}
