@@ -181,7 +181,7 @@ if has grouped-profile; then
       "$OUT/grouped-$m.prof" > "$OUT/grouped-$m-pprof.txt" 2>&1
   done
   floors_lib "$OUT/grouped-floors.log"
-  for ring in 1 16; do
+  for ring in ${GROUPED_RINGS:-1 16}; do
     timeout 200 luajit bench/grouped_bench.lua --part host --ring $ring \
       --floors-lib build/libhost_floors.so > "$OUT/grouped-host-ring$ring.txt" 2>&1
     note "grouped host bench (ring $ring) exit $?"
