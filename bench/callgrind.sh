@@ -10,6 +10,8 @@
 #   linear     forward of nn.Linear(64, 64, {bias = false}), f32, x [64, 64], CPU backend
 #   grouped    forward of nn.GroupedLinear(8, 64, 64, {bias = false}), f32, x [128, 64], 16 rows
 #              an expert given as an i32 tensor (the device splits' path), CPU backend
+#   grouped64  the same with 64 experts (x [1024, 64]) under a delayed-scaling scope (enter,
+#              forward, exit), bf16
 # Each loop runs twice, N and 2N iterations; a figure is (Ir(2N) - Ir(N)) / N, which drops
 # start-up, JIT compilation and first-call costs (plans, buffers). Figures:
 #   autocast_pair_lua    whole program per pair: Lua methods, FFI calls and C (JIT on)
@@ -21,6 +23,9 @@
 #                        lutra_cpu_grouped_gemm, per forward: GroupedLinear's C work around its
 #                        one grouped GEMM (checks, the splits' hold, plan, buffers; the CUDA
 #                        build's launch code differs below the backend call)
+#   grouped64_note       inclusive Ir of lutra_autocast_note_forward(_n) per delayed forward of 64
+#                        experts: the scale metas it registers for the scope's update, one call
+#                        a meta (backend-independent; the CUDA update's key is built from them)
 # The C-side figures are collected only inside the named functions (--toggle-collect) and are
 # exact: the same on every run of the same build. The whole-program figure varies by about
 # +-0.05 per pair between runs (LuaJIT's start-up depends on addresses), N being 10^6.
@@ -64,6 +69,18 @@ elseif what == "linear" then
   local x = lutra.tensor({ 64, 64 }):randn(1)
   lin:forward(x)
   for _ = 1, n do lin:forward(x) end
+elseif what == "grouped64" then
+  local g = lutra.nn.GroupedLinear(64, 64, 64, { bias = false, dtype = "bf16" })
+  local x = lutra.tensor({ 1024, 64 }, "bf16"):randn(1)
+  local s = {}
+  for e = 1, 64 do s[e] = 16 end
+  local splits = lutra.from_table(s, { 64 }, "i32")
+  local scope = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 16 } }
+  for _ = 1, n + 1 do
+    scope:enter()
+    g:forward(x, splits)
+    scope:exit()
+  end
 elseif what == "grouped" then
   local g = lutra.nn.GroupedLinear(8, 64, 64, { bias = false })
   local x = lutra.tensor({ 128, 64 }):randn(1)
@@ -107,12 +124,15 @@ linear_nogemm=$(awk -v f="$linear_fwd" -v g="$linear_gemm" 'BEGIN { printf "%.2f
 grouped_fwd=$(per grouped 1000 --toggle-collect=lutra_grouped_forward)
 grouped_gemm=$(per grouped 1000 --toggle-collect=lutra_cpu_grouped_gemm)
 grouped_nogemm=$(awk -v f="$grouped_fwd" -v g="$grouped_gemm" 'BEGIN { printf "%.2f", f - g }')
+grouped64_note=$(per grouped64 100 --toggle-collect=lutra_autocast_note_forward \
+  --toggle-collect=lutra_autocast_note_forward_n)
 
 echo "callgrind autocast_pair_lua $autocast_lua"
 echo "callgrind autocast_pair_c $autocast_c"
 echo "callgrind linear_fwd_c_nogemm $linear_nogemm"
 echo "callgrind linear_fwd_gemm $linear_gemm"
 echo "callgrind grouped_fwd_c_nogemm $grouped_nogemm"
+echo "callgrind grouped64_note $grouped64_note"
 
 TABLE=$(cat << EOF
 - Source: $SOURCE, built with \`make CUDA=0\` ($(${CC:-cc} --version | head -1), CFLAGS -O2 -g)
@@ -126,6 +146,7 @@ TABLE=$(cat << EOF
 | Linear forward f32 64x64 -> 64, CPU: lutra_module_forward_ex minus cblas_sgemm (inclusive) | $linear_nogemm |
 | (the cblas_sgemm of that forward, OpenBLAS) | $linear_gemm |
 | GroupedLinear forward f32, 8 experts x 16 rows of 64 -> 64, i32 splits tensor, CPU: lutra_grouped_forward minus lutra_cpu_grouped_gemm (inclusive) | $grouped_nogemm |
+| GroupedLinear forward bf16, 64 experts, delayed scaling: lutra_autocast_note_forward and _forward_n (inclusive, all their calls) | $grouped64_note |
 EOF
 )
 echo

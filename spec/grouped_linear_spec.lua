@@ -328,6 +328,30 @@ describe("nn.GroupedLinear", function()
     assert.are.equal(8, backward_count)
   end)
 
+  it("joins each expert's metas to the scope's update once, however many forwards run", function()
+    local recipe = lutra.recipe.delayed{ amax_history_len = 4 }
+    local g = nn.GroupedLinear(8, 16, 16, { seed = next_seed() })
+    local lin = nn.Linear(16, 16, { seed = next_seed() })
+    local scope = lutra.autocast{ recipe = recipe }
+    local x = lutra.tensor({ 40, 16 }):randn(next_seed())
+    local splits = { 5, 0, 5, 5, 10, 5, 5, 5 }
+    local u0 = lutra.update_stats()
+    scope:run(function()
+      g:forward(x, splits)
+      lin:forward(lutra.tensor({ 48, 16 }):randn(next_seed()))
+      g:forward(x, { 0, 10, 5, 5, 5, 5, 5, 5 })
+    end)
+    local u1, count = lutra.update_stats()
+    assert.are.equal(u0 + 1, u1)
+    -- the 8 experts' input and weight metas once, then the Linear's input and weight
+    assert.are.equal(16 + 2, count)
+    -- and in the next scope again (a new epoch)
+    scope:run(function() g:forward(x, splits) end)
+    local u2, count2 = lutra.update_stats()
+    assert.are.equal(u1 + 1, u2)
+    assert.are.equal(16, count2)
+  end)
+
   it("has gradients that match central differences (f32)", function()
     math.randomseed(next_seed())
     local IN, OUT = 6, 5

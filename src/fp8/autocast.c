@@ -67,32 +67,52 @@ static void ensure_epochs(void) {
   if (!tls.bwd.epoch) tls.bwd.epoch = new_epoch();
 }
 
-static int note(meta_list *l, lutra_scale_meta *m, int device, const char *fn) {
+/* The metas m[0 .. n - 1] not yet in the list l joined to it (each once an epoch); nothing
+ * changes on an error. One call for many metas: a GroupedLinear notes two per expert each
+ * forward, where a call apiece was most of the cost (bench/callgrind.sh, grouped64_note). */
+static int note(meta_list *l, lutra_scale_meta *m, int n, int device, const char *fn) {
   ensure_epochs();
-  if (m->epoch == l->epoch) return LUTRA_OK;
+  const uint64_t epoch = l->epoch;
+  int i = 0;
+  while (i < n && m[i].epoch == epoch)
+    i++;
+  if (i == n) return LUTRA_OK;
   if (l->count && l->device != device)
     return lutra_error(LUTRA_EINVAL, fn,
                        "delayed-scaling quantizers on two devices in one autocast scope");
-  if (l->count == l->cap) {
-    int cap = l->cap ? 2 * l->cap : 16;
+  if (n - i > l->cap - l->count) {
+    int cap = l->cap ? l->cap : 16;
+    while (cap - l->count < n - i)
+      cap *= 2;
     lutra_scale_meta **items = realloc(l->items, (size_t)cap * sizeof *items);
     if (!items) return lutra_error(LUTRA_ENOMEM, fn, "cannot grow the scale-update list");
     l->items = items;
     l->cap = cap;
   }
-  l->items[l->count++] = m;
-  l->ruled += m->rule != 0;
+  for (; i < n; i++) {
+    if (m[i].epoch == epoch) continue;
+    l->items[l->count++] = &m[i];
+    l->ruled += m[i].rule != 0;
+    m[i].epoch = epoch;
+  }
   l->device = device;
-  m->epoch = l->epoch;
   return LUTRA_OK;
 }
 
 int lutra_autocast_note_forward(lutra_scale_meta *m, int device, const char *fn) {
-  return note(&tls.fwd, m, device, fn);
+  return note(&tls.fwd, m, 1, device, fn);
 }
 
 int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn) {
-  return note(&tls.bwd, m, device, fn);
+  return note(&tls.bwd, m, 1, device, fn);
+}
+
+int lutra_autocast_note_forward_n(lutra_scale_meta *m, int n, int device, const char *fn) {
+  return note(&tls.fwd, m, n, device, fn);
+}
+
+int lutra_autocast_note_backward_n(lutra_scale_meta *m, int n, int device, const char *fn) {
+  return note(&tls.bwd, m, n, device, fn);
 }
 
 /* Forgets what the list's quantizers recorded this step: their amax slots back to zero (what a

@@ -19,6 +19,10 @@ const lutra_tls_state *lutra_autocast_current(void);
 /* Called by modules for each delayed-scaling meta they use in forward / backward. */
 int lutra_autocast_note_forward(lutra_scale_meta *m, int device, const char *fn);
 int lutra_autocast_note_backward(lutra_scale_meta *m, int device, const char *fn);
+/* The same for the n metas m[0 .. n - 1] in one call (a GroupedLinear's experts of one role):
+ * what n single calls do, and on error none of it. */
+int lutra_autocast_note_forward_n(lutra_scale_meta *m, int n, int device, const char *fn);
+int lutra_autocast_note_backward_n(lutra_scale_meta *m, int n, int device, const char *fn);
 /* True for the first module to run forward in the current outermost scope. */
 bool lutra_autocast_claim_backward_trigger(void);
 /* Runs the pending backward update (one backend call); called by the trigger module. */

@@ -218,10 +218,8 @@ static lutra_grouped_quant_args quant_args(const grouped_linear *g, const groupe
 
 static int note_all(grouped_linear *g, const grouped_role *r, bool backward, const char *fn) {
   if (!r->metas) return LUTRA_OK;
-  for (int e = 0; e < g->num; e++)
-    TRY(backward ? lutra_autocast_note_backward(&r->metas[e], g->device, fn)
-                 : lutra_autocast_note_forward(&r->metas[e], g->device, fn));
-  return LUTRA_OK;
+  return backward ? lutra_autocast_note_backward_n(r->metas, g->num, g->device, fn)
+                  : lutra_autocast_note_forward_n(r->metas, g->num, g->device, fn);
 }
 
 /* x: the rows quantized, or with act the activation's output (forward: its shape) or output
