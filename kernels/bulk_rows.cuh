@@ -96,36 +96,14 @@ LKC_D void stage_reuse_fence() {}
 #endif
 
 #ifndef LKC_SIM
-/* whether the current device has the bulk copy engine (compute capability 9.0 or later; cached
- * per device) */
+/* whether the current device has the bulk copy engine (compute capability 9.0 or later) */
 inline bool bulk_copies() {
-  static std::atomic<int> cache[64]; /* 0: not asked, 1: no, 2: yes */
-  const int dev = device_index();
-  if (dev >= 0 && dev < 64) {
-    const int v = cache[dev].load(std::memory_order_relaxed);
-    if (v) return v == 2;
-  }
-  int major = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess)
-    major = 0;
-  if (dev >= 0 && dev < 64) cache[dev].store(major >= 9 ? 2 : 1, std::memory_order_relaxed);
-  return major >= 9;
+  return device_attr<cudaDevAttrComputeCapabilityMajor>(1) >= 9;
 }
 
-/* the most dynamic shared memory a block of the current device may take (cached per device) */
+/* the most dynamic shared memory a block of the current device may take */
 inline int smem_optin() {
-  static std::atomic<int> cache[64];
-  const int dev = device_index();
-  if (dev >= 0 && dev < 64) {
-    const int v = cache[dev].load(std::memory_order_relaxed);
-    if (v > 0) return v;
-  }
-  int v = 0;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
-      v <= 0)
-    v = 48 * 1024;
-  if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
-  return v;
+  return device_attr<cudaDevAttrMaxSharedMemoryPerBlockOptin>(48 * 1024);
 }
 #else
 /* the simulation takes the staged and the register-loads path in turn, call by call, so that

@@ -461,19 +461,24 @@ inline int device_index() {
   return dev;
 }
 
-/* multiprocessors of the current device (cached per device) */
-inline int num_sms() {
+/* attribute A of the current device, or fallback where the query fails or gives 0 or less
+ * (cached per device and attribute: launchers ask on every call) */
+template <cudaDeviceAttr A> int device_attr(int fallback) {
   static std::atomic<int> cache[64];
   const int dev = device_index();
   if (dev >= 0 && dev < 64) {
-    int v = cache[dev].load(std::memory_order_relaxed);
+    const int v = cache[dev].load(std::memory_order_relaxed);
     if (v > 0) return v;
   }
   int v = 0;
-  if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0)
-    v = 132;
+  if (cudaDeviceGetAttribute(&v, A, dev) != cudaSuccess || v <= 0) v = fallback;
   if (dev >= 0 && dev < 64) cache[dev].store(v, std::memory_order_relaxed);
   return v;
+}
+
+/* multiprocessors of the current device */
+inline int num_sms() {
+  return device_attr<cudaDevAttrMultiProcessorCount>(132);
 }
 
 /* blocks for `work` items of `per_block` each, at most `cap` (and the int range of gridDim.x) */
