@@ -189,17 +189,26 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
 template <int DT, int PDT, int V, int NC, int S> std::atomic<uint64_t> bwd_smem_allowed;
 
+/* the staged backward's dynamic shared memory for rows of h columns, ncols of them a thread */
+template <int DT, int S> int bwd_smem_bytes(int ncols, int64_t h) {
+  return ncols * kRowThreads * 2 * static_cast<int>(sizeof(double)) +
+         S * static_cast<int>(bwd_stage_bytes<DT>(h) + sizeof(uint64_t));
+}
+
 /* the row-resident backward of S stages for rows of up to kResident elements a thread, or
  * nullptr; smem: the dynamic shared memory it takes (two doubles for each of a thread's columns;
- * the stages and their barriers), allowed */
+ * the stages and their barriers), allowed. The allowance is set once per kernel and device, so
+ * it is the most any row width of that kernel takes (capped at the device's opt-in): set for the
+ * first width alone, a wider row's launch later failed (cudaErrorInvalidValue). */
 template <int DT, int PDT, int V, int S>
 bwd_fn bwd_rows_kernel_s(int64_t h, cudaError_t &e, int &smem) {
   const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
   auto pick = [&](auto k, std::atomic<uint64_t> &done, int ncols) -> bwd_fn {
-    smem = ncols * kRowThreads * 2 * static_cast<int>(sizeof(double)) +
-           S * static_cast<int>(bwd_stage_bytes<DT>(h) + sizeof(uint64_t));
-    if (S > 0 && smem > lkc::smem_optin()) return nullptr; /* the stages do not fit */
-    e = lkc::allow_smem(k, smem, done);
+    smem = bwd_smem_bytes<DT, S>(ncols, h);
+    const int optin = lkc::smem_optin();
+    if (S > 0 && smem > optin) return nullptr; /* the stages do not fit */
+    const int widest = bwd_smem_bytes<DT, S>(ncols, static_cast<int64_t>(ncols) * kRowThreads);
+    e = lkc::allow_smem(k, widest < optin ? widest : optin, done);
     return k;
   };
   e = cudaSuccess;

@@ -21,6 +21,7 @@
 #include <barrier>
 #include <cstdint>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -168,8 +169,23 @@ static inline void __threadfence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
+/* The runtime's rule for dynamic shared memory past 48 KB: a launch asking for more than the
+ * kernel's cudaFuncAttributeMaxDynamicSharedMemorySize fails (cudaErrorInvalidValue, at the next
+ * cudaGetLastError) and runs nothing, as on the device, where an allowance set for one launch's
+ * size and cached (lkc::allow_smem) made a later, larger launch of the same kernel fail. */
+static std::map<const void *, int> sim_smem_allowed;
+static cudaError_t sim_last_error = cudaSuccess;
+constexpr size_t kSimSmemDefault = 48 * 1024, kSimSmemOptin = 227 * 1024;
+
 template <typename K, typename... A>
 static void sim_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_t, A... args) {
+  if (smem > kSimSmemDefault) {
+    const auto it = sim_smem_allowed.find(reinterpret_cast<const void *>(kernel));
+    if (it == sim_smem_allowed.end() || smem > static_cast<size_t>(it->second)) {
+      sim_last_error = cudaErrorInvalidValue;
+      return;
+    }
+  }
   sim_grid = grid;
   sim_block = block;
   const unsigned nt = block.x * block.y * block.z;
@@ -205,7 +221,9 @@ static void sim_launch(K kernel, dim3 grid, dim3 block, size_t smem, cudaStream_
 
 extern "C" {
 cudaError_t cudaGetLastError(void) {
-  return cudaSuccess;
+  const cudaError_t e = sim_last_error;
+  sim_last_error = cudaSuccess;
+  return e;
 }
 cudaError_t cudaGetDevice(int *d) {
   *d = 0;
@@ -219,7 +237,10 @@ cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int *n, const void *, 
   *n = 2;
   return cudaSuccess;
 }
-cudaError_t cudaFuncSetAttribute(const void *, cudaFuncAttribute, int) {
+cudaError_t cudaFuncSetAttribute(const void *f, cudaFuncAttribute attr, int v) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaSuccess;
+  if (v < 0 || static_cast<size_t>(v) > kSimSmemOptin) return cudaErrorInvalidValue;
+  sim_smem_allowed[f] = v;
   return cudaSuccess;
 }
 }
