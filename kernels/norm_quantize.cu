@@ -2,10 +2,12 @@
  * lutra_norm_quant_args in src/backend/backend.h, reference
  * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
  *
- * Block scaling, and per-tensor scaling with both copies of a large matrix, take the tile path
+ * Per-tensor scaling with rows of up to 8192 elements takes the row-resident kernels
+ * (kernels/norm_quantize_rows.cuh: one pass over x, both copies' codes from it). Block scaling,
+ * and per-tensor scaling with both copies of a large matrix of wider rows, take the tile path
  * where there is room for the rows' statistics (launch_tiles below: the statistics, then the
- * quantizer's own tile kernel normalizing as it loads). Elsewhere (rowwise-only per-tensor, small
- * matrices, f32 or unaligned inputs, current scaling) this file's kernels:
+ * quantizer's own tile kernel normalizing as it loads). Elsewhere (block scaling of f32 or
+ * unaligned inputs, per-tensor rows wider than 8192 elements) this file's tile kernel:
  * one block of 512 threads per tile of TR rows, in one launch from x to the codes:
  *   1. the row statistics: for block scaling with mean and rstd kept for backward, from
  *      k_row_stats (kernels/norm_rows.cuh) launched first, which the tile kernel reads; else one
@@ -335,20 +337,73 @@ template <class F> cudaError_t with_mode(int scaling, F &&f) {
 }
 
 std::atomic<uint64_t> smem_allowed[3][3][2][3][2];
-template <int DT, int PDT, int OD, int V, int NC> std::atomic<uint64_t> rows_smem_allowed;
+template <int DT, int PDT, int OD, int V, int NC, int CL> std::atomic<uint64_t> rows_smem_allowed;
+
+#ifndef LK_STAGED_CLUSTER
+#define LK_STAGED_CLUSTER 2
+#endif
+/* the blocks of a cluster of k_norm_quantize_staged on sm_90 and later (16-byte rows): two
+ * measured faster than four or eight, and than the tile path (BENCHMARKS.md) */
+constexpr int kStagedCluster = LK_STAGED_CLUSTER;
+
+/* the cluster size of the staged kernel for the current device: kStagedCluster where clusters
+ * launch (sm_90 on), else 1; 1 under the CPU simulation, which runs blocks one at a time */
+template <int V> int staged_cluster() {
+#ifdef LKC_SIM
+  return 1;
+#else
+  return V > 1 && lkc::device_attr<cudaDevAttrComputeCapabilityMajor>(1) >= 9 ? kStagedCluster : 1;
+#endif
+}
+
+using rows_fn = void (*)(Params);
 
 /* the per-tensor row-resident kernel for rows of up to kResident elements a thread (staging the
- * columnwise codes when stage), allowed the shared memory of its widest row, or nullptr */
+ * columnwise codes when stage, in clusters of cl blocks), allowed the shared memory of its widest
+ * row, or nullptr */
 template <int DT, int PDT, int OD, int V>
-auto rows_kernel(int64_t h, bool stage, cudaError_t &e) -> void (*)(Params) {
+rows_fn rows_kernel(int64_t h, bool stage, int cl, cudaError_t &e) {
   e = cudaSuccess;
-  return with_resident_chunks<V, void (*)(Params)>(h, [&](auto nc) -> void (*)(Params) {
+  return with_resident_chunks<V, rows_fn>(h, [&](auto nc) -> rows_fn {
     constexpr int NC = decltype(nc)::value;
     if (!stage) return k_norm_quantize_rows<DT, PDT, OD, V, NC>;
-    e = lkc::allow_smem(k_norm_quantize_staged<DT, PDT, OD, V, NC>, kQRows * kRowThreads * V * NC,
-                        rows_smem_allowed<DT, PDT, OD, V, NC>);
-    return k_norm_quantize_staged<DT, PDT, OD, V, NC>;
+    auto allow = [&](auto k, std::atomic<uint64_t> &done) -> rows_fn {
+      e = lkc::allow_smem(k, kQRows * kRowThreads * V * NC, done);
+      return k;
+    };
+    if constexpr (V > 1 && kStagedCluster > 1)
+      if (cl == kStagedCluster)
+        return allow(k_norm_quantize_staged<DT, PDT, OD, V, NC, kStagedCluster>,
+                     rows_smem_allowed<DT, PDT, OD, V, NC, kStagedCluster>);
+    return allow(k_norm_quantize_staged<DT, PDT, OD, V, NC, 1>,
+                 rows_smem_allowed<DT, PDT, OD, V, NC, 1>);
   });
+}
+
+/* a launch of the row-resident kernel k in clusters of cl blocks (cl > 1: sm_90 on) */
+cudaError_t launch_rows(rows_fn k, unsigned grid, int smem, int cl, cudaStream_t s,
+                        const Params &q) {
+#ifndef LKC_SIM
+  if (cl > 1) {
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = static_cast<unsigned>(cl);
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(kRowThreads);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = s;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, k, q);
+  }
+#else
+  (void)cl;
+#endif
+  LKC_LAUNCH(k, grid, kRowThreads, smem, s, q);
+  return cudaGetLastError();
 }
 
 /* norm_fwd's vector width: 16 bytes when every row of x (and of y, when written) is aligned */
@@ -376,11 +431,11 @@ constexpr int64_t kTileMinTensorElems = LK_TILE_MIN_TENSOR_ELEMS;
 bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data, int scaling,
                 bool vec) {
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
-  /* per-tensor: rowwise only, the row-resident kernel (one pass) is faster (BENCHMARKS.md); both
-   * copies of a small matrix keep the staged kernel's one launch, the host's cost there */
+  /* per-tensor: the row-resident kernels (one pass over x, rowwise only or both copies) are
+   * faster where they take the rows (BENCHMARKS.md); wider rows of a large matrix take the tiles */
   return vec &&
-         (scaling != LUTRA_SCALING_TENSOR ||
-          (col_data && n.rows * n.hidden >= kTileMinTensorElems)) &&
+         (scaling != LUTRA_SCALING_TENSOR || (col_data && n.hidden > kResident * kRowThreads &&
+                                              n.rows * n.hidden >= kTileMinTensorElems)) &&
          (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rows > 0 &&
          n.hidden % multiple == 0 &&
          (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !col_data)) &&
@@ -433,6 +488,17 @@ int64_t pair_rows_per_block(int64_t rows, int64_t hidden) {
   return wave_share_rows(rows, hidden <= 16 * static_cast<int64_t>(kRowThreads) ? 3 : 1, kQRows);
 }
 
+/* k_norm_quantize_staged's blocks, clusters of cl: one wave (three blocks an SM up to 16
+ * elements a thread, as its launch bounds, else one), trimmed so that every cluster takes the
+ * same number of super groups (cl groups of kQRows rows; the last clusters one fewer) */
+unsigned staged_grid(int64_t rows, int64_t hidden, int cl) {
+  const int64_t supers = cdiv<int64_t>(cdiv<int64_t>(rows, kQRows), cl);
+  const int64_t slots = (hidden <= 16 * static_cast<int64_t>(kRowThreads) ? 3 : 1) *
+                        static_cast<int64_t>(lkc::num_sms()) / cl;
+  return static_cast<unsigned>(
+      cl * imax<int64_t>(1, cdiv<int64_t>(supers, cdiv<int64_t>(supers, imax<int64_t>(1, slots)))));
+}
+
 cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
   return with_dtype(n.dtype, [&](auto t) {
@@ -446,17 +512,19 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
           if constexpr (MODE == kTensor) {
             cudaError_t e;
             const bool stage = p.col_data && !p.amax_pass;
-            auto k = vec ? rows_kernel<DT, PDT, OD, vec16<DT>()>(n.hidden, stage, e)
-                         : rows_kernel<DT, PDT, OD, 1>(n.hidden, stage, e);
+            const int cl = !stage ? 1 : vec ? staged_cluster<vec16<DT>()>() : 1;
+            auto k = vec ? rows_kernel<DT, PDT, OD, vec16<DT>()>(n.hidden, stage, cl, e)
+                         : rows_kernel<DT, PDT, OD, 1>(n.hidden, stage, cl, e);
             if (e != cudaSuccess) return e;
             if (k) {
               Params q = p;
-              q.pair_rows = stage ? kQRows : pair_rows_per_block(n.rows, n.hidden);
+              q.pair_rows = pair_rows_per_block(n.rows, n.hidden);
               const unsigned grid =
-                  static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, q.pair_rows)));
+                  stage
+                      ? staged_grid(n.rows, n.hidden, cl)
+                      : static_cast<unsigned>(imax<int64_t>(1, cdiv<int64_t>(n.rows, q.pair_rows)));
               const int smem = stage ? static_cast<int>(kQRows * n.hidden) : 0;
-              LKC_LAUNCH(k, grid, kRowThreads, smem, s, q);
-              return cudaGetLastError();
+              return launch_rows(k, grid, smem, cl, s, q);
             }
           }
           Params q = p;

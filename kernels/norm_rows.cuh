@@ -261,42 +261,76 @@ __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_
     rstd[i] = red.out[i];
 }
 
-/* A row-resident loop over rows r0 .. r1 two at a time: the next two rows' loads are issued
- * before the current two's statistics (resident_stats2), so twice the bytes of a one-row loop are
- * in flight; then per chunk of V columns from c, gamma and beta read once (L1 hits) for both rows,
- * and f(r, c, y) with y the forward's output at row r (in f32, not yet rounded). */
+/* Rows r and r + 1 (the second only when two) as loaded in c0 / c1, normalized: both rows'
+ * statistics (resident_stats2), then per chunk of V columns from c, gamma and beta read once (L1
+ * hits) for both rows, and f(r, c, y) with y the forward's output at row r (in f32, not yet
+ * rounded). */
+template <int DT, int PDT, int V, int NC, class F>
+__device__ __forceinline__ void normalized_pair(const lutra_norm_args &a, int64_t r, bool two,
+                                                const Raw<DT, V> (&c0)[NC],
+                                                const Raw<DT, V> (&c1)[NC], RowRed &red, F &&f) {
+  const int64_t h = a.hidden;
+  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
+  float x[2][NC][V], mean[2], rstd[2];
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    unraw<DT, V>(c0[j], x[0][j]);
+    unraw<DT, V>(c1[j], x[1][j]);
+  }
+  resident_stats2<V, NC>(a, r, two, x, red, mean, rstd);
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = col<V>(j);
+    if (c >= h) continue;
+    float g[V], b[V];
+    load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+      if (i == 1 && !two) break;
+      normalize<V>(x[i][j], mean[i], rstd[i], g, b, beta);
+      f(r + i, c, x[i][j]);
+    }
+  }
+}
+
+/* A row-resident loop over rows r0 .. r1 two at a time (normalized_pair): the next two rows'
+ * loads are issued before the current two's statistics, so twice the bytes of a one-row loop
+ * are in flight. */
 template <int DT, int PDT, int V, int NC, class F>
 __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64_t r0, int64_t r1,
                                                  RowRed &red, F &&f) {
   const int64_t h = a.hidden;
-  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
   Raw<DT, V> c0[NC] = {}, c1[NC] = {}, n0[NC] = {}, n1[NC] = {};
   if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, c0);
   if (r0 + 1 < r1) load_row<DT, V, NC>(a.x, (r0 + 1) * h, h, c1);
   for (int64_t r = r0; r < r1; r += 2) {
-    const bool two = r + 1 < r1;
     if (r + 2 < r1) load_row<DT, V, NC>(a.x, (r + 2) * h, h, n0);
     if (r + 3 < r1) load_row<DT, V, NC>(a.x, (r + 3) * h, h, n1);
-    float x[2][NC][V], mean[2], rstd[2];
+    normalized_pair<DT, PDT, V, NC>(a, r, r + 1 < r1, c0, c1, red, f);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
-      unraw<DT, V>(c0[j], x[0][j]);
-      unraw<DT, V>(c1[j], x[1][j]);
+      c0[j] = n0[j];
+      c1[j] = n1[j];
     }
-    resident_stats2<V, NC>(a, r, two, x, red, mean, rstd);
-#pragma unroll
-    for (int j = 0; j < NC; j++) {
-      const int64_t c = col<V>(j);
-      if (c >= h) continue;
-      float g[V], b[V];
-      load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
-#pragma unroll
-      for (int i = 0; i < 2; i++) {
-        if (i == 1 && !two) break;
-        normalize<V>(x[i][j], mean[i], rstd[i], g, b, beta);
-        f(r + i, c, x[i][j]);
-      }
-    }
+  }
+}
+
+/* The same over n rows, the loop's i-th row being row_of(i) (rows 2k and 2k + 1 of the loop must
+ * be consecutive rows of x), and after each pair (i, i + 1) pair_done(i), uniform over the
+ * block, while the next pair's loads are in flight. (The plain range loop above is kept apart:
+ * through this one, the rowwise fused kernel measured slower, BENCHMARKS.md.) */
+template <int DT, int PDT, int V, int NC, class M, class F, class G>
+__device__ __forceinline__ void normalized_pairs_of(const lutra_norm_args &a, int64_t n, M &&row_of,
+                                                    RowRed &red, F &&f, G &&pair_done) {
+  const int64_t h = a.hidden;
+  Raw<DT, V> c0[NC] = {}, c1[NC] = {}, n0[NC] = {}, n1[NC] = {};
+  if (0 < n) load_row<DT, V, NC>(a.x, row_of(0) * h, h, c0);
+  if (1 < n) load_row<DT, V, NC>(a.x, (row_of(0) + 1) * h, h, c1);
+  for (int64_t i = 0; i < n; i += 2) {
+    if (i + 2 < n) load_row<DT, V, NC>(a.x, row_of(i + 2) * h, h, n0);
+    if (i + 3 < n) load_row<DT, V, NC>(a.x, (row_of(i + 2) + 1) * h, h, n1);
+    normalized_pair<DT, PDT, V, NC>(a, row_of(i), i + 1 < n, c0, c1, red, f);
+    pair_done(i); /* before the hand-over below, which waits for the next pair's loads */
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       c0[j] = n0[j];
