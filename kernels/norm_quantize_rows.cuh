@@ -6,12 +6,13 @@
 namespace {
 
 /* For rows of up to kResident elements a thread (hidden <= 8192 for 16-bit inputs): a block of
- * kRowThreads threads does consecutive rows with norm_fwd_rows' split (kernels/norm.cu;
+ * kRowThreads threads does rows two at a time with norm_fwd_rows' split (kernels/norm.cu;
  * resident_stats2: the same mean and rstd bits), so x is read once and the next rows' loads are
- * in flight during the current ones' reductions. The rowwise codes
- * leave from registers (a warp's stores are whole 128-byte lines); the columnwise codes are
- * staged in shared memory as [kQRows][hidden] bytes and leave as one kQRows-byte run per column
- * (whole 16-byte stores when rows is a multiple of kQRows). */
+ * in flight during the current ones' reductions. The rowwise codes leave from registers (a
+ * warp's stores are whole 128-byte lines); the columnwise codes are staged in shared memory as
+ * [kQRows][hidden] bytes a block and leave per column as one run of the cluster's groups
+ * (k_norm_quantize_staged: 16-byte stores from adjacent lanes when rows is a multiple of
+ * kQRows, byte by byte otherwise). */
 constexpr int kQRows = 16;
 
 /* the four codes of columns c .. c + 3 of tile row i, from the staged [kQRows][h] bytes */
