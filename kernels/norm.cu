@@ -186,12 +186,13 @@ __global__ void __launch_bounds__(kRowThreads, 2) norm_fwd_rows(lutra_norm_args 
   }
 }
 
-/* norm_fwd_rows two rows at a time (normalized_pairs: twice the bytes in flight) */
-template <int DT, int PDT, int V, int NC>
+/* norm_fwd_rows two rows at a time (normalized_pairs: twice the bytes in flight); FULL: rows of
+ * exactly NC V kRowThreads columns, no column checks */
+template <int DT, int PDT, int V, int NC, bool FULL>
 __global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args a, int64_t rpb) {
   __shared__ RowRed red;
   const int64_t r0 = static_cast<int64_t>(blockIdx.x) * rpb;
-  normalized_pairs<DT, PDT, V, NC>(
+  normalized_pairs<DT, PDT, V, NC, FULL>(
       a, r0, imin<int64_t>(a.rows, r0 + rpb), red,
       [&](int64_t r, int64_t c, const float(&y)[V]) { stv<DT, V>(a.y, r * a.hidden + c, y); });
 }
@@ -203,10 +204,12 @@ __global__ void __launch_bounds__(kRowThreads, 3) norm_fwd_rows2(lutra_norm_args
 template <int DT, int PDT, int V>
 auto fwd_rows_kernel(int64_t h, bool &pairs) -> void (*)(lutra_norm_args, int64_t) {
   return with_resident_chunks<V, void (*)(lutra_norm_args, int64_t)>(
-      h, [&pairs](auto nc) -> void (*)(lutra_norm_args, int64_t) {
+      h, [&pairs, h](auto nc) -> void (*)(lutra_norm_args, int64_t) {
         constexpr int NC = decltype(nc)::value;
         pairs = NC * V <= 16;
-        if constexpr (NC * V <= 16) return norm_fwd_rows2<DT, PDT, V, NC>;
+        if constexpr (NC * V <= 16)
+          return rows_full<V, NC>(h) ? norm_fwd_rows2<DT, PDT, V, NC, true>
+                                     : norm_fwd_rows2<DT, PDT, V, NC, false>;
         return norm_fwd_rows<DT, PDT, V, NC>;
       });
 }

@@ -337,7 +337,8 @@ template <class F> cudaError_t with_mode(int scaling, F &&f) {
 }
 
 std::atomic<uint64_t> smem_allowed[3][3][2][3][2];
-template <int DT, int PDT, int OD, int V, int NC, int CL> std::atomic<uint64_t> rows_smem_allowed;
+template <int DT, int PDT, int OD, int V, int NC, int CL, bool FULL>
+std::atomic<uint64_t> rows_smem_allowed;
 
 #ifndef LK_STAGED_CLUSTER
 #define LK_STAGED_CLUSTER 2
@@ -358,25 +359,32 @@ template <int V> int staged_cluster() {
 
 using rows_fn = void (*)(Params);
 
-/* the per-tensor row-resident kernel for rows of up to kResident elements a thread (staging the
- * columnwise codes when stage, in clusters of cl blocks), allowed the shared memory of its widest
- * row, or nullptr */
+/* k_norm_quantize_rows, or when stage the staged kernel in clusters of cl blocks, allowed the
+ * shared memory of its widest row */
+template <int DT, int PDT, int OD, int V, int NC, bool FULL>
+rows_fn rows_kernel_of(bool stage, int cl, cudaError_t &e) {
+  if (!stage) return k_norm_quantize_rows<DT, PDT, OD, V, NC, FULL>;
+  auto allow = [&](auto k, std::atomic<uint64_t> &done) -> rows_fn {
+    e = lkc::allow_smem(k, kQRows * kRowThreads * V * NC, done);
+    return k;
+  };
+  if constexpr (V > 1 && kStagedCluster > 1)
+    if (cl == kStagedCluster)
+      return allow(k_norm_quantize_staged<DT, PDT, OD, V, NC, kStagedCluster, FULL>,
+                   rows_smem_allowed<DT, PDT, OD, V, NC, kStagedCluster, FULL>);
+  return allow(k_norm_quantize_staged<DT, PDT, OD, V, NC, 1, FULL>,
+               rows_smem_allowed<DT, PDT, OD, V, NC, 1, FULL>);
+}
+
+/* the per-tensor row-resident kernel for rows of h columns, up to kResident elements a thread
+ * (staging the columnwise codes when stage), or nullptr */
 template <int DT, int PDT, int OD, int V>
 rows_fn rows_kernel(int64_t h, bool stage, int cl, cudaError_t &e) {
   e = cudaSuccess;
   return with_resident_chunks<V, rows_fn>(h, [&](auto nc) -> rows_fn {
     constexpr int NC = decltype(nc)::value;
-    if (!stage) return k_norm_quantize_rows<DT, PDT, OD, V, NC>;
-    auto allow = [&](auto k, std::atomic<uint64_t> &done) -> rows_fn {
-      e = lkc::allow_smem(k, kQRows * kRowThreads * V * NC, done);
-      return k;
-    };
-    if constexpr (V > 1 && kStagedCluster > 1)
-      if (cl == kStagedCluster)
-        return allow(k_norm_quantize_staged<DT, PDT, OD, V, NC, kStagedCluster>,
-                     rows_smem_allowed<DT, PDT, OD, V, NC, kStagedCluster>);
-    return allow(k_norm_quantize_staged<DT, PDT, OD, V, NC, 1>,
-                 rows_smem_allowed<DT, PDT, OD, V, NC, 1>);
+    return rows_full<V, NC>(h) ? rows_kernel_of<DT, PDT, OD, V, NC, true>(stage, cl, e)
+                               : rows_kernel_of<DT, PDT, OD, V, NC, false>(stage, cl, e);
   });
 }
 

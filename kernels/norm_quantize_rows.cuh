@@ -47,26 +47,54 @@ __device__ __forceinline__ void store_codes(uint8_t *dst, const uint32_t (&w)[V 
   }
 }
 
-/* y's chunk as stored (rounded into the activation dtype) into v, its max|.| into m, and its
- * codes to row (and stage), when codes are asked for */
-template <int DT, int OD, int V>
-__device__ __forceinline__ void emit_chunk(const float (&y)[V], float s, bool codes, uint8_t *row,
-                                           bool row_vec, uint8_t *stage, float &m) {
-  float v[V];
+/* y's chunk rounded into the activation dtype as the stored y would be: values v and, for 16-bit
+ * dtypes, the packed words (two values a conversion, not one) */
+template <int DT, int V>
+__device__ __forceinline__ void round_chunk(const float (&y)[V], float (&v)[V],
+                                            uint32_t (&w)[V / 2 > 0 ? V / 2 : 1]) {
+  if constexpr (V > 1 && DT != LUTRA_F32) {
 #pragma unroll
-  for (int k = 0; k < V; k++) {
-    v[k] = round_to<DT>(y[k]);
+    for (int k = 0; k < V / 2; k++) {
+      w[k] = pack2<DT>(y[2 * k], y[2 * k + 1]);
+      unpack2<DT>(w[k], v[2 * k], v[2 * k + 1]);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      v[k] = round_to<DT>(y[k]);
+  }
+}
+
+/* y's chunk (columns o .. o + V of the matrix) as stored: into y_out when given (16-byte aligned
+ * for V > 1), its max|.| into m, and when codes, its codes into data (when given) and stage
+ * (when given: the chunk's own place there). data and y_out are the kernel's, the same for every
+ * chunk, so their tests are uniform. */
+template <int DT, int OD, int V>
+__device__ __forceinline__ void emit_chunk(const float (&y)[V], float s, bool codes, uint8_t *data,
+                                           bool row_vec, uint8_t *stage, void *y_out, int64_t o,
+                                           float &m) {
+  float v[V];
+  uint32_t yw[V / 2 > 0 ? V / 2 : 1];
+  round_chunk<DT, V>(y, v, yw);
+#pragma unroll
+  for (int k = 0; k < V; k++)
     m = fmaxf(m, fabsf(v[k]));
+  if (y_out) {
+    if constexpr (V == 8 && DT != LUTRA_F32)
+      *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(y_out) + o) =
+          make_uint4(yw[0], yw[1], yw[2], yw[3]);
+    else
+      stv<DT, V>(y_out, o, y);
   }
   if (!codes) return;
   if constexpr (V == 1) {
     const uint8_t q = code<OD>(v[0], s);
-    if (row) *row = q;
+    if (data) data[o] = q;
     if (stage) *stage = q;
   } else {
     uint32_t w[V / 4];
     code_words<OD, V>(v, s, w);
-    if (row) store_codes<V>(row, w, row_vec);
+    if (data) store_codes<V>(data + o, w, row_vec);
     if (stage) store_codes<V>(stage, w, true);
   }
 }
@@ -198,7 +226,7 @@ __device__ __forceinline__ void write_cluster_columns(const Params &p, const uin
  * eight were slower. Strided, because adjacent clusters run side by side, so the runs that share
  * a line reach L2 close together; with each block's groups consecutive they came a group's time
  * apart, and the kernel was slower still. */
-template <int DT, int PDT, int OD, int V, int NC, int CL>
+template <int DT, int PDT, int OD, int V, int NC, int CL, bool FULL>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1)
     k_norm_quantize_staged(Params p) {
   if (p.skip && *p.skip) return; /* uniform over the grid: before any barrier */
@@ -240,12 +268,11 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1)
     if (CL > 1) cluster_sync();
     flushed++;
   };
-  normalized_pairs_of<DT, PDT, V, NC>(
+  normalized_pairs_of<DT, PDT, V, NC, FULL>(
       a, n, row_of, red,
       [&](int64_t r, int64_t c, const float(&y)[V]) {
-        if (a.y) stv<DT, V>(a.y, r * h + c, y);
-        emit_chunk<DT, OD, V>(y, s, true, p.data ? p.data + r * h + c : nullptr, row_vec,
-                              staged + r % kQRows * h + c, m);
+        emit_chunk<DT, OD, V>(y, s, true, p.data, row_vec, staged + r % kQRows * h + c, a.y,
+                              r * h + c, m);
       },
       [&](int64_t i) {
         const int64_t done = imin<int64_t>(i + 2, n); /* the block's rows 0 .. done complete */
@@ -261,7 +288,7 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1)
  * gamma and beta read per chunk (L1 hits), p.pair_rows rows a block: as the forward, the rows
  * spread over one wave of blocks (pair_rows_per_block), so no partial last wave and each
  * block's first, unoverlapped loads are paid once per many rows. */
-template <int DT, int PDT, int OD, int V, int NC>
+template <int DT, int PDT, int OD, int V, int NC, bool FULL>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1) k_norm_quantize_rows(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   __shared__ RowRed red;
@@ -272,13 +299,11 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 3 : 1) k_norm_quant
   const float s = !p.amax_pass ? *p.scale : 1.0f;
   const bool row_vec = (reinterpret_cast<uintptr_t>(p.data) & (V == 8 ? 7 : 3)) == 0;
   float m = -INFINITY;
-  normalized_pairs<DT, PDT, V, NC>(a, r0, imin<int64_t>(a.rows, r0 + p.pair_rows), red,
-                                   [&](int64_t r, int64_t c, const float(&y)[V]) {
-                                     if (a.y) stv<DT, V>(a.y, r * h + c, y);
-                                     emit_chunk<DT, OD, V>(y, s, codes,
-                                                           codes ? p.data + r * h + c : nullptr,
-                                                           row_vec, nullptr, m);
-                                   });
+  normalized_pairs<DT, PDT, V, NC, FULL>(a, r0, imin<int64_t>(a.rows, r0 + p.pair_rows), red,
+                                         [&](int64_t r, int64_t c, const float(&y)[V]) {
+                                           emit_chunk<DT, OD, V>(y, s, codes, p.data, row_vec,
+                                                                 nullptr, a.y, r * h + c, m);
+                                         });
   finish_rows(p, m, fred, s);
 }
 

@@ -65,12 +65,14 @@ template <int V> __device__ __forceinline__ int64_t col(int j) {
 template <int DT, int V> struct Raw { uint4 q; };
 template <int DT> struct Raw<DT, 1> { float f; };
 
-template <int DT, int V, int NC>
+/* FULL (the kernels' template flag): every thread's NC chunks lie inside the row (hidden is
+ * NC V kRowThreads), so no column check is compiled */
+template <int DT, int V, int NC, bool FULL = false>
 __device__ __forceinline__ void load_row(const void *p, int64_t o, int64_t h, Raw<DT, V> (&r)[NC]) {
 #pragma unroll
   for (int j = 0; j < NC; j++) {
     const int64_t c = col<V>(j);
-    if (c >= h) continue;
+    if (!FULL && c >= h) continue;
     if constexpr (V == 1) {
       r[j].f = ld<DT>(p, o + c);
     } else {
@@ -106,13 +108,13 @@ template <int V> __device__ __forceinline__ bool params_vec(const lutra_norm_arg
 
 /* gamma (with zero_centered_gamma's + 1) and, when beta, beta at the V columns from c (zeros
  * past the row's end) */
-template <int PDT, int V>
+template <int PDT, int V, bool FULL = false>
 __device__ __forceinline__ void load_param_chunk(const lutra_norm_args &a, bool beta, bool vec,
                                                  int64_t c, float (&g)[V], float (&b)[V]) {
 #pragma unroll
   for (int k = 0; k < V; k++)
     g[k] = b[k] = 0.0f;
-  if (c >= a.hidden) return;
+  if (!FULL && c >= a.hidden) return;
   if (vec) {
     ldv<PDT, V>(a.gamma, c, g);
     if (beta) ldv<PDT, V>(a.beta, c, b);
@@ -178,12 +180,12 @@ __device__ __forceinline__ auto rstd_fin(const lutra_norm_args &a, int64_t r, fl
 /* A row sum's first level, a thread's own elements (the chunks col<V>(j), in column order, fadd:
  * no contraction), then row_reduce's tree; norm_cpu.c row_sum adds in the same order. The
  * deviations are taken from the mean as rounded to f32, the one y uses. */
-template <int V, int NC>
+template <int V, int NC, bool FULL = false>
 __device__ __forceinline__ float thread_sum(const lutra_norm_args &a, const float (&x)[NC][V]) {
   float p = 0.0f;
 #pragma unroll
   for (int j = 0; j < NC; j++)
-    if (col<V>(j) < a.hidden) {
+    if (FULL || col<V>(j) < a.hidden) {
 #pragma unroll
       for (int k = 0; k < V; k++)
         p = fadd(p, x[j][k]);
@@ -192,13 +194,13 @@ __device__ __forceinline__ float thread_sum(const lutra_norm_args &a, const floa
 }
 
 /* x - 0.0 is x: RMSNorm's squares skip the subtraction */
-template <int V, int NC>
+template <int V, int NC, bool FULL = false>
 __device__ __forceinline__ float thread_squares(const lutra_norm_args &a, const float (&x)[NC][V],
                                                 float mean) {
   float p = 0.0f;
 #pragma unroll
   for (int j = 0; j < NC; j++)
-    if (col<V>(j) < a.hidden) {
+    if (FULL || col<V>(j) < a.hidden) {
 #pragma unroll
       for (int k = 0; k < V; k++) {
         const float d = a.rms ? x[j][k] : fsub(x[j][k], mean);
@@ -231,14 +233,14 @@ __device__ __forceinline__ void resident_stats(const lutra_norm_args &a, int64_t
 /* resident_stats for rows r and r + 1 at once (the second only when two): both rows' sums in one
  * block reduction (row_reduce<2>: each row's tree as alone, so the same bits), half the barriers
  * a row. */
-template <int V, int NC>
+template <int V, int NC, bool FULL>
 __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_t r, bool two,
                                                 const float (&x)[2][NC][V], RowRed &red,
                                                 float (&mean)[2], float (&rstd)[2]) {
   const float hf = static_cast<float>(a.hidden);
   mean[0] = mean[1] = 0.0f;
   if (!a.rms) {
-    float s[2] = {thread_sum<V, NC>(a, x[0]), thread_sum<V, NC>(a, x[1])};
+    float s[2] = {thread_sum<V, NC, FULL>(a, x[0]), thread_sum<V, NC, FULL>(a, x[1])};
     row_reduce<2>(s, red, [&](float(&t)[2], bool lead) {
       if (!lead) return;
       red.out[0] = fdiv(t[0], hf);
@@ -247,7 +249,8 @@ __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_
     mean[0] = red.out[0];
     mean[1] = red.out[1];
   }
-  float q[2] = {thread_squares<V, NC>(a, x[0], mean[0]), thread_squares<V, NC>(a, x[1], mean[1])};
+  float q[2] = {thread_squares<V, NC, FULL>(a, x[0], mean[0]),
+                thread_squares<V, NC, FULL>(a, x[1], mean[1])};
   row_reduce<2>(q, red, [&](float(&t)[2], bool lead) {
     const float rs[2] = {row_rstd(a, t[0]), row_rstd(a, t[1])};
     if (!lead) return;
@@ -264,26 +267,26 @@ __device__ __forceinline__ void resident_stats2(const lutra_norm_args &a, int64_
 /* Rows r and r + 1 (the second only when two) as loaded in c0 / c1, normalized: both rows'
  * statistics (resident_stats2), then per chunk of V columns from c, gamma and beta read once (L1
  * hits) for both rows, and f(r, c, y) with y the forward's output at row r (in f32, not yet
- * rounded). */
-template <int DT, int PDT, int V, int NC, class F>
+ * rounded). vec: params_vec, which the loops below take once, not per pair. */
+template <int DT, int PDT, int V, int NC, bool FULL, class F>
 __device__ __forceinline__ void normalized_pair(const lutra_norm_args &a, int64_t r, bool two,
-                                                const Raw<DT, V> (&c0)[NC],
+                                                bool vec, const Raw<DT, V> (&c0)[NC],
                                                 const Raw<DT, V> (&c1)[NC], RowRed &red, F &&f) {
   const int64_t h = a.hidden;
-  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
+  const bool beta = !a.rms;
   float x[2][NC][V], mean[2], rstd[2];
 #pragma unroll
   for (int j = 0; j < NC; j++) {
     unraw<DT, V>(c0[j], x[0][j]);
     unraw<DT, V>(c1[j], x[1][j]);
   }
-  resident_stats2<V, NC>(a, r, two, x, red, mean, rstd);
+  resident_stats2<V, NC, FULL>(a, r, two, x, red, mean, rstd);
 #pragma unroll
   for (int j = 0; j < NC; j++) {
     const int64_t c = col<V>(j);
-    if (c >= h) continue;
+    if (!FULL && c >= h) continue;
     float g[V], b[V];
-    load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+    load_param_chunk<PDT, V, FULL>(a, beta, vec, c, g, b);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
       if (i == 1 && !two) break;
@@ -296,17 +299,18 @@ __device__ __forceinline__ void normalized_pair(const lutra_norm_args &a, int64_
 /* A row-resident loop over rows r0 .. r1 two at a time (normalized_pair): the next two rows'
  * loads are issued before the current two's statistics, so twice the bytes of a one-row loop
  * are in flight. */
-template <int DT, int PDT, int V, int NC, class F>
+template <int DT, int PDT, int V, int NC, bool FULL, class F>
 __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64_t r0, int64_t r1,
                                                  RowRed &red, F &&f) {
   const int64_t h = a.hidden;
+  const bool vec = params_vec<V>(a, !a.rms);
   Raw<DT, V> c0[NC] = {}, c1[NC] = {}, n0[NC] = {}, n1[NC] = {};
-  if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, c0);
-  if (r0 + 1 < r1) load_row<DT, V, NC>(a.x, (r0 + 1) * h, h, c1);
+  if (r0 < r1) load_row<DT, V, NC, FULL>(a.x, r0 * h, h, c0);
+  if (r0 + 1 < r1) load_row<DT, V, NC, FULL>(a.x, (r0 + 1) * h, h, c1);
   for (int64_t r = r0; r < r1; r += 2) {
-    if (r + 2 < r1) load_row<DT, V, NC>(a.x, (r + 2) * h, h, n0);
-    if (r + 3 < r1) load_row<DT, V, NC>(a.x, (r + 3) * h, h, n1);
-    normalized_pair<DT, PDT, V, NC>(a, r, r + 1 < r1, c0, c1, red, f);
+    if (r + 2 < r1) load_row<DT, V, NC, FULL>(a.x, (r + 2) * h, h, n0);
+    if (r + 3 < r1) load_row<DT, V, NC, FULL>(a.x, (r + 3) * h, h, n1);
+    normalized_pair<DT, PDT, V, NC, FULL>(a, r, r + 1 < r1, vec, c0, c1, red, f);
 #pragma unroll
     for (int j = 0; j < NC; j++) {
       c0[j] = n0[j];
@@ -319,17 +323,18 @@ __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64
  * be consecutive rows of x), and after each pair (i, i + 1) pair_done(i), uniform over the
  * block, while the next pair's loads are in flight. (The plain range loop above is kept apart:
  * through this one, the rowwise fused kernel measured slower, BENCHMARKS.md.) */
-template <int DT, int PDT, int V, int NC, class M, class F, class G>
+template <int DT, int PDT, int V, int NC, bool FULL, class M, class F, class G>
 __device__ __forceinline__ void normalized_pairs_of(const lutra_norm_args &a, int64_t n, M &&row_of,
                                                     RowRed &red, F &&f, G &&pair_done) {
   const int64_t h = a.hidden;
+  const bool vec = params_vec<V>(a, !a.rms);
   Raw<DT, V> c0[NC] = {}, c1[NC] = {}, n0[NC] = {}, n1[NC] = {};
-  if (0 < n) load_row<DT, V, NC>(a.x, row_of(0) * h, h, c0);
-  if (1 < n) load_row<DT, V, NC>(a.x, (row_of(0) + 1) * h, h, c1);
+  if (0 < n) load_row<DT, V, NC, FULL>(a.x, row_of(0) * h, h, c0);
+  if (1 < n) load_row<DT, V, NC, FULL>(a.x, (row_of(0) + 1) * h, h, c1);
   for (int64_t i = 0; i < n; i += 2) {
-    if (i + 2 < n) load_row<DT, V, NC>(a.x, row_of(i + 2) * h, h, n0);
-    if (i + 3 < n) load_row<DT, V, NC>(a.x, (row_of(i + 2) + 1) * h, h, n1);
-    normalized_pair<DT, PDT, V, NC>(a, row_of(i), i + 1 < n, c0, c1, red, f);
+    if (i + 2 < n) load_row<DT, V, NC, FULL>(a.x, row_of(i + 2) * h, h, n0);
+    if (i + 3 < n) load_row<DT, V, NC, FULL>(a.x, (row_of(i + 2) + 1) * h, h, n1);
+    normalized_pair<DT, PDT, V, NC, FULL>(a, row_of(i), i + 1 < n, vec, c0, c1, red, f);
     pair_done(i); /* before the hand-over below, which waits for the next pair's loads */
 #pragma unroll
     for (int j = 0; j < NC; j++) {
@@ -356,6 +361,11 @@ resident_row(const lutra_norm_args &a, int64_t r, int64_t r1, const Raw<DT, V> (
 /* f(std::integral_constant<int, NC>()) for rows of h columns held NC chunks of V a thread by
  * the row-resident kernels (NC 1, 2, 4 or 8, at most kResident elements a thread), or R() when
  * the rows are wider */
+/* whether rows of h columns fill every thread's NC chunks of V exactly (the kernels' FULL) */
+template <int V, int NC> bool rows_full(int64_t h) {
+  return h == static_cast<int64_t>(NC) * V * kRowThreads;
+}
+
 template <int V, class R, class F> R with_resident_chunks(int64_t h, F &&f) {
   const int64_t nc = cdiv<int64_t>(h, static_cast<int64_t>(kRowThreads) * V);
   if (nc <= 1) return f(std::integral_constant<int, 1>());

@@ -11,6 +11,8 @@
 # quantize_block.cu) from DIR instead
 # of kernels/, and NORM_AB_TAG=NAME names its objects and
 # program build/norm_ab-NAME: several candidates against one base, built side by side.
+# NORM_AB_NVCC_FLAGS adds nvcc flags to every object (e.g. -lineinfo, for Nsight Compute's
+# source view).
 set -euo pipefail
 base_dir=build/norm-ab-base
 cand_dir=${NORM_AB_CAND:-kernels}
@@ -21,7 +23,7 @@ if [ ! -d "$base_dir" ]; then
     git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f" 2> /dev/null || rm -f "$base_dir/$f"
   done
 fi
-flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels)
+flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels ${NORM_AB_NVCC_FLAGS:-})
 [ -f "build/norm_ab_base.o" ] && [ -n "$tag" ] || \
   nvcc "${flags[@]}" -DAB_PREFIX=base "-DAB_DIR_NORM=\"../../$base_dir/norm.cu\"" \
     "-DAB_DIR_QUANT=\"../../$base_dir/norm_quantize.cu\"" -c tools/norm_ab/variant.cu -o build/norm_ab_base.o &
