@@ -15,12 +15,15 @@
  * Prints one line per check ("ok ..." or "FAIL ...") and a summary; exits 1 on any failure. */
 #include "lutra.h"
 
+#include <execinfo.h>
 #include <malloc.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* src/backend/device.h: exported for this check, not part of lutra.h */
 int lutra_thread_caches(int *gemm, int *cuda);
@@ -264,7 +267,24 @@ static int check_cross_thread_exit(void) {
   return bad;
 }
 
+/* A crash prints the crashing thread's frames (the library's as liblutra.so+offset, for
+ * addr2line against the unstripped library) before the process dies as it would have. */
+static void on_crash(int sig) {
+  static const char msg[] = "threads_check: crashed; the crashing thread's frames:\n";
+  void *frames[64];
+  const int n = backtrace(frames, 64);
+  (void)!write(2, msg, sizeof msg - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 int main(int argc, char **argv) {
+  signal(SIGSEGV, on_crash);
+  signal(SIGBUS, on_crash);
+  signal(SIGABRT, on_crash);
+  /* line-buffered: the checks printed before a crash are not lost with it */
+  setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc < 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
     fprintf(stderr, "usage: %s cpu|cuda [steps]\n", argv[0]);
     return 2;

@@ -9,8 +9,8 @@
  * Scratch that kernels fill and read later in stream order (the GEMM workspace with its
  * dequantized operands, the bias-gradient and loss partials, the fused dbias sums) is kept
  * per thread and stream (stream_state): shared between two streams, two threads' kernels run
- * at once on the same bytes. A thread's states, its stream and its handle are released by a
- * pthread key destructor when the thread exits. */
+ * at once on the same bytes. A thread's states and its stream are released by a pthread key
+ * destructor when the thread exits; its handle goes back to a list for the next thread. */
 #include "cuda_backend.h"
 
 #include "kernels.h"
@@ -57,6 +57,40 @@ typedef struct thread_ctx {
 } thread_ctx;
 
 static _Thread_local thread_ctx *tctx;
+
+/* The cuBLASLt handles of exited threads, which later threads take before making new ones. A
+ * handle is never destroyed: cublasLtDestroy synchronizes the whole context, which is not safe
+ * while another thread captures a graph of its own stream (a thread exiting while the others
+ * still trained crashed inside the driver under tools/threads_check.c, BENCHMARKS.md). There
+ * are never more handles than threads that ran at once. */
+static struct {
+  pthread_mutex_t lock;
+  cublasLtHandle_t *idle;
+  int count, cap;
+} handles = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static cublasStatus_t handle_take(cublasLtHandle_t *h) {
+  pthread_mutex_lock(&handles.lock);
+  const bool have = handles.count > 0;
+  if (have) *h = handles.idle[--handles.count];
+  pthread_mutex_unlock(&handles.lock);
+  return have ? CUBLAS_STATUS_SUCCESS : cublasLtCreate(h);
+}
+
+/* where the list cannot grow the handle is dropped: a leak, never a destroy */
+static void handle_give(cublasLtHandle_t h) {
+  pthread_mutex_lock(&handles.lock);
+  if (handles.count == handles.cap) {
+    const int cap = handles.cap ? 2 * handles.cap : 8;
+    cublasLtHandle_t *grown = realloc(handles.idle, (size_t)cap * sizeof *grown);
+    if (grown) {
+      handles.idle = grown;
+      handles.cap = cap;
+    }
+  }
+  if (handles.count < handles.cap) handles.idle[handles.count++] = h;
+  pthread_mutex_unlock(&handles.lock);
+}
 static void thread_exit(void *arg);
 static atomic_int live_contexts; /* threads holding a context, for lutra_cuda_live_threads */
 int lutra_cuda_status(cudaError_t e, const char *fn, const char *what) {
@@ -184,7 +218,7 @@ static void thread_exit(void *arg) {
   state_release(own, s);
   cudaStreamSynchronize(s);
   cudaStreamDestroy(s);
-  if (c->lt) cublasLtDestroy(c->lt);
+  if (c->lt) handle_give(c->lt);
   lutra_cuda_deferred_release();
   free(c);
   tctx = NULL;
@@ -218,7 +252,7 @@ static int make_ctx(const char *fn) {
     free(c);
     return lutra_cuda_status(e, fn, "creating the thread's stream");
   }
-  cublasStatus_t ls = cublasLtCreate(&c->lt);
+  cublasStatus_t ls = handle_take(&c->lt);
   int st = ls == CUBLAS_STATUS_SUCCESS ? state_new(s, true, &c->list, fn)
                                        : lutra_cublas_status(ls, fn, "cublasLtCreate");
   if (st == LUTRA_OK && pthread_setspecific(cuda.exit_key, c) != 0) {
@@ -226,7 +260,7 @@ static int make_ctx(const char *fn) {
     st = lutra_error(LUTRA_EBACKEND, fn, "pthread_setspecific failed");
   }
   if (st != LUTRA_OK) {
-    if (c->lt) cublasLtDestroy(c->lt);
+    if (c->lt) handle_give(c->lt);
     cudaStreamSynchronize(s);
     cudaStreamDestroy(s);
     free(c);
