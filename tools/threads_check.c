@@ -7,9 +7,10 @@
  * for the partial sums, an MSE loss, AdamW) is trained by one thread alone, then by 2 and by 4
  * threads at once, each thread its own model from the same seeds; every thread's final loss and
  * parameters must equal the lone thread's byte for byte. Then threads are started and joined one
- * after another: the per-thread caches (GEMM plans and workspaces; on cuda the thread's stream,
- * cuBLASLt handle and scratch) must all be released at their exit (lutra_thread_caches), and the
- * host heap must not grow with the number of threads. LUTRA_GEMM_GRAPHS is read at load: run it
+ * after another: the per-thread caches (GEMM plans and workspaces; on cuda the thread's stream
+ * and scratch) must all be released at their exit (lutra_thread_caches; the cuBLASLt handle goes
+ * back to a list the next thread takes from), and the host heap must not grow with the number of
+ * threads. LUTRA_GEMM_GRAPHS is read at load: run it
  * once with LUTRA_GEMM_GRAPHS=0 and once without to cover both GEMM paths on cuda.
  *
  * Prints one line per check ("ok ..." or "FAIL ...") and a summary; exits 1 on any failure. */

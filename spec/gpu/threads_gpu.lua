@@ -2,7 +2,9 @@
 -- block recipe included), each on its own stream, match one thread alone bit for bit, with the
 -- one-GEMM graphs on (captures on one thread's stream while others issue work) and off
 -- (LUTRA_GEMM_GRAPHS=0: the plain cuBLASLt calls, workspaces and reduction scratch per stream);
--- every thread's stream, cuBLASLt handle, scratch and plans are released at its exit.
+-- every thread's stream, scratch and plans are released at its exit (its cuBLASLt handle goes
+-- back to a list for the next thread: cublasLtDestroy's context-wide wait crashed the driver
+-- while another thread captured).
 -- tools/threads_check.c, built with the system compiler against ./liblutra.so.
 local S = require("spec.gpu.support")
 local T = require("spec.support.threads_check")
