@@ -47,11 +47,14 @@ __device__ __forceinline__ void store_codes(uint8_t *dst, const uint32_t (&w)[V 
   }
 }
 
+/* the 32-bit words of a chunk of V 16-bit values (one for a scalar chunk) */
+template <int V> constexpr int kPackedWords = V > 1 ? V / 2 : 1;
+
 /* y's chunk rounded into the activation dtype as the stored y would be: values v and, for 16-bit
  * dtypes, the packed words (two values a conversion, not one) */
 template <int DT, int V>
 __device__ __forceinline__ void round_chunk(const float (&y)[V], float (&v)[V],
-                                            uint32_t (&w)[V / 2 > 0 ? V / 2 : 1]) {
+                                            uint32_t (&w)[kPackedWords<V>]) {
   if constexpr (V > 1 && DT != LUTRA_F32) {
 #pragma unroll
     for (int k = 0; k < V / 2; k++) {
@@ -74,7 +77,7 @@ __device__ __forceinline__ void emit_chunk(const float (&y)[V], float s, bool co
                                            bool row_vec, uint8_t *stage, void *y_out, int64_t o,
                                            float &m) {
   float v[V];
-  uint32_t yw[V / 2 > 0 ? V / 2 : 1];
+  uint32_t yw[kPackedWords<V>];
   round_chunk<DT, V>(y, v, yw);
 #pragma unroll
   for (int k = 0; k < V; k++)

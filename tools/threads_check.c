@@ -10,8 +10,8 @@
  * after another: the per-thread caches (GEMM plans and workspaces; on cuda the thread's stream
  * and scratch) must all be released at their exit (lutra_thread_caches; the cuBLASLt handle goes
  * back to a list the next thread takes from), and the host heap must not grow with the number of
- * threads. LUTRA_GEMM_GRAPHS is read at load: run it
- * once with LUTRA_GEMM_GRAPHS=0 and once without to cover both GEMM paths on cuda.
+ * threads. LUTRA_GEMM_GRAPHS is read at load: run it once with LUTRA_GEMM_GRAPHS=0 and once
+ * without to cover both GEMM paths on cuda.
  *
  * Prints one line per check ("ok ..." or "FAIL ...") and a summary; exits 1 on any failure. */
 #include "lutra.h"

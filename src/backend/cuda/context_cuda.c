@@ -91,6 +91,7 @@ static void handle_give(cublasLtHandle_t h) {
   if (handles.count < handles.cap) handles.idle[handles.count++] = h;
   pthread_mutex_unlock(&handles.lock);
 }
+
 static void thread_exit(void *arg);
 static atomic_int live_contexts; /* threads holding a context, for lutra_cuda_live_threads */
 int lutra_cuda_status(cudaError_t e, const char *fn, const char *what) {
