@@ -25,7 +25,8 @@
  *     rows ahead (kernels/bulk_rows.cuh): loaded one row ahead into registers instead, each
  *     row waited at the hand-over of the next row's loads (BENCHMARKS.md, "The norm backward's
  *     rows staged"). Older devices and unaligned rows keep the register loads.
- * In both, the row statistics' divisions and square root run in warp 0 alone (row_reduce's fin).
+ * The forward's row statistics' divisions and square root run in warp 0 alone (row_reduce's fin);
+ * the row-resident backward's sums reach every warp after one barrier (row_reduce_all).
  * The sums were double once (FP64 adds and an f32 -> f64 conversion per element, the latter at a
  * quarter of the f32 rate on Hopper): that bound LayerNorm's forward and the fused casts behind
  * the memory system (BENCHMARKS.md, "The norms' row sums in f32"); f32 is what TransformerEngine

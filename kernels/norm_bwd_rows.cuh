@@ -23,11 +23,11 @@ template <int DT> LKOPS_HD int64_t bwd_stage_bytes(int64_t h) {
   return 2 * h * (DT == LUTRA_F32 ? 4 : 2) + 16;
 }
 
-template <int DT, int PDT, int V, int NC, int S>
+template <int DT, int PDT, int V, int NC, int S, bool FULL>
 __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
     norm_bwd_rows(lutra_norm_args a, float *partial, int64_t nrb) {
   static_assert(S == 0 || V > 1, "the staged backward takes 16-byte rows");
-  __shared__ RowRed red;
+  __shared__ RowParts parts;
   /* dgamma's sums of this thread's columns, then dbeta's: slot (j V + k) kRowThreads + thread, so
    * that a warp's 8-byte accesses are consecutive (by column, a thread's V columns apart, they
    * were 16-way bank conflicts) */
@@ -44,8 +44,8 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
   const int64_t stage_bytes = bwd_stage_bytes<DT>(h);
   unsigned char *stages = lkc::dyn_smem() + 2 * kBeta * sizeof(double);
   uint64_t *bars = reinterpret_cast<uint64_t *>(stages + S * stage_bytes);
-  auto issue = [&](int64_t r) {
-    const int st = static_cast<int>((r - r0) % (S > 0 ? S : 1));
+  /* row r into stage st (row r0 + i takes stage i % S) */
+  auto issue = [&](int64_t r, int st) {
     unsigned char *d = stages + st * stage_bytes;
     lkc::stage_expect(&bars[st], 2 * row_bytes);
     lkc::stage_copy(d, static_cast<const char *>(a.x) + r * h * esz, row_bytes, &bars[st]);
@@ -61,7 +61,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       for (int st = 0; st < S; st++)
         lkc::stage_init(&bars[st], 2);
       for (int64_t r = r0; r < imin<int64_t>(r1, r0 + S); r++)
-        issue(r);
+        issue(r, static_cast<int>(r - r0));
     }
   }
   float g[NC][V], sg[NC][V], sb[NC][V];
@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 #pragma unroll
       for (int k = 0; k < V; k++) {
         const int64_t c = col<V>(j) + k;
-        if (c < h) {
+        if (FULL || c < h) {
           acc[slot(j, k)] += sg[j][k];
           acc[kBeta + slot(j, k)] += sb[j][k];
         }
@@ -99,15 +99,15 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       rc = a.rstd[r0];
     }
   }
-  int grouped = 0;
+  int grouped = 0, half = 0;
+  int st = 0;          /* S > 0: row r's stage, (r - r0) % S kept as a counter (a 64-bit */
+  uint32_t parity = 0; /* division per row), and the phase its barrier completes, / S & 1 */
   for (int64_t r = r0; r < r1; r++) {
     if constexpr (S > 0) {
-      const int64_t i = r - r0;
-      const int st = static_cast<int>(i % S);
-      lkc::stage_wait(&bars[st], static_cast<uint32_t>((i / S) & 1));
+      lkc::stage_wait(&bars[st], parity);
       const unsigned char *d = stages + st * stage_bytes;
-      load_row<DT, V, NC>(d, 0, h, xc);
-      load_row<DT, V, NC>(d + row_bytes, 0, h, dc);
+      load_row<DT, V, NC, FULL>(d, 0, h, xc);
+      load_row<DT, V, NC, FULL>(d + row_bytes, 0, h, dc);
       const float *stats = reinterpret_cast<const float *>(d + 2 * row_bytes);
       mc = a.rms ? 0.0f : stats[0];
       rc = stats[1];
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       float x[V], dy[V];
       unraw<DT, V>(xc[j], x);
       unraw<DT, V>(dc[j], dy);
-      const bool in = col<V>(j) < h;
+      const bool in = FULL || col<V>(j) < h;
 #pragma unroll
       for (int k = 0; k < V; k++) {
         xhat[j][k] = fmul(fsub(x[k], mc), rc);
@@ -140,23 +140,26 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       flush();
       grouped = 0;
     }
+    float c1 = 0.0f, c2 = 0.0f;
     if (a.dx) {
-      dx_coefficients(a, s, red); /* its barriers: every thread's reads of the stage done */
+      /* its barrier: every thread's reads of the stage done */
+      row_reduce_all<2>(s, parts, half);
+      c1 = fdiv(s[0], static_cast<float>(h));
+      c2 = a.rms ? 0.0f : fdiv(s[1], static_cast<float>(h));
     } else if constexpr (S > 0) {
       __syncthreads();
     }
     if constexpr (S > 0) {
       if (threadIdx.x == 0 && r + S < r1) {
         lkc::stage_reuse_fence();
-        issue(r + S);
+        issue(r + S, st); /* row r's stage */
       }
     }
     if (a.dx) {
-      const float c1 = static_cast<float>(red.out[0]), c2 = static_cast<float>(red.out[1]);
 #pragma unroll
       for (int j = 0; j < NC; j++) {
         const int64_t c = col<V>(j);
-        if (c >= h) continue;
+        if (!FULL && c >= h) continue;
         float dx[V];
 #pragma unroll
         for (int k = 0; k < V; k++)
@@ -172,22 +175,32 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       }
       mc = mn;
       rc = rn;
+    } else if (++st == S) {
+      st = 0;
+      parity ^= 1;
     }
   }
   flush();
+  /* a thread's V columns in 16-byte stores (h is a multiple of V): stored a column at a time, a
+   * warp's stores were V floats apart, four times the sectors */
 #pragma unroll
-  for (int j = 0; j < NC; j++)
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = col<V>(j);
+    if (!FULL && c >= h) continue;
+    float pg[V], pb[V];
 #pragma unroll
     for (int k = 0; k < V; k++) {
-      const int64_t c = col<V>(j) + k;
-      if (c >= h) continue;
-      partial[rb * h + c] = static_cast<float>(acc[slot(j, k)]);
-      partial[(nrb + rb) * h + c] = static_cast<float>(acc[kBeta + slot(j, k)]);
+      pg[k] = static_cast<float>(acc[slot(j, k)]);
+      pb[k] = static_cast<float>(acc[kBeta + slot(j, k)]);
     }
+    stv<LUTRA_F32, V>(partial, rb * h + c, pg);
+    stv<LUTRA_F32, V>(partial, (nrb + rb) * h + c, pb);
+  }
 }
 
 using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
-template <int DT, int PDT, int V, int NC, int S> std::atomic<uint64_t> bwd_smem_allowed;
+template <int DT, int PDT, int V, int NC, int S, bool FULL>
+std::atomic<uint64_t> bwd_smem_allowed;
 
 /* the staged backward's dynamic shared memory for rows of h columns, ncols of them a thread */
 template <int DT, int S> int bwd_smem_bytes(int ncols, int64_t h) {
@@ -212,15 +225,23 @@ bwd_fn bwd_rows_kernel_s(int64_t h, cudaError_t &e, int &smem) {
     return k;
   };
   e = cudaSuccess;
-  if (nc <= 1) return pick(norm_bwd_rows<DT, PDT, V, 1, S>, bwd_smem_allowed<DT, PDT, V, 1, S>, V);
-  if (nc <= 2)
-    return pick(norm_bwd_rows<DT, PDT, V, 2, S>, bwd_smem_allowed<DT, PDT, V, 2, S>, 2 * V);
-  if (nc <= 4)
-    return pick(norm_bwd_rows<DT, PDT, V, 4, S>, bwd_smem_allowed<DT, PDT, V, 4, S>, 4 * V);
+  /* FULL (rows that fill every thread's chunks, no column checks) for the staged kernels alone:
+   * the register-loading one is the fallback, not worth twice its instantiations */
+  auto of = [&](auto nc_c) -> bwd_fn {
+    constexpr int NC = decltype(nc_c)::value;
+    if constexpr (S > 0)
+      if (rows_full<V, NC>(h))
+        return pick(norm_bwd_rows<DT, PDT, V, NC, S, true>,
+                    bwd_smem_allowed<DT, PDT, V, NC, S, true>, NC * V);
+    return pick(norm_bwd_rows<DT, PDT, V, NC, S, false>, bwd_smem_allowed<DT, PDT, V, NC, S, false>,
+                NC * V);
+  };
+  if (nc <= 1) return of(std::integral_constant<int, 1>());
+  if (nc <= 2) return of(std::integral_constant<int, 2>());
+  if (nc <= 4) return of(std::integral_constant<int, 4>());
   /* 64 bytes of x a thread at most: f32 rows of 8 vectors would spill */
   if constexpr (8 * V * (DT == LUTRA_F32 ? 4 : 2) <= 64)
-    if (nc <= 8)
-      return pick(norm_bwd_rows<DT, PDT, V, 8, S>, bwd_smem_allowed<DT, PDT, V, 8, S>, 8 * V);
+    if (nc <= 8) return of(std::integral_constant<int, 8>());
   return nullptr;
 }
 

@@ -49,6 +49,42 @@ __device__ __forceinline__ void row_reduce(float (&v)[N], RowRed &red, F &&fin) 
   __syncthreads();
 }
 
+/* row_reduce's sums with each total left in every thread, after one barrier instead of two:
+ * every warp adds the warps' sums itself (the same adds in the same order, so the same bits in
+ * every thread). Consecutive calls alternate between the two halves of parts (half, uniform over
+ * the block, flips each call): a thread reads call k's half before it arrives at call k + 1's
+ * barrier, which the writers of call k + 2 have passed. Taken by the backward, whose dx waits on
+ * each row's sums (the LayerNorm backward 0.94x with it, BENCHMARKS.md). The forward keeps
+ * row_reduce: there every warp would then take the statistics' divisions and square roots, and
+ * parts would grow RowRed, which the fused two-copy casts' shared memory cannot spare (a third
+ * block an SM). */
+using RowParts = float[2][2][kRowWarps]; /* [half][sum][warp] */
+
+template <int N>
+__device__ __forceinline__ void row_reduce_all(float (&v)[N], RowParts &parts, int &half) {
+  static_assert(N >= 1 && N <= 2, "row_reduce_all adds one or two sums a call");
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float(&part)[2][kRowWarps] = parts[half];
+  half ^= 1;
+#pragma unroll
+  for (int n = 0; n < N; n++)
+    v[n] = warp_sum(v[n]);
+  if (lane == 0) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+      part[n][warp] = v[n];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    float t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRowWarps; w++)
+      t = fadd(t, part[n][w]);
+    v[n] = t;
+  }
+}
+
 /* Rows a block of a row-resident kernel takes so that blocks_per_sm blocks an SM cover the rows
  * in one wave: an even share (the two-row loops), at least least rows */
 inline int64_t wave_share_rows(int64_t rows, int64_t blocks_per_sm, int64_t least) {
