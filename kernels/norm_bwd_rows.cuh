@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       pb[k] = static_cast<float>(acc[kBeta + slot(j, k)]);
     }
     stv<LUTRA_F32, V>(partial, rb * h + c, pg);
-    stv<LUTRA_F32, V>(partial, (nrb + rb) * h + c, pb);
+    if (!a.rms) stv<LUTRA_F32, V>(partial, (nrb + rb) * h + c, pb); /* dbeta's */
   }
 }
 
