@@ -23,28 +23,41 @@ struct RowRed {
   float out[2];
 };
 
-template <int N, class F>
-__device__ __forceinline__ void row_reduce(float (&v)[N], RowRed &red, F &&fin) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+/* both reductions' first level: each warp's sums (warp_sum's butterfly) into part[n][warp],
+ * then the barrier after which every warp's are there */
+template <int N>
+__device__ __forceinline__ void warp_parts(float (&v)[N], float (&part)[2][kRowWarps]) {
+  static_assert(N >= 1 && N <= 2, "one or two sums a call");
 #pragma unroll
   for (int n = 0; n < N; n++)
     v[n] = warp_sum(v[n]);
-  if (lane == 0) {
+  if ((threadIdx.x & 31) == 0) {
 #pragma unroll
     for (int n = 0; n < N; n++)
-      red.part[n][warp] = v[n];
+      part[n][threadIdx.x >> 5] = v[n];
   }
   __syncthreads();
-  if (warp == 0) {
+}
+
+/* the warps' sums in order from 0.0 */
+template <int N>
+__device__ __forceinline__ void add_parts(const float (&part)[2][kRowWarps], float (&t)[N]) {
+#pragma unroll
+  for (int n = 0; n < N; n++) {
+    t[n] = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kRowWarps; w++)
+      t[n] = fadd(t[n], part[n][w]);
+  }
+}
+
+template <int N, class F>
+__device__ __forceinline__ void row_reduce(float (&v)[N], RowRed &red, F &&fin) {
+  warp_parts<N>(v, red.part);
+  if (threadIdx.x < 32) {
     float t[N];
-#pragma unroll
-    for (int n = 0; n < N; n++) {
-      t[n] = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kRowWarps; w++)
-        t[n] = fadd(t[n], red.part[n][w]);
-    }
-    fin(t, lane == 0);
+    add_parts<N>(red.part, t);
+    fin(t, threadIdx.x == 0);
   }
   __syncthreads();
 }
@@ -62,27 +75,10 @@ using RowParts = float[2][2][kRowWarps]; /* [half][sum][warp] */
 
 template <int N>
 __device__ __forceinline__ void row_reduce_all(float (&v)[N], RowParts &parts, int &half) {
-  static_assert(N >= 1 && N <= 2, "row_reduce_all adds one or two sums a call");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   float(&part)[2][kRowWarps] = parts[half];
   half ^= 1;
-#pragma unroll
-  for (int n = 0; n < N; n++)
-    v[n] = warp_sum(v[n]);
-  if (lane == 0) {
-#pragma unroll
-    for (int n = 0; n < N; n++)
-      part[n][warp] = v[n];
-  }
-  __syncthreads();
-#pragma unroll
-  for (int n = 0; n < N; n++) {
-    float t = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kRowWarps; w++)
-      t = fadd(t, part[n][w]);
-    v[n] = t;
-  }
+  warp_parts<N>(v, part);
+  add_parts<N>(part, v);
 }
 
 /* Rows a block of a row-resident kernel takes so that blocks_per_sm blocks an SM cover the rows
