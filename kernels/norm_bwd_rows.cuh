@@ -1,14 +1,16 @@
 /* The row-resident norm backward (norm_bwd_rows) and its selection: included by kernels/norm.cu
- * inside its unnamed namespace, after the helpers it uses (dx_coefficients, kGroupRows); no
+ * inside its unnamed namespace, after the constants it uses (kGroupRows); no
  * include guard (tools/sim_norm.cpp and tools/norm_ab include norm.cu inside namespaces of
  * their own). */
 
 /* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
- * when asked for, and the dgamma / dbeta sums of row block blockIdx.x into partial[rb][c] and
- * partial[nrb + rb][c] (f32). Dynamic shared memory: two doubles per column a thread holds, then
- * with S > 0 the S stages of rows (kernels/bulk_rows.cuh) and their barriers.
+ * when asked for, and the dgamma sums of row block blockIdx.x into partial[rb][c] and, for
+ * LayerNorm, its dbeta sums into partial[nrb + rb][c] (f32). Dynamic shared memory: two doubles
+ * per column a thread holds, then with S > 0 the S stages of rows (kernels/bulk_rows.cuh) and
+ * their barriers.
  * S = 0: the next row's x and dy loaded into registers during this row (one row ahead);
- * S > 0: rows S ahead brought into shared memory by the copy engine (16-byte rows, V > 1). */
+ * S > 0: rows S ahead brought into shared memory by the copy engine (16-byte rows, V > 1).
+ * FULL: rows of exactly NC V kRowThreads columns, no column checks (the staged kernels only). */
 /* the backward holds two rows (this one and the next, as loaded) of x and dy: two blocks an SM
  * fit 128 registers up to 32 bytes of each a thread */
 template <int DT, int V, int NC> LKOPS_HD constexpr int bwd_blocks_per_sm() {
