@@ -201,8 +201,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 }
 
 using bwd_fn = void (*)(lutra_norm_args, float *, int64_t);
-template <int DT, int PDT, int V, int NC, int S, bool FULL>
-std::atomic<uint64_t> bwd_smem_allowed;
+template <int DT, int PDT, int V, int NC, int S, bool FULL> std::atomic<uint64_t> bwd_smem_allowed;
 
 /* the staged backward's dynamic shared memory for rows of h columns, ncols of them a thread */
 template <int DT, int S> int bwd_smem_bytes(int ncols, int64_t h) {

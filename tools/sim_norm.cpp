@@ -287,10 +287,9 @@ int main(int argc, char **argv) {
    * fallback kernels), one row, and enough rows for several backward row blocks with several
    * f32 groups each; rows that fill the threads' chunks (the kernels' FULL: 16-bit 2048 and
    * 4096, f32 1024) over several pairs a block and an odd last row */
-  const Shape norm_shapes[] = {{3, 64},    {7, 77},    {70, 520},  {33, 2056}, {5, 4100},
-                               {1, 4096},  {1, 9},     {700, 64},  {130, 264}, {17, 8192},
-                               {3, 8200},  {2, 12288}, {9, 1030},  {4, 2500},  {37, 2048},
-                               {11, 4096}, {27, 1024}};
+  const Shape norm_shapes[] = {{3, 64},   {7, 77},   {70, 520},  {33, 2056}, {5, 4100}, {1, 4096},
+                               {1, 9},    {700, 64}, {130, 264}, {17, 8192}, {3, 8200}, {2, 12288},
+                               {9, 1030}, {4, 2500}, {37, 2048}, {11, 4096}, {27, 1024}};
   uint32_t seed = 1;
   for (int dt : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
     for (int pdt : {LUTRA_F32, LUTRA_BF16})
