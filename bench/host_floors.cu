@@ -2,7 +2,7 @@
  * cost on the host. A shared library that bench/host_overhead.lua loads into its own process
  * (LuaJIT FFI) and times exactly as it times lutra, batch for batch alternating with the lutra
  * figure the floor belongs to: a floor measured by another process landed on another core and
- * moved by 10-35% between runs (BENCHMARKS.md, 2026-11-29), more than the ratios it was for.
+ * moved by 10-35% between runs (git history has the runs), more than the ratios it was for.
  *
  * Build (from the repository root; bench/host_suite.sh does this):
  *   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared \

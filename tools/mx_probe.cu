@@ -1,6 +1,6 @@
 /* Tuning probe for the MXFP8 quantize of bf16 inputs (rowwise + columnwise, E4M3): variants of
  * k_mx16 (kernels/quantize_mx16.cu) timed side by side with a device-to-device copy in one run
- * (BENCHMARKS.md has a run). Not part of the library: the variants take finite inputs only.
+ * (git history has its runs). Not part of the library: the variants take finite inputs only.
  * Diagnostic variants leave a stage out or store in the wrong places (their outputs are wrong on
  * purpose); the others are compared byte for byte with the first variant, the 128x64 kernel
  * k_mx16 was before (k_base).
