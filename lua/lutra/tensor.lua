@@ -178,12 +178,13 @@ function Tensor:read(buf)
   return buf
 end
 
---- The values as a flat Lua array of numbers (f32; FP8 tensors dequantized). Allocates: for
--- inspection, not for a training loop (use :read(buf) or :item()).
+--- The values as a flat Lua array of numbers (f32; FP8 tensors dequantized; integers for an
+-- i32 tensor). Allocates: for inspection, not for a training loop (use :read(buf) or :item()).
 function Tensor:to_table()
   local n = tonumber(self.numel)
-  local buf = ffi.new("float[?]", math.max(n, 1))
-  check(C.lutra_tensor_get_f32(self, buf, n))
+  local i32 = self.dtype == C.LUTRA_I32
+  local buf = ffi.new(i32 and "int32_t[?]" or "float[?]", math.max(n, 1))
+  if i32 then check(C.lutra_tensor_get_i32(self, buf, n)) else check(C.lutra_tensor_get_f32(self, buf, n)) end
   local t = {}
   for i = 1, n do t[i] = buf[i - 1] end
   return t

@@ -301,7 +301,8 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
-  if (t->dtype == LUTRA_F32) return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
+  if (t->dtype == LUTRA_F32)
+    return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
   void *tmp;
   TRY(host_buffer(bytes, &tmp, fn));
   host_convert(src, LUTRA_F32, tmp, t->dtype, n);
@@ -321,7 +322,8 @@ int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
   return lutra_tensor_mark_written(t, be->from_host(t->data, src, (size_t)n * 4));
 }
 
-int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
+/* lutra_tensor_get_f32 before its NaNs are made canonical */
+static int read_f32(const lutra_tensor *t, float *dst, int64_t n) {
   static const char fn[] = "lutra_tensor_get_f32";
   TRY(lutra_check_tensor(t, fn, "tensor"));
   CHECK_ARG(dst, "dst is NULL");
@@ -329,7 +331,8 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   if (t->dtype == LUTRA_F32) return be->to_host(dst, t->data, (size_t)n * 4);
-  if (t->dtype == LUTRA_I32) return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32");
+  if (t->dtype == LUTRA_I32)
+    return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32: read it with lutra_tensor_get_i32");
   if (lutra_dtype_is_quantized(t->dtype)) {
     lutra_tensor tmp = {0};
     tmp.ndim = 1;
@@ -362,6 +365,23 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
   if (st == LUTRA_OK) host_convert(tmp, t->dtype, dst, LUTRA_F32, n);
   free(tmp);
   return st;
+}
+
+int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
+  int st = read_f32(t, dst, n);
+  if (st == LUTRA_OK) lutra_canonical_nans(dst, n);
+  return st;
+}
+
+int lutra_tensor_get_i32(const lutra_tensor *t, int32_t *dst, int64_t n) {
+  static const char fn[] = "lutra_tensor_get_i32";
+  TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_ARG(dst, "dst is NULL");
+  CHECK_ARG(t->dtype == LUTRA_I32, "tensor dtype %s is not i32", lutra_dtype_name(t->dtype));
+  TRY(check_count(t, n, fn));
+  const lutra_backend *be;
+  TRY(lutra_backend_get(t->device, &be, fn));
+  return be->to_host(dst, t->data, (size_t)n * 4);
 }
 
 int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst, size_t bytes) {
@@ -435,6 +455,7 @@ int lutra_tensor_amax(const lutra_tensor *t, float *amax) {
   int st = be->memset(dev, 0, sizeof(float));
   if (st == LUTRA_OK) st = be->amax(t->data, t->dtype, t->numel, dev);
   if (st == LUTRA_OK) st = be->to_host(amax, dev, sizeof(float));
+  if (st == LUTRA_OK) *amax = lutra_canonical_nan(*amax);
   be->free(dev);
   return st;
 }
