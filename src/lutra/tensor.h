@@ -43,6 +43,8 @@ LUTRA_API int lutra_seed_next(uint64_t *out);
 LUTRA_API int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev);
 LUTRA_API int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi);
 LUTRA_API int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src); /* converts */
+/* The same elements under a new shape, in place; refused for a tensor a module, quantizer or
+ * loss owns (LUTRA_TENSOR_BORROWED: its next call needs the shape it gave it). */
 LUTRA_API int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape);
 LUTRA_API int lutra_tensor_amax(const lutra_tensor *t, float *amax); /* host result */
 

@@ -431,6 +431,9 @@ int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
 int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape) {
   static const char fn[] = "lutra_tensor_reshape";
   TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_STATE(!(t->flags & LUTRA_TENSOR_BORROWED),
+              "tensor is owned by a module, quantizer or loss, whose next call needs its shape; "
+              "copy it into a tensor of your own first (lutra_tensor_copy)");
   CHECK_ARG(t->scaling == LUTRA_SCALING_NONE, "an FP8 tensor cannot be reshaped");
   int64_t numel;
   TRY(check_shape(ndim, shape, &numel, fn));
