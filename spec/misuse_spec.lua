@@ -5,12 +5,7 @@
 local lutra = require("lutra")
 local ffi = require("ffi")
 local C = require("lutra.core").C
-
-local function err_of(f)
-  local ok, e = pcall(f)
-  assert.is_false(ok, "the call did not fail")
-  return tostring(e)
-end
+local E = require("spec.support.errors")
 
 describe("reshaping an owned tensor", function()
   local in_f, out_f, rows = 8, 6, 4
@@ -33,8 +28,8 @@ describe("reshaping an owned tensor", function()
                             { y, "module linear" }, { dy, "a loss" }, { lv, "a loss" } }) do
       local t, owner = case[1], case[2]
       local shape = t:dims()
-      local e = err_of(function() t:reshape({ t:size() }) end)
-      assert.matches("tensor:reshape: the tensor is owned by " .. owner, e, 1, true)
+      local e = E.expect_error(function() t:reshape({ t:size() }) end, "tensor:reshape",
+                               "the tensor is owned by " .. owner)
       assert.matches("copy it first", e, 1, true)
       assert.are.same(shape, t:dims()) -- unchanged
     end
@@ -66,8 +61,8 @@ describe("scope:run", function()
     it("refuses a " .. type(bad) .. " for its function, leaving the scope depth as it was", function()
       local scope = lutra.autocast({ recipe = lutra.recipe.delayed() })
       local depth = lutra.autocast_state()
-      local e = err_of(function() scope:run(bad) end)
-      assert.matches("scope:run: argument 1 must be a function, got " .. type(bad), e, 1, true)
+      E.expect_error(function() scope:run(bad) end, "scope:run",
+                     "argument 1 must be a function, got " .. type(bad))
       assert.are.equal(depth, lutra.autocast_state())
       -- the scope is not left entered: it runs a function afterwards
       assert.are.equal(7, scope:run(function(a, b) return a + b end, 3, 4))

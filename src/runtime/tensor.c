@@ -311,14 +311,19 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   return lutra_tensor_mark_written(t, st);
 }
 
-int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
-  static const char fn[] = "lutra_tensor_set_i32";
+/* the checks of the i32 copies in and out (host: their src or dst), and t's backend */
+static int i32_copy_backend(const lutra_tensor *t, const void *host, const char *host_name,
+                            int64_t n, const lutra_backend **be, const char *fn) {
   TRY(lutra_check_tensor(t, fn, "tensor"));
-  CHECK_ARG(src, "src is NULL");
+  CHECK_ARG(host, "%s is NULL", host_name);
   CHECK_ARG(t->dtype == LUTRA_I32, "tensor dtype %s is not i32", lutra_dtype_name(t->dtype));
   TRY(check_count(t, n, fn));
+  return lutra_backend_get(t->device, be, fn);
+}
+
+int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
   const lutra_backend *be;
-  TRY(lutra_backend_get(t->device, &be, fn));
+  TRY(i32_copy_backend(t, src, "src", n, &be, "lutra_tensor_set_i32"));
   return lutra_tensor_mark_written(t, be->from_host(t->data, src, (size_t)n * 4));
 }
 
@@ -374,13 +379,8 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
 }
 
 int lutra_tensor_get_i32(const lutra_tensor *t, int32_t *dst, int64_t n) {
-  static const char fn[] = "lutra_tensor_get_i32";
-  TRY(lutra_check_tensor(t, fn, "tensor"));
-  CHECK_ARG(dst, "dst is NULL");
-  CHECK_ARG(t->dtype == LUTRA_I32, "tensor dtype %s is not i32", lutra_dtype_name(t->dtype));
-  TRY(check_count(t, n, fn));
   const lutra_backend *be;
-  TRY(lutra_backend_get(t->device, &be, fn));
+  TRY(i32_copy_backend(t, dst, "dst", n, &be, "lutra_tensor_get_i32"));
   return be->to_host(dst, t->data, (size_t)n * 4);
 }
 

@@ -10,10 +10,8 @@
 #include <stdlib.h>
 
 static int openblas_own = 1; /* OpenBLAS's setting before lutra's (OPENBLAS_NUM_THREADS, cores) */
-static int cpu_threads = 1;  /* what lutra asked for; 0: OpenBLAS's own */
 
-static void apply(int n) {
-  cpu_threads = n;
+static void apply(int n) { /* 0: OpenBLAS's own */
   openblas_set_num_threads(n > 0 ? n : openblas_own);
 }
 
@@ -34,5 +32,5 @@ int lutra_cpu_set_threads(int n) {
 }
 
 int lutra_cpu_threads(void) {
-  return cpu_threads > 0 ? cpu_threads : openblas_own;
+  return openblas_get_num_threads();
 }
