@@ -8,7 +8,7 @@
 -- --help lists the options. The progress line (steps/s, loss, ETA) is formatted every
 -- --progress steps only; the loop in between does no string or table work.
 local lutra = require("lutra")
-local argparse = require("argparse")
+local argparse = require("lutra.cli").argparse("train_resumable.lua")
 local ffi = require("ffi")
 local nn = lutra.nn
 
@@ -19,9 +19,10 @@ parser:option("--steps", "Total training steps.", "400"):convert(tonumber)
 parser:option("--batch", "Mini-batch size.", "64"):convert(tonumber)
 parser:option("--hidden", "Hidden width.", "128"):convert(tonumber)
 parser:option("--lr", "AdamW learning rate.", "3e-3"):convert(tonumber)
-parser:option("--recipe", "FP8 recipe: none, delayed, current, mxfp8, block.", "delayed")
-parser:option("--dtype", "Parameter dtype: f32 or bf16.", "f32")
-parser:option("--device", "cpu or cuda.", lutra.default_device)
+parser:option("--recipe", "FP8 recipe.", "delayed")
+  :choices({ "none", "delayed", "current", "mxfp8", "block" })
+parser:option("--dtype", "Parameter dtype.", "f32"):choices({ "f32", "bf16" })
+parser:option("--device", "Device.", lutra.default_device):choices({ "cpu", "cuda" })
 parser:option("--seed", "Seed of the weights, data order and data.", "1"):convert(tonumber)
 parser:option("--checkpoint", "Checkpoint file.", "train_resumable.safetensors")
 parser:option("--checkpoint-every", "Steps between checkpoints.", "100"):convert(tonumber)

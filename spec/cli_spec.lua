@@ -191,4 +191,26 @@ describe("command lines (lua-argparse)", function()
     local _, errors = bad:gsub("must be one of", "")
     assert.are.equal(1, errors, bad)
   end)
+
+  -- every example's enumerated options offer their values, and a value outside them is a usage
+  -- error with exit status 2, not a stack trace (issue 40: train_resumable.lua --recipe bogus)
+  it("examples: a value outside an option's choices is a usage error, status 2, no trace", function()
+    local cases = {
+      { "examples/train_resumable.lua", "--recipe bogus", "'none', 'delayed', 'current', 'mxfp8', 'block'" },
+      { "examples/train_resumable.lua", "--dtype f64", "must be one of 'f32', 'bf16'" },
+      { "examples/train_resumable.lua", "--device tpu", "must be one of 'cpu', 'cuda'" },
+      { "examples/train_mlp.lua", "--recipe bogus", "must be one of 'none', 'delayed'" },
+      { "examples/train_moe.lua", "--experts some", "must be one of 'grouped', 'linear'" },
+      { "examples/train_prenorm.lua", "--dtype f8", "must be one of 'f32', 'bf16'" },
+      { "examples/recipe_lab.lua", "--device tpu", "must be one of 'cpu', 'cuda'" },
+    }
+    for _, c in ipairs(cases) do
+      local script, args, why = c[1], c[2], c[3]
+      local _, out, code = run(script .. " " .. args)
+      assert.are.equal(2, code, script .. " " .. args .. ":\n" .. out)
+      assert(out:find(why, 1, true), script .. " " .. args .. ": " .. out)
+      assert(out:find("Usage: " .. script:match("([^/]+)$"), 1, true), out)
+      assert.is_nil(out:find("stack traceback", 1, true), out)
+    end
+  end)
 end)

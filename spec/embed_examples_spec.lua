@@ -25,7 +25,10 @@ describe("examples/embed", function()
     local ok, out = I.sh(string.format("mkdir -p build && %s %s -o %s examples/embed/frame_loop.c " ..
                                        "-L. -llutra -Wl,-rpath,\"$PWD\" -lm", cc(), FLAGS, exe))
     assert(ok, "building frame_loop failed:\n" .. out)
-    ok, out = I.sh("env -u LD_PRELOAD OPENBLAS_NUM_THREADS=1 LUTRA_DEVICE=cpu " .. exe .. " 300")
+    -- as README runs it: OpenBLAS's and lutra's thread settings as a fresh shell has them
+    -- (OpenBLAS's threaded GEMM allocates per call; the CPU backend keeps one thread by default)
+    ok, out = I.sh("env -u LD_PRELOAD -u OPENBLAS_NUM_THREADS -u OMP_NUM_THREADS -u LUTRA_CPU_THREADS " ..
+                   "LUTRA_DEVICE=cpu " .. exe .. " 300")
     assert(ok, out)
     assert.is_nil(out:find("FAIL", 1, true), out)
     -- zero after warm-up, and the counter did count: warm-up allocates the buffers and plans

@@ -1,6 +1,8 @@
 -- make install into a temporary PREFIX (and a DESTDIR staging): the header and its split headers,
 -- liblutra.so.MAJOR.MINOR.PATCH with SONAME liblutra.so.MAJOR and the two links, lutra.pc, and
--- the Lua front; a C program built with `pkg-config --cflags --libs lutra` against the install;
+-- the Lua front; a C program built with `pkg-config --cflags --libs lutra` against the install
+-- and run without LD_LIBRARY_PATH (the .pc carries the rpath); the embedding host built the same
+-- way, its Lua finding the front through LUA_PATH made of the .pc's luadir;
 -- luajit requiring lutra from the installed tree without LUTRA_LIB; and the not-found error
 -- naming LUTRA_LIB and every path it tried.
 local I = require("spec.support.install_tree")
@@ -82,13 +84,45 @@ describe("make install", function()
       "%s -std=c11 -Wall -Wextra -Werror -pedantic -o %s spec/support/installed_check.c " ..
       "$(%spkg-config --cflags --libs lutra) -lm", cc, exe, env))
     assert(ok, "building against the install failed:\n" .. out)
-    -- the program resolves liblutra.so.MAJOR from the install, not from the build tree
-    local _, ldd = I.sh("LD_LIBRARY_PATH=" .. tree.lib .. " ldd " .. exe)
+    -- the program resolves liblutra.so.MAJOR from the install, not from the build tree, with
+    -- pkg-config's flags alone: lutra.pc's Libs carry the rpath (no LD_LIBRARY_PATH)
+    local _, ldd = I.sh("env -u LD_LIBRARY_PATH ldd " .. exe)
     assert(ldd:find(soname .. " => " .. tree.lib .. "/" .. soname, 1, true), ldd)
-    ok, out = I.sh("cd " .. tree.root .. " && LD_LIBRARY_PATH=" .. tree.lib .. " ./installed_check")
+    ok, out = I.sh("cd " .. tree.root .. " && env -u LD_LIBRARY_PATH ./installed_check")
     assert(ok and out:find("installed_check: 0 failures", 1, true), out)
     assert.is_nil(out:find("FAIL", 1, true), out)
     assert(out:find(string.format("version %d.%d.%d", major, minor, patch), 1, true), out)
+  end)
+
+  it("builds the embedding host with pkg-config alone; its Lua finds lutra through luadir", function()
+    if not has_pkg_config then
+      pending("no pkg-config")
+      return
+    end
+    local lj, why = I.luajit_flags()
+    if not lj then
+      pending(why)
+      return
+    end
+    local env = "PKG_CONFIG_PATH=" .. tree.pkgconfig .. " PKG_CONFIG_LIBDIR= "
+    local ok, luadir = I.sh(env .. "pkg-config --variable=luadir lutra")
+    luadir = luadir:gsub("%s+$", "")
+    assert(ok and luadir == tree.luadir, luadir)
+    local cc = os.getenv("CC")
+    if not cc or cc == "" then cc = "cc" end
+    local exe = tree.root .. "/installed_host"
+    local out
+    ok, out = I.sh(string.format("%s -std=c11 -O2 -Wall -Wextra -Werror -o %s examples/embed/host.c " ..
+                                 "$(%spkg-config --cflags --libs lutra) %s -lm", cc, exe, env, lj))
+    assert(ok, "building host.c against the install failed:\n" .. out)
+    -- from another folder, without LD_LIBRARY_PATH or LUTRA_LIB, LUA_PATH built from luadir only
+    local _, pwd = I.sh("pwd")
+    local script = pwd:gsub("%s+$", "") .. "/examples/embed/train_step.lua"
+    ok, out = I.sh(string.format("cd %s && env -u LD_LIBRARY_PATH -u LUTRA_LIB LUA_PATH='%s' %s 300 %s",
+                                 tree.root, I.lua_path(luadir), exe, script))
+    assert(ok, out)
+    assert.is_nil(out:find("FAIL", 1, true), out)
+    assert(out:find("inputs: the host's own buffers, wrapped", 1, true), out)
   end)
 
   it("lets luajit require lutra from the installed tree without LUTRA_LIB", function()

@@ -16,6 +16,10 @@ describe("lutra-scm-1.rockspec", function()
     pending("skipped: luarocks is not installed (apt-get install luarocks)")
     return
   end
+  if not I.sh("command -v git") then
+    pending("skipped: git is not installed (apt-get install git)")
+    return
+  end
   if not I.sh("git rev-parse --is-inside-work-tree") then
     pending("skipped: not a git checkout")
     return

@@ -6,10 +6,10 @@
 #   sh tools/bootstrap.sh lab     # the recipe lab, with gnuplot for its plot
 # Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors and
 # numpy, which the checkpoint interop spec runs; a CUDA build's make fetches CUTLASS's headers
-# from PyPI's nvidia-cutlass through pip, Makefile: CUTLASS_VERSION). make runs with one job per core (nproc); on a
-# machine without a usable GPU (nvidia-smi lists none) it builds the CPU backend only (CUDA=0):
-# the CUDA kernels take minutes to compile and nothing there could run them. CUDA=1 on the
-# command line builds them anyway (CI does, so that they compile on every submission).
+# from PyPI's nvidia-cutlass through pip, Makefile: CUTLASS_VERSION). make runs with one job per
+# core (nproc) and decides CUDA as it always does: on a machine without a usable GPU (nvidia-smi
+# lists none) it builds the CPU backend only; CUDA=1 on the command line builds the kernels
+# anyway (CI does, so that they compile on every submission).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -41,15 +41,22 @@ case " $* " in
 *" test"*)
   if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
     echo "bootstrap: installing safetensors numpy (pip)"
-    python3 -m pip install --user safetensors numpy ||
-      python3 -m pip install --user --break-system-packages safetensors numpy
+    # into a virtual environment's own packages; else into the user's (~/.local), which pip
+    # refuses for a Python its distribution marks externally managed (PEP 668: the
+    # EXTERNALLY-MANAGED file in its stdlib folder; Debian 12 on) unless told it is meant
+    # (PIP_BREAK_SYSTEM_PACKAGES, which older pips ignore; with --user only ~/.local changes)
+    stdlib=$(python3 -c 'import sys, sysconfig
+print(sysconfig.get_path("stdlib") if sys.prefix == sys.base_prefix else "")')
+    export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
+    if [ -z "$stdlib" ]; then
+      python3 -m pip install --quiet safetensors numpy
+    elif [ -f "$stdlib/EXTERNALLY-MANAGED" ]; then
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --user safetensors numpy
+    else
+      python3 -m pip install --quiet --user safetensors numpy
+    fi
   fi
   ;;
 esac
 
-cuda=""
-case " $* " in
-  *" CUDA="*) ;;
-  *) if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then cuda="CUDA=0"; fi ;;
-esac
-exec make -j"$(nproc)" $cuda "$@"
+exec make -j"$(nproc)" "$@"

@@ -28,6 +28,8 @@
 
 /* src/backend/device.h: exported for this check, not part of lutra.h */
 int lutra_thread_caches(int *gemm, int *cuda);
+/* src/fp8/autocast.h: threads whose autocast update lists are not released yet */
+int lutra_autocast_live_threads(void);
 
 enum { BATCH = 256, IN = 128, HIDDEN = 256, OUT = 128, MAX_THREADS = 4, MAX_PARAMS = 8 };
 
@@ -300,6 +302,7 @@ int main(int argc, char **argv) {
    * checks below count is what the worker threads leave behind */
   int base_gemm = 0, base_cuda = 0;
   lutra_thread_caches(&base_gemm, &base_cuda);
+  const int base_autocast = lutra_autocast_live_threads();
   const char *graphs = getenv("LUTRA_GEMM_GRAPHS");
   printf("threads_check: device %s, %d steps, LUTRA_GEMM_GRAPHS=%s\n", argv[1], steps,
          graphs ? graphs : "(unset)");
@@ -360,10 +363,12 @@ int main(int argc, char **argv) {
   checks++;
   gemm -= base_gemm;
   cuda -= base_cuda;
-  if (gemm != 0 || cuda != 0) {
+  const int autocast = lutra_autocast_live_threads() - base_autocast;
+  if (gemm != 0 || cuda != 0 || autocast != 0) {
     failures++;
-    printf("FAIL thread exit: %d GEMM caches and %d CUDA contexts still live after the joins\n",
-           gemm, cuda);
+    printf("FAIL thread exit: %d GEMM caches, %d CUDA contexts and %d autocast update lists still "
+           "live after the joins\n",
+           gemm, cuda, autocast);
   } else {
     printf("ok thread exit: no per-thread caches live after the joins\n");
   }

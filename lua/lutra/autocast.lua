@@ -69,6 +69,12 @@ end
 --- Runs fn(...) inside the scope and returns its results. On an error in fn the thread is back
 -- at the depth it had before, whatever fn entered; the error is raised again.
 function Scope:run(fn, ...)
+  if type(fn) ~= "function" then
+    local mt = getmetatable(fn)
+    if not (type(mt) == "table" and mt.__call) then
+      error("scope:run: argument 1 must be a function, got " .. type(fn), 2)
+    end
+  end
   C.lutra_autocast_state(run_depth, run_depth + 1, run_depth + 2)
   local depth = run_depth[0]
   self:enter()

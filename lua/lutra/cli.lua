@@ -4,13 +4,26 @@
 -- @module lutra.cli
 local M = {}
 
---- lua-argparse's module for the script `name` (what its usage line shows, e.g.
--- "train_mlp.lua"). Without lua-argparse it writes "NAME needs lua-argparse (Debian: apt-get
+--- lua-argparse's parser constructor for the script `name` (what its usage line shows, e.g.
+-- "train_mlp.lua"); its parsers exit with status 2 on a usage error. Without lua-argparse it writes "NAME needs lua-argparse (Debian: apt-get
 -- install lua-argparse)" on stderr and exits with status 2: a script cannot run without its
 -- command line. opts.quiet: exit without writing (the ranks of an mpirun other than the first).
+-- A usage error (a bad value, a choice not offered, an unknown option) exits with status 2, the
+-- shell's convention for a bad command line (argparse's own exit is 1, a run's failure).
+local function usage_error(parser, msg)
+  io.stderr:write(("%s\n\nError: %s\n"):format(parser:get_usage(), msg))
+  os.exit(2)
+end
+
 function M.argparse(name, opts)
   local found, argparse = pcall(require, "argparse")
-  if found then return argparse end
+  if found then
+    return function(...)
+      local parser = argparse(...)
+      parser.error = usage_error
+      return parser
+    end
+  end
   if not (opts and opts.quiet) then
     io.stderr:write(name, " needs lua-argparse (Debian: apt-get install lua-argparse)\n")
   end

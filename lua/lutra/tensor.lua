@@ -178,12 +178,13 @@ function Tensor:read(buf)
   return buf
 end
 
---- The values as a flat Lua array of numbers (f32; FP8 tensors dequantized). Allocates: for
--- inspection, not for a training loop (use :read(buf) or :item()).
+--- The values as a flat Lua array of numbers (f32; FP8 tensors dequantized; integers for an
+-- i32 tensor). Allocates: for inspection, not for a training loop (use :read(buf) or :item()).
 function Tensor:to_table()
   local n = tonumber(self.numel)
-  local buf = ffi.new("float[?]", math.max(n, 1))
-  check(C.lutra_tensor_get_f32(self, buf, n))
+  local i32 = self.dtype == C.LUTRA_I32
+  local buf = ffi.new(i32 and "int32_t[?]" or "float[?]", math.max(n, 1))
+  if i32 then check(C.lutra_tensor_get_i32(self, buf, n)) else check(C.lutra_tensor_get_f32(self, buf, n)) end
   local t = {}
   for i = 1, n do t[i] = buf[i - 1] end
   return t
@@ -263,11 +264,28 @@ function Tensor:copy(src)
   check(C.lutra_tensor_copy(self, src))
   return self
 end
---- Changes the shape in place (same element count, up to 4 dims).
+
+-- A tensor a module, quantizer or loss owns (its weight, output, gradient) is refused: the
+-- owner's next call needs the shape it gave it.
+local function owner_name(t)
+  local o = owners[t]
+  if ffi.istype("lutra_module *", o) then return "module " .. ffi.string(C.lutra_module_kind(o)) end
+  if ffi.istype("lutra_loss *", o) then return "a loss" end
+  if ffi.istype("lutra_quantizer *", o) then return "a quantizer" end
+  return "a module, quantizer or loss"
+end
+
+--- Changes the shape in place (same element count, up to 4 dims). Refused for a tensor a module,
+-- quantizer or loss owns (its weight, output or gradient): copy it into a tensor of your own.
 -- @tparam table shape
 -- @return self
 function Tensor:reshape(shape)
   local n = fill_shape(shape, "tensor:reshape")
+  local flags = self.flags
+  if bit.band(flags, C.LUTRA_TENSOR_BORROWED) ~= 0 and bit.band(flags, C.LUTRA_TENSOR_FREED) == 0 then
+    error("tensor:reshape: the tensor is owned by " .. owner_name(self) .. ", whose next call " ..
+          "needs its shape; copy it first (lutra.tensor(shape):copy(t))", 2)
+  end
   check(C.lutra_tensor_reshape(self, n, shape_buf))
   return self
 end

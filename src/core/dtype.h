@@ -4,6 +4,7 @@
 
 #include "lutra.h"
 
+#include <math.h>
 #include <stdbool.h>
 
 /* inline: every GEMM, quantization and module call asks these several times */
@@ -19,5 +20,16 @@ static inline bool lutra_dtype_is_quantized(int dtype) {
 }
 /* bytes of n elements (E2M1: two per byte, so lutra_dtype_size, bytes per element, says 0) */
 size_t lutra_dtype_bytes(int dtype, int64_t n);
+
+/* Every NaN as the one quiet NaN (0x7FC00000), for values handed to the host: LuaJIT keeps its
+ * type tags in NaN payloads, so a float NaN such as 0xFFFFFFFF, widened to a double, reaches Lua
+ * as a nil-typed value that `v ~= v` does not catch (and a hole in a table). */
+static inline float lutra_canonical_nan(float v) {
+  return v != v ? NAN : v;
+}
+static inline void lutra_canonical_nans(float *v, int64_t n) {
+  for (int64_t i = 0; i < n; i++)
+    v[i] = lutra_canonical_nan(v[i]);
+}
 
 #endif

@@ -18,6 +18,8 @@
 #include "dist/group.h"
 #include "fp8/rules.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 struct lutra_autocast {
@@ -50,9 +52,46 @@ typedef struct thread_state {
   uint64_t bwd_recipe_key;
   uint64_t updates;
   int last_count;
+  bool registered; /* the exit destructor will run */
 } thread_state;
 
 static _Thread_local thread_state tls;
+
+/* Thread exit: the update lists and the group the backward's claim held go with the thread (a
+ * pthread key's destructor; the main thread's stay until the process ends). */
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+static pthread_key_t exit_key;
+static bool exit_key_ok;
+static atomic_int live_threads; /* threads whose lists or held group are not released yet */
+
+static void thread_exit(void *arg) {
+  (void)arg;
+  free(tls.fwd.items);
+  free(tls.bwd.items);
+  tls.fwd = tls.bwd = (meta_list){0};
+  lutra_group_free(tls.bwd_group);
+  tls.bwd_group = NULL;
+  tls.registered = false;
+  atomic_fetch_sub(&live_threads, 1);
+}
+
+static void make_exit_key(void) {
+  exit_key_ok = pthread_key_create(&exit_key, thread_exit) == 0;
+}
+
+/* Arms the exit destructor the first time this thread keeps something. */
+static void register_thread(void) {
+  if (tls.registered) return;
+  pthread_once(&exit_once, make_exit_key);
+  if (exit_key_ok && pthread_setspecific(exit_key, &tls) == 0) {
+    tls.registered = true;
+    atomic_fetch_add(&live_threads, 1);
+  }
+}
+
+int lutra_autocast_live_threads(void) {
+  return atomic_load(&live_threads);
+}
 
 const lutra_tls_state *lutra_autocast_current(void) {
   return &tls.st;
@@ -88,6 +127,7 @@ static int note(meta_list *l, lutra_scale_meta *m, int n, int device, const char
     if (!items) return lutra_error(LUTRA_ENOMEM, fn, "cannot grow the scale-update list");
     l->items = items;
     l->cap = cap;
+    register_thread();
   }
   for (; i < n; i++) {
     if (m[i].epoch == epoch) continue;
@@ -193,6 +233,7 @@ bool lutra_autocast_claim_backward_trigger(void) {
     lutra_group_retain(g);
     lutra_group_free(tls.bwd_group);
     tls.bwd_group = g;
+    if (g) register_thread();
   }
   tls.bwd_recipe_key = tls.st.recipe ? tls.st.recipe->key : 0;
   return true;

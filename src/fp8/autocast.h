@@ -33,5 +33,8 @@ int lutra_autocast_discard_forward(const char *fn);
 int lutra_autocast_discard_backward(const char *fn);
 /* Removes a meta from the pending lists (its owner is being freed). */
 void lutra_autocast_forget(lutra_scale_meta *m);
+/* Threads whose update lists (or held group) are not released yet: each thread's are when it
+ * exits. Exported for the thread checks (tools/threads_check.c), not part of lutra.h. */
+__attribute__((visibility("default"))) int lutra_autocast_live_threads(void);
 
 #endif

@@ -501,12 +501,15 @@ int lutra_quantizer_scale(const lutra_quantizer *q, float *scale, float *scale_i
   CHECK_ARG(q->spec.kind == LUTRA_QUANT_DELAYED || q->spec.kind == LUTRA_QUANT_CURRENT,
             "quantizer has per-block scales, not one scale");
   TRY(q->be->to_host(scale, q->meta.scale, sizeof(float)));
+  *scale = lutra_canonical_nan(*scale);
   /* current scaling writes 1/scale only into each output tensor; the value is the same */
   if (q->spec.kind == LUTRA_QUANT_CURRENT) {
     *scale_inv = 1.0f / *scale;
     return LUTRA_OK;
   }
-  return q->be->to_host(scale_inv, q->meta.scale_inv, sizeof(float));
+  TRY(q->be->to_host(scale_inv, q->meta.scale_inv, sizeof(float)));
+  *scale_inv = lutra_canonical_nan(*scale_inv);
+  return LUTRA_OK;
 }
 
 int lutra_quantizer_history(const lutra_quantizer *q, float *history, int len) {
@@ -516,7 +519,9 @@ int lutra_quantizer_history(const lutra_quantizer *q, float *history, int len) {
   CHECK_ARG(history, "history is NULL");
   CHECK_ARG(len >= 1 && len <= q->meta.history_len, "len %d is out of range 1..%d", len,
             q->meta.history_len);
-  return q->be->to_host(history, q->meta.amax_history, (size_t)len * sizeof(float));
+  TRY(q->be->to_host(history, q->meta.amax_history, (size_t)len * sizeof(float)));
+  lutra_canonical_nans(history, len);
+  return LUTRA_OK;
 }
 
 int lutra_quantizer_history_len(const lutra_quantizer *q, int *len) {

@@ -105,6 +105,14 @@ LUTRA_API int lutra_device_synchronize(int device);
  * steps: work already queued stays on the old stream. */
 LUTRA_API int lutra_cuda_set_stream(void *stream);
 LUTRA_API int lutra_nvtx_active(void); /* 1 when LUTRA_NVTX=1 was set at load */
+/* The CPU backend's GEMM threads (OpenBLAS's, process-wide). Default 1: OpenBLAS's threaded
+ * GEMM allocates on the heap at every call it splits, so more threads break the promise of no
+ * allocation per training step after warm-up, and they compete with a host's own threads.
+ * LUTRA_CPU_THREADS=N in the environment at load sets N; 0 leaves OpenBLAS's own setting
+ * (OPENBLAS_NUM_THREADS, or one per core). lutra_cpu_set_threads changes it later (between
+ * steps, with no GEMM running); lutra_cpu_threads returns the count GEMMs use. */
+LUTRA_API int lutra_cpu_set_threads(int n);
+LUTRA_API int lutra_cpu_threads(void);
 
 /* ---- scalar conversions (bit-exact; the reference for every backend) ----------------- */
 LUTRA_API float lutra_decode(int dtype, uint32_t bits);  /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */

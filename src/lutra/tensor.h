@@ -21,10 +21,15 @@ LUTRA_API int lutra_tensor_release(lutra_tensor *t);
  * Lua front takes one for every such tensor it hands out. Unref drops one (the last frees). */
 LUTRA_API void lutra_tensor_retain(lutra_tensor *t);
 LUTRA_API int lutra_tensor_unref(lutra_tensor *t);
-/* Copy n values in or out, converting from/to f32 (FP8 tensors are dequantized on read). */
+/* Copy n values in or out, converting from/to f32 (FP8 tensors are dequantized on read). Every
+ * value read out as a float (here, lutra_loss_value, lutra_tensor_amax, the quantizer's scales
+ * and history) has its NaNs made the one quiet NaN 0x7FC00000: other payloads, widened to a
+ * double, are LuaJIT's type tags (a NaN of 0xFFFFFFFF would reach Lua as nil). i32 tensors
+ * (labels) are written and read with the _i32 pair. */
 LUTRA_API int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n);
 LUTRA_API int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n);
 LUTRA_API int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n);
+LUTRA_API int lutra_tensor_get_i32(const lutra_tensor *t, int32_t *dst, int64_t n);
 /* Raw bytes of the rowwise data (or of the columnwise copy when columnwise != 0). */
 LUTRA_API int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst,
                                      size_t bytes);
@@ -38,6 +43,8 @@ LUTRA_API int lutra_seed_next(uint64_t *out);
 LUTRA_API int lutra_tensor_randn(lutra_tensor *t, uint64_t seed, float mean, float stddev);
 LUTRA_API int lutra_tensor_uniform(lutra_tensor *t, uint64_t seed, float lo, float hi);
 LUTRA_API int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src); /* converts */
+/* The same elements under a new shape, in place; refused for a tensor a module, quantizer or
+ * loss owns (LUTRA_TENSOR_BORROWED: its next call needs the shape it gave it). */
 LUTRA_API int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape);
 LUTRA_API int lutra_tensor_amax(const lutra_tensor *t, float *amax); /* host result */
 

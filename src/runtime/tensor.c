@@ -301,7 +301,8 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   size_t bytes = (size_t)n * lutra_dtype_size(t->dtype);
-  if (t->dtype == LUTRA_F32) return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
+  if (t->dtype == LUTRA_F32)
+    return lutra_tensor_mark_written(t, be->from_host(t->data, src, bytes));
   void *tmp;
   TRY(host_buffer(bytes, &tmp, fn));
   host_convert(src, LUTRA_F32, tmp, t->dtype, n);
@@ -310,18 +311,24 @@ int lutra_tensor_set_f32(lutra_tensor *t, const float *src, int64_t n) {
   return lutra_tensor_mark_written(t, st);
 }
 
-int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
-  static const char fn[] = "lutra_tensor_set_i32";
+/* the checks of the i32 copies in and out (host: their src or dst), and t's backend */
+static int i32_copy_backend(const lutra_tensor *t, const void *host, const char *host_name,
+                            int64_t n, const lutra_backend **be, const char *fn) {
   TRY(lutra_check_tensor(t, fn, "tensor"));
-  CHECK_ARG(src, "src is NULL");
+  CHECK_ARG(host, "%s is NULL", host_name);
   CHECK_ARG(t->dtype == LUTRA_I32, "tensor dtype %s is not i32", lutra_dtype_name(t->dtype));
   TRY(check_count(t, n, fn));
+  return lutra_backend_get(t->device, be, fn);
+}
+
+int lutra_tensor_set_i32(lutra_tensor *t, const int32_t *src, int64_t n) {
   const lutra_backend *be;
-  TRY(lutra_backend_get(t->device, &be, fn));
+  TRY(i32_copy_backend(t, src, "src", n, &be, "lutra_tensor_set_i32"));
   return lutra_tensor_mark_written(t, be->from_host(t->data, src, (size_t)n * 4));
 }
 
-int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
+/* lutra_tensor_get_f32 before its NaNs are made canonical */
+static int read_f32(const lutra_tensor *t, float *dst, int64_t n) {
   static const char fn[] = "lutra_tensor_get_f32";
   TRY(lutra_check_tensor(t, fn, "tensor"));
   CHECK_ARG(dst, "dst is NULL");
@@ -329,7 +336,8 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
   if (t->dtype == LUTRA_F32) return be->to_host(dst, t->data, (size_t)n * 4);
-  if (t->dtype == LUTRA_I32) return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32");
+  if (t->dtype == LUTRA_I32)
+    return lutra_error(LUTRA_EINVAL, fn, "tensor dtype is i32: read it with lutra_tensor_get_i32");
   if (lutra_dtype_is_quantized(t->dtype)) {
     lutra_tensor tmp = {0};
     tmp.ndim = 1;
@@ -362,6 +370,18 @@ int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
   if (st == LUTRA_OK) host_convert(tmp, t->dtype, dst, LUTRA_F32, n);
   free(tmp);
   return st;
+}
+
+int lutra_tensor_get_f32(const lutra_tensor *t, float *dst, int64_t n) {
+  int st = read_f32(t, dst, n);
+  if (st == LUTRA_OK) lutra_canonical_nans(dst, n);
+  return st;
+}
+
+int lutra_tensor_get_i32(const lutra_tensor *t, int32_t *dst, int64_t n) {
+  const lutra_backend *be;
+  TRY(i32_copy_backend(t, dst, "dst", n, &be, "lutra_tensor_get_i32"));
+  return be->to_host(dst, t->data, (size_t)n * 4);
 }
 
 int lutra_tensor_get_bytes(const lutra_tensor *t, int columnwise, void *dst, size_t bytes) {
@@ -411,6 +431,9 @@ int lutra_tensor_copy(lutra_tensor *dst, const lutra_tensor *src) {
 int lutra_tensor_reshape(lutra_tensor *t, int ndim, const int64_t *shape) {
   static const char fn[] = "lutra_tensor_reshape";
   TRY(lutra_check_tensor(t, fn, "tensor"));
+  CHECK_STATE(!(t->flags & LUTRA_TENSOR_BORROWED),
+              "tensor is owned by a module, quantizer or loss, whose next call needs its shape; "
+              "copy it into a tensor of your own first (lutra_tensor_copy)");
   CHECK_ARG(t->scaling == LUTRA_SCALING_NONE, "an FP8 tensor cannot be reshaped");
   int64_t numel;
   TRY(check_shape(ndim, shape, &numel, fn));
@@ -435,6 +458,7 @@ int lutra_tensor_amax(const lutra_tensor *t, float *amax) {
   int st = be->memset(dev, 0, sizeof(float));
   if (st == LUTRA_OK) st = be->amax(t->data, t->dtype, t->numel, dev);
   if (st == LUTRA_OK) st = be->to_host(amax, dev, sizeof(float));
+  if (st == LUTRA_OK) *amax = lutra_canonical_nan(*amax);
   be->free(dev);
   return st;
 }
