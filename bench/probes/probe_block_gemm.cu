@@ -3,7 +3,9 @@
  * E4M3 codes and random power-of-two scales, compares with an FP64 host reference, and times
  * the 1D x 2D case (TransformerEngine's weight x activation) beside per-tensor FP8 at 8192^3.
  *
- *   nvcc -O2 -arch=sm_90 tools/probe_block_gemm.cu -lcublasLt -o probe && ./probe
+ *   nvcc -O2 -arch=sm_90 -Ibench bench/probes/probe_block_gemm.cu -lcublasLt \
+ *     -o build/probe_block_gemm
+ *   build/probe_block_gemm
  *
  * Layouts tried for an operand stored row-major [R rows][C cols] (K = C, quantized along rows):
  *   "gemm-ready" (TransformerEngine's GEMM_READY): 1D [ceil(C/128)][roundup(R,4)] (row fastest),
@@ -19,14 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "support/checks.h"
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t next_u32(void) {

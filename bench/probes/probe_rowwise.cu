@@ -4,7 +4,7 @@
  * codes and random scales for a few shapes and output types, compares each with an FP64 host
  * reference, and times the largest beside per-tensor FP8 of the same shape.
  *
- *   nvcc -O2 -arch=sm_90 tools/probe_rowwise.cu -lcublasLt -o build/probe_rowwise
+ *   nvcc -O2 -arch=sm_90 -Ibench bench/probes/probe_rowwise.cu -lcublasLt -o build/probe_rowwise
  *   build/probe_rowwise [M N K]        (default shapes 256x512x1024 and 4096^3)
  *
  * Prints one line per case: "supported" with the max relative error, or the status the
@@ -21,14 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "support/checks.h"
 
 static uint64_t rng = 88172645463325252ull;
 static uint32_t next_u32(void) {
