@@ -21,30 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fp8_host.h"
 #include "support/checks.h"
-
-static uint64_t rng = 88172645463325252ull;
-static uint32_t next_u32(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (uint32_t)rng;
-}
-
-static float e4m3_value(uint8_t c) {
-  __nv_fp8_e4m3 v;
-  v.__x = c;
-  return (float)v;
-}
-
-/* a finite E4M3 code of modest magnitude (|v| <= 16), so sums stay well inside f32 */
-static uint8_t random_code(void) {
-  for (;;) {
-    uint8_t c = (uint8_t)next_u32();
-    float v = e4m3_value(c);
-    if (isfinite(v) && fabsf(v) <= 16.0f) return c;
-  }
-}
 
 static float bf16_to_f32(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
@@ -73,9 +51,9 @@ static result run(cublasLtHandle_t lt, int M, int N, int K, bool outer, cudaData
   uint8_t *ha = (uint8_t *)malloc(na), *hb = (uint8_t *)malloc(nb);
   float *hsa = (float *)malloc(sizeof(float) * L), *hsb = (float *)malloc(sizeof(float) * L);
   for (size_t i = 0; i < na; i++)
-    ha[i] = random_code();
+    ha[i] = random_code(0.0f, 16.0f);
   for (size_t i = 0; i < nb; i++)
-    hb[i] = random_code();
+    hb[i] = random_code(0.0f, 16.0f);
   for (int i = 0; i < L; i++)
     hsa[i] =
         outer ? ldexpf(1.0f + (next_u32() % 1000) / 1000.0f, (int)(next_u32() % 7) - 3) : 0.75f;
