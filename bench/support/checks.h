@@ -19,34 +19,24 @@
 #define CHECK_FAILED exit(1)
 #endif
 
+/* the check behind the three: the call's value v_ (of type), unless it equals good, is reported
+ * with fmt and its arguments, which may use v_ */
+#define CHECK_CALL(type, good, call, fmt, ...)                                                     \
+  do {                                                                                             \
+    type v_ = (call);                                                                              \
+    if (v_ != (good)) {                                                                            \
+      fprintf(stderr, "%s:%d: %s failed: " fmt "\n", __FILE__, __LINE__, #call, __VA_ARGS__);      \
+      CHECK_FAILED;                                                                                \
+    }                                                                                              \
+  } while (0)
+
 #define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,                    \
-              cudaGetErrorString(e_), cudaGetErrorName(e_));                                       \
-      CHECK_FAILED;                                                                                \
-    }                                                                                              \
-  } while (0)
-
+  CHECK_CALL(cudaError_t, cudaSuccess, call, "%s (%s)", cudaGetErrorString(v_),                    \
+             cudaGetErrorName(v_))
 #define CB(call)                                                                                   \
-  do {                                                                                             \
-    cublasStatus_t s_ = (call);                                                                    \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-      fprintf(stderr, "%s:%d: %s failed: cuBLASLt status %d %s (%s)\n", __FILE__, __LINE__, #call, \
-              (int)s_, cublasLtGetStatusName(s_), cublasLtGetStatusString(s_));                    \
-      CHECK_FAILED;                                                                                \
-    }                                                                                              \
-  } while (0)
-
+  CHECK_CALL(cublasStatus_t, CUBLAS_STATUS_SUCCESS, call, "cuBLASLt status %d %s (%s)", (int)v_,   \
+             cublasLtGetStatusName(v_), cublasLtGetStatusString(v_))
 #define LU(call)                                                                                   \
-  do {                                                                                             \
-    int st_ = (call);                                                                              \
-    if (st_ != LUTRA_OK) {                                                                         \
-      fprintf(stderr, "%s:%d: %s failed: %s: %s\n", __FILE__, __LINE__, #call,                     \
-              lutra_status_name(st_), lutra_last_error());                                         \
-      CHECK_FAILED;                                                                                \
-    }                                                                                              \
-  } while (0)
+  CHECK_CALL(int, LUTRA_OK, call, "%s: %s", lutra_status_name(v_), lutra_last_error())
 
 #endif
