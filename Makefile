@@ -238,21 +238,23 @@ check-activations: build/check_activation_math
 	./build/check_activation_math
 
 # The call-graph cache (src/backend/cuda/call_graphs.c) against a fake CUDA runtime that replays
-# what a capture recorded (tools/check_call_graphs.c; spec/call_graphs_spec.lua): needs the CUDA
-# headers, not a GPU.
-build/check_call_graphs: tools/check_call_graphs.c src/backend/cuda/call_graphs.c \
-                         src/backend/cuda/cuda_backend.h $(HDRS)
+# what a capture recorded (spec/native/check_call_graphs.c; spec/call_graphs_spec.lua): needs the
+# CUDA headers, not a GPU. spec/native/fake_cuda.h, forced in, renames the cache's CUDA calls
+# onto the check's fakes.
+build/check_call_graphs: spec/native/check_call_graphs.c spec/native/fake_cuda.h \
+                         src/backend/cuda/call_graphs.c src/backend/cuda/cuda_backend.h $(HDRS)
 	@mkdir -p build
 	$(CC) -std=c11 -O1 -Wall -Wextra -Werror -Isrc -Ikernels -I$(CUDA_HOME)/include \
-	  -DLUTRA_WITH_CUDA -DLUTRA_CALL_GRAPHS_CHECK -o $@ tools/check_call_graphs.c src/backend/cuda/call_graphs.c
+	  -DLUTRA_WITH_CUDA -DLUTRA_CALL_GRAPHS_CHECK -include spec/native/fake_cuda.h -o $@ \
+	  spec/native/check_call_graphs.c src/backend/cuda/call_graphs.c
 check-call-graphs: build/check_call_graphs
 	./build/check_call_graphs
 
 # Threads training their own models at once against one thread alone, bit for bit, and the
-# release of per-thread caches at thread exit (tools/threads_check.c; spec/threads_spec.lua runs
-# it on the cpu, spec/gpu/threads_gpu.lua on cuda with LUTRA_GEMM_GRAPHS on and off).
+# release of per-thread caches at thread exit (spec/native/threads_check.c; spec/threads_spec.lua
+# runs it on the cpu, spec/gpu/threads_gpu.lua on cuda with LUTRA_GEMM_GRAPHS on and off).
 # ARGS=cuda for the GPU.
-build/threads_check: tools/threads_check.c src/lutra.h $(LIB)
+build/threads_check: spec/native/threads_check.c src/lutra.h $(LIB)
 	@mkdir -p build
 	$(CC) -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -o $@ $< -L. -llutra \
 	  -Wl,-rpath,$(CURDIR) -lpthread

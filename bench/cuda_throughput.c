@@ -59,43 +59,14 @@
 #include <string.h>
 #include <time.h>
 
-/* ---- status checks -------------------------------------------------------------------- */
+#include "support/checks.h"
 
-static _Noreturn void die_lutra(const char *call, int line, int st) {
-  fprintf(stderr, "cuda_throughput.c:%d: %s failed: %s: %s\n", line, call, lutra_status_name(st),
-          lutra_last_error());
-  exit(1);
-}
-static _Noreturn void die_cuda(const char *call, int line, cudaError_t e) {
-  fprintf(stderr, "cuda_throughput.c:%d: %s failed: %s (%s)\n", line, call, cudaGetErrorString(e),
-          cudaGetErrorName(e));
-  exit(1);
-}
-static _Noreturn void die_cublas(const char *call, int line, cublasStatus_t s) {
-  fprintf(stderr, "cuda_throughput.c:%d: %s failed: cuBLASLt status %d %s (%s)\n", line, call,
-          (int)s, cublasLtGetStatusName(s), cublasLtGetStatusString(s));
-  exit(1);
-}
+/* ---- status checks: CK, CB, LU (support/checks.h), and die ----------------------------- */
+
 static _Noreturn void die(const char *msg) {
   fprintf(stderr, "cuda_throughput: %s\n", msg);
   exit(1);
 }
-
-#define LU(call)                                                                                   \
-  do {                                                                                             \
-    int st_ = (call);                                                                              \
-    if (st_ != LUTRA_OK) die_lutra(#call, __LINE__, st_);                                          \
-  } while (0)
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) die_cuda(#call, __LINE__, e_);                                          \
-  } while (0)
-#define CB(call)                                                                                   \
-  do {                                                                                             \
-    cublasStatus_t s_ = (call);                                                                    \
-    if (s_ != CUBLAS_STATUS_SUCCESS) die_cublas(#call, __LINE__, s_);                              \
-  } while (0)
 
 /* ---- timing --------------------------------------------------------------------------- */
 

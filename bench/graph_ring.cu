@@ -12,14 +12,7 @@
 #include <cstdio>
 #include <vector>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "graph_ring: %s: %s\n", #x, cudaGetErrorString(e_));                         \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
+#include "support/checks.h"
 
 template <int P> struct Params {
   int *flag;

@@ -32,6 +32,7 @@
 -- HF_REPLAY_LOG=1 prints each captured kernel (grid, shared memory, parameter bytes, cluster).
 -- PyTorch at the same shapes: python3 bench/torch_grouped.py.
 local lutra = require("lutra")
+local floors = require("bench.support.floors")
 local timing = require("bench.support.timing")
 local ffi, nn = lutra.ffi, lutra.nn
 
@@ -112,38 +113,15 @@ local function host_time(fn, calls, batches, alts)
 end
 
 -- ---- floors ----------------------------------------------------------------------------------
-ffi.cdef [[
-  int hf_init(int64_t M, int64_t K, int64_t N);
-  int hf_issue(int floor, int calls);
-  int hf_sync(void);
-  const char *hf_describe(void);
-  int hf_available(int floor);
-  const char *const hf_names[64];
-  int hf_replay_stream(void **stream_out);
-  int hf_replay_sync(void);
-  int hf_replay_begin(void **stream_out);
-  int hf_replay_end(int slot);
-  int hf_replay_abort(void);
-  int hf_replay_counts(int slot, int64_t *kernels, int64_t *copies, int64_t *memsets,
-                       int64_t *graphs, int64_t *skipped);
-  int hf_replay_issue(int slot, int calls);
-  int hf_replay_free(int slot);
-]]
 local floor_ids = {}
 local function load_floors(M, K, N)
   if not CUDA then return end
-  local ok, lib = pcall(ffi.load, o["floors-lib"])
-  if not ok then
-    io.stderr:write("grouped_bench.lua: no floors library (", tostring(lib), "): ratios left out\n")
+  local lib, why = floors.open(o["floors-lib"], M, K, N)
+  if not lib then
+    io.stderr:write("grouped_bench.lua: no floors library (", why, "): ratios left out\n")
     return
   end
-  if lib.hf_init(M, K, N) ~= 0 then return end
-  hf = lib
-  local i = 0
-  while hf.hf_names[i] ~= nil do
-    floor_ids[ffi.string(hf.hf_names[i])] = i
-    i = i + 1
-  end
+  hf, floor_ids = lib, floors.ids(lib)
 end
 
 -- The launches one call issues (kernels/grouped_*.cu, src/nn/grouped_*.c), whatever the number

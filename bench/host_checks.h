@@ -1,6 +1,7 @@
 /* The status checks of the floors library (bench/host_floors.cu, bench/host_replay.cu): each
  * prints the failed call with its file and line and returns 1 from the calling function, which
- * the library's API passes on (0: success). */
+ * the library's API passes on (0: success). CK (CUDA runtime) and CB (cuBLASLt) are
+ * support/checks.h's, with that action; CU checks a driver API call. */
 #ifndef LUTRA_BENCH_HOST_CHECKS_H
 #define LUTRA_BENCH_HOST_CHECKS_H
 
@@ -9,17 +10,11 @@
 
 #include <stdio.h>
 
+#define CHECK_FAILED return 1
+#include "support/checks.h"
+
 #define EXPORT extern "C" __attribute__((visibility("default")))
 
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,                    \
-              cudaGetErrorString(e_), cudaGetErrorName(e_));                                       \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
 #define CU(call)                                                                                   \
   do {                                                                                             \
     CUresult r_ = (call);                                                                          \
@@ -29,7 +24,7 @@
       cuGetErrorName(r_, &n_);                                                                     \
       fprintf(stderr, "%s:%d: %s failed: %s (%s)\n", __FILE__, __LINE__, #call,                    \
               s_ ? s_ : "unknown error", n_ ? n_ : "?");                                           \
-      return 1;                                                                                    \
+      CHECK_FAILED;                                                                                \
     }                                                                                              \
   } while (0)
 #define TRY(call)                                                                                  \

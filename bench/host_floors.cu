@@ -57,18 +57,6 @@
 
 #include "host_checks.h"
 
-/* ---- cuBLASLt status checks: print the call, return 1 -------------------------------- */
-
-#define CB(call)                                                                                   \
-  do {                                                                                             \
-    cublasStatus_t s_ = (call);                                                                    \
-    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                             \
-      fprintf(stderr, "host_floors.cu:%d: %s failed: cuBLASLt status %d %s (%s)\n", __LINE__,      \
-              #call, (int)s_, cublasLtGetStatusName(s_), cublasLtGetStatusString(s_));             \
-      return 1;                                                                                    \
-    }                                                                                              \
-  } while (0)
-
 /* ---- kernels -------------------------------------------------------------------------- */
 
 __global__ void empty_kernel() {}

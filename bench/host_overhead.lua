@@ -19,6 +19,7 @@
 -- --device cpu runs the same figures on the CPU backend (floors and PyTorch are then n/a), as
 -- a smoke test that any machine can run; --quick uses 3 batches.
 local lutra = require("lutra")
+local floors = require("bench.support.floors")
 local timing = require("bench.support.timing")
 local ffi, nn = lutra.ffi, lutra.nn
 
@@ -118,33 +119,16 @@ end
 
 -- ---- the floors: raw CUDA / cuBLASLt work issued from this process (cuda) ------------------
 
-ffi.cdef [[
-  int hf_init(int64_t M, int64_t K, int64_t N);
-  int hf_issue(int floor, int calls);
-  int hf_sync(void);
-  const char *hf_describe(void);
-  int hf_available(int floor);
-  const char *const hf_names[64]; /* NULL-terminated */
-]]
 local hf, floor_ids, floor_notes = nil, {}, {}
 if CUDA and not opt.count then
-  local path = opt["floors-lib"] or "build/libhost_floors.so"
-  local ok, lib = pcall(ffi.load, path)
-  if not ok then
-    io.stderr:write("host_overhead.lua: cannot load the floors' library ", path, " (", tostring(lib),
-                    "): build it as bench/host_suite.sh does, or pass --floors-lib\n")
+  local why
+  hf, why = floors.open(opt["floors-lib"], M, K, N)
+  if not hf then
+    io.stderr:write("host_overhead.lua: ", why, ": build the floors' library as ",
+                    "bench/host_suite.sh does, or pass --floors-lib\n")
     os.exit(1)
   end
-  hf = lib
-  if hf.hf_init(M, K, N) ~= 0 then
-    io.stderr:write("host_overhead.lua: hf_init failed (the reason is printed above)\n")
-    os.exit(1)
-  end
-  local i = 0
-  while hf.hf_names[i] ~= nil do
-    if hf.hf_available(i) == 1 then floor_ids[ffi.string(hf.hf_names[i])] = i end
-    i = i + 1
-  end
+  floor_ids = floors.ids(hf, true)
   floor_notes[1] = "floors: raw calls issued from this LuaJIT process by bench/host_floors.cu (" ..
     ffi.string(hf.hf_describe()) .. "), batches alternating with the figure's"
 end

@@ -20,6 +20,7 @@
 -- batches alternating. --device cpu runs everything on the CPU backend (a smoke test: the
 -- figures are then CPU compute, not host overhead).
 local lutra = require("lutra")
+local floors = require("bench.support.floors")
 local timing = require("bench.support.timing")
 local ffi, moe = lutra.ffi, lutra.moe
 
@@ -99,13 +100,7 @@ end
 -- ---- host cost per call ----------------------------------------------------------------------
 local hf
 if DEV == "cuda" then
-  ffi.cdef [[
-    int hf_init(int64_t M, int64_t K, int64_t N);
-    int hf_issue(int floor, int calls);
-    int hf_sync(void);
-  ]]
-  local ok, lib = pcall(ffi.load, opt["floors-lib"] or "build/libhost_floors.so")
-  if ok and lib.hf_init(64, 64, 64) == 0 then hf = lib end
+  hf = floors.open(opt["floors-lib"], 64, 64, 64)
 end
 local BATCH, BATCHES = 50, opt.quick and 3 or 15
 local function host_us(fn, launches)

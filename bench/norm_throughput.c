@@ -37,24 +37,7 @@
 #include <string.h>
 #include <time.h>
 
-#define LU(call)                                                                                   \
-  do {                                                                                             \
-    int st_ = (call);                                                                              \
-    if (st_ != LUTRA_OK) {                                                                         \
-      fprintf(stderr, "norm_throughput.c:%d: %s failed: %s: %s\n", __LINE__, #call,               \
-              lutra_status_name(st_), lutra_last_error());                                         \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-#define CK(call)                                                                                   \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "norm_throughput.c:%d: %s failed: %s\n", __LINE__, #call,                   \
-              cudaGetErrorString(e_));                                                             \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+#include "support/checks.h"
 
 enum { BATCHES = 9, MIN_REPS = 10, MAX_REPS = 10000, MAX_OPS = 16 };
 

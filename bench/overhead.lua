@@ -4,6 +4,7 @@
 -- batches of a figure and of the raw call beside it alternate.
 -- OpenBLAS threads dominate tiny GEMMs: run with OPENBLAS_NUM_THREADS=1 for stable figures.
 local lutra = require("lutra")
+local timing = require("bench.support.timing")
 local ffi, C, nn = lutra.ffi, lutra.C, lutra.nn
 
 ffi.cdef [[
@@ -22,11 +23,6 @@ local out_file = cli:parse(arg).out
 
 local BATCHES = 15
 
-local function median(t)
-  table.sort(t)
-  return t[(#t + 1) / 2]
-end
-
 -- Median per-call microseconds of fn and of base, `calls` calls per batch, after warm-up.
 -- Batches of the two alternate, so both see the same machine state (turbo, neighbours).
 local function measure_pair(calls, fn, base)
@@ -43,7 +39,7 @@ local function measure_pair(calls, fn, base)
       tb[b] = (lutra.now() - t1) / calls * 1e6
     end
   end
-  return median(tf), base and median(tb)
+  return (timing.median(tf)), base and (timing.median(tb))
 end
 
 local rows = {}

@@ -25,7 +25,7 @@ namespace {
  * (xor 8, 16), so both amaxes come from registers and shuffles and the inputs never go through
  * shared memory. Both code tiles do, 1 byte per element, so that they leave as whole 128-byte
  * lines (8 lanes per row of the tile or of its transpose, 16 bytes each), and so do the scales, so
- * that each row (column) gets one 4-byte store per tile. tools/mx_probe.cu chose this layout
+ * that each row (column) gets one 4-byte store per tile. bench/probes/mx_probe.cu chose this layout
  * (BENCHMARKS.md has its figures): 128x64 tiles whose row codes left as 64-byte halves, in a
  * persistent grid, were far slower; storing the row codes as whole lines is what moved it most,
  * and one block per tile in row-major
@@ -188,7 +188,7 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
  * partial sectors that the neighbouring tiles complete later (8 tiles along a row for a rowwise
  * sector, 8 tile rows for a columnwise one); evicted before then, a partial sector costs HBM a
  * read-modify-write. Kept, they cost a fraction of what they cost evicted (the code stores and
- * input loads keep the default policy; tools/mx_probe.cu, figures in BENCHMARKS.md). Later accesses
+ * input loads keep the default policy; bench/probes/mx_probe.cu, BENCHMARKS.md). Later accesses
  * with the default policy (the GEMM's dequantize reading the scales) make the lines ordinary again.
  */
 __device__ __forceinline__ void st_keep_in_l2(uint8_t *d, uint32_t v) {

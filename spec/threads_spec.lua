@@ -1,6 +1,7 @@
 -- Threads on the cpu backend: 2 and 4 threads training their own FP8 models at once (every
 -- recipe) match one thread alone bit for bit, and per-thread caches are released at thread exit
--- (tools/threads_check.c, built with the system compiler; skipped with a message without one).
+-- (spec/native/threads_check.c, built with the system compiler; skipped with a message without
+-- one).
 -- spec/gpu/threads_gpu.lua runs the same driver on cuda.
 local T = require("spec.support.threads_check")
 

@@ -23,7 +23,8 @@ has() { [[ " $steps " == *" $1 "* ]]; }
 floors_lib() {
   [ build/libhost_floors.so -nt bench/host_floors.cu ] &&
     [ build/libhost_floors.so -nt bench/host_replay.cu ] &&
-    [ build/libhost_floors.so -nt bench/host_checks.h ] && return 0
+    [ build/libhost_floors.so -nt bench/host_checks.h ] &&
+    [ build/libhost_floors.so -nt bench/support/checks.h ] && return 0
   mkdir -p build
   nvcc -std=c++17 -arch=sm_90 -O2 -shared -Xcompiler -fPIC -cudart shared bench/host_floors.cu \
     bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda > "$1" 2>&1
@@ -75,8 +76,9 @@ if has example; then
   note "example delayed with LUTRA_NVTX=1: exit $? $(tail -1 "$OUT/example-nvtx.log")"
 fi
 if has probe; then
-  nvcc -O2 -arch=sm_90 tools/probe_block_gemm.cu -lcublasLt -o build/probe_block_gemm \
-    > "$OUT/probe-build.log" 2>&1 && timeout 120 ./build/probe_block_gemm > "$OUT/probe.txt" 2>&1
+  nvcc -O2 -arch=sm_90 -Ibench bench/probes/probe_block_gemm.cu -lcublasLt \
+    -o build/probe_block_gemm > "$OUT/probe-build.log" 2>&1 &&
+    timeout 120 ./build/probe_block_gemm > "$OUT/probe.txt" 2>&1
   note "block-scaled GEMM probe exit $?: $(grep -c MATCH "$OUT/probe.txt") layouts match"
 fi
 if has bench; then
@@ -112,7 +114,7 @@ if has ncu; then
   # NCU_KERNEL: a regex of the kernels to profile
   LUTRA_DEVICE=cuda timeout 300 ncu --kernel-name regex:"${NCU_KERNEL:-k_tile64|k_mx16}" --launch-count 4 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy \
-    --section MemoryWorkloadAnalysis luajit tools/quantize_once.lua > "$OUT/ncu.txt" 2>&1
+    --section MemoryWorkloadAnalysis luajit bench/probes/quantize_once.lua > "$OUT/ncu.txt" 2>&1
   note "ncu exit $?"
 fi
 if has ncu-norm; then

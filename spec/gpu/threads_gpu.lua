@@ -5,7 +5,7 @@
 -- every thread's stream, scratch and plans are released at its exit (its cuBLASLt handle goes
 -- back to a list for the next thread: cublasLtDestroy's context-wide wait crashed the driver
 -- while another thread captured).
--- tools/threads_check.c, built with the system compiler against ./liblutra.so.
+-- spec/native/threads_check.c, built with the system compiler against ./liblutra.so.
 local S = require("spec.gpu.support")
 local T = require("spec.support.threads_check")
 
@@ -14,7 +14,7 @@ describe("threads (" .. S.DEV .. ")", function()
   local function driver()
     if not exe then
       exe, why = T.build()
-      if not exe then error("cannot build tools/threads_check.c: " .. why, 0) end
+      if not exe then error("cannot build spec/native/threads_check.c: " .. why, 0) end
     end
     return exe
   end

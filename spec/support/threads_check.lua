@@ -1,4 +1,4 @@
--- Builds tools/threads_check.c against ./liblutra.so with the system C compiler (cc, or $CC)
+-- Builds spec/native/threads_check.c against ./liblutra.so with the system C compiler (cc, or $CC)
 -- and runs it; shared by spec/threads_spec.lua (cpu) and spec/gpu/threads_gpu.lua (cuda). Not a
 -- spec itself. Built here rather than through make: make would reconfigure the library (its
 -- CUDA switch is detected), and the specs must test the library as it was built.
@@ -20,8 +20,8 @@ function M.build()
   local exe = "build/threads_check_spec"
   local ok, out = sh(string.format(
     "mkdir -p build && %s -std=c11 -O1 -g -Wall -Wextra -Werror -D_GNU_SOURCE -Isrc -o %s " ..
-    "tools/threads_check.c -L. -llutra -Wl,-rpath,\"$PWD\" -lpthread", cc, exe))
-  if not ok then error("building tools/threads_check.c failed:\n" .. out, 0) end
+    "spec/native/threads_check.c -L. -llutra -Wl,-rpath,\"$PWD\" -lpthread", cc, exe))
+  if not ok then error("building spec/native/threads_check.c failed:\n" .. out, 0) end
   return exe
 end
 

@@ -12,7 +12,7 @@ int lutra_backend_get(int device, const lutra_backend **out, const char *fn);
 /* Threads whose per-thread caches are still held: *gemm (GEMM plans and per-thread workspaces,
  * gemm/gemm.c) and *cuda (a CUDA context: stream, cuBLASLt handle, per-stream scratch; 0 without
  * CUDA). Each is released when its thread exits, so after threads have joined these count only
- * the live ones. Exported for tools/threads_check.c, not part of lutra.h's API. */
+ * the live ones. Exported for spec/native/threads_check.c, not part of lutra.h's API. */
 __attribute__((visibility("default"))) int lutra_thread_caches(int *gemm, int *cuda);
 
 #endif

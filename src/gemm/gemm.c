@@ -113,7 +113,7 @@ static void register_thread(const lutra_backend *be) {
 }
 
 /* Threads whose GEMM plans (or per-thread workspace) are still held: each thread's are freed
- * when it exits. For the thread checks (tools/threads_check.c, through lutra_thread_caches). */
+ * when it exits. For the thread checks (spec/native/threads_check.c: lutra_thread_caches). */
 static int gemm_live_threads(void) {
   return atomic_load(&live_threads);
 }

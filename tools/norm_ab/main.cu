@@ -16,6 +16,8 @@
 
 #include "kernels.h"
 
+#include "support/checks.h"
+
 extern "C" {
 cudaError_t base_lk_layernorm_forward(const lutra_norm_args *, cudaStream_t);
 cudaError_t base_lk_layernorm_backward(const lutra_norm_args *, const lk_scratch *, cudaStream_t);
@@ -24,15 +26,6 @@ cudaError_t cand_lk_layernorm_forward(const lutra_norm_args *, cudaStream_t);
 cudaError_t cand_lk_layernorm_backward(const lutra_norm_args *, const lk_scratch *, cudaStream_t);
 cudaError_t cand_lk_norm_quantize(const lutra_norm_quant_args *, cudaStream_t);
 }
-
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));          \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 static const int64_t R = 16384, H = 4096, N = R * H;
 

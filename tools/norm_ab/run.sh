@@ -42,7 +42,7 @@ for f in quantize_mx16 quantize_block; do
   tiles+=("build/norm_ab_$f$tag.o")
 done
 for p in "${pids[@]}"; do wait "$p"; done
-nvcc "${flags[@]}" tools/norm_ab/main.cu build/norm_ab_base.o "build/norm_ab_cand$tag.o" \
+nvcc "${flags[@]}" -Ibench tools/norm_ab/main.cu build/norm_ab_base.o "build/norm_ab_cand$tag.o" \
   "${tiles[@]}" -o "build/norm_ab$tag"
 [ "${NORM_AB_NO_RUN:-0}" = 1 ] && exit 0
 "./build/norm_ab$tag" "${OUT:-.}/norm_ab$tag.md"

@@ -113,7 +113,7 @@ void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches);
 int64_t lutra_call_graphs_evictions(int kind);
 #ifdef LUTRA_CALL_GRAPHS_CHECK
 /* whether every call a cache holds is found by its key through the index, and the index holds
- * nothing else (tools/check_call_graphs.c, built with LUTRA_CALL_GRAPHS_CHECK, asks it after
+ * nothing else (spec/native/check_call_graphs.c, built with LUTRA_CALL_GRAPHS_CHECK, asks it after
  * evictions) */
 bool lutra_call_graphs_consistent(const lutra_call_graphs *g);
 #endif

@@ -14,7 +14,7 @@
  * MXFP8 has no Hopper kernel, and 2D x 2D blocks none in cuBLASLt: those operands, rowwise-scaled
  * ones (lutra/formats.h: cuBLASLt's outer-vector scale mode is not used, see NUMERICS.md) and
  * block shapes the heuristic refuses, are dequantized to BF16 in the workspace and run as a BF16
- * GEMM (the plan records which). tools/probe_block_gemm.cu checked the block layouts on the H200.
+ * GEMM (the plan records which). bench/probes/probe_block_gemm.cu checked the layouts on the H200.
  *
  * Epilogues (lutra_gemm_epilogue, lutra.h) map to cuBLASLt's in the same column-major view:
  * lutra's D [m, n] is cuBLASLt's D [n, m], so the GELU aux matrix is [n, m] with leading

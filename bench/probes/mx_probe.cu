@@ -5,7 +5,8 @@
  * purpose); the others are compared byte for byte with the first variant, the 128x64 kernel
  * k_mx16 was before (k_base).
  *
- *   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -Iinclude -o build/mx_probe tools/mx_probe.cu
+ *   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -Isrc -Ibench -o build/mx_probe \
+ *     bench/probes/mx_probe.cu
  *   build/mx_probe [dim ...]
  */
 #include "common.cuh"
@@ -17,16 +18,9 @@
 #include <cstdlib>
 #include <vector>
 
-using namespace lkc;
+#include "support/checks.h"
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));           \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
+using namespace lkc;
 
 struct Args {
   const void *x;

@@ -3,7 +3,9 @@
  * E4M3 codes and random power-of-two scales, compares with an FP64 host reference, and times
  * the 1D x 2D case (TransformerEngine's weight x activation) beside per-tensor FP8 at 8192^3.
  *
- *   nvcc -O2 -arch=sm_90 tools/probe_block_gemm.cu -lcublasLt -o probe && ./probe
+ *   nvcc -O2 -arch=sm_90 -Ibench bench/probes/probe_block_gemm.cu -lcublasLt \
+ *     -o build/probe_block_gemm
+ *   build/probe_block_gemm
  *
  * Layouts tried for an operand stored row-major [R rows][C cols] (K = C, quantized along rows):
  *   "gemm-ready" (TransformerEngine's GEMM_READY): 1D [ceil(C/128)][roundup(R,4)] (row fastest),
@@ -19,37 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-static uint64_t rng = 88172645463325252ull;
-static uint32_t next_u32(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (uint32_t)rng;
-}
-
-static float e4m3_value(uint8_t c) {
-  __nv_fp8_e4m3 v;
-  memcpy(&v, &c, 1);
-  return (float)v;
-}
-
-/* a random finite E4M3 code of magnitude within [2^-4, 2^4] */
-static uint8_t random_code(void) {
-  for (;;) {
-    uint8_t c = (uint8_t)next_u32();
-    float v = fabsf(e4m3_value(c));
-    if (v == v && v >= 0.0625f && v <= 16.0f) return c;
-  }
-}
+#include "fp8_host.h"
+#include "support/checks.h"
 
 static int64_t roundup(int64_t v, int64_t m) {
   return (v + m - 1) / m * m;
@@ -68,7 +41,7 @@ static void make_operand(operand *o, int64_t rows, int64_t cols, int dim) {
   o->dim = dim;
   o->codes = (uint8_t *)malloc((size_t)(rows * cols));
   for (int64_t i = 0; i < rows * cols; i++)
-    o->codes[i] = random_code();
+    o->codes[i] = random_code(0.0625f, 16.0f);
   int64_t kb = (cols + 127) / 128, sr = dim == 1 ? rows : (rows + 127) / 128;
   o->scale = (float *)malloc((size_t)(sr * kb) * sizeof(float));
   for (int64_t i = 0; i < sr * kb; i++)

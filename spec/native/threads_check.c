@@ -50,7 +50,7 @@ typedef struct job {
   result res;
 } job;
 
-#define CK(call)                                                                                   \
+#define TRY(call)                                                                                  \
   do {                                                                                             \
     int st_ = (call);                                                                              \
     if (st_ != LUTRA_OK) {                                                                         \
@@ -99,49 +99,49 @@ static void train(int recipe_kind, result *r) {
   lutra_optim *opt = NULL;
   lutra_tensor *x = NULL, *target = NULL;
   memset(r, 0, sizeof *r);
-  CK(make_recipe(recipe_kind, &recipe));
-  CK(lutra_autocast_new(recipe, NULL, 1, 0, &scope));
+  TRY(make_recipe(recipe_kind, &recipe));
+  TRY(lutra_autocast_new(recipe, NULL, 1, 0, &scope));
   lutra_linear_desc d;
   lutra_linear_defaults(&d);
   d.device = device;
   d.in_features = IN;
   d.out_features = HIDDEN;
   d.seed = 11;
-  CK(lutra_linear_new(&d, &l1));
-  CK(lutra_gelu_new(&act));
+  TRY(lutra_linear_new(&d, &l1));
+  TRY(lutra_gelu_new(&act));
   d.in_features = HIDDEN;
   d.out_features = OUT;
   d.seed = 12;
-  CK(lutra_linear_new(&d, &l2));
+  TRY(lutra_linear_new(&d, &l2));
   lutra_module *mods[] = {l1, act, l2};
-  CK(lutra_sequential_new(mods, 3, &net));
+  TRY(lutra_sequential_new(mods, 3, &net));
   const int64_t xs[] = {BATCH, IN}, ts[] = {BATCH, OUT};
-  CK(lutra_tensor_new(LUTRA_F32, 2, xs, device, &x));
-  CK(lutra_tensor_new(LUTRA_F32, 2, ts, device, &target));
-  CK(lutra_tensor_randn(x, 21, 0.0f, 1.0f));
-  CK(lutra_tensor_randn(target, 22, 0.0f, 1.0f));
-  CK(lutra_loss_new(LUTRA_LOSS_MSE, &loss));
+  TRY(lutra_tensor_new(LUTRA_F32, 2, xs, device, &x));
+  TRY(lutra_tensor_new(LUTRA_F32, 2, ts, device, &target));
+  TRY(lutra_tensor_randn(x, 21, 0.0f, 1.0f));
+  TRY(lutra_tensor_randn(target, 22, 0.0f, 1.0f));
+  TRY(lutra_loss_new(LUTRA_LOSS_MSE, &loss));
   lutra_optim_desc od;
   lutra_optim_defaults(LUTRA_OPTIM_ADAMW, &od);
   od.lr = 1e-3f;
-  CK(lutra_optim_new(&od, net, &opt));
+  TRY(lutra_optim_new(&od, net, &opt));
   for (int s = 0; s < steps; s++) {
     lutra_tensor *y, *lv, *dy;
-    CK(lutra_autocast_enter(scope));
+    TRY(lutra_autocast_enter(scope));
     int st = lutra_module_forward(net, x, LUTRA_FIRST_MICROBATCH_NONE, &y);
-    CK(lutra_autocast_exit(scope));
-    CK(st);
-    CK(lutra_loss_forward(loss, y, target, &lv));
-    CK(lutra_loss_backward(loss, &dy));
-    CK(lutra_module_backward(net, dy, NULL));
-    CK(lutra_optim_step(opt));
+    TRY(lutra_autocast_exit(scope));
+    TRY(st);
+    TRY(lutra_loss_forward(loss, y, target, &lv));
+    TRY(lutra_loss_backward(loss, &dy));
+    TRY(lutra_module_backward(net, dy, NULL));
+    TRY(lutra_optim_step(opt));
   }
-  CK(lutra_loss_value(loss, &r->loss));
+  TRY(lutra_loss_value(loss, &r->loss));
   int n = 0;
-  CK(lutra_module_num_params(net, &n));
+  TRY(lutra_module_num_params(net, &n));
   for (int i = 0; i < n && r->nparams < MAX_PARAMS; i++) {
     lutra_param p;
-    CK(lutra_module_param(net, i, &p));
+    TRY(lutra_module_param(net, i, &p));
     if (!p.value) continue;
     size_t bytes = (size_t)p.value->numel * lutra_dtype_size(p.value->dtype);
     unsigned char *buf = malloc(bytes);
@@ -152,7 +152,7 @@ static void train(int recipe_kind, result *r) {
     }
     r->data[r->nparams] = buf;
     r->bytes[r->nparams++] = bytes;
-    CK(lutra_tensor_get_bytes(p.value, 0, buf, bytes));
+    TRY(lutra_tensor_get_bytes(p.value, 0, buf, bytes));
   }
 done:
   lutra_optim_free(opt);

@@ -4,7 +4,7 @@
  * codes and random scales for a few shapes and output types, compares each with an FP64 host
  * reference, and times the largest beside per-tensor FP8 of the same shape.
  *
- *   nvcc -O2 -arch=sm_90 tools/probe_rowwise.cu -lcublasLt -o build/probe_rowwise
+ *   nvcc -O2 -arch=sm_90 -Ibench bench/probes/probe_rowwise.cu -lcublasLt -o build/probe_rowwise
  *   build/probe_rowwise [M N K]        (default shapes 256x512x1024 and 4096^3)
  *
  * Prints one line per case: "supported" with the max relative error, or the status the
@@ -21,37 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CK(x)                                                                                      \
-  do {                                                                                             \
-    cudaError_t e_ = (x);                                                                          \
-    if (e_ != cudaSuccess) {                                                                       \
-      printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__);              \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-static uint64_t rng = 88172645463325252ull;
-static uint32_t next_u32(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return (uint32_t)rng;
-}
-
-static float e4m3_value(uint8_t c) {
-  __nv_fp8_e4m3 v;
-  v.__x = c;
-  return (float)v;
-}
-
-/* a finite E4M3 code of modest magnitude (|v| <= 16), so sums stay well inside f32 */
-static uint8_t random_code(void) {
-  for (;;) {
-    uint8_t c = (uint8_t)next_u32();
-    float v = e4m3_value(c);
-    if (isfinite(v) && fabsf(v) <= 16.0f) return c;
-  }
-}
+#include "fp8_host.h"
+#include "support/checks.h"
 
 static float bf16_to_f32(uint16_t b) {
   uint32_t u = (uint32_t)b << 16;
@@ -80,9 +51,9 @@ static result run(cublasLtHandle_t lt, int M, int N, int K, bool outer, cudaData
   uint8_t *ha = (uint8_t *)malloc(na), *hb = (uint8_t *)malloc(nb);
   float *hsa = (float *)malloc(sizeof(float) * L), *hsb = (float *)malloc(sizeof(float) * L);
   for (size_t i = 0; i < na; i++)
-    ha[i] = random_code();
+    ha[i] = random_code(0.0f, 16.0f);
   for (size_t i = 0; i < nb; i++)
-    hb[i] = random_code();
+    hb[i] = random_code(0.0f, 16.0f);
   for (int i = 0; i < L; i++)
     hsa[i] =
         outer ? ldexpf(1.0f + (next_u32() % 1000) / 1000.0f, (int)(next_u32() % 7) - 3) : 0.75f;

@@ -1,4 +1,8 @@
--- Which path a block-scaled FP8 GEMM takes on cuda (run with LUTRA_LOG_PLANS=1).
+-- Which path lutra's GEMM plans take for block-scaled FP8 (1x128 activations x 128x128 weights)
+-- on this GPU: cuBLASLt's native block modes or the BF16 fallback (bench/probes/probe_block_gemm.cu
+-- asks cuBLASLt itself). On the GPU machine:
+--   LUTRA_LOG_PLANS=1 LUTRA_DEVICE=cuda luajit bench/probes/block_gemm_path.lua
+-- prints each operand's scaling, and each new plan's path on stderr.
 local lutra = require("lutra")
 local R = lutra.recipe
 for _, s in ipairs { { 256, 384, 640 }, { 4096, 4096, 1024 } } do

@@ -1,5 +1,6 @@
 -- A few tiled quantizations of one bf16 8192x8192 tensor on cuda (MXFP8, then a per-tensor cast
--- with its transpose), for profilers: tools/gpu-check.sh ncu runs Nsight Compute on it.
+-- with its transpose), for profilers: tools/gpu-check.sh ncu runs Nsight Compute on it
+-- (luajit bench/probes/quantize_once.lua on the GPU machine).
 local lutra = require("lutra")
 local R = lutra.recipe
 local x = lutra.tensor({ 8192, 8192 }, "bf16", "cuda"):randn(1)

@@ -5,7 +5,7 @@
 # nvcc; the lent machine's time is scarce), e.g. for band 8:
 #   git archive HEAD | tar -x -C /tmp/b8 && make -C /tmp/b8 CUDA=1 \
 #     NVCCFLAGS="-O3 -lineinfo -DLUTRA_TILE_BAND=8" && mkdir -p build/band8 && cp /tmp/b8/liblutra.so build/band8/
-# then, on the GPU machine: bash tools/tile_band_sweep.sh build/band8 build/band32 ...
+# then, on the GPU machine: bash bench/probes/tile_band_sweep.sh build/band8 build/band32 ...
 # (the default build, band 8, runs first). Tables go to $OUT (or /tmp): throughput-<dir>.md.
 set -euo pipefail
 OUTDIR=${OUT:-/tmp}
