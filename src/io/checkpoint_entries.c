@@ -136,6 +136,19 @@ static int state_entries(ckpt_entries *E, const char *prefix, const char *name,
   TRY(f32_entry(E, v->scale_inv, 1, v->be, fn, pre, "scale_inv", ""));
   if (v->amax_history)
     TRY(f32_entry(E, v->amax_history, v->history_len, v->be, fn, pre, "amax_history", ""));
+  if (v->calls) {
+    /* optional: a file written before the count was saved loads, its resume drawing the
+     * stochastic-rounding seeds from the count the quantizer has */
+    ckpt_entry e = {.kind = ENTRY_STATE,
+                    .dtype = "U64",
+                    .lutra_dtype = -1,
+                    .ndim = 1,
+                    .shape = {1},
+                    .bytes = 8,
+                    .ptr = v->calls,
+                    .optional = true};
+    TRY(add(E, &e, fn, "%squantizations", pre));
+  }
   return LUTRA_OK;
 }
 
