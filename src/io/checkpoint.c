@@ -6,6 +6,7 @@
 #include "io/checkpoint_check.h"
 #include "io/checkpoint_entries.h"
 #include "io/checkpoint_temp.h"
+#include "io/crc32c.h"
 #include "io/safetensors.h"
 #include "nn/optim_state.h"
 
@@ -50,7 +51,9 @@ static int write_all(int fd, const void *p, size_t n, const char *tmp, const cha
   return LUTRA_OK;
 }
 
-static int write_entries(int fd, const ckpt_entries *E, const char *tmp, const char *fn) {
+/* The data, its CRC-32C into *crc. */
+static int write_entries(int fd, const ckpt_entries *E, const char *tmp, uint32_t *crc,
+                         const char *fn) {
   size_t most = 0;
   for (int i = 0; i < E->count; i++)
     if (E->e[i].be && E->e[i].bytes > most) most = E->e[i].bytes;
@@ -66,9 +69,26 @@ static int write_entries(int fd, const ckpt_entries *E, const char *tmp, const c
       src = stage;
     }
     if (st == LUTRA_OK) st = write_all(fd, src, e->bytes, tmp, fn);
+    *crc = crc32c_extend(*crc, src, e->bytes);
   }
   free(stage);
   return st;
+}
+
+/* The data's CRC-32C over the header's placeholder (8 hex digits, the same length). */
+static int write_crc(int fd, const char *header, size_t len, uint32_t crc, const char *tmp,
+                     const char *fn) {
+  static const char slot[] = "\"" CKPT_CRC_KEY "\":\"";
+  const char *at = memmem(header, len, slot, sizeof slot - 1);
+  if (!at) return lutra_error(LUTRA_EINVAL, fn, "the header lost its checksum slot");
+  char hex[9];
+  snprintf(hex, sizeof hex, "%08x", (unsigned)crc);
+  off_t off = (off_t)(at - header + (ptrdiff_t)sizeof slot - 1);
+  ssize_t w = pwrite(fd, hex, 8, off);
+  if (w != 8)
+    return lutra_error(LUTRA_EBACKEND, fn, "cannot write '%s': %s", tmp,
+                       w < 0 ? strerror(errno) : "short write");
+  return LUTRA_OK;
 }
 
 static int header_of(const ckpt_entries *E, const lutra_checkpoint_objects *o, char **out,
@@ -79,15 +99,16 @@ static int header_of(const ckpt_entries *E, const lutra_checkpoint_objects *o, c
     t[i] = (st_out){E->e[i].name, E->e[i].dtype, E->e[i].ndim, E->e[i].shape, E->e[i].bytes};
   char version[16], lr[48];
   snprintf(version, sizeof version, "%d", FORMAT_VERSION);
-  const char *meta[8] = {"format", format_name, "version", version};
-  int nmeta = 2;
+  /* the checksum is written once the data was: a placeholder of its width first */
+  const char *meta[10] = {"format", format_name, "version", version, CKPT_CRC_KEY, "00000000"};
+  int nmeta = 3;
   lutra_optim_view v;
   int st = LUTRA_OK;
   if (o->optim && lutra_optim_view_of(o->optim, &v, fn) == LUTRA_OK) {
     st = ckpt_format_lr(*v.lr, lr, sizeof lr, fn);
-    meta[4] = "optim.kind", meta[5] = v.kind == LUTRA_OPTIM_ADAMW ? "adamw" : "sgd";
-    meta[6] = "optim.lr", meta[7] = lr;
-    nmeta = 4;
+    meta[6] = "optim.kind", meta[7] = v.kind == LUTRA_OPTIM_ADAMW ? "adamw" : "sgd";
+    meta[8] = "optim.lr", meta[9] = lr;
+    nmeta = 5;
   }
   if (st == LUTRA_OK) st = st_header(t, E->count, meta, nmeta, out, len, fn);
   free(t);
@@ -122,7 +143,9 @@ int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
     if (fd < 0) st = LUTRA_EINVAL;
   }
   if (st == LUTRA_OK) st = write_all(fd, header, header_len, tmp, fn);
-  if (st == LUTRA_OK) st = write_entries(fd, &E, tmp, fn);
+  uint32_t crc = 0;
+  if (st == LUTRA_OK) st = write_entries(fd, &E, tmp, &crc, fn);
+  if (st == LUTRA_OK) st = write_crc(fd, header, header_len, crc, tmp, fn);
   if (st == LUTRA_OK && fsync(fd) != 0)
     st = lutra_error(LUTRA_EBACKEND, fn, "cannot fsync '%s': %s", tmp, strerror(errno));
   if (fd >= 0 && close(fd) != 0 && st == LUTRA_OK)
@@ -342,6 +365,7 @@ int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
     st = src ? match(&f, &E, o, opts, src, path, fn)
              : lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the entry list");
   }
+  if (st == LUTRA_OK) st = ckpt_check_crc(&f, path, fn);
   if (st == LUTRA_OK) st = ckpt_check_values(&f, &E, src, path, fn);
   /* everything is checked: from here on the objects change */
   for (int k = 0; st == LUTRA_OK && k < E.count; k++)

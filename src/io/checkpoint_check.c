@@ -6,6 +6,7 @@
  * and the host's own locale are untouched), so a file reads back exactly in any process. */
 #include "io/checkpoint_check.h"
 #include "core/error.h"
+#include "io/crc32c.h"
 
 #include <float.h>
 #include <locale.h>
@@ -19,7 +20,9 @@
 static locale_t c_locale;
 static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
 
-static void make_c_locale(void) { c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0); }
+static void make_c_locale(void) {
+  c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+}
 
 /* the C locale, made once; (locale_t)0 when it could not be made */
 static locale_t the_c_locale(void) {
@@ -65,11 +68,13 @@ int ckpt_check_version(const char *version, int supported, const char *path, con
   for (; *p >= '0' && *p <= '9' && v < 1000000; p++)
     v = v * 10 + (*p - '0');
   bool digits = p != version && *p == 0 && !(version[0] == '0' && version[1]);
-  CHECK_ARG(digits, "'%s' has checkpoint format version '%s', which is not a version number; "
-                    "this lutra reads version '%d'",
+  CHECK_ARG(digits,
+            "'%s' has checkpoint format version '%s', which is not a version number; "
+            "this lutra reads version '%d'",
             path, version, supported);
-  CHECK_ARG(v == supported, "'%s' has checkpoint format version '%s'; this lutra reads version '%d'",
-            path, version, supported);
+  CHECK_ARG(v == supported,
+            "'%s' has checkpoint format version '%s'; this lutra reads version '%d'", path, version,
+            supported);
   return LUTRA_OK;
 }
 
@@ -95,8 +100,8 @@ static const st_tensor *sibling(const ckpt_entries *E, const st_tensor *const *s
   return e ? src[e - E->e] : NULL;
 }
 
-static int check_scale(const st_file *f, const ckpt_entries *E, const st_tensor *const *src,
-                       int k, const char *path, const char *fn) {
+static int check_scale(const st_file *f, const ckpt_entries *E, const st_tensor *const *src, int k,
+                       const char *path, const char *fn) {
   const char *name = E->e[k].name;
   size_t prefix = strlen(name) - strlen("scale");
   float scale = f32_at(f, src[k], 0);
@@ -107,8 +112,8 @@ static int check_scale(const st_file *f, const ckpt_entries *E, const st_tensor 
   if (!inv) return LUTRA_OK;
   float scale_inv = f32_at(f, inv, 0);
   CHECK_ARG(isfinite(scale_inv) && scale_inv > 0,
-            "'%s': tensor '%.*sscale_inv' is %g; it must be finite and positive", path,
-            (int)prefix, name, (double)scale_inv);
+            "'%s': tensor '%.*sscale_inv' is %g; it must be finite and positive", path, (int)prefix,
+            name, (double)scale_inv);
   /* delayed scaling's forward decodes with scale_inv: every scale update stores exactly
    * 1.0f / scale (correctly rounded f32 division, on every backend), so any other value is a
    * file that was edited or damaged. Other kinds compute 1 / scale per quantization and do not
@@ -140,5 +145,21 @@ int ckpt_check_values(const st_file *f, const ckpt_entries *E, const st_tensor *
                 e->name, (double)a, (long long)i);
     }
   }
+  return LUTRA_OK;
+}
+
+int ckpt_check_crc(const st_file *f, const char *path, const char *fn) {
+  const char *want = st_meta(f, CKPT_CRC_KEY);
+  if (!want) return LUTRA_OK;
+  bool hex = strlen(want) == 8;
+  for (int i = 0; hex && i < 8; i++)
+    hex = (want[i] >= '0' && want[i] <= '9') || (want[i] >= 'a' && want[i] <= 'f');
+  CHECK_ARG(hex, "'%s': __metadata__ " CKPT_CRC_KEY " '%s' is not 8 lowercase hex digits", path,
+            want);
+  uint32_t crc = crc32c_extend(0, f->data, f->size);
+  char got[9];
+  snprintf(got, sizeof got, "%08x", (unsigned)crc);
+  CHECK_ARG(strcmp(got, want) == 0,
+            "'%s': the data is damaged: its CRC-32C is %s, the header says %s", path, got, want);
   return LUTRA_OK;
 }

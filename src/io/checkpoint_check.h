@@ -9,6 +9,12 @@
 
 #include <stddef.h>
 
+/* __metadata__'s key of the data section's CRC-32C (io/crc32c.h), 8 lowercase hex digits. */
+#define CKPT_CRC_KEY "data.crc32c"
+/* The data section against the CRC-32C of __metadata__, when it has one (files of other writers
+ * and of lutra before it wrote one load unchecked). */
+int ckpt_check_crc(const st_file *f, const char *path, const char *fn);
+
 /* lr as C99's "%a" writes it in the C locale ("0x1.47ae14p-7"), whatever the process's
  * LC_NUMERIC (a host that called setlocale would otherwise write "0x1,47ae14p-7"). */
 int ckpt_format_lr(float lr, char *out, size_t n, const char *fn);

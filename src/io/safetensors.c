@@ -333,9 +333,8 @@ static int open_regular(const char *path, FILE **fp, uint64_t *size, const char 
 static int read_checked(FILE *fp, uint64_t size, const char *path, st_file *f, const char *fn) {
   unsigned char len8[8];
   if (size < 8)
-    return lutra_error(LUTRA_EINVAL, fn,
-                       "'%s' is truncated: %llu bytes, not even a header length", path,
-                       (unsigned long long)size);
+    return lutra_error(LUTRA_EINVAL, fn, "'%s' is truncated: %llu bytes, not even a header length",
+                       path, (unsigned long long)size);
   TRY(read_exact(fp, len8, 8, path, fn));
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--)
@@ -348,8 +347,9 @@ static int read_checked(FILE *fp, uint64_t size, const char *path, st_file *f, c
                        "'%s' is truncated: its header needs %llu bytes, %llu follow", path,
                        (unsigned long long)n, (unsigned long long)(size - 8));
   char *header = malloc(n ? n : 1);
-  if (!header) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a header of %llu bytes",
-                                  (unsigned long long)n);
+  if (!header)
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a header of %llu bytes",
+                       (unsigned long long)n);
   int st = read_exact(fp, header, n, path, fn);
   if (st == LUTRA_OK) {
     parser ps = {header, header + n, fn, LUTRA_OK};

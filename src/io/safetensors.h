@@ -31,8 +31,8 @@ typedef struct st_file {
   int count;
   char **meta_key, **meta_val;
   int meta_count;
-  unsigned char *bytes; /* the data section (read once the header was checked) */
-  size_t size;          /* its length */
+  unsigned char *bytes;      /* the data section (read once the header was checked) */
+  size_t size;               /* its length */
   const unsigned char *data; /* = bytes */
 } st_file;
 
