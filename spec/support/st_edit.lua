@@ -1,0 +1,82 @@
+-- Reading and editing safetensors files byte by byte, for the checkpoint specs that build bad
+-- files (spec/checkpoint_values_spec.lua, spec/checkpoint_bad_input_spec.lua).
+local ffi = require("ffi")
+local M = {}
+
+function M.read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+function M.write(path, s)
+  local f = assert(io.open(path, "wb"))
+  f:write(s)
+  f:close()
+end
+
+function M.le64(n)
+  local t = {}
+  for i = 1, 8 do
+    t[i] = string.char(n % 256)
+    n = math.floor(n / 256)
+  end
+  return table.concat(t)
+end
+
+-- the JSON header of a safetensors file, and the data after it
+function M.split(bytes)
+  local n = 0
+  for i = 8, 1, -1 do n = n * 256 + bytes:byte(i) end
+  return bytes:sub(9, 8 + n), bytes:sub(9 + n)
+end
+
+function M.join(header, data) return M.le64(#header) .. header .. data end
+
+-- the data offsets [begin, end) of tensor name in header
+function M.offsets(header, name)
+  local quoted = '"' .. name:gsub("%p", "%%%0") .. '"'
+  local b, e = header:match(quoted .. ':{[^}]-"data_offsets":%[(%d+),(%d+)%]')
+  assert(b, "no tensor " .. name .. " in the header")
+  return tonumber(b), tonumber(e)
+end
+
+-- data with tensor name's bytes replaced by bytes (of the same length)
+function M.patch(header, data, name, bytes)
+  local b, e = M.offsets(header, name)
+  assert(e - b == #bytes, "patch of " .. name .. " has the wrong length")
+  return data:sub(1, b) .. bytes .. data:sub(e + 1)
+end
+
+-- f32 values as little-endian bytes, and back
+function M.f32(...)
+  local v = { ... }
+  local buf = ffi.new("float[?]", #v, v)
+  return ffi.string(buf, 4 * #v)
+end
+
+function M.f32_at(header, data, name, i)
+  local b = M.offsets(header, name)
+  local buf = ffi.new("float[1]")
+  ffi.copy(buf, data:sub(b + 1 + 4 * i, b + 4 + 4 * i), 4)
+  return buf[0]
+end
+
+-- a header whose __metadata__ value of key is replaced (the key must be there)
+function M.set_meta(header, key, value)
+  local quoted = '"' .. key:gsub("%p", "%%%0") .. '":"[^"]*"'
+  local new, n = header:gsub(quoted, function() return '"' .. key .. '":"' .. value .. '"' end, 1)
+  assert(n == 1, "no __metadata__ key " .. key)
+  return new
+end
+
+-- a fresh directory, removed by the caller (os.execute("rm -rf " .. dir))
+function M.tempdir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir) == 0)
+  return dir
+end
+
+return M
