@@ -37,6 +37,22 @@ static long long temp_pid(const char *entry, const char *base) {
   return pid;
 }
 
+/* No process pid can write any more: none (kill says ESRCH; EPERM is a live process of another
+ * user), or a zombie (dead, not yet reaped by its parent; Linux's /proc says so). */
+static bool process_gone(pid_t pid) {
+  if (kill(pid, 0) != 0) return errno == ESRCH;
+  char stat[64], buf[256];
+  snprintf(stat, sizeof stat, "/proc/%ld/stat", (long)pid);
+  FILE *f = fopen(stat, "r");
+  if (!f) return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  /* "pid (comm) S ...": the state follows the last ')' (comm may hold one) */
+  const char *close = strrchr(buf, ')');
+  return close && close[1] == ' ' && close[2] == 'Z';
+}
+
 void ckpt_remove_stale_temps(const char *path) {
   const char *slash = strrchr(path, '/');
   const char *base = slash ? slash + 1 : path;
@@ -55,8 +71,7 @@ void ckpt_remove_stale_temps(const char *path) {
   while ((ent = readdir(d)) != NULL) {
     long long pid = temp_pid(ent->d_name, base);
     if (pid <= 0 || pid == self || pid != (long long)(pid_t)pid) continue;
-    /* EPERM: a live process of another user; only ESRCH says no such process */
-    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    if (!process_gone((pid_t)pid)) continue;
     unlinkat(dirfd(d), ent->d_name, 0);
   }
   closedir(d);

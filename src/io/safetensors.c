@@ -14,13 +14,16 @@
 
 typedef struct parser {
   const char *p, *end;
-  const char *fn;
-  int status; /* LUTRA_OK until the first error */
+  const char *fn, *path;
+  const char *start; /* the header's first byte, for the offset of an error */
+  int status;        /* LUTRA_OK until the first error */
 } parser;
 
 static int fail(parser *ps, const char *what) {
   if (ps->status == LUTRA_OK)
-    ps->status = lutra_error(LUTRA_EINVAL, ps->fn, "corrupt safetensors header: %s", what);
+    ps->status = lutra_error(LUTRA_EINVAL, ps->fn,
+                             "'%s' has a corrupt safetensors header (at its byte %lld): %s",
+                             ps->path, (long long)(ps->p - ps->start), what);
   return ps->status;
 }
 
@@ -257,15 +260,17 @@ static int parse(parser *ps, st_file *f) {
 }
 
 /* Every tensor's byte count matches its shape, and the tensors tile the data exactly. */
-static int check_layout(st_file *f, uint64_t data_len, const char *fn) {
+static int check_layout(st_file *f, uint64_t data_len, const char *path, const char *fn) {
   if (f->count == 0) {
-    if (data_len) return lutra_error(LUTRA_EINVAL, fn, "data follows a header of no tensors");
+    if (data_len)
+      return lutra_error(LUTRA_EINVAL, fn, "'%s': data follows a header of no tensors", path);
     return LUTRA_OK;
   }
   qsort(f->t, (size_t)f->count, sizeof *f->t, cmp_name);
   for (int i = 1; i < f->count; i++)
     if (strcmp(f->t[i - 1].name, f->t[i].name) == 0)
-      return lutra_error(LUTRA_EINVAL, fn, "the header names tensor '%s' twice", f->t[i].name);
+      return lutra_error(LUTRA_EINVAL, fn, "'%s': the header names tensor '%s' twice", path,
+                         f->t[i].name);
   const st_tensor **order = malloc((size_t)f->count * sizeof *order);
   if (!order) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the tensor list");
   int st = LUTRA_OK;
@@ -279,21 +284,21 @@ static int check_layout(st_file *f, uint64_t data_len, const char *fn) {
       else
         n *= (uint64_t)t->shape[d];
     if (t->end < t->begin || t->end - t->begin != n)
-      st = lutra_error(LUTRA_EINVAL, fn,
-                       "tensor '%s': data_offsets [%llu, %llu] do not hold its %s shape", t->name,
-                       (unsigned long long)t->begin, (unsigned long long)t->end, t->dtype);
+      st = lutra_error(
+          LUTRA_EINVAL, fn, "'%s': tensor '%s': data_offsets [%llu, %llu] do not hold its %s shape",
+          path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end, t->dtype);
   }
   if (st == LUTRA_OK) qsort(order, (size_t)f->count, sizeof *order, cmp_begin);
   uint64_t at = 0;
   for (int i = 0; i < f->count && st == LUTRA_OK; i++) {
     if (order[i]->begin != at)
-      st = lutra_error(LUTRA_EINVAL, fn, "tensor '%s' %s the data before it", order[i]->name,
-                       order[i]->begin < at ? "overlaps" : "leaves a hole after");
+      st = lutra_error(LUTRA_EINVAL, fn, "'%s': tensor '%s' %s the data before it", path,
+                       order[i]->name, order[i]->begin < at ? "overlaps" : "leaves a hole after");
     at = order[i]->end;
   }
   if (st == LUTRA_OK && at != data_len)
     st = lutra_error(LUTRA_EINVAL, fn,
-                     "the file is %s: its header describes %llu bytes of data, it holds %llu",
+                     "'%s' is %s: its header describes %llu bytes of data, it holds %llu", path,
                      at > data_len ? "truncated" : "longer than its header says",
                      (unsigned long long)at, (unsigned long long)data_len);
   free(order);
@@ -352,13 +357,13 @@ static int read_checked(FILE *fp, uint64_t size, const char *path, st_file *f, c
                        (unsigned long long)n);
   int st = read_exact(fp, header, n, path, fn);
   if (st == LUTRA_OK) {
-    parser ps = {header, header + n, fn, LUTRA_OK};
+    parser ps = {header, header + n, fn, path, header, LUTRA_OK};
     st = parse(&ps, f);
   }
   free(header);
   uint64_t data_len = size - 8 - n;
   TRY(st);
-  TRY(check_layout(f, data_len, fn));
+  TRY(check_layout(f, data_len, path, fn));
   f->size = (size_t)data_len;
   f->bytes = malloc(data_len ? data_len : 1);
   if (!f->bytes)
