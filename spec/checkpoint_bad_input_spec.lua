@@ -9,35 +9,16 @@
 local ffi = require("ffi")
 local lutra = require("lutra")
 local st = require("spec.support.st_edit")
-local nn = lutra.nn
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 
 local dir = st.tempdir(true)
 local function path(name) return dir .. "/" .. name end
 
 local recipe = lutra.recipe.delayed { amax_history_len = 4 }
-local function model()
-  return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
-end
-
--- a small model trained 2 steps (delayed scaling, AdamW, the generator): every part of the
--- format has state
-lutra.manual_seed(5)
-local src_net = model()
-local src_opt = lutra.optim.AdamW(src_net, { lr = 1e-2 })
-do
-  local scope = lutra.autocast { recipe = recipe }
-  local x, t, loss = lutra.tensor({ 16, 16 }), lutra.tensor({ 16, 16 }), nn.MSELoss()
-  for _ = 1, 2 do
-    x:randn()
-    t:randn()
-    scope:enter()
-    loss:forward(src_net:forward(x), t)
-    src_net:backward(loss:backward())
-    scope:exit()
-    src_opt:step()
-  end
-end
+local model = st.mlp
+-- a model trained 2 steps (delayed scaling, AdamW, the generator): every part of the format
+-- has state
+local src_net, src_opt = st.trained(5)
 local good = path("good.st")
 lutra.save(good, { model = src_net, optim = src_opt, rng = true })
 local bytes = st.read(good)
@@ -115,11 +96,11 @@ describe("checkpoint bad input", function()
       return st.join(h, data)
     end
     local cases = {
-      { "0.weight", '"dtype":"F32","shape":[32,16]', '"dtype":"I32","shape":[32,16]', "has dtype I32" },
-      { "0.weight", '"dtype":"F32","shape":[32,16]', '"dtype":"U32","shape":[32,16]', "has dtype U32" },
-      { "0.weight", '"dtype":"F32","shape":[32,16]', '"dtype":"F32","shape":[16,32]', "has shape [16, 32]" },
-      { "0.weight", '"dtype":"F32","shape":[32,16]', '"dtype":"F32","shape":[512]', "has shape [512]" },
-      { "0.weight", '"dtype":"F32","shape":[32,16]', '"dtype":"F8_E4M3","shape":[32,64]', "has shape [32, 64]" },
+      { "0.weight", '"dtype":"F32","shape":[64,32]', '"dtype":"I32","shape":[64,32]', "has dtype I32" },
+      { "0.weight", '"dtype":"F32","shape":[64,32]', '"dtype":"U32","shape":[64,32]', "has dtype U32" },
+      { "0.weight", '"dtype":"F32","shape":[64,32]', '"dtype":"F32","shape":[32,64]', "has shape [32, 64]" },
+      { "0.weight", '"dtype":"F32","shape":[64,32]', '"dtype":"F32","shape":[2048]', "has shape [2048]" },
+      { "0.weight", '"dtype":"F32","shape":[64,32]', '"dtype":"F8_E4M3","shape":[64,128]', "has shape [64, 128]" },
       { "0.fp8.input.scale", '"dtype":"F32","shape":[1]', '"dtype":"I32","shape":[1]', "has dtype I32" },
       { "0.fp8.input.scale", '"dtype":"F32","shape":[1]', '"dtype":"F32","shape":[1,1]', "has shape [1, 1]" },
       { "0.fp8.input.amax_history", '"dtype":"F32","shape":[4]', '"dtype":"F32","shape":[2,2]', "has shape [2, 2]" },
@@ -129,8 +110,8 @@ describe("checkpoint bad input", function()
       { "optim.step", '"dtype":"I64"', '"dtype":"F64"', "has dtype F64" },
       { "optim.device_step", '"dtype":"I64","shape":[1]', '"dtype":"I32","shape":[2]', "has shape [2]" },
       { "rng.state", '"dtype":"U64"', '"dtype":"I64"', "has dtype I64" },
-      { "optim.0.weight.exp_avg", '"dtype":"F32","shape":[32,16]', '"dtype":"BF16","shape":[32,32]', "has shape [32, 32]" },
-      { "optim.0.weight.exp_avg", '"dtype":"F32","shape":[32,16]', '"dtype":"I32","shape":[32,16]', "has dtype I32" },
+      { "optim.0.weight.exp_avg", '"dtype":"F32","shape":[64,32]', '"dtype":"BF16","shape":[64,64]', "has shape [64, 64]" },
+      { "optim.0.weight.exp_avg", '"dtype":"F32","shape":[64,32]', '"dtype":"I32","shape":[64,32]', "has dtype I32" },
       { "0.bias", '"dtype":"F32"', '"dtype":"F99"', "unknown dtype" },
     }
     for _, c in ipairs(cases) do

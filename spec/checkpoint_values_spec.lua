@@ -6,29 +6,13 @@
 -- (a checkpoint of them before and after, compared byte for byte).
 local lutra = require("lutra")
 local st = require("spec.support.st_edit")
-local nn = lutra.nn
 local LUAJIT = os.getenv("LUAJIT") or "luajit"
 
 local dir = st.tempdir()
 local function path(name) return dir .. "/" .. name end
 
--- an MLP trained 2 steps under delayed scaling with AdamW, so every part has state
 local function trained(seed)
-  lutra.manual_seed(seed)
-  local net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16))
-  local opt = lutra.optim.AdamW(net, { lr = 1e-2 })
-  local scope = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 4 } }
-  local x, t = lutra.tensor({ 16, 32 }), lutra.tensor({ 16, 16 })
-  local loss = nn.MSELoss()
-  for _ = 1, 2 do
-    x:randn()
-    t:randn()
-    scope:enter()
-    loss:forward(net:forward(x), t)
-    net:backward(loss:backward())
-    scope:exit()
-    opt:step()
-  end
+  local net, opt = st.trained(seed)
   return { model = net, optim = opt }
 end
 
@@ -158,14 +142,14 @@ describe("checkpoint values", function()
   end)
 
   it("says what to pass when a fresh model meets FP8 state", function()
-    local net = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16))
+    local net = st.mlp()
     local err = refused(st.read(good), { model = net }, "which the objects do not have")
     assert.matches("pass recipe = <the recipe it was trained with> to lutra.load", err, 1, true)
     assert.matches("fp8 = false", err, 1, true)
     -- and the advice works
     lutra.load(good, { model = net, recipe = lutra.recipe.delayed { amax_history_len = 4 } })
     -- a model whose quantizers are of another recipe is told so
-    local cur = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16))
+    local cur = st.mlp()
     local scope = lutra.autocast { recipe = lutra.recipe.current {} }
     scope:run(function() cur:forward(lutra.tensor({ 16, 32 }):randn()) end)
     err = refused(st.read(good), { model = cur }, "which the objects do not have")

@@ -1,7 +1,36 @@
--- Reading and editing safetensors files byte by byte, for the checkpoint specs that build bad
--- files (spec/checkpoint_values_spec.lua, spec/checkpoint_bad_input_spec.lua).
+-- Reading and editing safetensors files byte by byte, and the trained model they hold, for the
+-- checkpoint specs that build bad files (spec/checkpoint_spec.lua,
+-- spec/checkpoint_values_spec.lua, spec/checkpoint_bad_input_spec.lua).
 local ffi = require("ffi")
+local lutra = require("lutra")
 local M = {}
+
+-- the specs' model: 32 -> 64 -> 16 with a GELU between
+function M.mlp(opts)
+  local nn = lutra.nn
+  return nn.Sequential(nn.Linear(32, 64, opts), nn.GELU(), nn.Linear(64, 16, opts))
+end
+
+-- M.mlp trained 2 steps under delayed scaling (amax_history_len 4) with AdamW, from the
+-- generator seeded with seed, so that every part of a checkpoint has non-trivial state
+function M.trained(seed, dtype)
+  lutra.manual_seed(seed)
+  local net = M.mlp { dtype = dtype }
+  local opt = lutra.optim.AdamW(net, { lr = 1e-2 })
+  local scope = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len = 4 } }
+  local x, t = lutra.tensor({ 16, 32 }, dtype), lutra.tensor({ 16, 16 }, dtype)
+  local loss = lutra.nn.MSELoss()
+  for _ = 1, 2 do
+    x:randn()
+    t:randn()
+    scope:enter()
+    loss:forward(net:forward(x), t)
+    net:backward(loss:backward())
+    scope:exit()
+    opt:step()
+  end
+  return net, opt
+end
 
 function M.read(path)
   local f = assert(io.open(path, "rb"))

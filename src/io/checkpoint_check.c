@@ -100,25 +100,26 @@ static const st_tensor *sibling(const ckpt_entries *E, const st_tensor *const *s
   return e ? src[e - E->e] : NULL;
 }
 
+/* Delayed scaling's forward reads the stored scale and decodes with the stored scale_inv, and
+ * every scale update stores exactly 1.0f / scale (correctly rounded f32 division, on every
+ * backend; inf amaxes clamp the scale to FLT_MAX, 0 and non-finite ones keep the old scale), so
+ * a pair that is not finite, positive and exactly reciprocal is a file that was edited or
+ * damaged, and its next forward would be all NaN or off by the ratio. The other kinds compute
+ * their scale per quantization and do not read the stored one (current scaling may even store
+ * a NaN scale after a NaN input, harmlessly): not checked. */
 static int check_scale(const st_file *f, const ckpt_entries *E, const st_tensor *const *src, int k,
                        const char *path, const char *fn) {
   const char *name = E->e[k].name;
   size_t prefix = strlen(name) - strlen("scale");
-  float scale = f32_at(f, src[k], 0);
+  const st_tensor *inv = sibling(E, src, name, prefix, "scale_inv");
+  if (!inv || !sibling(E, src, name, prefix, "amax_history")) return LUTRA_OK;
+  float scale = f32_at(f, src[k], 0), scale_inv = f32_at(f, inv, 0);
   CHECK_ARG(isfinite(scale) && scale > 0,
             "'%s': tensor '%s' is %g; an FP8 scale must be finite and positive", path, name,
             (double)scale);
-  const st_tensor *inv = sibling(E, src, name, prefix, "scale_inv");
-  if (!inv) return LUTRA_OK;
-  float scale_inv = f32_at(f, inv, 0);
   CHECK_ARG(isfinite(scale_inv) && scale_inv > 0,
             "'%s': tensor '%.*sscale_inv' is %g; it must be finite and positive", path, (int)prefix,
             name, (double)scale_inv);
-  /* delayed scaling's forward decodes with scale_inv: every scale update stores exactly
-   * 1.0f / scale (correctly rounded f32 division, on every backend), so any other value is a
-   * file that was edited or damaged. Other kinds compute 1 / scale per quantization and do not
-   * read the stored copy. */
-  if (!sibling(E, src, name, prefix, "amax_history")) return LUTRA_OK;
   float want = 1.0f / scale;
   CHECK_ARG(memcmp(&want, &scale_inv, 4) == 0,
             "'%s': tensor '%.*sscale_inv' is %a but its scale %a stores 1/scale = %a (delayed "

@@ -24,9 +24,10 @@ int ckpt_parse_lr(const char *s, float *lr, const char *path, const char *fn);
 /* __metadata__'s version: exactly the decimal digits of version 1. */
 int ckpt_check_version(const char *version, int supported, const char *path, const char *fn);
 /* The values of the FP8 scaling entries of E, as the file holds them (src[k]: the file's tensor
- * for entry k, NULL where the file has none): scale and scale_inv finite and positive, under
- * delayed scaling (an amax history) scale_inv exactly 1.0f / scale as the scale update stores
- * it, amax history values not negative. */
+ * for entry k, NULL where the file has none): under delayed scaling (an amax history; the one
+ * kind whose forward reads the stored scale) scale and scale_inv finite and positive and
+ * scale_inv exactly 1.0f / scale, as every scale update stores it; amax history values not
+ * negative. */
 int ckpt_check_values(const st_file *f, const ckpt_entries *E, const st_tensor *const *src,
                       const char *path, const char *fn);
 

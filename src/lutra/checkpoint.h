@@ -34,9 +34,10 @@
  * read and checked first, then the file's size against the data the header describes, and only
  * then the data (a bogus file costs a header's read). Then every name, dtype and shape against
  * what the objects expect (names missing or left over), and the values that would break the next
- * step: optim.lr as lutra_optim_set_lr takes it (finite, within f32's range, >= 0), every FP8
- * scale and scale_inv finite and positive, under delayed scaling scale_inv exactly 1.0f / scale
- * (what every scale update stores), no negative amax. All before the first byte is written into
+ * step: optim.lr as lutra_optim_set_lr takes it (finite, within f32's range, >= 0); under
+ * delayed scaling (whose forward reads the stored scale) every scale and scale_inv finite,
+ * positive and exactly reciprocal (scale_inv == 1.0f / scale, what every scale update stores),
+ * no negative amax. All before the first byte is written into
  * any object; on failure no object changed. The parts of a lutra
  * checkpoint the objects do not ask for (optim.*, rng.state, *.fp8.*, *.main_grad) are skipped,
  * so a model alone loads from a full checkpoint; in the parts asked for, names match exactly.
