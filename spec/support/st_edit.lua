@@ -32,12 +32,7 @@ function M.trained(seed, dtype)
   return net, opt
 end
 
-function M.read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+M.read = require("spec.support.resume").read
 
 function M.write(path, s)
   local f = assert(io.open(path, "wb"))
