@@ -6,7 +6,8 @@
 -- the generator's state matters too. Controls: leaving the generator, the optimizer or (delayed
 -- scaling, the one recipe whose quantizers carry state across steps) the FP8 state out of the
 -- load makes the resumed run differ, so the comparison can fail. The same for the models made of
--- the other module kinds (pre-norm block, LayerNormLinear, GroupedLinear).
+-- the other module kinds (pre-norm block, LayerNormLinear, GroupedLinear), and NVFP4 with
+-- stochastic rounding (the quantizers' counts of quantizations seed it).
 local resume = require("spec.support.resume")
 
 local N = 3
@@ -30,6 +31,18 @@ describe("checkpoint resume in a new process", function()
     assert.are.same(r.straight_losses, r.resumed_losses)
     assert.is_true(r.straight == r.resumed, "the final states differ")
   end)
+
+  -- NVFP4 with stochastic rounding of grad_output: each quantization's seed comes from the
+  -- quantizer's count of quantizations, which the file carries (<m>.fp8.<role>.quantizations)
+  for _, dtype in ipairs { "f32", "bf16" } do
+    it("is bit-identical to a straight run: " .. dtype .. ", recipe nvfp4 (stochastic rounding)",
+       function()
+      local r = resume.compare("cpu", "nvfp4", dtype, "adamw", N)
+      assert.are.equal(2 * N, #r.straight_losses)
+      assert.are.same(r.straight_losses, r.resumed_losses)
+      assert.is_true(r.straight == r.resumed, "the final states differ")
+    end)
+  end
 
   -- every module kind's checkpoint entry (spec/support/resume_run.lua's models): the pre-norm
   -- block (Residual, LayerNormMLP swiglu with RMSNorm, RMSNorm, Linear), a LayerNormLinear, a

@@ -64,6 +64,11 @@ local function path_of(path, where)
   if type(path) ~= "string" or path == "" then
     error(string.format("%s: path must be a non-empty string (got %s)", where, chk.got(path)), 3)
   end
+  -- the C call takes a C string, which would end at the NUL: "ck.st\0.bak" would be "ck.st"
+  local nul = path:find("\0", 1, true)
+  if nul then
+    error(string.format("%s: path holds a NUL byte at position %d (%q)", where, nul, path), 3)
+  end
   return path
 end
 

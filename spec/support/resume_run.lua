@@ -17,6 +17,9 @@ local recipes = {
   current = function() return lutra.recipe.current{} end,
   mxfp8 = function() return lutra.recipe.mxfp8{} end,
   block = function() return lutra.recipe.block{} end,
+  -- stochastic rounding of grad_output (the default): each quantization draws its seed from the
+  -- quantizer's count of quantizations, which the checkpoint must carry
+  nvfp4 = function() return lutra.recipe.nvfp4{} end,
 }
 local recipe = recipes[recipe_name]()
 

@@ -545,6 +545,7 @@ int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v) {
                                     .scale_inv = q->meta.scale_inv,
                                     .amax_history = q->meta.amax_history,
                                     .history_len = q->meta.history_len,
-                                    .be = q->be};
+                                    .be = q->be,
+                                    .calls = q->spec.kind == LUTRA_QUANT_NVFP4 ? &q->calls : NULL};
   return LUTRA_OK;
 }

@@ -61,11 +61,14 @@ int lutra_quantize_norm_run(lutra_quantizer *q, const lutra_norm_args *n, const 
                             bool record_amax, bool rowwise_only, lutra_tensor **out,
                             const char *fn);
 /* Checkpoints: the scaling state, in backend memory: scale and scale_inv (f32 [1] each, every
- * kind) and the delayed amax history (f32 [history_len], NULL for other kinds). */
+ * kind) and the delayed amax history (f32 [history_len], NULL for other kinds); in host memory,
+ * NVFP4's count of quantizations (each draws its stochastic-rounding seed from it; NULL for
+ * other kinds), which an exact resume needs. */
 typedef struct lutra_quantizer_state_view {
   float *scale, *scale_inv, *amax_history;
   int32_t history_len;
   const lutra_backend *be;
+  uint64_t *calls;
 } lutra_quantizer_state_view;
 int lutra_quantizer_state(lutra_quantizer *q, lutra_quantizer_state_view *v);
 

@@ -3,7 +3,10 @@
 #include "core/capture.h"
 #include "core/error.h"
 #include "fp8/autocast.h"
+#include "io/checkpoint_check.h"
 #include "io/checkpoint_entries.h"
+#include "io/checkpoint_temp.h"
+#include "io/crc32c.h"
 #include "io/safetensors.h"
 #include "nn/optim_state.h"
 
@@ -48,7 +51,9 @@ static int write_all(int fd, const void *p, size_t n, const char *tmp, const cha
   return LUTRA_OK;
 }
 
-static int write_entries(int fd, const ckpt_entries *E, const char *tmp, const char *fn) {
+/* The data, its CRC-32C into *crc. */
+static int write_entries(int fd, const ckpt_entries *E, const char *tmp, uint32_t *crc,
+                         const char *fn) {
   size_t most = 0;
   for (int i = 0; i < E->count; i++)
     if (E->e[i].be && E->e[i].bytes > most) most = E->e[i].bytes;
@@ -64,9 +69,26 @@ static int write_entries(int fd, const ckpt_entries *E, const char *tmp, const c
       src = stage;
     }
     if (st == LUTRA_OK) st = write_all(fd, src, e->bytes, tmp, fn);
+    *crc = crc32c_extend(*crc, src, e->bytes);
   }
   free(stage);
   return st;
+}
+
+/* The data's CRC-32C over the header's placeholder (8 hex digits, the same length). */
+static int write_crc(int fd, const char *header, size_t len, uint32_t crc, const char *tmp,
+                     const char *fn) {
+  static const char slot[] = "\"" CKPT_CRC_KEY "\":\"";
+  const char *at = memmem(header, len, slot, sizeof slot - 1);
+  if (!at) return lutra_error(LUTRA_EINVAL, fn, "the header lost its checksum slot");
+  char hex[9];
+  snprintf(hex, sizeof hex, "%08x", (unsigned)crc);
+  off_t off = (off_t)(at - header + (ptrdiff_t)sizeof slot - 1);
+  ssize_t w = pwrite(fd, hex, 8, off);
+  if (w != 8)
+    return lutra_error(LUTRA_EBACKEND, fn, "cannot write '%s': %s", tmp,
+                       w < 0 ? strerror(errno) : "short write");
+  return LUTRA_OK;
 }
 
 static int header_of(const ckpt_entries *E, const lutra_checkpoint_objects *o, char **out,
@@ -77,16 +99,18 @@ static int header_of(const ckpt_entries *E, const lutra_checkpoint_objects *o, c
     t[i] = (st_out){E->e[i].name, E->e[i].dtype, E->e[i].ndim, E->e[i].shape, E->e[i].bytes};
   char version[16], lr[48];
   snprintf(version, sizeof version, "%d", FORMAT_VERSION);
-  const char *meta[8] = {"format", format_name, "version", version};
-  int nmeta = 2;
+  /* the checksum is written once the data was: a placeholder of its width first */
+  const char *meta[10] = {"format", format_name, "version", version, CKPT_CRC_KEY, "00000000"};
+  int nmeta = 3;
   lutra_optim_view v;
+  int st = LUTRA_OK;
   if (o->optim && lutra_optim_view_of(o->optim, &v, fn) == LUTRA_OK) {
-    snprintf(lr, sizeof lr, "%a", (double)*v.lr); /* hex: the float exactly */
-    meta[4] = "optim.kind", meta[5] = v.kind == LUTRA_OPTIM_ADAMW ? "adamw" : "sgd";
-    meta[6] = "optim.lr", meta[7] = lr;
-    nmeta = 4;
+    st = ckpt_format_lr(*v.lr, lr, sizeof lr, fn);
+    meta[6] = "optim.kind", meta[7] = v.kind == LUTRA_OPTIM_ADAMW ? "adamw" : "sgd";
+    meta[8] = "optim.lr", meta[9] = lr;
+    nmeta = 5;
   }
-  int st = st_header(t, E->count, meta, nmeta, out, len, fn);
+  if (st == LUTRA_OK) st = st_header(t, E->count, meta, nmeta, out, len, fn);
   free(t);
   return st;
 }
@@ -105,27 +129,6 @@ static int sync_dir(const char *path, const char *fn) {
   return st;
 }
 
-/* A new file ".NAME.tmp.PID.N" beside path, made with the mode a plain fopen would give it
- * (0666 less the umask; mkstemp's 0600 would then be the checkpoint's mode). */
-static int create_temp(const char *path, char **tmp, const char *fn) {
-  static _Atomic unsigned counter;
-  const char *slash = strrchr(path, '/');
-  size_t dir = slash ? (size_t)(slash - path + 1) : 0;
-  size_t n = strlen(path) + 48;
-  *tmp = malloc(n);
-  if (!*tmp) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a path");
-  for (int attempt = 0; attempt < 100; attempt++) {
-    snprintf(*tmp, n, "%.*s.%s.tmp.%ld.%u", (int)dir, path, path + dir, (long)getpid(), counter++);
-    int fd = open(*tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd >= 0 || errno != EEXIST) {
-      if (fd < 0) lutra_error(LUTRA_EINVAL, fn, "cannot create '%s': %s", *tmp, strerror(errno));
-      return fd;
-    }
-  }
-  lutra_error(LUTRA_EINVAL, fn, "cannot create a temporary file beside '%s'", path);
-  return -1;
-}
-
 int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
   static const char fn[] = "lutra_checkpoint_save";
   TRY(check_call(path, o, fn));
@@ -136,11 +139,13 @@ int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
   int st = header_of(&E, o, &header, &header_len, fn);
   int fd = -1;
   if (st == LUTRA_OK) {
-    fd = create_temp(path, &tmp, fn);
+    fd = ckpt_create_temp(path, &tmp, fn);
     if (fd < 0) st = LUTRA_EINVAL;
   }
   if (st == LUTRA_OK) st = write_all(fd, header, header_len, tmp, fn);
-  if (st == LUTRA_OK) st = write_entries(fd, &E, tmp, fn);
+  uint32_t crc = 0;
+  if (st == LUTRA_OK) st = write_entries(fd, &E, tmp, &crc, fn);
+  if (st == LUTRA_OK) st = write_crc(fd, header, header_len, crc, tmp, fn);
   if (st == LUTRA_OK && fsync(fd) != 0)
     st = lutra_error(LUTRA_EBACKEND, fn, "cannot fsync '%s': %s", tmp, strerror(errno));
   if (fd >= 0 && close(fd) != 0 && st == LUTRA_OK)
@@ -178,13 +183,17 @@ static bool ends_with(const char *s, const char *tail) {
   return n >= m && strcmp(s + n - m, tail) == 0;
 }
 
+static bool is_fp8_state(const char *name) {
+  return strncmp(name, "fp8.", 4) == 0 || strstr(name, ".fp8.");
+}
+
 /* A tensor of a part of a lutra checkpoint the objects did not ask for (the optimizer's, the
  * generator's, FP8 state, main grads): skipped, so that a model alone loads from a full file.
  * Within the parts asked for, every name must match. */
 static bool not_asked(const char *name, const lutra_checkpoint_objects *o) {
   if (strncmp(name, "optim.", 6) == 0) return !o->optim;
   if (strcmp(name, "rng.state") == 0) return !o->rng;
-  if (strncmp(name, "fp8.", 4) == 0 || strstr(name, ".fp8.")) return !o->fp8;
+  if (is_fp8_state(name)) return !o->fp8;
   if (ends_with(name, ".main_grad")) return !o->main_grads;
   return false;
 }
@@ -219,9 +228,7 @@ static int check_meta(const st_file *f, const lutra_checkpoint_objects *o, const
   /* a file of another format (torch's save_file writes {"format": "pt"}, a converted state
    * dict has none) holds tensors only: it is loaded by name (and map) alone */
   if (format && strcmp(format, format_name) == 0)
-    CHECK_ARG(version && strcmp(version, "1") == 0,
-              "'%s' has checkpoint format version %s; this lutra reads version %d", path,
-              version ? version : "(none)", FORMAT_VERSION);
+    TRY(ckpt_check_version(version, FORMAT_VERSION, path, fn));
   *have_lr = false;
   if (!o->optim) return LUTRA_OK;
   lutra_optim_view v;
@@ -232,13 +239,26 @@ static int check_meta(const st_file *f, const lutra_checkpoint_objects *o, const
             "'%s' holds %s optimizer state; the optimizer given is %s", path, kind ? kind : "no",
             want);
   if (lrs) {
-    char *end;
-    *lr = strtof(lrs, &end);
-    CHECK_ARG(*end == 0 && end != lrs && *lr >= 0, "'%s': optim.lr '%s' is not a number", path,
-              lrs);
+    TRY(ckpt_parse_lr(lrs, lr, path, fn));
     *have_lr = true;
   }
   return LUTRA_OK;
+}
+
+/* What to do about a file's FP8 tensor the objects lack: build the quantizers, or leave it. */
+static const char *fp8_hint(const ckpt_entries *E, const lutra_checkpoint_objects *o,
+                            const char *name) {
+  if (!is_fp8_state(name)) return "";
+  bool objects_have_fp8 = false;
+  for (int k = 0; k < E->count && !objects_have_fp8; k++)
+    objects_have_fp8 = is_fp8_state(E->e[k].name);
+  if (!objects_have_fp8 && !o->recipe)
+    return ": the file holds FP8 state and the model has no quantizers yet (no FP8 forward ran): "
+           "pass recipe = <the recipe it was trained with> to lutra.load "
+           "(lutra_checkpoint_objects.recipe; an amax_history means delayed scaling), or "
+           "fp8 = false to leave the FP8 state out";
+  return ": the file's FP8 state is of another recipe than the model's quantizers (fp8 = false "
+         "leaves the FP8 state out)";
 }
 
 /* Every file tensor goes to one entry, every entry gets one, with its dtype and shape. */
@@ -253,9 +273,9 @@ static int match(const st_file *f, ckpt_entries *E, const lutra_checkpoint_objec
     const char *to = target_of(t->name, opts, o, lutra_file);
     if (!to) continue;
     ckpt_entry *e = ckpt_find(E, to);
-    CHECK_ARG(e, "'%s' holds tensor '%s'%s%s%s, which the objects do not have", path, t->name,
+    CHECK_ARG(e, "'%s' holds tensor '%s'%s%s%s, which the objects do not have%s", path, t->name,
               to != t->name ? " (renamed '" : "", to != t->name ? to : "",
-              to != t->name ? "')" : "");
+              to != t->name ? "')" : "", fp8_hint(E, o, to));
     int k = (int)(e - E->e);
     CHECK_ARG(!src[k], "'%s': tensors '%s' and '%s' both load into '%s'", path, src[k]->name,
               t->name, to);
@@ -274,7 +294,7 @@ static int match(const st_file *f, ckpt_entries *E, const lutra_checkpoint_objec
     src[k] = t;
   }
   for (int k = 0; k < E->count; k++)
-    CHECK_ARG(src[k], "'%s' lacks tensor '%s'", path, E->e[k].name);
+    CHECK_ARG(src[k] || E->e[k].optional, "'%s' lacks tensor '%s'", path, E->e[k].name);
   for (int k = 0; k < E->count; k++) {
     if (E->e[k].kind != ENTRY_STEP && E->e[k].kind != ENTRY_DEVICE_STEP) continue;
     int64_t step;
@@ -345,9 +365,11 @@ int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
     st = src ? match(&f, &E, o, opts, src, path, fn)
              : lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the entry list");
   }
+  if (st == LUTRA_OK) st = ckpt_check_crc(&f, path, fn);
+  if (st == LUTRA_OK) st = ckpt_check_values(&f, &E, src, path, fn);
   /* everything is checked: from here on the objects change */
   for (int k = 0; st == LUTRA_OK && k < E.count; k++)
-    st = write_into(&E.e[k], src[k], f.data, fn);
+    if (src[k]) st = write_into(&E.e[k], src[k], f.data, fn);
   if (st == LUTRA_OK) ckpt_adopt(&E);
   if (st == LUTRA_OK) st = ckpt_apply_host(&E, o, have_lr ? &lr : NULL, fn);
   free(src);

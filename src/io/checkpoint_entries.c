@@ -127,6 +127,18 @@ void ckpt_adopt(ckpt_entries *E) {
   }
 }
 
+static int host_entry(ckpt_entries *E, entry_kind kind, const char *dtype, void *p,
+                      const char *name, const char *fn) {
+  ckpt_entry e = {.kind = kind,
+                  .dtype = dtype,
+                  .lutra_dtype = -1,
+                  .ndim = 1,
+                  .shape = {1},
+                  .bytes = 8,
+                  .ptr = p};
+  return add(E, &e, fn, "%s", name);
+}
+
 static int state_entries(ckpt_entries *E, const char *prefix, const char *name,
                          const lutra_quantizer_state_view *v, const char *fn) {
   char pre[512];
@@ -136,6 +148,14 @@ static int state_entries(ckpt_entries *E, const char *prefix, const char *name,
   TRY(f32_entry(E, v->scale_inv, 1, v->be, fn, pre, "scale_inv", ""));
   if (v->amax_history)
     TRY(f32_entry(E, v->amax_history, v->history_len, v->be, fn, pre, "amax_history", ""));
+  if (v->calls) {
+    /* optional: a file written before the count was saved loads, its resume drawing the
+     * stochastic-rounding seeds from the count the quantizer has */
+    char name[600];
+    snprintf(name, sizeof name, "%squantizations", pre);
+    TRY(host_entry(E, ENTRY_STATE, "U64", v->calls, name, fn));
+    E->e[E->count - 1].optional = true;
+  }
   return LUTRA_OK;
 }
 
@@ -228,18 +248,6 @@ static const char *param_name_of(const ckpt_entries *E, int n, const lutra_tenso
   for (int i = 0; i < n; i++)
     if (E->e[i].kind == ENTRY_PARAM && E->e[i].param == t) return E->e[i].name;
   return NULL;
-}
-
-static int host_entry(ckpt_entries *E, entry_kind kind, const char *dtype, void *p,
-                      const char *name, const char *fn) {
-  ckpt_entry e = {.kind = kind,
-                  .dtype = dtype,
-                  .lutra_dtype = -1,
-                  .ndim = 1,
-                  .shape = {1},
-                  .bytes = 8,
-                  .ptr = p};
-  return add(E, &e, fn, "%s", name);
 }
 
 static int optim_entries(ckpt_entries *E, lutra_optim *opt, const char *fn) {

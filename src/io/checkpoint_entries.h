@@ -29,6 +29,7 @@ typedef struct ckpt_entry {
   void *ptr;               /* backend memory of be, or host memory when be is NULL */
   const lutra_backend *be; /* NULL: ptr is host memory */
   lutra_tensor *param;     /* ENTRY_PARAM: the tensor; ENTRY_MASTER: the parameter mastered */
+  bool optional; /* a file without it (written before it was saved) loads, leaving it as it is */
 } ckpt_entry;
 
 /* Host-side values the entries of kind STEP, DEVICE_STEP and RNG point at. */

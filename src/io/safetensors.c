@@ -10,16 +10,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct parser {
   const char *p, *end;
-  const char *fn;
-  int status; /* LUTRA_OK until the first error */
+  const char *fn, *path;
+  const char *start; /* the header's first byte, for the offset of an error */
+  int status;        /* LUTRA_OK until the first error */
 } parser;
 
 static int fail(parser *ps, const char *what) {
   if (ps->status == LUTRA_OK)
-    ps->status = lutra_error(LUTRA_EINVAL, ps->fn, "corrupt safetensors header: %s", what);
+    ps->status = lutra_error(LUTRA_EINVAL, ps->fn,
+                             "'%s' has a corrupt safetensors header (at its byte %lld): %s",
+                             ps->path, (long long)(ps->p - ps->start), what);
   return ps->status;
 }
 
@@ -256,15 +260,17 @@ static int parse(parser *ps, st_file *f) {
 }
 
 /* Every tensor's byte count matches its shape, and the tensors tile the data exactly. */
-static int check_layout(st_file *f, uint64_t data_len, const char *fn) {
+static int check_layout(st_file *f, uint64_t data_len, const char *path, const char *fn) {
   if (f->count == 0) {
-    if (data_len) return lutra_error(LUTRA_EINVAL, fn, "data follows a header of no tensors");
+    if (data_len)
+      return lutra_error(LUTRA_EINVAL, fn, "'%s': data follows a header of no tensors", path);
     return LUTRA_OK;
   }
   qsort(f->t, (size_t)f->count, sizeof *f->t, cmp_name);
   for (int i = 1; i < f->count; i++)
     if (strcmp(f->t[i - 1].name, f->t[i].name) == 0)
-      return lutra_error(LUTRA_EINVAL, fn, "the header names tensor '%s' twice", f->t[i].name);
+      return lutra_error(LUTRA_EINVAL, fn, "'%s': the header names tensor '%s' twice", path,
+                         f->t[i].name);
   const st_tensor **order = malloc((size_t)f->count * sizeof *order);
   if (!order) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the tensor list");
   int st = LUTRA_OK;
@@ -278,70 +284,106 @@ static int check_layout(st_file *f, uint64_t data_len, const char *fn) {
       else
         n *= (uint64_t)t->shape[d];
     if (t->end < t->begin || t->end - t->begin != n)
-      st = lutra_error(LUTRA_EINVAL, fn,
-                       "tensor '%s': data_offsets [%llu, %llu] do not hold its %s shape", t->name,
-                       (unsigned long long)t->begin, (unsigned long long)t->end, t->dtype);
+      st = lutra_error(
+          LUTRA_EINVAL, fn, "'%s': tensor '%s': data_offsets [%llu, %llu] do not hold its %s shape",
+          path, t->name, (unsigned long long)t->begin, (unsigned long long)t->end, t->dtype);
   }
   if (st == LUTRA_OK) qsort(order, (size_t)f->count, sizeof *order, cmp_begin);
   uint64_t at = 0;
   for (int i = 0; i < f->count && st == LUTRA_OK; i++) {
     if (order[i]->begin != at)
-      st = lutra_error(LUTRA_EINVAL, fn, "tensor '%s' %s the data before it", order[i]->name,
-                       order[i]->begin < at ? "overlaps" : "leaves a hole after");
+      st = lutra_error(LUTRA_EINVAL, fn, "'%s': tensor '%s' %s the data before it", path,
+                       order[i]->name, order[i]->begin < at ? "overlaps" : "leaves a hole after");
     at = order[i]->end;
   }
   if (st == LUTRA_OK && at != data_len)
     st = lutra_error(LUTRA_EINVAL, fn,
-                     "the file is %s: its header describes %llu bytes of data, it holds %llu",
+                     "'%s' is %s: its header describes %llu bytes of data, it holds %llu", path,
                      at > data_len ? "truncated" : "longer than its header says",
                      (unsigned long long)at, (unsigned long long)data_len);
   free(order);
   return st;
 }
 
-static int read_all(const char *path, st_file *f, const char *fn) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) return lutra_error(LUTRA_EINVAL, fn, "cannot open '%s': %s", path, strerror(errno));
-  int st = LUTRA_OK;
-  long size = -1;
-  if (fseek(fp, 0, SEEK_END) == 0) size = ftell(fp);
-  if (size < 0 || fseek(fp, 0, SEEK_SET) != 0)
-    st = lutra_error(LUTRA_EINVAL, fn, "cannot size '%s': %s", path, strerror(errno));
-  if (st == LUTRA_OK) {
-    f->size = (size_t)size;
-    f->bytes = malloc(f->size ? f->size : 1);
-    if (!f->bytes) st = lutra_error(LUTRA_ENOMEM, fn, "cannot allocate %ld bytes", size);
-  }
-  if (st == LUTRA_OK && fread(f->bytes, 1, f->size, fp) != f->size)
-    st = lutra_error(LUTRA_EINVAL, fn, "cannot read '%s': %s", path,
+/* Exactly n bytes at the file's current position. */
+static int read_exact(FILE *fp, void *p, size_t n, const char *path, const char *fn) {
+  if (fread(p, 1, n, fp) == n) return LUTRA_OK;
+  return lutra_error(LUTRA_EINVAL, fn, "cannot read '%s': %s", path,
                      ferror(fp) ? strerror(errno) : "the file shrank while read");
-  fclose(fp);
-  return st;
+}
+
+/* The file opened and sized: a regular file (a directory or a device has no size to trust). */
+static int open_regular(const char *path, FILE **fp, uint64_t *size, const char *fn) {
+  *fp = fopen(path, "rb");
+  if (!*fp) return lutra_error(LUTRA_EINVAL, fn, "cannot open '%s': %s", path, strerror(errno));
+  struct stat sb;
+  int st = LUTRA_OK;
+  if (fstat(fileno(*fp), &sb) != 0)
+    st = lutra_error(LUTRA_EINVAL, fn, "cannot size '%s': %s", path, strerror(errno));
+  else if (S_ISDIR(sb.st_mode))
+    st = lutra_error(LUTRA_EINVAL, fn, "'%s' is a directory, not a checkpoint file", path);
+  else if (!S_ISREG(sb.st_mode))
+    st = lutra_error(LUTRA_EINVAL, fn, "'%s' is not a regular file", path);
+  if (st != LUTRA_OK) {
+    fclose(*fp);
+    *fp = NULL;
+    return st;
+  }
+  *size = (uint64_t)sb.st_size;
+  return LUTRA_OK;
+}
+
+/* The header length, then the header parsed and the layout checked against the file's size,
+ * before any data is read: a bogus file is refused after reading at most its header. */
+static int read_checked(FILE *fp, uint64_t size, const char *path, st_file *f, const char *fn) {
+  unsigned char len8[8];
+  if (size < 8)
+    return lutra_error(LUTRA_EINVAL, fn, "'%s' is truncated: %llu bytes, not even a header length",
+                       path, (unsigned long long)size);
+  TRY(read_exact(fp, len8, 8, path, fn));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--)
+    n = n << 8 | len8[i];
+  if (n > ST_MAX_HEADER)
+    return lutra_error(LUTRA_EINVAL, fn, "'%s': header length %llu exceeds the format's %d", path,
+                       (unsigned long long)n, ST_MAX_HEADER);
+  if (n > size - 8)
+    return lutra_error(LUTRA_EINVAL, fn,
+                       "'%s' is truncated: its header needs %llu bytes, %llu follow", path,
+                       (unsigned long long)n, (unsigned long long)(size - 8));
+  char *header = malloc(n ? n : 1);
+  if (!header)
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a header of %llu bytes",
+                       (unsigned long long)n);
+  int st = read_exact(fp, header, n, path, fn);
+  if (st == LUTRA_OK) {
+    parser ps = {header, header + n, fn, path, header, LUTRA_OK};
+    st = parse(&ps, f);
+  }
+  free(header);
+  uint64_t data_len = size - 8 - n;
+  TRY(st);
+  TRY(check_layout(f, data_len, path, fn));
+  f->size = (size_t)data_len;
+  f->bytes = malloc(data_len ? data_len : 1);
+  if (!f->bytes)
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate %llu bytes of data",
+                       (unsigned long long)data_len);
+  f->data = f->bytes;
+  TRY(read_exact(fp, f->bytes, data_len, path, fn));
+  /* a file that grew while read is no longer the one the header describes */
+  if (fgetc(fp) != EOF)
+    return lutra_error(LUTRA_EINVAL, fn, "cannot read '%s': the file grew while read", path);
+  return LUTRA_OK;
 }
 
 int st_read(const char *path, st_file *f, const char *fn) {
   memset(f, 0, sizeof *f);
-  int st = read_all(path, f, fn);
-  uint64_t n = 0;
-  if (st == LUTRA_OK && f->size < 8)
-    st = lutra_error(LUTRA_EINVAL, fn, "'%s' is truncated: %zu bytes, not even a header length",
-                     path, f->size);
-  for (int i = 7; st == LUTRA_OK && i >= 0; i--)
-    n = n << 8 | f->bytes[i];
-  if (st == LUTRA_OK && n > ST_MAX_HEADER)
-    st = lutra_error(LUTRA_EINVAL, fn, "'%s': header length %llu exceeds the format's %d", path,
-                     (unsigned long long)n, ST_MAX_HEADER);
-  if (st == LUTRA_OK && n > f->size - 8)
-    st = lutra_error(LUTRA_EINVAL, fn, "'%s' is truncated: its header needs %llu bytes, %zu follow",
-                     path, (unsigned long long)n, f->size - 8);
-  if (st == LUTRA_OK) {
-    parser ps = {(const char *)f->bytes + 8, (const char *)f->bytes + 8 + n, fn, LUTRA_OK};
-    st = parse(&ps, f);
-  }
-  if (st == LUTRA_OK) {
-    f->data = f->bytes + 8 + n;
-    st = check_layout(f, f->size - 8 - n, fn);
-  }
+  FILE *fp;
+  uint64_t size = 0;
+  TRY(open_regular(path, &fp, &size, fn));
+  int st = read_checked(fp, size, path, f, fn);
+  fclose(fp);
   if (st != LUTRA_OK) st_free(f);
   return st;
 }

@@ -31,12 +31,14 @@ typedef struct st_file {
   int count;
   char **meta_key, **meta_val;
   int meta_count;
-  unsigned char *bytes; /* the whole file */
-  size_t size;
-  const unsigned char *data; /* bytes + 8 + N */
+  unsigned char *bytes;      /* the data section (read once the header was checked) */
+  size_t size;               /* its length */
+  const unsigned char *data; /* = bytes */
 } st_file;
 
-/* Reads and checks path. On failure *f is empty and the error names fn and the reason. */
+/* Reads and checks path: a regular file; its header length and header first, then its size
+ * against the data the header describes, and only then the data. On failure *f is empty and
+ * the error names fn and the reason. */
 int st_read(const char *path, st_file *f, const char *fn);
 void st_free(st_file *f);
 const st_tensor *st_find(const st_file *f, const char *name);

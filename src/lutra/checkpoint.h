@@ -14,22 +14,44 @@
  *   <m>.weight.main_grad                     f32 main grads (main_grads = 1)
  *   <m>.fp8.<role>.scale, .scale_inv         every quantizer the module owns (F32 [1];
  *   <m>.fp8.<role>.amax_history              delayed scaling: F32 [amax_history_len])
+ *   <m>.fp8.<role>.quantizations             NVFP4: U64 [1], the quantizer's count of
+ *                                            quantizations (stochastic rounding draws each
+ *                                            one's seed from it; a file without it loads, the
+ *                                            count left as it is)
  *   optim.<param>.master                     an optimizer's f32 master of a bf16 parameter
  *   optim.<param>.exp_avg, .exp_avg_sq       AdamW moments; SGD: optim.<param>.momentum_buffer
  *   optim.step, optim.device_step            I64 [1]: step calls, and steps run on the device
  *                                            (the same on the CPU)
  *   rng.state                                U64 [1]: the global seed generator
- * and __metadata__ {"format": "lutra.checkpoint", "version": "1", "optim.kind", "optim.lr"}.
+ * and __metadata__ {"format": "lutra.checkpoint", "version": "1", "data.crc32c", "optim.kind",
+ * "optim.lr"}: data.crc32c is the CRC-32C (Castagnoli) of the data section as 8 lowercase hex
+ * digits, checked on load when present (files of other writers, and of lutra before it wrote one,
+ * load unchecked); optim.lr is the f32 learning rate as C's "%a" writes it in the C locale. The
+ * numbers are written and read in the C locale whatever the process's own (uselocale for the
+ * call), so a host that called setlocale reads and writes the same files as any other.
  *
- * Loading is all or nothing: the file is read whole and checked (its structure, then every
- * name, dtype and shape against what the objects expect, names missing or left over) before
- * the first byte is written into any object; on failure no object changed. The parts of a lutra
+ * Loading is all or nothing: the file must be a regular file; its header length and header are
+ * read and checked first, then the file's size against the data the header describes, and only
+ * then the data (a bogus file costs a header's read). Then every name, dtype and shape against
+ * what the objects expect (names missing or left over), and the values that would break the next
+ * step: optim.lr as lutra_optim_set_lr takes it (finite, within f32's range, >= 0); under
+ * delayed scaling (whose forward reads the stored scale) every scale and scale_inv finite,
+ * positive and exactly reciprocal (scale_inv == 1.0f / scale, what every scale update stores),
+ * no negative amax. All before the first byte is written into
+ * any object; on failure no object changed. The parts of a lutra
  * checkpoint the objects do not ask for (optim.*, rng.state, *.fp8.*, *.main_grad) are skipped,
  * so a model alone loads from a full checkpoint; in the parts asked for, names match exactly.
  * Saving writes a temporary file in the destination's directory (.NAME.tmp.PID.N), fsyncs it,
  * renames it over the destination and fsyncs the directory: a crash leaves the old file (and
- * possibly the temporary one), never a partial checkpoint. Both are refused inside an autocast
- * scope or a graph capture (a step half-done is no state to save). */
+ * the temporary one), never a partial checkpoint. The next save to the same destination removes
+ * the temporaries whose PID is no live process of this machine (never a live one's). Both are
+ * refused inside an autocast scope or a graph capture (a step half-done is no state to save).
+ *
+ * Resume is exact (N steps, save, load into fresh objects, M more == N + M straight, bit for bit)
+ * at optimizer-step boundaries, NVFP4's stochastic rounding included. Not between the
+ * micro-batches of one gradient-accumulation window: the FP8 weights a Linear or GroupedLinear
+ * cached (is_first_microbatch true) are not saved, so a resumed forward with is_first_microbatch
+ * false quantizes the weight again, under the scale updated since. */
 #ifndef LUTRA_CHECKPOINT_H
 #define LUTRA_CHECKPOINT_H
 

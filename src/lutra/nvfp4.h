@@ -33,8 +33,8 @@
  * columnwise one, and seed = splitmix64(recipe seed + n * 0x9E3779B97F4A7C15) for the quantizer's
  * n-th quantization (n counts from 0 per quantizer): reproducible for a seed, the same on every
  * backend. |v| above 6 saturates to 6. The count n lives in the quantizer on the host: a CUDA
- * graph replays the seeds it captured, and checkpoints do not carry n (a resumed run draws from
- * n = 0 again).
+ * graph replays the seeds it captured; checkpoints carry n (<m>.fp8.<role>.quantizations), so a
+ * resumed run draws the seeds the uninterrupted one would.
  *
  * Random Hadamard transform (RHT; the columnwise copies of input and grad_output by default, the
  * operands of the wgrad GEMM): each 16 consecutive values of a copy's row (along the GEMM's k),
