@@ -95,24 +95,4 @@ function M.tostring(m)
   return table.concat(out)
 end
 
--- the metatype's __index: methods first (the hot path: one table lookup more than a plain
--- table __index), then a Sequential's children by number
-function M.index(methods)
-  return function(m, k)
-    local f = methods[k]
-    if f ~= nil or type(k) ~= "number" then return f end
-    return M.child(m, k)
-  end
-end
-
--- Linear only: the FP8 tensor its last forward quantized for "input" or "weight" (nil in high
--- precision), owned by the module
-local tensor_box = ffi.new("lutra_tensor*[1]")
-function M.quantized(m, role)
-  check(C.lutra_linear_quantized(m, core.code(core.roles, role, "role", "module:quantized"),
-                                 tensor_box))
-  if tensor_box[0] == nil then return nil end
-  return tensor.borrow(tensor_box[0], m)
-end
-
 return M

@@ -12,11 +12,11 @@ local chk = require("lutra.check")
 local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
 local grouped = require("lutra.grouped")
+local methods = require("lutra.module_methods")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
-local Module = {}
-Module.__index = Module
+local Module, Linear, Sequential = {}, {}, {}
 
 local module_box = ffi.new("lutra_module*[1]")
 
@@ -287,7 +287,7 @@ function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 local fusion_box = ffi.new("int[2]")
 --- Sequential only: the Linear+GELU pairs the last forward and backward ran as GEMM epilogues.
 -- @return forward, backward
-function Module:fusions()
+function Sequential:fusions()
   check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))
   return fusion_box[0], fusion_box[1]
 end
@@ -295,7 +295,7 @@ end
 --- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
 -- The handle keeps the module alive; once the module rebuilt its quantizers (a new recipe) or
 -- was freed, calls on it fail with "quantizer was freed".
-function Module:quantizer(role)
+function Linear:quantizer(role)
   local box = ffi.new("lutra_quantizer*[1]")
   check(C.lutra_linear_quantizer(self, core.code(core.roles, role, "role", "module:quantizer"), box))
   if box[0] == nil then return nil end
@@ -308,24 +308,42 @@ end
 --- Frees the module's buffers now; its outputs and later calls on it become errors.
 function Module:free() check(C.lutra_module_release(self)) end
 
+--- Linear only: the FP8 tensor its last forward quantized for a role (owned by the module).
+-- @tparam string role "input" or "weight"
+-- @return the FP8 tensor, or nil when the last forward ran in high precision
+function Linear:quantized(role)
+  check(C.lutra_linear_quantized(self, core.code(core.roles, role, "role", "module:quantized"),
+                                 core.tensor_box))
+  if core.tensor_box[0] == nil then return nil end
+  return borrow(core.tensor_box[0], self)
+end
+
 -- ---- the norm-fused modules (lua/lutra/fused.lua) ----
 local fused = require("lutra.fused")
 M.LayerNormLinear, M.LayerNormMLP = fused.LayerNormLinear, fused.LayerNormMLP
 M.Residual = fused.Residual
-Module.layernorm_output, Module.norm_fused = fused.layernorm_output, fused.norm_fused
-Module.mlp_fusions = fused.mlp_fusions
 -- ---- end norm-fused modules ----
 
 -- GroupedLinear: nn.GroupedLinear(num_gemms, in, out, opts); m:forward(x, m_splits, opts)
 M.GroupedLinear = grouped.GroupedLinear
-for name, f in pairs(grouped.methods) do Module[name] = f end
+
+-- Methods per kind (lua/lutra/module_methods.lua): Module's on every module, the kind's own
+-- beside them; fused.lua and grouped.lua define their kinds. The C kind names are
+-- lutra_module_kind's.
+methods.define("linear", "Linear", Linear)
+methods.define("sequential", "Sequential", Sequential, true)
+for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
+                          rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
+                          silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
+                          swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU" } do
+  methods.define(kind, name)
+end
 
 -- print(module) shows the tree; a Sequential is indexed seq[i] (1-based) and #seq
--- (lutra/module_tree.lua); Linear's module:quantized(role) gives its last FP8 input or weight
+-- (lutra/module_tree.lua)
 local tree = require("lutra.module_tree")
-Module.quantized = tree.quantized
-ffi.metatype("struct lutra_module", { __index = tree.index(Module), __len = tree.count,
-  __tostring = tree.tostring })
+ffi.metatype("struct lutra_module", { __index = methods.index(Module, tree.child),
+  __len = tree.count, __tostring = tree.tostring })
 
 -- Losses: forward(pred, target) -> loss tensor [1]; backward() -> dpred; value() -> number
 local Loss = {}
