@@ -116,12 +116,7 @@ describe("the Lua API reference", function()
     local usage = src:match("\n%-%- @usage\n(.-)\n[^%-]")
     assert(usage, "no @usage block in lua/lutra/init.lua")
     local code = usage:gsub("%-%- ?", "", 1):gsub("\n%-%- ?", "\n")
-    local path = os.tmpname()
-    local f = assert(io.open(path, "w"))
-    f:write(code)
-    f:close()
-    local ok, out = I.sh("LUA_PATH='lua/?.lua;lua/?/init.lua;;' OPENBLAS_NUM_THREADS=1 luajit " .. path)
-    os.remove(path)
+    local ok, out = require("spec.support.shell").luajit_chunk(code, "OPENBLAS_NUM_THREADS=1")
     assert(ok, out)
     local losses = {}
     for step, loss in out:gmatch("(%d+)\t([%d.]+)") do losses[#losses + 1] = tonumber(loss) end

@@ -22,11 +22,11 @@ for step = 1, 400 do -- TRAINING LOOP
   scope:enter()
   local y = net:forward(x)
   scope:exit()
+  assert(first:quantized("input") ~= nil)
   loss:forward(y, target)
   net:backward(loss:backward())
-  opt:step()
   fused = fused + net:fusions() + experts:num_gemms()
-  assert(first:quantized("input") ~= nil)
+  opt:step()
   total = total + loss:value()
 end
 assert(total == total, "loss is NaN")
