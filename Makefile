@@ -289,7 +289,8 @@ examples/embed/host: examples/embed/host.c $(HDRS) $(LIB) $(SONAME)
 	  -Wl,-rpath,$(CURDIR) $(shell pkg-config --libs luajit) -lm
 
 # the Lua API reference from the Lua front's doc comments (LDoc, config.ld) into build/doc;
-# warnings are errors (spec/doc_spec.lua checks it builds and covers every public function)
+# warnings are errors (spec/doc_spec.lua checks it builds, holds every file of lua/lutra and
+# documents every public function and method)
 doc:
 	ldoc --fatalwarnings -c config.ld .
 

@@ -108,6 +108,11 @@ describe("Sequential Linear+GELU fusion", function()
     assert.are.same({ 1, 0 }, { seq:fusions() })
     local ok, err = pcall(function() return nn.GELU():fusions() end)
     assert.is_false(ok)
-    assert.matches("lutra_sequential_fusions: module is a gelu, not a sequential", err, 1, true)
+    assert.matches("GELU has no method 'fusions'", err, 1, true)
+    -- the C call refuses it too, for a host that calls C directly
+    assert.are_not.equal(0, lutra.C.lutra_sequential_fusions(nn.GELU(), lutra.ffi.new("int[2]"),
+                                                             lutra.ffi.new("int[2]")))
+    assert.matches("lutra_sequential_fusions: module is a gelu, not a sequential",
+                   lutra.ffi.string(lutra.C.lutra_last_error()), 1, true)
   end)
 end)

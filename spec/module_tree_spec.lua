@@ -66,9 +66,11 @@ describe("Sequential indexing", function()
       assert.is_false(ok)
       assert.matches("lutra.nn.Sequential: index " .. tostring(i) .. " is out of range 1..2", err, 1, true)
     end
-    -- a method name still resolves, an unknown key is nil as before
+    -- a method name still resolves; an unknown key is an error naming the kind and the key
     assert.is_function(s.forward)
-    assert.is_nil(s.no_such_method)
+    local ok, err = pcall(function() return s.no_such_method end)
+    assert.is_false(ok)
+    assert.matches("Sequential has no method 'no_such_method'", err, 1, true)
   end)
 
   it("a child handle keeps the Sequential alive through garbage collection", function()

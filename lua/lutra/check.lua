@@ -1,9 +1,10 @@
--- Argument checks shared by every file of the front. Each raises "where: name must be ...
--- (got ...)" at the caller of the front function (level 3 by default: this helper, the front
--- function, its caller), before anything reaches the FFI, whose own conversion errors name
--- no call and would truncate 1.5 to 1 or turn "1" into 1 without a word. The checks are
--- plain type/compare tests and ffi.istype on ctypes made once, so they compile into the
--- traces of a training loop without building anything.
+--- Internal: the argument checks shared by every file of the front. Each raises "where:
+-- name must be ... (got ...)" at the caller of the front function (level 3 by default: this
+-- helper, the front function, its caller), before anything reaches the FFI, whose own
+-- conversion errors name no call and would truncate 1.5 to 1 or turn "1" into 1 without a
+-- word. The checks are plain type/compare tests and ffi.istype on ctypes made once, so they
+-- compile into the traces of a training loop without building anything.
+-- @module lutra.check
 local ffi = require("lutra.core").ffi
 
 local M = {}
@@ -13,8 +14,13 @@ local function got(v)
   if type(v) == "cdata" then return tostring(ffi.typeof(v)) end
   return tostring(v)
 end
+--- How a value is named in an error message: a string quoted, a cdata by its ctype.
+-- @local internal: the front's argument checks
 M.got = got
 
+--- Raises "where: message" (fmt and its arguments, as string.format) at the caller of
+-- the front function that called it.
+-- @local internal: the front's argument checks
 function M.fail(where, fmt, ...)
   error(where .. ": " .. string.format(fmt, ...), 4)
 end
@@ -27,7 +33,8 @@ local function is_integer(v)
   return type(v) == "number" and v == v and v == math.floor(v) and v > -math.huge and v < math.huge
 end
 
--- an integer in [min, max] (bounds optional); a number is needed, "1" is refused
+--- an integer in [min, max] (bounds optional); a number is needed, "1" is refused
+-- @local internal: the front's argument checks
 function M.integer(v, name, where, min, max, level)
   level = level or 3
   if not is_integer(v) then
@@ -44,15 +51,17 @@ function M.integer(v, name, where, min, max, level)
   return v
 end
 
--- a positive integer (a dim, a feature count)
+--- a positive integer (a dim, a feature count)
+-- @local internal: the front's argument checks
 function M.positive(v, name, where, level)
   if not is_integer(v) or v < 1 then raise(level or 3, where, name, "a positive integer", v) end
   return v
 end
 
--- a seed: an integer in 0..2^53 (what a Lua number holds exactly) or a uint64_t cdata
 local u64 = ffi.typeof("uint64_t")
 local i64 = ffi.typeof("int64_t")
+--- A seed: an integer in 0..2^53 (what a Lua number holds exactly) or a uint64_t cdata.
+-- @local internal: the front's argument checks
 function M.seed(v, name, where, level)
   if ffi.istype(u64, v) then return v end
   if ffi.istype(i64, v) and v >= 0 then return v end
@@ -62,7 +71,8 @@ function M.seed(v, name, where, level)
   return v
 end
 
--- a finite number (NaN and infinities refused)
+--- a finite number (NaN and infinities refused)
+-- @local internal: the front's argument checks
 function M.finite(v, name, where, level)
   if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
     raise(level or 3, where, name, "a finite number", v)
@@ -70,36 +80,45 @@ function M.finite(v, name, where, level)
   return v
 end
 
--- any number, NaN and infinities included (the C side decides what it accepts)
+--- any number, NaN and infinities included (the C side decides what it accepts)
+-- @local internal: the front's argument checks
 function M.number(v, name, where, level)
   if type(v) ~= "number" then raise(level or 3, where, name, "a number", v) end
   return v
 end
 
+--- A boolean.
+-- @local internal: the front's argument checks
 function M.boolean(v, name, where, level)
   if type(v) ~= "boolean" then raise(level or 3, where, name, "a boolean", v) end
   return v
 end
 
--- nil or a boolean; returns 1/0 for the C struct, or dflt when nil
+--- nil or a boolean; returns 1/0 for the C struct, or dflt when nil
+-- @local internal: the front's argument checks
 function M.flag(v, name, where, dflt, level)
   if v == nil then return dflt end
   if type(v) ~= "boolean" then raise(level or 3, where, name, "a boolean", v) end
   return v and 1 or 0
 end
 
+--- A table.
+-- @local internal: the front's argument checks
 function M.table(v, name, where, level)
   if type(v) ~= "table" then raise(level or 3, where, name, "a table", v) end
   return v
 end
 
--- a cdata of one of the front's object types (ct: a ctype made once with ffi.typeof);
+--- a cdata of one of the front's object types (ct: a ctype made once with ffi.typeof);
 -- what: the kind named in the message ("a tensor")
+-- @local internal: the front's argument checks
 function M.object(v, ct, what, name, where, level)
   if not ffi.istype(ct, v) then raise(level or 3, where, name, what, v) end
   return v
 end
 
+--- M.object, or nil.
+-- @local internal: the front's argument checks
 function M.optional_object(v, ct, what, name, where, level)
   if v ~= nil and not ffi.istype(ct, v) then raise(level or 3, where, name, what .. " or nil", v) end
   return v
@@ -112,6 +131,8 @@ M.module_t = ffi.typeof("lutra_module *")
 -- a Sequential's handle (and a child taken from one) is a reference, so that seq[i] reaches
 -- the metatype's __index instead of pointer arithmetic (lua/lutra/module_tree.lua)
 M.module_ref_t = ffi.typeof("lutra_module &")
+--- Whether v is a module handle (a pointer or a reference).
+-- @local internal: the front's argument checks
 function M.is_module(v)
   return ffi.istype(M.module_t, v) or ffi.istype(M.module_ref_t, v)
 end
@@ -121,10 +142,13 @@ M.group_t = ffi.typeof("lutra_group *")
 local function is_tensor(v)
   return ffi.istype(M.tensor_t, v) or ffi.istype(tensor_struct_t, v)
 end
+--- Whether v is a tensor (a pointer, or a struct made by ffi.new).
+-- @local internal: the front's argument checks
 M.is_tensor = is_tensor
 
--- nil passes: the C call refuses NULL with its own name ("lutra_module_forward: input is
+--- nil passes: the C call refuses NULL with its own name ("lutra_module_forward: input is
 -- NULL"); anything else that is not a tensor would reach the FFI's conversion error
+-- @local internal: the front's argument checks
 function M.tensor(v, name, where, level)
   if v ~= nil and not is_tensor(v) then raise(level or 3, where, name, "a tensor", v) end
   return v
@@ -138,6 +162,8 @@ local function elem_name(ct)
   return tostring(ct):match("^ctype<(.-) ?%[[%d?]*%]>$") or false
 end
 local elem_sizes = { float = 4, int = 4 }
+--- The number of elem-typed elements of a sized cdata array, or nil (see above).
+-- @local internal: the front's argument checks
 function M.array_count(v, elem)
   if type(v) ~= "cdata" then return nil end
   local ct = ffi.typeof(v)

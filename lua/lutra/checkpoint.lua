@@ -1,4 +1,4 @@
--- Checkpoints: safetensors files of a model's parameters and FP8 state, an optimizer's state and
+--- Checkpoints: safetensors files of a model's parameters and FP8 state, an optimizer's state and
 -- the global generator (src/lutra/checkpoint.h lists the names and the guarantees).
 --   lutra.save("run.safetensors", {model = net, optim = opt, rng = true})
 --   lutra.load("run.safetensors", {model = net, optim = opt, rng = true, recipe = r})
@@ -20,6 +20,7 @@
 --   convert     true: a parameter stored as f32, bf16 or f16 is converted to the parameter's
 --               dtype (widening exact, narrowing rounded to nearest even); else refused
 -- A load checks the whole file against the objects first and changes nothing when it fails.
+-- @module lutra.checkpoint
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -72,6 +73,9 @@ local function path_of(path, where)
   return path
 end
 
+--- lutra.save: writes the objects' state to a safetensors file.
+-- @tparam string path the file (replaced when it exists)
+-- @tparam table objects {model =, optim =, rng =, fp8 =, main_grads =} (see above)
 function M.save(path, objects)
   local where = "lutra.save"
   path_of(path, where)
@@ -115,6 +119,13 @@ local function options_of(opts, where)
   return lo, keep
 end
 
+--- lutra.load: reads a safetensors file into the objects; a file that does not match them (a
+-- missing or unknown name, a shape or dtype) is an error naming the tensor, and nothing
+-- changes.
+-- @tparam string path
+-- @tparam table objects {model =, optim =, rng =, fp8 =, main_grads =, recipe =} (see above)
+-- @tparam[opt] table opts {map =, convert =} (see above)
+-- @return objects
 function M.load(path, objects, opts)
   local where = "lutra.load"
   path_of(path, where)

@@ -1,6 +1,7 @@
--- The FFI binding every other file of the front shares: the loaded library, the status check,
+--- Internal: the FFI binding every other file of the front shares: the loaded library, the status check,
 -- name <-> code tables, and the out-parameter boxes reused by every call (one Lua state runs
 -- one call at a time, so one box of each type is enough and nothing is allocated per call).
+-- @module lutra.core
 local ffi = require("ffi")
 
 ffi.cdef(require("lutra.cdef"))
@@ -85,15 +86,18 @@ local C, library_path = load_library()
 
 local M = { C = C, ffi = ffi, library_path = library_path }
 
--- Raises the library's message ("lutra_call: reason") as a Lua error at the caller's caller.
+--- Raises the library's message ("lutra_call: reason") as a Lua error at the caller's caller.
 -- A call that returned LUTRA_RULES_PENDING succeeded: the scaling rules it set aside run here
 -- (lutra/rules.lua sets M.run_rules), so every `if C.f(...) ~= 0 then core.fail() end` runs
 -- them without a test on its fast path.
+-- @local internal: every file of the front uses it
 function M.fail()
   if M.run_rules and C.lutra_rules_status() ~= 0 then return M.run_rules() end
   error(ffi.string(C.lutra_last_error()), 3)
 end
 
+--- Raises the library's message as M.fail does when status is not 0 (LUTRA_OK).
+-- @local internal: every file of the front uses it
 function M.check(status)
   if status ~= 0 then
     if status == C.LUTRA_RULES_PENDING and M.run_rules then return M.run_rules() end
@@ -108,7 +112,8 @@ M.roles = { input = C.LUTRA_ROLE_INPUT, weight = C.LUTRA_ROLE_WEIGHT,
             grad_output = C.LUTRA_ROLE_GRAD_OUTPUT }
 M.role_list = { "input", "weight", "grad_output" }
 
--- Looks a name up in one of the tables above; a number passes through. For option parsing.
+--- Looks a name up in one of the tables above; a number passes through. For option parsing.
+-- @local internal: every file of the front uses it
 function M.code(tbl, value, what, where)
   if type(value) == "number" then
     if value ~= math.floor(value) or value < -2 ^ 31 or value >= 2 ^ 31 then
@@ -127,7 +132,8 @@ function M.code(tbl, value, what, where)
   return code
 end
 
--- Rejects option keys a constructor does not know (a typo would otherwise be ignored).
+--- Rejects option keys a constructor does not know (a typo would otherwise be ignored).
+-- @local internal: every file of the front uses it
 function M.check_options(opts, allowed, where)
   if opts == nil then return {} end
   if type(opts) ~= "table" then error(where .. ": options must be a table", 3) end
@@ -142,18 +148,22 @@ local device_name = os.getenv("LUTRA_DEVICE")
 if device_name == nil or device_name == "" then device_name = "cpu" end
 M.default_device_name = device_name
 
+--- The device code of a device name (nil: the default device).
+-- @local internal: every file of the front uses it
 function M.device(value, where)
   if value == nil then value = device_name end
   return M.code(M.devices, value, "device", where)
 end
 
--- Wall-clock seconds (CLOCK_MONOTONIC) for progress lines and benchmarks: os.clock counts CPU
--- time of all threads, which BLAS threads inflate.
+-- CLOCK_MONOTONIC's for M.now
 ffi.cdef [[
 struct lutra_timespec { long tv_sec; long tv_nsec; };
 int clock_gettime(int clk_id, struct lutra_timespec *tp);
 ]]
 local timespec = ffi.new("struct lutra_timespec")
+--- Wall-clock seconds (CLOCK_MONOTONIC) for progress lines and benchmarks: os.clock counts
+-- CPU time of all threads, which BLAS threads inflate. lutra.now is this function.
+-- @local internal: lutra exports it as lutra.now
 function M.now()
   ffi.C.clock_gettime(1, timespec)
   return tonumber(timespec.tv_sec) + tonumber(timespec.tv_nsec) * 1e-9

@@ -1,4 +1,4 @@
--- Quantizers chosen per module: lutra.recipe.custom{factory = function(role, module_kind, name)
+--- Quantizers chosen per module: lutra.recipe.custom{factory = function(role, module_kind, name)
 -- return {kind = "current", format = "e4m3", power_2_scale = false, amax_epsilon = 0} end}
 -- (TransformerEngine's CustomRecipe qfactory). role is "input", "weight" or "grad_output",
 -- module_kind the module's ("linear"), name the one given at construction (nn.Linear(..., {name
@@ -9,6 +9,7 @@
 -- The factory runs once per module and recipe, at the module's first forward under it: that
 -- forward returns LUTRA_FACTORY_PENDING from C before doing anything, this file asks the
 -- factory for the three roles and stores the choice, and the forward runs again (nn.lua).
+-- @module lutra.factory
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C = core.ffi, core.C
@@ -20,6 +21,8 @@ local reg = debug.getregistry()
 reg.lutra_factories = reg.lutra_factories or { fns = {}, where = {}, count = 0 }
 local F = reg.lutra_factories
 
+--- Registers a factory function; returns the id a custom recipe carries.
+-- @local internal: lutra.recipe.custom calls it
 function M.register(fn, where)
   F.count = F.count + 1
   F.fns[F.count] = fn
@@ -67,7 +70,8 @@ local function choose(fn, kind, name)
   end
 end
 
--- Asks the factory of the waiting module (if one waits) and stores its choice: true when it did.
+--- Asks the factory of the waiting module (if one waits) and stores its choice: true when it did.
+-- @local internal: lutra.nn's forward calls it (as core.resolve_factory)
 function M.resolve()
   if C.lutra_factory_status() == 0 then return false end
   core.check(C.lutra_factory_request(id_box, str_box, str_box + 1))

@@ -1,18 +1,23 @@
--- The norm-fused modules (TransformerEngine's LayerNormLinear and LayerNormMLP, src/nn/) and
--- the norm writing a quantizer's FP8 output (lutra.norm_quantize). nn.lua exposes the modules:
+--- The norm-fused modules (TransformerEngine's LayerNormLinear and LayerNormMLP, src/nn/),
+-- nn.Residual and the norm writing a quantizer's FP8 output (lutra.norm_quantize). lutra.nn
+-- exposes the modules under the same names:
 --   local blk = nn.LayerNormMLP(512, 2048, {normalization = "RMSNorm", activation = "swiglu"})
 --   local y = blk:forward(x); local dx = blk:backward(dy)
+-- @module lutra.fused
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local borrow = require("lutra.tensor").borrow
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
+local LayerNormLinear, LayerNormMLP = {}, {}
 
 local module_box = ffi.new("lutra_module*[1]")
 local function own(m) return ffi.gc(m, C.lutra_module_free) end
 
 local normalizations = { LayerNorm = C.LUTRA_NORM_LAYERNORM, RMSNorm = C.LUTRA_NORM_RMSNORM }
+--- LayerNormMLP's activation names and their C codes.
+-- @table activations
 M.activations = {
   gelu = C.LUTRA_ACTIVATION_GELU_TANH, relu = C.LUTRA_ACTIVATION_RELU,
   silu = C.LUTRA_ACTIVATION_SILU, swiglu = C.LUTRA_ACTIVATION_SWIGLU,
@@ -38,11 +43,16 @@ local function common(d, opts, where)
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0, 4)
 end
 
--- nn.LayerNormLinear(in_features, out_features, {normalization = "LayerNorm" | "RMSNorm",
---   bias = true, return_layernorm_output = false, zero_centered_gamma = false, eps = 1e-5,
---   dtype = "f32", device =, accumulate_main_grad = false, seed =, parallel_mode = "column",
---   tp_group =, sequence_parallel = false})
--- Parameters: the norm's weight (and LayerNorm's bias), then the Linear's weight (and bias).
+--- nn.LayerNormLinear: a norm over the last dim, then a Linear (in one pass where the recipe
+-- lets the norm write the GEMM's FP8 input). Parameters: the norm's weight (and LayerNorm's
+-- bias), then the Linear's weight (and bias).
+-- @tparam integer in_features
+-- @tparam integer out_features
+-- @tparam[opt] table opts {normalization = "LayerNorm" | "RMSNorm", bias = true,
+-- return_layernorm_output = false, zero_centered_gamma = false, eps = 1e-5, dtype = "f32",
+-- device =, accumulate_main_grad = false, seed =, parallel_mode = "column", tp_group =,
+-- sequence_parallel = false} (tensor parallel: column only, the features are the full layer's)
+-- @return the module
 function M.LayerNormLinear(in_features, out_features, opts)
   local where = "lutra.nn.LayerNormLinear"
   opts = core.check_options(opts, { normalization = true, bias = true, eps = true,
@@ -74,10 +84,15 @@ function M.LayerNormLinear(in_features, out_features, opts)
   return own(module_box[0])
 end
 
--- nn.LayerNormMLP(hidden, ffn_hidden, {normalization, activation = "gelu" | "relu" | "silu" |
---   "swiglu" | "geglu" | "reglu" | "qgelu" | "srelu", bias, zero_centered_gamma, eps, dtype,
---   device, accumulate_main_grad, seed, tp_group, sequence_parallel}): norm -> FC1 -> activation -> FC2 (gated activations:
---   FC1 gives 2 * ffn_hidden). "gelu" is the tanh GELU (TransformerEngine's).
+--- nn.LayerNormMLP: norm -> FC1 -> activation -> FC2 (gated activations: FC1 gives
+-- 2 * ffn_hidden). "gelu" is the tanh GELU (TransformerEngine's).
+-- @tparam integer hidden the input's and the output's last dim
+-- @tparam integer ffn_hidden FC1's output width (before a gated activation halves it)
+-- @tparam[opt] table opts {normalization = "LayerNorm" | "RMSNorm", activation = "gelu" |
+-- "relu" | "silu" | "swiglu" | "geglu" | "reglu" | "qgelu" | "srelu", bias, zero_centered_gamma,
+-- eps, dtype, device, accumulate_main_grad, seed, tp_group, sequence_parallel} (with tp_group,
+-- FC1 is column- and FC2 row-parallel; hidden and ffn_hidden are the full layer's)
+-- @return the module
 function M.LayerNormMLP(hidden, ffn_hidden, opts)
   local where = "lutra.nn.LayerNormMLP"
   opts = core.check_options(opts, { normalization = true, activation = true, bias = true,
@@ -110,7 +125,10 @@ function M.LayerNormMLP(hidden, ffn_hidden, opts)
   return own(module_box[0])
 end
 
--- nn.Residual(m): y = x + m(x), backward dx = dy + m's input gradient; m's parameters
+--- nn.Residual: y = x + m(x); its backward gives dx = dy + m's input gradient; its parameters
+-- are m's (it holds a reference to m).
+-- @param m a module whose output has its input's shape
+-- @return the module
 function M.Residual(m)
   if not chk.is_module(m) then
     error(string.format("lutra.nn.Residual: argument must be a module (got %s)", chk.got(m)), 2)
@@ -119,28 +137,14 @@ function M.Residual(m)
   return own(module_box[0])
 end
 
--- LayerNormLinear made with return_layernorm_output: the norm's output of the last forward
-function M.layernorm_output(m)
-  if C.lutra_layernorm_linear_ln_output(m, core.tensor_box) ~= 0 then core.fail() end
-  return borrow(core.tensor_box[0], m)
-end
-
--- LayerNormLinear: whether the last forward's norm wrote the GEMM's FP8 input itself
-function M.norm_fused(m)
-  check(C.lutra_layernorm_linear_fused(m, core.int_box))
-  return core.int_box[0] ~= 0
-end
-
--- LayerNormMLP: the Linear+activation pairs its last forward and backward fused
-local fusion_box = ffi.new("int[2]")
-function M.mlp_fusions(m)
-  check(C.lutra_layernorm_mlp_fusions(m, fusion_box, fusion_box + 1))
-  return fusion_box[0], fusion_box[1]
-end
-
--- lutra.norm_quantize(q, x, gamma, beta, {eps = 1e-5, rms = false, zero_centered_gamma = false,
---   y = nil}) -> q's output: the norm of x written FP8 by q's scaling in one pass (y, when
---   given, gets the high-precision output too). beta is ignored (may be nil) with rms.
+--- lutra.norm_quantize: the norm of x written FP8 by q's scaling in one pass.
+-- @param q a quantizer (lutra.quantizer)
+-- @param x the input tensor, normalized over its last dim
+-- @param gamma the norm's weight
+-- @param beta the norm's bias (ignored, may be nil, with rms)
+-- @tparam[opt] table opts {eps = 1e-5, rms = false, zero_centered_gamma = false, y = nil}; y,
+-- when given, gets the high-precision output too
+-- @return q's output tensor (owned by q)
 function M.norm_quantize(q, x, gamma, beta, opts)
   local where = "lutra.norm_quantize"
   opts = core.check_options(opts, { eps = true, rms = true, zero_centered_gamma = true, y = true },
@@ -159,5 +163,38 @@ function M.norm_quantize(q, x, gamma, beta, opts)
   end
   return borrow(core.tensor_box[0], q)
 end
+
+--- A LayerNormLinear's own methods, beside those of every module (lutra.nn's Module).
+-- @type LayerNormLinear
+
+--- The norm's output of the last forward (a module made with return_layernorm_output).
+-- @return a tensor owned by the module
+function LayerNormLinear:layernorm_output()
+  if C.lutra_layernorm_linear_ln_output(self, core.tensor_box) ~= 0 then core.fail() end
+  return borrow(core.tensor_box[0], self)
+end
+
+--- Whether the last forward's norm wrote the GEMM's FP8 input itself.
+-- @treturn boolean
+function LayerNormLinear:norm_fused()
+  check(C.lutra_layernorm_linear_fused(self, core.int_box))
+  return core.int_box[0] ~= 0
+end
+
+--- A LayerNormMLP's own methods, beside those of every module (lutra.nn's Module).
+-- @type LayerNormMLP
+
+local fusion_box = ffi.new("int[2]")
+--- The Linear+activation pairs its last forward and backward ran fused.
+-- @return forward, backward: counts
+function LayerNormMLP:mlp_fusions()
+  check(C.lutra_layernorm_mlp_fusions(self, fusion_box, fusion_box + 1))
+  return fusion_box[0], fusion_box[1]
+end
+
+local methods = require("lutra.module_methods")
+methods.define("layernorm_linear", "LayerNormLinear", LayerNormLinear)
+methods.define("layernorm_mlp", "LayerNormMLP", LayerNormMLP)
+methods.define("residual", "Residual")
 
 return M

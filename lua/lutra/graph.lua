@@ -49,20 +49,20 @@ end
 
 --- @section end
 
---- true while this thread is capturing
+--- Whether this thread is capturing a graph now.
+-- @treturn boolean
 function M.capturing() return C.lutra_graph_capturing() ~= 0 end
 
 --- A captured CUDA graph (lutra.graph.capture).
 -- @type Graph
-
---- @type Graph
 
 --- Runs the captured step again with one launch.
 function Graph:replay()
   if C.lutra_graph_replay(self) ~= 0 then core.fail() end
 end
 
---- number of nodes (kernels, copies, memsets) in the graph, and replays so far
+--- The graph's size and use.
+-- @return nodes (kernels, copies, memsets in the graph), replays (so far)
 function Graph:info()
   check(C.lutra_graph_info(self, info_box, info_box + 1))
   return tonumber(info_box[0]), tonumber(info_box[1])

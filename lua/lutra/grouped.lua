@@ -1,5 +1,6 @@
--- GroupedLinear: num_gemms Linears over consecutive row ranges of one input (the experts of a
--- mixture-of-experts layer), as one grouped call per pass (src/nn/grouped_linear.c).
+--- GroupedLinear (lutra.nn.GroupedLinear): num_gemms Linears over consecutive row ranges of one
+-- input (the experts of a mixture-of-experts layer), as one grouped call per pass
+-- (src/nn/grouped_linear.c).
 --   local experts = nn.GroupedLinear(8, 64, 256, {bias = true, dtype = "bf16", device = "cuda"})
 --   local y = experts:forward(x, m_splits)      -- x [sum(m_splits), 64] -> y [rows, 256]
 --   local dx = experts:backward(dy)
@@ -7,6 +8,7 @@
 -- checked at once), or an i32 tensor on the module's device (device splits: never read by the
 -- host; a bad one sets a device flag that experts:check_splits() reports, as a loss reports its
 -- labels). The third argument of forward is what Module:forward takes as its second.
+-- @module lutra.grouped
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -35,10 +37,16 @@ local function new_host_splits(m, given)
   return entry
 end
 
--- nn.GroupedLinear(num_gemms, in_features, out_features, {bias=true, dtype="f32", device=,
---                  accumulate_main_grad=false, seed=, parallel_mode = "column" | "row",
---                  tp_group =}): expert e's weights start as a Linear's made with seed + e
---                  (tensor parallel: every expert sharded as a parallel Linear)
+--- nn.GroupedLinear: num_gemms experts, each a Linear of in_features -> out_features; expert
+-- e's weights start as a Linear's made with seed + e. Its forward is forward(x, m_splits,
+-- opts): x [sum(m_splits), in_features] -> [rows, out_features].
+-- @tparam integer num_gemms the number of experts, 1 to 65536
+-- @tparam integer in_features
+-- @tparam integer out_features
+-- @tparam[opt] table opts {bias = true, dtype = "f32", device =, accumulate_main_grad = false,
+-- seed =, parallel_mode = "column" | "row", tp_group =, sequence_parallel = false} (tensor
+-- parallel: every expert sharded as a parallel Linear, the features given are the full layer's)
+-- @return the module
 function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   local where = "lutra.nn.GroupedLinear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
@@ -69,7 +77,8 @@ function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   return m
 end
 
--- whether a forward's second argument is m_splits (a tensor or a list of numbers)
+--- Whether a forward's second argument is m_splits (a tensor or a list of numbers).
+-- @local lutra.nn's Module:forward uses it
 function M.is_splits(v)
   if istype(tensor_t, v) or istype(struct_tensor_t, v) then return true end
   return type(v) == "table" and v[1] ~= nil
@@ -80,7 +89,8 @@ local function bad_split(where, i, v)
                       chk.got(v)), 4)
 end
 
--- m_splits as an i32 tensor: a table is written into the module's host buffer
+--- m_splits as an i32 tensor: a table is written into the module's host buffer.
+-- @local lutra.nn's Module:forward uses it
 function M.splits_tensor(m, splits, where)
   where = where or "module:forward"
   if type(splits) == "table" then
@@ -107,54 +117,67 @@ function M.splits_tensor(m, splits, where)
   return splits
 end
 
--- Module methods for grouped modules (nn.lua installs them)
-M.methods = {}
+--- A GroupedLinear's own methods, beside those of every module (lutra.nn's Module: forward
+-- with m_splits, backward, parameters, ...). Calling one on another kind of module is an error
+-- naming both ("Linear has no method 'set_splits'").
+-- @type GroupedLinear
+local GroupedLinear = {}
 
--- The splits of the next forward(x) (a forward of a Sequential holding this module): a table
--- or an i32 tensor, as forward's second argument.
-function M.methods.set_splits(m, splits)
+--- Sets the splits of the next forward(x) without m_splits (the forward of a Sequential
+-- holding this module).
+-- @param splits a table of num_gemms row counts, or an i32 tensor (host or device), as
+-- forward's second argument
+function GroupedLinear:set_splits(splits)
   if not M.is_splits(splits) then
     error("module:set_splits: m_splits must be a table of row counts or an i32 tensor (got "
           .. chk.got(splits) .. ")", 2)
   end
-  if C.lutra_grouped_set_splits(m, M.splits_tensor(m, splits, "module:set_splits")) ~= 0 then
+  if C.lutra_grouped_set_splits(self, M.splits_tensor(self, splits, "module:set_splits")) ~= 0 then
     core.fail()
   end
 end
 
--- Raises the error of a bad device m_splits since the last call (a host read: it waits for
--- the device), else returns nothing.
-function M.methods.check_splits(m)
-  check(C.lutra_grouped_check(m))
+--- Raises the error of a bad device m_splits (a split < 0, or splits not summing to the
+-- input's rows) met by a call since the last check, else returns nothing. A host read: it
+-- waits for the device.
+function GroupedLinear:check_splits()
+  check(C.lutra_grouped_check(self))
 end
 
--- "grouped" (default) or "per_expert": how a high-precision forward with host-known splits runs
--- (lutra_grouped_set_path)
 local paths = { grouped = 0, per_expert = 1 }
-function M.methods.set_path(m, path)
-  check(C.lutra_grouped_set_path(m, core.code(paths, path, "path", "module:set_path")))
+--- Chooses how a high-precision forward with host-known splits runs (lutra_grouped_set_path).
+-- @tparam string path "grouped" (the default: one grouped GEMM) or "per_expert" (one GEMM an
+-- expert, replayed as cached graphs on cuda)
+function GroupedLinear:set_path(path)
+  check(C.lutra_grouped_set_path(self, core.code(paths, path, "path", "module:set_path")))
 end
 
--- The per-expert path's graphs, one per host split pattern and pass (lutra/grouped_graphs.h):
--- set_graph_capacity(n) keeps at most n (0: off); graph_stats() -> {entries, capacity,
--- captures, replays, direct, evictions}
 local graph_stats = ffi.new("lutra_grouped_graph_stats")
-function M.methods.set_graph_capacity(m, n)
+--- Sets how many graphs of the per-expert path (one per host split pattern and pass,
+-- lutra/grouped_graphs.h) the module keeps; refused while capturing a graph.
+-- @tparam integer n 0 (no graphs) to 4096
+function GroupedLinear:set_graph_capacity(n)
   chk.integer(n, "capacity", "module:set_graph_capacity", 0, 4096)
-  check(C.lutra_grouped_set_graph_capacity(m, n))
+  check(C.lutra_grouped_set_graph_capacity(self, n))
 end
 
-function M.methods.graph_stats(m)
-  check(C.lutra_grouped_graph_stats_get(m, graph_stats))
+--- The per-expert path's graph cache counters.
+-- @treturn table {entries =, capacity =, captures =, replays =, direct =, evictions =}
+function GroupedLinear:graph_stats()
+  check(C.lutra_grouped_graph_stats_get(self, graph_stats))
   local s = graph_stats
   return { entries = s.entries, capacity = s.capacity, captures = tonumber(s.captures),
            replays = tonumber(s.replays), direct = tonumber(s.direct),
            evictions = tonumber(s.evictions) }
 end
 
-function M.methods.num_gemms(m)
-  check(C.lutra_grouped_num_gemms(m, core.int_box))
+--- The number of experts (GEMMs) the module was made with.
+-- @treturn integer
+function GroupedLinear:num_gemms()
+  check(C.lutra_grouped_num_gemms(self, core.int_box))
   return core.int_box[0]
 end
+
+require("lutra.module_methods").define("grouped_linear", "GroupedLinear", GroupedLinear)
 
 return M

@@ -5,9 +5,11 @@
 -- (lutra.tensor's new and from_table), lutra.recipe, lutra.autocast{...} and
 -- lutra.autocast_state / lutra.autocast_unwind / lutra.update_stats (lutra.autocast's new,
 -- state, unwind, update_stats), lutra.quantizer(...) and lutra.dequantize (lutra.quantizer's new
--- and dequantize), lutra.nn, lutra.optim, lutra.graph, lutra.now() (a monotonic clock in
--- seconds) and lutra.default_device (LUTRA_DEVICE, "cpu" when unset). Errors are raised as
--- "call: reason"; every object is left as it was.
+-- and dequantize), lutra.nn, lutra.optim, lutra.moe, lutra.graph, lutra.dist, lutra.nvfp4,
+-- lutra.rules, lutra.save and lutra.load (lutra.checkpoint's), lutra.wrap (lutra.wrap's),
+-- lutra.norm_quantize (lutra.fused's), lutra.now() (a monotonic clock in seconds) and
+-- lutra.default_device (LUTRA_DEVICE, "cpu" when unset). Errors are raised as "call: reason";
+-- every object is left as it was.
 --
 -- FP8 shape rules. Inside an autocast scope a Linear quantizes its input, weight and output
 -- gradient, and each FP8 operand must have both matrix dims (rows = the product of the leading
@@ -80,6 +82,10 @@ local M = {
   default_device = core.default_device_name,
   now = core.now, -- monotonic wall clock in seconds
 }
+--- A monotonic wall clock (CLOCK_MONOTONIC), for progress lines and timing.
+-- @treturn number seconds
+-- @function now
+
 M.norm_quantize = require("lutra.fused").norm_quantize
 M.save = require("lutra.checkpoint").save -- checkpoints: lua/lutra/checkpoint.lua
 M.load = require("lutra.checkpoint").load

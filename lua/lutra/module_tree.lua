@@ -1,4 +1,4 @@
--- print(module) and Sequential indexing, for the module metatype of lutra.nn.
+--- Internal: print(module) and Sequential indexing, for the module metatype of lutra.nn.
 --   print(net)      lutra.nn.Sequential(
 --                     (1): lutra.nn.Linear(in=64, out=256, bias=true, f32, cpu)
 --                     (2): lutra.nn.silu
@@ -10,6 +10,7 @@
 -- garbage collector does; an index outside 1..#net is an error naming it.
 -- Every module kind prints its kind and its parameters' shapes, dtype and device (the linear
 -- layers as in=, out=): read from the module, so that a new kind prints without code here.
+-- @module lutra.module_tree
 local core = require("lutra.core")
 local tensor = require("lutra.tensor")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -24,15 +25,22 @@ local param = ffi.new("lutra_param")
 -- a module handle as a reference (lutra_module &): indexing it with a number reaches __index,
 -- where a pointer would do pointer arithmetic; C calls take it as the pointer
 local ref_t = ffi.typeof("lutra_module &")
+--- A module handle as a reference that Lua owns (see above).
+-- @local internal: lutra.nn's Sequential uses it
 function M.own_ref(p) return ffi.gc(ffi.cast(ref_t, p), C.lutra_module_free) end
 
 local function kind(m) return ffi.string(C.lutra_module_kind(m)) end
 
+--- The number of children of a Sequential (#seq).
+-- @local internal: lutra.nn's module metatype uses it
 function M.count(m)
   check(C.lutra_sequential_count(m, int_box))
   return int_box[0]
 end
 
+--- A Sequential's i-th child (seq[i], 1-based): a handle of its own that keeps the
+-- Sequential alive; an index outside 1..#seq is an error naming the range.
+-- @local internal: lutra.nn's module metatype uses it
 function M.child(m, i)
   local n = M.count(m)
   if type(i) ~= "number" or i ~= math.floor(i) or i < 1 or i > n then
@@ -89,30 +97,12 @@ local function describe(m, indent, out)
   out[#out + 1] = indent .. ")"
 end
 
+--- The module tree as print(module) shows it.
+-- @local internal: lutra.nn's module metatype uses it
 function M.tostring(m)
   local out = {}
   describe(m, "", out)
   return table.concat(out)
-end
-
--- the metatype's __index: methods first (the hot path: one table lookup more than a plain
--- table __index), then a Sequential's children by number
-function M.index(methods)
-  return function(m, k)
-    local f = methods[k]
-    if f ~= nil or type(k) ~= "number" then return f end
-    return M.child(m, k)
-  end
-end
-
--- Linear only: the FP8 tensor its last forward quantized for "input" or "weight" (nil in high
--- precision), owned by the module
-local tensor_box = ffi.new("lutra_tensor*[1]")
-function M.quantized(m, role)
-  check(C.lutra_linear_quantized(m, core.code(core.roles, role, "role", "module:quantized"),
-                                 tensor_box))
-  if tensor_box[0] == nil then return nil end
-  return tensor.borrow(tensor_box[0], m)
 end
 
 return M

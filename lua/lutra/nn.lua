@@ -6,26 +6,35 @@
 -- keep it unchanged until the backward. Returned tensors belong to the module (or loss) and
 -- keep it alive while referenced; after module:free(), or once a later forward with a new shape
 -- replaced the buffer, using them is an error ("tensor ... was freed").
+-- nn.LayerNormLinear, nn.LayerNormMLP and nn.Residual are lutra.fused's; nn.GroupedLinear is
+-- lutra.grouped's. Methods are looked up per module kind: Module's on every module, a kind's
+-- own (Linear's, Sequential's, ...) on that kind only.
 -- @module lutra.nn
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
 local grouped = require("lutra.grouped")
+local methods = require("lutra.module_methods")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
-local Module = {}
-Module.__index = Module
+local Module, Linear, Sequential = {}, {}, {}
 
 local module_box = ffi.new("lutra_module*[1]")
 
 local function own(m) return ffi.gc(m, C.lutra_module_free) end
 
---- nn.Linear(in_features, out_features, {bias=true, dtype="f32", device=, seed=,
---                                        accumulate_main_grad=false, name=})
--- Without seed the weights' seed comes from the global generator (lutra.manual_seed), so two
--- layers of one shape start different.
+--- A fully connected layer: y = x W^T + b over the last dim. Inside an autocast scope it
+-- computes in the recipe's FP8 (or NVFP4). Without seed the weights' seed comes from the global
+-- generator (lutra.manual_seed), so two layers of one shape start different.
+-- @tparam integer in_features the input's last dim
+-- @tparam integer out_features the output's last dim
+-- @tparam[opt] table opts {bias = true, dtype = "f32" | "bf16", device =, seed =,
+-- accumulate_main_grad = false (an f32 main_grad that backwards add into), name = (for a
+-- factory recipe), parallel_mode = "column" | "row", tp_group =, sequence_parallel = false
+-- (tensor parallel, lutra.dist: the features given are the full layer's)}
+-- @return the module
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
@@ -197,7 +206,11 @@ local function microbatch_flag(v)
         .. tostring(v) .. ")", 3)
 end
 
---- A module (nn.Linear, nn.Sequential, norms, activations): forward, backward, parameters.
+--- The methods every module has (nn.Linear, nn.Sequential, norms, activations, the fused and
+-- grouped modules). A kind's own methods are listed under its name (Linear and Sequential here,
+-- LayerNormLinear and LayerNormMLP in lutra.fused, GroupedLinear in lutra.grouped); calling
+-- one on a module of another kind is an error naming both, e.g. "Linear has no method
+-- 'set_splits' (it is a method of GroupedLinear)". print(module) shows the module tree.
 -- @type Module
 
 --- Runs the module on x and returns its output (owned by the module, reused by the next call).
@@ -210,6 +223,7 @@ end
 -- Sequential holding GroupedLinears (each gets them), m_splits (a table, a host or a device i32
 -- tensor)
 -- @param[opt] grouped_opts for a GroupedLinear: the options table that follows m_splits
+-- @return the output tensor
 function Module:forward(x, opts, grouped_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
   -- GroupedLinear: forward(x, m_splits, opts)
@@ -245,8 +259,12 @@ function Module:forward(x, opts, grouped_opts)
   return borrow(core.tensor_box[0], self)
 end
 
---- input_grad = false: the input's gradient is not wanted (the input is data): a Linear skips
--- its dgrad GEMM; returns nothing then
+--- Runs the backward of the last forward: the parameters' gradients (grad, and main_grad
+-- where accumulated) and the input's.
+-- @param dy the output's gradient, of the output's shape
+-- @param[opt] input_grad false: the input's gradient is not wanted (the input is data): a
+-- Linear skips its dgrad GEMM, and nothing is returned
+-- @return the input's gradient (owned by the module, reused by the next call)
 function Module:backward(dy, input_grad)
   if bad_tensor(dy) then chk.tensor(dy, "grad_output", "module:backward") end
   if input_grad ~= nil and input_grad ~= true and input_grad ~= false then
@@ -260,12 +278,15 @@ function Module:backward(dy, input_grad)
   return borrow(core.tensor_box[0], self)
 end
 
---- Zeroes the accumulated main_grad buffers (accumulate_main_grad Linears).
+--- Zeroes the parameters' gradients and the accumulated main_grad buffers
+-- (accumulate_main_grad Linears).
 function Module:zero_grad()
   if C.lutra_module_zero_grad(self) ~= 0 then core.fail() end
 end
 
---- {{value=, grad=, main_grad=}, ...}: tensors owned by the module
+--- The module's parameters and their gradients, its children's included, in order.
+-- @treturn table {{value =, grad =, main_grad =}, ...}: tensors owned by the module (main_grad
+-- only where accumulate_main_grad)
 function Module:parameters()
   check(C.lutra_module_num_params(self, core.int_box))
   local out, p = {}, ffi.new("lutra_param")
@@ -277,25 +298,39 @@ function Module:parameters()
   return out
 end
 
---- The module's kind, e.g. "Linear", "Sequential".
+--- The module's kind as C names it.
+-- @treturn string e.g. "linear", "sequential", "grouped_linear", "gelu"
 function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 
--- Sequential only: how many activations the last forward and backward ran inside a neighbour,
--- with no kernel of their own: a GEMM epilogue (the tanh GELU: GELU_AUX in forward, DGELU in the
--- next Linear's dgrad) or an FP8 cast (every kind, delayed scaling: act inside the next Linear's
--- input cast, act' inside the previous Linear's grad_output cast).
+--- Frees the module's buffers now; its outputs and later calls on it become errors. Refused
+-- while a Sequential or an optimizer still uses it.
+function Module:free() check(C.lutra_module_release(self)) end
+
+--- A Sequential's own methods (nn.Sequential), beside Module's. A Sequential is indexed:
+-- seq[i] is its i-th child (1-based; a handle that keeps the Sequential alive), #seq the
+-- number of children.
+-- @type Sequential
+
 local fusion_box = ffi.new("int[2]")
---- Sequential only: the Linear+GELU pairs the last forward and backward ran as GEMM epilogues.
--- @return forward, backward
-function Module:fusions()
+--- How many activations the last forward and backward ran inside a neighbour, with no kernel
+-- of their own: a GEMM epilogue (the tanh GELU: GELU_AUX in forward, DGELU in the next
+-- Linear's dgrad) or an FP8 cast (every kind, delayed scaling: act inside the next Linear's
+-- input cast, act' inside the previous Linear's grad_output cast).
+-- @return forward, backward: counts
+function Sequential:fusions()
   check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))
   return fusion_box[0], fusion_box[1]
 end
 
---- Linear only: the quantizer a role used in the last forward/backward (owned by the module).
--- The handle keeps the module alive; once the module rebuilt its quantizers (a new recipe) or
--- was freed, calls on it fail with "quantizer was freed".
-function Module:quantizer(role)
+--- A Linear's own methods (nn.Linear), beside Module's.
+-- @type Linear
+
+--- The quantizer a role used in the last forward/backward (owned by the module). The handle
+-- keeps the module alive; once the module rebuilt its quantizers (a new recipe) or was freed,
+-- calls on it fail with "quantizer was freed".
+-- @tparam string role "input", "weight" or "grad_output"
+-- @return the quantizer, or nil when the role ran in high precision
+function Linear:quantizer(role)
   local box = ffi.new("lutra_quantizer*[1]")
   check(C.lutra_linear_quantizer(self, core.code(core.roles, role, "role", "module:quantizer"), box))
   if box[0] == nil then return nil end
@@ -305,27 +340,42 @@ function Module:quantizer(role)
   return q
 end
 
---- Frees the module's buffers now; its outputs and later calls on it become errors.
-function Module:free() check(C.lutra_module_release(self)) end
+--- The FP8 tensor its last forward quantized for a role (owned by the module).
+-- @tparam string role "input" or "weight"
+-- @return the FP8 tensor, or nil when the last forward ran in high precision
+function Linear:quantized(role)
+  check(C.lutra_linear_quantized(self, core.code(core.roles, role, "role", "module:quantized"),
+                                 core.tensor_box))
+  if core.tensor_box[0] == nil then return nil end
+  return borrow(core.tensor_box[0], self)
+end
 
 -- ---- the norm-fused modules (lua/lutra/fused.lua) ----
 local fused = require("lutra.fused")
 M.LayerNormLinear, M.LayerNormMLP = fused.LayerNormLinear, fused.LayerNormMLP
 M.Residual = fused.Residual
-Module.layernorm_output, Module.norm_fused = fused.layernorm_output, fused.norm_fused
-Module.mlp_fusions = fused.mlp_fusions
 -- ---- end norm-fused modules ----
 
 -- GroupedLinear: nn.GroupedLinear(num_gemms, in, out, opts); m:forward(x, m_splits, opts)
 M.GroupedLinear = grouped.GroupedLinear
-for name, f in pairs(grouped.methods) do Module[name] = f end
+
+-- Methods per kind (lua/lutra/module_methods.lua): Module's on every module, the kind's own
+-- beside them; fused.lua and grouped.lua define their kinds. The C kind names are
+-- lutra_module_kind's.
+methods.define("linear", "Linear", Linear)
+methods.define("sequential", "Sequential", Sequential, true)
+for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
+                          rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
+                          silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
+                          swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU" } do
+  methods.define(kind, name)
+end
 
 -- print(module) shows the tree; a Sequential is indexed seq[i] (1-based) and #seq
--- (lutra/module_tree.lua); Linear's module:quantized(role) gives its last FP8 input or weight
+-- (lutra/module_tree.lua)
 local tree = require("lutra.module_tree")
-Module.quantized = tree.quantized
-ffi.metatype("struct lutra_module", { __index = tree.index(Module), __len = tree.count,
-  __tostring = tree.tostring })
+ffi.metatype("struct lutra_module", { __index = methods.index(Module, tree.child),
+  __len = tree.count, __tostring = tree.tostring })
 
 -- Losses: forward(pred, target) -> loss tensor [1]; backward() -> dpred; value() -> number
 local Loss = {}

@@ -49,7 +49,11 @@ function Quantizer:quantize(x)
   return borrow(core.tensor_box[0], self)
 end
 
---- quantize x and write its bias gradient (column sums) into dbias; accumulate adds to dbias
+--- Quantizes x and writes its bias gradient (the column sums) into dbias in the same pass.
+-- @param x an f32/bf16/f16 tensor [rows, cols]
+-- @param dbias a tensor [cols]
+-- @tparam[opt] boolean accumulate true: adds to dbias instead of overwriting it
+-- @return the FP8 tensor, owned by the quantizer
 function Quantizer:quantize_dbias(x, dbias, accumulate)
   local where = "quantizer:quantize_dbias"
   chk.tensor(x, "x", where)
@@ -61,9 +65,13 @@ function Quantizer:quantize_dbias(x, dbias, accumulate)
   return borrow(core.tensor_box[0], self)
 end
 
---- quantize x unless skip (an i32 tensor of one element on q's device) is nonzero when the work
--- runs: then nothing is written (codes, scales, amax, history, dbias keep their values).
--- dbias (optional): as quantize_dbias.
+--- Quantizes x unless skip is nonzero when the work runs: then nothing is written (codes,
+-- scales, amax, history, dbias keep their values). For CUDA graphs of gradient accumulation.
+-- @param x an f32/bf16/f16 tensor
+-- @param skip an i32 tensor of one element on the quantizer's device
+-- @param[opt] dbias as quantize_dbias
+-- @tparam[opt] boolean accumulate as quantize_dbias
+-- @return the FP8 tensor, owned by the quantizer
 function Quantizer:quantize_skip(x, skip, dbias, accumulate)
   local where = "quantizer:quantize_skip"
   chk.tensor(x, "x", where)

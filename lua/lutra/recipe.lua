@@ -317,7 +317,11 @@ function M.rowwise(opts)
   return M.custom(roles)
 end
 
---- By name, for command-line flags: "delayed", "current", "mxfp8", "block"; "none" gives nil.
+--- A recipe by name, for command-line flags.
+-- @tparam string name "delayed", "current", "mxfp8", "block", "custom", "nvfp4", "rowwise";
+-- "none" (or nil) gives nil
+-- @tparam[opt] table opts the named constructor's options
+-- @return the recipe, or nil
 function M.named(name, opts)
   if name == nil or name == "none" then return nil end
   local ctor = M[name]

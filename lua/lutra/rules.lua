@@ -1,4 +1,4 @@
--- Scaling rules written in Lua for delayed scaling, TransformerEngine's callables:
+--- Scaling rules written in Lua for delayed scaling, TransformerEngine's callables:
 --   lutra.recipe.delayed{
 --     amax_compute_algo = function(history, n) ... return amax end,
 --     scaling_factor_compute_algo = function(amax, old_scale, fp8_max, margin) ... return s end }
@@ -21,6 +21,7 @@
 -- raises propagates its own error, and every quantizer of that update keeps its old scale. An
 -- amax of 0 or +inf keeps the old scale without calling the scaling rule, as the built-in
 -- update does.
+-- @module lutra.rules
 local core = require("lutra.core")
 local ffi, C = core.ffi, core.C
 
@@ -39,7 +40,8 @@ local function describe(fn)
   return string.format("%s:%d", info.short_src or "?", info.linedefined or 0)
 end
 
--- Registers a pair of rules (either may be nil); returns the id a recipe carries.
+--- Registers a pair of rules (either may be nil); returns the id a recipe carries.
+-- @local internal: lutra.recipe.delayed calls it
 function M.register(amax_fn, scale_fn, where)
   R.count = R.count + 1
   local count = R.count
@@ -130,8 +132,9 @@ do
   unrolled = function(items, n) return chunk(run_one, items, n) end
 end
 
--- Runs the pending rules and applies their scales; raises the first rule's error after the
+--- Runs the pending rules and applies their scales; raises the first rule's error after the
 -- update (the other quantizers updated, the failing ones with their old scale).
+-- @local internal: core.fail and core.check call it (as core.run_rules)
 function M.run()
   if C.lutra_rules_take(items_box, n_box) ~= 0 then fail_c() end
   local err = unrolled(items_box[0], n_box[0])

@@ -69,7 +69,8 @@ local function new_handle(t, key, owner)
   return h
 end
 
--- t: a tensor a C call returned that owner (module, quantizer, loss) owns; nil passes on.
+--- t: a tensor a C call returned that owner (module, quantizer, loss) owns; nil passes on.
+-- @local internal: the front's files hand out owned tensors through it
 function M.borrow(t, owner)
   if t == nil then return nil end
   local key = tonumber(ffi.cast(uintptr_t, t))
@@ -222,6 +223,8 @@ local function next_seed()
   check(C.lutra_seed_next(seed_box))
   return seed_box[0]
 end
+--- The next seed of the global generator (lutra.manual_seed), for unseeded fills.
+-- @local internal: for the front's files (lutra.manual_seed is the users' handle on it)
 M.next_seed = next_seed
 
 local function random_args(seed, a, b, da, db, where, na, nb)

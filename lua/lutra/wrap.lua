@@ -1,4 +1,4 @@
--- Tensors over memory the caller owns (src/lutra/wrap.h): an FFI array or a pointer.
+--- Tensors over memory the caller owns (lutra.wrap) (src/lutra/wrap.h): an FFI array or a pointer.
 --   local buf = ffi.new("float[?]", 64 * 32)
 --   local x = lutra.wrap(buf, {64, 32})           -- f32 on the default device
 --   net:forward(x); out:copy(y)                    -- in place, no allocation
@@ -8,6 +8,7 @@
 -- shape; the caller keeps the memory alive). lutra never frees the buffer. Once the handle is
 -- collected or :free()d, a module still holding the tensor as its saved input refuses its
 -- backward ("was freed") instead of reading a buffer that may be gone.
+-- @module lutra.wrap
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local ffi, C, check = core.ffi, core.C, core.check
@@ -36,6 +37,14 @@ local function kind_of(v)
   return nil
 end
 
+--- lutra.wrap: a tensor over cdata's memory, without a copy; lutra never frees the memory.
+-- @param cdata an FFI array (its size is checked against the shape; the tensor keeps it alive)
+-- or a pointer (host memory, or device memory with device = "cuda"; the caller keeps it alive)
+-- @tparam table shape 1 to 4 dims
+-- @tparam[opt] string dtype "f32" (the default), "bf16", "f16", "i32", ...
+-- @tparam[opt] table opts {device =, bytes =}: bytes, for a pointer, is checked against the
+-- shape
+-- @return the tensor (:free() or the GC drops it; the memory stays the caller's)
 function M.wrap(cdata, shape, dtype, opts)
   local where = "lutra.wrap"
   opts = core.check_options(opts, { device = true, bytes = true }, where)

@@ -15,6 +15,19 @@ function M.sh(cmd)
   return code == 0, out, code
 end
 
+-- Runs a chunk of Lua source in its own LuaJIT process with the tree's lua/ on LUA_PATH (env:
+-- more variables, e.g. "OPENBLAS_NUM_THREADS=1"): as M.sh.
+function M.luajit_chunk(code, env)
+  local path = os.tmpname()
+  local f = assert(io.open(path, "w"))
+  f:write(code)
+  f:close()
+  local ok, out, status = M.sh("LUA_PATH='lua/?.lua;lua/?/init.lua;;' " .. (env or "") .. " luajit "
+                               .. path)
+  os.remove(path)
+  return ok, out, status
+end
+
 -- where the Makefile looks for the CUDA toolkit
 M.cuda_home = "${CUDA_HOME:-/usr/local/cuda}"
 
