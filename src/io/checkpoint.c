@@ -5,7 +5,7 @@
 #include "fp8/autocast.h"
 #include "io/checkpoint_entries.h"
 #include "io/safetensors.h"
-#include "nn/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <errno.h>
 #include <fcntl.h>

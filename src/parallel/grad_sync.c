@@ -16,8 +16,8 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "dist/group.h"
 #include "nn/module.h"
+#include "parallel/group.h"
 
 #include <stdatomic.h>
 #include <stdint.h>

@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
-#include "nn/grouped_linear.h"
+#include "nn/grouped/grouped_linear.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 

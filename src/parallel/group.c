@@ -1,11 +1,11 @@
 /* Process groups: MPI communicators (bootstrap, CPU collectives) and, on CUDA, the group's NCCL
- * communicator (dist/nccl.c). Every MPI collective is issued non-blocking and polled against
+ * communicator (parallel/nccl.c). Every MPI collective is issued non-blocking and polled against
  * the group's timeout, so a peer that died or called something else gives an error, not a hang.
  * A group that timed out is broken (its request cannot be cancelled): later calls refuse it. */
-#include "dist/group.h"
+#include "parallel/group.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "dist/nccl.h"
+#include "parallel/nccl.h"
 
 #include <stdlib.h>
 
@@ -412,8 +412,7 @@ int lutra_group_free(lutra_group *g) {
 
 static void finalize_at_exit(void) {
   /* a rank whose collective failed would wait in MPI_Finalize's fence for peers that are gone */
-  if (!dist.finalized && dist.we_initialized && !dist.any_broken)
-    lutra_dist_finalize();
+  if (!dist.finalized && dist.we_initialized && !dist.any_broken) lutra_dist_finalize();
 }
 
 int lutra_dist_available(void) {

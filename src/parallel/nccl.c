@@ -1,10 +1,10 @@
-/* A group's NCCL communicator (see dist/nccl.h): made at the group's first CUDA collective, its
+/* A group's NCCL communicator (see parallel/nccl.h): made at the group's first CUDA collective, its
  * unique id made by rank 0 and broadcast over the group's MPI communicator, non-blocking
  * (config.blocking = 0) so that no NCCL call can hang the caller: each one that answers
  * ncclInProgress is polled against the timeout, then the communicator is aborted. Collectives go
  * on lutra's stream of the calling thread, so they order with lutra's kernels and a stream
  * capture (lutra_graph_begin) records them. */
-#include "dist/nccl.h"
+#include "parallel/nccl.h"
 #include "core/error.h"
 
 #include <stdlib.h>

@@ -1,5 +1,5 @@
-/* The checks and decisions linear-like modules share (see nn/linear_shared.h). */
-#include "nn/linear_shared.h"
+/* The checks and decisions linear-like modules share (see nn/linear/linear_shared.h). */
+#include "nn/linear/linear_shared.h"
 #include "backend/device.h"
 
 #include <math.h>

@@ -3,7 +3,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
-#include "nn/linear_core.h"
+#include "nn/linear/linear_core.h"
 #include "nn/module.h"
 #include "nn/tp.h"
 

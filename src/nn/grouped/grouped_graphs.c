@@ -18,11 +18,11 @@
  *
  * Cost per call: a hash of the splits and a scan of at most capacity keys (16 by default); no
  * allocation after the cache's first use. */
-#include "nn/grouped_graphs.h"
+#include "nn/grouped/grouped_graphs.h"
 #include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "nn/grouped_linear.h"
+#include "nn/grouped/grouped_linear.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,9 +1,9 @@
-/* The Linear core's parameters and buffers (see nn/linear_core.h): made and initialised as
+/* The Linear core's parameters and buffers (see nn/linear/linear_core.h): made and initialised as
  * torch does, shown to optimizers, and released. */
 #include "core/error.h"
 #include "fp8/quantizer.h"
-#include "nn/linear_core.h"
-#include "nn/linear_shared.h"
+#include "nn/linear/linear_core.h"
+#include "nn/linear/linear_shared.h"
 #include "runtime/tensor.h"
 
 #include <string.h>

@@ -1,17 +1,17 @@
-/* The Linear core's GEMM sequence (see nn/linear_core.h). The forward holds a reference to its
- * input until the next forward or the module's release, so that the garbage collector cannot
+/* The Linear core's GEMM sequence (see nn/linear/linear_core.h). The forward holds a reference to
+ * its input until the next forward or the module's release, so that the garbage collector cannot
  * free it before the backward reads it; a tensor freed explicitly, or replaced by its owner,
  * is then refused by the backward with an error. */
-#include "nn/linear_core.h"
+#include "nn/linear/linear_core.h"
 #include "backend/device.h"
 #include "core/error.h"
-#include "dist/group.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
-#include "nn/linear_shared.h"
+#include "nn/linear/linear_shared.h"
 #include "nn/module.h"
+#include "parallel/group.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 

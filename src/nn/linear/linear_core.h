@@ -128,8 +128,8 @@ static inline const lutra_quantizer_spec *lutra_linear_core_roles(const lutra_li
                                                                   const lutra_recipe *r) {
   return r->kind == LUTRA_RECIPE_FACTORY ? c->choice.roles : r->roles;
 }
-/* Quantizers for the specs roles (nn/linear_core_quantizers.c), not installed yet: fresh[] the
- * rowwise (or only) one of each role, fresh_col[] a hybrid role's columnwise one; install
+/* Quantizers for the specs roles (nn/linear/linear_core_quantizers.c), not installed yet: fresh[]
+ * the rowwise (or only) one of each role, fresh_col[] a hybrid role's columnwise one; install
  * replaces the core's (freeing them) and forgets its cached FP8 operands. */
 int lutra_linear_core_build_quantizers(const lutra_linear_core *c,
                                        const lutra_quantizer_spec *roles,
@@ -140,7 +140,7 @@ void lutra_linear_core_install_quantizers(lutra_linear_core *c, const lutra_reci
                                           lutra_quantizer *fresh_col[LUTRA_NUM_ROLES]);
 void lutra_linear_core_free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]);
 
-/* Parameters (nn/linear_core_params.c) */
+/* Parameters (nn/linear/linear_core_params.c) */
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);
 

@@ -11,9 +11,9 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "dist/group.h"
 #include "nn/module.h"
-#include "nn/optim_state.h"
+#include "optim/optim_state.h"
+#include "parallel/group.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -30,7 +30,7 @@ struct lutra_optim {
   /* [i]: the parameter whose f32 master is args.master[i] (NULL: none), watched for writes made
    * through the API, which must reach the master before the next step or be overwritten by it */
   lutra_tensor **mastered;
-  /* the data-parallel sync a step last checked for its gradients (dist/group.h) */
+  /* the data-parallel sync a step last checked for its gradients (parallel/group.h) */
   lutra_dist_settle_cache settle;
 };
 
@@ -104,8 +104,8 @@ static int gather(lutra_optim *o, int count, const char *fn) {
   a->v = calloc((size_t)count, sizeof *a->v);
   a->numel = calloc((size_t)count, sizeof *a->numel);
   o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
-  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered || !a->m || !a->v ||
-      !a->numel || !o->buffers)
+  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered ||
+      !a->m || !a->v || !a->numel || !o->buffers)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
   bool adamw = o->desc.kind == LUTRA_OPTIM_ADAMW;
   for (int i = 0; i < count; i++) {

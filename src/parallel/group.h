@@ -1,4 +1,4 @@
-/* Process-group internals (dist/): what the layers above (autocast, the parallel modules) call.
+/* Process-group internals (parallel/): what the layers above (autocast, the parallel modules) call.
  * Buffers are raw pointers on `device` (host memory for LUTRA_CPU: MPI; device memory for
  * LUTRA_CUDA: NCCL on lutra's stream). Each call counts itself in the group's stats. */
 #ifndef LUTRA_DIST_GROUP_H
@@ -79,7 +79,7 @@ typedef struct lutra_dist_settle_cache {
 int lutra_dist_settle_grads(const void *const *grads, int count, lutra_dist_settle_cache *cache,
                             const char *fn);
 
-/* the group's NCCL side (dist/nccl.c; CUDA builds with MPI only) */
+/* the group's NCCL side (parallel/nccl.c; CUDA builds with MPI only) */
 typedef struct lutra_nccl lutra_nccl;
 void lutra_nccl_destroy(lutra_nccl *n);
 

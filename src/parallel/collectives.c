@@ -2,7 +2,7 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "dist/group.h"
+#include "parallel/group.h"
 #include "runtime/tensor.h"
 
 static int check_pair(const lutra_tensor *x, const lutra_tensor *y, const char *fn) {

@@ -1,7 +1,7 @@
 /* The dist API of a build without MPI (MPI=0, or no mpicc at build time): every call says so.
- * dist/group.c holds the MPI build's. */
+ * parallel/group.c holds the MPI build's. */
 #include "core/error.h"
-#include "dist/group.h"
+#include "parallel/group.h"
 
 #ifndef LUTRA_WITH_MPI
 

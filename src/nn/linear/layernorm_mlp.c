@@ -7,9 +7,9 @@
  * activation on its shard and a row-parallel Linear (lutra/tp_modules.h states the layout). */
 #include "core/error.h"
 #include "core/object.h"
-#include "dist/group.h"
 #include "fp8/quantizer.h"
 #include "nn/module.h"
+#include "parallel/group.h"
 
 #include <stdlib.h>
 

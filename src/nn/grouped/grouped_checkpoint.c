@@ -4,7 +4,7 @@
  * under delayed scaling the expert's amax_history), views into the role's one allocation. */
 #include "core/error.h"
 #include "fp8/quantizer.h"
-#include "nn/grouped_linear.h"
+#include "nn/grouped/grouped_linear.h"
 
 #include <stdio.h>
 #include <stdlib.h>

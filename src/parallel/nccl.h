@@ -1,11 +1,11 @@
-/* NCCL communicators of a group (dist/nccl.c), bootstrapped over the group's MPI communicator.
+/* NCCL communicators of a group (parallel/nccl.c), bootstrapped over the group's MPI communicator.
  * Only in CUDA builds with MPI; elsewhere the calls fail saying so. Non-blocking communicators:
  * every NCCL call that returns ncclInProgress is polled (ncclCommGetAsyncError) until it is done
  * or the timeout passes, when the communicator is aborted (ncclCommAbort) and the call fails. */
 #ifndef LUTRA_DIST_NCCL_H
 #define LUTRA_DIST_NCCL_H
 
-#include "dist/group.h"
+#include "parallel/group.h"
 
 typedef struct lutra_nccl_boot {
   void *mpi_comm; /* the group's MPI_Comm, by address */
@@ -25,7 +25,7 @@ int lutra_nccl_reduce_scatter(lutra_nccl *n, const void *send, void *recv, int64
  * communicator's contiguous device buffer, one ncclAllReduce(max), scattered back. */
 int lutra_nccl_reduce_amax(lutra_nccl *n, lutra_scale_meta *const *metas, int count,
                            const char *fn);
-/* the CUDA side of lutra_dist_bucket_start / _finish (dist/group.h) */
+/* the CUDA side of lutra_dist_bucket_start / _finish (parallel/group.h) */
 int lutra_nccl_bucket_start(lutra_nccl *n, const lutra_dist_piece *pieces, int count, void *buf,
                             int64_t elems, int dtype, void **done, const char *fn);
 int lutra_nccl_bucket_finish(lutra_nccl *n, void *done, const char *fn);

@@ -3,7 +3,7 @@
  * counts in backend memory, so that a device never waits for the host to learn them and a CUDA
  * graph replays with new splits. The parameters are separate tensors per expert, as a Linear's,
  * so that optimizers and checkpoints see num_gemms ordinary weights. */
-#include "nn/grouped_linear.h"
+#include "nn/grouped/grouped_linear.h"
 #include "backend/device.h"
 #include "backend/grouped_layout.h"
 #include "core/capture.h"
@@ -11,8 +11,8 @@
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/autocast.h"
-#include "nn/grouped_graphs.h"
-#include "nn/linear_shared.h"
+#include "nn/grouped/grouped_graphs.h"
+#include "nn/linear/linear_shared.h"
 #include "runtime/tensor.h"
 
 #include <stdlib.h>

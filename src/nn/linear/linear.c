@@ -4,7 +4,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
-#include "nn/linear_core.h"
+#include "nn/linear/linear_core.h"
 #include "nn/module.h"
 
 #include <stdlib.h>

@@ -14,7 +14,7 @@
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/quantizer.h"
-#include "nn/linear_core.h"
+#include "nn/linear/linear_core.h"
 #include "nn/module.h"
 #include "nn/norm_core.h"
 #include "nn/tp.h"

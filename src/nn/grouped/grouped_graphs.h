@@ -1,5 +1,5 @@
-/* The per-expert path's graph cache (nn/grouped_graphs.c): one graph per host split pattern and
- * pass, a bounded least-recently-used set per module. */
+/* The per-expert path's graph cache (nn/grouped/grouped_graphs.c): one graph per host split pattern
+ * and pass, a bounded least-recently-used set per module. */
 #ifndef LUTRA_NN_GROUPED_GRAPHS_H
 #define LUTRA_NN_GROUPED_GRAPHS_H
 

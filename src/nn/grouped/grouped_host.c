@@ -5,11 +5,12 @@
  * the grouped path. Each expert's GEMMs are the ones a Linear runs, so on the CPU this path
  * equals num_gemms Linears bit for bit too. Which path is faster where is measured by
  * bench/grouped_bench.lua (the per_expert rows); the default is the grouped one. A pass whose
- * host split pattern (and buffers) came before is replayed as one graph (nn/grouped_graphs.c). */
+ * host split pattern (and buffers) came before is replayed as one graph
+ * (nn/grouped/grouped_graphs.c). */
 #include "core/error.h"
 #include "gemm/gemm.h"
-#include "nn/grouped_graphs.h"
-#include "nn/grouped_linear.h"
+#include "nn/grouped/grouped_graphs.h"
+#include "nn/grouped/grouped_linear.h"
 #include "runtime/tensor.h"
 
 #include <string.h>

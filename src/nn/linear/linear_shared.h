@@ -1,7 +1,7 @@
 /* What every linear-like module checks and decides alike, whatever holds its parameters: the
- * Linear core (nn/linear_core.c, one weight) and GroupedLinear (nn/grouped_linear.c, a weight
- * per expert). The input check runs on every forward and is inline; the rest is out of line in
- * nn/linear_shared.c. Errors name fn. */
+ * Linear core (nn/linear/linear_core.c, one weight) and GroupedLinear (nn/grouped/grouped_linear.c,
+ * a weight per expert). The input check runs on every forward and is inline; the rest is out of
+ * line in nn/linear/linear_shared.c. Errors name fn. */
 #ifndef LUTRA_NN_LINEAR_SHARED_H
 #define LUTRA_NN_LINEAR_SHARED_H
 
