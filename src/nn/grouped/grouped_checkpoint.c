@@ -2,9 +2,9 @@
  * GroupedLinear names them, "weight0".."weight<num-1>" and "bias0".., and one scaling state per
  * expert and role, "fp8.input0", "fp8.weight0", "fp8.grad_output0", ... (scale, scale_inv, and
  * under delayed scaling the expert's amax_history), views into the role's one allocation. */
+#include "nn/grouped/grouped_checkpoint.h"
 #include "core/error.h"
 #include "fp8/quantizer.h"
-#include "nn/grouped/grouped_linear.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,12 +3,12 @@
  * inputs quantized by one grouped call (each expert with its own amax and scale, its rows padded
  * to the recipe's alignment inside the call) and likewise their weights, which are cached across
  * micro-batches as a Linear's are. */
+#include "nn/grouped/grouped_fp8.h"
 #include "backend/grouped_layout.h"
 #include "core/capture.h"
 #include "core/error.h"
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
-#include "nn/grouped/grouped_linear.h"
 #include "runtime/skip_flag.h"
 #include "runtime/tensor.h"
 
@@ -42,77 +42,6 @@ bool lutra_grouped_uses_delayed(const lutra_recipe *r) {
 }
 
 /* ---- scaling state --------------------------------------------------------------------------- */
-
-static void role_free(grouped_linear *g, grouped_role *r) {
-  if (r->metas)
-    for (int e = 0; e < g->num; e++)
-      lutra_autocast_forget(&r->metas[e]);
-  free(r->metas);
-  if (r->state) g->be->free(r->state);
-  memset(r, 0, sizeof *r);
-}
-
-static int64_t history_of(const lutra_quantizer_spec *s) {
-  return s->kind == LUTRA_QUANT_DELAYED ? s->amax_history_len : 0;
-}
-
-static int role_build(grouped_linear *g, const lutra_quantizer_spec *s, grouped_role *r,
-                      const char *fn) {
-  memset(r, 0, sizeof *r);
-  r->spec = *s;
-  if (s->kind != LUTRA_QUANT_DELAYED && s->kind != LUTRA_QUANT_CURRENT) return LUTRA_OK;
-  const int64_t n = g->num, h = history_of(s), floats = 12 * n + n * h;
-  float *init = calloc((size_t)floats, sizeof(float));
-  if (!init) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate scaling state");
-  for (int64_t e = 0; e < n; e++)
-    init[4 * e] = init[4 * n + 4 * e] = 1.0f; /* scale, scale_inv */
-  int st = g->be->alloc((size_t)floats * sizeof(float), (void **)&r->state);
-  if (st == LUTRA_OK) st = g->be->from_host(r->state, init, (size_t)floats * sizeof(float));
-  free(init);
-  if (st == LUTRA_OK && s->kind == LUTRA_QUANT_DELAYED) {
-    r->metas = calloc((size_t)n, sizeof *r->metas);
-    if (!r->metas) st = lutra_error(LUTRA_ENOMEM, fn, "cannot allocate scaling metas");
-    for (int64_t e = 0; r->metas && e < n; e++)
-      r->metas[e] = (lutra_scale_meta){.scale = r->state + 4 * e,
-                                       .scale_inv = r->state + 4 * n + 4 * e,
-                                       .amax_history = r->state + 12 * n + e * h,
-                                       .history_len = (int32_t)h,
-                                       .amax_compute_algo = s->amax_compute_algo,
-                                       .fp8_max = lutra_dtype_max(s->dtype),
-                                       .margin = s->margin};
-  }
-  if (st != LUTRA_OK) role_free(g, r);
-  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
-}
-
-int lutra_grouped_roles_build(grouped_linear *g, const lutra_recipe *rec,
-                              grouped_role fresh[LUTRA_NUM_ROLES], const char *fn) {
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    int st = role_build(g, &rec->roles[i], &fresh[i], fn);
-    if (st != LUTRA_OK) {
-      for (int j = 0; j < i; j++)
-        role_free(g, &fresh[j]);
-      return st;
-    }
-  }
-  return LUTRA_OK;
-}
-
-void lutra_grouped_roles_free(grouped_linear *g, grouped_role roles[LUTRA_NUM_ROLES]) {
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    role_free(g, &roles[i]);
-}
-
-void lutra_grouped_roles_install(grouped_linear *g, const lutra_recipe *rec,
-                                 grouped_role fresh[LUTRA_NUM_ROLES]) {
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    role_free(g, &g->roles[i]);
-    g->roles[i] = fresh[i];
-  }
-  g->qkey = rec->key;
-  g->roles_built = true;
-  g->weight_cached = false;
-}
 
 /* the roles of a recipe, replaced only once all are built */
 static int ensure_roles(grouped_linear *g, const lutra_recipe *rec, const char *fn) {
@@ -354,8 +283,7 @@ int lutra_grouped_observe(grouped_linear *g, const lutra_tensor *x, const lutra_
 }
 
 void lutra_grouped_fp8_release(grouped_linear *g) {
-  for (int i = 0; i < LUTRA_NUM_ROLES; i++)
-    role_free(g, &g->roles[i]);
+  lutra_grouped_roles_free(g, g->roles);
   buf_free(g, &g->xq);
   buf_free(g, &g->wq);
   buf_free(g, &g->dyq);

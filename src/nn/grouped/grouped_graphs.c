@@ -22,7 +22,7 @@
 #include "core/capture.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "nn/grouped/grouped_linear.h"
+#include "nn/grouped/grouped_core.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -7,10 +7,10 @@
  * bench/grouped_bench.lua (the per_expert rows); the default is the grouped one. A pass whose
  * host split pattern (and buffers) came before is replayed as one graph
  * (nn/grouped/grouped_graphs.c). */
+#include "nn/grouped/grouped_host.h"
 #include "core/error.h"
 #include "gemm/gemm.h"
 #include "nn/grouped/grouped_graphs.h"
-#include "nn/grouped/grouped_linear.h"
 #include "runtime/tensor.h"
 
 #include <string.h>

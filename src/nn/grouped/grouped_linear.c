@@ -3,7 +3,6 @@
  * counts in backend memory, so that a device never waits for the host to learn them and a CUDA
  * graph replays with new splits. The parameters are separate tensors per expert, as a Linear's,
  * so that optimizers and checkpoints see num_gemms ordinary weights. */
-#include "nn/grouped/grouped_linear.h"
 #include "backend/device.h"
 #include "backend/grouped_layout.h"
 #include "core/capture.h"
@@ -11,7 +10,10 @@
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/autocast.h"
+#include "nn/grouped/grouped_checkpoint.h"
+#include "nn/grouped/grouped_fp8.h"
 #include "nn/grouped/grouped_graphs.h"
+#include "nn/grouped/grouped_host.h"
 #include "nn/linear/linear_shared.h"
 #include "runtime/tensor.h"
 
@@ -22,23 +24,6 @@ static const lutra_module_ops grouped_ops;
 
 static grouped_linear *grouped_of(lutra_module *m) {
   return (grouped_linear *)m;
-}
-
-void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a) {
-  *a = (lutra_grouped_gemm_args){.num = g->num,
-                                 .splits = g->splits_dev->data,
-                                 .bad_split = g->bad_split ? g->bad_split->data : NULL,
-                                 .scratch = g->scratch,
-                                 .total_rows = rows,
-                                 .in = g->in,
-                                 .out = g->out,
-                                 .dtype = g->dtype,
-                                 .w = (const void *const *)g->ptrs,
-                                 .bias = g->has_bias ? (const void *const *)g->ptrs + g->num : NULL,
-                                 .bias_dtype = g->dtype,
-                                 /* a cache the backend keeps for the module, not its state */
-                                 .call_graphs = (void **)&g->call_graphs};
-  if (g->skip_forward_bias) a->bias = NULL;
 }
 
 /* the sum the host knows, checked before any work is queued */
@@ -179,18 +164,6 @@ static int backward_high_precision(grouped_linear *g, const lutra_tensor *dy, bo
     if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   }
   return lutra_grouped_wgrad(g, &ga, g->has_bias ? g->ptrs + 3 * g->num : NULL, fn);
-}
-
-int lutra_grouped_wgrad(const grouped_linear *g, lutra_grouped_gemm_args *ga, void *const *db,
-                        const char *fn) {
-  ga->pass = LUTRA_GROUPED_WGRAD;
-  ga->dw = g->ptrs + 2 * g->num;
-  ga->dw_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
-  ga->accumulate = g->accumulate_main_grad;
-  ga->db = db;
-  ga->bias_dtype = g->accumulate_main_grad ? LUTRA_F32 : g->dtype;
-  int st = g->be->grouped_gemm(ga);
-  return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
 static bool starts_from_act_grad(const grouped_linear *g, int act) {
@@ -469,12 +442,6 @@ static int check_grouped(const lutra_module *m, const char *fn) {
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   CHECK_ARG(m->ops == &grouped_ops, "module is a %s, not a grouped_linear", m->ops->kind);
   return LUTRA_OK;
-}
-
-void lutra_grouped_forward_splits(const grouped_linear *g, lutra_grouped_gemm_args *a) {
-  a->pass = LUTRA_GROUPED_FPROP;
-  a->splits = lutra_grouped_splits_now(g);
-  a->save_splits = g->splits_in ? g->splits_dev->data : NULL;
 }
 
 /* rows >= 0: the input's rows, which host splits must sum to (checked before anything changes) */

@@ -1,9 +1,11 @@
-/* GroupedLinear's state, shared by its module code (nn/grouped/grouped_linear.c) and its FP8 passes
- * (nn/grouped/grouped_fp8.c). num experts, each a Linear [out, in]; the token-side rows of expert e
- * are given by the splits in splits_dev (backend memory), so nothing here reads them on a device.
- */
-#ifndef LUTRA_NN_GROUPED_LINEAR_H
-#define LUTRA_NN_GROUPED_LINEAR_H
+/* GroupedLinear's core (nn/grouped/grouped_core.c): its state and what every file of it shares,
+ * the module code (grouped_linear.c), its FP8 passes (grouped_fp8.c), its per-expert path
+ * (grouped_host.c, grouped_graphs.c) and its checkpoint entry (grouped_checkpoint.c), all of
+ * which call down into this one and none into each other's callers. num experts, each a Linear
+ * [out, in]; the token-side rows of expert e are given by the splits in splits_dev (backend
+ * memory), so nothing here reads them on a device. */
+#ifndef LUTRA_NN_GROUPED_CORE_H
+#define LUTRA_NN_GROUPED_CORE_H
 
 #include "backend/backend.h"
 #include "fp8/recipe.h"
@@ -84,23 +86,6 @@ typedef struct grouped_act {
   lutra_tensor *out;
 } grouped_act;
 
-/* FP8 (nn/grouped/grouped_fp8.c). act NULL: no activation in the input (forward) or grad_output
- * (backward) cast; with one, the forward's x is the activation's output (its shape; its data
- * need not be written). Errors name fn. */
-int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
-                              int first_microbatch, const grouped_act *act, const char *fn);
-int lutra_grouped_fp8_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
-                               const grouped_act *act, const char *fn);
-/* whether a recipe role's grouped cast can form an activation (per-tensor scaling) */
-bool lutra_grouped_cast_takes_act(const lutra_quantizer_spec *s);
-int lutra_grouped_observe(grouped_linear *g, const lutra_tensor *x, const lutra_recipe *r,
-                          const char *fn);
-bool lutra_grouped_uses_delayed(const lutra_recipe *r);
-/* the per-expert path (nn/grouped/grouped_host.c): splits_host holds the splits */
-int lutra_grouped_host_forward(grouped_linear *g, const lutra_tensor *x, const char *fn);
-int lutra_grouped_host_backward(grouped_linear *g, const lutra_tensor *dy, bool dx_wanted,
-                                const char *fn);
-void lutra_grouped_fp8_release(grouped_linear *g);
 /* the scaling state of a recipe's roles: built (not installed), installed (the old freed), or
  * freed unused (checkpoints build it for a load before they know the load succeeds) */
 int lutra_grouped_roles_build(grouped_linear *g, const lutra_recipe *rec,
@@ -108,10 +93,6 @@ int lutra_grouped_roles_build(grouped_linear *g, const lutra_recipe *rec,
 void lutra_grouped_roles_install(grouped_linear *g, const lutra_recipe *rec,
                                  grouped_role fresh[LUTRA_NUM_ROLES]);
 void lutra_grouped_roles_free(grouped_linear *g, grouped_role roles[LUTRA_NUM_ROLES]);
-/* checkpoints (nn/grouped/grouped_checkpoint.c): the names "weight0".. "bias<num-1>" ([num * per],
- * made at construction) and the checkpoint entry of the module's ops */
-int lutra_grouped_param_names(grouped_linear *g, const char *fn);
-extern const lutra_checkpoint_ops lutra_grouped_checkpoint;
 /* the arguments every grouped call shares */
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
 /* a as the forward's GEMM takes it: FPROP, this forward's splits, their copy for the backward */
