@@ -1,10 +1,8 @@
-/* The Linear core's quantizers (see nn/linear/linear_core.h): built for a recipe's specs, installed
- * once all exist, and shown to checkpoints (which may build them for a recipe before the load
- * that installs them). */
+/* The Linear core's quantizers (see nn/linear/linear_core_quantizers.h). */
+#include "nn/linear/linear_core_quantizers.h"
 #include "core/error.h"
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
-#include "nn/linear/linear_core.h"
 #include "nn/module.h"
 
 #include <string.h>
