@@ -1,11 +1,11 @@
-/* Data-parallel gradient averaging (lutra_grad_sync_*; lutra/dist.h). A module's gradients are
- * collected once and packed, in the order a backward finishes them (the parameters reversed),
- * into buckets of one dtype and device, each all-reduced (AVG) over the group by one
- * collective: a bucket of one gradient in place, larger ones through a contiguous buffer the
- * sync owns. Armed (begin), a sync hears from the Linear cores when a gradient is final
- * (lutra_dist_grad_ready, a thread-local pointer test when none is armed) and starts a bucket's
- * collective as soon as all its gradients are in, so communication overlaps the rest of the
- * backward; finish starts the rest and waits.
+/* Data-parallel gradient averaging (lutra_grad_sync_*; lutra/dist.h). A module's gradients,
+ * handed over once by nn/module_grad_sync.c in the order a backward finishes them (the
+ * parameters reversed), are packed into buckets of one dtype and device, each all-reduced (AVG)
+ * over the group by one collective: a bucket of one gradient in place, larger ones through a
+ * contiguous buffer the sync owns. Armed (begin), a sync hears from the Linear cores when a
+ * gradient is final (lutra_dist_grad_ready, a thread-local pointer test when none is armed) and
+ * starts a bucket's collective as soon as all its gradients are in, so communication overlaps the
+ * rest of the backward; finish starts the rest and waits.
  *
  * The optimizer waits by itself (lutra_dist_settle_grads, called first thing in a step): the
  * sync armed on the stepping thread is finished when it averages any gradient the step reads.
@@ -16,7 +16,6 @@
 #include "backend/device.h"
 #include "core/error.h"
 #include "core/object.h"
-#include "nn/module.h"
 #include "parallel/group.h"
 
 #include <stdatomic.h>
@@ -37,7 +36,7 @@ typedef struct bucket {
 struct lutra_grad_sync {
   lutra_object obj;
   lutra_group *group;
-  lutra_module *module;
+  lutra_grad_sync_owner owner; /* what the gradients belong to (a module) */
   lutra_tensor **grads;
   lutra_dist_piece *pieces;
   int *bucket_of; /* grads[i]'s bucket */
@@ -80,7 +79,7 @@ static void release(lutra_grad_sync *s) {
   free(s->bucket_of);
   free(s->seen);
   free(s->by_address);
-  if (s->module) lutra_module_free(s->module);
+  if (s->owner.obj) s->owner.drop(s->owner.obj);
   lutra_group_free(s->group);
 }
 
@@ -100,9 +99,7 @@ static int compare_address(const void *a, const void *b) {
 
 static _Atomic uint64_t last_serial;
 
-static int collect(lutra_grad_sync *s, const char *fn) {
-  int n;
-  TRY(lutra_module_num_params(s->module, &n));
+static int collect(lutra_grad_sync *s, lutra_tensor *const *grads, int n, const char *fn) {
   size_t cap = (size_t)(n ? n : 1);
   s->grads = calloc(cap, sizeof *s->grads);
   s->pieces = calloc(cap, sizeof *s->pieces);
@@ -112,15 +109,8 @@ static int collect(lutra_grad_sync *s, const char *fn) {
   s->by_address = calloc(cap, sizeof *s->by_address);
   if (!s->grads || !s->pieces || !s->bucket_of || !s->seen || !s->buckets || !s->by_address)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the lists");
-  /* the backward finishes the last module's gradients first */
-  for (int i = n - 1; i >= 0; i--) {
-    lutra_param p;
-    TRY(lutra_module_param(s->module, i, &p));
-    lutra_tensor *g = p.main_grad ? p.main_grad : p.grad;
-    if (!g) continue;
-    CHECK_ARG(g->dtype == LUTRA_F32 || g->dtype == LUTRA_BF16,
-              "parameter %d's gradient is %s (f32 or bf16 are averaged)", i,
-              lutra_dtype_name(g->dtype));
+  for (int i = 0; i < n; i++) {
+    lutra_tensor *g = grads[i];
     s->pieces[s->ngrads] = (lutra_dist_piece){.data = g->data, .n = g->numel};
     s->by_address[s->ngrads] = g->data;
     s->grads[s->ngrads++] = g;
@@ -158,12 +148,9 @@ static int plan(lutra_grad_sync *s, int64_t bucket_bytes, const char *fn) {
   return LUTRA_OK;
 }
 
-int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,
-                        lutra_grad_sync **out) {
-  static const char fn[] = "lutra_grad_sync_new";
-  TRY(lutra_group_check(g, fn));
-  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
-  CHECK_ARG(out, "out is NULL");
+int lutra_grad_sync_make(lutra_group *g, lutra_tensor *const *grads, int n, int64_t bucket_bytes,
+                         const lutra_grad_sync_owner *owner, lutra_grad_sync **out,
+                         const char *fn) {
   if (bucket_bytes <= 0) bucket_bytes = 25 << 20;
   lutra_grad_sync *s = calloc(1, sizeof *s);
   if (!s) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a grad sync");
@@ -171,10 +158,8 @@ int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,
   s->obj.refs = 1;
   s->group = g;
   lutra_group_retain(g);
-  s->module = m;
-  lutra_module_retain(m);
   s->serial = atomic_fetch_add(&last_serial, 1) + 1;
-  int st = collect(s, fn);
+  int st = collect(s, grads, n, fn);
   if (st == LUTRA_OK) st = plan(s, bucket_bytes, fn);
   if (st == LUTRA_OK) {
     int64_t v[2] = {s->nbuckets, s->elements};
@@ -185,6 +170,7 @@ int lutra_grad_sync_new(lutra_group *g, lutra_module *m, int64_t bucket_bytes,
     free(s);
     return st;
   }
+  s->owner = *owner;
   *out = s;
   return LUTRA_OK;
 }
@@ -197,7 +183,7 @@ static int start(lutra_grad_sync *s, bucket *b, const char *fn) {
 static int check_live(lutra_grad_sync *s, const char *fn) {
   TRY(lutra_check_object(s, LUTRA_MAGIC_GRAD_SYNC, fn, "grad sync"));
   TRY(lutra_group_check(s->group, fn));
-  return lutra_check_object(s->module, LUTRA_MAGIC_MODULE, fn, "module");
+  return lutra_check_object(s->owner.obj, s->owner.magic, fn, s->owner.what);
 }
 
 int lutra_grad_sync_begin(lutra_grad_sync *s) {

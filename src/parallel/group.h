@@ -65,6 +65,20 @@ int lutra_dist_bucket_finish(lutra_group *g, const lutra_dist_piece *pieces, int
  * its wgrad): a data-parallel sync armed on this thread starts the gradient's bucket once all of
  * the bucket's gradients are in. Free when none is armed. */
 void lutra_dist_grad_ready(const lutra_tensor *grad);
+/* What a grad sync's gradients belong to (a module): checked live (a lutra_object of magic,
+ * named what in errors) at every begin and finish, and dropped (drop(obj)) with the sync. */
+typedef struct lutra_grad_sync_owner {
+  void *obj;
+  uint32_t magic;
+  const char *what;
+  void (*drop)(void *obj);
+} lutra_grad_sync_owner;
+/* The sync of grads[0..n) (f32 or bf16, in the order a backward finishes them) over g, in
+ * buckets of about bucket_bytes (<= 0: 25 MiB), every rank's (buckets, elements) agreed; it
+ * holds g and, on success only, the caller's reference to owner (lutra_grad_sync_free drops
+ * both). Errors name fn. */
+int lutra_grad_sync_make(lutra_group *g, lutra_tensor *const *grads, int n, int64_t bucket_bytes,
+                         const lutra_grad_sync_owner *owner, lutra_grad_sync **out, const char *fn);
 void lutra_dist_pending_release(lutra_dist_pending *p);
 /* The optimizer's wait for data parallelism (lutra_optim_step, before it reads a gradient): the
  * grad sync armed on this thread, when it averages any of grads[0..count) (gradient data
