@@ -96,6 +96,35 @@ static inline int64_t lutra_dbias_counters(int64_t cols) {
 }
 
 LUTRA_ARGS_NO_PADDING_BEGIN
+/* Current scaling's amax and scale in one call (backend.h's current_scale): *amax = max|x| over
+ * n elements of dtype (NaNs ignored; 0 when n == 0), *scale from it (TransformerEngine's
+ * compute_scale_from_amax: fp8_max, power_2_scale, amax_epsilon). work: 2 words of backend
+ * memory that are zero on entry and left zero (CUDA: the blocks' shared maximum and arrival
+ * count; the last block to arrive writes *amax and *scale and clears them), so no memset
+ * precedes it. Writes nothing at all when skip && *skip. */
+typedef struct lutra_current_scale_args {
+  const void *x;
+  float *amax, *scale;
+  uint32_t *work;
+  const int32_t *skip;
+  int32_t dtype;
+  int32_t power_2_scale;
+  float fp8_max;
+  float amax_epsilon;
+  int64_t n;
+} lutra_current_scale_args;
+
+/* The same with an activation inside the cast (backend.h's current_scale_act): the amax is over
+ * the matrix that the cast of a (a->act_kind) quantizes, the scale from a->power_2_scale and
+ * a->amax_epsilon; work as above; nothing written when a->skip is set. */
+typedef struct lutra_current_scale_act_args {
+  lutra_quant_args a;
+  float *amax, *scale;
+  uint32_t *work;
+  float fp8_max;
+  int32_t pad;
+} lutra_current_scale_act_args;
+
 /* Dequantize an FP8 matrix stored as [rows, cols] with the given scaling layout. */
 typedef struct lutra_dequant_args {
   const void *data;

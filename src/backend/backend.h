@@ -36,14 +36,8 @@ typedef struct lutra_backend {
   int (*fill)(void *dst, int dtype, int64_t n, float value);
   /* *amax = max(*amax, max|x|); NaNs are ignored as fmaxf does */
   int (*amax)(const void *x, int dtype, int64_t n, float *amax);
-  /* current scaling's amax and scale in one call: *amax = max|x| over n elements (NaNs
-   * ignored; 0 when n == 0), *scale from it (TransformerEngine's compute_scale_from_amax).
-   * work: 2 words of backend memory that are zero on entry and left zero (CUDA: the blocks'
-   * shared maximum and arrival count; the last block to arrive writes *amax and *scale and
-   * clears them), so no memset precedes it. Writes nothing at all when skip && *skip. */
-  int (*current_scale)(const void *x, int dtype, int64_t n, float fp8_max, int power_2_scale,
-                       float epsilon, float *amax, float *scale, uint32_t *work,
-                       const int32_t *skip);
+  /* current scaling's amax and scale in one call (lutra_current_scale_args) */
+  int (*current_scale)(const lutra_current_scale_args *a);
   int (*cast)(const lutra_quant_args *a);           /* per-tensor scaling */
   int (*quantize_mxfp8)(const lutra_quant_args *a); /* 1x32 E8M0 blocks */
   int (*quantize_block)(const lutra_quant_args *a); /* 1x128 or 128x128 f32 blocks */
@@ -99,13 +93,10 @@ typedef struct lutra_backend {
   /* frees what grouped_gemm cached in a module's call_graphs slot (NULL: nothing is cached) */
   void (*call_graphs_free)(void *graphs);
 
-  /* Current scaling of a cast with an activation inside (lutra_quant_args.act_kind): *amax =
-   * max|v| over the matrix that cast quantizes (NaNs ignored), *scale from it as current_scale
-   * computes it (fp8_max, a->power_2_scale, a->amax_epsilon); work as current_scale's; nothing
-   * written when a->skip is set. The amax pass and the cast then each read the activation's
-   * input instead of a stored output. NULL where a backend has none. */
-  int (*current_scale_act)(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
-                           uint32_t *work);
+  /* Current scaling of a cast with an activation inside (lutra_current_scale_act_args): the
+   * amax pass and the cast then each read the activation's input instead of a stored output.
+   * NULL where a backend has none. */
+  int (*current_scale_act)(const lutra_current_scale_act_args *a);
   /* External scaling rules (fp8/rules.c). rules_gather copies every meta's scale and history
    * to host memory in one transfer, host[off_j] = *scale, host[off_j + 1 ..] = the history
    * before the roll (off_j: the sum of 1 + history_len over the metas before j), then rolls the
