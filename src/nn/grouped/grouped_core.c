@@ -43,8 +43,7 @@ int lutra_grouped_wgrad(const grouped_linear *g, lutra_grouped_gemm_args *ga, vo
   return st == LUTRA_OK ? LUTRA_OK : lutra_error_wrap(st, fn);
 }
 
-/* ---- scaling state of the roles ---------------------------------------------------------------
- */
+/* ---- scaling state of the roles ------------------------------------------------------------ */
 
 static void role_free(grouped_linear *g, grouped_role *r) {
   if (r->metas)
