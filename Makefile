@@ -18,7 +18,7 @@ BLAS_LIBS   ?= -lopenblas
 
 LUTRA_CFLAGS = -std=c11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_SOURCE \
                -Isrc $(BLAS_CFLAGS)
-SRC  = $(sort $(wildcard src/*/*.c src/backend/cpu/*.c))
+SRC := $(sort $(shell find src -name '*.c' -not -path 'src/backend/cuda/*'))
 HDRS = $(wildcard src/*.h src/*/*.h src/*/*/*.h)
 # the CPU library's sources and flags, for tools/sim_quantize_mx (whatever CUDA is)
 SIM_SRC    := $(SRC)
@@ -47,7 +47,7 @@ ifeq ($(CUDA),1)
                  $(if $(SM100),-gencode arch=compute_100$(comma)code=sm_100) \
                  -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
   NVCCFLAGS   ?= -O3 -lineinfo
-  SRC         += $(sort $(wildcard src/backend/cuda/*.c))
+  SRC         += $(sort $(shell find src/backend/cuda -name '*.c'))
   CU_SRC       = $(sort $(wildcard kernels/*.cu))
   LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include
   LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
@@ -143,7 +143,7 @@ test: all
 # liblutra.so under build/asan). LuaJIT itself is not instrumented, so the ASan runtime is
 # preloaded; leak checking is off because LuaJIT's own allocations at exit are not ours.
 ASAN_SAN    = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-ASAN_SRC    = $(sort $(wildcard src/*/*.c src/backend/cpu/*.c))
+ASAN_SRC   := $(sort $(shell find src -name '*.c' -not -path 'src/backend/cuda/*'))
 ASAN_OBJ    = $(ASAN_SRC:%.c=build/asan/%.o)
 ASAN_LIB    = build/asan/liblutra.so
 ASAN_CFLAGS = $(filter-out -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include,$(LUTRA_CFLAGS))

@@ -124,7 +124,7 @@ local function load_floors(M, K, N)
   hf, floor_ids = lib, floors.ids(lib)
 end
 
--- The launches one call issues (kernels/grouped_*.cu, src/nn/grouped_*.c), whatever the number
+-- The launches one call issues (kernels/grouped_*.cu, src/nn/grouped/), whatever the number
 -- of experts (the device splits are read in place: the forward GEMM's k_setup keeps the copy
 -- its backward reads, so no copy is issued): per quantization k_cast (after k_amax under
 -- current scaling; + k_dbias for grad_output with a bias), per GEMM one launch of its cached

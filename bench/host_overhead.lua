@@ -208,7 +208,7 @@ local function calls_for(fig, fn)
 end
 
 -- ---- the figures --------------------------------------------------------------------------
--- work: the GPU work one call issues on cuda, from the code (src/nn/linear.c, quantize.c,
+-- work: the GPU work one call issues on cuda, from the code (src/nn/linear/linear.c, quantize.c,
 -- autocast.c, gemm.c, the kernels' launchers): launch = kernel launches, launch_big = launches
 -- with kilobytes of parameters (the multi-tensor optimizer), memset = cudaMemsetAsync, and the
 -- cublasLtMatmul calls by floor name. The floor of a figure is the sum of those raw floors.
@@ -409,7 +409,7 @@ figures[#figures + 1] = { key = "mlp16_graph_fp8_delayed",
   name = "16-Linear MLP step FP8 delayed, CUDA graph replay (depth check)",
   target = { kind = "floor", max = 1.5 }, work = { graph = 1 }, setup = graphed_mlp_step(true, 14) }
 
--- ---- the norm-fused modules (src/nn/layernorm_linear.c, layernorm_mlp.c) -------------------
+-- ---- the norm-fused modules (src/nn/linear/layernorm_linear.c, layernorm_mlp.c) ---------------
 -- LayerNormLinear(in, out) without bias and LayerNormMLP(in -> hidden -> in, tanh GELU, biases),
 -- BF16 parameters. Launches from the code: the norm forward is 1 (FP8: the norm writes the GEMM's
 -- FP8 input and its columnwise copy, amax fused, in that 1), its backward 2 (dx with the

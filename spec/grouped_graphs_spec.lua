@@ -1,4 +1,4 @@
--- GroupedLinear's per-expert path and its split-pattern cache (nn/grouped_graphs.c) on the CPU,
+-- GroupedLinear's per-expert path and its split-pattern cache (nn/grouped/) on the CPU,
 -- where the patterns are tracked as on a device but always run directly (no graphs): keys per
 -- pass, pattern and buffers, the least recently used pattern evicted at capacity, capacity 0
 -- off, and results the same bit for bit with the cache off; the API's refusals. And the bound of

@@ -1,6 +1,6 @@
 /* The packed layout of a grouped FP8 operand (GroupedLinear's experts quantized together), shared
  * by the CPU reference (backend/cpu/grouped_cpu.c), the CUDA kernels and the module that sizes
- * the buffers (nn/grouped_linear.c). Plain C with no dependency above the backend.
+ * the buffers (nn/grouped/grouped_linear.c). Plain C with no dependency above the backend.
  *
  * Expert e has r_e rows (its split for tokens, out_features for weights), padded to
  * p_e = roundup(r_e, align) rows whose extra rows quantize as zeros. With P_e = sum_{j<e} p_j:

@@ -27,8 +27,8 @@ enum {
   LUTRA_MAGIC_GRAPH = 0x4c475248u,
   LUTRA_MAGIC_GROUP = 0x4c475250u,
   LUTRA_MAGIC_GRAD_SYNC = 0x4c475359u,
-  LUTRA_MAGIC_MOE_ROUTER = 0x4c4d4f52u,  /* nn/moe_router.c */
-  LUTRA_MAGIC_MOE_DISPATCH = 0x4c4d4f50u /* nn/moe_dispatch.c */
+  LUTRA_MAGIC_MOE_ROUTER = 0x4c4d4f52u,  /* nn/grouped/moe_router.c */
+  LUTRA_MAGIC_MOE_DISPATCH = 0x4c4d4f50u /* nn/grouped/moe_dispatch.c */
 };
 
 /* LUTRA_OK when obj is a live object of the given magic; else an error naming fn and what. */

@@ -15,8 +15,8 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
-#include "dist/group.h"
 #include "fp8/rules.h"
+#include "parallel/group.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

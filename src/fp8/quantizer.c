@@ -293,11 +293,26 @@ static int quantize_impl(lutra_quantizer *q, const lutra_quantize_op *op, lutra_
   case LUTRA_QUANT_CURRENT:
     /* amax and scale in one backend call (one launch on CUDA, no memset: see current_scale);
      * with an activation inside the cast, over the activation's values */
-    if (with_act)
-      TRY(be->current_scale_act(&a, q->meta.fp8_max, q->amax, q->meta.scale, q->work));
-    else
-      TRY(be->current_scale(x->data, x->dtype, x->numel, q->meta.fp8_max, s->power_2_scale,
-                            s->amax_epsilon, q->amax, q->meta.scale, q->work, op->skip));
+    if (with_act) {
+      const lutra_current_scale_act_args c = {.a = a,
+                                              .amax = q->amax,
+                                              .scale = q->meta.scale,
+                                              .work = q->work,
+                                              .fp8_max = q->meta.fp8_max};
+      TRY(be->current_scale_act(&c));
+    } else {
+      const lutra_current_scale_args c = {.x = x->data,
+                                          .amax = q->amax,
+                                          .scale = q->meta.scale,
+                                          .work = q->work,
+                                          .skip = op->skip,
+                                          .dtype = x->dtype,
+                                          .power_2_scale = s->power_2_scale,
+                                          .fp8_max = q->meta.fp8_max,
+                                          .amax_epsilon = s->amax_epsilon,
+                                          .n = x->numel};
+      TRY(be->current_scale(&c));
+    }
     a.scale = q->meta.scale;
     o->amax = q->amax;
     TRY(be->cast(&a));

@@ -8,7 +8,7 @@
 #include "io/checkpoint_temp.h"
 #include "io/crc32c.h"
 #include "io/safetensors.h"
-#include "nn/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <errno.h>
 #include <fcntl.h>

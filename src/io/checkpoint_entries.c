@@ -8,7 +8,7 @@
 #include "fp8/autocast.h"
 #include "fp8/quantizer.h"
 #include "nn/module.h"
-#include "nn/optim_state.h"
+#include "optim/optim_state.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -14,7 +14,7 @@
  * d-activation still to apply), and whether its backward can apply an activation's derivative
  * to the gradient it returns (the dgrad GEMM's epilogue). Sequential asks its neighbours and
  * never reads their state; every linear-like module answers through the shared Linear core
- * (nn/linear_core.h). Entries a module cannot honour are NULL. */
+ * (nn/linear/linear_core.h). Entries a module cannot honour are NULL. */
 typedef struct lutra_fusion_ops {
   /* an activation module: which one (LUTRA_ACT_*; LUTRA_ACT_NONE for other modules), and how it
    * takes over a forward its neighbour ran for it: x its input (the pre-activation), y its output,

@@ -2,9 +2,9 @@
 #include "nn/tp.h"
 #include "backend/device.h"
 #include "core/error.h"
-#include "dist/group.h"
 #include "fp8/autocast.h"
 #include "fp8/recipe.h"
+#include "parallel/group.h"
 #include "runtime/tensor.h"
 
 #include <string.h>

@@ -60,14 +60,20 @@ static int act_values(const lutra_quant_args *a, const char *fn) {
   return lutra_cpu_act_matrix(a, act_buf.ptr);
 }
 
-static int cpu_current_scale_act(const lutra_quant_args *a, float fp8_max, float *amax,
-                                 float *scale, uint32_t *work) {
+static int cpu_current_scale(const lutra_current_scale_args *a) {
+  return lutra_cpu_current_scale(a->x, a->dtype, a->n, a->fp8_max, a->power_2_scale,
+                                 a->amax_epsilon, a->amax, a->scale, a->work, a->skip);
+}
+
+static int cpu_current_scale_act(const lutra_current_scale_act_args *c) {
   static const char fn[] = "lutra_cpu_current_scale_act";
-  CHECK_ARG(a && a->act, "arguments without an activation");
+  const lutra_quant_args *a = &c->a;
+  CHECK_ARG(a->act, "arguments without an activation");
   if (a->skip && *a->skip) return LUTRA_OK;
   TRY(act_values(a, fn));
-  return lutra_cpu_current_scale(act_buf.ptr, LUTRA_F32, a->rows * a->cols, fp8_max,
-                                 a->power_2_scale, a->amax_epsilon, amax, scale, work, NULL);
+  return lutra_cpu_current_scale(act_buf.ptr, LUTRA_F32, a->rows * a->cols, c->fp8_max,
+                                 a->power_2_scale, a->amax_epsilon, c->amax, c->scale, c->work,
+                                 NULL);
 }
 
 static int cpu_cast(const lutra_quant_args *a) {
@@ -112,7 +118,7 @@ const lutra_backend lutra_cpu_backend = {
     .convert = lutra_cpu_convert,
     .fill = lutra_cpu_fill,
     .amax = lutra_cpu_amax,
-    .current_scale = lutra_cpu_current_scale,
+    .current_scale = cpu_current_scale,
     .cast = cpu_cast,
     .quantize_mxfp8 = cpu_quantize_mxfp8,
     .quantize_block = cpu_quantize_block,

@@ -195,7 +195,7 @@ static void advance(slice_at *s, const lutra_grouped_fp8 *q, int64_t rows, int64
   s->scol += lutra_grouped_scale_region(q->scaling, p, cols, true);
 }
 
-/* One expert's GEMM as a Linear runs it (nn/linear_core.c through gemm/gemm.c's TN rule). */
+/* One expert's GEMM as a Linear runs it (nn/linear/linear_core.c through gemm/gemm.c's TN rule). */
 typedef struct expert_gemm {
   lutra_gemm_operand a, b;
   void *d;

@@ -47,16 +47,6 @@ typedef struct amax_call {
   int64_t n;
   cudaStream_t stream;
 } amax_call;
-typedef struct current_scale_call {
-  const void *x;
-  float *amax, *scale;
-  uint32_t *work;
-  const int32_t *skip;
-  int32_t dtype, pow2;
-  float fp8_max, eps;
-  int64_t n;
-  cudaStream_t stream;
-} current_scale_call;
 typedef struct add_call {
   const void *a, *b;
   void *out;
@@ -73,14 +63,6 @@ typedef struct quantize_call {
   int32_t pad;
   cudaStream_t stream;
 } quantize_call;
-typedef struct current_scale_act_call {
-  lutra_quant_args a;
-  float *amax, *scale;
-  uint32_t *work;
-  float fp8_max;
-  int32_t pad;
-  cudaStream_t stream;
-} current_scale_act_call;
 /* the launchers whose only argument is one of backend.h's structs */
 #define ARGS_CALL(args_type)                                                                       \
   typedef struct args_type##_call {                                                                \
@@ -88,6 +70,8 @@ typedef struct current_scale_act_call {
     cudaStream_t stream;                                                                           \
   } args_type##_call
 ARGS_CALL(lutra_quant_args);
+ARGS_CALL(lutra_current_scale_args);
+ARGS_CALL(lutra_current_scale_act_args);
 ARGS_CALL(lutra_dequant_args);
 ARGS_CALL(lutra_act_args);
 ARGS_CALL(lutra_bias_grad_args);
@@ -143,15 +127,14 @@ static int k_amax(const void *x, int dtype, int64_t n, float *amax) {
   return CACHED(LUTRA_LAUNCH_AMAX, c, issue_amax, "lutra_cuda_amax");
 }
 static int issue_current_scale(void *p) {
-  const current_scale_call *c = p;
-  return LAUNCH(current_scale, lk_current_scale(c->x, c->dtype, c->n, c->fp8_max, c->pow2, c->eps,
-                                                c->amax, c->scale, c->work, c->skip, c->stream));
+  const lutra_current_scale_args *a = &((const lutra_current_scale_args_call *)p)->a;
+  return LAUNCH(current_scale,
+                lk_current_scale(a->x, a->dtype, a->n, a->fp8_max, a->power_2_scale,
+                                 a->amax_epsilon, a->amax, a->scale, a->work, a->skip,
+                                 ((const lutra_current_scale_args_call *)p)->stream));
 }
-static int k_current_scale(const void *x, int dtype, int64_t n, float fp8_max, int pow2, float eps,
-                           float *amax, float *scale, uint32_t *work, const int32_t *skip) {
-  current_scale_call c = {
-      x, amax, scale, work, skip, dtype, pow2, fp8_max, eps, n, lutra_cuda_stream()};
-  return CACHED(LUTRA_LAUNCH_CURRENT_SCALE, c, issue_current_scale, "lutra_cuda_current_scale");
+static int k_current_scale(const lutra_current_scale_args *a) {
+  RUN_ARGS(LUTRA_LAUNCH_CURRENT_SCALE, current_scale, lutra_current_scale_args, a);
 }
 
 /* A quantization and, when unfused, its bias gradient after it: one graph for both */
@@ -200,20 +183,13 @@ static int check_cast_act(const lutra_quant_args *a, bool per_tensor, const char
   return LUTRA_OK;
 }
 static int issue_current_scale_act(void *p) {
-  const current_scale_act_call *c = p;
+  const lutra_current_scale_act_args *c = &((const lutra_current_scale_act_args_call *)p)->a;
   return LAUNCH(current_scale_act,
-                lk_current_scale_act(&c->a, c->fp8_max, c->amax, c->scale, c->work, c->stream));
+                lk_current_scale_act(&c->a, c->fp8_max, c->amax, c->scale, c->work,
+                                     ((const lutra_current_scale_act_args_call *)p)->stream));
 }
-static int k_current_scale_act(const lutra_quant_args *a, float fp8_max, float *amax, float *scale,
-                               uint32_t *work) {
-  current_scale_act_call c = {.a = *a,
-                              .amax = amax,
-                              .scale = scale,
-                              .work = work,
-                              .fp8_max = fp8_max,
-                              .stream = lutra_cuda_stream()};
-  return CACHED(LUTRA_LAUNCH_CURRENT_SCALE_ACT, c, issue_current_scale_act,
-                "lutra_cuda_current_scale_act");
+static int k_current_scale_act(const lutra_current_scale_act_args *a) {
+  RUN_ARGS(LUTRA_LAUNCH_CURRENT_SCALE_ACT, current_scale_act, lutra_current_scale_act_args, a);
 }
 static int k_cast(const lutra_quant_args *a) {
   TRY(check_cast_act(a, true, "lutra_cuda_cast"));

@@ -10,7 +10,8 @@
  * dequantized operands, the bias-gradient and loss partials, the fused dbias sums) is kept
  * per thread and stream (stream_state): shared between two streams, two threads' kernels run
  * at once on the same bytes. A thread's states and its stream are released by a pthread key
- * destructor when the thread exits; its handle goes back to a list for the next thread. */
+ * destructor when the thread exits; its handle goes back to a list for the next thread. So is
+ * the thread's list of frees deferred during a capture (lutra_cuda_defer_free). */
 #include "cuda_backend.h"
 
 #include "kernels.h"
@@ -202,6 +203,38 @@ static void state_release(stream_state *st, cudaStream_t on) {
   free(st);
 }
 
+/* Frees that arrive while this thread captures a graph (a :free(), or the garbage collector
+ * finalizing a tensor from before the capture) must not become free nodes of the graph, which
+ * would free the buffer again at every replay: they wait until the capture ends. The list is
+ * the thread's, released with its context. */
+static _Thread_local struct {
+  void **ptrs;
+  size_t count, cap;
+} deferred;
+
+void lutra_cuda_defer_free(void *p) {
+  if (deferred.count == deferred.cap) {
+    size_t cap = deferred.cap ? 2 * deferred.cap : 64;
+    void **grown = realloc(deferred.ptrs, cap * sizeof *grown);
+    if (!grown) return; /* cannot defer: leaking is safe, freeing into the graph is not */
+    deferred.ptrs = grown;
+    deferred.cap = cap;
+  }
+  deferred.ptrs[deferred.count++] = p;
+}
+
+void lutra_cuda_free_deferred(void) {
+  for (size_t i = 0; i < deferred.count; i++)
+    cudaFreeAsync(deferred.ptrs[i], lutra_cuda_stream());
+  deferred.count = 0;
+}
+
+static void deferred_release(void) {
+  free(deferred.ptrs);
+  deferred.ptrs = NULL;
+  deferred.count = deferred.cap = 0;
+}
+
 /* Thread exit (pthread key destructor). Work this thread queued may still run: the own stream
  * is drained before its memory is freed and it is destroyed. A caller's stream may already be
  * destroyed by now, so nothing is queued on it: the device is synchronized once instead, after
@@ -220,7 +253,7 @@ static void thread_exit(void *arg) {
   cudaStreamSynchronize(s);
   cudaStreamDestroy(s);
   if (c->lt) handle_give(c->lt);
-  lutra_cuda_deferred_release();
+  deferred_release();
   free(c);
   tctx = NULL;
   (void)cudaGetLastError();

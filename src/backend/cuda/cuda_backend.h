@@ -56,10 +56,10 @@ int lutra_cuda_to_host(void *dst, const void *src, size_t bytes);
 int lutra_cuda_copy(void *dst, const void *src, size_t bytes);
 int lutra_cuda_memset(void *dst, int value, size_t bytes);
 int lutra_cuda_sync(void);
-/* Frees deferred while a capture was in progress; graph_cuda.c runs them once the capture has
- * ended. */
+/* context_cuda.c: frees deferred while this thread captures a graph (lutra_cuda_free defers
+ * them); graph_cuda.c runs them once the capture has ended. */
+void lutra_cuda_defer_free(void *p);
 void lutra_cuda_free_deferred(void);
-void lutra_cuda_deferred_release(void); /* thread exit: the list itself */
 
 /* graph_cuda.c */
 int lutra_cuda_capture_begin(void);

@@ -107,7 +107,7 @@ int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g) {
   CHECK_ARG(g && g->num > 0 && g->scratch, "bad grouped GEMM arguments");
   /* No f32 (or TF32) grouped instantiation: each costs minutes of compile time, and an f32
    * GroupedLinear with host splits runs one cuBLASLt f32 GEMM per expert instead
-   * (nn/grouped_host.c), which the module chooses itself. */
+   * (nn/grouped/grouped_host.c), which the module chooses itself. */
   if (g->dtype != LUTRA_BF16 && g->fp8)
     return lutra_error(LUTRA_EUNSUPPORTED, fn,
                        "an FP8 GroupedLinear on cuda must be bf16 (the FP8 grouped GEMM writes "

@@ -4,48 +4,21 @@
  * reused and a steady training loop makes no driver allocations. */
 #include "cuda_backend.h"
 
-#include <stdlib.h>
-
 int lutra_cuda_alloc(size_t bytes, void **out) {
   TRY(lutra_cuda_refuse_in_capture("lutra_cuda_alloc", "a device allocation"));
   return lutra_cuda_status(cudaMallocAsync(out, bytes ? bytes : 256, lutra_cuda_stream()),
                            "lutra_cuda_alloc", "cudaMallocAsync");
 }
 
-/* Frees that arrive while this thread captures a graph (a :free(), or the garbage collector
- * finalizing a tensor from before the capture) must not become free nodes of the graph, which
- * would free the buffer again at every replay: they wait until the capture ends. */
-static _Thread_local struct {
-  void **ptrs;
-  size_t count, cap;
-} deferred;
-
+/* Inside a capture the free waits for the capture's end (context_cuda.c keeps the list): a
+ * free node in the graph would free the buffer again at every replay. */
 void lutra_cuda_free(void *p) {
   if (!p) return;
   if (lutra_capture_active) {
-    if (deferred.count == deferred.cap) {
-      size_t cap = deferred.cap ? 2 * deferred.cap : 64;
-      void **grown = realloc(deferred.ptrs, cap * sizeof *grown);
-      if (!grown) return; /* cannot defer: leaking is safe, freeing into the graph is not */
-      deferred.ptrs = grown;
-      deferred.cap = cap;
-    }
-    deferred.ptrs[deferred.count++] = p;
+    lutra_cuda_defer_free(p);
     return;
   }
   cudaFreeAsync(p, lutra_cuda_stream());
-}
-
-void lutra_cuda_free_deferred(void) {
-  for (size_t i = 0; i < deferred.count; i++)
-    cudaFreeAsync(deferred.ptrs[i], lutra_cuda_stream());
-  deferred.count = 0;
-}
-
-void lutra_cuda_deferred_release(void) {
-  free(deferred.ptrs);
-  deferred.ptrs = NULL;
-  deferred.count = deferred.cap = 0;
 }
 
 int lutra_cuda_sync(void) {

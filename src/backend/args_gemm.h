@@ -1,0 +1,58 @@
+/* The backend's GEMM arguments (backend/backend.h's gemm_plan, gemm_plan_free and gemm
+ * entries): operands, the plan key and the plan, one GEMM. */
+#ifndef LUTRA_BACKEND_ARGS_GEMM_H
+#define LUTRA_BACKEND_ARGS_GEMM_H
+
+#include "backend/args_common.h"
+
+/* A GEMM operand as stored (row-major [rows, cols]) and how it is used. */
+typedef struct lutra_gemm_operand {
+  const void *data;
+  const void *scale_inv; /* FP8 only */
+  int32_t dtype;
+  int32_t scaling;
+  int64_t rows, cols;
+  int32_t trans;
+} lutra_gemm_operand;
+
+/* What a plan is cached by. Compared with memcmp: build it zeroed. */
+typedef struct lutra_gemm_key {
+  int64_t m, n, k;
+  int32_t a_dtype, b_dtype, d_dtype, bias_dtype; /* bias_dtype -1: no bias */
+  int32_t a_scaling, b_scaling;
+  int32_t transa, transb;
+  int32_t accumulate;
+  int32_t fast_accum;
+  int32_t device;
+  int32_t epilogue;    /* LUTRA_EPILOGUE_* */
+  int32_t aux_dtype;   /* -1: no aux */
+  int32_t dbias_dtype; /* -1: no dbias */
+} lutra_gemm_key;
+
+typedef struct lutra_gemm_plan {
+  lutra_gemm_key key;
+  size_t workspace_bytes; /* scratch the backend needs for this shape */
+  void *backend_plan;     /* descriptors and algorithm (CUDA); NULL on CPU */
+} lutra_gemm_plan;
+
+/* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate), then the epilogue
+ * (lutra_gemm_epilogue in lutra.h; the front has checked its combination rules). */
+typedef struct lutra_gemm_args {
+  lutra_gemm_operand a, b;
+  void *d;
+  int32_t d_dtype;
+  int32_t accumulate;
+  int64_t m, n, k;
+  const void *bias;
+  int32_t bias_dtype;
+  int32_t epilogue; /* LUTRA_EPILOGUE_* */
+  void *aux;        /* [m, n] row-major, aux_dtype (= d_dtype): GELU_AUX out, DGELU* in */
+  void *dbias;      /* DGELU_BGRAD: [n]; BGRADB: [m] */
+  int32_t aux_dtype;
+  int32_t dbias_dtype;
+  const lutra_gemm_plan *plan;
+  void *workspace;
+  size_t workspace_bytes;
+} lutra_gemm_args;
+
+#endif

@@ -1,0 +1,229 @@
+/* Optimizers: the parameter list, master weights and moments are gathered once at creation,
+ * so a step is one backend call over all tensors with no lookups.
+ *
+ * AdamW's step count: args.step on the host (the CPU's bias corrections read it), and for a
+ * device backend also a counter in device memory (args.device_step) that the step's kernel reads
+ * and advances itself, so that a CUDA graph which captured a step takes the next step at every
+ * replay. Eagerly both advance together; a capture advances only the host count (the captured
+ * kernel runs at replays), so the host count is a count of step calls, the device one of steps
+ * run. */
+#include "backend/backend.h"
+#include "backend/device.h"
+#include "core/error.h"
+#include "core/object.h"
+#include "nn/module.h"
+#include "optim/optim_state.h"
+#include "parallel/group.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct lutra_optim {
+  lutra_object obj;
+  lutra_optim_desc desc;
+  lutra_module *module; /* retained: the parameters live in it */
+  const lutra_backend *be;
+  lutra_optim_args args;
+  void **buffers; /* backend allocations behind master, m, v and the device step counter */
+  int nbuffers;
+  /* [i]: the parameter whose f32 master is args.master[i] (NULL: none), watched for writes made
+   * through the API, which must reach the master before the next step or be overwritten by it */
+  lutra_tensor **mastered;
+  /* the data-parallel sync a step last checked for its gradients (parallel/group.h) */
+  lutra_dist_settle_cache settle;
+};
+
+void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
+  if (!d) return;
+  memset(d, 0, sizeof *d);
+  d->kind = kind;
+  d->lr = kind == LUTRA_OPTIM_ADAMW ? 1e-3f : 1e-2f;
+  d->weight_decay = kind == LUTRA_OPTIM_ADAMW ? 1e-2f : 0.0f;
+  d->beta1 = 0.9f;
+  d->beta2 = 0.999f;
+  d->eps = 1e-8f;
+}
+
+static int check_desc(const lutra_optim_desc *d, const char *fn) {
+  CHECK_ARG(d->kind == LUTRA_OPTIM_SGD || d->kind == LUTRA_OPTIM_ADAMW,
+            "unknown optimizer kind %d (expected sgd or adamw)", d->kind);
+  CHECK_ARG(isfinite(d->lr) && d->lr >= 0, "lr must be finite and >= 0");
+  CHECK_ARG(isfinite(d->weight_decay) && d->weight_decay >= 0,
+            "weight_decay must be finite and >= 0");
+  CHECK_ARG(d->momentum >= 0 && d->momentum < 1, "momentum must be in [0, 1)");
+  CHECK_ARG(d->beta1 >= 0 && d->beta1 < 1 && d->beta2 >= 0 && d->beta2 < 1,
+            "beta1 and beta2 must be in [0, 1)");
+  CHECK_ARG(d->eps > 0 && isfinite(d->eps), "eps must be finite and > 0");
+  return LUTRA_OK;
+}
+
+static void optim_buffers_free(lutra_optim *o) {
+  for (int i = 0; i < o->nbuffers; i++)
+    o->be->free(o->buffers[i]);
+  free(o->buffers);
+  free(o->args.value);
+  free(o->args.value_dtype);
+  free(o->args.grad);
+  free(o->args.grad_dtype);
+  free(o->args.master);
+  free(o->mastered);
+  free(o->args.m);
+  free(o->args.v);
+  free(o->args.numel);
+  memset(&o->args, 0, sizeof o->args);
+  o->buffers = NULL;
+  o->mastered = NULL;
+  o->nbuffers = 0;
+  if (o->module) lutra_module_free(o->module);
+  o->module = NULL;
+}
+
+/* A zeroed f32 buffer of n elements, or a copy of value converted to f32. */
+static int state_buffer(lutra_optim *o, int64_t n, const lutra_tensor *init, float **out,
+                        const char *fn) {
+  void *p;
+  if (o->be->alloc((size_t)n * 4, &p) != LUTRA_OK)
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate optimizer state");
+  o->buffers[o->nbuffers++] = p;
+  *out = p;
+  if (init) return o->be->convert(init->data, init->dtype, p, LUTRA_F32, n);
+  return o->be->memset(p, 0, (size_t)n * 4);
+}
+
+static int gather(lutra_optim *o, int count, const char *fn) {
+  lutra_optim_args *a = &o->args;
+  a->count = count;
+  a->value = calloc((size_t)count, sizeof *a->value);
+  a->value_dtype = calloc((size_t)count, sizeof *a->value_dtype);
+  a->grad = calloc((size_t)count, sizeof *a->grad);
+  a->grad_dtype = calloc((size_t)count, sizeof *a->grad_dtype);
+  a->master = calloc((size_t)count, sizeof *a->master);
+  o->mastered = calloc((size_t)count, sizeof *o->mastered);
+  a->m = calloc((size_t)count, sizeof *a->m);
+  a->v = calloc((size_t)count, sizeof *a->v);
+  a->numel = calloc((size_t)count, sizeof *a->numel);
+  o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
+  if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered ||
+      !a->m || !a->v || !a->numel || !o->buffers)
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
+  bool adamw = o->desc.kind == LUTRA_OPTIM_ADAMW;
+  for (int i = 0; i < count; i++) {
+    lutra_param p;
+    TRY(o->module->ops->param(o->module, i, &p));
+    lutra_tensor *g = p.main_grad ? p.main_grad : p.grad;
+    CHECK_ARG(p.value->device == o->be->device, "parameters on different devices");
+    a->value[i] = p.value->data;
+    a->value_dtype[i] = p.value->dtype;
+    a->grad[i] = g->data;
+    a->grad_dtype[i] = g->dtype;
+    a->numel[i] = p.value->numel;
+    if (p.value->dtype != LUTRA_F32) {
+      TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
+      o->mastered[i] = p.value;
+      p.value->flags &= ~(uint32_t)LUTRA_TENSOR_WRITTEN;
+    }
+    if (adamw || o->desc.momentum != 0) TRY(state_buffer(o, p.value->numel, NULL, &a->m[i], fn));
+    if (adamw) TRY(state_buffer(o, p.value->numel, NULL, &a->v[i], fn));
+  }
+  if (adamw && o->be->device != LUTRA_CPU) {
+    /* zeroed: 0 steps taken, no block arrived (int64 step | uint32 arrivals | pad) */
+    float *counter;
+    TRY(state_buffer(o, 4, NULL, &counter, fn));
+    a->device_step = (int64_t *)counter;
+    a->arrivals = (uint32_t *)(counter + 2);
+  }
+  return LUTRA_OK;
+}
+
+int lutra_optim_new(const lutra_optim_desc *d, lutra_module *m, lutra_optim **out) {
+  static const char fn[] = "lutra_optim_new";
+  CHECK_ARG(d, "desc is NULL");
+  CHECK_ARG(out, "out is NULL");
+  TRY(check_desc(d, fn));
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  int count = m->ops->num_params(m);
+  CHECK_ARG(count > 0, "module %s has no parameters", m->ops->kind);
+  lutra_param first;
+  TRY(m->ops->param(m, 0, &first));
+  const lutra_backend *be;
+  TRY(lutra_backend_get(first.value->device, &be, fn));
+  lutra_optim *o = calloc(1, sizeof *o);
+  if (!o) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate an optimizer");
+  o->obj.magic = LUTRA_MAGIC_OPTIM;
+  o->obj.refs = 1;
+  o->desc = *d;
+  o->be = be;
+  o->module = m;
+  lutra_module_retain(m);
+  int st = gather(o, count, fn);
+  if (st != LUTRA_OK) {
+    optim_buffers_free(o);
+    free(o);
+    return st;
+  }
+  *out = o;
+  return LUTRA_OK;
+}
+
+int lutra_optim_free(lutra_optim *o) {
+  if (!o) return LUTRA_OK;
+  optim_buffers_free(o);
+  free(o);
+  return LUTRA_OK;
+}
+
+int lutra_optim_release(lutra_optim *o) {
+  static const char fn[] = "lutra_optim_release";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  optim_buffers_free(o);
+  o->obj.flags |= LUTRA_OBJ_FREED;
+  return LUTRA_OK;
+}
+
+int lutra_optim_step(lutra_optim *o) {
+  static const char fn[] = "lutra_optim_step";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
+  lutra_optim_args *a = &o->args;
+  /* a data-parallel average still running on these gradients ends first (lutra/dist.h) */
+  TRY(lutra_dist_settle_grads(a->grad, a->count, &o->settle, fn));
+  /* a parameter written through the API since the last step: its master follows the new value
+   * (a host flag per parameter; no work when nothing was written) */
+  for (int32_t i = 0; i < a->count; i++) {
+    lutra_tensor *p = o->mastered[i];
+    if (!p || !(p->flags & LUTRA_TENSOR_WRITTEN)) continue;
+    TRY(o->be->convert(p->data, p->dtype, a->master[i], LUTRA_F32, p->numel));
+    p->flags &= ~(uint32_t)LUTRA_TENSOR_WRITTEN;
+  }
+  a->lr = o->desc.lr;
+  a->momentum = o->desc.momentum;
+  a->weight_decay = o->desc.weight_decay;
+  a->beta1 = o->desc.beta1;
+  a->beta2 = o->desc.beta2;
+  a->eps = o->desc.eps;
+  a->step++;
+  int st = o->desc.kind == LUTRA_OPTIM_ADAMW ? o->be->adamw_step(a) : o->be->sgd_step(a);
+  if (st != LUTRA_OK) a->step--;
+  return st;
+}
+
+int lutra_optim_set_lr(lutra_optim *o, float lr) {
+  static const char fn[] = "lutra_optim_set_lr";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_ARG(isfinite(lr) && lr >= 0, "lr must be finite and >= 0");
+  o->desc.lr = lr;
+  return LUTRA_OK;
+}
+
+int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn) {
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
+  *v = (lutra_optim_view){.kind = o->desc.kind,
+                          .lr = &o->desc.lr,
+                          .args = &o->args,
+                          .mastered = o->mastered,
+                          .module = o->module,
+                          .be = o->be};
+  return LUTRA_OK;
+}
