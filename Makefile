@@ -52,7 +52,7 @@ ifeq ($(CUDA),1)
   LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include
   LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
-# MPI (process groups, src/dist/): on when mpicc is found (MPI=0 or MPI=1 overrides); its flags
+# MPI (process groups, src/parallel/): on when mpicc is found (MPI=0 or MPI=1 overrides); its flags
 # come from the wrapper (Open MPI's -showme, MPICH's -compile_info/-link_info). With CUDA too,
 # NCCL (which comes with the CUDA toolkit) carries the CUDA collectives.
 MPICC ?= $(shell command -v mpicc 2>/dev/null)
