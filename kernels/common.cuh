@@ -557,7 +557,7 @@ template <typename K> cudaError_t allow_smem(K *kernel, int bytes, std::atomic<u
   return e;
 }
 
-/* ---- the tiled quantizers (kernels/quantize_tile64.cu) --------------------------------------- */
+/* ---- the tiled quantizers (kernels/quantize/cast_transpose.cu) --------------------------------------- */
 
 /* Per-tensor cast with a columnwise (transposed) output, through shared-memory tiles (k_cast16's
  * 128x128 or k_tile64's 64x64); lk_cast uses it when col_data is set. Arguments are checked by

@@ -1,4 +1,4 @@
-/* Shared helpers of the activation, loss, bias and optimizer kernels (kernels/activation.cu,
+/* Shared helpers of the activation, loss, bias and optimizer kernels (kernels/activation/activation.cu,
  * loss.cu, optim.cu): dtype loads and stores (F32, BF16, F16; stores round to nearest even as
  * src/core/codec.h does), the CPU backend's element formulas, and warp/block reductions.
  *

@@ -1,4 +1,4 @@
-/* One tree's norm kernels for tools/norm_ab/main.cu: kernels/norm.cu and kernels/norm_quantize.cu
+/* One tree's norm kernels for tools/norm_ab/main.cu: kernels/norm/norm.cu and kernels/norm/norm_quantize.cu
  * of the directory AB_DIR_NORM / AB_DIR_QUANT name, their entry points renamed AB_PREFIX_lk_*
  * so that two trees link into one program. Built twice by tools/norm_ab/run.sh. */
 #define AB_CAT2(a, b)          a##_##b
@@ -16,7 +16,7 @@
 #include "kernels.h"
 #include "ops_common.cuh"
 /* at file scope: the fused norm's tile path calls the quantizer's launchers (lkq::, linked from
- * kernels/quantize_mx16.cu and quantize_block.cu), not copies in the namespace below */
+ * kernels/quantize/cast_transpose_16bit.cu and quantize_block.cu), not copies in the namespace below */
 #include "quantize_tiles.cuh"
 
 /* the two files' file-local names would clash in one translation unit, and their names of
