@@ -42,15 +42,16 @@ cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s);
  * lk_dequantize's LUTRA_SCALING_NVFP4 case */
 cudaError_t lk_quantize_nvfp4(const lutra_quant_args *a, cudaStream_t s);
 cudaError_t lk_dequantize_nvfp4(const lutra_dequant_args *a, cudaStream_t s);
-/* rowwise scaling (kernels/quantize/quantize_rowwise.cu; lutra/formats.h): lutra_backend.quantize_rowwise,
- * one launch for the rowwise copy, four for the columnwise one; no dbias or activation (the
- * caller sums the bias gradient after); lk_dequantize takes LUTRA_SCALING_ROWWISE */
+/* rowwise scaling (kernels/quantize/quantize_rowwise.cu; lutra/formats.h):
+ * lutra_backend.quantize_rowwise, one launch for the rowwise copy, four for the columnwise one; no
+ * dbias or activation (the caller sums the bias gradient after); lk_dequantize takes
+ * LUTRA_SCALING_ROWWISE */
 cudaError_t lk_quantize_rowwise(const lutra_quant_args *a, cudaStream_t s);
 /* all n metas in ONE launch (pointers passed by value in the kernel parameters) */
 cudaError_t lk_delayed_update(lutra_scale_meta *const *metas, int n, cudaStream_t s);
-/* external scaling rules (kernels/rules/rules.cu): gather every meta's [scale, history] into staging
- * (offsets as lutra_backend.rules_gather's) and roll the histories; apply: scale = scales[j],
- * scale_inv = 1 / scales[j] (scales: device memory) */
+/* external scaling rules (kernels/rules/rules.cu): gather every meta's [scale, history] into
+ * staging (offsets as lutra_backend.rules_gather's) and roll the histories; apply: scale =
+ * scales[j], scale_inv = 1 / scales[j] (scales: device memory) */
 cudaError_t lk_rules_gather(lutra_scale_meta *const *metas, int n, float *staging, cudaStream_t s);
 cudaError_t lk_rules_apply(lutra_scale_meta *const *metas, int n, const float *scales,
                            cudaStream_t s);
@@ -75,8 +76,7 @@ typedef struct lk_scratch {
 } lk_scratch;
 cudaError_t lk_activation_forward(const lutra_act_args *a, cudaStream_t s);
 cudaError_t lk_activation_backward(const lutra_act_args *a, cudaStream_t s);
-cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch,
-                         cudaStream_t s);
+cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scratch *scratch, cudaStream_t s);
 /* d[r, c] += bias[c] (for GEMMs whose epilogue cannot take the bias) */
 cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype, int64_t rows,
                         int64_t cols, cudaStream_t s);
@@ -92,17 +92,19 @@ cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, voi
  * kernel cannot return an error) */
 cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
 cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s);
-/* LayerNorm and RMSNorm (kernels/norm/norm.cu; lutra_norm_args): rows of 256 threads; the backward's
- * dgamma/dbeta column sums go through scratch->bias_partial as per-row-block partials added in
- * a fixed order (deterministic; two launches with dx up to 8192 16-bit columns, three above),
- * which needs 2 * hidden <= LK_BIAS_PARTIALS (the backend refuses larger hidden sizes first).
- * lk_norm_row_blocks: the row blocks of the wide rows' split (a function of rows and hidden). */
+/* LayerNorm and RMSNorm (kernels/norm/norm.cu; lutra_norm_args): rows of 256 threads; the
+ * backward's dgamma/dbeta column sums go through scratch->bias_partial as per-row-block partials
+ * added in a fixed order (deterministic; two launches with dx up to 8192 16-bit columns, three
+ * above), which needs 2 * hidden <= LK_BIAS_PARTIALS (the backend refuses larger hidden sizes
+ * first). lk_norm_row_blocks: the row blocks of the wide rows' split (a function of rows and
+ * hidden). */
 cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s);
 cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
                                   cudaStream_t s);
 int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden);
-/* the norm writing its output FP8 (kernels/norm/norm_quantize.cu; lutra_norm_quant_args): one launch,
- * two for per-tensor current scaling (its amax first); hidden within the norm kernels' range */
+/* the norm writing its output FP8 (kernels/norm/norm_quantize.cu; lutra_norm_quant_args): one
+ * launch, two for per-tensor current scaling (its amax first); hidden within the norm kernels'
+ * range */
 cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s);
 /* whether lk_norm_quantize takes the tile path (the statistics, then the quantizer's tile kernel)
  * for a call like a once a's norm has mean (LayerNorm) and rstd to write: the CUDA backend gives

@@ -1,8 +1,8 @@
 -- A CUDA build's kernels are compiled for sm_89 (Ada), sm_90 (Hopper) and, where the toolkit
--- knows it, sm_100, with PTX of the newest for later GPUs: every .cu file under kernels/ contributes a
--- cubin per architecture and one PTX (cuobjdump over liblutra.so), except the Hopper-only files
--- (kernels/**/*_sm90.cu: CUTLASS's warp-specialized grouped GEMM, wgmma and TMA), built for sm_90a
--- alone. Needs no GPU; skipped for a CPU-only build or without cuobjdump.
+-- knows it, sm_100, with PTX of the newest for later GPUs: every .cu file under kernels/
+-- contributes a cubin per architecture and one PTX (cuobjdump over liblutra.so), except the
+-- Hopper-only files (kernels/**/*_sm90.cu: CUTLASS's warp-specialized grouped GEMM, wgmma and TMA),
+-- built for sm_90a alone. Needs no GPU; skipped for a CPU-only build or without cuobjdump.
 local I = require("spec.support.install_tree")
 
 describe("CUDA architectures", function()

@@ -1,8 +1,8 @@
--- GroupedLinear's split-quantization kernels (kernels/grouped/grouped_quantize.cu) emulated on the CPU,
--- a thread per CUDA thread (spec/native/sim_grouped_quantize.cpp, `make sim-grouped`), against the CPU
--- backend's reference byte for byte: codes, scale inverses, scales, amaxes and bias gradients,
--- with empty and unaligned experts, the weights' pointer mode, and bad splits. Needs the CUDA
--- headers (no GPU); pending without them.
+-- GroupedLinear's split-quantization kernels (kernels/grouped/grouped_quantize.cu) emulated on the
+-- CPU, a thread per CUDA thread (spec/native/sim_grouped_quantize.cpp, `make sim-grouped`), against
+-- the CPU backend's reference byte for byte: codes, scale inverses, scales, amaxes and bias
+-- gradients, with empty and unaligned experts, the weights' pointer mode, and bad splits. Needs the
+-- CUDA headers (no GPU); pending without them.
 local shell = require("spec.support.shell")
 
 local has_headers = shell.has_cuda_header("cuda_fp16.h")

@@ -9,21 +9,21 @@
 #define LUTRA_KERNELS_ACT_CAST_CUH
 
 #include "activation_math.cuh"
-#include "common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
 
 namespace lkact {
 
 /* the activation of kind k (and its derivative); the callers have checked k, and an unknown one
  * would be taken as GELU (erf) */
 __device__ __forceinline__ float act_f(int k, float x) {
-  return lkops::act_dispatch(
-      k, [&](auto kind) { return decltype(kind)::f(x); }, [&] { return lkops::ActGeluErf::f(x); });
+  return lkc::act_dispatch(
+      k, [&](auto kind) { return decltype(kind)::f(x); }, [&] { return lkc::ActGeluErf::f(x); });
 }
 
 __device__ __forceinline__ float act_df(int k, float x) {
-  return lkops::act_dispatch(
-      k, [&](auto kind) { return decltype(kind)::df(x); },
-      [&] { return lkops::ActGeluErf::df(x); });
+  return lkc::act_dispatch(
+      k, [&](auto kind) { return decltype(kind)::df(x); }, [&] { return lkc::ActGeluErf::df(x); });
 }
 
 template <int XD> __device__ __forceinline__ float round_to(float v) {
@@ -38,19 +38,18 @@ template <int XD, class A> __device__ float act_value(const A &a, int64_t r, int
   const bool gated = k == LUTRA_ACT_SWIGLU || k == LUTRA_ACT_GEGLU || k == LUTRA_ACT_REGLU;
   float v;
   if (!gated) {
-    const float x = lkc::load1<XD>(a.act, r * a.cols + c);
-    v = a.act_forward ? act_f(k, x)
-                      : lkops::fmul(lkc::load1<XD>(a.x, r * a.cols + c), act_df(k, x));
+    const float x = lkc::ld<XD>(a.act, r * a.cols + c);
+    v = a.act_forward ? act_f(k, x) : lkc::fmul(lkc::ld<XD>(a.x, r * a.cols + c), act_df(k, x));
   } else if (a.act_forward) { /* act [rows, 2 cols]: gate, then linear half */
-    const float g = lkc::load1<XD>(a.act, r * 2 * a.cols + c);
-    const float b = lkc::load1<XD>(a.act, r * 2 * a.cols + a.cols + c);
-    v = lkops::fmul(act_f(k, g), b);
+    const float g = lkc::ld<XD>(a.act, r * 2 * a.cols + c);
+    const float b = lkc::ld<XD>(a.act, r * 2 * a.cols + a.cols + c);
+    v = lkc::fmul(act_f(k, g), b);
   } else { /* act [rows, cols], x (dy) [rows, cols / 2] */
     const int64_t h = a.cols / 2, j = c < h ? c : c - h;
-    const float g = lkc::load1<XD>(a.act, r * a.cols + j);
-    const float d = lkc::load1<XD>(a.x, r * h + j);
-    v = c < h ? lkops::fmul(lkops::fmul(d, lkc::load1<XD>(a.act, r * a.cols + h + j)), act_df(k, g))
-              : lkops::fmul(d, act_f(k, g));
+    const float g = lkc::ld<XD>(a.act, r * a.cols + j);
+    const float d = lkc::ld<XD>(a.x, r * h + j);
+    v = c < h ? lkc::fmul(lkc::fmul(d, lkc::ld<XD>(a.act, r * a.cols + h + j)), act_df(k, g))
+              : lkc::fmul(d, act_f(k, g));
   }
   return round_to<XD>(v);
 }

@@ -3,11 +3,13 @@
  * src/backend/cpu/activation_cpu.c; lk_add_bias is the bias step of
  * lutra_cpu_gemm done on an already stored D: d = round(d + bias) in f32. */
 #include "activation_math.cuh"
-#include "ops_common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
 
 #include <type_traits>
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
 
@@ -50,12 +52,12 @@ __global__ void __launch_bounds__(kThreads)
 template <bool BWD>
 cudaError_t act_launch(int act, const void *x, const void *dy, void *out, int dtype, int64_t n,
                        cudaStream_t s) {
-  if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (n < 0 || !is_float_dtype(dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x || !out || (BWD && !dy)) return cudaErrorInvalidValue;
   return with_act(act, [&](auto kind) {
     using K = decltype(kind);
-    return with_dtype(dtype, [&](auto tag) {
+    return with_float_dtype(dtype, [&](auto tag) {
       constexpr int DT = decltype(tag)::value;
       constexpr int V = vec16<DT>();
       const bool vec = aligned(x, 16) && aligned(out, 16) && (!BWD || aligned(dy, 16));
@@ -98,7 +100,8 @@ __global__ void __launch_bounds__(kThreads)
 
 template <bool BWD> cudaError_t gated_launch(const lutra_act_args *a, cudaStream_t s) {
   const int64_t rows = a->rows, cols = a->cols;
-  if (rows < 0 || cols < 0 || cols % 2 != 0 || !float_dtype(a->dtype)) return cudaErrorInvalidValue;
+  if (rows < 0 || cols < 0 || cols % 2 != 0 || !is_float_dtype(a->dtype))
+    return cudaErrorInvalidValue;
   const int64_t h = cols / 2;
   if (rows == 0 || h == 0) return cudaSuccess;
   if (!a->x || !a->out || (BWD && !a->dy)) return cudaErrorInvalidValue;
@@ -106,7 +109,7 @@ template <bool BWD> cudaError_t gated_launch(const lutra_act_args *a, cudaStream
       static_cast<unsigned>(imin<int64_t>(cdiv<int64_t>(rows * h, kThreads), kMaxBlocks));
   return with_act(a->act, [&](auto kind) {
     using K = decltype(kind);
-    return with_dtype(a->dtype, [&](auto tag) {
+    return with_float_dtype(a->dtype, [&](auto tag) {
       constexpr int DT = decltype(tag)::value;
       gated_kernel<K, DT, BWD><<<blocks, kThreads, 0, s>>>(a->x, a->dy, a->out, rows, h);
       return cudaGetLastError();
@@ -259,12 +262,12 @@ extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scra
   const int dtype = a->dtype, db_dtype = a->db_dtype, accumulate = a->accumulate;
   const int64_t rows = a->rows, cols = a->cols;
   const int32_t *skip = a->skip;
-  if (rows < 0 || cols < 0 || !float_dtype(dtype) || !float_dtype(db_dtype))
+  if (rows < 0 || cols < 0 || !is_float_dtype(dtype) || !is_float_dtype(db_dtype))
     return cudaErrorInvalidValue;
   if (cols == 0) return cudaSuccess;
   /* rows == 0 still writes db (zeros, or db itself when accumulating), as the CPU does */
   if (!db || (rows > 0 && !dy)) return cudaErrorInvalidValue;
-  return with_dtype(dtype, [&](auto tag) {
+  return with_float_dtype(dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     constexpr int V = vec16<DT>();
     const bool vec = cols % V == 0 && aligned(dy, 16);
@@ -300,13 +303,13 @@ extern "C" cudaError_t lk_bias_grad(const lutra_bias_grad_args *a, const lk_scra
 
 extern "C" cudaError_t lk_add_bias(void *d, int d_dtype, const void *bias, int bias_dtype,
                                    int64_t rows, int64_t cols, cudaStream_t s) {
-  if (rows < 0 || cols < 0 || !float_dtype(d_dtype) || !float_dtype(bias_dtype))
+  if (rows < 0 || cols < 0 || !is_float_dtype(d_dtype) || !is_float_dtype(bias_dtype))
     return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (!d || !bias) return cudaErrorInvalidValue;
-  return with_dtype(d_dtype, [&](auto dtag) {
+  return with_float_dtype(d_dtype, [&](auto dtag) {
     constexpr int DD = decltype(dtag)::value;
-    return with_dtype(bias_dtype, [&](auto btag) {
+    return with_float_dtype(bias_dtype, [&](auto btag) {
       constexpr int DB = decltype(btag)::value;
       constexpr int V = vec16<DD>();
       const bool vec = cols % V == 0 && aligned(d, 16) &&

@@ -18,10 +18,10 @@
  * older than sm_90 (which the launchers never pick: bulk_copies()), a copy is a memcpy done at
  * issue and a wait does nothing: the protocol puts a block barrier between every issue and the
  * first read. The simulation checks the protocol's indexing that way, not the mbarriers. */
-#ifndef LUTRA_KERNELS_BULK_ROWS_CUH
-#define LUTRA_KERNELS_BULK_ROWS_CUH
+#ifndef LUTRA_KERNELS_COMMON_BULK_ROWS_CUH
+#define LUTRA_KERNELS_COMMON_BULK_ROWS_CUH
 
-#include "common.cuh"
+#include "common/launch.cuh"
 
 #include <atomic>
 #include <cstdint>

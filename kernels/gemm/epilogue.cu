@@ -1,11 +1,16 @@
 /* GEMM epilogues done by kernels (kernels.h), for the plans whose epilogue cuBLASLt does not run
  * (src/backend/cuda/gemm_cuda.c): the GEMM writes its f32 result (D itself, or an f32 staging
  * scratch) and these finish it in place, as src/backend/cpu/gemm_cpu.c does on the f32 result
- * before its single rounding. The GELU formulas are ops_common.cuh's, operation for operation the
- * CPU's (src/backend/cpu/activation_cpu.c: the tanh approximation, as cuBLASLt's GELU epilogue). */
-#include "ops_common.cuh"
+ * before its single rounding. The GELU formulas are activation_math.cuh's, operation for operation
+ * the CPU's (src/backend/cpu/activation_cpu.c: the tanh approximation, as cuBLASLt's GELU
+ * epilogue). */
+#include "activation/activation_math.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
 
@@ -54,10 +59,10 @@ __global__ void __launch_bounds__(kThreads) row_sum_kernel(const void *__restric
 } // namespace
 
 extern "C" cudaError_t lk_gelu_aux(float *x, void *aux, int aux_dtype, int64_t n, cudaStream_t s) {
-  if (n < 0 || !float_dtype(aux_dtype)) return cudaErrorInvalidValue;
+  if (n < 0 || !is_float_dtype(aux_dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x || !aux) return cudaErrorInvalidValue;
-  return with_dtype(aux_dtype, [&](auto tag) {
+  return with_float_dtype(aux_dtype, [&](auto tag) {
     constexpr int AUX = decltype(tag)::value;
     gelu_aux_kernel<AUX><<<grid_for(n), kThreads, 0, s>>>(x, aux, n);
     return cudaGetLastError();
@@ -66,10 +71,10 @@ extern "C" cudaError_t lk_gelu_aux(float *x, void *aux, int aux_dtype, int64_t n
 
 extern "C" cudaError_t lk_dgelu(float *x, const void *aux, int aux_dtype, int64_t n,
                                 cudaStream_t s) {
-  if (n < 0 || !float_dtype(aux_dtype)) return cudaErrorInvalidValue;
+  if (n < 0 || !is_float_dtype(aux_dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x || !aux) return cudaErrorInvalidValue;
-  return with_dtype(aux_dtype, [&](auto tag) {
+  return with_float_dtype(aux_dtype, [&](auto tag) {
     constexpr int AUX = decltype(tag)::value;
     dgelu_kernel<AUX><<<grid_for(n), kThreads, 0, s>>>(x, aux, n);
     return cudaGetLastError();
@@ -78,12 +83,12 @@ extern "C" cudaError_t lk_dgelu(float *x, const void *aux, int aux_dtype, int64_
 
 extern "C" cudaError_t lk_row_sum(const void *x, int dtype, int64_t rows, int64_t cols, void *out,
                                   int out_dtype, cudaStream_t s) {
-  if (rows < 0 || cols < 0 || !float_dtype(dtype) || !float_dtype(out_dtype))
+  if (rows < 0 || cols < 0 || !is_float_dtype(dtype) || !is_float_dtype(out_dtype))
     return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   /* cols == 0 still writes zeros, as the CPU does */
   if (!out || (cols > 0 && !x)) return cudaErrorInvalidValue;
-  return with_dtype(dtype, [&](auto tag) {
+  return with_float_dtype(dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     const unsigned blocks = static_cast<unsigned>(imin<int64_t>(rows, 65535));
     row_sum_kernel<DT><<<blocks, kThreads, 0, s>>>(x, rows, cols, out, out_dtype);

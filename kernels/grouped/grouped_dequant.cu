@@ -8,7 +8,9 @@
  * source is read along its rows, the output written along its rows. Values are
  * decode(code) * scale_inv in f32, as the CPU's dequantize, rounded once to bf16 (exact for the
  * power-of-two scales of MXFP8 and of power-of-two block scales). */
-#include "common.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/launch.cuh"
 #include "grouped_kernels.h"
 #include "grouped_rows.cuh"
 

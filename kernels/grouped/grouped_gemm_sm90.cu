@@ -30,8 +30,8 @@
  * FP8 operands the FP8 instantiations do not take (MXFP8: Hopper has no MXFP8 tensor cores;
  * 1x128 / 128x128 blocks: CUTLASS's Hopper grouped kernels take per-tensor scales only; an E4M3
  * grad_output into main_grad) run as Linear runs them on Hopper (backend/cuda/gemm_cuda.c): each
- * operand dequantized to bf16 by one launch for all experts (kernels/grouped/grouped_dequant.cu, into
- * the workspace after the CUTLASS kernels' own, in the bf16 path's orientation), then the bf16
+ * operand dequantized to bf16 by one launch for all experts (kernels/grouped/grouped_dequant.cu,
+ * into the workspace after the CUTLASS kernels' own, in the bf16 path's orientation), then the bf16
  * instantiation of the pass, with K = the padded rows in WGRAD as the FP8 kernels.
  *
  * A GEMM object is initialized once per instantiation, scratch, workspace and expert count

@@ -16,10 +16,16 @@
  * them: bad splits (a split < 0, or a sum other than the rows) set *bad_split from block 0 and
  * every block returns without writing. A 16-row tile never straddles two experts: padded
  * offsets are multiples of 16. Per-tensor scaling only (delayed and current); the block-scaled
- * recipes are kernels/grouped/grouped_quantize_blocks.cu. Codes and scales are bit for bit the CPU's
- * (common.cuh's conversions; spec/native/sim_grouped_quantize.cpp checks the kernels on the CPU). */
+ * recipes are kernels/grouped/grouped_quantize_blocks.cu. Codes and scales are bit for bit the
+ * CPU's (common/codec.cuh's conversions; spec/native/sim_grouped_quantize.cpp checks the kernels on
+ * the CPU). */
 #include "activation/act_cast.cuh"
-#include "common.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 #include "grouped_kernels.h"
 #include "grouped_rows.cuh"
 
@@ -32,18 +38,18 @@ using namespace lkc;
 constexpr int THREADS = 128;
 
 __device__ __forceinline__ float load1_any(const void *p, int dtype, int64_t i) {
-  return dtype == LUTRA_F32    ? load1<LUTRA_F32>(p, i)
-         : dtype == LUTRA_BF16 ? load1<LUTRA_BF16>(p, i)
-                               : load1<LUTRA_F16>(p, i);
+  return dtype == LUTRA_F32    ? ld<LUTRA_F32>(p, i)
+         : dtype == LUTRA_BF16 ? ld<LUTRA_BF16>(p, i)
+                               : ld<LUTRA_F16>(p, i);
 }
 
 __device__ __forceinline__ void store1_any(void *p, int dtype, int64_t i, float v) {
   if (dtype == LUTRA_F32)
-    store1<LUTRA_F32>(p, i, v);
+    st<LUTRA_F32>(p, i, v);
   else if (dtype == LUTRA_BF16)
-    store1<LUTRA_BF16>(p, i, v);
+    st<LUTRA_BF16>(p, i, v);
   else
-    store1<LUTRA_F16>(p, i, v);
+    st<LUTRA_F16>(p, i, v);
 }
 constexpr int TILE_ROWS = 16;
 
@@ -84,8 +90,8 @@ __device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *
 
 /* 16 consecutive elements of row r of the block's expert from column c, zero past its s rows
  * and past the last column; VEC: the row starts are 16-byte aligned and cols % 16 == 0. With a
- * fused activation the elements are act(x) (kernels/activation/act_cast.cuh), one by one: a gated kind
- * reads two columns of x per element, which no 16-byte load covers. */
+ * fused activation the elements are act(x) (kernels/activation/act_cast.cuh), one by one: a gated
+ * kind reads two columns of x per element, which no 16-byte load covers. */
 template <int XD, bool VEC>
 __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, int64_t r,
                                          int64_t c, float (&v)[16]) {
@@ -103,11 +109,11 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
   const void *base = a.xs ? a.xs[w.e] : a.x;
   const int64_t i = (a.xs ? r : w.R + r) * a.cols + c;
   if (VEC) {
-    load16<XD>(base, i, v);
+    ldv<XD, 16>(base, i, v);
   } else {
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
-      v[k] = c + k < a.cols ? load1<XD>(base, i + k) : 0.0f;
+      v[k] = c + k < a.cols ? ld<XD>(base, i + k) : 0.0f;
   }
 }
 
@@ -176,7 +182,7 @@ __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
       m = fmaxf(m, fabsf(v[k]));
     if (a.act_out && r0 + tr < w.s) /* the activation's output, kept for the backward */
       for (int k = 0; k < 16 && c + k < cols; k++)
-        store1<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
+        st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
     const uint4 q = encode16<OD>(v, sc);
     if (c < cols) {
       uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
@@ -236,7 +242,7 @@ template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a)
   double acc = a.dbias_accumulate ? (double)load1_any(db, a.dbias_dtype, c) : 0.0;
 #pragma unroll 8 /* the loads run ahead; the sums stay in row order */
   for (int64_t r = w.R; r < w.R + w.s; r++)
-    acc += (double)(a.act ? lkact::act_value<XD>(a, r, c) : load1<XD>(a.x, r * a.cols + c));
+    acc += (double)(a.act ? lkact::act_value<XD>(a, r, c) : ld<XD>(a.x, r * a.cols + c));
   store1_any(db, a.dbias_dtype, c, (float)acc);
 }
 
@@ -271,7 +277,7 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;
     /* the weights (xs) are the module's own allocations; a token matrix may be a view */
-    const bool vec = a.cols % 16 == 0 && (a.xs || aligned16(a.x)) && aligned16(a.data);
+    const bool vec = a.cols % 16 == 0 && (a.xs || aligned(a.x, 16)) && aligned(a.data, 16);
     cudaError_t e = with_bool(vec, [&](auto v) {
       constexpr bool VEC = decltype(v)::value;
       if (a.current) LKC_LAUNCH((k_amax<XD, VEC>), tiles, THREADS, 0, st, a);

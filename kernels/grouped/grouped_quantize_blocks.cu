@@ -14,9 +14,14 @@
  * Columnwise codes are stored 16 rows at a time as one 16-byte word (row groups start at
  * multiples of 16 in the expert's transpose). The first thread of each block scans the splits
  * (O(num_gemms)) for its group and checks them: bad splits set *bad_split from block (0, 0) and
- * no block writes. Codes and scales are bit for bit the CPU's (common.cuh's conversions;
+ * no block writes. Codes and scales are bit for bit the CPU's (common/codec.cuh's conversions;
  * spec/native/sim_grouped_quantize.cpp checks the kernel on the CPU). */
-#include "common.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 #include "grouped_kernels.h"
 #include "grouped_rows.cuh"
 
@@ -66,8 +71,8 @@ template <int XD>
 __device__ __forceinline__ float value_at(const BlockQuant &a, const Group &g, int64_t r,
                                           int64_t c) {
   if (r >= g.s || c >= a.cols) return 0.0f;
-  if (a.xs) return load1<XD>(a.xs[g.e], r * a.cols + c);
-  return load1<XD>(a.x, (g.R + r) * a.cols + c);
+  if (a.xs) return ld<XD>(a.xs[g.e], r * a.cols + c);
+  return ld<XD>(a.x, (g.R + r) * a.cols + c);
 }
 
 /* columnwise codes: byte k of 16 collected in w, stored as one word when the 16th arrives */

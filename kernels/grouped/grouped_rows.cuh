@@ -1,7 +1,7 @@
 /* What the split quantizers share (kernels/grouped/grouped_quantize.cu,
- * kernels/grouped/grouped_quantize_blocks.cu): the rows being quantized, split among the experts, and the
- * scale rule's settings, as lutra_grouped_quant_args (src/backend/backend.h) gives them. Each
- * kernel's argument struct derives from it and adds its own outputs. */
+ * kernels/grouped/grouped_quantize_blocks.cu): the rows being quantized, split among the experts,
+ * and the scale rule's settings, as lutra_grouped_quant_args (src/backend/backend.h) gives them.
+ * Each kernel's argument struct derives from it and adds its own outputs. */
 #ifndef LUTRA_KERNELS_GROUPED_ROWS_CUH
 #define LUTRA_KERNELS_GROUPED_ROWS_CUH
 

@@ -8,9 +8,12 @@
  * stream, so two threads' losses mixed their partials and arrival counts); the last block to
  * finish adds the partials in a fixed order and writes *loss. No host synchronization, no
  * allocation. */
-#include "ops_common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
 
@@ -191,12 +194,12 @@ extern "C" cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratc
   float *loss = a->loss;
   const int dtype = a->dtype;
   const int64_t n = a->n;
-  if (n < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (n < 0 || !is_float_dtype(dtype)) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!pred || !target || !loss) return cudaErrorInvalidValue;
   double *sp = scratch->loss_partial;
   unsigned *sd = scratch->loss_done;
-  return with_dtype(dtype, [&](auto tag) {
+  return with_float_dtype(dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     constexpr int V = vec16<DT>();
     const float scale = 2.0f / static_cast<float>(n); /* the CPU's f32 scale */
@@ -220,12 +223,12 @@ extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratc
   float *loss = a->loss;
   const int dtype = a->dtype;
   const int64_t rows = a->rows, cols = a->cols;
-  if (rows < 0 || cols < 0 || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (rows < 0 || cols < 0 || !is_float_dtype(dtype)) return cudaErrorInvalidValue;
   if (rows == 0 || cols == 0) return cudaSuccess;
   if (!logits || !labels || !loss) return cudaErrorInvalidValue;
   double *sp = scratch->loss_partial;
   unsigned *sd = scratch->loss_done;
-  return with_dtype(dtype, [&](auto tag) {
+  return with_float_dtype(dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     constexpr int V = vec16<DT>();
     const float inv_rows = 1.0f / static_cast<float>(rows); /* the CPU's f32 1 / rows */

@@ -17,12 +17,15 @@
  * then the row copy. The combines (permute backward, unpermute) are one thread per element
  * group of a token, adding the k rows in order in f32 as the CPU does (the same bits); the
  * unpermute backward is a block per slot, its dot product in double with a fixed tree. */
-#include "ops_common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
 
 #include <limits.h>
 
-/* spec/native/sim_moe.cpp runs these kernels on the host, one thread per CUDA thread: it defines its
- * own launch, dynamic shared memory and grid cap (small, so that the grid-stride loops loop) */
+/* spec/native/sim_moe.cpp runs these kernels on the host, one thread per CUDA thread: it defines
+ * its own launch, dynamic shared memory and grid cap (small, so that the grid-stride loops loop) */
 #ifndef LKM_LAUNCH
 #define LKM_LAUNCH(kernel, grid, block, smem, stream, ...)                                         \
   kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
@@ -31,7 +34,7 @@
 #define LKM_MAX_GRID 65535
 #endif
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
 
@@ -359,7 +362,7 @@ bool rows_vectorizable(int64_t hidden, const void *a, const void *b, const void 
 extern "C" cudaError_t lk_moe_topk_forward(const lutra_topk_args *a, cudaStream_t s) {
   if (a->k < 1 || a->k > kMaxK) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->tokens, kRouterThreads));
-  return with_dtype(a->dtype, [&](auto dt) {
+  return with_float_dtype(a->dtype, [&](auto dt) {
     auto kernel = topk_forward_kernel<decltype(dt)::value>;
     LKM_LAUNCH(kernel, grid, kRouterThreads, 0, s, a->logits, a->tokens, a->experts, a->k,
                a->renormalize, static_cast<double>(a->scaling_factor), a->probs, a->indices);
@@ -370,7 +373,7 @@ extern "C" cudaError_t lk_moe_topk_forward(const lutra_topk_args *a, cudaStream_
 extern "C" cudaError_t lk_moe_topk_backward(const lutra_topk_args *a, cudaStream_t s) {
   if (a->k < 1 || a->k > kMaxK) return cudaErrorInvalidValue;
   const unsigned grid = static_cast<unsigned>(cdiv<int64_t>(a->tokens, kRouterThreads));
-  return with_dtype(a->dtype, [&](auto dt) {
+  return with_float_dtype(a->dtype, [&](auto dt) {
     auto kernel = topk_backward_kernel<decltype(dt)::value>;
     LKM_LAUNCH(kernel, grid, kRouterThreads, 0, s, a->logits, a->indices, a->dprobs, a->tokens,
                a->experts, a->k, a->renormalize, static_cast<double>(a->scaling_factor),
@@ -414,7 +417,7 @@ extern "C" cudaError_t lk_moe_permute(const lutra_permute_args *a, cudaStream_t 
 }
 
 template <bool WEIGHTED> static cudaError_t combine(const lutra_permute_args *a, cudaStream_t s) {
-  return with_dtype(a->dtype, [&](auto dt) {
+  return with_float_dtype(a->dtype, [&](auto dt) {
     constexpr int DT = decltype(dt)::value;
     const bool vec = rows_vectorizable<DT>(a->hidden, a->x, a->out, nullptr);
     auto kernel = vec ? combine_kernel<DT, vec16<DT>(), WEIGHTED> : combine_kernel<DT, 1, WEIGHTED>;
@@ -431,15 +434,15 @@ extern "C" cudaError_t lk_moe_permute_backward(const lutra_permute_args *a, cuda
 }
 
 extern "C" cudaError_t lk_moe_unpermute(const lutra_permute_args *a, cudaStream_t s) {
-  if (!float_dtype(a->probs_dtype)) return cudaErrorInvalidValue;
+  if (!is_float_dtype(a->probs_dtype)) return cudaErrorInvalidValue;
   return combine<true>(a, s);
 }
 
 extern "C" cudaError_t lk_moe_unpermute_backward(const lutra_permute_args *a, cudaStream_t s) {
-  if (!float_dtype(a->probs_dtype)) return cudaErrorInvalidValue;
+  if (!is_float_dtype(a->probs_dtype)) return cudaErrorInvalidValue;
   const int64_t slots = a->tokens * a->k;
   const unsigned grid = grid_for(slots, 1);
-  return with_dtype(a->dtype, [&](auto dt) {
+  return with_float_dtype(a->dtype, [&](auto dt) {
     constexpr int DT = decltype(dt)::value;
     const bool vec = rows_vectorizable<DT>(a->hidden, a->x, a->dy, a->out);
     auto kernel =

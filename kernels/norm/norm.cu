@@ -34,13 +34,14 @@
  * Wider rows take norm_fwd / norm_dx (x re-read from L2 per pass) and the column-tile partials
  * of norm_dgamma_partial (x and dy read again). */
 #include "common/bulk_rows.cuh"
-#include "common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
 #include "norm_rows.cuh"
-#include "ops_common.cuh"
 
 #include <atomic>
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
 
@@ -303,7 +304,7 @@ template <class F> cudaError_t with_param_dtype(int dt, F &&f) {
 }
 
 bool bad(const lutra_norm_args *a) {
-  return !a || a->rows < 0 || a->hidden <= 0 || !float_dtype(a->dtype) || !a->x || !a->gamma ||
+  return !a || a->rows < 0 || a->hidden <= 0 || !is_float_dtype(a->dtype) || !a->x || !a->gamma ||
          (!a->rms && !a->beta) || a->rows > 0x7FFFFFFF;
 }
 
@@ -385,7 +386,7 @@ int64_t fwd_rows_per_block(const lutra_norm_args *a, bool pairs) {
 cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
   if (bad(a) || !a->y) return cudaErrorInvalidValue;
   if (a->rows == 0) return cudaSuccess;
-  return with_dtype(a->dtype, [&](auto t) {
+  return with_float_dtype(a->dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
     return with_param_dtype(a->param_dtype, [&](auto pt) {
       constexpr int PDT = decltype(pt)::value;
@@ -412,7 +413,7 @@ cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *sc
   if (bad(a) || !a->dy || !a->rstd || (!a->rms && (!a->mean || !a->dbeta)) || !a->dgamma ||
       !scratch || 2 * a->hidden > LK_BIAS_PARTIALS)
     return cudaErrorInvalidValue;
-  return with_dtype(a->dtype, [&](auto t) {
+  return with_float_dtype(a->dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
     return with_param_dtype(a->param_dtype, [&](auto pt) {
       constexpr int PDT = decltype(pt)::value;

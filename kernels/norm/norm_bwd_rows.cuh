@@ -1,19 +1,18 @@
-/* The row-resident norm backward (norm_bwd_rows) and its selection: included by kernels/norm/norm.cu
- * inside its unnamed namespace, after the constants it uses (kGroupRows); no
+/* The row-resident norm backward (norm_bwd_rows) and its selection: included by
+ * kernels/norm/norm.cu inside its unnamed namespace, after the constants it uses (kGroupRows); no
  * include guard (spec/native/sim_norm.cpp and tools/norm_ab include norm.cu inside namespaces of
  * their own). */
 
 /* The LayerNorm / RMSNorm backward in one pass over x and dy (see the top of the file): dx
  * when asked for, and the dgamma sums of row block blockIdx.x into partial[rb][c] and, for
  * LayerNorm, its dbeta sums into partial[nrb + rb][c] (f32). Dynamic shared memory: two doubles
- * per column a thread holds, then with S > 0 the S stages of rows (kernels/common/bulk_rows.cuh) and
- * their barriers.
- * S = 0: the next row's x and dy loaded into registers during this row (one row ahead);
- * S > 0: rows S ahead brought into shared memory by the copy engine (16-byte rows, V > 1).
+ * per column a thread holds, then with S > 0 the S stages of rows (kernels/common/bulk_rows.cuh)
+ * and their barriers. S = 0: the next row's x and dy loaded into registers during this row (one row
+ * ahead); S > 0: rows S ahead brought into shared memory by the copy engine (16-byte rows, V > 1).
  * FULL: rows of exactly NC V kRowThreads columns, no column checks (the staged kernels only). */
 /* the backward holds two rows (this one and the next, as loaded) of x and dy: two blocks an SM
  * fit 128 registers up to 32 bytes of each a thread */
-template <int DT, int V, int NC> LKOPS_HD constexpr int bwd_blocks_per_sm() {
+template <int DT, int V, int NC> LKC_HD constexpr int bwd_blocks_per_sm() {
   return NC * V * (DT == LUTRA_F32 ? 4 : 2) <= 32 ? 2 : 1;
 }
 
@@ -21,7 +20,7 @@ constexpr int kBwdStages = 3; /* rows in flight a block of the staged backward *
 
 /* the staged backward's stage bytes: one row of x and one of dy, then the row's mean and rstd
  * (16 bytes, for the copies' alignment) */
-template <int DT> LKOPS_HD int64_t bwd_stage_bytes(int64_t h) {
+template <int DT> LKC_HD int64_t bwd_stage_bytes(int64_t h) {
   return 2 * h * (DT == LUTRA_F32 ? 4 : 2) + 16;
 }
 

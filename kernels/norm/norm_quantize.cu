@@ -3,18 +3,19 @@
  * src/backend/cpu/norm_quantize_cpu.c = layernorm_forward followed by the quantizer).
  *
  * Per-tensor scaling with rows of up to 8192 elements takes the row-resident kernels
- * (kernels/norm/norm_quantize_rows.cuh: one pass over x, both copies' codes from it). Block scaling,
- * and per-tensor scaling with both copies of a large matrix of wider rows, take the tile path
- * where there is room for the rows' statistics (launch_tiles below: the statistics, then the
+ * (kernels/norm/norm_quantize_rows.cuh: one pass over x, both copies' codes from it). Block
+ * scaling, and per-tensor scaling with both copies of a large matrix of wider rows, take the tile
+ * path where there is room for the rows' statistics (launch_tiles below: the statistics, then the
  * quantizer's own tile kernel normalizing as it loads). Elsewhere (block scaling of f32 or
  * unaligned inputs, per-tensor rows wider than 8192 elements) the tile kernel of
  * norm_quantize_tile.cuh. */
-#include "common.cuh"
+#include "common/elements.cuh"
+#include "common/launch.cuh"
+#include "common/scale.cuh"
 #include "norm_rows.cuh"
-#include "ops_common.cuh"
 #include "quantize/quantize_tiles.cuh"
 
-using namespace lkops;
+using namespace lkc;
 
 #include "norm_quantize_tile.cuh"
 
@@ -208,7 +209,7 @@ unsigned staged_grid(int64_t rows, int64_t hidden, int cl) {
 
 cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
   const lutra_norm_args &n = p.n;
-  return with_dtype(n.dtype, [&](auto t) {
+  return with_float_dtype(n.dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
     return with_param_dtype(n.param_dtype, [&](auto pt) {
       constexpr int PDT = decltype(pt)::value;
@@ -268,7 +269,7 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
 bool bad(const lutra_norm_quant_args *a) {
   const lutra_norm_args &n = a->norm;
   const lutra_quant_args &q = a->quant;
-  if (n.rows < 0 || n.hidden <= 0 || n.rows > 0x7FFFFFFF || !float_dtype(n.dtype) || !n.x ||
+  if (n.rows < 0 || n.hidden <= 0 || n.rows > 0x7FFFFFFF || !is_float_dtype(n.dtype) || !n.x ||
       !n.gamma || (!n.rms && !n.beta))
     return true;
   if ((q.data && !q.scale_inv) || (q.col_data && !q.col_scale_inv)) return true;

@@ -2,6 +2,10 @@
  * lk_norm_quantize picks them for rows of up to kResident elements a thread). Included by
  * norm_quantize.cu once its Params and code helpers are defined; no include guard
  * (spec/native/sim_norm.cpp includes the .cu inside a namespace of its own). */
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
 
 namespace {
 

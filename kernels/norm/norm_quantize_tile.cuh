@@ -4,8 +4,8 @@
  * inside a namespace of its own). The tile kernel:
  * one block of 512 threads per tile of TR rows, in one launch from x to the codes:
  *   1. the row statistics: for block scaling with mean and rstd kept for backward, from
- *      k_row_stats (kernels/norm/norm_rows.cuh) launched first, which the tile kernel reads; else one
- *      warp per row (row_stats: norm_fwd's 256-thread split, vector width, per-thread order and
+ *      k_row_stats (kernels/norm/norm_rows.cuh) launched first, which the tile kernel reads; else
+ * one warp per row (row_stats: norm_fwd's 256-thread split, vector width, per-thread order and
  *      block_sum tree, emulated by the warp's lanes); the same mean and rstd bits as
  *      lk_layernorm_forward either way;
  *   2. per chunk of CW columns: y for the TR x CW sub-tile (16-byte loads, 8 rows x 4 vectors
@@ -22,6 +22,11 @@
  * block writes amax and scale (k_current_scale's arrival count), then the cast with that scale;
  * one launch cannot do both without a grid-wide barrier, since every code needs the amax of
  * every row. */
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 
 namespace {
 
@@ -74,7 +79,8 @@ __device__ __forceinline__ float block_scale(const Params &p, float amax) {
 }
 
 /* current scaling's first pass: the block's max|y| into the running maximum; the last block to
- * arrive writes amax and the scale (k_current_scale's arrival protocol, kernels/quantize/quantize.cu) */
+ * arrive writes amax and the scale (k_current_scale's arrival protocol,
+ * kernels/quantize/quantize.cu) */
 __device__ __forceinline__ void tensor_amax_arrive(const Params &p, float m) {
   float *acc = reinterpret_cast<float *>(p.work);
   if (m >= 0.0f) lkc::atomic_fmax(acc, m);
@@ -227,7 +233,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_norm_quantize(Params p) {
           const int64_t r = r0 + i, c = c0 + jb * 32 + lane;
           if (r >= rows || c0 + jb * 32 >= h) continue; /* uniform over the warp */
           const float v = tile[i * LD + jb * 32 + lane];
-          const float am = fmaxf(0.0f, lkops::warp_max(fabsf(v))); /* NaNs ignored, as fmaxf */
+          const float am = fmaxf(0.0f, lkc::warp_max(fabsf(v))); /* NaNs ignored, as fmaxf */
           const uint32_t e = lkc::e8m0_bits(am * p.max_rcp);
           p.data[r * h + c] = code<OD>(v, lkc::mx_scale_rcp(e));
           if (lane == 0) sc[r * (h / 32) + c / 32] = static_cast<uint8_t>(e);
@@ -239,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_norm_quantize(Params p) {
           const int64_t c = c0 + j, r = r0 + lane;
           if (c >= h) continue;
           const float v = tile[lane * LD + j];
-          const float am = fmaxf(0.0f, lkops::warp_max(fabsf(v)));
+          const float am = fmaxf(0.0f, lkc::warp_max(fabsf(v)));
           const uint32_t e = lkc::e8m0_bits(am * p.max_rcp);
           p.col_data[c * rows + r] = code<OD>(v, lkc::mx_scale_rcp(e));
           if (lane == 0) sc[c * (rows / 32) + r0 / 32] = static_cast<uint8_t>(e);
@@ -258,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_norm_quantize(Params p) {
 #pragma unroll
           for (int k = 0; k < CW / 32; k++)
             am = fmaxf(am, fabsf(tile[i * LD + lane + 32 * k]));
-          am = lkops::warp_max(am);
+          am = lkc::warp_max(am);
           const float bs = block_scale(p, am);
 #pragma unroll
           for (int k = 0; k < CW / 32; k++) {
@@ -277,7 +283,7 @@ __global__ void __launch_bounds__(kThreads, 2) k_norm_quantize(Params p) {
 #pragma unroll
           for (int k = 0; k < TR / 32; k++)
             am = fmaxf(am, fabsf(tile[(lane + 32 * k) * LD + j]));
-          am = lkops::warp_max(am);
+          am = lkc::warp_max(am);
           const float bs = block_scale(p, am);
 #pragma unroll
           for (int k = 0; k < TR / 32; k++) {

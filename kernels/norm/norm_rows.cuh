@@ -1,20 +1,22 @@
-/* What the norm kernels share (kernels/norm/norm.cu, kernels/norm/norm_quantize.cu): the row split of
- * kRowThreads threads whose order every row sum follows (norm_cpu.c row_sum repeats it), its
+/* What the norm kernels share (kernels/norm/norm.cu, kernels/norm/norm_quantize.cu): the row split
+ * of kRowThreads threads whose order every row sum follows (norm_cpu.c row_sum repeats it), its
  * block reduction, and the row-resident kernels' chunk loads.
  * No include guard, and everything in an unnamed namespace: spec/native/sim_norm.cpp includes both
  * .cu files into one translation unit, each inside a namespace of its own (the two headers
  * below have guards). */
-#include "common.cuh"
-#include "ops_common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
 
 namespace {
 
-using namespace lkops;
+using namespace lkc;
 
 constexpr int kRowThreads = 256, kRowWarps = kRowThreads / 32;
 constexpr int kResident = 32; /* the most row elements a thread of a row-resident kernel holds */
 
-/* The sums of the block's threads, N at a time, in block_sum's tree (kernels/ops_common.cuh:
+/* The sums of the block's threads, N at a time, in block_sum's tree (kernels/common/reduce.cuh:
  * a butterfly per warp, the warps in order from 0.0). fin(t, lead) then runs in warp 0 alone
  * and stores in red.out (lead: lane 0) what every thread reads after the return. The next call
  * may follow at once: part is rewritten only after everyone passed this call's last barrier. */

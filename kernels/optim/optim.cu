@@ -1,6 +1,6 @@
 /* SGD and AdamW steps over many tensors per launch (kernels.h). Semantics: lutra_cpu_sgd_step
  * and lutra_cpu_adamw_step (src/backend/cpu/optim_cpu.c), bit for bit: the element updates are
- * ops_common.cuh's sgd_update / adamw_update, rounded where the CPU rounds.
+ * sgd_update / adamw_update below, rounded where the CPU rounds (common/f32.cuh's fadd...).
  *
  * Multi-tensor apply: the kernel parameters (a __grid_constant__ struct, read in place) carry
  * up to kMaxTensors tensors' pointers, sizes and dtypes plus the prefix sums of their chunk
@@ -12,14 +12,50 @@
  * corrections come from t = *device_step + 1, read in the kernel, and the kernel advances the
  * counter itself, so that a CUDA graph that captured the launch takes steps t, t + 1, ... when
  * replayed (a step passed by value would be frozen into the graph). See device_step() below. */
-#include "ops_common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
 
 #include <math.h>
 #include <string.h>
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
+
+/* ---- the element updates (optim_cpu.c, operation for operation) ---------------------------- */
+
+struct SgdHyper {
+  float lr, mu, wd;
+};
+
+/* one SGD element: w from master or value, g the gradient; mom is read and written when
+ * has_mom (the CPU's momentum != 0) */
+LKC_HD float sgd_update(float w, float g, bool has_mom, float &mom, const SgdHyper &h) {
+  g = fadd(g, fmul(h.wd, w));
+  if (has_mom) {
+    mom = fadd(fmul(h.mu, mom), g);
+    g = mom;
+  }
+  return fsub(w, fmul(h.lr, g));
+}
+
+struct AdamHyper {
+  float lr;
+  float decay;      /* lr * weight_decay, f32 */
+  float b1, b2;     /* betas */
+  float omb1, omb2; /* 1 - beta, f32 */
+  float bc1, bc2;   /* (float)(1 - pow(beta, step)), computed in double on the host */
+  float eps;
+};
+
+LKC_HD float adamw_update(float w, float g, float &m, float &v, const AdamHyper &h) {
+  w = fsub(w, fmul(h.decay, w));
+  m = fadd(fmul(h.b1, m), fmul(h.omb1, g));
+  v = fadd(fmul(h.b2, v), fmul(fmul(h.omb2, g), g));
+  const float mhat = fdiv(m, h.bc1), vhat = fdiv(v, h.bc2);
+  return fsub(w, fdiv(fmul(h.lr, mhat), fadd(fsqrt(vhat), h.eps)));
+}
 
 constexpr int kThreads = 256;
 constexpr int kVec = 4;                     /* elements per thread access */
@@ -177,7 +213,7 @@ bool args_ok(const lutra_optim_args *a, bool need_m, bool need_v) {
   if ((need_m && !a->m) || (need_v && !a->v)) return false;
   for (int32_t i = 0; i < a->count; i++) {
     const int vdt = a->value_dtype[i], gdt = a->grad_dtype[i];
-    if (a->numel[i] < 0 || !float_dtype(vdt) || (gdt != LUTRA_F32 && gdt != vdt)) return false;
+    if (a->numel[i] < 0 || !is_float_dtype(vdt) || (gdt != LUTRA_F32 && gdt != vdt)) return false;
     if (a->numel[i] == 0) continue;
     if (cdiv<int64_t>(a->numel[i], kChunk) > kMaxChunksPerLaunch) return false;
     if (!a->value[i] || !a->grad[i]) return false;

@@ -18,7 +18,13 @@
  * visit tiles in bands of LUTRA_TILE_BAND tile rows (tile_coords). */
 #include "activation/act_cast.cuh"
 #include "activation/activation_math.cuh"
-#include "ops_common.cuh"
+#include "cast_transpose.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 #include "quantize_tiles.cuh"
 
 using namespace lkc;
@@ -69,7 +75,7 @@ __device__ __forceinline__ void act_unit(const TileArgs &a, int64_t r, int64_t c
   if (a.act_out && r < a.rows) {
 #pragma unroll
     for (int k = 0; k < 16; k++)
-      if (c + k < a.cols) store1<XD>(a.act_out, r * a.cols + c + k, v[k]);
+      if (c + k < a.cols) st<XD>(a.act_out, r * a.cols + c + k, v[k]);
   }
 }
 
@@ -118,10 +124,10 @@ __device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
   __syncthreads();
   if (half == 0 && col < a.cols) {
     double total =
-        a.dbias_accumulate ? static_cast<double>(lkops::ld_rt(a.dbias, a.dbias_dtype, col)) : 0.0;
+        a.dbias_accumulate ? static_cast<double>(lkc::ld_rt(a.dbias, a.dbias_dtype, col)) : 0.0;
     total += part;
     total += half_sum[cc];
-    lkops::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
+    lkc::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
   }
   if (t == 0) a.dbias_count[tc] = 0;
   __syncthreads(); /* half_sum is free again */

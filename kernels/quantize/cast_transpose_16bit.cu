@@ -108,8 +108,7 @@ __device__ __forceinline__ float mx_scale(uint32_t m, float max_rcp, uint32_t &e
 }
 
 /* codes of v[k] * s as encode16 */
-template <int OD>
-__device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
+template <int OD> __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
   float p[8];
 #pragma unroll
   for (int k = 0; k < 8; k++)
@@ -261,8 +260,7 @@ __device__ __forceinline__ void mx_norm(const TileArgs &a, int64_t r, int64_t c,
       w[j] = half_bits<XD>(lo) | half_bits<XD>(hi) << 16;
     }
     x[i] = make_uint4(w[0], w[1], w[2], w[3]);
-    if (n.y)
-      *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(n.y) + (r + i) * a.cols + c) = x[i];
+    if (n.y) *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(n.y) + (r + i) * a.cols + c) = x[i];
   }
 }
 
@@ -468,8 +466,8 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
 bool lkq::t128_ok(const lutra_quant_args *q, const TileArgs &a, int64_t multiple) {
   const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
   return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias &&
-         q->rows % multiple == 0 && q->cols % multiple == 0 && aligned16(a.x) &&
-         aligned16(a.data) && aligned16(a.col_data) && tiles_r * tiles_c < UINT32_MAX;
+         q->rows % multiple == 0 && q->cols % multiple == 0 && aligned(a.x, 16) &&
+         aligned(a.data, 16) && aligned(a.col_data, 16) && tiles_r * tiles_c < UINT32_MAX;
 }
 
 /* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile; the NORM kernels where

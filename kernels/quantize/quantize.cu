@@ -1,12 +1,18 @@
 /* Element-wise conversion, fill, amax, current-scaling scale, per-tensor FP8 cast (rowwise; the
  * transposed output is in cast_transpose.cu and cast_transpose_16bit.cu), dequantization and the
  * delayed-scaling update. Each matches its lutra_cpu_* namesake in src/backend/cpu/quantize_cpu.c
- * bit for bit (see common.cuh).
+ * bit for bit (see kernels/common/base.cuh).
  *
  * The element-wise kernels work on units of 16 consecutive elements (16-byte loads and stores:
  * 4 x 16 B of f32, 2 x 16 B of bf16/f16, 16 B of FP8) over a grid-stride loop; the last n % 16
  * elements, and whole arrays whose pointers are not 16-byte aligned, take a scalar path. */
-#include "common.cuh"
+#include "cast_transpose.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 
 #include <math.h>
 
@@ -40,13 +46,13 @@ __global__ void __launch_bounds__(THREADS) k_convert(const void *src, void *dst,
     const int64_t units = n / UNIT;
     for (int64_t u = tid; u < units; u += nt) {
       float v[UNIT];
-      load16<SD>(src, u * UNIT, v);
-      store16<DD>(dst, u * UNIT, v);
+      ldv<SD, 16>(src, u * UNIT, v);
+      stv<DD, 16>(dst, u * UNIT, v);
     }
     done = units * UNIT;
   }
   for (int64_t i = done + tid; i < n; i += nt)
-    store1<DD>(dst, i, load1<SD>(src, i));
+    st<DD>(dst, i, ld<SD>(src, i));
 }
 
 /* ---- fill ------------------------------------------------------------------------------------ */
@@ -83,7 +89,7 @@ __device__ __forceinline__ float thread_amax(const void *x, int64_t n, int64_t t
     const int64_t units = n / UNIT;
     for (int64_t u = tid; u < units; u += nt) {
       float v[UNIT];
-      load16<DT>(x, u * UNIT, v);
+      ldv<DT, 16>(x, u * UNIT, v);
 #pragma unroll
       for (int k = 0; k < UNIT; k++)
         m = fmaxf(m, fabsf(v[k]));
@@ -91,7 +97,7 @@ __device__ __forceinline__ float thread_amax(const void *x, int64_t n, int64_t t
     done = units * UNIT;
   }
   for (int64_t i = done + tid; i < n; i += nt)
-    m = fmaxf(m, fabsf(load1<DT>(x, i)));
+    m = fmaxf(m, fabsf(ld<DT>(x, i)));
   return m;
 }
 
@@ -158,7 +164,7 @@ template <int XD, int OD, bool VEC> __global__ void __launch_bounds__(THREADS) k
     const int64_t units = a.n / UNIT;
     for (int64_t u = tid; u < units; u += nt) {
       float v[UNIT];
-      load16<XD>(a.x, u * UNIT, v);
+      ldv<XD, 16>(a.x, u * UNIT, v);
       if (a.amax) {
 #pragma unroll
         for (int k = 0; k < UNIT; k++)
@@ -169,7 +175,7 @@ template <int XD, int OD, bool VEC> __global__ void __launch_bounds__(THREADS) k
     done = units * UNIT;
   }
   for (int64_t i = done + tid; i < a.n; i += nt) {
-    const float v = load1<XD>(a.x, i);
+    const float v = ld<XD>(a.x, i);
     m = fmaxf(m, fabsf(v));
     if (a.data) a.data[i] = (uint8_t)encode1<OD>(v, s);
   }
@@ -248,13 +254,13 @@ __global__ void __launch_bounds__(THREADS) k_dequant(DequantArgs a) {
             if (is_nan(v[k])) v[k] = mul_x86(c[k], f);
         }
       }
-      store16<OD>(a.out, u * UNIT, v);
+      stv<OD, 16>(a.out, u * UNIT, v);
     }
     done = units * UNIT;
   }
   for (int64_t i = done + tid; i < a.n; i += nt) {
     const float c = fp8_value<DT>(a.data[i]), f = dequant_factor(a, i);
-    store1<OD>(a.out, i, OD == LUTRA_F32 ? mul_x86(c, f) : c * f);
+    st<OD>(a.out, i, OD == LUTRA_F32 ? mul_x86(c, f) : c * f);
   }
 }
 
@@ -357,7 +363,7 @@ extern "C" cudaError_t lk_convert(const void *src, int src_dtype, void *dst, int
     const size_t bytes = (size_t)n * (src_dtype == LUTRA_F32 ? 4 : 2);
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
   }
-  const bool vec = aligned16(src) && aligned16(dst);
+  const bool vec = aligned(src, 16) && aligned(dst, 16);
   return with_float_dtype(src_dtype, [&](auto sd) {
     return with_float_dtype(dst_dtype, [&](auto dd) {
       return with_bool(vec, [&](auto v) {
@@ -411,7 +417,7 @@ extern "C" cudaError_t lk_fill(void *dst, int dtype, int64_t n, float value, cud
   if (n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!dst) return cudaErrorInvalidValue;
-  const bool vec = aligned16(dst);
+  const bool vec = aligned(dst, 16);
   const int64_t blocks = flat_blocks(vec ? n * esz / 16 + 1 : n, false);
   return with_bool(vec, [&](auto v) {
     constexpr auto K4 = k_fill<4, decltype(v)::value>;
@@ -428,7 +434,7 @@ extern "C" cudaError_t lk_amax(const void *x, int dtype, int64_t n, float *amax,
   if (!is_float_dtype(dtype) || !amax || n < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   if (!x) return cudaErrorInvalidValue;
-  const bool vec = aligned16(x);
+  const bool vec = aligned(x, 16);
   return with_float_dtype(dtype, [&](auto d) {
     return with_bool(vec, [&](auto v) {
       constexpr auto K = k_amax<decltype(d)::value, decltype(v)::value>;
@@ -444,7 +450,7 @@ extern "C" cudaError_t lk_current_scale(const void *x, int dtype, int64_t n, flo
   if (!is_float_dtype(dtype) || !amax || !scale || !work || n < 0 || (n > 0 && !x))
     return cudaErrorInvalidValue;
   /* n == 0 still launches (one block): amax 0 and its scale are written */
-  const bool vec = aligned16(x);
+  const bool vec = aligned(x, 16);
   return with_float_dtype(dtype, [&](auto d) {
     return with_bool(vec, [&](auto v) {
       constexpr auto K = k_current_scale<decltype(d)::value, decltype(v)::value>;
@@ -484,7 +490,7 @@ extern "C" cudaError_t lk_cast(const lutra_quant_args *a, cudaStream_t s) {
   c.n = (c.data || c.amax) ? n : 0;
   if (c.n == 0 && !c.scale_inv && !c.col_scale_inv) return cudaSuccess;
   if (c.n > 0 && !c.x) return cudaErrorInvalidValue;
-  const bool vec = aligned16(c.x) && aligned16(c.data);
+  const bool vec = aligned(c.x, 16) && aligned(c.data, 16);
   return with_float_dtype(a->x_dtype, [&](auto xd) {
     return with_fp8_dtype(a->out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
@@ -524,7 +530,7 @@ extern "C" cudaError_t lk_dequantize(const lutra_dequant_args *a, cudaStream_t s
   d.scaling = a->scaling;
   if (d.n == 0) return cudaSuccess;
   /* a 16-element unit stays within one row and one scale block when cols % 16 == 0 */
-  const bool vec = aligned16(d.data) && aligned16(d.out) && a->cols % UNIT == 0;
+  const bool vec = aligned(d.data, 16) && aligned(d.out, 16) && a->cols % UNIT == 0;
   return with_fp8_dtype(a->dtype, [&](auto dt) {
     return with_float_dtype(a->out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {

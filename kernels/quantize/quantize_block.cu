@@ -3,6 +3,7 @@
  * multiple of 4 keeps the 16-byte stores aligned, and the 4-word skew puts the 4 rows x 2 units
  * written together in distinct banks; a thread then takes 32 consecutive rows of one column and
  * stores the transposed row's 32 codes with two 16-byte stores. */
+#include "common/scale.cuh"
 #include "quantize_tiles.cuh"
 
 using namespace lkc;
@@ -31,7 +32,7 @@ __device__ __forceinline__ void block_norm(const TileArgs &a, int64_t r, int64_t
 #pragma unroll
   for (int k = 0; k < 16; k++)
     v[k] = half_value<XD>(half_bits<XD>(norm_value(n, v[k], mean, rstd, g[k], b[k])));
-  if (n.y) store16<XD>(n.y, r * a.cols + c, v);
+  if (n.y) stv<XD, 16>(n.y, r * a.cols + c, v);
 }
 
 /* NORM: the tile is normalized as it is loaded (NormIn; 16-bit x, the vector path, 1x128) */

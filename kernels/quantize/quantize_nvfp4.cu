@@ -1,11 +1,12 @@
 /* NVFP4 quantization and dequantization (lutra/nvfp4.h), the CPU's src/backend/cpu/nvfp4_cpu.c
- * byte for byte: the per-thread work is kernels/quantize/nvfp4_math.cuh's. Per copy: a launch zeroes the
- * copy's amax word (the second f32 behind its block scales), a launch takes the amax (of the
- * RHT'd values for an RHT copy) into it with atomicMax on the bits (non-negative floats order as
- * their bits; fmaxf drops NaN as the CPU's does), and a launch writes one 1x16 block per thread
+ * byte for byte: the per-thread work is kernels/quantize/nvfp4_math.cuh's. Per copy: a launch
+ * zeroes the copy's amax word (the second f32 behind its block scales), a launch takes the amax (of
+ * the RHT'd values for an RHT copy) into it with atomicMax on the bits (non-negative floats order
+ * as their bits; fmaxf drops NaN as the CPU's does), and a launch writes one 1x16 block per thread
  * (or one 16x16 tile per thread for 2D roles), the decode scale by thread 0. Every launch reads
  * the skip flag first. A thread's columnwise block reads 16 values a row apart: correct first,
  * not tuned (Hopper has no FP4 GEMM to feed, so these casts are not on a fast path yet). */
+#include "common/launch.cuh"
 #include "nvfp4_math.cuh"
 
 using namespace lknv;
@@ -84,14 +85,13 @@ __global__ void __launch_bounds__(THREADS)
 }
 
 unsigned grid_for(int64_t n) {
-  return (unsigned)lkops::imax<int64_t>(1,
-                                        lkops::imin<int64_t>((n + THREADS - 1) / THREADS, 1 << 20));
+  return (unsigned)lkc::imax<int64_t>(1, lkc::imin<int64_t>((n + THREADS - 1) / THREADS, 1 << 20));
 }
 
 } // namespace
 
 extern "C" cudaError_t lk_quantize_nvfp4(const lutra_quant_args *q, cudaStream_t s) {
-  if (!q || !lkops::float_dtype(q->x_dtype) || q->out_dtype != LUTRA_E2M1 || q->rows < 0 ||
+  if (!q || !lkc::is_float_dtype(q->x_dtype) || q->out_dtype != LUTRA_E2M1 || q->rows < 0 ||
       q->cols < 0 || q->rows % B || q->cols % B || (q->nvfp4 & ~LUTRA_NVFP4_OPTION_MASK) ||
       ((q->nvfp4 & LUTRA_NVFP4_2D) && (q->nvfp4 & LUTRA_NVFP4_RHT)) || q->dbias || q->act ||
       (q->data && !q->scale_inv) || (q->col_data && !q->col_scale_inv))
@@ -115,7 +115,7 @@ extern "C" cudaError_t lk_quantize_nvfp4(const lutra_quant_args *q, cudaStream_t
 }
 
 extern "C" cudaError_t lk_dequantize_nvfp4(const lutra_dequant_args *d, cudaStream_t s) {
-  if (!d || d->dtype != LUTRA_E2M1 || !lkops::float_dtype(d->out_dtype) || d->rows < 0 ||
+  if (!d || d->dtype != LUTRA_E2M1 || !lkc::is_float_dtype(d->out_dtype) || d->rows < 0 ||
       d->cols < 0 || d->cols % B || !d->data || !d->scale_inv || !d->out)
     return cudaErrorInvalidValue;
   const int64_t n = d->rows * (d->cols / B);

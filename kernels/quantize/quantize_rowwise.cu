@@ -16,7 +16,12 @@
  *      with consecutive threads storing consecutive words (or bytes) of one output row,
  *   4. col_scale_inv[c] = 1 / scale_rule(amax[c]), replacing the amax.
  * Every launch reads skip (TE's noop flag) first and writes nothing when it is set. */
-#include "common.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 
 using namespace lkc;
 
@@ -59,26 +64,26 @@ __global__ void __launch_bounds__(THREADS) k_rows(const RowwiseArgs a) {
     if (VEC) {
       for (int64_t u = lane; u < cols / 16; u += 32) {
         float v[16];
-        load16<DT>(a.x, base + u * 16, v);
+        ldv<DT, 16>(a.x, base + u * 16, v);
 #pragma unroll
         for (int k = 0; k < 16; k++)
           m = fmaxf(m, fabsf(v[k]));
       }
     } else {
       for (int64_t c = lane; c < cols; c += 32)
-        m = fmaxf(m, fabsf(load1<DT>(a.x, base + c)));
+        m = fmaxf(m, fabsf(ld<DT>(a.x, base + c)));
     }
     m = warp_max(m);
     const float s = scale_rule(m, a.fp8_max, a.power_2_scale, a.epsilon);
     if (VEC) {
       for (int64_t u = lane; u < cols / 16; u += 32) {
         float v[16];
-        load16<DT>(a.x, base + u * 16, v);
+        ldv<DT, 16>(a.x, base + u * 16, v);
         *reinterpret_cast<uint4 *>(a.data + base + u * 16) = encode16<OD>(v, s);
       }
     } else {
       for (int64_t c = lane; c < cols; c += 32)
-        a.data[base + c] = (uint8_t)encode1<OD>(load1<DT>(a.x, base + c), s);
+        a.data[base + c] = (uint8_t)encode1<OD>(ld<DT>(a.x, base + c), s);
     }
     if (lane == 0) a.scale_inv[r] = div_x86(1.0f, s);
   }
@@ -106,7 +111,7 @@ template <int DT> __global__ void __launch_bounds__(THREADS) k_col_amax(const Ro
   float m = 0.0f;
   if (c < a.cols)
     for (int64_t r = r0 + rl; r < r1; r += AMAX_ROW_LANES)
-      m = fmaxf(m, fabsf(load1<DT>(a.x, r * a.cols + c)));
+      m = fmaxf(m, fabsf(ld<DT>(a.x, r * a.cols + c)));
   part[rl][cl] = m;
   __syncthreads();
   if (rl == 0 && c < a.cols) {
@@ -133,7 +138,7 @@ __global__ void __launch_bounds__(THREADS) k_col_cast(const RowwiseArgs a) {
   for (int i = t; i < TILE * TILE; i += THREADS) {
     const int tr = i / TILE, tc = i % TILE;
     const int64_t r = r0 + tr, c = c0 + tc;
-    if (r < a.rows && c < a.cols) tile[tr][tc] = load1<DT>(a.x, r * a.cols + c);
+    if (r < a.rows && c < a.cols) tile[tr][tc] = ld<DT>(a.x, r * a.cols + c);
   }
   __syncthreads();
   if (WORDS) {
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(THREADS) k_col_finish(const RowwiseArgs a) {
 template <int DT, int OD> cudaError_t launch(const RowwiseArgs &r, cudaStream_t s) {
   const int64_t rows = r.rows, cols = r.cols;
   if (r.data && rows > 0) {
-    const bool vec = cols % 16 == 0 && aligned16(r.x) && aligned16(r.data);
+    const bool vec = cols % 16 == 0 && aligned(r.x, 16) && aligned(r.data, 16);
     cudaError_t e = with_bool(vec, [&](auto v) {
       constexpr auto K = k_rows<DT, OD, decltype(v)::value>;
       LKC_LAUNCH(K, persistent_grid<K>((rows + WARPS - 1) / WARPS, THREADS, 0), THREADS, 0, s, r);

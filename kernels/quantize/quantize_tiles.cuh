@@ -1,9 +1,10 @@
 /* What the tiled quantizers share: their arguments (TileArgs), the 16-value load and store units
  * of a tile's rows and columns, the end of a per-tensor cast and the launchers' argument set-up.
  * The kernels are in cast_transpose.cu (64x64 tiles: per-tensor cast + transpose and MXFP8 of
- * any input; it holds lk_quantize_mxfp8 and lkc::cast_transpose), cast_transpose_16bit.cu (128x128 tiles
- * of bf16 / f16 inputs: MXFP8 and the per-tensor cast + transpose) and quantize_block.cu
- * (Float8BlockScaling). Each matches src/backend/cpu/quantize_cpu.c bit for bit (see common.cuh).
+ * any input; it holds lk_quantize_mxfp8 and lkc::cast_transpose), cast_transpose_16bit.cu (128x128
+ * tiles of bf16 / f16 inputs: MXFP8 and the per-tensor cast + transpose) and quantize_block.cu
+ * (Float8BlockScaling). Each matches src/backend/cpu/quantize_cpu.c bit for bit (see
+ * kernels/common/base.cuh).
  *
  * A block reads a tile of x once, with 16-byte loads (each thread holds 16 consecutive values of
  * a row per unit), and writes the rowwise codes straight from registers with 16-byte stores.
@@ -16,8 +17,11 @@
 #ifndef LUTRA_KERNELS_QUANTIZE_TILES_CUH
 #define LUTRA_KERNELS_QUANTIZE_TILES_CUH
 
-#include "common.cuh"
-#include "ops_common.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
 
 #include <math.h>
 
@@ -25,11 +29,11 @@ namespace lkq {
 
 using namespace lkc;
 
-/* A norm applied to x as a tile is loaded (lk_norm_quantize, kernels/norm/norm_quantize.cu, with the
- * rows' statistics computed first): y = ((x - mean[r]) * rstd[r]) * g[c] (+ beta[c]), norm_fwd's
- * f32 order of operations with g = gamma (+ 1 for a zero-centered gamma), rounded into x's dtype
- * as the stored y would be. The tile is then quantized as if it had been read from y, so the
- * codes equal the norm's output quantized, bit for bit. Only the kernels instantiated with NORM
+/* A norm applied to x as a tile is loaded (lk_norm_quantize, kernels/norm/norm_quantize.cu, with
+ * the rows' statistics computed first): y = ((x - mean[r]) * rstd[r]) * g[c] (+ beta[c]),
+ * norm_fwd's f32 order of operations with g = gamma (+ 1 for a zero-centered gamma), rounded into
+ * x's dtype as the stored y would be. The tile is then quantized as if it had been read from y, so
+ * the codes equal the norm's output quantized, bit for bit. Only the kernels instantiated with NORM
  * read it; rstd is never NULL there. */
 struct NormIn {
   const float *mean; /* NULL for RMSNorm (mean 0) */
@@ -122,15 +126,15 @@ __device__ __forceinline__ void norm_params(const NormIn &n, int64_t c, float (&
   if (n.zero_centered) {
 #pragma unroll
     for (int k = 0; k < N; k++)
-      g[k] = lkops::fadd(g[k], 1.0f);
+      g[k] = lkc::fadd(g[k], 1.0f);
   }
 }
 
-/* y of one value, unrounded (lkops' operations: never contracted into an FMA) */
+/* y of one value, unrounded (common/f32.cuh's operations: never contracted into an FMA) */
 __device__ __forceinline__ float norm_value(const NormIn &n, float x, float mean, float rstd,
                                             float g, float b) {
-  const float y = lkops::fmul(lkops::fmul(lkops::fsub(x, mean), rstd), g);
-  return n.beta ? lkops::fadd(y, b) : y;
+  const float y = lkc::fmul(lkc::fmul(lkc::fsub(x, mean), rstd), g);
+  return n.beta ? lkc::fadd(y, b) : y;
 }
 
 /* the 16 values of row r from column c (zeros outside the matrix) */
@@ -138,7 +142,7 @@ template <int XD, bool VEC>
 __device__ __forceinline__ void load_unit(const TileArgs &a, int64_t r, int64_t c, float (&v)[16]) {
   if (VEC) {
     if (r < a.rows && c < a.cols) {
-      load16<XD>(a.x, r * a.cols + c, v);
+      ldv<XD, 16>(a.x, r * a.cols + c, v);
     } else {
 #pragma unroll
       for (int k = 0; k < 16; k++)
@@ -147,7 +151,7 @@ __device__ __forceinline__ void load_unit(const TileArgs &a, int64_t r, int64_t 
   } else {
 #pragma unroll
     for (int k = 0; k < 16; k++)
-      v[k] = (r < a.rows && c + k < a.cols) ? load1<XD>(a.x, r * a.cols + c + k) : 0.0f;
+      v[k] = (r < a.rows && c + k < a.cols) ? ld<XD>(a.x, r * a.cols + c + k) : 0.0f;
   }
 }
 
@@ -164,8 +168,8 @@ __device__ __forceinline__ void load_raw(const TileArgs &a, const void *src, int
   constexpr int N = RawUnit<XD>::N;
   if (VEC) {
     if (r < a.rows && c < a.cols) {
-      const uint4 *q = reinterpret_cast<const uint4 *>(
-          static_cast<const unsigned char *>(src) + (r * a.cols + c) * lkc::elem_size<XD>::value);
+      const uint4 *q = reinterpret_cast<const uint4 *>(static_cast<const unsigned char *>(src) +
+                                                       (r * a.cols + c) * lkc::elem_size<XD>());
 #pragma unroll
       for (int k = 0; k < N; k++)
         u.w[k] = __ldg(q + k);
@@ -297,8 +301,9 @@ __device__ __forceinline__ void cast_finish(const Args &a, float m_loc, float s)
 /* ---- launch helpers -------------------------------------------------------------------------- */
 
 inline bool vec_ok(const TileArgs &a) {
-  return a.cols % 16 == 0 && (!a.col_data || a.rows % 16 == 0) && aligned16(a.x) &&
-         aligned16(a.data) && aligned16(a.col_data) && aligned16(a.act) && aligned16(a.act_out);
+  return a.cols % 16 == 0 && (!a.col_data || a.rows % 16 == 0) && aligned(a.x, 16) &&
+         aligned(a.data, 16) && aligned(a.col_data, 16) && aligned(a.act, 16) &&
+         aligned(a.act_out, 16);
 }
 
 inline TileArgs tile_args(const lutra_quant_args *q, int64_t tile) {
@@ -326,7 +331,8 @@ inline void block_outputs(TileArgs &a, const lutra_quant_args *q, bool row_out, 
   }
 }
 
-/* ---- the 128x128 kernels' eligibility and launcher (cast_transpose_16bit.cu) ------------------------ */
+/* ---- the 128x128 kernels' eligibility and launcher (cast_transpose_16bit.cu)
+ * ------------------------ */
 
 /* k_mx16 (MXFP8) and k_cast16 (the per-tensor cast + transpose) take 16-bit inputs whose dims are
  * multiples of `multiple` (32 for MXFP8 blocks; 16 for the cast: a thread's 8x8 values all in or

@@ -2,9 +2,11 @@
  * src/backend/cpu/residual_cpu.c): one f32 addition (fadd: never contracted) per element,
  * rounded once, so the result is the CPU's bit for bit. Grid-stride, 16-byte vectors when every
  * pointer is aligned. */
-#include "ops_common.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
 
-using namespace lkops;
+using namespace lkc;
 
 namespace {
 
@@ -34,9 +36,10 @@ __global__ void __launch_bounds__(kThreads)
 
 extern "C" cudaError_t lk_add(const void *a, const void *b, void *out, int dtype, int64_t n,
                               cudaStream_t s) {
-  if (n < 0 || (n > 0 && (!a || !b || !out)) || !float_dtype(dtype)) return cudaErrorInvalidValue;
+  if (n < 0 || (n > 0 && (!a || !b || !out)) || !is_float_dtype(dtype))
+    return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
-  return with_dtype(dtype, [&](auto t) {
+  return with_float_dtype(dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
     constexpr int V = vec16<DT>();
     const bool vec = aligned(a, 16) && aligned(b, 16) && aligned(out, 16);

@@ -2,7 +2,7 @@
  * one device buffer (copied to the host in one transfer) and the history rolled as
  * lk_delayed_update does; then the scales the host computed written. One block per meta; the
  * metas go in the kernel parameters, up to RULE_CHUNK per launch. */
-#include "common.cuh"
+#include "common/f32.cuh"
 #include "kernels.h"
 
 #include <string.h>

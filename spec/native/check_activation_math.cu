@@ -19,7 +19,7 @@ extern "C" {
 #include "backend/cpu/cpu.h"
 }
 
-using namespace lkops;
+using namespace lkc;
 
 static std::vector<float> values() {
   std::vector<float> v = {0.0f,    -0.0f,  1.0f,    -1.0f,   INFINITY, -INFINITY,

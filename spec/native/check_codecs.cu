@@ -123,8 +123,7 @@ int main(int argc, char **argv) {
     done++;
   }
 
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   long long total = 0;
   for (int c = 0; c < NCONV; c++) {
     std::printf("%-5s %lld mismatches\n", names[c], mismatches[c]);

@@ -3,8 +3,8 @@
  * over every code, the packing of two codes per byte (__nv_fp4x2: element 0 in the low nibble),
  * and NVFP4's block scale step (E4M3 through cuda_fp8.h) over a sweep of block amaxes. On sm_90
  * the device conversions are these same functions (the PTX cvt to e2m1 needs sm_100a), so a
- * mismatch here is a place where the CPU reference and kernels/quantize/quantize_nvfp4.cu would disagree.
- * Needs nvcc (built as host code: nvcc -x cu), not a GPU.
+ * mismatch here is a place where the CPU reference and kernels/quantize/quantize_nvfp4.cu would
+ * disagree. Needs nvcc (built as host code: nvcc -x cu), not a GPU.
  *
  *   check_fp4 [STRIDE]   f32 patterns 0, STRIDE, 2*STRIDE, ... (default 1: all 2^32)
  *

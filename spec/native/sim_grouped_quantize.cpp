@@ -1,12 +1,13 @@
-/* Runs GroupedLinear's split-quantization kernels (kernels/grouped/grouped_quantize.cu) on the CPU, one
- * std::thread per CUDA thread, and compares every output byte (codes, scale inverses, scales,
+/* Runs GroupedLinear's split-quantization kernels (kernels/grouped/grouped_quantize.cu) on the CPU,
+ * one std::thread per CUDA thread, and compares every output byte (codes, scale inverses, scales,
  * amaxes, bias gradients) with the CPU backend's reference (lutra_cpu_grouped_quantize), for
  * token splits with empty experts and sizes that are no multiple of 16, for the weights (one
  * pointer per expert), under delayed and current scaling, E4M3 and E5M2, f32 and bf16 inputs,
  * with an activation inside the cast (forward: its output quantized; backward: its input
  * gradient, with the bias gradient; gated kinds; the matrix also written to act_out);
  * and that a bad split sets the flag and writes nothing. For the kernels' indexing, barriers
- * and atomics on a machine without a GPU; FP8 conversions take common.cuh's integer path here.
+ * and atomics on a machine without a GPU; FP8 conversions take common/codec.cuh's integer path
+ * here.
  *
  *   make CUDA=0 && make sim-grouped */
 #include "sim_harness.h"
@@ -186,8 +187,9 @@ static void run_case(const Case &c, uint64_t seed) {
   printf("%s %s\n", failures ? "..." : "ok  ", c.name);
 }
 
-/* ---- the block-scaled recipes (kernels/grouped/grouped_quantize_blocks.cu) and the dequantization for
- * the GEMM (kernels/grouped/grouped_dequant.cu) ---------------------------------------------------- */
+/* ---- the block-scaled recipes (kernels/grouped/grouped_quantize_blocks.cu) and the dequantization
+ * for the GEMM (kernels/grouped/grouped_dequant.cu)
+ * ---------------------------------------------------- */
 
 struct BlockCase {
   const char *name;

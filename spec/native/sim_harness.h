@@ -1,10 +1,10 @@
-/* The CUDA device model the kernel emulators share (spec/native/sim_*.cpp): each includes this, then
- * the kernels' .cu files, and runs them on the CPU against the CPU backend, one std::thread per
- * CUDA thread. A grid runs block after block; a block's threads run concurrently, with real
+/* The CUDA device model the kernel emulators share (spec/native/sim_*.cpp): each includes this,
+ * then the kernels' .cu files, and runs them on the CPU against the CPU backend, one std::thread
+ * per CUDA thread. A grid runs block after block; a block's threads run concurrently, with real
  * barriers for __syncthreads and per-warp barriers for the shuffles, votes and matches, so that a
  * missing barrier or a wrong lane shows as a wrong byte or a hang. Atomics take one mutex. The
  * runtime calls the launchers make see a small device (3 SMs, 2 blocks each), so that
- * persistent kernels loop over several tiles per block. Conversions take common.cuh's integer
+ * persistent kernels loop over several tiles per block. Conversions take common/codec.cuh's integer
  * path here (the host has no cvt instruction): the hardware conversions are the GPU specs' job.
  *
  * A sim points its kernels' launch hook at SIM_LAUNCH (LKC_LAUNCH, LKM_LAUNCH) before including
@@ -60,7 +60,7 @@ static dim3 sim_grid, sim_block;
 #define gridDim   sim_grid
 #define blockDim  sim_block
 
-/* the block's dynamic shared memory (common.cuh leaves lkc::dyn_smem to the sim) */
+/* the block's dynamic shared memory (common/reduce.cuh leaves lkc::dyn_smem to the sim) */
 namespace lkc {
 static inline unsigned char *dyn_smem() {
   return sim_blk->smem.data();

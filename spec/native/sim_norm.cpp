@@ -4,7 +4,7 @@
  * lutra_cpu_norm_quantize): y, mean, rstd, dx, the codes of both copies, their scales, amax and
  * scale byte for byte; dgamma/dbeta (a column sum in another order by design) within a relative
  * bound of 1e-6 per column and bit for bit between two runs. For checking the kernels' indexing,
- * shuffles and barriers on a machine without a GPU; FP8 conversions take common.cuh's integer
+ * shuffles and barriers on a machine without a GPU; FP8 conversions take common/codec.cuh's integer
  * path here, so the hardware conversions are left to the GPU specs.
  *
  *   make CUDA=0 && make sim-norm ARGS=quick    (build/sim_norm, run by the target) */
@@ -17,10 +17,16 @@
 
 #define LKC_LAUNCH SIM_LAUNCH
 
+/* the helper library at file scope (the kernel files below include it inside namespaces) */
+#include "common/base.cuh"
 #include "common/bulk_rows.cuh"
-#include "common.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 #include "kernels.h"
-#include "ops_common.cuh"
 
 /* the quantizer's tile kernels, which the fused norm + FP8 cast also launches (normalizing as
  * they load): their declarations at file scope, their files after the norm's (the two norm files
@@ -37,8 +43,8 @@ namespace sim_norm_rows {
 namespace sim_norm_fused {
 #include "norm/norm_quantize.cu"
 }
-#include "quantize/quantize_block.cu"
 #include "quantize/cast_transpose_16bit.cu"
+#include "quantize/quantize_block.cu"
 
 /* ---- the check ------------------------------------------------------------------------------ */
 

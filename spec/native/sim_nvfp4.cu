@@ -1,9 +1,10 @@
-/* Runs kernels/quantize/quantize_nvfp4.cu's per-thread work (kernels/quantize/nvfp4_math.cuh) on the CPU in the
- * kernels' order (zero the amax word, the amax pass, one call per block or tile, thread 0's
- * decode scale) and compares every output byte with the CPU backend (lutra_cpu_quantize_nvfp4,
- * lutra_cpu_dequantize), over shapes, input dtypes and every option combination: the kernels'
- * indexing, packing and arithmetic checked without a GPU. The launches' own mechanics (grid
- * strides, the warp shuffles and atomicMax of the amax) are left to the GPU specs.
+/* Runs kernels/quantize/quantize_nvfp4.cu's per-thread work (kernels/quantize/nvfp4_math.cuh) on
+ * the CPU in the kernels' order (zero the amax word, the amax pass, one call per block or tile,
+ * thread 0's decode scale) and compares every output byte with the CPU backend
+ * (lutra_cpu_quantize_nvfp4, lutra_cpu_dequantize), over shapes, input dtypes and every option
+ * combination: the kernels' indexing, packing and arithmetic checked without a GPU. The launches'
+ * own mechanics (grid strides, the warp shuffles and atomicMax of the amax) are left to the GPU
+ * specs.
  *
  *   make CUDA=0 && make sim-nvfp4    (build/sim_nvfp4, run by the target) */
 #include "quantize/nvfp4_math.cuh"

@@ -3,8 +3,8 @@
  * std::thread per CUDA thread, and compares every output byte with the CPU backend
  * (lutra_cpu_quantize_mxfp8, lutra_cpu_cast): for checking the kernels' indexing, shuffles and
  * barriers on a machine without a GPU. FP8 conversions take
- * common.cuh's integer path here (the host has no cvt instruction), so the hardware conversions
- * themselves are left to the GPU specs.
+ * common/codec.cuh's integer path here (the host has no cvt instruction), so the hardware
+ * conversions themselves are left to the GPU specs.
  *
  *   make CUDA=0 && make sim-mx    (build/sim_quantize_mx, run by the target) */
 #include "sim_harness.h"
@@ -28,9 +28,9 @@ extern "C" cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, 
 }
 
 /* the three in one translation unit: their file-local (anonymous namespace) names must differ */
-#include "quantize/quantize_block.cu"
-#include "quantize/cast_transpose_16bit.cu"
 #include "quantize/cast_transpose.cu"
+#include "quantize/cast_transpose_16bit.cu"
+#include "quantize/quantize_block.cu"
 
 /* ---- the check ------------------------------------------------------------------------------ */
 

@@ -1,13 +1,14 @@
 /* Runs the rowwise-scaling kernels (kernels/quantize/quantize_rowwise.cu) and their dequantization
- * (kernels/quantize/quantize.cu's LUTRA_SCALING_ROWWISE case) on the CPU, one std::thread per CUDA thread,
- * and compares every output byte (the rowwise codes and their scale inverses, the columnwise
- * codes and theirs; the dequantized values) with the CPU backend's lutra_cpu_quantize_rowwise and
- * lutra_cpu_dequantize: odd shapes (rows and columns no multiple of 16 or of the 64-wide tiles,
- * one row, one column, empty), the vector and the scalar row paths (an unaligned input), f32,
- * bf16 and f16 inputs, E4M3 and E5M2, power-of-two scales or not, amax_epsilon, both copies or
- * one, rows and columns of zeros (amax 0: the rule's epsilon / zero case), inf, NaN, huge and
- * subnormal values, and skip set (nothing written) or clear. For the kernels' indexing, barriers
- * and atomics on a machine without a GPU; FP8 conversions take common.cuh's integer path here.
+ * (kernels/quantize/quantize.cu's LUTRA_SCALING_ROWWISE case) on the CPU, one std::thread per CUDA
+ * thread, and compares every output byte (the rowwise codes and their scale inverses, the
+ * columnwise codes and theirs; the dequantized values) with the CPU backend's
+ * lutra_cpu_quantize_rowwise and lutra_cpu_dequantize: odd shapes (rows and columns no multiple of
+ * 16 or of the 64-wide tiles, one row, one column, empty), the vector and the scalar row paths (an
+ * unaligned input), f32, bf16 and f16 inputs, E4M3 and E5M2, power-of-two scales or not,
+ * amax_epsilon, both copies or one, rows and columns of zeros (amax 0: the rule's epsilon / zero
+ * case), inf, NaN, huge and subnormal values, and skip set (nothing written) or clear. For the
+ * kernels' indexing, barriers and atomics on a machine without a GPU; FP8 conversions take
+ * common/codec.cuh's integer path here.
  *
  *   make CUDA=0 && make sim-rowwise */
 #include "sim_harness.h"
@@ -19,8 +20,16 @@
 
 #define LKC_LAUNCH SIM_LAUNCH
 
-#include "common.cuh"
+/* the helper library at file scope (the kernel files below include it inside namespaces) */
+#include "common/base.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 #include "kernels.h"
+#include "quantize/cast_transpose.cuh"
 #include <math.h> /* before quantize.cu includes it inside a namespace */
 
 /* the two in one translation unit: their file-local names must differ */

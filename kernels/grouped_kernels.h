@@ -42,8 +42,8 @@ cudaError_t lk_grouped_dbias(const void *dy, int dtype, int64_t rows, int64_t co
                              cudaStream_t s);
 
 /* The split quantization for the block-scaled recipes (LUTRA_QUANT_MXFP8, _BLOCK_1D, _BLOCK_2D;
- * kernels/grouped/grouped_quantize_blocks.cu): every expert's rows in one launch (and one more for a
- * bias gradient), codes and scales bit for bit the CPU's. */
+ * kernels/grouped/grouped_quantize_blocks.cu): every expert's rows in one launch (and one more for
+ * a bias gradient), codes and scales bit for bit the CPU's. */
 cudaError_t lk_grouped_quantize_blocks(const lutra_grouped_quant_args *q, int64_t rows_cap,
                                        cudaStream_t s);
 
