@@ -108,9 +108,9 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(if $(filter 1,$(CUDA)),build/cuda_archs)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
 	  -Werror all-warnings -Ikernels -Isrc $(DEPFLAGS) -c -o $@ $<
 
-# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped/grouped_gemm_sm90.cu): PyPI's
-# nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA build
-# only; that one object is built for sm_90a alone (the only arch its kernels run on).
+# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped/grouped_gemm_sm90.cu):
+# PyPI's nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA
+# build only; that one object is built for sm_90a alone (the only arch its kernels run on).
 PYTHON          ?= python3
 CUTLASS_VERSION ?= 4.2.0.0
 CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
