@@ -8,7 +8,7 @@
  *   nvcc -O3 -arch=sm_90 -std=c++17 -Ikernels -Iinclude -o build/mx_probe tools/mx_probe.cu
  *   build/mx_probe [dim ...]
  */
-#include "common.cuh"
+#include "common/codec.cuh"
 
 #include <cooperative_groups.h>
 
