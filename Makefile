@@ -20,7 +20,7 @@ LUTRA_CFLAGS = -std=c11 -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_S
                -Isrc $(BLAS_CFLAGS)
 SRC := $(sort $(shell find src -name '*.c' -not -path 'src/backend/cuda/*'))
 HDRS = $(wildcard src/*.h src/*/*.h src/*/*/*.h)
-# the CPU library's sources and flags, for tools/sim_quantize_mx (whatever CUDA is)
+# the CPU library's sources and flags, for the native tests' sims (whatever CUDA is)
 SIM_SRC    := $(SRC)
 SIM_CFLAGS := $(LUTRA_CFLAGS)
 LIBS = $(BLAS_LIBS) -lm -lpthread
@@ -48,7 +48,7 @@ ifeq ($(CUDA),1)
                  -gencode arch=compute_$(PTX_ARCH),code=compute_$(PTX_ARCH)
   NVCCFLAGS   ?= -O3 -lineinfo
   SRC         += $(sort $(shell find src/backend/cuda -name '*.c'))
-  CU_SRC       = $(sort $(wildcard kernels/*.cu))
+  CU_SRC       = $(sort $(shell find kernels -name '*.cu'))
   LUTRA_CFLAGS += -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include
   LIBS        += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart -lcublasLt -lstdc++
 endif
@@ -95,22 +95,26 @@ $(LIB): $(OBJ) build/config
 $(SONAME): $(LIB)
 	ln -sf $(LIB) $@
 
-$(BUILD)/%.o: %.c $(HDRS)
+# Every object lists the headers it includes in its .d file (-MMD -MP: written beside it by the
+# compiler, an empty rule per header so that a deleted header does not stop the build), so that
+# touching a header rebuilds exactly the objects that include it.
+DEPFLAGS = -MMD -MP
+$(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(LUTRA_CFLAGS) $(CFLAGS) -c -o $@ $<
+	$(CC) $(LUTRA_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
 
 # build/cuda_archs changes with CUDA_ARCHS, so a new architecture list recompiles the kernels
 ifeq ($(CUDA),1)
 $(shell mkdir -p build && (echo '$(CUDA_ARCHS)' | cmp -s - build/cuda_archs || echo '$(CUDA_ARCHS)' > build/cuda_archs))
 endif
-$(BUILD)/kernels/%.o: kernels/%.cu $(wildcard kernels/*.h kernels/*.cuh) $(HDRS) $(if $(filter 1,$(CUDA)),build/cuda_archs)
+$(BUILD)/kernels/%.o: kernels/%.cu $(if $(filter 1,$(CUDA)),build/cuda_archs)
 	@mkdir -p $(dir $@)
 	$(NVCC) -std=c++17 $(CUDA_ARCHS) $(NVCCFLAGS) -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
-	  -Werror all-warnings -Ikernels -Isrc -c -o $@ $<
+	  -Werror all-warnings -Ikernels -Isrc $(DEPFLAGS) -c -o $@ $<
 
-# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped_gemm_sm90.cu): PyPI's
-# nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA build
-# only; that one object is built for sm_90a alone (the only arch its kernels run on).
+# CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped/grouped_gemm_sm90.cu):
+# PyPI's nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA
+# build only; that one object is built for sm_90a alone (the only arch its kernels run on).
 PYTHON          ?= python3
 CUTLASS_VERSION ?= 4.2.0.0
 CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
@@ -125,12 +129,12 @@ $(CUTLASS_STAMP):
 	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/tools/util/include $(CUTLASS_DIR)/util
 	rm -rf $(CUTLASS_DIR)/wheel
 	touch $@
-$(BUILD)/kernels/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
+$(BUILD)/kernels/grouped/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
 # NDEBUG as CUTLASS's own release builds: a device assert between wgmma instructions is a call
 # that makes ptxas serialize them (its C7510 "Potential Performance Loss")
-$(BUILD)/kernels/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr -DNDEBUG \
+$(BUILD)/kernels/grouped/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr -DNDEBUG \
   -isystem $(CUTLASS_DIR)/include -isystem $(CUTLASS_DIR)/util
-$(BUILD)/kernels/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
+$(BUILD)/kernels/grouped/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
@@ -147,9 +151,9 @@ ASAN_SRC   := $(sort $(shell find src -name '*.c' -not -path 'src/backend/cuda/*
 ASAN_OBJ    = $(ASAN_SRC:%.c=build/asan/%.o)
 ASAN_LIB    = build/asan/liblutra.so
 ASAN_CFLAGS = $(filter-out -DLUTRA_WITH_CUDA -Ikernels -I$(CUDA_HOME)/include,$(LUTRA_CFLAGS))
-build/asan/%.o: %.c $(HDRS)
+build/asan/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ASAN_CFLAGS) -O1 -g $(ASAN_SAN) -c -o $@ $<
+	$(CC) $(ASAN_CFLAGS) -O1 -g $(ASAN_SAN) $(DEPFLAGS) -c -o $@ $<
 $(ASAN_LIB): $(ASAN_OBJ)
 	$(CC) -shared $(ASAN_SAN) -o $@ $(ASAN_OBJ) $(BLAS_LIBS) -lm -lpthread
 test-asan: $(ASAN_LIB) $(CDEF)
@@ -170,70 +174,54 @@ run: all
 lab: all
 	$(RUN_ENV) $(LUAJIT) examples/recipe_lab.lua $(ARGS)
 
-# the tiled quantizers (kernels/quantize_tile64.cu, quantize_mx16.cu, quantize_block.cu) emulated
-# on the CPU (a thread per CUDA thread) against the CPU backend, byte for byte: needs the CUDA
-# headers and a C++20 compiler, not a GPU. The sims share their device model (tools/sim_harness.h).
-# ARGS=quick for the small shapes only.
+# The native tests (spec/native/, host programs that need no GPU; the specs named in each build
+# and run them): the kernels emulated on the CPU (a thread per CUDA thread) against the CPU
+# backend, byte for byte, and the codecs checked against CUDA's own host conversions. The sims
+# need the CUDA headers and a C++20 compiler, the checks nvcc; they share their device model
+# (spec/native/sim_harness.h) and the CPU library's objects (build/sim/). Each program's .d file
+# lists the kernel files and headers it includes. ARGS=quick for the small shapes only.
 CXX ?= c++
+NATIVE = spec/native
 SIM_OBJ = $(SIM_SRC:%.c=build/sim/%.o)
-build/sim/%.o: %.c $(HDRS)
+build/sim/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(SIM_CFLAGS) $(CFLAGS) -c -o $@ $<
-SIM_DEPS = tools/sim_harness.h tools/sim_cpu.h $(SIM_OBJ) $(HDRS)
-# every sim: its tools/sim_*.cpp (which includes its kernels) against the CPU library's objects
-build/sim_%: tools/sim_%.cpp $(SIM_DEPS)
+	$(CC) $(SIM_CFLAGS) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
+# a program's dependency file: build/PROGRAM.d, its target the program
+NATIVE_DEPFLAGS = $(DEPFLAGS) -MF $@.d -MT $@
+# every sim: its spec/native/sim_*.cpp (which includes its kernels) against the CPU library's
+# objects: sim-mx (the tiled quantizers: kernels/quantize/cast_transpose*.cu, quantize_block.cu),
+# sim-moe (kernels/moe/moe.cu: router, permute, combines), sim-grouped (GroupedLinear's split
+# quantization, kernels/grouped/), sim-norm (the norms and the fused norm + FP8 cast,
+# kernels/norm/), sim-rowwise (rowwise scaling, kernels/quantize/quantize_rowwise.cu)
+build/sim_%: $(NATIVE)/sim_%.cpp $(SIM_OBJ)
 	$(CXX) -std=c++20 -O1 -Wall -Wextra -Werror -Wno-unknown-pragmas -I$(CUDA_HOME)/include \
-	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
-build/sim_quantize_mx: kernels/quantize_tile64.cu kernels/quantize_mx16.cu kernels/quantize_block.cu \
-                       kernels/quantize_tiles.cuh kernels/common.cuh kernels/ops_common.cuh \
-                       kernels/kernels.h
+	  -Ikernels -Isrc $(NATIVE_DEPFLAGS) -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 sim-mx: build/sim_quantize_mx
 	./build/sim_quantize_mx $(ARGS)
-
-# kernels/quantize_nvfp4.cu's per-thread work (kernels/nvfp4_math.cuh) run on the CPU against the
-# CPU backend byte for byte (tools/sim_nvfp4.cu, built as host code by nvcc): needs nvcc, not a
-# GPU.
-build/sim_nvfp4: tools/sim_nvfp4.cu $(SIM_OBJ) kernels/nvfp4_math.cuh kernels/ops_common.cuh \
-                 kernels/kernels.h $(HDRS)
-	$(NVCC) -std=c++17 -O1 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
-	  -Ikernels -Isrc -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
-sim-nvfp4: build/sim_nvfp4
-	./build/sim_nvfp4
-
-# kernels/moe.cu (router, permute, combines) emulated on the CPU the same way, against the CPU
-# backend (tools/sim_moe.cpp): needs the CUDA headers and a C++20 compiler, not a GPU.
-build/sim_moe: kernels/moe.cu kernels/ops_common.cuh kernels/kernels.h
 sim-moe: build/sim_moe
 	./build/sim_moe $(ARGS)
-# GroupedLinear's split quantization (kernels/grouped_quantize.cu) emulated the same way against
-# the CPU backend's lutra_cpu_grouped_quantize, byte for byte.
-build/sim_grouped_quantize: kernels/grouped_quantize.cu kernels/grouped_quantize_blocks.cu \
-                            kernels/grouped_dequant.cu kernels/grouped_kernels.h kernels/common.cuh \
-                            kernels/act_cast.cuh kernels/activation_math.cuh kernels/ops_common.cuh \
-                            kernels/grouped_rows.cuh
 sim-grouped: build/sim_grouped_quantize
 	./build/sim_grouped_quantize
-# the norms and the fused norm + FP8 cast (kernels/norm.cu, kernels/norm_quantize.cu) emulated
-# the same way against the CPU backend (tools/sim_norm.cpp); ARGS=quick for fewer cases.
-build/sim_norm: kernels/norm.cu kernels/norm_quantize.cu kernels/norm_rows.cuh kernels/norm_quantize_rows.cuh kernels/common.cuh \
-                kernels/bulk_rows.cuh kernels/norm_bwd_rows.cuh kernels/ops_common.cuh kernels/kernels.h \
-                kernels/quantize_tiles.cuh \
-                kernels/quantize_mx16.cu kernels/quantize_block.cu
 sim-norm: build/sim_norm
 	./build/sim_norm $(ARGS)
-# rowwise scaling's kernels (kernels/quantize_rowwise.cu) and its dequantization emulated the same
-# way against the CPU backend (tools/sim_rowwise.cpp), byte for byte; ARGS=quick for fewer cases.
-build/sim_rowwise: kernels/quantize_rowwise.cu kernels/quantize.cu kernels/common.cuh \
-                   kernels/kernels.h
 sim-rowwise: build/sim_rowwise
 	./build/sim_rowwise $(ARGS)
 
-# kernels/activation_math.cuh compiled for the host against the CPU backend's activations, bit
-# for bit (both on libm's expf/erff there): needs the CUDA headers, not a GPU.
-build/check_activation_math: tools/check_activation_math.cu $(SIM_OBJ) kernels/activation_math.cuh \
-                             kernels/ops_common.cuh kernels/kernels.h $(HDRS)
+# kernels/quantize/quantize_nvfp4.cu's per-thread work (kernels/quantize/nvfp4_math.cuh) run on
+# the CPU against the CPU backend byte for byte (spec/native/sim_nvfp4.cu, built as host code by
+# nvcc): needs nvcc, not a GPU.
+build/sim_nvfp4: $(NATIVE)/sim_nvfp4.cu $(SIM_OBJ)
+	$(NVCC) -std=c++17 -O1 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
+	  -Ikernels -Isrc $(NATIVE_DEPFLAGS) -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+sim-nvfp4: build/sim_nvfp4
+	./build/sim_nvfp4
+
+# kernels/activation/activation_math.cuh compiled for the host against the CPU backend's
+# activations, bit for bit (both on libm's expf/erff there; spec/native/check_activation_math.cu):
+# needs the CUDA headers, not a GPU.
+build/check_activation_math: $(NATIVE)/check_activation_math.cu $(SIM_OBJ)
 	$(NVCC) -std=c++17 -O1 -Xcompiler -Wall,-Wextra -Werror all-warnings -Ikernels -Isrc \
-	  -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
+	  $(NATIVE_DEPFLAGS) -o $@ $< $(SIM_OBJ) $(BLAS_LIBS) -lm -lpthread
 check-activations: build/check_activation_math
 	./build/check_activation_math
 
@@ -262,20 +250,22 @@ threads-check: build/threads_check
 	./build/threads_check $(or $(ARGS),cpu)
 
 # src/core/codec.h against CUDA's host conversion functions over every f32 bit pattern and every
-# code (tools/check_codecs.cu): needs nvcc, not a GPU. ARGS=STRIDE checks every STRIDE-th pattern.
-build/check_codecs: tools/check_codecs.cu src/core/codec.h src/lutra.h
+# code (spec/native/check_codecs.cu): needs nvcc, not a GPU. ARGS=STRIDE checks every STRIDE-th
+# pattern.
+build/check_codecs: $(NATIVE)/check_codecs.cu
 	@mkdir -p build
-	$(NVCC) -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra -Werror all-warnings -Isrc -o $@ $< -lgomp
+	$(NVCC) -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra -Werror all-warnings -Isrc \
+	  $(NATIVE_DEPFLAGS) -o $@ $< -lgomp
 check-codecs: build/check_codecs
 	./build/check_codecs $(ARGS)
 
 # src/core/fp4.h (NVFP4's E2M1 and block scale steps) against cuda_fp4.h / cuda_fp8.h's host
-# conversions (tools/check_fp4.cpp, built as host code by nvcc): needs nvcc, not a GPU.
+# conversions (spec/native/check_fp4.cpp, built as host code by nvcc): needs nvcc, not a GPU.
 # ARGS=STRIDE checks every STRIDE-th f32 pattern (default: all 2^32).
-build/check_fp4: tools/check_fp4.cpp src/core/fp4.h src/core/codec.h src/lutra.h
+build/check_fp4: $(NATIVE)/check_fp4.cpp
 	@mkdir -p build
 	$(NVCC) -x cu -std=c++17 -O2 -Xcompiler -fopenmp,-Wall,-Wextra,-Wno-unused-parameter -Werror all-warnings \
-	  -Isrc -o $@ $< -lgomp
+	  -Isrc $(NATIVE_DEPFLAGS) -o $@ $< -lgomp
 check-fp4: build/check_fp4
 	./build/check_fp4 $(ARGS)
 
@@ -329,7 +319,11 @@ install-rock: all
 	install -m 644 $(LUA_FILES) $(CDEF) $(DESTDIR)$(LUADIR)/lutra/
 
 format:
-	clang-format -i $(wildcard src/*.h src/*/*.[ch] src/*/*/*.[ch] kernels/*.cu kernels/*.cuh kernels/*.h)
+	clang-format -i $(wildcard src/*.h src/*/*.[ch] src/*/*/*.[ch] ) \
+	  $(shell find kernels spec/native -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp')
+
+# the dependency files the compilers wrote (-MMD -MP) for the objects and programs of this build
+-include $(OBJ:.o=.d) $(ASAN_OBJ:.o=.d) $(SIM_OBJ:.o=.d) $(wildcard build/sim_*.d build/check_*.d)
 
 clean:
 	rm -rf build $(LIB) $(SONAME) $(CDEF) $(CDEF).tmp

@@ -1,4 +1,4 @@
-/* Host launchers of GroupedLinear's device code (kernels/grouped_quantize.cu and
+/* Host launchers of GroupedLinear's device code (kernels/grouped/grouped_quantize.cu and
  * kernels/grouped_gemm*.cu), callable from C (src/backend/cuda/grouped_cuda.c). Each queues its
  * launches on the stream and returns the CUDA status; none synchronizes, allocates or reads the
  * splits on the host. The scratch is the caller's lutra_grouped_scratch_bytes(num, in, out) bytes
@@ -42,13 +42,13 @@ cudaError_t lk_grouped_dbias(const void *dy, int dtype, int64_t rows, int64_t co
                              cudaStream_t s);
 
 /* The split quantization for the block-scaled recipes (LUTRA_QUANT_MXFP8, _BLOCK_1D, _BLOCK_2D;
- * kernels/grouped_quantize_blocks.cu): every expert's rows in one launch (and one more for a
- * bias gradient), codes and scales bit for bit the CPU's. */
+ * kernels/grouped/grouped_quantize_blocks.cu): every expert's rows in one launch (and one more for
+ * a bias gradient), codes and scales bit for bit the CPU's. */
 cudaError_t lk_grouped_quantize_blocks(const lutra_grouped_quant_args *q, int64_t rows_cap,
                                        cudaStream_t s);
 
 /* Dequantizes every expert's slice of a packed FP8 operand to bf16 in one launch
- * (kernels/grouped_dequant.cu), into the high-precision orientation: out holds expert e's
+ * (kernels/grouped/grouped_dequant.cu), into the high-precision orientation: out holds expert e's
  * [p_e, cols] at element P_e * cols (p_e its rows padded to q->align, P_e their prefix sum),
  * from the rowwise copy, or from the columnwise copy transposed back. splits: the token counts
  * (device memory), or NULL for num experts of rows_each rows (weights). Any scaling mode; a
@@ -87,7 +87,7 @@ static inline void lk_grouped_dequant_bytes(const lutra_grouped_gemm_args *g, si
  * kernel turns the device splits into the problem sizes, operand pointers and alphas in
  * scratch, then one CUTLASS launch runs every expert, then (FPROP with bias) one kernel adds
  * each expert's bias to its rows. cudaErrorNotSupported for a combination without an
- * instantiation (kernels/grouped_gemm_sm90.cu lists them) or a device below sm_90. */
+ * instantiation (kernels/grouped/grouped_gemm_sm90.cu lists them) or a device below sm_90. */
 cudaError_t lk_grouped_gemm(const lutra_grouped_gemm_args *g, void *workspace,
                             size_t workspace_bytes, cudaStream_t s);
 /* the workspace lk_grouped_gemm needs for num experts (the CUTLASS kernels' own) */

@@ -1,6 +1,6 @@
 -- The activation modules (src/nn/activation.c) on the CPU backend, the reference of
--- kernels/activation.cu: each kind's forward against an f64 Lua formula, its backward against
--- central finite differences, the gated kinds' shapes and TE's halves, and the refusals.
+-- kernels/activation/activation.cu: each kind's forward against an f64 Lua formula, its backward
+-- against central finite differences, the gated kinds' shapes and TE's halves, and the refusals.
 --
 -- Tolerances (f32 tensors):
 --   forward   |y - ref| <= 1e-5 |ref| + 1e-6. The kernels round a handful of f32 operations

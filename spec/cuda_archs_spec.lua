@@ -1,8 +1,8 @@
 -- A CUDA build's kernels are compiled for sm_89 (Ada), sm_90 (Hopper) and, where the toolkit
--- knows it, sm_100, with PTX of the newest for later GPUs: every kernels/*.cu contributes a
--- cubin per architecture and one PTX (cuobjdump over liblutra.so), except the Hopper-only files
--- (kernels/*_sm90.cu: CUTLASS's warp-specialized grouped GEMM, wgmma and TMA), built for sm_90a
--- alone. Needs no GPU; skipped for a CPU-only build or without cuobjdump.
+-- knows it, sm_100, with PTX of the newest for later GPUs: every .cu file under kernels/
+-- contributes a cubin per architecture and one PTX (cuobjdump over liblutra.so), except the
+-- Hopper-only files (kernels/**/*_sm90.cu: CUTLASS's warp-specialized grouped GEMM, wgmma and TMA),
+-- built for sm_90a alone. Needs no GPU; skipped for a CPU-only build or without cuobjdump.
 local I = require("spec.support.install_tree")
 
 describe("CUDA architectures", function()
@@ -18,8 +18,8 @@ describe("CUDA architectures", function()
   end
 
   it("has sm_89, sm_90 (and sm_100) cubins and PTX for every kernel file", function()
-    local _, list = I.sh("ls kernels/*.cu | wc -l")
-    local _, hopper_list = I.sh("ls kernels/*_sm90.cu 2>/dev/null | wc -l")
+    local _, list = I.sh("find kernels -name '*.cu' | wc -l")
+    local _, hopper_list = I.sh("find kernels -name '*_sm90.cu' | wc -l")
     local hopper_only = tonumber(hopper_list:match("%d+")) or 0
     local kernels = tonumber(list:match("%d+")) - hopper_only
     assert.is_true(kernels and kernels > 0, list)

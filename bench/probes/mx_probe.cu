@@ -9,7 +9,7 @@
  *     bench/probes/mx_probe.cu
  *   build/mx_probe [dim ...]
  */
-#include "common.cuh"
+#include "common/codec.cuh"
 
 #include <cooperative_groups.h>
 

@@ -3,7 +3,8 @@
 -- shapes that take the vectorized path (16-byte aligned, a multiple of the vector width) and
 -- ones that do not (odd sizes; gated halves h = 13 start at any element offset).
 --
--- kernels/activation_math.cuh is src/backend/cpu/activation_cpu.c operation for operation, so
+-- kernels/activation/activation_math.cuh is src/backend/cpu/activation_cpu.c operation for
+-- operation, so
 --   - ReLU, SquaredReLU and ReGLU (comparisons, products, no transcendental) are BIT-IDENTICAL;
 --   - the sigmoid kinds (SiLU, QuickGELU, SwiGLU), the tanh GELU and GeGLU round CUDA's expf,
 --     and the erf GELU CUDA's erff as well; those are within 2 ulp of libm's but not always the

@@ -1,5 +1,5 @@
--- The fused norm + FP8 cast (kernels/norm_quantize.cu), nn.LayerNormLinear and nn.LayerNormMLP on
--- the device against the CPU backend.
+-- The fused norm + FP8 cast (kernels/norm/norm_quantize.cu), nn.LayerNormLinear and nn.LayerNormMLP
+-- on the device against the CPU backend.
 --   1. On the device itself, lutra.norm_quantize is bit for bit the device's nn.LayerNorm output
 --      quantized by the device's quantizer (codes of both copies, scale arrays, amax, scale,
 --      amax history): the fused kernel repeats norm_fwd's statistics (thread split, vector width,

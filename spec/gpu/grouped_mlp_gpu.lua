@@ -2,7 +2,7 @@
 -- once per forward, on the device under test against the CPU backend (bf16, the same seeds):
 -- forward output, input gradient and every expert's parameter gradients within NMSE bounds, and
 -- the same fusion counts on both. Under the per-tensor recipes (delayed, current) the activation
--- runs inside the second GroupedLinear's split-quantize (kernels/grouped_quantize.cu: every
+-- runs inside the second GroupedLinear's split-quantize (kernels/grouped/grouped_quantize.cu: every
 -- expert's rows, one launch, per-expert scales) and its derivative with the bias gradient inside
 -- the first one's grad_output split-quantize; in high precision the activation's own kernels run.
 -- Splits change every step, with empty experts and sizes that are no multiple of 16.

@@ -6,8 +6,8 @@
 --   router probs and dlogits: NMSE <= 1e-12 and |diff| <= 1e-6 (f32; bf16 and f16 dlogits:
 --     NMSE <= 1e-8, room for one element a 16-bit ulp apart): both compute in double and round
 --     once, and differ only where CUDA's double exp differs from libm's in the last bit, which
---     the final rounding almost always absorbs (tools/sim_moe.cpp, on the host's exp, gets the
---     same bits);
+--     the final rounding almost always absorbs (spec/native/sim_moe.cpp, on the host's exp,
+--     gets the same bits);
 --   dprobs: NMSE <= 1e-12 (exact products summed in double in another order, rounded once).
 -- A CUDA graph of router + permute + unpermute and their backwards, replayed with new logits
 -- and inputs each replay, equals eager calls bit for bit. Smoke test on a machine without a GPU:

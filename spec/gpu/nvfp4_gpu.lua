@@ -1,5 +1,5 @@
--- NVFP4 on the device against the CPU backend (lutra/nvfp4.h; kernels/quantize_nvfp4.cu): the
--- codes of both copies, the raw scale arrays (E4M3 block scales, the decode scale and the amax
+-- NVFP4 on the device against the CPU backend (lutra/nvfp4.h; kernels/quantize/quantize_nvfp4.cu):
+-- the codes of both copies, the raw scale arrays (E4M3 block scales, the decode scale and the amax
 -- behind them) and the dequantized values bit for bit, for every role option (1x16, 16x16 tiles,
 -- stochastic rounding over successive calls, the RHT), input dtype and one-sided quantizers; the
 -- skip flag; the GEMM (both operands dequantized to BF16 on Hopper, f32 accumulation: only the

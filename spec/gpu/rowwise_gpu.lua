@@ -1,8 +1,8 @@
 -- Rowwise scaling on the device against the CPU backend (lutra/formats.h;
--- kernels/quantize_rowwise.cu against src/backend/cpu/rowwise_cpu.c): the codes of both copies,
--- their per-row scale inverses and the dequantized values bit for bit, for every role, input
--- dtype, power_2_scale on and off, one-sided quantizers, rows of zeros and special values; the
--- skip flag; the GEMM of rowwise operands and a Linear's training step under
+-- kernels/quantize/quantize_rowwise.cu against src/backend/cpu/rowwise_cpu.c): the codes of both
+-- copies, their per-row scale inverses and the dequantized values bit for bit, for every role,
+-- input dtype, power_2_scale on and off, one-sided quantizers, rows of zeros and special values;
+-- the skip flag; the GEMM of rowwise operands and a Linear's training step under
 -- lutra.recipe.rowwise, cuda against cpu.
 --
 -- The GEMM bounds. Hopper has no rowwise-scaled FP8 GEMM that lutra uses: the operands are

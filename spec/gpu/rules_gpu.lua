@@ -1,5 +1,5 @@
 -- Lua scaling rules on the device against the CPU backend (lua/lutra/rules.lua,
--- src/backend/cuda/rules_cuda.c, kernels/rules.cu): the histories gathered, rolled and the
+-- src/backend/cuda/rules_cuda.c, kernels/rules/rules.cu): the histories gathered, rolled and the
 -- scales written back must be the CPU's bit for bit when the amaxes are (fixed weights, the
 -- same inputs and gradients on both devices), for the forward roles at the scope's exit and
 -- grad_output at the backward; and a recipe with a Lua rule inside a graph capture is refused.

@@ -1,7 +1,7 @@
 -- An independent reference of NVFP4 quantization (lutra/nvfp4.h) for the specs: E2M1 rounding
 -- by nearest grid value in FP64 (ties to the even code), f32 arithmetic emulated by rounding each
 -- double result to f32 (exact for one +, *, / of f32 operands), splitmix64 in uint64 cdata.
--- E4M3 goes through lutra_encode / lutra_decode (tools/check_codecs.cu checks those against
+-- E4M3 goes through lutra_encode / lutra_decode (spec/native/check_codecs.cu checks those against
 -- cuda_fp8.h).
 local ffi = require("ffi")
 local bit = require("bit")

@@ -1,5 +1,5 @@
 /* The norm kernels of two trees side by side in one process: a baseline copy (for instance the
- * last commit's kernels/norm.cu, norm_rows.cuh and norm_quantize.cu) and this tree's, each
+ * last commit's kernels/norm/norm.cu, norm_rows.cuh and norm_quantize.cu) and this tree's, each
  * built by tools/norm_ab/variant.cu. Per case, on bf16 x [16384, 4096] with bf16 parameters
  * (bench/norm_throughput.c's shape): every output of both compared byte for byte (dgamma and
  * dbeta too: the same sums in the same order unless a tree changed them), then the two timed

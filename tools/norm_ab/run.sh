@@ -6,21 +6,24 @@
 #   that directory exists, as it must where the checkout has no git history)
 # NORM_AB_NO_RUN=1 only builds build/norm_ab (to overlap the build with other work; run
 # `build/norm_ab FILE.md` later, on an otherwise idle machine).
+# BASE must have the family folders (kernels/norm/, kernels/quantize/, kernels/common/): the
+# base's norm files include the helper library by those paths, which resolve to this tree's.
 # NORM_AB_CAND=DIR takes the candidate's norm.cu and norm_quantize.cu (and, where DIR has them,
-# norm_rows.cuh, norm_bwd_rows.cuh, norm_quantize_rows.cuh, quantize_mx16.cu and
-# quantize_block.cu) from DIR instead
-# of kernels/, and NORM_AB_TAG=NAME names its objects and
-# program build/norm_ab-NAME: several candidates against one base, built side by side.
+# norm_rows.cuh, norm_bwd_rows.cuh, norm_quantize_rows.cuh, norm_quantize_tile.cuh,
+# cast_transpose_16bit.cu and quantize_block.cu) from DIR instead of kernels/norm/ (and
+# kernels/quantize/), and NORM_AB_TAG=NAME names its objects and program build/norm_ab-NAME:
+# several candidates against one base, built side by side.
 # NORM_AB_NVCC_FLAGS adds nvcc flags to every object (e.g. -lineinfo, for Nsight Compute's
 # source view).
 set -euo pipefail
 base_dir=build/norm-ab-base
-cand_dir=${NORM_AB_CAND:-kernels}
+cand_dir=${NORM_AB_CAND:-kernels/norm}
 tag=${NORM_AB_TAG:+-$NORM_AB_TAG}
 if [ ! -d "$base_dir" ]; then
   mkdir -p "$base_dir"
-  for f in norm.cu norm_rows.cuh norm_bwd_rows.cuh norm_quantize.cu norm_quantize_rows.cuh; do
-    git show "${1:-HEAD}:kernels/$f" > "$base_dir/$f" 2> /dev/null || rm -f "$base_dir/$f"
+  for f in norm.cu norm_rows.cuh norm_bwd_rows.cuh norm_quantize.cu norm_quantize_rows.cuh \
+           norm_quantize_tile.cuh; do
+    git show "${1:-HEAD}:kernels/norm/$f" > "$base_dir/$f" 2> /dev/null || rm -f "$base_dir/$f"
   done
 fi
 flags=(-std=c++17 -O3 -arch=sm_90 -Isrc -Ikernels ${NORM_AB_NVCC_FLAGS:-})
@@ -34,8 +37,8 @@ pids+=($!)
 # the quantizer's tile kernels, which a tree's fused norm may launch (lkq::launch_t128,
 # launch_block_norm): the candidate's, linked once (a base that calls them gets these too)
 tiles=()
-for f in quantize_mx16 quantize_block; do
-  src=kernels/$f.cu
+for f in cast_transpose_16bit quantize_block; do
+  src=kernels/quantize/$f.cu
   [ -f "$cand_dir/$f.cu" ] && src=$cand_dir/$f.cu
   nvcc "${flags[@]}" -c "$src" -o "build/norm_ab_$f$tag.o" &
   pids+=($!)

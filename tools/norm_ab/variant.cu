@@ -1,6 +1,7 @@
-/* One tree's norm kernels for tools/norm_ab/main.cu: kernels/norm.cu and kernels/norm_quantize.cu
- * of the directory AB_DIR_NORM / AB_DIR_QUANT name, their entry points renamed AB_PREFIX_lk_*
- * so that two trees link into one program. Built twice by tools/norm_ab/run.sh. */
+/* One tree's norm kernels for tools/norm_ab/main.cu: kernels/norm/norm.cu and
+ * kernels/norm/norm_quantize.cu of the directory AB_DIR_NORM / AB_DIR_QUANT name, their entry
+ * points renamed AB_PREFIX_lk_* so that two trees link into one program. Built twice by
+ * tools/norm_ab/run.sh. */
 #define AB_CAT2(a, b)          a##_##b
 #define AB_CAT(a, b)           AB_CAT2(a, b)
 #define lk_layernorm_forward   AB_CAT(AB_PREFIX, lk_layernorm_forward)
@@ -11,13 +12,20 @@
 
 #include <atomic> /* before the namespaces: norm.cu includes it */
 
-#include "bulk_rows.cuh" /* file scope too: the candidate norm.cu includes it */
-#include "common.cuh"
+/* the helper library at file scope too: the trees' norm files include it inside the namespaces */
+#include "common/base.cuh"
+#include "common/bulk_rows.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
 #include "kernels.h"
-#include "ops_common.cuh"
 /* at file scope: the fused norm's tile path calls the quantizer's launchers (lkq::, linked from
- * kernels/quantize_mx16.cu and quantize_block.cu), not copies in the namespace below */
-#include "quantize_tiles.cuh"
+ * kernels/quantize/cast_transpose_16bit.cu and quantize_block.cu), not copies in the namespace
+ * below */
+#include "quantize/quantize_tiles.cuh"
 
 /* the two files' file-local names would clash in one translation unit, and their names of
  * external linkage between the two trees' objects: a namespace per file and tree */

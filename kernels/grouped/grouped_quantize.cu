@@ -1,0 +1,318 @@
+/* GroupedLinear's split quantization on the device (the CPU reference is
+ * src/backend/cpu/grouped_cpu.c): every expert's rows of one matrix, or every expert's weight,
+ * quantized with the expert's own scale in a constant number of launches whatever the number of
+ * experts (delayed scaling: one; current scaling: two), the row counts read from device memory
+ * and each expert padded with zero rows to the packed layout of src/backend/grouped_layout.h
+ * inside the kernels:
+ *   k_amax   current scaling: max|x| of each expert (16-row tiles, one atomic per tile) into the
+ *            expert's two work words, which are zero between calls
+ *   k_cast   the FP8 codes, rowwise and each expert's transpose, of 16-row tiles (padding rows
+ *            encode zero) in chunks of 128 columns: 16-byte loads, 16-byte rowwise stores, and
+ *            the transpose gathered in shared memory into one 16-byte store per column; an
+ *            expert's first tile writes its scale_inv (and its scale), its last (current
+ *            scaling) publishes the amax and zeroes the work words again
+ *   k_dbias  each expert's column sums in double, rows in order (the CPU's bias_grad order)
+ * Each block's first thread scans the splits (O(num_gemms)) for its expert's offsets and checks
+ * them: bad splits (a split < 0, or a sum other than the rows) set *bad_split from block 0 and
+ * every block returns without writing. A 16-row tile never straddles two experts: padded
+ * offsets are multiples of 16. Per-tensor scaling only (delayed and current); the block-scaled
+ * recipes are kernels/grouped/grouped_quantize_blocks.cu. Codes and scales are bit for bit the
+ * CPU's (common/codec.cuh's conversions; spec/native/sim_grouped_quantize.cpp checks the kernels on
+ * the CPU). */
+#include "activation/act_cast.cuh"
+#include "common/codec.cuh"
+#include "common/elements.cuh"
+#include "common/f32.cuh"
+#include "common/launch.cuh"
+#include "common/reduce.cuh"
+#include "common/scale.cuh"
+#include "grouped_kernels.h"
+#include "grouped_rows.cuh"
+
+#include "backend/grouped_layout.h"
+
+namespace {
+
+using namespace lkc;
+
+constexpr int THREADS = 128;
+
+__device__ __forceinline__ float load1_any(const void *p, int dtype, int64_t i) {
+  return dtype == LUTRA_F32    ? ld<LUTRA_F32>(p, i)
+         : dtype == LUTRA_BF16 ? ld<LUTRA_BF16>(p, i)
+                               : ld<LUTRA_F16>(p, i);
+}
+
+__device__ __forceinline__ void store1_any(void *p, int dtype, int64_t i, float v) {
+  if (dtype == LUTRA_F32)
+    st<LUTRA_F32>(p, i, v);
+  else if (dtype == LUTRA_BF16)
+    st<LUTRA_BF16>(p, i, v);
+  else
+    st<LUTRA_F16>(p, i, v);
+}
+constexpr int TILE_ROWS = 16;
+
+struct GroupedQuant : GroupedRows {
+  int current;
+  uint8_t *data, *col_data;
+  float *scale_inv, *col_scale_inv;
+  float *scale, *amax;
+  int amax_stride;
+  void *const *dbias;
+  int dbias_dtype, dbias_accumulate;
+  uint32_t *work; /* current scaling: expert e's accumulator and tile count at work[4 e] */
+  /* lutra_grouped_quant_args.act: the values quantized are lkact::act_value's of the rows */
+  const void *act;
+  int act_kind, act_forward;
+  void *act_out;
+};
+
+/* Where a block's rows are, from its first thread's scan of the splits. */
+struct Where {
+  int ok, e;          /* the splits are good; the expert (-1: none) */
+  int64_t R, P, s, p; /* its rows before it, padded rows before it, rows, padded rows */
+};
+
+/* the expert holding padded row prow (e_fixed < 0), or expert e_fixed */
+__device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *w) {
+  int64_t P = 0;
+  w->e = -1;
+  w->ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
+                      [&](int e, int64_t r, int64_t s, int64_t p) {
+                        if (w->e < 0 && (e_fixed >= 0 ? e == e_fixed : prow < P + p)) {
+                          w->e = e;
+                          w->R = r, w->P = P, w->s = s, w->p = p;
+                        }
+                        P += p;
+                      });
+}
+
+/* 16 consecutive elements of row r of the block's expert from column c, zero past its s rows
+ * and past the last column; VEC: the row starts are 16-byte aligned and cols % 16 == 0. With a
+ * fused activation the elements are act(x) (kernels/activation/act_cast.cuh), one by one: a gated
+ * kind reads two columns of x per element, which no 16-byte load covers. */
+template <int XD, bool VEC>
+__device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, int64_t r,
+                                         int64_t c, float (&v)[16]) {
+  if (r >= w.s || c >= a.cols) {
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      v[k] = 0.0f;
+    return;
+  }
+  if (a.act) { /* token rows only */
+    for (int k = 0; k < 16; k++)
+      v[k] = c + k < a.cols ? lkact::act_value<XD>(a, w.R + r, c + k) : 0.0f;
+    return;
+  }
+  const void *base = a.xs ? a.xs[w.e] : a.x;
+  const int64_t i = (a.xs ? r : w.R + r) * a.cols + c;
+  if (VEC) {
+    ldv<XD, 16>(base, i, v);
+  } else {
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      v[k] = c + k < a.cols ? ld<XD>(base, i + k) : 0.0f;
+  }
+}
+
+/* A block covers one 16-row tile in chunks of 128 columns: thread t loads 16 consecutive
+ * elements of row t / 8 (16-byte loads), so no thread divides an index and every warp reads
+ * whole rows. */
+constexpr int CHUNK = 128;
+static_assert(THREADS == TILE_ROWS * CHUNK / 16, "one 16-element segment per thread and chunk");
+
+template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(GroupedQuant a) {
+  if (a.skip && *a.skip) return;
+  __shared__ Where w;
+  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
+  if (threadIdx.x == 0) locate(a, prow0, -1, &w);
+  __syncthreads();
+  if (!w.ok || w.e < 0) return; /* uniform per block */
+  const int64_t r0 = prow0 - w.P, r = r0 + threadIdx.x / 8;
+  float m = 0.0f;
+  for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+    float v[16];
+    load_seg<XD, VEC>(a, w, r, c0 + (threadIdx.x % 8) * 16, v);
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      m = fmaxf(m, fabsf(v[k]));
+  }
+  __shared__ float red[32];
+  m = block_max(m, red);
+  if (threadIdx.x == 0 && r0 < w.s) atomic_fmax(reinterpret_cast<float *>(a.work + 4 * w.e), m);
+}
+
+/* The codes of a 16-row tile, chunk by chunk: each thread encodes its 16 elements and stores
+ * them rowwise as one 16-byte word and into a shared tile; then thread j gathers column j's 16
+ * codes (the tile's rows are 16 consecutive rows of the expert's transpose) and stores them as
+ * one 16-byte word. One byte per thread strided by the expert's padded rows, as a plain
+ * transposed store would write, costs a memory transaction per byte. */
+template <int XD, int OD, bool VEC>
+__global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
+  if (a.skip && *a.skip) return;
+  __shared__ Where w;
+  __shared__ __align__(16) uint8_t tile[TILE_ROWS][CHUNK];
+  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
+  if (threadIdx.x == 0) {
+    locate(a, prow0, -1, &w);
+    if (blockIdx.x == 0 && !w.ok && a.bad_split) *a.bad_split = 1;
+    /* an expert without rows has no tile: block 0 gives it the CPU's zero amax */
+    if (blockIdx.x == 0 && w.ok && a.current && a.amax)
+      for (int e = 0; e < a.num; e++)
+        if ((a.splits ? (int64_t)a.splits[e] : a.rows_each) == 0)
+          a.amax[(int64_t)e * a.amax_stride] = 0.0f;
+  }
+  __syncthreads();
+  if (!w.ok || w.e < 0) return;
+  const int e = w.e;
+  const int64_t P0 = w.P, p = w.p, r0 = prow0 - P0;
+  const float acc = a.current ? bits_f32(a.work[4 * e]) : 0.0f;
+  const float sc = a.current ? scale_rule(acc, a.fp8_max, a.power_2_scale, a.eps) : a.scale[4 * e];
+  const int64_t cols = a.cols;
+  const int tr = threadIdx.x / 8, seg = threadIdx.x % 8;
+  float m = 0.0f;
+  for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+    const int64_t c = c0 + seg * 16;
+    float v[16];
+    load_seg<XD, VEC>(a, w, r0 + tr, c, v);
+    LKC_UNROLL
+    for (int k = 0; k < 16; k++)
+      m = fmaxf(m, fabsf(v[k]));
+    if (a.act_out && r0 + tr < w.s) /* the activation's output, kept for the backward */
+      for (int k = 0; k < 16 && c + k < cols; k++)
+        st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
+    const uint4 q = encode16<OD>(v, sc);
+    if (c < cols) {
+      uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
+      if (row && VEC) {
+        *reinterpret_cast<uint4 *>(row) = q;
+      } else if (row) {
+        for (int k = 0; k < 16 && c + k < cols; k++)
+          row[k] = (uint8_t)byte_of(q, k);
+      }
+      *reinterpret_cast<uint4 *>(&tile[tr][seg * 16]) = q;
+    }
+    __syncthreads();
+    const int64_t cc = c0 + threadIdx.x;
+    if (a.col_data && cc < cols) { /* 16-byte aligned: P0, p and r0 are multiples of 16 */
+      uint32_t wd[4];
+      LKC_UNROLL
+      for (int j = 0; j < 4; j++)
+        wd[j] = (uint32_t)tile[4 * j][threadIdx.x] | ((uint32_t)tile[4 * j + 1][threadIdx.x] << 8) |
+                ((uint32_t)tile[4 * j + 2][threadIdx.x] << 16) |
+                ((uint32_t)tile[4 * j + 3][threadIdx.x] << 24);
+      *reinterpret_cast<uint4 *>(a.col_data + P0 * cols + cc * p + r0) =
+          make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    }
+    __syncthreads(); /* the tile is refilled by the next chunk */
+  }
+  if (!a.current && a.amax) { /* delayed scaling: this step's amax slot, max-accumulated */
+    __shared__ float red[32];
+    m = block_max(m, red);
+    if (threadIdx.x == 0) atomic_fmax(a.amax + (int64_t)e * a.amax_stride, m);
+  }
+  __syncthreads(); /* every thread has read the work words before they are cleared below */
+  if (threadIdx.x != 0) return;
+  if (r0 == 0) {
+    const float inv = div_x86(1.0f, sc);
+    if (a.scale_inv) a.scale_inv[16 * e] = inv;
+    if (a.col_scale_inv) a.col_scale_inv[16 * e] = inv;
+    if (a.current) a.scale[4 * e] = sc;
+  }
+  if (a.current) { /* the expert's last tile to finish publishes the amax, clears the words */
+    __threadfence();
+    if (atomicAdd(a.work + 4 * e + 1, 1u) == (unsigned)(p / TILE_ROWS) - 1) {
+      if (a.amax) a.amax[(int64_t)e * a.amax_stride] = acc;
+      a.work[4 * e] = 0u;
+      a.work[4 * e + 1] = 0u;
+    }
+  }
+}
+
+template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a) {
+  if (a.skip && *a.skip) return;
+  __shared__ Where w;
+  if (threadIdx.x == 0) locate(a, 0, (int)blockIdx.y, &w);
+  __syncthreads();
+  const int64_t c = (int64_t)blockIdx.x * 128 + threadIdx.x;
+  if (c >= a.cols || !w.ok) return;
+  void *db = a.dbias[w.e];
+  double acc = a.dbias_accumulate ? (double)load1_any(db, a.dbias_dtype, c) : 0.0;
+#pragma unroll 8 /* the loads run ahead; the sums stay in row order */
+  for (int64_t r = w.R; r < w.R + w.s; r++)
+    acc += (double)(a.act ? lkact::act_value<XD>(a, r, c) : ld<XD>(a.x, r * a.cols + c));
+  store1_any(db, a.dbias_dtype, c, (float)acc);
+}
+
+} // namespace
+
+extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, int64_t rows_cap,
+                                           cudaStream_t st) {
+  if (q->kind != LUTRA_QUANT_DELAYED && q->kind != LUTRA_QUANT_CURRENT)
+    return cudaErrorNotSupported;
+  if (q->act && (q->xs || q->act_kind <= LUTRA_ACT_NONE || q->act_kind >= LUTRA_ACT_COUNT ||
+                 (!q->act_forward && !q->x)))
+    return cudaErrorInvalidValue;
+  GroupedQuant a;
+  take_rows(a, q);
+  a.current = q->kind == LUTRA_QUANT_CURRENT;
+  a.data = static_cast<uint8_t *>(q->out.data);
+  a.col_data = static_cast<uint8_t *>(q->out.col_data);
+  a.scale_inv = static_cast<float *>(q->out.scale_inv);
+  a.col_scale_inv = static_cast<float *>(q->out.col_scale_inv);
+  a.scale = q->scale;
+  a.amax = q->amax;
+  a.amax_stride = q->amax_stride;
+  a.dbias = q->dbias;
+  a.dbias_dtype = q->dbias_dtype;
+  a.dbias_accumulate = q->dbias_accumulate;
+  a.work = q->work;
+  a.act = q->act;
+  a.act_kind = q->act_kind;
+  a.act_forward = q->act_forward;
+  a.act_out = q->act_out;
+  const unsigned tiles = grid_for(rows_cap, TILE_ROWS, 0x7FFFFFFF);
+  return with_float_dtype(q->x_dtype, [&](auto xd) {
+    constexpr int XD = decltype(xd)::value;
+    /* the weights (xs) are the module's own allocations; a token matrix may be a view */
+    const bool vec = a.cols % 16 == 0 && (a.xs || aligned(a.x, 16)) && aligned(a.data, 16);
+    cudaError_t e = with_bool(vec, [&](auto v) {
+      constexpr bool VEC = decltype(v)::value;
+      if (a.current) LKC_LAUNCH((k_amax<XD, VEC>), tiles, THREADS, 0, st, a);
+      return with_fp8_dtype(q->out.dtype, [&](auto od) {
+        constexpr int OD = decltype(od)::value;
+        if (a.data || a.col_data || a.amax)
+          LKC_LAUNCH((k_cast<XD, OD, VEC>), tiles, THREADS, 0, st, a);
+        return cudaGetLastError();
+      });
+    });
+    if (e != cudaSuccess || !a.dbias || a.xs) return e;
+    dim3 grid((unsigned)((a.cols + 127) / 128), (unsigned)a.num);
+    LKC_LAUNCH(k_dbias<XD>, grid, 128, 0, st, a);
+    return cudaGetLastError();
+  });
+}
+
+/* the bias gradient of a high-precision backward: each expert's column sums of dy */
+extern "C" cudaError_t lk_grouped_dbias(const void *dy, int dtype, int64_t rows, int64_t cols,
+                                        int num, const int32_t *splits, void *const *db,
+                                        int db_dtype, int accumulate, cudaStream_t st) {
+  GroupedQuant a{};
+  a.x = dy;
+  a.splits = splits;
+  a.total_rows = rows;
+  a.cols = cols;
+  a.num = num;
+  a.align = 1;
+  a.dbias = db;
+  a.dbias_dtype = db_dtype;
+  a.dbias_accumulate = accumulate;
+  return with_float_dtype(dtype, [&](auto xd) {
+    constexpr int XD = decltype(xd)::value;
+    dim3 grid((unsigned)((cols + 127) / 128), (unsigned)num);
+    LKC_LAUNCH(k_dbias<XD>, grid, 128, 0, st, a);
+    return cudaGetLastError();
+  });
+}

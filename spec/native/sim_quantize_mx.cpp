@@ -1,0 +1,236 @@
+/* Runs the tiled quantizers' MXFP8 kernels and their per-tensor cast + transpose
+ * (kernels/quantize/cast_transpose.cu, kernels/quantize/cast_transpose_16bit.cu) on the CPU, one
+ * std::thread per CUDA thread, and compares every output byte with the CPU backend
+ * (lutra_cpu_quantize_mxfp8, lutra_cpu_cast): for checking the kernels' indexing, shuffles and
+ * barriers on a machine without a GPU. FP8 conversions take
+ * common/codec.cuh's integer path here (the host has no cvt instruction), so the hardware
+ * conversions themselves are left to the GPU specs.
+ *
+ *   make CUDA=0 && make sim-mx    (build/sim_quantize_mx, run by the target) */
+#include "sim_harness.h"
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+
+#define LKC_LAUNCH SIM_LAUNCH
+
+/* cast_transpose.cu's band height: CUDA's min for 64-bit integers */
+static int64_t min(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+/* the dbias reduction of k_tile64 (never run here: MXFP8 takes no bias gradient) only has to
+ * link */
+extern "C" cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int,
+                                       const int32_t *, cudaStream_t) {
+  return cudaErrorNotSupported;
+}
+
+/* the three in one translation unit: their file-local (anonymous namespace) names must differ */
+#include "quantize/cast_transpose.cu"
+#include "quantize/cast_transpose_16bit.cu"
+#include "quantize/quantize_block.cu"
+
+/* ---- the check ------------------------------------------------------------------------------ */
+
+#include "sim_cpu.h"
+
+static uint16_t to16(int dt, float f) {
+  return (uint16_t)(dt == LUTRA_BF16 ? lkc::bf16_bits(f) : lkc::f16_bits(f));
+}
+
+struct Outs {
+  std::vector<uint8_t> data, sc, col, csc;
+};
+
+static int failures = 0, checks = 0;
+
+static bool same_bytes(const char *what, const char *name, const std::vector<uint8_t> &cpu,
+                       const std::vector<uint8_t> &sim) {
+  for (size_t i = 0; i < cpu.size(); i++) {
+    if (cpu[i] != sim[i]) {
+      printf("FAIL %s: %s[%zu] cpu %02x sim %02x\n", what, name, i, cpu[i], sim[i]);
+      failures++;
+      return false;
+    }
+  }
+  return true;
+}
+
+/* a rows x cols input of dtype xd: magnitudes vary by 32-column block so that scales differ;
+ * special 1/2 add NaN, inf, subnormals, zeros and huge values (2: whole zero blocks), 3 blocks
+ * around 2^-127 * fp8_max */
+static std::vector<unsigned char> make_input(int xd, int64_t rows, int64_t cols, int special,
+                                             uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(0.0f, 1.0f);
+  const int64_t n = rows * cols;
+  const int esz = xd == LUTRA_F32 ? 4 : 2;
+  std::vector<unsigned char> x((size_t)(n * esz + 16));
+  const float tiny[] = {1e-40f, 3e-39f, 6e-8f, 1e-5f}; /* f32 / bf16 and f16 subnormals */
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t r = i / cols, c = i % cols;
+    /* special 3: blocks around 2^-127 * fp8_max, where the E8M0 scale meets subnormals */
+    const int ex = special == 3 ? -100 - (int)((r * 7 + c / 32 * 3) % 40)
+                                : (int)((r * 7 + c / 32 * 3) % 40) - 20;
+    float v = nd(rng) * std::ldexp(1.0f, ex);
+    if (special == 1 || special == 2) {
+      const float u = ud(rng);
+      if (u < 0.002f)
+        v = NAN;
+      else if (u < 0.004f)
+        v = -NAN;
+      else if (u < 0.006f)
+        v = (u < 0.005f) ? INFINITY : -INFINITY;
+      else if (u < 0.02f)
+        v = tiny[(int)(u * 1000) % 4] * (u < 0.013f ? -1.0f : 1.0f);
+      else if (u < 0.03f)
+        v = 0.0f;
+      else if (u < 0.035f)
+        v = -0.0f;
+      else if (u < 0.04f)
+        v = 3e38f;
+    }
+    if (special == 2 && (r / 32 + c / 32) % 3 == 0) v = 0.0f; /* whole zero blocks */
+    if (special == 4 && (r / 32 + c / 32) % 3 == 0) v = NAN;  /* whole NaN blocks */
+    if (special == 5) v = (i & 1) ? NAN : -NAN;               /* nothing but NaN */
+    if (xd == LUTRA_F32)
+      memcpy(&x[(size_t)(i * 4)], &v, 4);
+    else {
+      const uint16_t h = to16(xd, v);
+      memcpy(&x[(size_t)(i * 2)], &h, 2);
+    }
+  }
+  return x;
+}
+
+/* the arguments both devices get: x, its dtype and shape, the FP8 dtype; outputs are set by the
+ * caller */
+static lutra_quant_args input_args(const std::vector<unsigned char> &x, int xd, int od,
+                                   int64_t rows, int64_t cols) {
+  lutra_quant_args q;
+  memset(&q, 0, sizeof q);
+  q.x = x.data();
+  q.x_dtype = xd;
+  q.out_dtype = od;
+  q.rows = rows;
+  q.cols = cols;
+  return q;
+}
+
+static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool col, int special,
+                     int skip, uint32_t seed) {
+  const int64_t n = rows * cols;
+  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
+  Outs o[2];
+  for (int d = 0; d < 2; d++) {
+    o[d].data.assign(row ? (size_t)n : 0, 0xCD);
+    o[d].sc.assign(row ? (size_t)(rows * (cols / 32)) : 0, 0xCD);
+    o[d].col.assign(col ? (size_t)n : 0, 0xCD);
+    o[d].csc.assign(col ? (size_t)(cols * (rows / 32)) : 0, 0xCD);
+  }
+  int32_t skipv = skip;
+  for (int d = 0; d < 2; d++) {
+    lutra_quant_args q = input_args(x, xd, od, rows, cols);
+    if (row) {
+      q.data = o[d].data.data();
+      q.scale_inv = o[d].sc.data();
+    }
+    if (col) {
+      q.col_data = o[d].col.data();
+      q.col_scale_inv = o[d].csc.data();
+    }
+    q.skip = skip >= 0 ? &skipv : nullptr;
+    const int rc = d == 0 ? cpu::lutra_cpu_quantize_mxfp8(&q) : (int)lk_quantize_mxfp8(&q, nullptr);
+    if (rc != 0) {
+      printf("FAIL rc %d (device %d)\n", rc, d);
+      failures++;
+      return;
+    }
+  }
+  checks++;
+  const char *names[] = {"codes", "scales", "col codes", "col scales"};
+  std::vector<uint8_t> Outs::*fields[] = {&Outs::data, &Outs::sc, &Outs::col, &Outs::csc};
+  char what[160];
+  snprintf(what, sizeof what, "mxfp8 x%d od%d %lldx%lld row %d col %d special %d skip %d", xd, od,
+           (long long)rows, (long long)cols, row, col, special, skip);
+  for (int f = 0; f < 4; f++)
+    if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
+}
+
+/* The per-tensor cast + transpose (lkc::cast_transpose: k_cast16 for 16-bit inputs whose dims
+ * are multiples of 16, k_tile64 otherwise) against lutra_cpu_cast: codes, amax, scale_inv. */
+static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, float scale,
+                          int special, uint32_t seed) {
+  const int64_t n = rows * cols;
+  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
+  Outs o[2];
+  float amax[2], sinv[2][2];
+  for (int d = 0; d < 2; d++) {
+    o[d].data.assign(row ? (size_t)n : 0, 0xCD);
+    o[d].col.assign((size_t)n, 0xCD);
+    amax[d] = 0.25f; /* a running amax from an earlier cast: the new one is max'ed into it */
+    sinv[d][0] = sinv[d][1] = -1.0f;
+    lutra_quant_args q = input_args(x, xd, od, rows, cols);
+    if (row) q.data = o[d].data.data();
+    q.col_data = o[d].col.data();
+    q.scale = &scale;
+    q.amax = &amax[d];
+    q.scale_inv = &sinv[d][0];
+    q.col_scale_inv = &sinv[d][1];
+    const int rc = d == 0 ? cpu::lutra_cpu_cast(&q) : (int)lkc::cast_transpose(&q, nullptr);
+    if (rc != 0) {
+      printf("FAIL cast rc %d (device %d)\n", rc, d);
+      failures++;
+      return;
+    }
+  }
+  checks++;
+  char what[160];
+  snprintf(what, sizeof what, "cast x%d od%d %lldx%lld row %d scale %g special %d", xd, od,
+           (long long)rows, (long long)cols, row, scale, special);
+  if (!same_bytes(what, "codes", o[0].data, o[1].data) ||
+      !same_bytes(what, "col codes", o[0].col, o[1].col))
+    return;
+  if (memcmp(amax, amax + 1, sizeof amax[0]) != 0 ||
+      memcmp(sinv[0], sinv[1], sizeof sinv[0]) != 0) {
+    printf("FAIL %s: amax cpu %g sim %g, scale_inv cpu %g / %g sim %g / %g\n", what, amax[0],
+           amax[1], sinv[0][0], sinv[0][1], sinv[1][0], sinv[1][1]);
+    failures++;
+  }
+}
+
+int main(int argc, char **argv) {
+  const bool quick = argc > 1 && !strcmp(argv[1], "quick");
+  const int64_t shapes[][2] = {{32, 32},   {64, 96},  {96, 160},  {128, 64},
+                               {160, 224}, {288, 96}, {256, 320}, {416, 352}};
+  uint32_t seed = 1;
+  for (int xd : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
+    for (int od : {LUTRA_E4M3, LUTRA_E5M2})
+      for (auto &s : shapes) {
+        if (quick && s[0] * s[1] > 40000) continue;
+        for (int special = 0; special < 4; special++)
+          run_case(xd, od, s[0], s[1], true, true, special, -1, seed++);
+        run_case(xd, od, s[0], s[1], true, false, 1, -1, seed++);
+        run_case(xd, od, s[0], s[1], false, true, 1, -1, seed++);
+        run_case(xd, od, s[0], s[1], true, true, 1, 0, seed++);
+        run_case(xd, od, s[0], s[1], true, true, 1, 1, seed++);
+      }
+  const int64_t cast_shapes[][2] = {{16, 16},  {48, 80}, {144, 272},
+                                    {160, 96}, {20, 36}, {400, 208}};
+  for (int xd : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
+    for (int od : {LUTRA_E4M3, LUTRA_E5M2})
+      for (auto &s : cast_shapes) {
+        if (quick && s[0] * s[1] > 40000) continue;
+        for (int special : {0, 1, 4, 5})
+          for (float scale : {1.0f, 37.5f})
+            run_cast_case(xd, od, s[0], s[1], true, scale, special, seed++);
+        run_cast_case(xd, od, s[0], s[1], false, 3.0f, 1, seed++);
+        run_cast_case(xd, od, s[0], s[1], true, INFINITY, 1, seed++);
+        run_cast_case(xd, od, s[0], s[1], true, 0.0f, 1, seed++);
+      }
+  printf("%d passed, %d failed\n", checks - failures, failures);
+  return failures != 0;
+}
