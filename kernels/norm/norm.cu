@@ -23,13 +23,13 @@
  *     (TransformerEngine's bwd + finalize). On sm_90 and later, 16-byte rows come into shared
  *     memory by the bulk copy engine, each row of x and dy with its mean and rstd, kBwdStages
  *     rows ahead (kernels/common/bulk_rows.cuh): loaded one row ahead into registers instead, each
- *     row waited at the hand-over of the next row's loads (BENCHMARKS.md, "The norm backward's
+ *     row waited at the hand-over of the next row's loads (docs/lab/, "The norm backward's
  *     rows staged"). Older devices and unaligned rows keep the register loads.
  * The forward's row statistics' divisions and square root run in warp 0 alone (row_reduce's fin);
  * the row-resident backward's sums reach every warp after one barrier (row_reduce_all).
  * The sums were double once (FP64 adds and an f32 -> f64 conversion per element, the latter at a
  * quarter of the f32 rate on Hopper): that bound LayerNorm's forward and the fused casts behind
- * the memory system (BENCHMARKS.md, "The norms' row sums in f32"); f32 is what TransformerEngine
+ * the memory system (docs/lab/, "The norms' row sums in f32"); f32 is what TransformerEngine
  * adds in too.
  * Wider rows take norm_fwd / norm_dx (x re-read from L2 per pass) and the column-tile partials
  * of norm_dgamma_partial (x and dy read again). */
@@ -376,7 +376,7 @@ int64_t lk_norm_row_blocks(int64_t rows, int64_t hidden) {
  * of resident blocks (three an SM), in pairs, kFwdRows at least, so no tail wave and each
  * block's first loads (which nothing in the block overlaps) paid once per many rows. RMSNorm and
  * the one-row kernel keep kFwdRows: measured 0.975x for LayerNorm, 1.10x for RMSNorm side by
- * side (BENCHMARKS.md); the one-row kernel not measured. Only the split depends on the device,
+ * side (docs/lab/); the one-row kernel not measured. Only the split depends on the device,
  * not the result. */
 int64_t fwd_rows_per_block(const lutra_norm_args *a, bool pairs) {
   if (a->rms || !pairs) return kFwdRows;

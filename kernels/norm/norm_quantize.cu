@@ -44,7 +44,7 @@ std::atomic<uint64_t> rows_smem_allowed;
 #define LK_STAGED_CLUSTER 2
 #endif
 /* the blocks of a cluster of k_norm_quantize_staged on sm_90 and later (16-byte rows): two
- * measured faster than four or eight, and than the tile path (BENCHMARKS.md) */
+ * measured faster than four or eight, and than the tile path (docs/lab/) */
 constexpr int kStagedCluster = LK_STAGED_CLUSTER;
 
 /* the cluster size of the staged kernel for the current device: kStagedCluster where clusters
@@ -124,7 +124,7 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
  * each tile as it loads it (lkq::NormIn): k_cast16 (per-tensor), k_mx16 (MXFP8), k_block (1x128).
  * Those read x once more but run near the quantizer's rate, where this file's tile kernel, which
  * stages f32 values through shared memory, and the staged per-tensor kernel ran at a fraction of
- * it (BENCHMARKS.md). Taken where there is room for the statistics (rows' mean and rstd given:
+ * it (docs/lab/). Taken where there is room for the statistics (rows' mean and rstd given:
  * kept for backward, or the CUDA backend's scratch), a columnwise copy or block scaling is
  * asked for, x is 16-bit, every buffer is
  * 16-byte aligned and the dims suit the quantizer's vector path; returns cudaErrorNotSupported
@@ -140,7 +140,7 @@ bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data
                 bool vec) {
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
   /* per-tensor: the row-resident kernels (one pass over x, rowwise only or both copies) are
-   * faster where they take the rows (BENCHMARKS.md); wider rows of a large matrix take the tiles */
+   * faster where they take the rows (docs/lab/); wider rows of a large matrix take the tiles */
   return vec &&
          (scaling != LUTRA_SCALING_TENSOR || (col_data && n.hidden > kResident * kRowThreads &&
                                               n.rows * n.hidden >= kTileMinTensorElems)) &&

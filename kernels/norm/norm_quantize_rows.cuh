@@ -195,7 +195,7 @@ __device__ __forceinline__ const uint8_t *cluster_peer(const uint8_t *p, unsigne
  * per column CL 16-byte runs one after the other. Thread t reads group t % CL, so that the CL
  * threads storing a column's runs are adjacent lanes of one store instruction, which the
  * memory system takes as one 16 CL-byte run; the same runs stored by one thread, one
- * instruction each, made the kernel much slower (BENCHMARKS.md). */
+ * instruction each, made the kernel much slower (docs/lab/). */
 template <int CL>
 __device__ __forceinline__ void write_cluster_columns(const Params &p, const uint8_t *staged,
                                                       int64_t h, int64_t sg0) {
@@ -227,7 +227,7 @@ __device__ __forceinline__ void write_cluster_columns(const Params &p, const uin
  * shared memory ([kQRows][hidden] bytes) until the super group is complete; then the cluster's
  * blocks write them out, each a share of the columns with every group's rows (16 CL-byte column
  * runs), while the next pair's loads are in flight. The rowwise codes leave from registers.
- * Why (each measured side by side, BENCHMARKS.md): 16-byte column runs stored one instruction
+ * Why (each measured side by side, docs/lab/): 16-byte column runs stored one instruction
  * each were slow whoever wrote them; the cluster's blocks write a column's runs from adjacent
  * lanes of one instruction instead (write_cluster_columns). Clusters of two did best; four and
  * eight were slower. Strided, because adjacent clusters run side by side, so the runs that share

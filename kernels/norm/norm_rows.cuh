@@ -69,7 +69,7 @@ __device__ __forceinline__ void row_reduce(float (&v)[N], RowRed &red, F &&fin) 
  * every thread). Consecutive calls alternate between the two halves of parts (half, uniform over
  * the block, flips each call): a thread reads call k's half before it arrives at call k + 1's
  * barrier, which the writers of call k + 2 have passed. Taken by the backward, whose dx waits on
- * each row's sums (the LayerNorm backward 0.94x with it, BENCHMARKS.md). The forward keeps
+ * each row's sums (the LayerNorm backward 0.94x with it, docs/lab/). The forward keeps
  * row_reduce: there every warp would then take the statistics' divisions and square roots, and
  * parts would grow RowRed, which the fused two-copy casts' shared memory cannot spare (a third
  * block an SM). */
@@ -356,7 +356,7 @@ __device__ __forceinline__ void normalized_pairs(const lutra_norm_args &a, int64
 /* The same over n rows, the loop's i-th row being row_of(i) (rows 2k and 2k + 1 of the loop must
  * be consecutive rows of x), and after each pair (i, i + 1) pair_done(i), uniform over the
  * block, while the next pair's loads are in flight. (The plain range loop above is kept apart:
- * through this one, the rowwise fused kernel measured slower, BENCHMARKS.md.) */
+ * through this one, the rowwise fused kernel measured slower, docs/lab/.) */
 template <int DT, int PDT, int V, int NC, bool FULL, class M, class F, class G>
 __device__ __forceinline__ void normalized_pairs_of(const lutra_norm_args &a, int64_t n, M &&row_of,
                                                     RowRed &red, F &&f, G &&pair_done) {

@@ -37,7 +37,7 @@ namespace {
  * (16 tiles x 2 E8M0 bytes along a row and along a column) and 1 KiB runs of each transposed row,
  * so L2 writes back full sectors instead of partial ones it would have to read from HBM first. */
 /* 8 tile rows measured best of 8, 16 and 32 for the delayed cast + transpose
- * (bench/probes/tile_band_sweep.sh; BENCHMARKS.md). The macros are for tuning builds only. */
+ * (bench/probes/tile_band_sweep.sh; docs/lab/). The macros are for tuning builds only. */
 #ifndef LUTRA_TILE_BAND
 #define LUTRA_TILE_BAND 8
 #endif

@@ -26,7 +26,7 @@ namespace {
  * shared memory. Both code tiles do, 1 byte per element, so that they leave as whole 128-byte
  * lines (8 lanes per row of the tile or of its transpose, 16 bytes each), and so do the scales, so
  * that each row (column) gets one 4-byte store per tile. bench/probes/mx_probe.cu chose this layout
- * (BENCHMARKS.md has its figures): 128x64 tiles whose row codes left as 64-byte halves, in a
+ * (docs/lab/ has its figures): 128x64 tiles whose row codes left as 64-byte halves, in a
  * persistent grid, were far slower; storing the row codes as whole lines is what moved it most,
  * and one block per tile in row-major
  * order (the tiles in flight then cover a few whole tile rows) beat persistent blocks, bands, a
@@ -187,7 +187,7 @@ mx_encode(const TileArgs &a, const uint4 (&x)[8], const uint32_t (&rm)[4], const
  * partial sectors that the neighbouring tiles complete later (8 tiles along a row for a rowwise
  * sector, 8 tile rows for a columnwise one); evicted before then, a partial sector costs HBM a
  * read-modify-write. Kept, they cost a fraction of what they cost evicted (the code stores and
- * input loads keep the default policy; bench/probes/mx_probe.cu, BENCHMARKS.md). Later accesses
+ * input loads keep the default policy; bench/probes/mx_probe.cu, docs/lab/). Later accesses
  * with the default policy (the GEMM's dequantize reading the scales) make the lines ordinary again.
  */
 __device__ __forceinline__ void st_keep_in_l2(uint8_t *d, uint32_t v) {
@@ -357,7 +357,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_mx16(TileArgs a) {
  * 8x8 values once, and its columnwise codes are its rowwise codes transposed in registers (an 8x8
  * byte transpose), both staged in shared memory and stored as whole 128-byte lines. The 64x64
  * kernel (k_tile64, MODE_CAST_CODES) stores 64-byte half lines, which costs it bandwidth
- * (BENCHMARKS.md). The per-tensor amax (delayed scaling) is the maximum magnitude
+ * (docs/lab/). The per-tensor amax (delayed scaling) is the maximum magnitude
  * over the matrix's values, NaNs left out as fmaxf leaves them out. Inputs with a bias gradient or
  * a fused GELU gradient stay on k_tile64. */
 

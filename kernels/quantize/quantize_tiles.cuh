@@ -276,7 +276,7 @@ __device__ __forceinline__ void transpose4x4(const uint32_t (&w)[4], uint32_t (&
  * of m_loc (its threads' amaxes, -inf for none) into *a.amax, and 1 / s into the scale_inv
  * outputs (block 0). A block whose atomic_fmax would change nothing (the amax's bits already at
  * least m's as integers, and not a NaN) leaves it out: k_cast16 runs a block per tile, thousands
- * of them, and their atomics queued on one address cost measurable bandwidth (BENCHMARKS.md).
+ * of them, and their atomics queued on one address cost measurable bandwidth (docs/lab/).
  * A template so that it is instantiated after the including file's own functions: ptxas lays out
  * static shared memory in definition order, and k_tile64 keeps the layout (and so the code) it
  * was measured with, dbias_reduce_strip's buffer first. */

@@ -70,7 +70,7 @@ LUTRA_API int lutra_gemm_cache_stats(int *plans, size_t *workspace_bytes);
 /* Eager cuda GEMMs replayed as CUDA graphs: a call seen again with the same arguments (pointers,
  * beta, stream) runs as a cudaGraphLaunch of its captured launches (a cublasLtMatmul; a
  * GroupedLinear's grouped GEMM: its setup and CUTLASS kernels), which costs the host less than
- * the call itself (BENCHMARKS.md), with the same results (src/backend/cuda/call_graphs.c;
+ * the call itself (docs/lab/), with the same results (src/backend/cuda/call_graphs.c;
  * LUTRA_GEMM_GRAPHS=0 at load turns it off). graphs: cached now; launches: calls served so
  * far. */
 LUTRA_API int lutra_gemm_graph_stats(int64_t *graphs, int64_t *launches);

@@ -8,7 +8,7 @@
  *   correctly rounded f32 operations, so they are the kernels' bits;
  * - given the same mean and rstd, every element formula below (xhat, y, dxhat, dx) is a fixed
  *   sequence of f32 roundings without FMA that the kernels repeat through fadd/fmul
- *   (kernels/ops_common.cuh): exact;
+ *   (kernels/common/f32.cuh): exact;
  * - the column sums dgamma/dbeta are double here; the kernels add per-row-block partials (f32
  *   groups of rows into doubles) in a fixed order: deterministic there, equal to these within
  *   a bound (spec/gpu/norm_gpu.lua states it as an NMSE). */

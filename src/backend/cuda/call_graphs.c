@@ -1,5 +1,5 @@
 /* Eager calls replayed as CUDA graphs. A cublasLtMatmul costs the host several times what a
- * cudaGraphLaunch does (BENCHMARKS.md has the figures), and so do a grouped GEMM's two launches
+ * cudaGraphLaunch does (docs/lab/ has the figures), and so do a grouped GEMM's two launches
  * (the setup kernel and the clustered CUTLASS kernel) and even one kernel launch (the norm, a
  * cast, an activation: a <<<>>> launch costs the host about twice a graph launch on the H200
  * machines measured); in a training loop every such call comes again and again with the same

@@ -62,7 +62,7 @@ static _Thread_local thread_ctx *tctx;
 /* The cuBLASLt handles of exited threads, which later threads take before making new ones. A
  * handle is never destroyed: cublasLtDestroy synchronizes the whole context, which is not safe
  * while another thread captures a graph of its own stream (a thread exiting while the others
- * still trained crashed inside the driver under spec/native/threads_check.c, BENCHMARKS.md). There
+ * still trained crashed inside the driver under spec/native/threads_check.c, docs/lab/). There
  * are never more handles than threads that ran at once. */
 static struct {
   pthread_mutex_t lock;
