@@ -4,10 +4,6 @@
 -- @module lutra.cli
 local M = {}
 
---- lua-argparse's parser constructor for the script `name` (what its usage line shows, e.g.
--- "train_mlp.lua"); its parsers exit with status 2 on a usage error. Without lua-argparse it writes "NAME needs lua-argparse (Debian: apt-get
--- install lua-argparse)" on stderr and exits with status 2: a script cannot run without its
--- command line. opts.quiet: exit without writing (the ranks of an mpirun other than the first).
 -- A usage error (a bad value, a choice not offered, an unknown option) exits with status 2, the
 -- shell's convention for a bad command line (argparse's own exit is 1, a run's failure).
 local function usage_error(parser, msg)
@@ -15,6 +11,13 @@ local function usage_error(parser, msg)
   os.exit(2)
 end
 
+--- lua-argparse's parser constructor for the script `name` (what its usage line shows, e.g.
+-- "train_mlp.lua"); its parsers exit with status 2 on a usage error. Without lua-argparse it
+-- writes "NAME needs lua-argparse (Debian: apt-get install lua-argparse)" on stderr and exits
+-- with status 2: a script cannot run without its command line.
+-- @string name the script's name
+-- @tab[opt] opts `quiet`: exit without writing (the ranks of an mpirun other than the first)
+-- @treturn function argparse's constructor, its parsers' error exit set to status 2
 function M.argparse(name, opts)
   local found, argparse = pcall(require, "argparse")
   if found then
