@@ -4,8 +4,8 @@
 --   lutra.load("run.safetensors", {model = net, optim = opt, rng = true, recipe = r})
 -- objects (a table; at least one of model, optim, rng):
 --   model       a module: its parameters ("0.weight", "2.bias", ...) and the state of every
---               quantizer it owns ("0.fp8.input.scale", ...); names per module kind in README
---               ("Checkpoints"); an object with a checkpoint_module method (lutra.moe.Router)
+--               quantizer it owns ("0.fp8.input.scale", ...); names per module kind in
+--               src/lutra/checkpoint.h; an object with a checkpoint_module method (lutra.moe.Router)
 --               stands for the module it returns
 --   optim       an optimizer over model or a module inside it: moments, f32 masters, step count
 --               (and the device's step)
