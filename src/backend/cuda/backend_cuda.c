@@ -19,8 +19,9 @@
  * call a cache sees. backend.h's argument structs have no padding bytes, and neither have the
  * structs here (-Wpadded checks both): two calls with equal bytes issue equal launches. */
 #define CACHED(launcher, call, issue, name)                                                        \
-  lutra_call_graphs_run(lutra_cuda_launch_graphs(launcher), LUTRA_CALLS_KERNEL, &(call),           \
-                        sizeof(call), (call).stream, issue, &(call), name)
+  lutra_call_graphs_run(lutra_cuda_launch_graphs(launcher, lutra_call_graphs_free),                \
+                        LUTRA_CALLS_KERNEL, &(call), sizeof(call), (call).stream, issue, &(call),  \
+                        name)
 
 #if defined(__GNUC__)
 #pragma GCC diagnostic push
@@ -276,9 +277,9 @@ static bool delayed_keys(lutra_scale_meta *const *metas, int n, delayed_meta_key
 static int run_delayed(int launcher, delayed_head *key, size_t key_bytes,
                        lutra_scale_meta *const *metas) {
   delayed_head ctx = {.metas = metas, .stream = key->stream, .n = key->n};
-  return lutra_call_graphs_run(lutra_cuda_launch_graphs(launcher), LUTRA_CALLS_KERNEL, key,
-                               key_bytes, key->stream, issue_delayed_update, &ctx,
-                               "lutra_cuda_delayed_update");
+  return lutra_call_graphs_run(lutra_cuda_launch_graphs(launcher, lutra_call_graphs_free),
+                               LUTRA_CALLS_KERNEL, key, key_bytes, key->stream,
+                               issue_delayed_update, &ctx, "lutra_cuda_delayed_update");
 }
 static int k_delayed_update(lutra_scale_meta *const *metas, int n) {
   const cudaStream_t s = lutra_cuda_stream();

@@ -46,9 +46,11 @@ typedef struct stream_state {
   int64_t dbias_counters;
   float *norm_stats; /* the fused norm + FP8 cast's row statistics when none are kept */
   int64_t norm_stat_floats;
-  /* the kernel launchers' cached graphs (call_graphs.c), one cache per launcher: their keys
-   * hold this stream's scratch pointers, which live as long as the state */
+  /* the kernel launchers' cached graphs, one cache per launcher: their keys hold this stream's
+   * scratch pointers, which live as long as the state. Opaque here; released with the state by
+   * the function their maker handed over (lutra_cuda_launch_graphs) */
   lutra_call_graphs *launches[LUTRA_LAUNCHERS];
+  void (*release_launches)(lutra_call_graphs *);
 } stream_state;
 
 typedef struct thread_ctx {
@@ -196,7 +198,7 @@ static cudaError_t state_init(stream_state *st) {
  * once everything that could still use the memory has finished). */
 static void state_release(stream_state *st, cudaStream_t on) {
   for (int i = 0; i < LUTRA_LAUNCHERS; i++)
-    lutra_call_graphs_free(st->launches[i]);
+    if (st->launches[i]) st->release_launches(st->launches[i]);
   void *ptrs[] = {st->workspace, st->reduce_block, st->dbias, st->dbias_count, st->norm_stats};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
     if (ptrs[i]) cudaFreeAsync(ptrs[i], on);
@@ -378,8 +380,12 @@ bool lutra_cuda_stream_private(void) {
   return cur_state()->own;
 }
 
-lutra_call_graphs **lutra_cuda_launch_graphs(int launcher) {
-  return &cur_state()->launches[launcher];
+lutra_call_graphs **lutra_cuda_launch_graphs(int launcher, void (*release)(lutra_call_graphs *)) {
+  /* the caches' maker says how to release them: the context sits below it and calls no cache
+   * function itself (one store into this thread's state) */
+  stream_state *st = cur_state();
+  st->release_launches = release;
+  return &st->launches[launcher];
 }
 
 const lk_scratch *lutra_cuda_reduce_scratch(void) {

@@ -150,7 +150,9 @@ enum {
   LUTRA_LAUNCH_DELAYED_UPDATE_WIDE,
   LUTRA_LAUNCHERS
 };
-lutra_call_graphs **lutra_cuda_launch_graphs(int launcher);
+/* The slot of a launcher's cache on the current stream; release frees a cache (the stream's
+ * state releases its caches with it). */
+lutra_call_graphs **lutra_cuda_launch_graphs(int launcher, void (*release)(lutra_call_graphs *));
 
 /* One GEMM workspace per device and stream: cuBLASLt's 32 MiB on Hopper and newer, with
  * 256 bytes for alignment, as TransformerEngine sizes it. */

@@ -50,9 +50,9 @@ int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a) {
       .rows_cap = a->xs ? (int64_t)a->num * lutra_grouped_roundup(a->rows_each, a->out.align)
                         : lutra_grouped_rows_cap(a->total_rows, a->num, a->out.align),
       .stream = lutra_cuda_stream()};
-  return lutra_call_graphs_run(lutra_cuda_launch_graphs(LUTRA_LAUNCH_GROUPED_QUANTIZE),
-                               LUTRA_CALLS_KERNEL, &c, sizeof c, c.stream, issue_grouped_quantize,
-                               &c, fn);
+  return lutra_call_graphs_run(
+      lutra_cuda_launch_graphs(LUTRA_LAUNCH_GROUPED_QUANTIZE, lutra_call_graphs_free),
+      LUTRA_CALLS_KERNEL, &c, sizeof c, c.stream, issue_grouped_quantize, &c, fn);
 }
 
 /* the CUTLASS kernels' workspace for num experts, asked once per expert count and thread (a
