@@ -20,6 +20,9 @@
 --   convert     true: a parameter stored as f32, bf16 or f16 is converted to the parameter's
 --               dtype (widening exact, narrowing rounded to nearest even); else refused
 -- A load checks the whole file against the objects first and changes nothing when it fails.
+-- Under delayed scaling a save between the micro-batches of an accumulated step (after a
+-- forward with is_first_microbatch true, before the optimizer step) is refused: the cached FP8
+-- weight is not saved, so it could not resume exactly (src/lutra/checkpoint.h).
 -- @module lutra.checkpoint
 local core = require("lutra.core")
 local chk = require("lutra.check")

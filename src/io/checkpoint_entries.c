@@ -207,6 +207,17 @@ static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
                        "module '%.*s' is a %s, a module kind that does not support checkpoints",
                        *prefix ? (int)strlen(prefix) - 1 : 6, *prefix ? prefix : "(root)",
                        m->ops->kind);
+  /* the FP8 weight cached for the rest of the window is not in the file: refused, not saved
+   * into a checkpoint that would resume differently */
+  if (E->saving && o->fp8 && ck->in_accumulation_window && ck->in_accumulation_window(m))
+    return lutra_error(LUTRA_ESTATE, fn,
+                       "module '%.*s' (%s) is between the micro-batches of a gradient-accumulation "
+                       "window under delayed scaling: its FP8 weight, cached by the forward with "
+                       "is_first_microbatch true, is not saved, and a resumed forward with "
+                       "is_first_microbatch false would quantize it again under the updated scale; "
+                       "save after the optimizer step",
+                       *prefix ? (int)strlen(prefix) - 1 : 6, *prefix ? prefix : "(root)",
+                       m->ops->kind);
   char pre[512];
   if (ck->num_children) {
     int n = ck->num_children(m);
@@ -327,6 +338,7 @@ static int optim_entries(ckpt_entries *E, lutra_optim *opt, const char *fn) {
 int ckpt_collect(const lutra_checkpoint_objects *o, bool for_load, ckpt_entries *E,
                  const char *fn) {
   memset(E, 0, sizeof *E);
+  E->saving = !for_load;
   int st = LUTRA_OK;
   if (o->model) st = walk(E, o->model, "", o, for_load ? o->recipe : NULL, 0, fn);
   if (st == LUTRA_OK && o->optim) st = optim_entries(E, o->optim, fn);
@@ -361,7 +373,8 @@ ckpt_entry *ckpt_find(const ckpt_entries *E, const char *name) {
 int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const float *lr,
                     const char *fn) {
   for (int i = 0; i < E->count; i++)
-    if (E->e[i].kind == ENTRY_PARAM) E->e[i].param->flags |= LUTRA_TENSOR_WRITTEN;
+    if (E->e[i].kind == ENTRY_PARAM)
+      E->e[i].param->flags |= LUTRA_TENSOR_WRITTEN | LUTRA_TENSOR_UPDATED;
   /* a master loaded with its parameter is the newer copy: the step must not overwrite it */
   for (int i = 0; i < E->count; i++)
     if (E->e[i].kind == ENTRY_MASTER && E->e[i].param)

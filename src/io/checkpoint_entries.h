@@ -54,6 +54,7 @@ typedef struct ckpt_entries {
   int npending, pending_cap;
   ckpt_host host;
   lutra_optim *optim; /* the objects' optimizer, when they had one */
+  bool saving;        /* collected for a save (else for a load) */
 } ckpt_entries;
 
 /* Entries of the objects, sorted by name (duplicates refused). for_load: a module whose

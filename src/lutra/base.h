@@ -59,8 +59,11 @@ enum {
   LUTRA_TENSOR_OWNS_DATA = 1, /* data and scales were allocated by this tensor */
   LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: do not free it */
   LUTRA_TENSOR_FREED = 4,     /* released: every call on it fails */
-  LUTRA_TENSOR_WRITTEN = 8    /* written through the API (set, fill, copy, random fills) since an
+  LUTRA_TENSOR_WRITTEN = 8,   /* written through the API (set, fill, copy, random fills) since an
                                  optimizer last synchronized its f32 master copy from it */
+  LUTRA_TENSOR_UPDATED = 16   /* a parameter changed (an optimizer step, a write through the API,
+                                 a load) since its module last quantized it for its FP8 weight
+                                 cache: what ends a gradient-accumulation window (checkpoint.h) */
 };
 
 /* A tensor. Lua reads these fields directly (spec/layout_spec.lua checks the offsets).

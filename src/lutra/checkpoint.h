@@ -50,10 +50,13 @@
  * refused inside an autocast scope or a graph capture (a step half-done is no state to save).
  *
  * Resume is exact (N steps, save, load into fresh objects, M more == N + M straight, bit for bit)
- * at optimizer-step boundaries, NVFP4's stochastic rounding included. Not between the
- * micro-batches of one gradient-accumulation window: the FP8 weights a Linear or GroupedLinear
- * cached (is_first_microbatch true) are not saved, so a resumed forward with is_first_microbatch
- * false quantizes the weight again, under the scale updated since. */
+ * at optimizer-step boundaries, NVFP4's stochastic rounding included, and between the
+ * micro-batches of a gradient-accumulation window where the weight's quantization depends on
+ * the weight alone (current scaling, MXFP8, blocks). Under delayed scaling the FP8 weight a
+ * forward with is_first_microbatch true cached was quantized with a scale since updated, and is
+ * not saved: a save inside such a window (from that forward until an optimizer step, a write or
+ * load of the weight, or a forward that quantizes it again) is refused with LUTRA_ESTATE, naming
+ * the module, and writes nothing. With fp8 = 0 (no FP8 state saved) it is taken. */
 #ifndef LUTRA_CHECKPOINT_H
 #define LUTRA_CHECKPOINT_H
 

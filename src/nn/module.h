@@ -96,6 +96,11 @@ typedef struct lutra_checkpoint_ops {
                    void **fresh, const char *fn);
   void (*adopt_fp8_state)(lutra_module *m, const lutra_recipe *r, void *fresh);
   void (*drop_fp8_state)(lutra_module *m, void *fresh);
+  /* saving: the module is inside a gradient-accumulation window under delayed scaling (a
+   * forward with is_first_microbatch true cached its FP8 weight, no optimizer step or write
+   * changed the weight since): the cache, which a forward with is_first_microbatch false would
+   * reuse, is not saved, so no save can resume it exactly and checkpoints refuse it. NULL: never */
+  bool (*in_accumulation_window)(const lutra_module *m);
 } lutra_checkpoint_ops;
 
 /* The checkpoint entry of a module kind with no state of its own (an activation). */

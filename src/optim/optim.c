@@ -30,6 +30,9 @@ struct lutra_optim {
   /* [i]: the parameter whose f32 master is args.master[i] (NULL: none), watched for writes made
    * through the API, which must reach the master before the next step or be overwritten by it */
   lutra_tensor **mastered;
+  /* [i]: parameter i, marked LUTRA_TENSOR_UPDATED by every step (a module's cached FP8 copy of it
+   * is stale from then: what ends a gradient-accumulation window, lutra/checkpoint.h) */
+  lutra_tensor **params;
   /* the data-parallel sync a step last checked for its gradients (parallel/group.h) */
   lutra_dist_settle_cache settle;
 };
@@ -68,12 +71,14 @@ static void optim_buffers_free(lutra_optim *o) {
   free(o->args.grad_dtype);
   free(o->args.master);
   free(o->mastered);
+  free(o->params);
   free(o->args.m);
   free(o->args.v);
   free(o->args.numel);
   memset(&o->args, 0, sizeof o->args);
   o->buffers = NULL;
   o->mastered = NULL;
+  o->params = NULL;
   o->nbuffers = 0;
   if (o->module) lutra_module_free(o->module);
   o->module = NULL;
@@ -100,12 +105,13 @@ static int gather(lutra_optim *o, int count, const char *fn) {
   a->grad_dtype = calloc((size_t)count, sizeof *a->grad_dtype);
   a->master = calloc((size_t)count, sizeof *a->master);
   o->mastered = calloc((size_t)count, sizeof *o->mastered);
+  o->params = calloc((size_t)count, sizeof *o->params);
   a->m = calloc((size_t)count, sizeof *a->m);
   a->v = calloc((size_t)count, sizeof *a->v);
   a->numel = calloc((size_t)count, sizeof *a->numel);
   o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
   if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered ||
-      !a->m || !a->v || !a->numel || !o->buffers)
+      !o->params || !a->m || !a->v || !a->numel || !o->buffers)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
   bool adamw = o->desc.kind == LUTRA_OPTIM_ADAMW;
   for (int i = 0; i < count; i++) {
@@ -118,6 +124,7 @@ static int gather(lutra_optim *o, int count, const char *fn) {
     a->grad[i] = g->data;
     a->grad_dtype[i] = g->dtype;
     a->numel[i] = p.value->numel;
+    o->params[i] = p.value;
     if (p.value->dtype != LUTRA_F32) {
       TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
       o->mastered[i] = p.value;
@@ -204,8 +211,13 @@ int lutra_optim_step(lutra_optim *o) {
   a->eps = o->desc.eps;
   a->step++;
   int st = o->desc.kind == LUTRA_OPTIM_ADAMW ? o->be->adamw_step(a) : o->be->sgd_step(a);
-  if (st != LUTRA_OK) a->step--;
-  return st;
+  if (st != LUTRA_OK) {
+    a->step--;
+    return st;
+  }
+  for (int32_t i = 0; i < a->count; i++)
+    o->params[i]->flags |= LUTRA_TENSOR_UPDATED;
+  return LUTRA_OK;
 }
 
 int lutra_optim_set_lr(lutra_optim *o, float lr) {

@@ -78,9 +78,20 @@ static void grouped_drop_fp8_state(lutra_module *m, void *fresh) {
   free(fresh);
 }
 
+static bool grouped_in_window(const lutra_module *m) {
+  const grouped_linear *g = (const grouped_linear *)m;
+  if (!g->weight_cached || !g->cache_opens_window || !g->roles_built ||
+      g->roles[LUTRA_ROLE_WEIGHT].spec.kind != LUTRA_QUANT_DELAYED)
+    return false;
+  for (int64_t e = 0; e < g->num; e++)
+    if (g->weight[e]->flags & LUTRA_TENSOR_UPDATED) return false;
+  return true;
+}
+
 const lutra_checkpoint_ops lutra_grouped_checkpoint = {
     .param_name = grouped_param_name,
     .fp8_state = grouped_fp8_state,
     .adopt_fp8_state = grouped_adopt_fp8_state,
     .drop_fp8_state = grouped_drop_fp8_state,
+    .in_accumulation_window = grouped_in_window,
 };

@@ -68,6 +68,9 @@ typedef struct grouped_linear {
   int64_t rows;
   bool forward_done, forward_grad, forward_fp8, forward_host, weight_cached, backward_trigger,
       backward_done;
+  /* the weights were last quantized by a forward with is_first_microbatch true (checkpoints:
+   * lutra_checkpoint_ops.in_accumulation_window) */
+  bool cache_opens_window;
   /* tensor parallel (lutra_grouped_linear_parallel_new): every expert sharded alike, the
    * collectives of nn/tp.h on the grouped output; a row-parallel bias is added by rank 0 only,
    * before the output's all-reduce (its gradient is computed on every rank) */

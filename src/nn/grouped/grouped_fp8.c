@@ -225,6 +225,9 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
     TRY(quantize_weights(g, skip, fn));
     TRY(note_all(g, rw, false, fn));
     g->weight_cached = true;
+    g->cache_opens_window = first_microbatch == 1;
+    for (int64_t e = 0; e < g->num; e++)
+      g->weight[e]->flags &= ~(uint32_t)LUTRA_TENSOR_UPDATED;
   }
   lutra_grouped_gemm_args ga;
   lutra_grouped_common(g, lutra_rows(x), &ga);

@@ -169,10 +169,15 @@ static void lnl_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
   lutra_linear_core_adopt_quantizers(&((layernorm_linear *)m)->lin, r, q);
 }
 
+static bool lnl_in_window(const lutra_module *m) {
+  return lutra_linear_core_in_accumulation_window(&((const layernorm_linear *)m)->lin);
+}
+
 static const lutra_checkpoint_ops lnl_checkpoint = {
     .param_name = lnl_param_name,
     .quantizers = lnl_quantizers,
     .adopt_quantizers = lnl_adopt_quantizers,
+    .in_accumulation_window = lnl_in_window,
 };
 
 static const lutra_module_ops lnl_ops = {

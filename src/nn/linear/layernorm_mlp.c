@@ -110,10 +110,19 @@ static void mlp_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
   }
 }
 
+static bool mlp_in_window(const lutra_module *m) {
+  for (int k = 0; k < 2; k++) {
+    const lutra_module *p = part(m, 2 * k);
+    if (p->ops->checkpoint->in_accumulation_window(p)) return true;
+  }
+  return false;
+}
+
 static const lutra_checkpoint_ops mlp_checkpoint = {
     .param_name = mlp_param_name,
     .quantizers = mlp_quantizers,
     .adopt_quantizers = mlp_adopt_quantizers,
+    .in_accumulation_window = mlp_in_window,
 };
 
 static const lutra_module_ops mlp_ops = {

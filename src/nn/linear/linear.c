@@ -123,9 +123,14 @@ static void linear_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
   lutra_linear_core_adopt_quantizers(core_of(m), r, q);
 }
 
+static bool linear_in_window(const lutra_module *m) {
+  return lutra_linear_core_in_accumulation_window(const_core_of(m));
+}
+
 static const lutra_checkpoint_ops linear_checkpoint = {
     .quantizers = linear_quantizers,
     .adopt_quantizers = linear_adopt_quantizers,
+    .in_accumulation_window = linear_in_window,
 };
 
 static const lutra_module_ops linear_ops = {

@@ -116,6 +116,8 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
       c->wqc = NULL; /* not of this weight: a later training forward quantizes it */
     }
     c->weight_cached = true;
+    c->cache_opens_window = first_microbatch == 1;
+    c->weight->flags &= ~(uint32_t)LUTRA_TENSOR_UPDATED;
   }
   return lutra_gemm_run(
       &(lutra_gemm_op){.a = c->wq,

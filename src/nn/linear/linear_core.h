@@ -60,6 +60,9 @@ bool lutra_linear_core_starts_from_act_grad(const lutra_linear_core *c, int act)
  * (built for the recipe; x checked as the forward checks it), else *q = NULL. */
 int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *x,
                                       lutra_quantizer **q, const char *fn);
+/* Checkpoints: whether c is inside a gradient-accumulation window under delayed scaling
+ * (lutra_checkpoint_ops.in_accumulation_window). */
+bool lutra_linear_core_in_accumulation_window(const lutra_linear_core *c);
 /* Parameters (nn/linear/linear_core_params.c) */
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);

@@ -108,6 +108,19 @@ int lutra_linear_core_quantizers(lutra_linear_core *c, const lutra_recipe *build
   return LUTRA_OK;
 }
 
+/* delayed scaling: a quantizer with an amax history, whose scale a save records as it is now,
+ * not as it was when the cached weight was quantized */
+static bool delayed(lutra_quantizer *q) {
+  lutra_quantizer_state_view v;
+  return q && lutra_quantizer_state(q, &v) == LUTRA_OK && v.amax_history;
+}
+
+bool lutra_linear_core_in_accumulation_window(const lutra_linear_core *c) {
+  if (!c->weight_cached || !c->cache_opens_window || (c->weight->flags & LUTRA_TENSOR_UPDATED))
+    return false;
+  return delayed(c->q[LUTRA_ROLE_WEIGHT]) || delayed(c->qc[LUTRA_ROLE_WEIGHT]);
+}
+
 void lutra_linear_core_adopt_quantizers(lutra_linear_core *c, const lutra_recipe *r,
                                         const lutra_module_quantizers *q) {
   lutra_quantizer *fresh[2 * LUTRA_NUM_ROLES] = {0};

@@ -34,6 +34,9 @@ typedef struct lutra_linear_core {
   int32_t forward_act; /* LUTRA_ACT_* the last forward ended in */
   bool forward_done, forward_grad, forward_fp8, weight_cached, backward_trigger;
   bool backward_done; /* a backward ran since the last forward */
+  /* the weight was last quantized by a forward with is_first_microbatch true: the cache opens a
+   * gradient-accumulation window (lutra_linear_core_in_accumulation_window) */
+  bool cache_opens_window;
   /* set by a producer that wrote the next forward's FP8 input itself (LayerNormLinear's norm,
    * through lutra_linear_core_input_quantizer's quantizer): that forward uses it as it is */
   lutra_tensor *given_xq;

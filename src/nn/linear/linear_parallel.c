@@ -79,9 +79,14 @@ static void lp_adopt_quantizers(lutra_module *m, const lutra_recipe *r,
   lutra_linear_core_adopt_quantizers(&of(m)->core, r, q);
 }
 
+static bool lp_in_window(const lutra_module *m) {
+  return lutra_linear_core_in_accumulation_window(&const_of(m)->core);
+}
+
 static const lutra_checkpoint_ops lp_checkpoint = {
     .quantizers = lp_quantizers,
     .adopt_quantizers = lp_adopt_quantizers,
+    .in_accumulation_window = lp_in_window,
 };
 
 static const lutra_module_ops linear_parallel_ops = {
