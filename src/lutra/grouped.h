@@ -32,9 +32,8 @@ LUTRA_API int lutra_grouped_linear_new(const lutra_grouped_linear_desc *d, lutra
  * input's rows) or on the module's device (device splits: held by the module and read in place,
  * in stream order, by the next forward, whose GEMM keeps the copy its backward reads, so the
  * tensor may be rewritten once that forward was called; never read by the host; checked where
- * the work runs, a bad one sets the module's error flag, which lutra_grouped_check reports).
- * Setting splits ends the last forward (a backward needs a new forward). lutra_module_forward then
- * uses them, so a GroupedLinear runs inside a Sequential. */
+ * the work runs, a bad one sets the module's error flag, which lutra_grouped_check reports). Setting splits ends the last forward (a backward needs a new
+ * forward). lutra_module_forward then uses them, so a GroupedLinear runs inside a Sequential. */
 LUTRA_API int lutra_grouped_set_splits(lutra_module *m, const lutra_tensor *splits);
 /* lutra_grouped_set_splits, then lutra_module_forward_ex; m may also be a module holding
  * GroupedLinears (a Sequential: lutra_module_forward_ex with splits in the args, which it hands
