@@ -276,7 +276,7 @@ describe("errors", function()
       same(m2:parameters()[1].value:to_table(), w, "weights after a refused step")
     end)
 
-    it("freeing a module that is inside a Sequential is refused; it keeps working", function()
+    it("destroying a module that is inside a Sequential is refused; it keeps working", function()
       local a = lutra.nn.Linear(16, 8, { seed = 6 })
       local g = lutra.nn.GELU()
       local seq = lutra.nn.Sequential(a, g)
@@ -290,7 +290,7 @@ describe("errors", function()
       same(seq:forward(x):to_table(), ref_seq:forward(x):to_table(), "Sequential after refusals")
       local ref_single = lutra.nn.Linear(16, 8, { seed = 6 }) -- kept referenced: it owns its y
       same(a:forward(x):to_table(), ref_single:forward(x):to_table(), "child after refusals")
-      -- once the Sequential is gone, the child can be freed
+      -- once the Sequential is destroyed, the child can be
       seq:destroy()
       a:destroy()
       expect_error(function() a:forward(x) end, "lutra_module_forward", "module was freed")

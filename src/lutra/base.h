@@ -57,7 +57,7 @@ enum { LUTRA_MAX_DIMS = 4 };
 
 enum {
   LUTRA_TENSOR_OWNS_DATA = 1, /* data and scales were allocated by this tensor */
-  LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: do not free it */
+  LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: not the caller's to destroy */
   LUTRA_TENSOR_FREED = 4,     /* destroyed: every call on it fails */
   LUTRA_TENSOR_WRITTEN = 8    /* written through the API (set, fill, copy, random fills) since an
                                  optimizer last synchronized its f32 master copy from it */
