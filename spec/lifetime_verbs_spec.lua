@@ -7,6 +7,8 @@ local lutra = require("lutra")
 local nn, moe = lutra.nn, lutra.moe
 local ffi, C = lutra.ffi, lutra.C
 local E = require("spec.support.errors")
+local sh = require("spec.support.shell").sh
+local read = require("spec.support.install_tree").read
 local expect_error = E.expect_error
 
 local function full_gc()
@@ -165,9 +167,8 @@ describe("the 0.1 lifetime names", function()
     local lib = io.open("liblutra.so", "rb")
     if not lib then return pending("liblutra.so is not built") end
     lib:close()
-    local p = io.popen("nm -D --defined-only liblutra.so")
-    local syms = p:read("*a")
-    p:close()
+    local ok, syms = sh("nm -D --defined-only liblutra.so")
+    assert(ok, syms)
     for _, name in ipairs(old_names) do
       assert.is_truthy(syms:find("lutra_" .. name .. "\n", 1, true), "lutra_" .. name)
     end
@@ -199,11 +200,9 @@ describe("the 0.1 lifetime names", function()
     f:write('#include "lutra.h"\nint main(void) { return lutra_tensor_free(0); }\n')
     f:close()
     local function cc(flags)
-      local p = io.popen(string.format("cc -std=c11 -Wall -Wextra %s -Isrc -fsyntax-only %s 2>&1; echo rc=$?",
-                                       flags, src))
-      local out = p:read("*a")
-      p:close()
-      return tonumber(out:match("rc=(%d+)%s*$")), out
+      local _, out, status = sh(string.format("cc -std=c11 -Wall -Wextra %s -Isrc -fsyntax-only %s",
+                                              flags, src))
+      return status, out
     end
     local rc, out = cc("")
     assert.are.equal(0, rc, out)
@@ -218,13 +217,6 @@ describe("the 0.1 lifetime names", function()
 end)
 
 describe("the verbs in the public API", function()
-  local function read(path)
-    local f = assert(io.open(path, "rb"))
-    local s = f:read("*a")
-    f:close()
-    return s
-  end
-
   it("no public header but lutra/deprecated.h declares lutra_*_free or lutra_*_release", function()
     local p = io.popen("ls src/lutra.h src/lutra/*.h")
     local n = 0
