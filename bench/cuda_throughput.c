@@ -441,11 +441,11 @@ static void bench_gemm(lutra_tensor *a, lutra_tensor *b, int fp8, const lutra_re
   sync_all();
   raw_gemm_teardown(&c);
   if (fp8) {
-    LU(lutra_quantizer_free(c.qa));
-    LU(lutra_quantizer_free(c.qb));
+    LU(lutra_quantizer_unref(c.qa));
+    LU(lutra_quantizer_unref(c.qb));
   }
-  LU(lutra_tensor_free(c.d_lutra));
-  LU(lutra_tensor_free(c.d_raw));
+  LU(lutra_tensor_unref(c.d_lutra));
+  LU(lutra_tensor_unref(c.d_raw));
 }
 
 /* Float8 block scaling (weight 128x128, input 1x128, TE's default block recipe) beside per-tensor
@@ -510,9 +510,9 @@ static void bench_gemm_block(lutra_tensor *a, lutra_tensor *b, const lutra_recip
   add_row(what, lv, rv, ratio);
   sync_all();
   for (int i = 0; i < 2; i++) {
-    LU(lutra_quantizer_free(c[i].qa));
-    LU(lutra_quantizer_free(c[i].qb));
-    LU(lutra_tensor_free(c[i].d_lutra));
+    LU(lutra_quantizer_unref(c[i].qa));
+    LU(lutra_quantizer_unref(c[i].qb));
+    LU(lutra_tensor_unref(c[i].d_lutra));
   }
 }
 
@@ -643,9 +643,9 @@ static void bench_memory(int64_t dim, const lutra_recipe *cur, const lutra_recip
 
   sync_all();
   for (int i = 0; i < NOPS; i++)
-    if (qc[i].q) LU(lutra_quantizer_free(qc[i].q));
+    if (qc[i].q) LU(lutra_quantizer_unref(qc[i].q));
   CK(cudaFree(cc.dst));
-  LU(lutra_tensor_free(x));
+  LU(lutra_tensor_unref(x));
   sync_all();
 }
 
@@ -703,8 +703,8 @@ int main(int argc, char **argv) {
     bench_gemm(a, b, 1, cur);
     bench_gemm_block(a, b, cur, blk);
     sync_all();
-    LU(lutra_tensor_free(a));
-    LU(lutra_tensor_free(b));
+    LU(lutra_tensor_unref(a));
+    LU(lutra_tensor_unref(b));
   }
   bench_memory(8192, cur, del, mx);
   bench_memory(16384, cur, del, mx);
@@ -725,10 +725,10 @@ int main(int argc, char **argv) {
     printf("\n(table written to %s)\n", argv[1]);
   }
 
-  LU(lutra_recipe_free(cur));
-  LU(lutra_recipe_free(del));
-  LU(lutra_recipe_free(mx));
-  LU(lutra_recipe_free(blk));
+  LU(lutra_recipe_unref(cur));
+  LU(lutra_recipe_unref(del));
+  LU(lutra_recipe_unref(mx));
+  LU(lutra_recipe_unref(blk));
   CK(cudaFree(raw_ws));
   CB(cublasLtDestroy(raw_lt));
   CK(cudaEventDestroy(ev0));

@@ -291,7 +291,7 @@ local function with_grouped(E, K, N, fn)
   local g = nn.GroupedLinear(E, K, N, { dtype = "bf16", device = DEV, bias = false, seed = 7 })
   fn(g)
   g:check_splits()
-  g:free()
+  g:destroy()
 end
 
 local function host_part()

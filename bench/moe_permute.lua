@@ -93,8 +93,8 @@ for _, s in ipairs(SHAPES) do
     out("| %d | %d | %d | %d | %s | %.1f | %.1f | %.0f | %.2f |", T, H, E, k, o[1], sec * 1e6,
         o[3] / 1e6, bw / 1e9, bw / copy_bw)
   end
-  router:free()
-  disp:free()
+  router:destroy()
+  disp:destroy()
 end
 
 -- ---- host cost per call ----------------------------------------------------------------------

@@ -223,15 +223,15 @@ int main(int argc, char **argv) {
   }
   if (f) fclose(f);
   for (int i = 0; i < nops; i++)
-    if (ops[i].q) LU(lutra_quantizer_free(ops[i].q));
-  LU(lutra_module_free(ln));
-  LU(lutra_module_free(rms));
+    if (ops[i].q) LU(lutra_quantizer_unref(ops[i].q));
+  LU(lutra_module_unref(ln));
+  LU(lutra_module_unref(rms));
   lutra_tensor *ts[] = {x, dy, gamma_, beta_, copy_dst};
   for (size_t i = 0; i < sizeof ts / sizeof *ts; i++)
-    LU(lutra_tensor_free(ts[i]));
+    LU(lutra_tensor_unref(ts[i]));
   lutra_recipe *rs[] = {del, cur, mx, blk};
   for (size_t i = 0; i < 4; i++)
-    LU(lutra_recipe_free(rs[i]));
+    LU(lutra_recipe_unref(rs[i]));
   CK(cudaStreamDestroy(raw_stream));
   return 0;
 }

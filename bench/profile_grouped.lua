@@ -56,5 +56,5 @@ for _, mode in ipairs { "bf16", "delayed" } do
   print(string.format("%d experts %s forward: %.3f us a call over %d calls (profiled, "
                       .. "syncs excluded)", E, mode, t * 1e6, n))
   m:check_splits()
-  m:free()
+  m:destroy()
 end

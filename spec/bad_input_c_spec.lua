@@ -174,7 +174,7 @@ describe("bad inputs: the C API through ffi.C", function()
     shape[0], shape[1] = 8, 8
     for _, dt in ipairs { C.LUTRA_I32, C.LUTRA_F32, C.LUTRA_BF16 } do
       c_check(C.lutra_tensor_new(dt, 2, shape, C.LUTRA_CPU, box))
-      local t = ffi.gc(box[0], C.lutra_tensor_free)
+      local t = ffi.gc(box[0], C.lutra_tensor_unref)
       assert.are.equal(string.rep("\0", t:size() * tonumber(C.lutra_dtype_size(dt))), t:bytes())
     end
   end)

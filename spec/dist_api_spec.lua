@@ -31,7 +31,7 @@ describe("dist API (one process)", function()
     assert.are_not.equal(0, C.lutra_group_size(ffi.cast("lutra_group *", r), int))
     assert.matches(lutra.dist.available() and "lutra_group_size: group is not a group"
                    or "lutra_group_size: built without MPI", ffi.string(C.lutra_last_error()))
-    assert.are.equal(0, C.lutra_group_free(nil))
+    assert.are.equal(0, C.lutra_group_unref(nil))
   end)
 
   it("init refuses a NaN timeout and options it does not know", function()

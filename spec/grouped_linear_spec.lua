@@ -513,7 +513,7 @@ describe("nn.GroupedLinear", function()
       -- the refused calls changed nothing: the backward of the last forward still runs
       assert.are.same({ 4, 16 }, h:backward(lutra.tensor({ 4, 16 }):randn(6)):dims())
       local p = h:parameters()
-      h:free()
+      h:destroy()
       assert.has_error(function() h:forward(xi, { 1, 3 }) end)
       assert.has_error(function() p[1].value:to_table() end)
       assert.has_error(function() y:to_table() end)

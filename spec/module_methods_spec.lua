@@ -99,7 +99,7 @@ describe("module methods per kind", function()
 
   it("gives each kind its own methods and the shared ones, and a clear error for others'", function()
     local all, of = own_methods()
-    local shared = { "forward", "backward", "parameters", "zero_grad", "kind", "free" }
+    local shared = { "forward", "backward", "parameters", "zero_grad", "kind", "destroy" }
     local checked = 0
     for kind, m in pairs(every_kind()) do
       local name = methods.kinds[kind].name
@@ -158,11 +158,11 @@ describe("module methods per kind", function()
 
   it("leaves a freed module's calls to C, which names it freed", function()
     local g = nn.GroupedLinear(2, 8, 8)
-    g:free()
+    g:destroy()
     assert.matches("module was freed", error_of(function() return g:num_gemms() end), 1, true)
     local fresh = nn.Linear(8, 8)
     local handle = lutra.ffi.cast("lutra_module *", fresh)
-    fresh:free()
+    fresh:destroy()
     assert.matches("module was freed", error_of(function() return handle:quantizer("input") end),
                    1, true)
   end)
@@ -185,7 +185,7 @@ describe("module methods per kind", function()
       assert(type(m.forward) == "function")
       local ok, err = pcall(function() return m:quantizer("input") end)
       print(ok, err)
-      m:free()
+      m:destroy()
       lutra.dist.finalize()
     ]]
     local ok, out = require("spec.support.shell").luajit_chunk(code)

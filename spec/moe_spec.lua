@@ -410,7 +410,7 @@ describe("moe bad inputs", function()
     { "bf16 dprobs", function()
         local r = moe.TopK(6, 2); r:forward(logits()); r:backward(lutra.tensor({ T, 2 }, "bf16"))
       end, "lutra_moe_router_backward", "must be f32" },
-    { "a freed router", function() local r = moe.TopK(6, 2); r:free(); r:forward(logits()) end, "lutra_moe_router_forward", "freed" },
+    { "a freed router", function() local r = moe.TopK(6, 2); r:destroy(); r:forward(logits()) end, "lutra_moe_router_forward", "freed" },
     { "dispatcher experts = 0", function() moe.Dispatcher(0) end, "lutra.moe.Dispatcher", "experts" },
     { "dispatcher experts = 4097", function() moe.Dispatcher(4097) end, "lutra_moe_dispatch_new", "outside 1..4096" },
     { "f32 indices", function() moe.Dispatcher(Ex):permute(logits(), lutra.tensor({ T, 2 })) end, "lutra_moe_permute", "must be i32" },
@@ -442,7 +442,7 @@ describe("moe bad inputs", function()
         local d = moe.Dispatcher(Ex); d:permute(logits(), idx(good_idx)); d:unpermute(lutra.tensor({ 8, 3 }), lutra.tensor({ T, 2 }))
         d:unpermute_backward(lutra.tensor({ T, 3 }, "bf16"))
       end, "lutra_moe_unpermute_backward", "does not match" },
-    { "a freed dispatcher", function() local d = moe.Dispatcher(Ex); d:free(); d:permute(logits(), idx(good_idx)) end, "lutra_moe_permute", "freed" },
+    { "a freed dispatcher", function() local d = moe.Dispatcher(Ex); d:destroy(); d:permute(logits(), idx(good_idx)) end, "lutra_moe_permute", "freed" },
     { "row_map before permute", function() moe.Dispatcher(Ex):row_map() end, "lutra_moe_row_map", "no permute" },
   }
   for _, c in ipairs(cases) do
@@ -476,7 +476,7 @@ describe("moe lifetimes", function()
     assert.are.equal(4, #R.ints(splits))
     local r = moe.TopK(4, 2)
     local p = r:forward(lutra.tensor({ 3, 4 }):randn(1))
-    r:free()
+    r:destroy()
     assert.is_true(p:is_freed())
     E.expect_error(function() p:to_table() end, "lutra_tensor_get_f32", "freed")
     assert.is_true(probs:size() == 6)
@@ -529,11 +529,11 @@ describe("moe C entry points", function()
   end
 
   it("the free functions take NULL and the last reference", function()
-    assert.are.equal(0, C.lutra_moe_router_free(nil))
-    assert.are.equal(0, C.lutra_moe_dispatch_free(nil))
+    assert.are.equal(0, C.lutra_moe_router_unref(nil))
+    assert.are.equal(0, C.lutra_moe_dispatch_unref(nil))
     local box = ffi.new("lutra_moe_dispatch*[1]")
     assert.are.equal(0, C.lutra_moe_dispatch_new(4, 0, box))
     assert.are.equal(0, C.lutra_moe_permute(box[0], x, idx, tb, tb + 1))
-    assert.are.equal(0, C.lutra_moe_dispatch_free(box[0]))
+    assert.are.equal(0, C.lutra_moe_dispatch_unref(box[0]))
   end)
 end)

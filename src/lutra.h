@@ -10,9 +10,15 @@
  * - Every entry point returns an int status: LUTRA_OK (0) or a LUTRA_E* code. On failure
  *   lutra_last_error() returns a thread-local message "call: reason", and every object
  *   passed in is left as it was.
- * - Objects are created by lutra_*_new and destroyed by lutra_*_free. lutra_*_release frees
- *   an object's buffers now and marks it freed while keeping its shell, so that later calls
- *   report "was freed" instead of touching freed memory (the Lua front uses it for :free()).
+ * - Lifetimes, two verbs for every object: lutra_X_unref(x) drops the caller's reference (the
+ *   one lutra_X_new or any call handing out a new object gave, or one lutra_X_retain took);
+ *   the object goes when its last holder lets go (a Sequential, optimizer, autocast scope or
+ *   captured graph may hold one too). lutra_X_destroy(x) frees its buffers now and keeps the
+ *   shell, marked freed, so that later calls report "was freed" instead of touching freed
+ *   memory; the shell goes at the last unref. Objects another object owns (a module's output
+ *   tensors and quantizers) are refused by both unless retained (unref only). The Lua front
+ *   calls destroy from obj:destroy() and unref from the garbage collector. The 0.1 names
+ *   (lutra_X_free, lutra_X_release) remain until 0.3 in lutra/deprecated.h.
  * - Matrices are row-major. A tensor with more than two dims is used as a matrix of
  *   shape [product of leading dims, last dim].
  */
@@ -43,5 +49,6 @@
 #include "lutra/version.h"
 #include "lutra/tp_modules.h"
 #include "lutra/grouped_graphs.h"
+#include "lutra/deprecated.h"
 
 #endif

@@ -118,8 +118,8 @@ static lutra_module *linear(int64_t in, int64_t out, int device, uint64_t seed) 
 static lutra_module *chain(lutra_module *a, lutra_module *b) {
   lutra_module *mods[2] = {a, b}, *seq = NULL;
   CK(lutra_sequential_new(mods, b ? 2 : 1, &seq));
-  lutra_module_free(a);
-  lutra_module_free(b);
+  lutra_module_unref(a);
+  lutra_module_unref(b);
   return seq;
 }
 
@@ -219,16 +219,16 @@ int main(int argc, char **argv) {
          "counted by interposing malloc)\n",
          allocs / (unsigned long)timed, allocs, WARMUP + 1, frames, allocs_at_warmup);
 
-  lutra_tensor_free(x);
-  lutra_tensor_free(target);
-  lutra_loss_free(mse);
-  lutra_optim_free(opt);
-  lutra_module_free(model);
-  lutra_module_free(head);
-  lutra_module_free(core);
-  lutra_module_free(tail);
-  lutra_autocast_free(fp8);
-  lutra_recipe_free(recipe);
+  lutra_tensor_unref(x);
+  lutra_tensor_unref(target);
+  lutra_loss_unref(mse);
+  lutra_optim_unref(opt);
+  lutra_module_unref(model);
+  lutra_module_unref(head);
+  lutra_module_unref(core);
+  lutra_module_unref(tail);
+  lutra_autocast_unref(fp8);
+  lutra_recipe_unref(recipe);
   int ok = allocs == 0 && last_loss < 0.1 * first_loss;
   if (allocs != 0)
     printf("FAIL: the frame loop allocated after warm-up%s\n",

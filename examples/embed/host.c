@@ -125,8 +125,8 @@ int main(int argc, char **argv) {
          "recovered; autocast depth at the end %d\n",
          first, last, failed, recovered, depth);
   lua_close(L); /* the script's objects go with its state; the host's tensors stay the host's */
-  lutra_tensor_free(x); /* the tensor structs only: the arrays are the host's */
-  lutra_tensor_free(target);
+  lutra_tensor_unref(x); /* the tensor structs only: the arrays are the host's */
+  lutra_tensor_unref(target);
   int ok = failed == 1 && recovered == 1 && depth == 0 && last < 0.2 * first;
   if (!ok) printf("FAIL\n");
   return ok ? 0 : 1;

@@ -28,7 +28,7 @@ function M.new(opts)
   if enabled == nil then enabled = opts.recipe ~= nil and not calibrating end
   local box = ffi.new("lutra_autocast*[1]")
   check(C.lutra_autocast_new(opts.recipe, opts.group, enabled and 1 or 0, calibrating and 1 or 0, box))
-  return ffi.gc(box[0], C.lutra_autocast_free)
+  return ffi.gc(box[0], C.lutra_autocast_unref)
 end
 
 --- An autocast scope (lutra.autocast{...}): reusable; enter and exit are single C calls.
@@ -93,7 +93,7 @@ end
 --- @type Scope
 
 --- Frees the scope now; later calls on it are errors.
-function Scope:free() check(C.lutra_autocast_release(self)) end
+function Scope:destroy() check(C.lutra_autocast_destroy(self)) end
 
 ffi.metatype("struct lutra_autocast", { __index = Scope })
 

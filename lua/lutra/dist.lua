@@ -18,7 +18,7 @@ Group.__index = Group
 local group_box = ffi.new("lutra_group*[1]")
 local int_box = ffi.new("int[1]")
 
-local function own(g) return ffi.gc(g, C.lutra_group_free) end
+local function own(g) return ffi.gc(g, C.lutra_group_unref) end
 
 --- The reduction ops of all_reduce: "sum", "max", "avg".
 -- @table ops
@@ -174,7 +174,7 @@ function M.grad_sync(group, module, opts)
   opts = core.check_options(opts, { bucket_bytes = true }, where)
   chk.integer(opts.bucket_bytes or 0, "bucket_bytes", where, 0, 2 ^ 53)
   check(C.lutra_grad_sync_new(group, module, opts.bucket_bytes or 0, sync_box))
-  return ffi.gc(sync_box[0], C.lutra_grad_sync_free)
+  return ffi.gc(sync_box[0], C.lutra_grad_sync_unref)
 end
 --- A grad sync (dist.grad_sync).
 -- @type Sync

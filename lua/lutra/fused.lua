@@ -13,7 +13,7 @@ local M = {}
 local LayerNormLinear, LayerNormMLP = {}, {}
 
 local module_box = ffi.new("lutra_module*[1]")
-local function own(m) return ffi.gc(m, C.lutra_module_free) end
+local function own(m) return ffi.gc(m, C.lutra_module_unref) end
 
 local normalizations = { LayerNorm = C.LUTRA_NORM_LAYERNORM, RMSNorm = C.LUTRA_NORM_RMSNORM }
 --- LayerNormMLP's activation names and their C codes.

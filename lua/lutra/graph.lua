@@ -44,7 +44,7 @@ function M.capture(fn, opts)
     error(err, 0)
   end
   check(C.lutra_graph_end(graph_box))
-  return ffi.gc(graph_box[0], C.lutra_graph_free)
+  return ffi.gc(graph_box[0], C.lutra_graph_unref)
 end
 
 --- @section end
@@ -69,7 +69,7 @@ function Graph:info()
 end
 
 --- Frees the graph now, releasing the objects it held.
-function Graph:free() check(C.lutra_graph_release(self)) end
+function Graph:destroy() check(C.lutra_graph_destroy(self)) end
 
 ffi.metatype("struct lutra_graph", { __index = Graph })
 return M

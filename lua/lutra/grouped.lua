@@ -31,7 +31,7 @@ local function new_host_splits(m, given)
   if C.lutra_grouped_num_gemms(m, core.int_box) == 0 then n, any = core.int_box[0], nil end
   local shape = ffi.new("int64_t[1]", n)
   check(C.lutra_tensor_new(C.LUTRA_I32, 1, shape, C.LUTRA_CPU, core.tensor_box))
-  local t = ffi.gc(core.tensor_box[0], C.lutra_tensor_free)
+  local t = ffi.gc(core.tensor_box[0], C.lutra_tensor_unref)
   local entry = { tensor = t, ptr = ffi.cast(int32_ptr, t.data), n = n, any = any }
   host_splits[m] = entry
   return entry
@@ -72,7 +72,7 @@ function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   else
     check(C.lutra_grouped_linear_new(d, module_box))
   end
-  local m = ffi.gc(module_box[0], C.lutra_module_free)
+  local m = ffi.gc(module_box[0], C.lutra_module_unref)
   new_host_splits(m)
   return m
 end

@@ -27,7 +27,7 @@ local param = ffi.new("lutra_param")
 local ref_t = ffi.typeof("lutra_module &")
 --- A module handle as a reference that Lua owns (see above).
 -- @local internal: lutra.nn's Sequential uses it
-function M.own_ref(p) return ffi.gc(ffi.cast(ref_t, p), C.lutra_module_free) end
+function M.own_ref(p) return ffi.gc(ffi.cast(ref_t, p), C.lutra_module_unref) end
 
 local function kind(m) return ffi.string(C.lutra_module_kind(m)) end
 
@@ -89,7 +89,7 @@ local function describe(m, indent, out)
   local n = M.count(m)
   for i = 1, n do
     check(C.lutra_sequential_child(m, i - 1, child_box))
-    local c = ffi.gc(child_box[0], C.lutra_module_free)
+    local c = ffi.gc(child_box[0], C.lutra_module_unref)
     out[#out + 1] = string.format("%s  (%d): ", indent, i)
     describe(c, indent .. "  ", out)
     out[#out + 1] = "\n"

@@ -54,7 +54,7 @@ function M.TopK(experts, k, opts)
   end
   router_desc.device = core.device(opts.device, where)
   check(C.lutra_moe_router_new(router_desc, router_box))
-  return ffi.gc(router_box[0], C.lutra_moe_router_free)
+  return ffi.gc(router_box[0], C.lutra_moe_router_unref)
 end
 
 --- A fused softmax + top-k (lutra.moe.TopK).
@@ -79,7 +79,7 @@ function TopK:backward(dprobs)
 end
 
 --- Frees the buffers now; its outputs and later calls on it become errors.
-function TopK:free() check(C.lutra_moe_router_release(self)) end
+function TopK:destroy() check(C.lutra_moe_router_destroy(self)) end
 
 ffi.metatype("struct lutra_moe_router", { __index = TopK,
   __tostring = function() return "lutra.moe.TopK" end })
@@ -100,7 +100,7 @@ function M.Dispatcher(experts, opts)
   opts = core.check_options(opts, { device = true }, where)
   chk.integer(experts, "experts", where, 1, 2 ^ 31 - 1)
   check(C.lutra_moe_dispatch_new(experts, core.device(opts.device, where), dispatch_box))
-  return ffi.gc(dispatch_box[0], C.lutra_moe_dispatch_free)
+  return ffi.gc(dispatch_box[0], C.lutra_moe_dispatch_unref)
 end
 
 --- A token dispatcher (lutra.moe.Dispatcher). An index outside [0, experts) is an error at
@@ -160,7 +160,7 @@ end
 function Dispatcher:check() check(C.lutra_moe_dispatch_check(self)) end
 
 --- Frees the buffers now; its outputs and later calls on it become errors.
-function Dispatcher:free() check(C.lutra_moe_dispatch_release(self)) end
+function Dispatcher:destroy() check(C.lutra_moe_dispatch_destroy(self)) end
 
 ffi.metatype("struct lutra_moe_dispatch", { __index = Dispatcher,
   __tostring = function() return "lutra.moe.Dispatcher" end })
@@ -217,9 +217,9 @@ function Router:checkpoint_module() return self.linear end
 --- Zeroes the Linear's accumulated main_grad buffers.
 function Router:zero_grad() self.linear:zero_grad() end
 --- Frees the Linear and the top-k now.
-function Router:free()
-  self.linear:free()
-  self.topk:free()
+function Router:destroy()
+  self.linear:destroy()
+  self.topk:destroy()
 end
 
 return M

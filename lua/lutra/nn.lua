@@ -4,7 +4,7 @@
 --   local dx = net:backward(dy)
 -- Forward holds its input until the next forward (the GC cannot free it before the backward);
 -- keep it unchanged until the backward. Returned tensors belong to the module (or loss) and
--- keep it alive while referenced; after module:free(), or once a later forward with a new shape
+-- keep it alive while referenced; after module:destroy(), or once a later forward with a new shape
 -- replaced the buffer, using them is an error ("tensor ... was freed").
 -- nn.LayerNormLinear, nn.LayerNormMLP and nn.Residual are lutra.fused's; nn.GroupedLinear is
 -- lutra.grouped's. Methods are looked up per module kind: Module's on every module, a kind's
@@ -23,7 +23,7 @@ local Module, Linear, Sequential = {}, {}, {}
 
 local module_box = ffi.new("lutra_module*[1]")
 
-local function own(m) return ffi.gc(m, C.lutra_module_free) end
+local function own(m) return ffi.gc(m, C.lutra_module_unref) end
 
 --- A fully connected layer: y = x W^T + b over the last dim. Inside an autocast scope it
 -- computes in the recipe's FP8 (or NVFP4). Without seed the weights' seed comes from the global
@@ -304,7 +304,7 @@ function Module:kind() return ffi.string(C.lutra_module_kind(self)) end
 
 --- Frees the module's buffers now; its outputs and later calls on it become errors. Refused
 -- while a Sequential or an optimizer still uses it.
-function Module:free() check(C.lutra_module_release(self)) end
+function Module:destroy() check(C.lutra_module_destroy(self)) end
 
 --- A Sequential's own methods (nn.Sequential), beside Module's. A Sequential is indexed:
 -- seq[i] is its i-th child (1-based; a handle that keeps the Sequential alive), #seq the
@@ -384,7 +384,7 @@ local loss_box = ffi.new("lutra_loss*[1]")
 
 local function new_loss(kind)
   check(C.lutra_loss_new(kind, loss_box))
-  return ffi.gc(loss_box[0], C.lutra_loss_free)
+  return ffi.gc(loss_box[0], C.lutra_loss_unref)
 end
 
 --- @section end
@@ -422,7 +422,7 @@ function Loss:value()
 end
 
 --- Frees the loss now.
-function Loss:free() check(C.lutra_loss_release(self)) end
+function Loss:destroy() check(C.lutra_loss_destroy(self)) end
 
 ffi.metatype("struct lutra_loss", { __index = Loss })
 

@@ -21,7 +21,7 @@ local function new(kind, module, opts, allowed, where)
   for k, v in pairs(opts) do d[k] = chk.number(v, k, where, 4) end
   local box = ffi.new("lutra_optim*[1]")
   check(C.lutra_optim_new(d, module, box))
-  return ffi.gc(box[0], C.lutra_optim_free)
+  return ffi.gc(box[0], C.lutra_optim_unref)
 end
 
 --- SGD over every parameter of module (and its children).
@@ -61,7 +61,7 @@ function Optim:set_lr(lr)
   check(C.lutra_optim_set_lr(self, lr))
 end
 --- Frees the optimizer (its moments and masters) now.
-function Optim:free() check(C.lutra_optim_release(self)) end
+function Optim:destroy() check(C.lutra_optim_destroy(self)) end
 
 local steps_box = ffi.new("int64_t[2]")
 --- The step calls made, and the steps run on the device (a captured step's replays count

@@ -3,7 +3,7 @@
 --   local q = lutra.quantizer(recipe, "input", {rowwise=true, columnwise=true})
 --   local xq = q:quantize(x)          -- FP8 tensor owned by q, reused while x's shape stays
 --   local scale, scale_inv = q:scale() -- delayed and current scaling
--- The FP8 tensor belongs to q and keeps q alive while referenced; after q:free(), or once a
+-- The FP8 tensor belongs to q and keeps q alive while referenced; after q:destroy(), or once a
 -- quantize of a new shape replaced it, using it is an error ("tensor ... was freed").
 -- @module lutra.quantizer
 local core = require("lutra.core")
@@ -33,7 +33,7 @@ function M.new(recipe, role, opts)
   local box = ffi.new("lutra_quantizer*[1]")
   check(C.lutra_quantizer_new(recipe, r, rowwise, columnwise,
                               core.device(opts.device, where), box))
-  return ffi.gc(box[0], C.lutra_quantizer_free)
+  return ffi.gc(box[0], C.lutra_quantizer_unref)
 end
 
 --- A quantizer (lutra.quantizer(...), or module:quantizer(role)).
@@ -125,7 +125,7 @@ function Quantizer:record_amax(v)
 end
 
 --- Frees the quantizer now; tensors it returned become freed.
-function Quantizer:free() check(C.lutra_quantizer_release(self)) end
+function Quantizer:destroy() check(C.lutra_quantizer_destroy(self)) end
 
 ffi.metatype("struct lutra_quantizer", { __index = Quantizer })
 

@@ -39,7 +39,7 @@ local fp8_dtypes = { e4m3 = C.LUTRA_E4M3, e5m2 = C.LUTRA_E5M2, e2m1 = C.LUTRA_E2
 local Recipe = {}
 Recipe.__index = Recipe
 
-local function own(r) return ffi.gc(r, C.lutra_recipe_free) end
+local function own(r) return ffi.gc(r, C.lutra_recipe_unref) end
 
 -- Converters for option values: each refuses what it cannot take exactly ("no" for a boolean,
 -- 1.5 or "1" for an integer) instead of truncating or treating it as true. Level 5: the
@@ -379,7 +379,7 @@ function Recipe:options()
 end
 
 --- Frees the recipe now; later calls on it are errors.
-function Recipe:free() check(C.lutra_recipe_release(self)) end
+function Recipe:destroy() check(C.lutra_recipe_destroy(self)) end
 
 ffi.metatype("struct lutra_recipe", { __index = Recipe,
   __tostring = function(r) return "lutra.recipe(" .. r:kind() .. ")" end })

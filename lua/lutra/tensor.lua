@@ -1,5 +1,5 @@
 --- Tensors: lutra_tensor* cdata with methods. Tensors made here are owned by Lua (freed by the
--- GC or by :free()); tensors returned by modules, quantizers and losses are owned by them and
+-- GC or by :destroy()); tensors returned by modules, quantizers and losses are owned by them and
 -- reach Lua through M.borrow, whose handle keeps the owner alive.
 -- @module lutra.tensor
 local core = require("lutra.core")
@@ -36,7 +36,7 @@ local function fill_shape(shape, where)
 end
 
 local function own(t)
-  return ffi.gc(t, C.lutra_tensor_free)
+  return ffi.gc(t, C.lutra_tensor_unref)
 end
 
 -- One handle per borrowed tensor shell, keyed by its address: a forward that returns the same
@@ -320,8 +320,8 @@ function Tensor:scaling_name() return scaling_names[tonumber(self.scaling)] end
 function Tensor:is_freed() return bit.band(self.flags, C.LUTRA_TENSOR_FREED) ~= 0 end
 
 --- Frees the buffers now; the handle stays and every later call on it is an error.
-function Tensor:free()
-  check(C.lutra_tensor_release(self))
+function Tensor:destroy()
+  check(C.lutra_tensor_destroy(self))
 end
 
 local function tostring_tensor(t)

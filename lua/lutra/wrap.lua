@@ -6,7 +6,7 @@
 -- is checked against the shape, and the tensor's handle keeps it alive) or a pointer (to host
 -- memory, or to device memory with device = "cuda"; bytes, when given, is checked against the
 -- shape; the caller keeps the memory alive). lutra never frees the buffer. Once the handle is
--- collected or :free()d, a module still holding the tensor as its saved input refuses its
+-- collected or :destroy()d, a module still holding the tensor as its saved input refuses its
 -- backward ("was freed") instead of reading a buffer that may be gone.
 -- @module lutra.wrap
 local core = require("lutra.core")
@@ -25,8 +25,8 @@ local arrays = {}
 
 local function release(t)
   local key = tonumber(ffi.cast(uintptr_t, t))
-  C.lutra_tensor_release(t) -- marks it freed for a module that still holds it
-  C.lutra_tensor_free(t)
+  C.lutra_tensor_destroy(t) -- marks it freed for a module that still holds it
+  C.lutra_tensor_unref(t)
   arrays[key] = nil
 end
 
@@ -44,7 +44,7 @@ end
 -- @tparam[opt] string dtype "f32" (the default), "bf16", "f16", "i32", ...
 -- @tparam[opt] table opts {device =, bytes =}: bytes, for a pointer, is checked against the
 -- shape
--- @return the tensor (:free() or the GC drops it; the memory stays the caller's)
+-- @return the tensor (:destroy() or the GC drops it; the memory stays the caller's)
 function M.wrap(cdata, shape, dtype, opts)
   local where = "lutra.wrap"
   opts = core.check_options(opts, { device = true, bytes = true }, where)

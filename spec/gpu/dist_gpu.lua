@@ -215,7 +215,7 @@ describe("dist on " .. DEV .. " (one rank)", function()
     -- the warm-up and the capture issue the buckets' collectives; replays issue none on the host
     assert.are.equal(2 * graphed.sync:info(), g:stats().all_reduce - before)
     same_params(eager, graphed, "after the replays")
-    graph:free()
+    graph:destroy()
   end)
 
   graph_test("a tensor-parallel step captured in a CUDA graph (NCCL inside) replays to the "

@@ -62,7 +62,7 @@ describe("CUDA graphs on " .. DEV, function()
       assert.are.same({ nodes, N - 1 }, { g:info() })
       S.assert_same_params(eager, graphed, case.name)
       assert.are.equal(eager.loss:value(), graphed.loss:value(), "last loss")
-      g:free()
+      g:destroy()
     end)
   end
 
@@ -74,13 +74,13 @@ describe("CUDA graphs on " .. DEV, function()
     local extra = lutra.tensor({ 1024, 1024 }, "f32", DEV):fill(1)
     local g = lutra.graph.capture(function()
       t.step()
-      extra:free() -- a free node in the graph would free it again at every replay
+      extra:destroy() -- a free node in the graph would free it again at every replay
     end, { warmup = 0 })
     assert.is_true(extra:is_freed())
     for _ = 1, 3 do g:replay() end
     lutra.synchronize(DEV)
     assert.is_true(S.isfinite(t.loss:value()))
-    g:free()
+    g:destroy()
   end)
 
   test("refuses what a graph cannot hold, and stays usable after", function()

@@ -170,8 +170,8 @@ describe("GroupedLinear's grouped GEMMs replayed as cached graphs on " .. DEV, f
                       string.format("round %d, call %d: y", round, call))
         yd:fill(0 / 0)
       end
-      dev:free()
-      ref:free()
+      dev:destroy()
+      ref:destroy()
       collectgarbage()
     end
   end)

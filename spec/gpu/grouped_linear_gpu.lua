@@ -141,7 +141,7 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
       graphed.net:check_splits()
       S.assert_same_params(eager, graphed, string.format("%s, after %d replays",
                                                          recipe and "FP8" or "bf16", N - 1))
-      g:free()
+      g:destroy()
     end
   end)
 end)

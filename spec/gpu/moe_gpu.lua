@@ -185,7 +185,7 @@ describe("moe CUDA graph on " .. DEV, function()
     local nodes = graph:info()
     assert.is_true(nodes >= 9, "router, 4 permute kernels, unpermute and 3 backward kernels")
     -- the graph holds the router and the dispatcher: once one is freed, it refuses to replay
-    g_m.disp:free()
+    g_m.disp:destroy()
     local ok, err = pcall(graph.replay, graph)
     assert.is_false(ok)
     assert.matches("MoE dispatcher this graph uses was freed", err, 1, true)

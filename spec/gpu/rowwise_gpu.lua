@@ -156,7 +156,7 @@ describe("rowwise scaling on " .. DEV, function()
       local g = S.replayed_steps(graphed, N, feed)
       S.assert_same_params(eager, graphed, "after the replays")
       assert.are.equal(eager.loss:value(), graphed.loss:value(), "last loss")
-      g:free()
+      g:destroy()
     end)
   end
 

@@ -155,16 +155,16 @@ static void train(int recipe_kind, result *r) {
     TRY(lutra_tensor_get_bytes(p.value, 0, buf, bytes));
   }
 done:
-  lutra_optim_free(opt);
-  lutra_loss_free(loss);
-  lutra_tensor_free(x);
-  lutra_tensor_free(target);
-  lutra_module_free(net);
-  lutra_module_free(l1);
-  lutra_module_free(act);
-  lutra_module_free(l2);
-  lutra_autocast_free(scope);
-  lutra_recipe_free(recipe);
+  lutra_optim_unref(opt);
+  lutra_loss_unref(loss);
+  lutra_tensor_unref(x);
+  lutra_tensor_unref(target);
+  lutra_module_unref(net);
+  lutra_module_unref(l1);
+  lutra_module_unref(act);
+  lutra_module_unref(l2);
+  lutra_autocast_unref(scope);
+  lutra_recipe_unref(recipe);
 }
 
 static void *thread_main(void *arg) {
@@ -265,8 +265,8 @@ static int check_cross_thread_exit(void) {
     printf("FAIL cross-thread exit: status %d (%s), depth %d after it\n", c.status, c.error, depth);
   else
     printf("ok cross-thread exit refused: %s\n", c.error);
-  lutra_autocast_free(scope);
-  lutra_recipe_free(r);
+  lutra_autocast_unref(scope);
+  lutra_recipe_unref(r);
   return bad;
 }
 

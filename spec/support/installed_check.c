@@ -35,7 +35,7 @@ int main(void) {
   check(lutra_tensor_amax(t, &amax) == LUTRA_OK, "lutra_tensor_amax");
   for (int i = 0; i < N; i++) mine = fmaxf(mine, fabsf(values[i]));
   check(mine > 0.0f && amax == mine, "the library's amax is the amax of the values it wrote");
-  check(lutra_tensor_free(t) == LUTRA_OK, "lutra_tensor_free");
+  check(lutra_tensor_unref(t) == LUTRA_OK, "lutra_tensor_unref");
 
   /* a refused call: status and the last error naming the call */
   int64_t bad[1] = {-3};

@@ -80,8 +80,8 @@ int main(int argc, char **argv) {
   check(lutra_autocast_exit(scope) == LUTRA_OK, "the host exits its scope");
 
   lua_close(L);
-  lutra_autocast_free(scope);
-  lutra_recipe_free(recipe);
+  lutra_autocast_unref(scope);
+  lutra_recipe_unref(recipe);
   printf("one_instance_host: %d failures\n", failures);
   return failures ? 1 : 0;
 }

@@ -69,7 +69,7 @@ static void thread_exit(void *arg) {
   free(tls.fwd.items);
   free(tls.bwd.items);
   tls.fwd = tls.bwd = (meta_list){0};
-  lutra_group_free(tls.bwd_group);
+  lutra_group_unref(tls.bwd_group);
   tls.bwd_group = NULL;
   tls.registered = false;
   atomic_fetch_sub(&live_threads, 1);
@@ -231,7 +231,7 @@ bool lutra_autocast_claim_backward_trigger(void) {
   lutra_group *g = tls.st.recipe && tls.st.recipe->reduce_amax ? tls.st.group : NULL;
   if (g != tls.bwd_group) {
     lutra_group_retain(g);
-    lutra_group_free(tls.bwd_group);
+    lutra_group_unref(tls.bwd_group);
     tls.bwd_group = g;
     if (g) register_thread();
   }
@@ -304,7 +304,7 @@ int lutra_autocast_unwind(int depth) {
   return st;
 }
 
-int lutra_autocast_free(lutra_autocast *a) {
+int lutra_autocast_unref(lutra_autocast *a) {
   if (!a) return LUTRA_OK;
   /* collected (or freed) while still entered on this thread: nobody can exit it any more, so
    * leave it and every scope inside it now rather than keep the thread in its state forever */
@@ -312,17 +312,17 @@ int lutra_autocast_free(lutra_autocast *a) {
   if (a->active) {
     /* still entered: keep it (the thread state points at it); release marks it instead */
     a->obj.flags |= LUTRA_OBJ_FREED;
-    return lutra_error(LUTRA_ESTATE, "lutra_autocast_free",
+    return lutra_error(LUTRA_ESTATE, "lutra_autocast_unref",
                        "scope is still entered by another thread; exit it there first");
   }
-  if (a->recipe) lutra_recipe_free(a->recipe);
-  lutra_group_free(a->group);
+  if (a->recipe) lutra_recipe_unref(a->recipe);
+  lutra_group_unref(a->group);
   free(a);
   return LUTRA_OK;
 }
 
-int lutra_autocast_release(lutra_autocast *a) {
-  static const char fn[] = "lutra_autocast_release";
+int lutra_autocast_destroy(lutra_autocast *a) {
+  static const char fn[] = "lutra_autocast_destroy";
   TRY(lutra_check_object(a, LUTRA_MAGIC_AUTOCAST, fn, "scope"));
   CHECK_STATE(!a->active, "scope is still entered; exit it first");
   a->obj.flags |= LUTRA_OBJ_FREED;

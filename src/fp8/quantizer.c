@@ -23,6 +23,7 @@ struct lutra_quantizer {
   int32_t device;
   bool rowwise, columnwise;
   bool user_owned; /* made by lutra_quantizer_new; else owned by a module */
+  int32_t held;    /* references lutra_quantizer_retain took (lutra_quantizer_unref drops) */
   const lutra_backend *be;
   lutra_scale_meta meta;   /* delayed scaling; current scaling uses meta.scale and amax */
   float *amax;             /* current scaling: this call's amax */
@@ -114,26 +115,21 @@ static void drop_resources(lutra_quantizer *q) {
   q->out = NULL;
 }
 
-void lutra_quantizer_retain(lutra_quantizer *q) {
-  if (q) q->obj.refs++;
-}
-
-int lutra_quantizer_unref(lutra_quantizer *q) {
-  if (!q || --q->obj.refs > 0) return LUTRA_OK;
+static void drop_ref(lutra_quantizer *q) {
+  if (!q || --q->obj.refs > 0) return;
   if (!(q->obj.flags & LUTRA_OBJ_FREED)) drop_resources(q);
   free(q);
-  return LUTRA_OK;
 }
 
 /* A module letting go of its quantizer (freed, or rebuilt for a new recipe): a handle Lua still
  * holds (module:quantizer()) keeps the struct, marked FREED, so its calls fail cleanly. */
-void lutra_quantizer_destroy(lutra_quantizer *q) {
+void lutra_quantizer_owner_drop(lutra_quantizer *q) {
   if (!q) return;
   if (q->obj.refs > 1 && !(q->obj.flags & LUTRA_OBJ_FREED)) {
     drop_resources(q);
     q->obj.flags |= LUTRA_OBJ_FREED;
   }
-  lutra_quantizer_unref(q);
+  drop_ref(q);
 }
 
 lutra_scale_meta *lutra_quantizer_meta(lutra_quantizer *q) {
@@ -432,16 +428,26 @@ int lutra_quantizer_new(const lutra_recipe *r, int role, int rowwise, int column
   return LUTRA_OK;
 }
 
-int lutra_quantizer_free(lutra_quantizer *q) {
-  if (!q) return LUTRA_OK;
-  if (!q->user_owned)
-    return lutra_error(LUTRA_ESTATE, "lutra_quantizer_free",
-                       "quantizer is owned by a module and is freed with it");
-  return lutra_quantizer_unref(q);
+/* The caller's references: the one lutra_quantizer_new handed out, and one per retain. A
+ * module's quantizer counts only the retains, so that a caller cannot drop the module's own. */
+void lutra_quantizer_retain(lutra_quantizer *q) {
+  if (!q) return;
+  q->obj.refs++;
+  q->held++;
 }
 
-int lutra_quantizer_release(lutra_quantizer *q) {
-  static const char fn[] = "lutra_quantizer_release";
+int lutra_quantizer_unref(lutra_quantizer *q) {
+  if (!q) return LUTRA_OK;
+  if (!q->user_owned && q->held <= 0)
+    return lutra_error(LUTRA_ESTATE, "lutra_quantizer_unref",
+                       "quantizer is owned by a module and is freed with it");
+  if (q->held > 0) q->held--;
+  drop_ref(q);
+  return LUTRA_OK;
+}
+
+int lutra_quantizer_destroy(lutra_quantizer *q) {
+  static const char fn[] = "lutra_quantizer_destroy";
   TRY(lutra_check_object(q, LUTRA_MAGIC_QUANTIZER, fn, "quantizer"));
   CHECK_STATE(q->user_owned, "quantizer is owned by a module and is freed with it");
   drop_resources(q);

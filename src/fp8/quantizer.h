@@ -10,7 +10,7 @@
 lutra_scale_meta *lutra_quantizer_meta(lutra_quantizer *q);
 int lutra_quantizer_create(const lutra_quantizer_spec *s, int rowwise, int columnwise, int device,
                            lutra_quantizer **out, const char *fn);
-void lutra_quantizer_destroy(lutra_quantizer *q);
+void lutra_quantizer_owner_drop(lutra_quantizer *q);
 /* Checks dtype and the FP8 dims rule (multiples of 16; 32 for MXFP8) for a spec's input. */
 int lutra_quantizer_check_input(const lutra_quantizer_spec *s, const lutra_tensor *x,
                                 const char *fn);

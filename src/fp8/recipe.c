@@ -341,15 +341,15 @@ void lutra_factory_defaults(lutra_factory_desc *d) {
 }
 
 /* Autocast scopes hold a reference, so a recipe lives as long as a scope that uses it. */
-int lutra_recipe_free(lutra_recipe *r) {
+int lutra_recipe_unref(lutra_recipe *r) {
   if (!r) return LUTRA_OK;
   if (--r->obj.refs <= 0) free(r);
   return LUTRA_OK;
 }
 
 /* Recipes own no buffers: release only marks the caller's handle dead. */
-int lutra_recipe_release(lutra_recipe *r) {
-  static const char fn[] = "lutra_recipe_release";
+int lutra_recipe_destroy(lutra_recipe *r) {
+  static const char fn[] = "lutra_recipe_destroy";
   TRY(lutra_check_object(r, LUTRA_MAGIC_RECIPE, fn, "recipe"));
   r->obj.flags |= LUTRA_OBJ_FREED;
   return LUTRA_OK;

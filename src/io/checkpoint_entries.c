@@ -95,7 +95,7 @@ static int f32_entry(ckpt_entries *E, float *p, int64_t n, const lutra_backend *
 
 static void destroy_fresh(ckpt_pending *p) {
   for (int i = 0; i < p->q.count; i++)
-    lutra_quantizer_destroy(p->q.q[i]);
+    lutra_quantizer_owner_drop(p->q.q[i]);
   p->q.count = 0;
   if (p->state) p->module->ops->checkpoint->drop_fp8_state(p->module, p->state);
   p->state = NULL;

@@ -17,8 +17,8 @@ typedef struct lutra_autocast lutra_autocast;
 
 LUTRA_API int lutra_autocast_new(lutra_recipe *r, lutra_group *g, int enabled, int calibrating,
                                  lutra_autocast **out);
-LUTRA_API int lutra_autocast_free(lutra_autocast *a);
-LUTRA_API int lutra_autocast_release(lutra_autocast *a);
+LUTRA_API int lutra_autocast_unref(lutra_autocast *a);
+LUTRA_API int lutra_autocast_destroy(lutra_autocast *a);
 LUTRA_API int lutra_autocast_enter(lutra_autocast *a); /* refuses a scope already entered */
 LUTRA_API int lutra_autocast_exit(lutra_autocast *a);  /* refuses a scope not innermost */
 /* Error recovery: exits every scope of this thread above depth (lutra_autocast_state's depth

@@ -57,8 +57,8 @@ enum { LUTRA_MAX_DIMS = 4 };
 
 enum {
   LUTRA_TENSOR_OWNS_DATA = 1, /* data and scales were allocated by this tensor */
-  LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: do not free it */
-  LUTRA_TENSOR_FREED = 4,     /* released: every call on it fails */
+  LUTRA_TENSOR_BORROWED = 2,  /* owned by a module or quantizer: not the caller's to destroy */
+  LUTRA_TENSOR_FREED = 4,     /* destroyed: every call on it fails */
   LUTRA_TENSOR_WRITTEN = 8,   /* written through the API (set, fill, copy, random fills) since an
                                  optimizer last synchronized its f32 master copy from it */
   LUTRA_TENSOR_UPDATED = 16   /* a parameter changed (an optimizer step, a write through the API,
@@ -93,7 +93,8 @@ typedef struct lutra_tensor {
   LUTRA_LUA_RO int32_t device;
   LUTRA_LUA_RO int32_t scaling;
   LUTRA_LUA_RO uint32_t flags;
-  LUTRA_LUA_RO int32_t refs;
+  LUTRA_LUA_RO int32_t refs; /* references to the shell: its owner's or creator's, holders' */
+  LUTRA_LUA_RO int32_t held; /* of refs: those lutra_tensor_retain took (lutra_tensor_unref) */
 } lutra_tensor;
 
 /* ---- errors, version, backends -------------------------------------------------------- */

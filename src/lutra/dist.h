@@ -46,7 +46,7 @@ LUTRA_API int lutra_group_rank(const lutra_group *g, int *rank);
 LUTRA_API int lutra_group_size(const lutra_group *g, int *size);
 /* Drops a reference: the communicators go when the last holder (autocast scopes and parallel
  * modules hold theirs) lets go. */
-LUTRA_API int lutra_group_free(lutra_group *g);
+LUTRA_API int lutra_group_unref(lutra_group *g);
 
 /* Collectives a group has issued, by kind (specs and benchmarks count them). */
 typedef struct lutra_group_stats {
@@ -130,7 +130,7 @@ LUTRA_API int lutra_grad_sync_run(lutra_grad_sync *s);
 /* buckets: collectives per step; early: of those, how many the last step started before finish */
 LUTRA_API int lutra_grad_sync_info(const lutra_grad_sync *s, int *buckets, int64_t *elements,
                                    int *early);
-LUTRA_API int lutra_grad_sync_free(lutra_grad_sync *s);
+LUTRA_API int lutra_grad_sync_unref(lutra_grad_sync *s);
 
 #ifdef __cplusplus
 }

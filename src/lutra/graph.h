@@ -27,8 +27,8 @@ LUTRA_API int lutra_graph_capturing(void);
 LUTRA_API int lutra_graph_replay(lutra_graph *g);
 /* nodes: kernels, copies and memsets in the graph; replays: lutra_graph_replay calls so far */
 LUTRA_API int lutra_graph_info(const lutra_graph *g, int64_t *nodes, int64_t *replays);
-LUTRA_API int lutra_graph_release(lutra_graph *g);
-LUTRA_API int lutra_graph_free(lutra_graph *g);
+LUTRA_API int lutra_graph_unref(lutra_graph *g);
+LUTRA_API int lutra_graph_destroy(lutra_graph *g);
 /* Eager cuda kernel launches replayed as CUDA graphs, as lutra_gemm_graph_stats says of GEMMs
  * (lutra/gemm.h): a launcher's call (a norm, a cast, an activation, a loss...) seen again with
  * the same arguments on the same stream runs as a cudaGraphLaunch of its captured launches,

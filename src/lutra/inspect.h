@@ -12,8 +12,8 @@ extern "C" {
 
 /* the number of modules in a Sequential */
 LUTRA_API int lutra_sequential_count(const lutra_module *m, int *n);
-/* module i (0-based) of a Sequential, with a reference of its own: free it with
- * lutra_module_free (the Sequential keeps its own reference) */
+/* module i (0-based) of a Sequential, with a reference of its own: drop it with
+ * lutra_module_unref (the Sequential keeps its own reference) */
 LUTRA_API int lutra_sequential_child(const lutra_module *m, int i, lutra_module **out);
 /* The FP8 tensor a Linear's last forward quantized for role LUTRA_ROLE_INPUT (its input) or
  * LUTRA_ROLE_WEIGHT; *out NULL when that forward ran in high precision. Owned by the module

@@ -33,8 +33,8 @@ enum { LUTRA_MOE_MAX_EXPERTS = 4096 };
 
 LUTRA_API void lutra_moe_router_defaults(lutra_moe_router_desc *d);
 LUTRA_API int lutra_moe_router_new(const lutra_moe_router_desc *d, lutra_moe_router **out);
-LUTRA_API int lutra_moe_router_free(lutra_moe_router *r);
-LUTRA_API int lutra_moe_router_release(lutra_moe_router *r);
+LUTRA_API int lutra_moe_router_unref(lutra_moe_router *r);
+LUTRA_API int lutra_moe_router_destroy(lutra_moe_router *r);
 LUTRA_API int lutra_moe_router_forward(lutra_moe_router *r, const lutra_tensor *logits,
                                        lutra_tensor **probs, lutra_tensor **indices);
 LUTRA_API int lutra_moe_router_backward(lutra_moe_router *r, const lutra_tensor *dprobs,
@@ -60,8 +60,8 @@ LUTRA_API int lutra_moe_router_backward(lutra_moe_router *r, const lutra_tensor 
  * lutra_moe_dispatch_check reads (and clears), returning LUTRA_EINVAL when it was set. */
 typedef struct lutra_moe_dispatch lutra_moe_dispatch;
 LUTRA_API int lutra_moe_dispatch_new(int experts, int device, lutra_moe_dispatch **out);
-LUTRA_API int lutra_moe_dispatch_free(lutra_moe_dispatch *d);
-LUTRA_API int lutra_moe_dispatch_release(lutra_moe_dispatch *d);
+LUTRA_API int lutra_moe_dispatch_unref(lutra_moe_dispatch *d);
+LUTRA_API int lutra_moe_dispatch_destroy(lutra_moe_dispatch *d);
 LUTRA_API int lutra_moe_permute(lutra_moe_dispatch *d, const lutra_tensor *x,
                                 const lutra_tensor *indices, lutra_tensor **permuted,
                                 lutra_tensor **m_splits);

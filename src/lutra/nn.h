@@ -71,8 +71,8 @@ LUTRA_API int lutra_activation_new(int kind, lutra_module **out);
 LUTRA_API int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out);
 /* Linear+GELU pairs the last forward and backward of a Sequential fused into GEMM epilogues. */
 LUTRA_API int lutra_sequential_fusions(const lutra_module *m, int *forward, int *backward);
-LUTRA_API int lutra_module_free(lutra_module *m);
-LUTRA_API int lutra_module_release(lutra_module *m);
+LUTRA_API int lutra_module_unref(lutra_module *m);
+LUTRA_API int lutra_module_destroy(lutra_module *m);
 LUTRA_API const char *lutra_module_kind(const lutra_module *m);
 /* What one forward call is told beyond its input, for every module kind (fields a module does
  * not use are ignored; start from lutra_forward_defaults so that new fields get their defaults).

@@ -15,12 +15,15 @@ typedef struct lutra_quantizer lutra_quantizer;
 /* A quantizer for one role of a recipe. rowwise/columnwise select the outputs. */
 LUTRA_API int lutra_quantizer_new(const lutra_recipe *r, int role, int rowwise, int columnwise,
                                   int device, lutra_quantizer **out);
-LUTRA_API int lutra_quantizer_free(lutra_quantizer *q);
-LUTRA_API int lutra_quantizer_release(lutra_quantizer *q);
-/* A reference to a quantizer (one a module owns, too): it keeps the struct, not the state, so
- * that calls after its owner freed or rebuilt it fail with "was freed". Unref drops one. */
+/* References: lutra_quantizer_new gives the caller one; a retain (of a quantizer a module owns,
+ * too) takes another, which keeps the struct, not the state, so that calls after its owner
+ * destroyed or rebuilt it fail with "was freed". Unref drops one of the caller's (the last frees
+ * the quantizer); a module's quantizer that the caller never retained is refused. */
 LUTRA_API void lutra_quantizer_retain(lutra_quantizer *q);
 LUTRA_API int lutra_quantizer_unref(lutra_quantizer *q);
+/* Frees the state now and keeps the struct, marked freed, until the last unref (refused for a
+ * module's quantizer). */
+LUTRA_API int lutra_quantizer_destroy(lutra_quantizer *q);
 /* Quantize x into the quantizer's own output tensor (reused while the shape stays). */
 LUTRA_API int lutra_quantize(lutra_quantizer *q, const lutra_tensor *x, lutra_tensor **out);
 /* lutra_quantize that also writes the bias gradient of x: dbias[c] (+= when accumulate)

@@ -101,8 +101,8 @@ LUTRA_API int lutra_recipe_current(const lutra_current_desc *d, lutra_recipe **o
 LUTRA_API int lutra_recipe_mxfp8(const lutra_mxfp8_desc *d, lutra_recipe **out);
 LUTRA_API int lutra_recipe_block(const lutra_block_desc *d, lutra_recipe **out);
 LUTRA_API int lutra_recipe_custom(const lutra_custom_desc *d, lutra_recipe **out);
-LUTRA_API int lutra_recipe_free(lutra_recipe *r);
-LUTRA_API int lutra_recipe_release(lutra_recipe *r);
+LUTRA_API int lutra_recipe_unref(lutra_recipe *r);
+LUTRA_API int lutra_recipe_destroy(lutra_recipe *r);
 LUTRA_API int lutra_recipe_kind(const lutra_recipe *r, int *kind);
 /* What the recipe does with a role: LUTRA_QUANT_* kind and FP8 dtype. */
 LUTRA_API int lutra_recipe_role(const lutra_recipe *r, int role, int *quant_kind, int *dtype);

@@ -13,14 +13,19 @@ extern "C" {
 /* Zero-filled (every dtype). Refused with LUTRA_EINVAL when a byte count overflows. */
 LUTRA_API int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device,
                                lutra_tensor **out);
-LUTRA_API int lutra_tensor_free(lutra_tensor *t);
-LUTRA_API int lutra_tensor_release(lutra_tensor *t);
-/* References to a tensor's shell. A tensor owned by a module, quantizer or loss stays readable
- * while its owner keeps it; a reference taken here keeps the shell (not the buffers) beyond
- * that, so that a later call on it fails with "was freed" instead of reading freed memory. The
- * Lua front takes one for every such tensor it hands out. Unref drops one (the last frees). */
+/* Drops one of the caller's references: the one lutra_tensor_new (or any call that hands out a
+ * new tensor) gave, or one lutra_tensor_retain took; the last reference frees the tensor. A
+ * tensor owned by a module, quantizer or loss (LUTRA_TENSOR_BORROWED) stays readable while its
+ * owner keeps it; a retain keeps its shell (not the buffers) beyond that, so that a later call
+ * on it fails with "was freed" instead of reading freed memory (the Lua front takes one for
+ * every such tensor it hands out). Unref of an owner's tensor that the caller never retained is
+ * refused (LUTRA_ESTATE): the owner frees it. */
 LUTRA_API void lutra_tensor_retain(lutra_tensor *t);
 LUTRA_API int lutra_tensor_unref(lutra_tensor *t);
+/* Frees the buffers now; the shell stays, marked LUTRA_TENSOR_FREED, until the last unref, so
+ * later calls (a module that saved it as an input, too) fail with "was freed". Refused for an
+ * owner's tensor. */
+LUTRA_API int lutra_tensor_destroy(lutra_tensor *t);
 /* Copy n values in or out, converting from/to f32 (FP8 tensors are dequantized on read). Every
  * value read out as a float (here, lutra_loss_value, lutra_tensor_amax, the quantizer's scales
  * and history) has its NaNs made the one quiet NaN 0x7FC00000: other payloads, widened to a

@@ -10,7 +10,7 @@ extern "C" {
 #endif
 
 /* A tensor over the caller's buffer: lutra reads and writes data in place and never frees it
- * (lutra_tensor_free and lutra_tensor_release free only the tensor struct; the buffer must stay
+ * (lutra_tensor_unref and lutra_tensor_destroy free only the tensor struct; the buffer must stay
  * valid until then, and until every module that took the tensor as an input ran its next
  * forward or was freed, as for any input). It is a plain tensor everywhere else: a module
  * input, a loss target, the destination (or source) of lutra_tensor_copy, which copies a

@@ -37,21 +37,21 @@ int lutra_loss_new(int kind, lutra_loss **out) {
 }
 
 static void loss_buffers_free(lutra_loss *l) {
-  lutra_tensor_destroy(l->loss);
-  lutra_tensor_destroy(l->dpred);
-  lutra_tensor_destroy(l->bad_label);
+  lutra_tensor_owner_drop(l->loss);
+  lutra_tensor_owner_drop(l->dpred);
+  lutra_tensor_owner_drop(l->bad_label);
   l->loss = l->dpred = l->bad_label = NULL;
 }
 
-int lutra_loss_free(lutra_loss *l) {
+int lutra_loss_unref(lutra_loss *l) {
   if (!l || --l->obj.refs > 0) return LUTRA_OK; /* a captured graph still holds it */
   loss_buffers_free(l);
   free(l);
   return LUTRA_OK;
 }
 
-int lutra_loss_release(lutra_loss *l) {
-  static const char fn[] = "lutra_loss_release";
+int lutra_loss_destroy(lutra_loss *l) {
+  static const char fn[] = "lutra_loss_destroy";
   TRY(lutra_check_object(l, LUTRA_MAGIC_LOSS, fn, "loss"));
   loss_buffers_free(l);
   l->obj.flags |= LUTRA_OBJ_FREED;
@@ -78,7 +78,7 @@ static int check_target(const lutra_loss *l, const lutra_tensor *pred, const lut
 
 /* a captured graph drops its reference to the loss through this */
 static int release_loss(void *p) {
-  return lutra_loss_free(p);
+  return lutra_loss_unref(p);
 }
 
 int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tensor *target,
@@ -99,7 +99,7 @@ int lutra_loss_forward(lutra_loss *l, const lutra_tensor *pred, const lutra_tens
     TRY(lutra_tensor_make(&spec, &flag, fn));
     int zeroed = be->memset(flag->data, 0, sizeof(int32_t));
     if (zeroed != LUTRA_OK) {
-      lutra_tensor_destroy(flag);
+      lutra_tensor_owner_drop(flag);
       return lutra_error_wrap(zeroed, fn);
     }
     l->bad_label = flag;

@@ -29,7 +29,7 @@ void lutra_module_retain(lutra_module *m) {
   m->obj.refs++;
 }
 
-int lutra_module_free(lutra_module *m) {
+int lutra_module_unref(lutra_module *m) {
   if (!m) return LUTRA_OK;
   if (--m->obj.refs > 0) return LUTRA_OK;
   if (!(m->obj.flags & LUTRA_OBJ_FREED)) m->ops->release(m);
@@ -37,11 +37,11 @@ int lutra_module_free(lutra_module *m) {
   return LUTRA_OK;
 }
 
-int lutra_module_release(lutra_module *m) {
-  static const char fn[] = "lutra_module_release";
+int lutra_module_destroy(lutra_module *m) {
+  static const char fn[] = "lutra_module_destroy";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   CHECK_STATE(m->obj.refs - m->obj.holds <= 1,
-              "module is still used by a Sequential or an optimizer; free those first");
+              "module is still used by a Sequential or an optimizer; destroy those first");
   m->ops->release(m);
   m->obj.flags |= LUTRA_OBJ_FREED;
   return LUTRA_OK;
@@ -55,7 +55,7 @@ const char *lutra_module_kind(const lutra_module *m) {
 
 /* a captured graph drops its reference to the module through this */
 static int release_module(void *p) {
-  return lutra_module_free(p);
+  return lutra_module_unref(p);
 }
 
 /* A graph replays into these buffers: it keeps the module and both tensors referenced, and

@@ -63,7 +63,7 @@ typedef struct lutra_module_quantizers {
   lutra_quantizer *q[LUTRA_MODULE_MAX_QUANTIZERS];
   int32_t slot[LUTRA_MODULE_MAX_QUANTIZERS]; /* the module's own index of each (a Linear: role) */
   /* q were made for the recipe asked for and are not the module's yet: adopt_quantizers installs
-   * them, or the caller frees them (lutra_quantizer_destroy) */
+   * them, or the caller frees them (lutra_quantizer_owner_drop) */
   bool fresh;
 } lutra_module_quantizers;
 /* FP8 state a module keeps outside quantizer objects (a GroupedLinear: one scaling state per

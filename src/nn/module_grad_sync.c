@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 static void drop_module(void *m) {
-  lutra_module_free(m);
+  lutra_module_unref(m);
 }
 
 /* grads[0..*n): the module's gradients, the last parameter's first */

@@ -42,7 +42,7 @@ int lutra_norm_core_init(lutra_norm_core *c, const lutra_norm_desc *d, const cha
 void lutra_norm_core_release(lutra_norm_core *c) {
   lutra_tensor *owned[] = {c->weight, c->bias, c->wgrad, c->bgrad};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
-    lutra_tensor_destroy(owned[i]);
+    lutra_tensor_owner_drop(owned[i]);
   lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->mean_cache, &c->rstd_cache};
   for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
     lutra_tensor_cache_release(caches[i]);

@@ -65,10 +65,10 @@ static int res_param(const lutra_module *m, int i, lutra_param *out) {
 }
 static void res_release(lutra_module *m) {
   residual *r = (residual *)m;
-  lutra_tensor_destroy(r->y);
-  lutra_tensor_destroy(r->dx);
+  lutra_tensor_owner_drop(r->y);
+  lutra_tensor_owner_drop(r->dx);
   r->y = r->dx = NULL;
-  lutra_module_free(r->inner);
+  lutra_module_unref(r->inner);
   r->inner = NULL;
   r->forward_done = false;
 }

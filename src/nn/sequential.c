@@ -140,7 +140,7 @@ static int seq_param(const lutra_module *m, int i, lutra_param *out) {
 static void seq_release(lutra_module *m) {
   sequential *s = (sequential *)m;
   for (int i = 0; i < s->count; i++)
-    lutra_module_free(s->mods[i]);
+    lutra_module_unref(s->mods[i]);
   free(s->mods);
   free(s->fused_act);
   free(s->pre);

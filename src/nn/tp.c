@@ -37,9 +37,9 @@ int lutra_tp_init(lutra_tp *tp, const lutra_tp_desc *d, int64_t in, int64_t out,
 void lutra_tp_release(lutra_tp *tp) {
   lutra_tensor *owned[] = {tp->x_full, tp->y, tp->dy_full, tp->dx, tp->xq_full, tp->deq};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
-    lutra_tensor_destroy(owned[i]);
+    lutra_tensor_owner_drop(owned[i]);
   tp->x_full = tp->y = tp->dy_full = tp->dx = tp->xq_full = tp->deq = NULL;
-  lutra_group_free(tp->group);
+  lutra_group_unref(tp->group);
   tp->group = NULL;
 }
 

@@ -80,7 +80,7 @@ static void optim_buffers_free(lutra_optim *o) {
   o->mastered = NULL;
   o->params = NULL;
   o->nbuffers = 0;
-  if (o->module) lutra_module_free(o->module);
+  if (o->module) lutra_module_unref(o->module);
   o->module = NULL;
 }
 
@@ -173,15 +173,15 @@ int lutra_optim_new(const lutra_optim_desc *d, lutra_module *m, lutra_optim **ou
   return LUTRA_OK;
 }
 
-int lutra_optim_free(lutra_optim *o) {
+int lutra_optim_unref(lutra_optim *o) {
   if (!o) return LUTRA_OK;
   optim_buffers_free(o);
   free(o);
   return LUTRA_OK;
 }
 
-int lutra_optim_release(lutra_optim *o) {
-  static const char fn[] = "lutra_optim_release";
+int lutra_optim_destroy(lutra_optim *o) {
+  static const char fn[] = "lutra_optim_destroy";
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   optim_buffers_free(o);
   o->obj.flags |= LUTRA_OBJ_FREED;

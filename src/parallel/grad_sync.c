@@ -66,11 +66,11 @@ static void release(lutra_grad_sync *s) {
     if (b->pending.active &&
         lutra_dist_bucket_finish(s->group, s->pieces + b->first, b->count, b->buf, b->elements,
                                  b->dtype, b->device, &b->pending,
-                                 "lutra_grad_sync_free") != LUTRA_OK)
+                                 "lutra_grad_sync_unref") != LUTRA_OK)
       b->owned = false;
     lutra_dist_pending_release(&s->buckets[i].pending);
     if (s->buckets[i].owned &&
-        lutra_backend_get(s->buckets[i].device, &be, "lutra_grad_sync_free") == LUTRA_OK)
+        lutra_backend_get(s->buckets[i].device, &be, "lutra_grad_sync_unref") == LUTRA_OK)
       be->free(s->buckets[i].buf);
   }
   free(s->buckets);
@@ -80,12 +80,12 @@ static void release(lutra_grad_sync *s) {
   free(s->seen);
   free(s->by_address);
   if (s->owner.obj) s->owner.drop(s->owner.obj);
-  lutra_group_free(s->group);
+  lutra_group_unref(s->group);
 }
 
-int lutra_grad_sync_free(lutra_grad_sync *s) {
+int lutra_grad_sync_unref(lutra_grad_sync *s) {
   if (!s) return LUTRA_OK;
-  TRY(lutra_check_object(s, LUTRA_MAGIC_GRAD_SYNC, "lutra_grad_sync_free", "grad sync"));
+  TRY(lutra_check_object(s, LUTRA_MAGIC_GRAD_SYNC, "lutra_grad_sync_unref", "grad sync"));
   release(s);
   free(s);
   return LUTRA_OK;

@@ -396,9 +396,9 @@ static int group_make(MPI_Comm comm, lutra_group **out, const char *fn) {
   return LUTRA_OK;
 }
 
-int lutra_group_free(lutra_group *g) {
+int lutra_group_unref(lutra_group *g) {
   if (!g) return LUTRA_OK;
-  TRY(lutra_check_object(g, LUTRA_MAGIC_GROUP, "lutra_group_free", "group"));
+  TRY(lutra_check_object(g, LUTRA_MAGIC_GROUP, "lutra_group_unref", "group"));
   if (--g->obj.refs > 0) return LUTRA_OK;
   lutra_nccl_destroy(g->nccl);
   int finalized = 1;
@@ -465,7 +465,7 @@ int lutra_dist_finalize(void) {
   if (!dist.inited || dist.finalized) return LUTRA_OK;
   lutra_group *w = dist.world;
   dist.world = NULL;
-  lutra_group_free(w);
+  lutra_group_unref(w);
   dist.finalized = true;
   if (dist.we_initialized) MPI_TRY(MPI_Finalize(), "MPI_Finalize");
   return LUTRA_OK;

@@ -12,7 +12,7 @@
 
 /* LUTRA_OK when g is a live, unbroken group. */
 int lutra_group_check(const lutra_group *g, const char *fn);
-/* A holder (scope, module) taking a reference; dropped with lutra_group_free. */
+/* A holder (scope, module) taking a reference; dropped with lutra_group_unref. */
 void lutra_group_retain(lutra_group *g);
 int lutra_group_rank_of(const lutra_group *g);
 int lutra_group_size_of(const lutra_group *g);
@@ -75,7 +75,7 @@ typedef struct lutra_grad_sync_owner {
 } lutra_grad_sync_owner;
 /* The sync of grads[0..n) (f32 or bf16, in the order a backward finishes them) over g, in
  * buckets of about bucket_bytes (<= 0: 25 MiB), every rank's (buckets, elements) agreed; it
- * holds g and, on success only, the caller's reference to owner (lutra_grad_sync_free drops
+ * holds g and, on success only, the caller's reference to owner (lutra_grad_sync_unref drops
  * both). Errors name fn. */
 int lutra_grad_sync_make(lutra_group *g, lutra_tensor *const *grads, int n, int64_t bucket_bytes,
                          const lutra_grad_sync_owner *owner, lutra_grad_sync **out, const char *fn);

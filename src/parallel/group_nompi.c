@@ -96,7 +96,7 @@ int lutra_group_size(const lutra_group *g, int *size) {
   (void)g, (void)size;
   return NO_MPI("lutra_group_size");
 }
-int lutra_group_free(lutra_group *g) {
+int lutra_group_unref(lutra_group *g) {
   (void)g;
   return LUTRA_OK;
 }

@@ -123,7 +123,7 @@ void lutra_nccl_destroy(lutra_nccl *n) {
   if (!n->aborted) {
     /* finalize is non-blocking too: bounded by the timeout, then aborted */
     ncclResult_t r = ncclCommFinalize(n->comm);
-    if (settle(n, r, "lutra_group_free", "ncclCommFinalize") == LUTRA_OK)
+    if (settle(n, r, "lutra_group_unref", "ncclCommFinalize") == LUTRA_OK)
       ncclCommDestroy(n->comm);
     else
       abort_comm(n);

@@ -58,7 +58,7 @@ static void drop_held(held_list *l) {
   for (int i = 0; i < l->n; i++) {
     void *p = l->items[i].p;
     if (!l->items[i].release) {
-      lutra_tensor_unref(p);
+      lutra_tensor_drop_ref(p);
       continue;
     }
     ((lutra_object *)p)->holds--;
@@ -81,7 +81,7 @@ static int hold(void *p, lutra_capture_release release, const char *fn) {
     l->cap = cap;
   }
   if (!release) {
-    lutra_tensor_retain(p);
+    lutra_tensor_take_ref(p);
   } else {
     lutra_object *o = p;
     o->refs++;
@@ -217,8 +217,8 @@ int lutra_launch_graph_stats(int64_t *graphs, int64_t *launches) {
   return LUTRA_OK;
 }
 
-int lutra_graph_release(lutra_graph *g) {
-  static const char fn[] = "lutra_graph_release";
+int lutra_graph_destroy(lutra_graph *g) {
+  static const char fn[] = "lutra_graph_destroy";
   TRY(lutra_check_object(g, LUTRA_MAGIC_GRAPH, fn, "graph"));
   g->be->graph_destroy(g->exec);
   g->exec = NULL;
@@ -227,7 +227,7 @@ int lutra_graph_release(lutra_graph *g) {
   return LUTRA_OK;
 }
 
-int lutra_graph_free(lutra_graph *g) {
+int lutra_graph_unref(lutra_graph *g) {
   if (!g) return LUTRA_OK;
   if (!(g->obj.flags & LUTRA_OBJ_FREED)) {
     g->be->graph_destroy(g->exec);

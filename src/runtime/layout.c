@@ -30,6 +30,7 @@ static const field fields[] = {
     F(lutra_tensor, scaling),
     F(lutra_tensor, flags),
     F(lutra_tensor, refs),
+    F(lutra_tensor, held),
 
     S(lutra_delayed_desc),
     F(lutra_delayed_desc, fp8_format),

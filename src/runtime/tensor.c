@@ -84,15 +84,14 @@ static void free_buffers(lutra_tensor *t);
 /* The shell (the struct) lives while anyone holds a reference: its owner, a Lua handle, a
  * module that saved it as an input, a captured graph. Only the last one frees it, so a stale
  * pointer reads a shell marked FREED rather than freed memory. */
-void lutra_tensor_retain(lutra_tensor *t) {
+void lutra_tensor_take_ref(lutra_tensor *t) {
   if (t) t->refs++;
 }
 
-int lutra_tensor_unref(lutra_tensor *t) {
-  if (!t || --t->refs > 0) return LUTRA_OK;
+void lutra_tensor_drop_ref(lutra_tensor *t) {
+  if (!t || --t->refs > 0) return;
   if (!(t->flags & LUTRA_TENSOR_FREED)) free_buffers(t);
   free(t);
-  return LUTRA_OK;
 }
 
 /* The buffers go now; the shell stays, marked, while other references remain. BORROWED is kept
@@ -100,16 +99,17 @@ int lutra_tensor_unref(lutra_tensor *t) {
 static void drop_buffers(lutra_tensor *t) {
   if (!(t->flags & LUTRA_TENSOR_FREED)) free_buffers(t);
   uint32_t borrowed = t->flags & LUTRA_TENSOR_BORROWED;
-  int32_t refs = t->refs;
+  int32_t refs = t->refs, held = t->held;
   memset(t, 0, sizeof *t);
   t->flags = LUTRA_TENSOR_FREED | borrowed;
   t->refs = refs;
+  t->held = held;
 }
 
-void lutra_tensor_destroy(lutra_tensor *t) {
+void lutra_tensor_owner_drop(lutra_tensor *t) {
   if (!t) return;
   if (t->refs > 1) drop_buffers(t);
-  lutra_tensor_unref(t);
+  lutra_tensor_drop_ref(t);
 }
 
 int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char *fn) {
@@ -147,14 +147,14 @@ int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char
                byte_count(cc, ssize, &cbytes);
   }
   if (overflow) {
-    lutra_tensor_destroy(t);
+    lutra_tensor_owner_drop(t);
     return lutra_error(LUTRA_EINVAL, fn,
                        "a %lld-element %s tensor needs more than %lld bytes (the byte count "
                        "overflows)",
                        (long long)numel, lutra_dtype_name(dtype), (long long)PTRDIFF_MAX);
   }
   if (lutra_capture_active) {
-    lutra_tensor_destroy(t);
+    lutra_tensor_owner_drop(t);
     return lutra_error(LUTRA_ESTATE, fn,
                        "a %lld-element %s buffer would be allocated while capturing a CUDA graph "
                        "(a first use or a shape change): run the step once eagerly with the same "
@@ -174,7 +174,7 @@ int lutra_tensor_make(const lutra_tensor_spec *s, lutra_tensor **out, const char
     if (st == LUTRA_OK) st = be->memset(t->col_scale_inv, 0, cbytes);
   }
   if (st != LUTRA_OK) {
-    lutra_tensor_destroy(t);
+    lutra_tensor_owner_drop(t);
     return lutra_error(st, fn, "cannot allocate %lld elements of %s", (long long)numel,
                        lutra_dtype_name(dtype));
   }
@@ -202,12 +202,12 @@ int lutra_tensor_prepare(lutra_tensor *cur, const lutra_tensor_spec *s, lutra_te
 
 void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t) {
   if (*slot == t) return;
-  lutra_tensor_destroy(*slot);
+  lutra_tensor_owner_drop(*slot);
   *slot = t;
 }
 
 void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t) {
-  if (t != slot) lutra_tensor_destroy(t);
+  if (t != slot) lutra_tensor_owner_drop(t);
 }
 
 int lutra_tensor_ensure(lutra_tensor **t, const lutra_tensor_spec *s, const char *fn) {
@@ -230,7 +230,7 @@ int lutra_tensor_new(int dtype, int ndim, const int64_t *shape, int device, lutr
   int st = lutra_backend_get(device, &be, fn);
   if (st == LUTRA_OK) st = be->memset(t->data, 0, (size_t)t->numel * lutra_dtype_size(dtype));
   if (st != LUTRA_OK) {
-    lutra_tensor_destroy(t);
+    lutra_tensor_owner_drop(t);
     return st;
   }
   *out = t;
@@ -244,28 +244,43 @@ static int check_owned(const lutra_tensor *t, const char *fn) {
   return LUTRA_OK;
 }
 
-int lutra_tensor_free(lutra_tensor *t) {
-  static const char fn[] = "lutra_tensor_free";
+/* The caller's references: the one lutra_tensor_new (or a factory) handed out, and one per
+ * lutra_tensor_retain. An owner's tensor counts only the retains (held), so that a caller can
+ * never drop the owner's own reference. */
+void lutra_tensor_retain(lutra_tensor *t) {
+  if (!t) return;
+  t->refs++;
+  t->held++;
+}
+
+int lutra_tensor_unref(lutra_tensor *t) {
+  static const char fn[] = "lutra_tensor_unref";
   if (!t) return LUTRA_OK;
-  /* a shell kept by lutra_tensor_release, or one a module still holds as its saved input:
-   * the buffers stay for that module until it lets go */
-  if (!(t->flags & LUTRA_TENSOR_FREED)) TRY(check_owned(t, fn));
-  return lutra_tensor_unref(t);
+  /* a shell kept by lutra_tensor_destroy or by an owner that let go, or one a module still holds
+   * as its saved input: the buffers stay for that module until it lets go */
+  if (!(t->flags & LUTRA_TENSOR_FREED)) {
+    TRY(lutra_check_tensor(t, fn, "tensor"));
+    CHECK_STATE(!(t->flags & LUTRA_TENSOR_BORROWED) || t->held > 0,
+                "tensor is owned by a module or quantizer and is freed with it");
+  }
+  if (t->held > 0) t->held--;
+  lutra_tensor_drop_ref(t);
+  return LUTRA_OK;
 }
 
 static void free_buffers(lutra_tensor *t) {
   if (!(t->flags & LUTRA_TENSOR_OWNS_DATA)) return;
   const lutra_backend *be;
-  if (lutra_backend_get(t->device, &be, "lutra_tensor_free") != LUTRA_OK) return;
+  if (lutra_backend_get(t->device, &be, "lutra_tensor_unref") != LUTRA_OK) return;
   be->free(t->data);
   be->free(t->col_data);
   be->free(t->scale_inv);
   be->free(t->col_scale_inv);
 }
 
-/* Frees the buffers now and keeps the shell, marked, until lutra_tensor_free. */
-int lutra_tensor_release(lutra_tensor *t) {
-  static const char fn[] = "lutra_tensor_release";
+/* Frees the buffers now and keeps the shell, marked, until lutra_tensor_unref. */
+int lutra_tensor_destroy(lutra_tensor *t) {
+  static const char fn[] = "lutra_tensor_destroy";
   TRY(check_owned(t, fn));
   drop_buffers(t);
   return LUTRA_OK;

@@ -58,15 +58,19 @@ int lutra_tensor_prepare(lutra_tensor *cur, const lutra_tensor_spec *s, lutra_te
 void lutra_tensor_commit(lutra_tensor **slot, lutra_tensor *t);
 void lutra_tensor_discard(lutra_tensor *slot, lutra_tensor *t);
 /* An owner letting go of its tensor: the buffers are freed now whatever the flags; the shell
- * when no other reference (lutra_tensor_retain) remains, else it stays marked FREED. */
-void lutra_tensor_destroy(lutra_tensor *t);
+ * when no other reference remains, else it stays marked FREED. */
+void lutra_tensor_owner_drop(lutra_tensor *t);
+/* A holder's reference to the shell (a module's saved input, a captured graph), not counted as
+ * the caller's (lutra_tensor_retain/unref, which refuse to drop an owner's reference). */
+void lutra_tensor_take_ref(lutra_tensor *t);
+void lutra_tensor_drop_ref(lutra_tensor *t);
 /* Keeps a tensor seen by a module (a forward's input) from being freed under it: a Lua-owned
  * tensor keeps its buffers until the module lets go; a borrowed one whose owner frees or
  * replaces it is marked FREED instead. Free of allocation: the hot path calls it. */
 static inline void lutra_tensor_hold(const lutra_tensor **slot, const lutra_tensor *t) {
   if (*slot == t) return;
-  lutra_tensor_retain((lutra_tensor *)t);
-  lutra_tensor_unref((lutra_tensor *)*slot);
+  lutra_tensor_take_ref((lutra_tensor *)t);
+  lutra_tensor_drop_ref((lutra_tensor *)*slot);
   *slot = t;
 }
 bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b);

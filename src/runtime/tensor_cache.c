@@ -23,7 +23,7 @@ int lutra_tensor_cache_lookup(lutra_tensor_cache *c, const lutra_tensor_spec *s,
   borrowed.flags = LUTRA_TENSOR_BORROWED;
   lutra_tensor *fresh;
   TRY(lutra_tensor_make(&borrowed, &fresh, fn));
-  lutra_tensor_destroy(c->slot[victim]);
+  lutra_tensor_owner_drop(c->slot[victim]);
   c->slot[victim] = fresh;
   c->last_use[victim] = ++c->clock;
   c->recent = victim;
@@ -40,6 +40,6 @@ int lutra_tensor_cache_count(const lutra_tensor_cache *c) {
 
 void lutra_tensor_cache_release(lutra_tensor_cache *c) {
   for (int i = 0; i < LUTRA_TENSOR_CACHE_SLOTS; i++)
-    lutra_tensor_destroy(c->slot[i]);
+    lutra_tensor_owner_drop(c->slot[i]);
   memset(c, 0, sizeof *c);
 }

@@ -48,7 +48,7 @@ struct grouped_graphs {
 };
 
 static void drop(entry *e) {
-  if (e->graph) lutra_graph_free(e->graph);
+  if (e->graph) lutra_graph_unref(e->graph);
   e->graph = NULL;
   e->live = false;
 }

@@ -252,7 +252,7 @@ static int grouped_param(const lutra_module *m, int i, lutra_param *out) {
 static void destroy_all(lutra_tensor **ts, int n) {
   if (!ts) return;
   for (int i = 0; i < n; i++)
-    lutra_tensor_destroy(ts[i]);
+    lutra_tensor_owner_drop(ts[i]);
   free(ts);
 }
 
@@ -275,7 +275,7 @@ static void grouped_release(lutra_module *m) {
   lutra_tensor_hold(&g->splits_in, NULL);
   lutra_tensor *owned[] = {g->y, g->dx, g->act_y, g->splits_dev, g->bad_split};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
-    lutra_tensor_destroy(owned[i]);
+    lutra_tensor_owner_drop(owned[i]);
   g->y = g->dx = g->act_y = g->splits_dev = g->bad_split = NULL;
   free(g->splits_host);
   g->splits_host = NULL;

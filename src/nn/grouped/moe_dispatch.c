@@ -31,10 +31,10 @@ struct lutra_moe_dispatch {
 
 static void dispatch_buffers_free(lutra_moe_dispatch *d) {
   for (int i = 0; i < NUM_BUFFERS; i++) {
-    lutra_tensor_destroy(d->buf[i]);
+    lutra_tensor_owner_drop(d->buf[i]);
     d->buf[i] = NULL;
   }
-  lutra_tensor_destroy(d->bad_index);
+  lutra_tensor_owner_drop(d->bad_index);
   d->bad_index = NULL;
   lutra_tensor_hold(&d->expert_out, NULL);
   lutra_tensor_hold(&d->probs, NULL);
@@ -65,7 +65,7 @@ int lutra_moe_dispatch_new(int experts, int device, lutra_moe_dispatch **out) {
     int st = lutra_tensor_make(&spec, &d->bad_index, fn);
     if (st == LUTRA_OK) st = be->memset(d->bad_index->data, 0, sizeof(int32_t));
     if (st != LUTRA_OK) {
-      lutra_tensor_destroy(d->bad_index);
+      lutra_tensor_owner_drop(d->bad_index);
       free(d);
       return lutra_error_wrap(st, fn);
     }
@@ -74,15 +74,15 @@ int lutra_moe_dispatch_new(int experts, int device, lutra_moe_dispatch **out) {
   return LUTRA_OK;
 }
 
-int lutra_moe_dispatch_free(lutra_moe_dispatch *d) {
+int lutra_moe_dispatch_unref(lutra_moe_dispatch *d) {
   if (!d || --d->obj.refs > 0) return LUTRA_OK; /* a captured graph still holds it */
   dispatch_buffers_free(d);
   free(d);
   return LUTRA_OK;
 }
 
-int lutra_moe_dispatch_release(lutra_moe_dispatch *d) {
-  static const char fn[] = "lutra_moe_dispatch_release";
+int lutra_moe_dispatch_destroy(lutra_moe_dispatch *d) {
+  static const char fn[] = "lutra_moe_dispatch_destroy";
   TRY(lutra_check_object(d, LUTRA_MAGIC_MOE_DISPATCH, fn, "dispatcher"));
   dispatch_buffers_free(d);
   d->obj.flags |= LUTRA_OBJ_FREED;
@@ -151,7 +151,7 @@ static lutra_permute_args base_args(const lutra_moe_dispatch *d, int64_t hidden,
 
 /* a captured graph drops its reference to the dispatcher through this */
 static int release_dispatch(void *p) {
-  return lutra_moe_dispatch_free(p);
+  return lutra_moe_dispatch_unref(p);
 }
 
 static int hold_in_capture(lutra_moe_dispatch *d, const lutra_tensor *a, const lutra_tensor *b,

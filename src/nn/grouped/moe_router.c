@@ -54,22 +54,22 @@ int lutra_moe_router_new(const lutra_moe_router_desc *d, lutra_moe_router **out)
 }
 
 static void router_buffers_free(lutra_moe_router *r) {
-  lutra_tensor_destroy(r->probs);
-  lutra_tensor_destroy(r->indices);
-  lutra_tensor_destroy(r->dlogits);
+  lutra_tensor_owner_drop(r->probs);
+  lutra_tensor_owner_drop(r->indices);
+  lutra_tensor_owner_drop(r->dlogits);
   r->probs = r->indices = r->dlogits = NULL;
   lutra_tensor_hold(&r->logits, NULL);
 }
 
-int lutra_moe_router_free(lutra_moe_router *r) {
+int lutra_moe_router_unref(lutra_moe_router *r) {
   if (!r || --r->obj.refs > 0) return LUTRA_OK; /* a captured graph still holds it */
   router_buffers_free(r);
   free(r);
   return LUTRA_OK;
 }
 
-int lutra_moe_router_release(lutra_moe_router *r) {
-  static const char fn[] = "lutra_moe_router_release";
+int lutra_moe_router_destroy(lutra_moe_router *r) {
+  static const char fn[] = "lutra_moe_router_destroy";
   TRY(lutra_check_object(r, LUTRA_MAGIC_MOE_ROUTER, fn, "router"));
   router_buffers_free(r);
   r->obj.flags |= LUTRA_OBJ_FREED;
@@ -88,7 +88,7 @@ static lutra_topk_args router_args(const lutra_moe_router *r, const lutra_tensor
 
 /* a captured graph drops its reference to the router through this */
 static int release_router(void *p) {
-  return lutra_moe_router_free(p);
+  return lutra_moe_router_unref(p);
 }
 
 int lutra_moe_router_forward(lutra_moe_router *r, const lutra_tensor *logits, lutra_tensor **probs,

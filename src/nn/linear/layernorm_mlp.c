@@ -37,7 +37,7 @@ static int mlp_param(const lutra_module *m, int i, lutra_param *out) {
 }
 static void mlp_release(lutra_module *m) {
   layernorm_mlp *l = (layernorm_mlp *)m;
-  lutra_module_free(l->chain);
+  lutra_module_unref(l->chain);
   l->chain = NULL;
 }
 
@@ -75,14 +75,14 @@ static int mlp_quantizers(lutra_module *m, const lutra_recipe *build_for,
     if (st != LUTRA_OK) {
       if (k == 1 && q[0].fresh)
         for (int i = 0; i < q[0].count; i++)
-          lutra_quantizer_destroy(q[0].q[i]);
+          lutra_quantizer_owner_drop(q[0].q[i]);
       return st;
     }
   }
   if (q[0].fresh != q[1].fresh) { /* both are built by one forward: never the case */
     for (int k = 0; k < 2; k++)
       for (int i = 0; q[k].fresh && i < q[k].count; i++)
-        lutra_quantizer_destroy(q[k].q[i]);
+        lutra_quantizer_owner_drop(q[k].q[i]);
     return lutra_error(LUTRA_ESTATE, fn, "the LayerNormMLP's FC1 and FC2 quantizers differ");
   }
   out->fresh = q[0].fresh;
@@ -202,11 +202,11 @@ static int mlp_create(const lutra_layernorm_mlp_desc *d, const lutra_tp_desc *tp
   if (st == LUTRA_OK) st = lutra_sequential_new(parts, 3, &chain);
   /* the Sequential holds its own references to the parts */
   for (int i = 0; i < 3; i++)
-    if (parts[i]) lutra_module_free(parts[i]);
+    if (parts[i]) lutra_module_unref(parts[i]);
   layernorm_mlp *l = st == LUTRA_OK ? calloc(1, sizeof *l) : NULL;
   if (st == LUTRA_OK && !l) st = lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   if (st != LUTRA_OK) {
-    if (chain) lutra_module_free(chain);
+    if (chain) lutra_module_unref(chain);
     return st;
   }
   l->chain = chain;

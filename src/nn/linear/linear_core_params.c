@@ -28,7 +28,7 @@ void lutra_linear_core_release(lutra_linear_core *c) {
   lutra_tensor *owned[] = {c->weight,           c->bias,           c->wgrad, c->bgrad,
                            c->weight_main_grad, c->bias_main_grad, c->xdq,   c->wdq};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
-    lutra_tensor_destroy(owned[i]);
+    lutra_tensor_owner_drop(owned[i]);
   lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
   for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
     lutra_tensor_cache_release(caches[i]);

@@ -9,7 +9,7 @@
 
 void lutra_linear_core_free_quantizers(lutra_quantizer *q[LUTRA_NUM_ROLES]) {
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
-    lutra_quantizer_destroy(q[i]);
+    lutra_quantizer_owner_drop(q[i]);
     q[i] = NULL;
   }
 }
