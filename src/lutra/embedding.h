@@ -35,8 +35,6 @@ LUTRA_API int lutra_embedding_new(const lutra_embedding_desc *d, lutra_module **
 /* Reads and clears the device's out-of-range flag: LUTRA_EINVAL naming the range when a forward
  * since the last check met an id outside [0, num_embeddings). LUTRA_OK at once on the CPU. */
 LUTRA_API int lutra_embedding_check(lutra_module *m);
-/* num_embeddings and dim (for printing) */
-LUTRA_API int lutra_embedding_shape(const lutra_module *m, int64_t *num_embeddings, int64_t *dim);
 
 #ifdef __cplusplus
 }

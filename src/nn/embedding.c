@@ -247,12 +247,3 @@ int lutra_embedding_check(lutra_module *m) {
                      "its output rows are NaN and its backward skipped them",
                      (long long)e->vocab);
 }
-
-int lutra_embedding_shape(const lutra_module *m, int64_t *num_embeddings, int64_t *dim) {
-  static const char fn[] = "lutra_embedding_shape";
-  TRY(check_embedding(m, fn));
-  CHECK_ARG(num_embeddings && dim, "num_embeddings or dim is NULL");
-  *num_embeddings = ((const embedding *)m)->vocab;
-  *dim = ((const embedding *)m)->dim;
-  return LUTRA_OK;
-}
