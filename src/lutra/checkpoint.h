@@ -11,7 +11,8 @@
  * tensor-parallel Linear its rank's shard, one file per rank; LayerNorm / RMSNorm "weight"
  * (gamma) and LayerNorm's "bias" (beta); an Embedding "weight"; a moe Router its Linear's;
  * activations nothing, their index skipped; a hybrid role's columnwise quantizer
- * "fp8.<role>_columnwise"). A module kind without a checkpoint entry is refused (LUTRA_EUNSUPPORTED, naming the module and kind):
+ * "fp8.<role>_columnwise"). A module kind without a checkpoint entry is refused
+ * (LUTRA_EUNSUPPORTED, naming the module and kind):
  *   <m>.weight, <m>.bias                     parameters, in their dtype
  *   <m>.weight.main_grad                     f32 main grads (main_grads = 1)
  *   <m>.fp8.<role>.scale, .scale_inv         every quantizer the module owns (F32 [1];
