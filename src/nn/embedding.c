@@ -78,14 +78,15 @@ static int ensure_scratch(embedding *e, int64_t n, const char *fn) {
   size_t bytes = 0;
   TRY(e->be->embedding_scratch(n, e->vocab, &bytes));
   if (!e->scratch || bytes > e->scratch_bytes) {
-    int64_t words = (int64_t)((bytes + 7) / 8);
-    lutra_tensor_spec spec = *PLAIN_TENSOR(LUTRA_F32, 1, &(int64_t){2 * words}, e->device);
+    /* raw bytes, as f32 words (any 4-byte dtype would do; the backend reads it as bytes) */
+    int64_t words = (int64_t)((bytes + 3) / 4);
+    lutra_tensor_spec spec = *PLAIN_TENSOR(LUTRA_F32, 1, &words, e->device);
     spec.flags = LUTRA_TENSOR_BORROWED;
     lutra_tensor *t;
     TRY(lutra_tensor_make(&spec, &t, fn));
     lutra_tensor_destroy(e->scratch);
     e->scratch = t;
-    e->scratch_bytes = (size_t)words * 8;
+    e->scratch_bytes = (size_t)words * 4;
   }
   e->scratch_n = n;
   return LUTRA_OK;
@@ -210,13 +211,12 @@ int lutra_embedding_new(const lutra_embedding_desc *d, lutra_module **out) {
   embedding *e = calloc(1, sizeof *e);
   if (!e) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   lutra_module_init(&e->base, &embedding_ops);
-  *e = (embedding){.base = e->base,
-                   .vocab = d->num_embeddings,
-                   .dim = d->dim,
-                   .dtype = d->dtype,
-                   .device = d->device,
-                   .accumulate_main_grad = d->accumulate_main_grad != 0,
-                   .be = be};
+  e->vocab = d->num_embeddings;
+  e->dim = d->dim;
+  e->dtype = d->dtype;
+  e->device = d->device;
+  e->accumulate_main_grad = d->accumulate_main_grad != 0;
+  e->be = be;
   int st = init_tensors(e, d->seed, fn);
   if (st != LUTRA_OK) {
     emb_release(&e->base);
