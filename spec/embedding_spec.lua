@@ -234,6 +234,24 @@ describe("nn.Embedding", function()
     end
   end)
 
+  it("keeps its output per ids' shape (the same buffer back), and an inference forward keeps "
+     .. "nothing for a backward", function()
+    local m = nn.Embedding(10, 4)
+    local a = lutra.from_table({ 1, 2, 3, 4, 5, 6 }, { 6 }, "i32")
+    local b = lutra.from_table({ 1, 2, 3, 4, 5, 6 }, { 2, 3 }, "i32")
+    local addr = function(t) return tonumber(ffi.cast("uintptr_t", t.data)) end
+    local ya, yb = addr(m:forward(a)), addr(m:forward(b))
+    assert.are_not.equal(ya, yb)
+    for _ = 1, 3 do
+      assert.are.equal(ya, addr(m:forward(a)))
+      assert.are.equal(yb, addr(m:forward(b)))
+    end
+    m:forward(a, { grad = false })
+    local ok, err = pcall(m.backward, m, lutra.tensor({ 6, 4 }))
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("grad = false", 1, true), err)
+  end)
+
   it("prints as Embedding(V, dim) and checks clean on the cpu", function()
     local m = nn.Embedding(50, 7, { dtype = "bf16" })
     assert.are.equal("lutra.nn.Embedding(50, 7, bf16, cpu)", tostring(m))

@@ -111,6 +111,17 @@ describe("nn.Embedding on " .. DEV .. " against the CPU", function()
     m:check()
   end)
 
+  test("ids on another device than the module are refused, naming the call", function()
+    if DEV == "cpu" then return end
+    local on_cpu, on_dev = nn.Embedding(8, 4), nn.Embedding(8, 4, { device = DEV })
+    local ir, id = ids_pair({ 5 }, 8, 1)
+    E.expect_error(function() on_cpu:forward(id) end, "lutra_embedding_forward", "another device")
+    E.expect_error(function() on_dev:forward(ir) end, "lutra_embedding_forward", "another device")
+    on_dev:forward(id)
+    E.expect_error(function() on_dev:backward(lutra.tensor({ 5, 4 })) end,
+                   "lutra_embedding_backward", "another device")
+  end)
+
   test("a captured training step replays equal to eager steps, bit for bit", function()
     local vocab, dim, n, steps = 50, 32, 512, 5
     -- the batches as host arrays, set into the trainers' i32 inputs before each step (a copy
