@@ -26,7 +26,8 @@ typedef struct embedding {
   bool forward_grad, forward_done, backward_done;
   const lutra_backend *be;
   lutra_tensor *weight, *wgrad, *main_grad;
-  lutra_tensor *y;
+  /* the last forward's output, held: a failed forward's new shape may evict it from the cache */
+  const lutra_tensor *y;
   lutra_tensor_cache y_cache;
   const lutra_tensor *ids; /* the last forward's, held for the backward */
   lutra_tensor *bad_id;    /* on a device: i32 [1] (lutra_embedding_args.bad_id) */
@@ -63,7 +64,7 @@ static int emb_forward(lutra_module *m, const lutra_tensor *ids, const lutra_for
                                   .bad_id = e->bad_id ? e->bad_id->data : NULL};
   int st = e->be->embedding_forward(&a);
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
-  e->y = out;
+  lutra_tensor_hold(&e->y, out);
   e->forward_done = true;
   e->forward_grad = fa->grad != 0;
   e->backward_done = false;
@@ -102,6 +103,7 @@ static int emb_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
               "a second backward of one forward would add its gradients into main_grad twice: "
               "run a forward before each backward");
   CHECK_STATE(!(e->ids->flags & LUTRA_TENSOR_FREED), "the ids saved by forward were freed");
+  CHECK_STATE(!(e->y->flags & LUTRA_TENSOR_FREED), "the output of the last forward was freed");
   CHECK_ARG(dy->dtype == e->dtype, "grad_output dtype %s does not match the module's %s",
             lutra_dtype_name(dy->dtype), lutra_dtype_name(e->dtype));
   CHECK_ARG(dy->device == e->device, "grad_output is on another device than the module");
@@ -146,11 +148,12 @@ static int emb_param(const lutra_module *m, int i, lutra_param *out) {
 static void emb_release(lutra_module *m) {
   embedding *e = (embedding *)m;
   lutra_tensor_hold(&e->ids, NULL);
+  lutra_tensor_hold(&e->y, NULL);
   lutra_tensor_cache_release(&e->y_cache);
   lutra_tensor *owned[] = {e->weight, e->wgrad, e->main_grad, e->bad_id, e->scratch};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_destroy(owned[i]);
-  e->weight = e->wgrad = e->main_grad = e->bad_id = e->scratch = e->y = NULL;
+  e->weight = e->wgrad = e->main_grad = e->bad_id = e->scratch = NULL;
   e->scratch_n = 0;
 }
 
