@@ -23,8 +23,8 @@ typedef struct lutra_embedding_args {
   /* on a device, if not NULL: backend memory set to 1 when an id is outside [0, vocab) (never
    * cleared by the backend); the forward's rows of such ids are NaN and the backward skips them.
    * As lutra_loss_args.bad_label: a kernel cannot return an error and a read-back would
-   * synchronize every call, so the module reads it at its next host read. The CPU refuses such
-   * ids at once instead. */
+   * synchronize every call, so the module reads it at its host read (lutra_embedding_check). The
+   * CPU refuses such ids at once instead. */
   int32_t *bad_id;
   /* backward on a device: lutra_backend.embedding_scratch(n, vocab) bytes of backend memory */
   void *scratch;
