@@ -116,6 +116,12 @@ cudaError_t lk_add(const void *a, const void *b, void *out, int dtype, int64_t n
 cudaError_t lk_sgd_step(const lutra_optim_args *a, cudaStream_t s);
 cudaError_t lk_adamw_step(const lutra_optim_args *a, cudaStream_t s);
 
+/* embedding (kernels/embedding/embedding.cu; lutra_embedding_args): the forward one launch, the
+ * backward a memset (unless accumulating), the keys, CUB's radix sort and the row sums, all in
+ * a->scratch of lk_embedding_scratch(n, vocab) bytes (a host-side size query: no device work) */
+cudaError_t lk_embedding_forward(const lutra_embedding_args *a, cudaStream_t s);
+cudaError_t lk_embedding_backward(const lutra_embedding_args *a, cudaStream_t s);
+cudaError_t lk_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
 /* MoE routing (kernels/moe/moe.cu; lutra_topk_args, lutra_permute_args): the router one thread
  * per token (k <= LUTRA_MOE_MAX_K); the permute four launches (count, scan, rank, copy) over a
  * fixed grid, its shared memory experts ints (experts <= LUTRA_MOE_MAX_EXPERTS), scratch

@@ -29,7 +29,7 @@ local args = {
   LayerNormMLP = { 8, 8 }, LayerNorm = { 8 }, RMSNorm = { 8 }, GELU = {}, ReLU = {}, SiLU = {},
   QuickGELU = {}, SquaredReLU = {}, SwiGLU = {}, GeGLU = {}, ReGLU = {},
   Sequential = { function() return nn.Linear(8, 8) end, function() return nn.GELU() end },
-  Residual = { function() return nn.Linear(8, 8) end },
+  Residual = { function() return nn.Linear(8, 8) end }, Embedding = { 16, 8 },
 }
 
 local function make(name)
@@ -56,7 +56,8 @@ end
 local sample = { quantizer = { "input" }, quantized = { "input" }, fusions = {},
                  layernorm_output = {}, norm_fused = {}, mlp_fusions = {},
                  set_splits = { { 2, 2 } }, check_splits = {}, set_path = { "grouped" },
-                 set_graph_capacity = { 4 }, graph_stats = {}, num_gemms = {} }
+                 set_graph_capacity = { 4 }, graph_stats = {}, num_gemms = {},
+                 check = {} }
 
 -- every kind's own methods: the union (name -> function) and per kind (kind -> name -> true)
 local function own_methods()

@@ -30,6 +30,7 @@
 #include "lutra/fused.h"
 #include "lutra/checkpoint.h"
 #include "lutra/dist.h"
+#include "lutra/embedding.h"
 #include "lutra/factory.h"
 #include "lutra/formats.h"
 #include "lutra/gemm.h"

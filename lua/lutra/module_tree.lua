@@ -72,6 +72,10 @@ local function line(m)
     return string.format("lutra.nn.Linear(in=%d, out=%d, bias=%s, %s, %s)",
                          tonumber(w.shape[1]), tonumber(w.shape[0]), tostring(np > 1), dtype, device)
   end
+  if k == "embedding" then
+    return string.format("lutra.nn.Embedding(%d, %d, %s, %s)", tonumber(w.shape[0]),
+                         tonumber(w.shape[1]), dtype, device)
+  end
   local shapes = {}
   for i = 0, np - 1 do
     check(C.lutra_module_param(m, i, param))

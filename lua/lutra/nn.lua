@@ -19,7 +19,7 @@ local methods = require("lutra.module_methods")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
-local Module, Linear, Sequential = {}, {}, {}
+local Module, Linear, Sequential, Embedding = {}, {}, {}, {}
 
 local module_box = ffi.new("lutra_module*[1]")
 
@@ -73,6 +73,35 @@ function M.Linear(in_features, out_features, opts)
     check(C.lutra_module_set_name(m, opts.name))
   end
   return m
+end
+
+--- A lookup table (torch's nn.Embedding): forward(ids) takes i32 ids of 1 to 3 dims on the
+-- module's device and gives ids' shape + {dim} in the module's dtype; backward(dy) writes the
+-- weight gradient (deterministic: each row's contributions summed in f32 in position order, the
+-- same bits on cpu and cuda) and returns nil (ids are data). The weight starts N(0, 1); without
+-- seed its seed comes from the global generator. Out-of-range ids: refused at the call on cpu;
+-- on cuda they set a device flag that m:check() reads (see Embedding:check).
+-- @tparam integer num_embeddings the number of rows (ids lie in [0, num_embeddings))
+-- @tparam integer dim the length of each row
+-- @tparam[opt] table opts {dtype = "f32" | "bf16" | "f16", device =, seed =,
+-- accumulate_main_grad = false (an f32 main_grad that backwards add into)}
+-- @return the module
+function M.Embedding(num_embeddings, dim, opts)
+  local where = "lutra.nn.Embedding"
+  opts = core.check_options(opts, { dtype = true, device = true, seed = true,
+                                    accumulate_main_grad = true }, where)
+  chk.integer(num_embeddings, "num_embeddings", where, 1, 2 ^ 31 - 1)
+  chk.integer(dim, "dim", where, 1, 2 ^ 31 - 1)
+  local d = ffi.new("lutra_embedding_desc")
+  C.lutra_embedding_defaults(d)
+  d.num_embeddings, d.dim = num_embeddings, dim
+  if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  d.device = core.device(opts.device, where)
+  -- without a seed, lutra_embedding_defaults drew one from the global generator
+  if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
+  d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+  check(C.lutra_embedding_new(d, module_box))
+  return own(module_box[0])
 end
 
 -- ---- activations (TransformerEngine's set; src/nn/activation.c) ----
@@ -350,6 +379,15 @@ function Linear:quantized(role)
   return borrow(core.tensor_box[0], self)
 end
 
+--- An Embedding's own method (nn.Embedding), beside Module's.
+-- @type Embedding
+
+--- On cuda, reads and clears the device flag that the forwards since the last check set for an
+-- id outside [0, num_embeddings) (their output rows were NaN, the backward skipped them), and
+-- raises an error naming the range if one was set. A host read: it waits for the GPU. Nothing to
+-- read on cpu, which refuses such ids at the call.
+function Embedding:check() check(C.lutra_embedding_check(self)) end
+
 -- ---- the norm-fused modules (lua/lutra/fused.lua) ----
 local fused = require("lutra.fused")
 M.LayerNormLinear, M.LayerNormMLP = fused.LayerNormLinear, fused.LayerNormMLP
@@ -364,6 +402,7 @@ M.GroupedLinear = grouped.GroupedLinear
 -- lutra_module_kind's.
 methods.define("linear", "Linear", Linear)
 methods.define("sequential", "Sequential", Sequential, true)
+methods.define("embedding", "Embedding", Embedding)
 for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",

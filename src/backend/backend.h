@@ -12,6 +12,7 @@
 #define LUTRA_BACKEND_H
 
 #include "backend/args_activation.h"
+#include "backend/args_embedding.h"
 #include "backend/args_gemm.h"
 #include "backend/args_grouped.h"
 #include "backend/args_loss.h"
@@ -113,6 +114,11 @@ typedef struct lutra_backend {
    * staged (in pinned memory) before this returns and may be reused at once. GroupedLinear's
    * host splits. NULL where from_host does not wait anyway (the CPU). */
   int (*from_host_async)(void *dst, const void *src, size_t bytes);
+  /* embedding lookup and its deterministic weight gradient (lutra_embedding_args);
+   * embedding_scratch: the backward's scratch bytes for n ids below vocab (NULL: none needed) */
+  int (*embedding_forward)(const lutra_embedding_args *a);
+  int (*embedding_backward)(const lutra_embedding_args *a);
+  int (*embedding_scratch)(int64_t n, int64_t vocab, size_t *bytes);
 } lutra_backend;
 
 #endif

@@ -9,9 +9,10 @@
  * LayerNormMLP "norm.*", "fc1.*", "fc2.*" with quantizers "fp8.fc1.input", ...; GroupedLinear
  * "weight0".., "bias0".. with one FP8 state per expert and role, "fp8.input0", ...; a
  * tensor-parallel Linear its rank's shard, one file per rank; LayerNorm / RMSNorm "weight"
- * (gamma) and LayerNorm's "bias" (beta); a moe Router its Linear's; activations nothing, their
- * index skipped; a hybrid role's columnwise quantizer "fp8.<role>_columnwise"). A module kind
- * without a checkpoint entry is refused (LUTRA_EUNSUPPORTED, naming the module and kind):
+ * (gamma) and LayerNorm's "bias" (beta); an Embedding "weight"; a moe Router its Linear's;
+ * activations nothing, their index skipped; a hybrid role's columnwise quantizer
+ * "fp8.<role>_columnwise"). A module kind without a checkpoint entry is refused
+ * (LUTRA_EUNSUPPORTED, naming the module and kind):
  *   <m>.weight, <m>.bias                     parameters, in their dtype
  *   <m>.weight.main_grad                     f32 main grads (main_grads = 1)
  *   <m>.fp8.<role>.scale, .scale_inv         every quantizer the module owns (F32 [1];

@@ -151,4 +151,7 @@ const lutra_backend lutra_cpu_backend = {
     .rules_apply = lutra_cpu_rules_apply,
     .quantize_rowwise = lutra_cpu_quantize_rowwise,
     .quantize_nvfp4 = lutra_cpu_quantize_nvfp4,
+    .embedding_forward = lutra_cpu_embedding_forward,
+    .embedding_backward = lutra_cpu_embedding_backward,
+    .embedding_scratch = lutra_cpu_embedding_scratch,
 };

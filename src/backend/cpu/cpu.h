@@ -94,6 +94,10 @@ int lutra_cpu_add(const void *a, const void *b, void *out, int dtype, int64_t n)
 /* losses (loss_cpu.c) */
 int lutra_cpu_mse(const lutra_loss_args *a);
 int lutra_cpu_softmax_xent(const lutra_loss_args *a);
+/* embedding (embedding_cpu.c) */
+int lutra_cpu_embedding_forward(const lutra_embedding_args *a);
+int lutra_cpu_embedding_backward(const lutra_embedding_args *a);
+int lutra_cpu_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
 
 /* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);

@@ -68,6 +68,10 @@ void lutra_cuda_capture_abort(void);
 int lutra_cuda_graph_launch(void *exec);
 void lutra_cuda_graph_destroy(void *exec);
 
+/* embedding_cuda.c: the table's embedding entries */
+int lutra_cuda_embedding_forward(const lutra_embedding_args *a);
+int lutra_cuda_embedding_backward(const lutra_embedding_args *a);
+int lutra_cuda_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
 /* grouped_cuda.c: GroupedLinear's grouped quantization and GEMMs */
 int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a);
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g);
