@@ -85,7 +85,7 @@ static int ensure_scratch(embedding *e, int64_t n, const char *fn) {
     spec.flags = LUTRA_TENSOR_BORROWED;
     lutra_tensor *t;
     TRY(lutra_tensor_make(&spec, &t, fn));
-    lutra_tensor_destroy(e->scratch);
+    lutra_tensor_owner_drop(e->scratch);
     e->scratch = t;
     e->scratch_bytes = (size_t)words * 4;
   }
@@ -152,7 +152,7 @@ static void emb_release(lutra_module *m) {
   lutra_tensor_cache_release(&e->y_cache);
   lutra_tensor *owned[] = {e->weight, e->wgrad, e->main_grad, e->bad_id, e->scratch};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
-    lutra_tensor_destroy(owned[i]);
+    lutra_tensor_owner_drop(owned[i]);
   e->weight = e->wgrad = e->main_grad = e->bad_id = e->scratch = NULL;
   e->scratch_n = 0;
 }
