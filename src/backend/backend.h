@@ -12,6 +12,7 @@
 #define LUTRA_BACKEND_H
 
 #include "backend/args_activation.h"
+#include "backend/args_attention.h"
 #include "backend/args_embedding.h"
 #include "backend/args_gemm.h"
 #include "backend/args_grouped.h"
@@ -119,6 +120,16 @@ typedef struct lutra_backend {
   int (*embedding_forward)(const lutra_embedding_args *a);
   int (*embedding_backward)(const lutra_embedding_args *a);
   int (*embedding_scratch)(int64_t n, int64_t vocab, size_t *bytes);
+  /* scaled dot-product attention (lutra_attention_args). attention_plan builds what a shape
+   * needs once (cuDNN: the forward and backward graphs, their plans and workspace size) and
+   * says whether its backward is deterministic; a module caches plans per shape and frees them
+   * with attention_plan_free. forward and backward then build nothing. NULL where a backend has
+   * no attention (the module refuses). */
+  int (*attention_plan)(const lutra_attention_args *a, void **plan, size_t *workspace_bytes,
+                        int *deterministic);
+  void (*attention_plan_free)(void *plan);
+  int (*attention_forward)(const lutra_attention_args *a);
+  int (*attention_backward)(const lutra_attention_args *a);
 } lutra_backend;
 
 #endif
