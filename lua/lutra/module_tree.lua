@@ -101,11 +101,29 @@ local function describe(m, indent, out)
   out[#out + 1] = indent .. ")"
 end
 
---- The module tree as print(module) shows it.
--- @local internal: lutra.nn's module metatype uses it
+-- a module written in Lua (lutra.lua_module): its kind, then its children, C or Lua
+local function describe_any(m, indent, out)
+  if type(m) ~= "table" then return describe(m, indent, out) end
+  local name = m.__display or (type(m.kind) == "function" and m:kind()) or "lua module"
+  local kids = type(m.children) == "function" and m:children() or {}
+  if #kids == 0 then
+    out[#out + 1] = name
+    return
+  end
+  out[#out + 1] = name .. "(\n"
+  for i, c in ipairs(kids) do
+    out[#out + 1] = string.format("%s  (%d): ", indent, i)
+    describe_any(c, indent .. "  ", out)
+    out[#out + 1] = "\n"
+  end
+  out[#out + 1] = indent .. ")"
+end
+
+--- The module tree as print(module) shows it (a module written in Lua too).
+-- @local internal: lutra.nn's module metatype and lutra.lua_module's classes use it
 function M.tostring(m)
   local out = {}
-  describe(m, "", out)
+  describe_any(m, "", out)
   return table.concat(out)
 end
 

@@ -20,6 +20,16 @@ static int check_float(const lutra_tensor *t, const char *fn, const char *what) 
   return LUTRA_OK;
 }
 
+/* a live high-precision float or i32 tensor with its data (views and selections take ids too) */
+static int check_plain(const lutra_tensor *t, const char *fn, const char *what) {
+  TRY(lutra_check_tensor(t, fn, what));
+  if ((!lutra_dtype_is_float(t->dtype) && t->dtype != LUTRA_I32) || !t->data ||
+      t->scaling != LUTRA_SCALING_NONE)
+    return lutra_error(LUTRA_EINVAL, fn, "%s dtype %s is not f32, bf16, f16 or i32", what,
+                       lutra_dtype_name(t->dtype));
+  return LUTRA_OK;
+}
+
 static int check_same(const lutra_tensor *a, const lutra_tensor *b, const char *fn,
                       const char *an, const char *bn) {
   if (a->device != b->device)
@@ -57,8 +67,7 @@ int lutra_tensor_scale(lutra_tensor *t, float s) {
 /* ---- views and selections -------------------------------------------------------------- */
 
 static int check_rows(const lutra_tensor *t, int64_t first, int64_t count, const char *fn) {
-  TRY(check_float(t, fn, "tensor"));
-  CHECK_ARG(t->scaling == LUTRA_SCALING_NONE, "an FP8 tensor has no row views");
+  TRY(check_plain(t, fn, "tensor"));
   CHECK_ARG(first >= 0 && count >= 1 && first <= t->shape[0] - count,
             "rows [%lld, %lld) are outside the tensor's %lld rows (first >= 0, count >= 1)",
             (long long)first, (long long)first + (long long)count, (long long)t->shape[0]);
@@ -110,8 +119,8 @@ int lutra_tensor_view_rows_into(lutra_tensor *view, lutra_tensor *t, int64_t fir
 
 int lutra_tensor_select(const lutra_tensor *t, int dim, int64_t index, lutra_tensor *out) {
   static const char fn[] = "lutra_tensor_select";
-  TRY(check_float(t, fn, "tensor"));
-  TRY(check_float(out, fn, "out"));
+  TRY(check_plain(t, fn, "tensor"));
+  TRY(check_plain(out, fn, "out"));
   CHECK_ARG(dim >= 0 && dim < t->ndim, "dim %d is not one of the tensor's dims 0..%d", dim,
             t->ndim - 1);
   CHECK_ARG(index >= 0 && index < t->shape[dim], "index %lld is outside dim %d of size %lld",

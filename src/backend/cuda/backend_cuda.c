@@ -5,6 +5,7 @@
 #include "cuda_backend.h"
 
 #include "kernels.h"
+#include "tensor_ops_cuda.h"
 
 #include <stdint.h>
 #include <string.h>
@@ -493,6 +494,11 @@ const lutra_backend lutra_cuda_table = {
     .graph_destroy = lutra_cuda_graph_destroy,
     .norm_quantize = k_norm_quantize,
     .add = k_add,
+    .axpby = lutra_cuda_axpby,
+    .copy_2d = lutra_cuda_copy_2d,
+    .rows_argmax = lutra_cuda_rows_argmax,
+    .rows_softmax = lutra_cuda_rows_softmax,
+    .rows_sample = lutra_cuda_rows_sample,
     .grouped_quantize = lutra_cuda_grouped_quantize,
     .grouped_gemm = lutra_cuda_grouped_gemm,
     .embedding_forward = lutra_cuda_embedding_forward,
