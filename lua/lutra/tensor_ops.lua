@@ -92,7 +92,10 @@ function M.install(Tensor, new)
   -- @return out
   function Tensor:select(dim, index, out)
     local where = "tensor:select"
-    chk.integer(dim, "dim", where, 1, self.ndim)
+    if type(dim) ~= "number" or dim % 1 ~= 0 or dim < 1 or dim > self.ndim then
+      error(string.format("%s: dim must be one of the tensor's dims 1..%d (got %s)", where,
+                          self.ndim, chk.got(dim)), 2)
+    end
     chk.integer(index, "index", where, 1)
     optional(out, "out", where)
     if out == nil then
