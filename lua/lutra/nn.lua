@@ -227,9 +227,9 @@ function M.Sequential(...)
   return c_sequential(mods, n)
 end
 
---- nn.Module(name): a class of modules written in Lua (lutra.lua_module).
--- @function Module
-M.Module = lua_module.class
+-- nn.Module(name): a class of modules written in Lua (lutra.lua_module.class). A callable
+-- table, not a function: the constructors of C modules are the functions of this table.
+M.Module = setmetatable({}, { __call = function(_, name) return lua_module.class(name) end })
 
 -- The second argument is is_first_microbatch, or a table of forward options:
 --   is_first_microbatch  nil (always quantize weights), true (quantize and cache), false (reuse),
