@@ -1,0 +1,71 @@
+-- What a module written in Lua costs on the host (lutra.lua_module): per training step
+-- (forward + backward), a C Sequential beside the same Sequential with a Lua block after it,
+-- measured side by side in one run (batches of the two alternate; the median of 15 batches).
+--   identity   the Lua block returns its input and its gradient: the Lua Sequential's own cost
+--   residual   y = x + f(x) in Lua around a C Sequential f (two lutra.add calls a step) beside
+--              nn.Residual(f), the same computation in C
+-- Tiny shapes, so that the step's compute does not hide the host's work; on the cpu the
+-- compute is in the figures (the differences are the Lua side's), on cuda the launches are
+-- asynchronous and the figures are the host's.
+-- Run: luajit bench/lua_module_bench.lua [--device cpu|cuda] [--steps N]
+local lutra = require("lutra")
+local timing = require("bench.support.timing")
+local nn = lutra.nn
+
+local argparse = require("lutra.cli").argparse("lua_module_bench.lua")
+local cli = argparse("lua_module_bench.lua", "Host cost per step of a Lua module in a Sequential.")
+cli:option("--device", "cpu or cuda", lutra.default_device)
+cli:option("--steps", "steps per batch", "2000")
+local args = cli:parse(arg)
+local device, steps = args.device, tonumber(args.steps)
+
+local BATCHES, D = 15, 16
+
+local Identity = nn.Module("Identity")
+function Identity.forward(_, x) return x end
+function Identity.backward(_, dy) return dy end
+
+local Res = nn.Module("LuaResidual")
+function Res:init(f) self.f = self:add(f) end
+function Res:forward(x, opts) return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x)) end
+function Res:backward(dy)
+  return lutra.add(dy, self.f:backward(dy), self:buffer("dx", dy))
+end
+
+local function mlp(seed)
+  return nn.Sequential(nn.Linear(D, D, { seed = seed, device = device }), nn.GELU(),
+                       nn.Linear(D, D, { seed = seed + 1, device = device }))
+end
+
+local x = lutra.tensor({ 8, D }, "f32", device):randn(1)
+local dy = lutra.tensor({ 8, D }, "f32", device):randn(2)
+local function step_of(net) return function() net:forward(x); net:backward(dy) end end
+
+-- median microseconds per step of a and of b, batches alternating
+local function pair(a, b)
+  for _ = 1, steps do a(); b() end
+  local ta, tb = {}, {}
+  for i = 1, BATCHES do
+    local t0 = lutra.now()
+    for _ = 1, steps do a() end
+    lutra.synchronize(device)
+    local t1 = lutra.now()
+    for _ = 1, steps do b() end
+    lutra.synchronize(device)
+    ta[i], tb[i] = (t1 - t0) / steps * 1e6, (lutra.now() - t1) / steps * 1e6
+  end
+  return (timing.median(ta)), (timing.median(tb))
+end
+
+local c_net = mlp(10)
+local lua_net = nn.Sequential(mlp(10), Identity())
+local c_id, lua_id = pair(step_of(c_net), step_of(lua_net))
+local c_res, lua_res = pair(step_of(nn.Residual(mlp(20))), step_of(nn.Sequential(Res(mlp(20)))))
+
+print(string.format("lua_module_bench (%s, x [8, %d], host us per forward+backward step)", device, D))
+print("| work | C | with Lua | Lua's cost |")
+print("|---|---|---|---|")
+print(string.format("| identity block after a C Sequential (Linear, GELU, Linear) | %.2f | %.2f | %+.2f |",
+                    c_id, lua_id, lua_id - c_id))
+print(string.format("| residual x + f(x): nn.Residual(f) vs a Lua block | %.2f | %.2f | %+.2f |",
+                    c_res, lua_res, lua_res - c_res))
