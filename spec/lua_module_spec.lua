@@ -198,6 +198,10 @@ describe("a Lua module in nn.Sequential", function()
     assert.are.equal(2, #net:parameters())
   end)
 
+  it("compiles a training loop through it to a LuaJIT trace (no NYI abort)", function()
+    require("spec.support.jit_trace").assert_compiles("spec/support/jit_lua_module_loop.lua")
+  end)
+
   describe("refuses bad protocol objects", function()
     it("a table without forward or backward", function()
       E.expect_error(function() nn.Sequential(nn.Linear(2, 2), {}) end, "lutra.nn.Sequential",

@@ -27,6 +27,19 @@ local function need(v, name, where)
   end
 end
 
+-- options tables whose keys were checked: a loop that passes the same table again checks only
+-- its values (a pairs loop per call would keep the loop from compiling into one trace)
+local checked = setmetatable({}, { __mode = "k" })
+local no_options = {}
+local function options(opts, allowed, where)
+  if opts == nil then return no_options end
+  if checked[opts] == nil then
+    core.check_options(opts, allowed, where)
+    checked[opts] = true
+  end
+  return opts
+end
+
 local function optional(v, name, where)
   if v ~= nil then need(v, name, where) end
 end
@@ -128,7 +141,7 @@ function M.install(Tensor, new)
   -- @return out
   function Tensor:softmax(opts)
     local where = "tensor:softmax"
-    opts = core.check_options(opts, softmax_opts, where)
+    opts = options(opts, softmax_opts, where)
     optional(opts.out, "out", where)
     local t = opts.temperature
     if t ~= nil then chk.finite(t, "temperature", where) end
@@ -148,7 +161,7 @@ function M.install(Tensor, new)
   -- @return the ids
   function Tensor:sample(opts)
     local where = "tensor:sample"
-    opts = core.check_options(opts, sample_opts, where)
+    opts = options(opts, sample_opts, where)
     optional(opts.out, "out", where)
     local t, k, seed = opts.temperature, opts.top_k, opts.seed
     if t ~= nil then chk.finite(t, "temperature", where) end
