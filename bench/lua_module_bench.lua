@@ -62,10 +62,14 @@ local lua_net = nn.Sequential(mlp(10), Identity())
 local c_id, lua_id = pair(step_of(c_net), step_of(lua_net))
 local c_res, lua_res = pair(step_of(nn.Residual(mlp(20))), step_of(nn.Sequential(Res(mlp(20)))))
 
-print(string.format("lua_module_bench (%s, x [8, %d], host us per forward+backward step)", device, D))
+local rows = {
+  { "identity block after a C Sequential (Linear, GELU, Linear)", c_id, lua_id },
+  { "residual x + f(x): nn.Residual(f) vs a Lua block", c_res, lua_res },
+}
+print(string.format("lua_module_bench (%s, x [8, %d], host us per forward+backward step)",
+                    device, D))
 print("| work | C | with Lua | Lua's cost |")
 print("|---|---|---|---|")
-print(string.format("| identity block after a C Sequential (Linear, GELU, Linear) | %.2f | %.2f | %+.2f |",
-                    c_id, lua_id, lua_id - c_id))
-print(string.format("| residual x + f(x): nn.Residual(f) vs a Lua block | %.2f | %.2f | %+.2f |",
-                    c_res, lua_res, lua_res - c_res))
+for _, r in ipairs(rows) do
+  print(string.format("| %s | %.2f | %.2f | %+.2f |", r[1], r[2], r[3], r[3] - r[2]))
+end

@@ -205,9 +205,9 @@ describe("a Lua module in nn.Sequential", function()
   describe("refuses bad protocol objects", function()
     it("a table without forward or backward", function()
       E.expect_error(function() nn.Sequential(nn.Linear(2, 2), {}) end, "lutra.nn.Sequential",
-                     "argument 2 is a table without a forward method")
+                     "argument 2 must be a module: a table without a forward method")
       E.expect_error(function() nn.Sequential({ forward = print }) end, "lutra.nn.Sequential",
-                     "argument 1 is a table without a backward method")
+                     "argument 1 must be a module: a table without a backward method")
     end)
     it("a value that is no module", function()
       E.expect_error(function() nn.Sequential(nn.Linear(2, 2), {}, 3) end, "lutra.nn.Sequential",

@@ -39,8 +39,7 @@ LKC_D void better(float &bv, int64_t &bi, float v, int64_t i) {
 }
 
 template <int DT>
-__global__ void __launch_bounds__(kThreads)
-    k_argmax(const void *x, int64_t cols, int32_t *ids) {
+__global__ void __launch_bounds__(kThreads) k_argmax(const void *x, int64_t cols, int32_t *ids) {
   __shared__ float sv[kThreads];
   __shared__ int64_t si[kThreads];
   const int64_t o = static_cast<int64_t>(blockIdx.x) * cols;
@@ -99,9 +98,8 @@ LKC_D int64_t block_count(int64_t c, int64_t *smem) {
  * kept logits' max, then each thread's share of exp over a contiguous chunk, a serial prefix over
  * the threads' sums, and the chunk holding the draw walked by one thread. */
 template <int DT>
-__global__ void __launch_bounds__(kThreads)
-    k_sample(const void *x, int64_t cols, float temperature, int top_k, uint64_t seed,
-             int32_t *ids) {
+__global__ void __launch_bounds__(kThreads) k_sample(const void *x, int64_t cols, float temperature,
+                                                     int top_k, uint64_t seed, int32_t *ids) {
   __shared__ int64_t counts[kThreads];
   __shared__ float red[kThreads / 32];
   __shared__ float part[kThreads];
@@ -203,8 +201,8 @@ extern "C" cudaError_t lk_rows_softmax(const void *x, int dtype, int64_t rows, i
     constexpr int DT = decltype(t)::value;
     return with_float_dtype(out_dtype, [&](auto u) {
       constexpr int ODT = decltype(u)::value;
-      k_softmax<DT, ODT><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, temperature,
-                                                                          out);
+      k_softmax<DT, ODT>
+          <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, temperature, out);
       return cudaGetLastError();
     });
   });
@@ -217,8 +215,8 @@ extern "C" cudaError_t lk_rows_sample(const void *x, int dtype, int64_t rows, in
   if (rows == 0) return cudaSuccess;
   return with_float_dtype(dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
-    k_sample<DT><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, temperature, top_k,
-                                                                   seed, ids);
+    k_sample<DT>
+        <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, temperature, top_k, seed, ids);
     return cudaGetLastError();
   });
 }

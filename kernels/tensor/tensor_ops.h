@@ -16,8 +16,8 @@ cudaError_t lk_axpby(const void *x, float alpha, const void *y, float beta, void
 /* rows up to 2^31 - 1 (one block per row) */
 cudaError_t lk_rows_argmax(const void *x, int dtype, int64_t rows, int64_t cols, int32_t *ids,
                            cudaStream_t s);
-cudaError_t lk_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols,
-                            float temperature, void *out, int out_dtype, cudaStream_t s);
+cudaError_t lk_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
+                            void *out, int out_dtype, cudaStream_t s);
 cudaError_t lk_rows_sample(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
                            int top_k, uint64_t seed, int32_t *ids, cudaStream_t s);
 

@@ -2,7 +2,8 @@
 -- in nn.Sequential, backward, optimizers, checkpoints, print and CUDA graphs like the C ones.
 --   local Block = nn.Module("ResidualMLP")
 --   function Block:init(d, h)          -- Block(d, h) makes one; children are registered by add
---     self.f = self:add(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, h), nn.GELU(), nn.Linear(h, d)))
+--     self.f = self:add(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, h), nn.GELU(),
+--                                     nn.Linear(h, d)))
 --   end
 --   function Block:forward(x, opts)    -- y = x + f(x), into a buffer the block reuses
 --     return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x))
@@ -25,10 +26,10 @@
 --
 -- nn.Sequential of C modules only stays the C Sequential. With a Lua module in it, it is a
 -- Sequential in Lua: forward runs the elements in order and backward in reverse, each run of
--- consecutive C modules as one C Sequential (their fusions apply inside it); opts (is_first_microbatch
--- or {is_first_microbatch =, grad =}, a GroupedLinear's m_splits) reach every element. Its
--- checkpoint names are those the C Sequential of the same modules would have ("0.weight",
--- "2.bias"; a Lua element's children below its index: "1.0.weight").
+-- consecutive C modules as one C Sequential (their fusions apply inside it); opts
+-- (is_first_microbatch or {is_first_microbatch =, grad =}, a GroupedLinear's m_splits) reach every
+-- element. Its checkpoint names are those the C Sequential of the same modules would have
+-- ("0.weight", "2.bias"; a Lua element's children below its index: "1.0.weight").
 -- @module lutra.lua_module
 local core = require("lutra.core")
 local chk = require("lutra.check")
@@ -76,8 +77,8 @@ function M.check(v, what, where)
   end
   for _, name in ipairs { "forward", "backward" } do
     if type(v[name]) ~= "function" then
-      error(string.format("%s: %s is a table without a %s method (a Lua module has "
-                          .. "forward(self, x, opts) and backward(self, dy, input_grad); "
+      error(string.format("%s: %s must be a module: a table without a %s method (a Lua module "
+                          .. "has forward(self, x, opts) and backward(self, dy, input_grad); "
                           .. "lutra.nn.Module(name) makes a class of them)", where, what, name), 0)
     end
   end

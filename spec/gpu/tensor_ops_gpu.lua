@@ -54,7 +54,8 @@ describe("tensor ops on " .. DEV .. " against the cpu", function()
     for _, T in ipairs { 1, 0.7 } do
       local xr, xd = S.randn_pair({ 64, 5000 }, "f32", 5, 3)
       local out = S.poisoned({ 64, 5000 }, "f32", DEV)
-      local pr, pd = xr:softmax { temperature = T }:to_table(), xd:softmax { temperature = T, out = out }:to_table()
+      local pr = xr:softmax { temperature = T }:to_table()
+      local pd = xd:softmax { temperature = T, out = out }:to_table()
       local worst = 0
       for i = 1, #pr do worst = math.max(worst, math.abs(pd[i] - pr[i])) end
       S.note("softmax T %g: max |dev - cpu| %.3g", T, worst)
@@ -84,7 +85,9 @@ function Block:init(d, h, device)
                                   nn.Linear(d, h, { seed = 1, device = device }), nn.GELU(),
                                   nn.Linear(h, d, { seed = 2, device = device })))
 end
-function Block:forward(x, opts) return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x)) end
+function Block:forward(x, opts)
+  return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x))
+end
 function Block:backward(dy, input_grad)
   local df = self.f:backward(dy, input_grad)
   if input_grad == false then return nil end
@@ -96,7 +99,8 @@ describe("a Lua Sequential in a CUDA graph", function()
     if DEV == "cpu" then return end -- graphs are CUDA's
     local function build()
       local net = nn.Sequential(nn.Linear(64, 128, { seed = 3, device = DEV }), nn.GELU(),
-                                Block(128, 256, DEV), nn.Linear(128, 16, { seed = 4, device = DEV }))
+                                Block(128, 256, DEV),
+                                nn.Linear(128, 16, { seed = 4, device = DEV }))
       return net, lutra.optim.SGD(net, { lr = 0.01 })
     end
     local x = lutra.tensor({ 32, 64 }, "f32", DEV):randn(7)

@@ -10,14 +10,17 @@ function Block:init(d, h)
   self.f = self:add(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, h, { seed = 1 }), nn.GELU(),
                                   nn.Linear(h, d, { seed = 2 })))
 end
-function Block:forward(x, opts) return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x)) end
+function Block:forward(x, opts)
+  return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x))
+end
 function Block:backward(dy, input_grad)
   local df = self.f:backward(dy, input_grad)
   if input_grad == false then return nil end
   return lutra.add(dy, df, self:buffer("dx", dy))
 end
 
-local net = nn.Sequential(nn.Linear(16, 32, { seed = 3 }), Block(32, 64), nn.Linear(32, 8, { seed = 4 }))
+local net = nn.Sequential(nn.Linear(16, 32, { seed = 3 }), Block(32, 64),
+                          nn.Linear(32, 8, { seed = 4 }))
 local x = lutra.tensor({ 16, 16 }):randn(11)
 local labels = lutra.tensor({ 16 }, "i32")
 local loss = nn.CrossEntropyLoss()

@@ -2,7 +2,6 @@
  * (the random fills are in random.c). None of this is on a training step's hot path except
  * lutra_tensor_ensure, which returns at once while the shape stays the same. */
 #include "runtime/tensor.h"
-#include "runtime/tensor_view.h"
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/capture.h"
@@ -10,6 +9,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "runtime/tensor_view.h"
 
 #include <math.h>
 #include <stddef.h>

@@ -30,8 +30,8 @@ static int check_plain(const lutra_tensor *t, const char *fn, const char *what) 
   return LUTRA_OK;
 }
 
-static int check_same(const lutra_tensor *a, const lutra_tensor *b, const char *fn,
-                      const char *an, const char *bn) {
+static int check_same(const lutra_tensor *a, const lutra_tensor *b, const char *fn, const char *an,
+                      const char *bn) {
   if (a->device != b->device)
     return lutra_error(LUTRA_EINVAL, fn, "%s and %s are on different devices", an, bn);
   if (!lutra_same_shape(a, b))
@@ -51,8 +51,8 @@ int lutra_add_scaled(const lutra_tensor *a, const lutra_tensor *b, float alpha, 
             lutra_dtype_name(a->dtype), lutra_dtype_name(b->dtype), lutra_dtype_name(out->dtype));
   const lutra_backend *be;
   TRY(lutra_backend_get(a->device, &be, fn));
-  return lutra_tensor_mark_written(out, be->axpby(a->data, 1.0f, b->data, alpha, out->data,
-                                                  a->dtype, a->numel));
+  return lutra_tensor_mark_written(
+      out, be->axpby(a->data, 1.0f, b->data, alpha, out->data, a->dtype, a->numel));
 }
 
 int lutra_tensor_scale(lutra_tensor *t, float s) {
@@ -60,8 +60,8 @@ int lutra_tensor_scale(lutra_tensor *t, float s) {
   TRY(check_float(t, fn, "tensor"));
   const lutra_backend *be;
   TRY(lutra_backend_get(t->device, &be, fn));
-  return lutra_tensor_mark_written(t, be->axpby(t->data, s, NULL, 0.0f, t->data, t->dtype,
-                                                t->numel));
+  return lutra_tensor_mark_written(t,
+                                   be->axpby(t->data, s, NULL, 0.0f, t->data, t->dtype, t->numel));
 }
 
 /* ---- views and selections -------------------------------------------------------------- */
@@ -84,7 +84,7 @@ static void point_view(lutra_tensor *v, lutra_tensor *t, int64_t first, int64_t 
   v->base = root;
   v->data = (char *)t->data + (size_t)(first * row) * esize;
   v->ndim = t->ndim;
-  memcpy(v->shape, t->shape, sizeof v->shape);
+  memmove(v->shape, t->shape, sizeof v->shape); /* v may be t (a view re-pointed at itself) */
   v->shape[0] = count;
   v->numel = count * row;
   v->dtype = t->dtype;
@@ -104,8 +104,7 @@ int lutra_tensor_view_rows(lutra_tensor *t, int64_t first, int64_t count, lutra_
   return LUTRA_OK;
 }
 
-int lutra_tensor_view_rows_into(lutra_tensor *view, lutra_tensor *t, int64_t first,
-                                int64_t count) {
+int lutra_tensor_view_rows_into(lutra_tensor *view, lutra_tensor *t, int64_t first, int64_t count) {
   static const char fn[] = "lutra_tensor_view_rows_into";
   TRY(lutra_check_tensor(view, fn, "view"));
   CHECK_ARG(view->base && !(view->flags & LUTRA_TENSOR_BORROWED),
@@ -186,9 +185,9 @@ int lutra_softmax(const lutra_tensor *x, float temperature, lutra_tensor *out) {
   TRY(check_temperature(temperature, fn));
   const lutra_backend *be;
   TRY(lutra_backend_get(x->device, &be, fn));
-  return lutra_tensor_mark_written(out, be->rows_softmax(x->data, x->dtype, lutra_rows(x),
-                                                         lutra_cols(x), temperature, out->data,
-                                                         out->dtype));
+  return lutra_tensor_mark_written(out,
+                                   be->rows_softmax(x->data, x->dtype, lutra_rows(x), lutra_cols(x),
+                                                    temperature, out->data, out->dtype));
 }
 
 int lutra_sample(const lutra_tensor *x, float temperature, int top_k, uint64_t seed,
@@ -199,7 +198,7 @@ int lutra_sample(const lutra_tensor *x, float temperature, int top_k, uint64_t s
   CHECK_ARG(top_k >= 0, "top_k must be >= 0 (0: every logit; got %d)", top_k);
   const lutra_backend *be;
   TRY(lutra_backend_get(x->device, &be, fn));
-  return lutra_tensor_mark_written(ids, be->rows_sample(x->data, x->dtype, lutra_rows(x),
-                                                        lutra_cols(x), temperature, top_k, seed,
-                                                        ids->data));
+  return lutra_tensor_mark_written(ids,
+                                   be->rows_sample(x->data, x->dtype, lutra_rows(x), lutra_cols(x),
+                                                   temperature, top_k, seed, ids->data));
 }

@@ -60,8 +60,8 @@ int lutra_cpu_rows_argmax(const void *x, int dtype, int64_t rows, int64_t cols, 
   return LUTRA_OK;
 }
 
-int lutra_cpu_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols,
-                           float temperature, void *out, int out_dtype) {
+int lutra_cpu_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
+                           void *out, int out_dtype) {
   static const char fn[] = "lutra_cpu_rows_softmax";
   TRY(check_rows(x, dtype, rows, cols, out, fn));
   CHECK_FLOAT_DTYPE(out_dtype, "output");

@@ -22,8 +22,7 @@ int lutra_cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch,
 }
 
 static int check_rows(int64_t rows, const char *fn) {
-  CHECK_ARG(rows <= 0x7FFFFFFF, "%lld rows: at most 2^31 - 1 (one block per row)",
-            (long long)rows);
+  CHECK_ARG(rows <= 0x7FFFFFFF, "%lld rows: at most 2^31 - 1 (one block per row)", (long long)rows);
   return LUTRA_OK;
 }
 
@@ -32,8 +31,8 @@ int lutra_cuda_rows_argmax(const void *x, int dtype, int64_t rows, int64_t cols,
   return LAUNCH(rows_argmax, lk_rows_argmax(x, dtype, rows, cols, ids, lutra_cuda_stream()));
 }
 
-int lutra_cuda_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols,
-                            float temperature, void *out, int out_dtype) {
+int lutra_cuda_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
+                            void *out, int out_dtype) {
   TRY(check_rows(rows, "lutra_cuda_rows_softmax"));
   return LAUNCH(rows_softmax, lk_rows_softmax(x, dtype, rows, cols, temperature, out, out_dtype,
                                               lutra_cuda_stream()));

@@ -10,8 +10,8 @@ int lutra_cuda_axpby(const void *x, float alpha, const void *y, float beta, void
 int lutra_cuda_copy_2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                        int64_t height);
 int lutra_cuda_rows_argmax(const void *x, int dtype, int64_t rows, int64_t cols, int32_t *ids);
-int lutra_cuda_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols,
-                            float temperature, void *out, int out_dtype);
+int lutra_cuda_rows_softmax(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
+                            void *out, int out_dtype);
 int lutra_cuda_rows_sample(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
                            int top_k, uint64_t seed, int32_t *ids);
 
