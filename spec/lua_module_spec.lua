@@ -8,25 +8,12 @@ local nn = lutra.nn
 local E = require("spec.support.errors")
 local FD = require("spec.support.finite_diff")
 
--- the example block of README and lua/lutra/lua_module.lua: y = x + f(x), dx = dy + f'(dy)
-local Block = nn.Module("ResidualMLP")
-function Block:init(d, h, seed)
-  self.f = self:add(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, h, { seed = seed }), nn.GELU(),
-                                  nn.Linear(h, d, { seed = seed + 1 })))
-end
-function Block:forward(x, opts)
-  self.seen_opts = opts
-  return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x))
-end
-function Block:backward(dy, input_grad)
-  local df = self.f:backward(dy, input_grad)
-  if input_grad == false then return nil end
-  return lutra.add(dy, df, self:buffer("dx", dy))
-end
+-- the example block of README: y = x + f(x), dx = dy + f'(dy)
+local Block = require("spec.support.residual_block")
 
 local seed = os.time()
 local function net_of(s)
-  return nn.Sequential(nn.Linear(4, 6, { seed = s }), nn.GELU(), Block(6, 8, s + 10),
+  return nn.Sequential(nn.Linear(4, 6, { seed = s }), nn.GELU(), Block(6, 8, { seed = s + 10 }),
                        nn.Linear(6, 3, { seed = s + 20 }))
 end
 
@@ -174,7 +161,7 @@ describe("a Lua module in nn.Sequential", function()
   end)
 
   it("runs Lua-only and nested Sequentials, and survives the garbage collector", function()
-    local inner = nn.Sequential(Block(4, 8, seed), Block(4, 8, seed + 5))
+    local inner = nn.Sequential(Block(4, 8, { seed = seed }), Block(4, 8, { seed = seed + 5 }))
     local net = nn.Sequential(inner, nn.Linear(4, 2, { seed = seed }))
     collectgarbage()
     collectgarbage()
@@ -212,7 +199,7 @@ describe("a Lua module in nn.Sequential", function()
     it("a value that is no module", function()
       E.expect_error(function() nn.Sequential(nn.Linear(2, 2), {}, 3) end, "lutra.nn.Sequential",
                      "without a forward method")
-      E.expect_error(function() nn.Sequential(Block(2, 4, 1), "x") end, "lutra.nn.Sequential",
+      E.expect_error(function() nn.Sequential(Block(2, 4), "x") end, "lutra.nn.Sequential",
                      "argument 2 must be a module (got \"x\")")
     end)
     it("children that are no modules", function()
@@ -227,11 +214,11 @@ describe("a Lua module in nn.Sequential", function()
     end)
     it("a module listed twice", function()
       local l = nn.Linear(2, 2)
-      E.expect_error(function() nn.Sequential(l, Block(2, 4, 1), l) end, "lutra.nn.Sequential",
+      E.expect_error(function() nn.Sequential(l, Block(2, 4), l) end, "lutra.nn.Sequential",
                      "a module appears twice")
     end)
     it("children added after the module was used", function()
-      local b = Block(2, 4, 1)
+      local b = Block(2, 4)
       b:parameters()
       E.expect_error(function() b:add(nn.Linear(2, 2)) end, "lutra.nn.Module:add",
                      "children are fixed")

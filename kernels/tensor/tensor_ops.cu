@@ -9,7 +9,7 @@
 #include "common/launch.cuh"
 #include "common/reduce.cuh"
 
-#include "backend/tensor_ops_math.h"
+#include "backend/tensor_ops_shared.h"
 #include "tensor/tensor_ops.h"
 
 using namespace lkc;

@@ -177,11 +177,12 @@ function Base:buffer(key, like)
   local b = rawget(self, key)
   if b ~= nil and b.ndim == like.ndim and b.dtype == like.dtype and b.device == like.device
      and not b:is_freed() then
-    local same = true
-    for i = 0, like.ndim - 1 do
-      if b.shape[i] ~= like.shape[i] then same = false end
+    -- no loop over the dims: a small inner loop would be traced apart from a training loop's
+    local s, l, n = b.shape, like.shape, like.ndim
+    if s[0] == l[0] and (n < 2 or s[1] == l[1]) and (n < 3 or s[2] == l[2])
+       and (n < 4 or s[3] == l[3]) then
+      return b
     end
-    if same then return b end
   end
   b = tensor.new(like:dims(), like:dtype_name(), like:device_name())
   rawset(self, key, b)
@@ -218,21 +219,13 @@ LuaSequential.__display = "lutra.nn.Sequential"
 -- @param[opt] opts as a C module's forward
 -- @param[opt] extra a GroupedLinear's options after m_splits
 -- @return the output
-function LuaSequential:forward(x, opts, extra)
-  local steps = self._steps
-  for i = 1, self._n do x = steps[i]:forward(x, opts, extra) end
-  return x
-end
+function LuaSequential:forward(x, opts, extra) return self._forward(x, opts, extra) end
 
 --- Backward of each element in reverse.
 -- @param dy the output's gradient
 -- @param[opt] input_grad false: no gradient for the input (returns nil)
 -- @return the input's gradient
-function LuaSequential:backward(dy, input_grad)
-  local steps = self._steps
-  for i = self._n, 2, -1 do dy = steps[i]:backward(dy) end
-  return steps[1]:backward(dy, input_grad)
-end
+function LuaSequential:backward(dy, input_grad) return self._backward(dy, input_grad) end
 
 --- The elements, as given.
 -- @treturn table
@@ -247,6 +240,30 @@ function LuaSequential:fusions()
     f, b = f + sf, b + sb
   end
   return f, b
+end
+
+-- The steps' forwards in order and backwards in reverse as straight-line code, generated once per
+-- step count: a loop over the steps (calls of several kinds at one call site) is a small inner
+-- loop that LuaJIT traces on its own, which keeps a training loop around it from compiling into
+-- one trace.
+local chain_makers = {}
+local function chain(steps)
+  local n = #steps
+  local make = chain_makers[n]
+  if make == nil then
+    local names, fwd, bwd = {}, {}, {}
+    for i = 1, n do
+      names[i] = "s" .. i
+      fwd[i] = string.format("x = s%d:forward(x, o, e)", i)
+    end
+    for i = n, 2, -1 do bwd[#bwd + 1] = string.format("d = s%d:backward(d)", i) end
+    make = assert(loadstring(string.format(
+      "local %s = ...\nreturn function(x, o, e) %s return x end, function(d, g) %s "
+      .. "return s1:backward(d, g) end", table.concat(names, ", "), table.concat(fwd, " "),
+      table.concat(bwd, " ")), "=lutra.nn.Sequential (Lua)"))
+    chain_makers[n] = make
+  end
+  return make(unpack(steps, 1, n))
 end
 
 -- every module reachable through Lua (elements, Lua children), C Sequentials not opened: a
@@ -296,7 +313,11 @@ function M.Sequential(mods, n, c_sequential)
   end
   flush()
   refuse_repeats(elements, {}, where)
-  self._elements, self._steps, self._n, self._runs = elements, steps, #steps, runs
+  if #steps > 150 then -- more than Lua's locals: split it into Sequentials of Sequentials
+    error(string.format("%s: %d steps; at most 150 (nest Sequentials)", where, #steps), 0)
+  end
+  self._elements, self._runs = elements, runs
+  self._forward, self._backward = chain(steps)
   return self
 end
 

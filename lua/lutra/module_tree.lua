@@ -84,36 +84,37 @@ local function line(m)
   return string.format("lutra.nn.%s(%s, %s, %s)", k, table.concat(shapes, " "), dtype, device)
 end
 
-local function describe(m, indent, out)
-  if kind(m) ~= "sequential" or C.lutra_sequential_count(m, int_box) ~= 0 then
-    out[#out + 1] = line(m)
-    return
+-- the children of a C Sequential or of a module written in Lua (lutra.lua_module), or nil
+local function children(m)
+  if type(m) == "table" then
+    local kids = type(m.children) == "function" and m:children() or {}
+    return #kids > 0 and kids or nil
   end
-  out[#out + 1] = "lutra.nn.Sequential(\n"
-  local n = M.count(m)
-  for i = 1, n do
+  if kind(m) ~= "sequential" or C.lutra_sequential_count(m, int_box) ~= 0 then return nil end
+  local kids = {}
+  for i = 1, int_box[0] do
     check(C.lutra_sequential_child(m, i - 1, child_box))
-    local c = ffi.gc(child_box[0], C.lutra_module_unref)
-    out[#out + 1] = string.format("%s  (%d): ", indent, i)
-    describe(c, indent .. "  ", out)
-    out[#out + 1] = "\n"
+    kids[i] = ffi.gc(child_box[0], C.lutra_module_unref)
   end
-  out[#out + 1] = indent .. ")"
+  return kids
 end
 
--- a module written in Lua (lutra.lua_module): its kind, then its children, C or Lua
-local function describe_any(m, indent, out)
-  if type(m) ~= "table" then return describe(m, indent, out) end
-  local name = m.__display or (type(m.kind) == "function" and m:kind()) or "lua module"
-  local kids = type(m.children) == "function" and m:children() or {}
-  if #kids == 0 then
-    out[#out + 1] = name
+-- a Lua module's name: its class's (lutra.nn.Sequential for the Sequential in Lua)
+local function lua_name(m)
+  return m.__display or (type(m.kind) == "function" and m:kind()) or "lua module"
+end
+
+local function describe(m, indent, out)
+  local kids = children(m)
+  local lua = type(m) == "table"
+  if kids == nil then
+    out[#out + 1] = lua and lua_name(m) or line(m)
     return
   end
-  out[#out + 1] = name .. "(\n"
+  out[#out + 1] = (lua and lua_name(m) or "lutra.nn.Sequential") .. "(\n"
   for i, c in ipairs(kids) do
     out[#out + 1] = string.format("%s  (%d): ", indent, i)
-    describe_any(c, indent .. "  ", out)
+    describe(c, indent .. "  ", out)
     out[#out + 1] = "\n"
   end
   out[#out + 1] = indent .. ")"
@@ -123,7 +124,7 @@ end
 -- @local internal: lutra.nn's module metatype and lutra.lua_module's classes use it
 function M.tostring(m)
   local out = {}
-  describe_any(m, "", out)
+  describe(m, "", out)
   return table.concat(out)
 end
 

@@ -79,27 +79,14 @@ describe("tensor ops on " .. DEV .. " against the cpu", function()
 end)
 
 -- the block of spec/lua_module_spec.lua
-local Block = nn.Module("ResidualMLP")
-function Block:init(d, h, device)
-  self.f = self:add(nn.Sequential(nn.LayerNorm(d, { device = device }),
-                                  nn.Linear(d, h, { seed = 1, device = device }), nn.GELU(),
-                                  nn.Linear(h, d, { seed = 2, device = device })))
-end
-function Block:forward(x, opts)
-  return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x))
-end
-function Block:backward(dy, input_grad)
-  local df = self.f:backward(dy, input_grad)
-  if input_grad == false then return nil end
-  return lutra.add(dy, df, self:buffer("dx", dy))
-end
+local Block = require("spec.support.residual_block")
 
 describe("a Lua Sequential in a CUDA graph", function()
   test("a captured training step replayed equals the same steps run eagerly", function()
     if DEV == "cpu" then return end -- graphs are CUDA's
     local function build()
       local net = nn.Sequential(nn.Linear(64, 128, { seed = 3, device = DEV }), nn.GELU(),
-                                Block(128, 256, DEV),
+                                Block(128, 256, { device = DEV }),
                                 nn.Linear(128, 16, { seed = 4, device = DEV }))
       return net, lutra.optim.SGD(net, { lr = 0.01 })
     end

@@ -5,19 +5,7 @@
 local lutra = require("lutra")
 local nn = lutra.nn
 
-local Block = nn.Module("ResidualMLP")
-function Block:init(d, h)
-  self.f = self:add(nn.Sequential(nn.LayerNorm(d), nn.Linear(d, h, { seed = 1 }), nn.GELU(),
-                                  nn.Linear(h, d, { seed = 2 })))
-end
-function Block:forward(x, opts)
-  return lutra.add(x, self.f:forward(x, opts), self:buffer("y", x))
-end
-function Block:backward(dy, input_grad)
-  local df = self.f:backward(dy, input_grad)
-  if input_grad == false then return nil end
-  return lutra.add(dy, df, self:buffer("dx", dy))
-end
+local Block = require("spec.support.residual_block")
 
 local net = nn.Sequential(nn.Linear(16, 32, { seed = 3 }), Block(32, 64),
                           nn.Linear(32, 8, { seed = 4 }))

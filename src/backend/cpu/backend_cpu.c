@@ -1,10 +1,12 @@
 /* The CPU backend table and the device lookup every object uses at creation. */
+#include "backend/tensor_ops_shared.h"
 #include "cpu.h"
-#include "tensor_ops_cpu.h"
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+
+LUTRA_TENSOR_OPS_DECLARE(lutra_cpu); /* tensor_ops_cpu.c */
 
 /* The quantizers with their bias gradient (lutra_quant_args.dbias): on the CPU the two are one
  * call but two passes; the sum runs in double as lutra_cpu_bias_grad's. A set skip flag skips

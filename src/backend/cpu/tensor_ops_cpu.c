@@ -1,9 +1,9 @@
 /* The tensor operations on the CPU (lutra/tensor_ops.h): the reference of
  * kernels/tensor/tensor_ops.cu. Rows are [rows, cols] of the input's dtype, read as f32. */
-#include "tensor_ops_cpu.h"
-
-#include "backend/tensor_ops_math.h"
+#include "backend/tensor_ops_shared.h"
 #include "cpu.h"
+
+LUTRA_TENSOR_OPS_DECLARE(lutra_cpu);
 
 #include <math.h>
 #include <string.h>

@@ -4,11 +4,13 @@
  * and the threads' streams and scratch are context_cuda.c's. */
 #include "cuda_backend.h"
 
+#include "backend/tensor_ops_shared.h"
 #include "kernels.h"
-#include "tensor_ops_cuda.h"
 
 #include <stdint.h>
 #include <string.h>
+
+LUTRA_TENSOR_OPS_DECLARE(lutra_cuda); /* tensor_ops_cuda.c */
 
 /* ---- kernels: each wrapper turns the launch status into a lutra status ------------------ */
 

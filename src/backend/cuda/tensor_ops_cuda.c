@@ -1,10 +1,11 @@
 /* The tensor operations on CUDA (lutra/tensor_ops.h): kernels/tensor/tensor_ops.cu's launchers
  * on the thread's stream (so a lutra.graph capture records them), copy_2d as one
  * cudaMemcpy2DAsync. What the kernels cannot take is refused here with a message. */
-#include "tensor_ops_cuda.h"
-
+#include "backend/tensor_ops_shared.h"
 #include "cuda_backend.h"
 #include "tensor/tensor_ops.h"
+
+LUTRA_TENSOR_OPS_DECLARE(lutra_cuda);
 
 #define LAUNCH(name, call) lutra_cuda_status((call), "lutra_cuda_" #name, "kernel " #name)
 
