@@ -18,6 +18,10 @@ cli:option("--device", "cpu or cuda", lutra.default_device)
 cli:option("--steps", "steps per batch", "2000")
 local args = cli:parse(arg)
 local device, steps = args.device, tonumber(args.steps)
+if not steps or steps < 1 or steps % 1 ~= 0 then
+  io.stderr:write("lua_module_bench.lua: --steps must be a positive integer\n")
+  os.exit(2)
+end
 
 local BATCHES, D = 15, 16
 
