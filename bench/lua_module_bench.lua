@@ -1,6 +1,7 @@
 -- What a module written in Lua costs on the host (lutra.lua_module): per training step
 -- (forward + backward), a C Sequential beside the same Sequential with a Lua block after it,
--- measured side by side in one run (batches of the two alternate; the median of 15 batches).
+-- measured side by side in one run (batches of the two alternate, and which runs first; the
+-- median of 21 batches).
 --   identity   the Lua block returns its input and its gradient: the Lua Sequential's own cost
 --   residual   y = x + f(x) in Lua around a C Sequential f (two lutra.add calls a step) beside
 --              nn.Residual(f), the same computation in C
@@ -23,7 +24,7 @@ if not steps or steps < 1 or steps % 1 ~= 0 then
   os.exit(2)
 end
 
-local BATCHES, D = 15, 16
+local BATCHES, D = 21, 16
 
 local Identity = nn.Module("Identity")
 function Identity.forward(_, x) return x end
@@ -45,18 +46,28 @@ local x = lutra.tensor({ 8, D }, "f32", device):randn(1)
 local dy = lutra.tensor({ 8, D }, "f32", device):randn(2)
 local function step_of(net) return function() net:forward(x); net:backward(dy) end end
 
--- median microseconds per step of a and of b, batches alternating
+-- on the cpu the process's CPU time (os.clock: what other processes on a shared machine take is
+-- left out), on cuda the wall time until the device is done
+local clock = device == "cpu" and os.clock or lutra.now
+local function per_step(f)
+  local t0 = clock()
+  for _ = 1, steps do f() end
+  lutra.synchronize(device)
+  return (clock() - t0) / steps * 1e6
+end
+
+-- median microseconds per step of a and of b: batches alternate, and so does which runs first
 local function pair(a, b)
   for _ = 1, steps do a(); b() end
   local ta, tb = {}, {}
   for i = 1, BATCHES do
-    local t0 = lutra.now()
-    for _ = 1, steps do a() end
-    lutra.synchronize(device)
-    local t1 = lutra.now()
-    for _ = 1, steps do b() end
-    lutra.synchronize(device)
-    ta[i], tb[i] = (t1 - t0) / steps * 1e6, (lutra.now() - t1) / steps * 1e6
+    if i % 2 == 1 then
+      ta[i] = per_step(a)
+      tb[i] = per_step(b)
+    else
+      tb[i] = per_step(b)
+      ta[i] = per_step(a)
+    end
   end
   return (timing.median(ta)), (timing.median(tb))
 end
