@@ -104,7 +104,7 @@ function M.container(m)
     return nil
   end
   local arr = ffi.new("lutra_module*[?]", #kids)
-  local keep = {}
+  local keep = {} -- the placeholders' handles, alive until the Sequential holds them
   for i, k in ipairs(kids) do
     if M.is_lua_module(k) then
       k = M.container(k)
