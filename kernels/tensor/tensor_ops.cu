@@ -175,7 +175,7 @@ extern "C" cudaError_t lk_axpby(const void *x, float alpha, const void *y, float
   return with_float_dtype(dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
     const unsigned grid = static_cast<unsigned>(imin<int64_t>(cdiv<int64_t>(n, kThreads), 4096));
-    k_axpby<DT><<<grid, kThreads, 0, s>>>(x, alpha, y, beta, out, n);
+    LKC_LAUNCH((k_axpby<DT>), grid, kThreads, 0, s, x, alpha, y, beta, out, n);
     return cudaGetLastError();
   });
 }
@@ -186,7 +186,7 @@ extern "C" cudaError_t lk_rows_argmax(const void *x, int dtype, int64_t rows, in
   if (rows == 0) return cudaSuccess;
   return with_float_dtype(dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
-    k_argmax<DT><<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, ids);
+    LKC_LAUNCH(k_argmax<DT>, static_cast<unsigned>(rows), kThreads, 0, s, x, cols, ids);
     return cudaGetLastError();
   });
 }
@@ -201,8 +201,8 @@ extern "C" cudaError_t lk_rows_softmax(const void *x, int dtype, int64_t rows, i
     constexpr int DT = decltype(t)::value;
     return with_float_dtype(out_dtype, [&](auto u) {
       constexpr int ODT = decltype(u)::value;
-      k_softmax<DT, ODT>
-          <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, temperature, out);
+      LKC_LAUNCH((k_softmax<DT, ODT>), static_cast<unsigned>(rows), kThreads, 0, s, x, cols,
+                 temperature, out);
       return cudaGetLastError();
     });
   });
@@ -215,8 +215,8 @@ extern "C" cudaError_t lk_rows_sample(const void *x, int dtype, int64_t rows, in
   if (rows == 0) return cudaSuccess;
   return with_float_dtype(dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
-    k_sample<DT>
-        <<<static_cast<unsigned>(rows), kThreads, 0, s>>>(x, cols, temperature, top_k, seed, ids);
+    LKC_LAUNCH(k_sample<DT>, static_cast<unsigned>(rows), kThreads, 0, s, x, cols, temperature,
+               top_k, seed, ids);
     return cudaGetLastError();
   });
 }
