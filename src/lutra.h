@@ -45,6 +45,7 @@
 #include "lutra/recipe_options.h"
 #include "lutra/rules.h"
 #include "lutra/tensor.h"
+#include "lutra/tensor_ops.h"
 #include "lutra/train.h"
 #include "lutra/wrap.h"
 #include "lutra/version.h"

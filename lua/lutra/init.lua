@@ -90,6 +90,9 @@ M.norm_quantize = require("lutra.fused").norm_quantize
 M.save = require("lutra.checkpoint").save -- checkpoints: lua/lutra/checkpoint.lua
 M.load = require("lutra.checkpoint").load
 M.wrap = require("lutra.wrap").wrap -- caller-owned buffers: lua/lutra/wrap.lua
+for _, k in ipairs { "add", "sample", "softmax", "argmax" } do -- lua/lutra/tensor_ops.lua
+  M[k] = require("lutra.tensor_ops")[k]
+end
 
 -- transa/transb: true/false or "T"/"N". Anything else is refused: 0 is true in Lua, so
 -- lutra.gemm(A, 0, B, 0, D) would otherwise have run TT.

@@ -84,16 +84,35 @@ local function line(m)
   return string.format("lutra.nn.%s(%s, %s, %s)", k, table.concat(shapes, " "), dtype, device)
 end
 
+-- the children of a C Sequential or of a module written in Lua (lutra.lua_module), or nil
+local function children(m)
+  if type(m) == "table" then
+    local kids = type(m.children) == "function" and m:children() or {}
+    return #kids > 0 and kids or nil
+  end
+  if kind(m) ~= "sequential" or C.lutra_sequential_count(m, int_box) ~= 0 then return nil end
+  local kids = {}
+  for i = 1, int_box[0] do
+    check(C.lutra_sequential_child(m, i - 1, child_box))
+    kids[i] = ffi.gc(child_box[0], C.lutra_module_unref)
+  end
+  return kids
+end
+
+-- a Lua module's name: its class's (lutra.nn.Sequential for the Sequential in Lua)
+local function lua_name(m)
+  return m.__display or (type(m.kind) == "function" and m:kind()) or "lua module"
+end
+
 local function describe(m, indent, out)
-  if kind(m) ~= "sequential" or C.lutra_sequential_count(m, int_box) ~= 0 then
-    out[#out + 1] = line(m)
+  local kids = children(m)
+  local lua = type(m) == "table"
+  if kids == nil then
+    out[#out + 1] = lua and lua_name(m) or line(m)
     return
   end
-  out[#out + 1] = "lutra.nn.Sequential(\n"
-  local n = M.count(m)
-  for i = 1, n do
-    check(C.lutra_sequential_child(m, i - 1, child_box))
-    local c = ffi.gc(child_box[0], C.lutra_module_unref)
+  out[#out + 1] = (lua and lua_name(m) or "lutra.nn.Sequential") .. "(\n"
+  for i, c in ipairs(kids) do
     out[#out + 1] = string.format("%s  (%d): ", indent, i)
     describe(c, indent .. "  ", out)
     out[#out + 1] = "\n"
@@ -101,8 +120,8 @@ local function describe(m, indent, out)
   out[#out + 1] = indent .. ")"
 end
 
---- The module tree as print(module) shows it.
--- @local internal: lutra.nn's module metatype uses it
+--- The module tree as print(module) shows it (a module written in Lua too).
+-- @local internal: lutra.nn's module metatype and lutra.lua_module's classes use it
 function M.tostring(m)
   local out = {}
   describe(m, "", out)

@@ -16,6 +16,7 @@ local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").o
 local ffi, C, check = core.ffi, core.C, core.check
 local grouped = require("lutra.grouped")
 local methods = require("lutra.module_methods")
+local lua_module = require("lutra.lua_module")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
 
 local M = {}
@@ -192,25 +193,43 @@ M.GeGLU = activation(C.LUTRA_ACTIVATION_GEGLU, "lutra.nn.GeGLU")
 M.ReGLU = activation(C.LUTRA_ACTIVATION_REGLU, "lutra.nn.ReGLU")
 -- ---- end activations ----
 
---- A chain of modules, run in order; it holds a reference to each. A Linear followed by a
--- GELU runs as one GEMM with the GELU in its epilogue.
---
--- @param ... modules
-function M.Sequential(...)
-  local mods = { ... }
-  local n = select("#", ...)
+-- a C Sequential of n C modules (errors at the caller of nn.Sequential)
+local function c_sequential(mods, n)
   local arr = ffi.new("lutra_module*[?]", math.max(n, 1))
   for i = 1, n do
     -- nil passes on: lutra_sequential_new names the NULL entry itself
     if mods[i] ~= nil and not chk.is_module(mods[i]) then
       error(string.format("lutra.nn.Sequential: argument %d must be a module (got %s)", i,
-                          chk.got(mods[i])), 2)
+                          chk.got(mods[i])), 3)
     end
     arr[i - 1] = mods[i]
   end
   check(C.lutra_sequential_new(arr, n, module_box))
   return require("lutra.module_tree").own_ref(module_box[0]) -- indexable: seq[i], #seq
 end
+
+--- A chain of modules, run in order; it holds a reference to each. A Linear followed by a
+-- GELU runs as one GEMM with the GELU in its epilogue. With a module written in Lua among them
+-- (lutra.lua_module: nn.Module), a Sequential in Lua that runs each run of C modules as one C
+-- Sequential.
+--
+-- @param ... modules
+function M.Sequential(...)
+  local mods = { ... }
+  local n = select("#", ...)
+  for i = 1, n do
+    if type(mods[i]) == "table" then
+      local ok, s = pcall(lua_module.Sequential, mods, n, c_sequential)
+      if not ok then error(s, 2) end
+      return s
+    end
+  end
+  return c_sequential(mods, n)
+end
+
+-- nn.Module(name): a class of modules written in Lua (lutra.lua_module.class). A callable
+-- table, not a function: the constructors of C modules are the functions of this table.
+M.Module = setmetatable({}, { __call = function(_, name) return lua_module.class(name) end })
 
 -- The second argument is is_first_microbatch, or a table of forward options:
 --   is_first_microbatch  nil (always quantize weights), true (quantize and cache), false (reuse),

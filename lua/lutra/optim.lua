@@ -12,6 +12,10 @@ Optim.__index = Optim
 
 local function new(kind, module, opts, allowed, where)
   opts = core.check_options(opts, allowed, where)
+  -- a module written in Lua: its children's C Sequential (lutra.lua_module)
+  if type(module) == "table" and type(module.checkpoint_module) == "function" then
+    module = module:checkpoint_module()
+  end
   if module ~= nil and not chk.is_module(module) then
     error(string.format("%s: module must be a module (got %s)", where, chk.got(module)), 3)
   end

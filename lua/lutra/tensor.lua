@@ -346,4 +346,6 @@ ffi.metatype("lutra_tensor", { __index = Tensor, __newindex = newindex,
 
 M.Tensor = Tensor
 M.dtype_names = dtype_names
+-- add_, scale_, rows, select, argmax, softmax, sample (lua/lutra/tensor_ops.lua)
+require("lutra.tensor_ops").install(Tensor, M.new)
 return M

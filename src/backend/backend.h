@@ -88,6 +88,22 @@ typedef struct lutra_backend {
   /* out[i] = a[i] + b[i] over n elements of dtype (F32/BF16/F16), the sum in f32 rounded once;
    * out may be a or b (a residual connection's forward and backward) */
   int (*add)(const void *a, const void *b, void *out, int dtype, int64_t n);
+  /* ---- tensor operations (lutra/tensor_ops.h; the front checked every argument) ----
+   * axpby: out[i] = alpha * x[i] + beta * y[i] over n elements of dtype (F32/BF16/F16), f32 math
+   * (each product rounded to f32, never contracted into an FMA) rounded once into dtype; y NULL:
+   * alpha * x[i]; out may be x or y. copy_2d: height rows of width bytes, src rows spitch bytes
+   * apart, dst rows dpitch apart. The rows_* entries read x as [rows, cols] of dtype: argmax and
+   * sample write one i32 id per row, softmax writes out of out_dtype (lutra/tensor_ops.h says
+   * what each computes; the sample's uniform draw for row r is lutra_sample_uniform(seed, r)). */
+  int (*axpby)(const void *x, float alpha, const void *y, float beta, void *out, int dtype,
+               int64_t n);
+  int (*copy_2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                 int64_t height);
+  int (*rows_argmax)(const void *x, int dtype, int64_t rows, int64_t cols, int32_t *ids);
+  int (*rows_softmax)(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
+                      void *out, int out_dtype);
+  int (*rows_sample)(const void *x, int dtype, int64_t rows, int64_t cols, float temperature,
+                     int top_k, uint64_t seed, int32_t *ids);
 
   /* grouped operations (NULL where the backend has none: GroupedLinear refuses then) */
   int (*grouped_quantize)(const lutra_grouped_quant_args *a);

@@ -93,8 +93,12 @@ typedef struct lutra_tensor {
   LUTRA_LUA_RO int32_t device;
   LUTRA_LUA_RO int32_t scaling;
   LUTRA_LUA_RO uint32_t flags;
-  LUTRA_LUA_RO int32_t refs; /* references to the shell: its owner's or creator's, holders' */
-  LUTRA_LUA_RO int32_t held; /* of refs: those lutra_tensor_retain took (lutra_tensor_unref) */
+  LUTRA_LUA_RO int32_t refs;  /* references to the shell: its owner's or creator's, holders' */
+  LUTRA_LUA_RO int32_t held;  /* of refs: those lutra_tensor_retain took (lutra_tensor_unref) */
+  LUTRA_LUA_RO int32_t views; /* views alive of this tensor (lutra/tensor_ops.h): its buffers
+                               * stay allocated while one lives, even once it was freed */
+  struct lutra_tensor *LUTRA_LUA_RO base; /* a view's: the tensor whose buffer it reads (a
+                                           * reference held), else NULL */
 } lutra_tensor;
 
 /* ---- errors, version, backends -------------------------------------------------------- */

@@ -31,6 +31,8 @@ static const field fields[] = {
     F(lutra_tensor, flags),
     F(lutra_tensor, refs),
     F(lutra_tensor, held),
+    F(lutra_tensor, views),
+    F(lutra_tensor, base),
 
     S(lutra_delayed_desc),
     F(lutra_delayed_desc, fp8_format),

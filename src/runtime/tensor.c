@@ -9,6 +9,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "runtime/tensor_view.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -97,6 +98,10 @@ void lutra_tensor_drop_ref(lutra_tensor *t) {
 /* The buffers go now; the shell stays, marked, while other references remain. BORROWED is kept
  * so that the error can say the owner freed or replaced it. */
 static void drop_buffers(lutra_tensor *t) {
+  if (t->views > 0) { /* views read the buffers: they stay until the last view goes */
+    t->flags |= LUTRA_TENSOR_FREED;
+    return;
+  }
   if (!(t->flags & LUTRA_TENSOR_FREED)) free_buffers(t);
   uint32_t borrowed = t->flags & LUTRA_TENSOR_BORROWED;
   int32_t refs = t->refs, held = t->held;
@@ -268,7 +273,23 @@ int lutra_tensor_unref(lutra_tensor *t) {
   return LUTRA_OK;
 }
 
+/* A view lets go of its base (lutra/tensor_ops.h): a base freed while views lived kept its
+ * buffers, which the last view frees. */
+void lutra_tensor_view_release(lutra_tensor *b) {
+  if (--b->views == 0 && (b->flags & LUTRA_TENSOR_FREED)) {
+    b->flags &= ~(uint32_t)LUTRA_TENSOR_FREED;
+    drop_buffers(b);
+  }
+  lutra_tensor_drop_ref(b);
+}
+
 static void free_buffers(lutra_tensor *t) {
+  if (t->base) {
+    lutra_tensor *b = t->base;
+    t->base = NULL;
+    t->data = NULL;
+    lutra_tensor_view_release(b);
+  }
   if (!(t->flags & LUTRA_TENSOR_OWNS_DATA)) return;
   const lutra_backend *be;
   if (lutra_backend_get(t->device, &be, "lutra_tensor_unref") != LUTRA_OK) return;

@@ -1,9 +1,12 @@
 /* The CPU backend table and the device lookup every object uses at creation. */
+#include "backend/tensor_ops_shared.h"
 #include "cpu.h"
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
+
+LUTRA_TENSOR_OPS_DECLARE(lutra_cpu); /* tensor_ops_cpu.c */
 
 /* The quantizers with their bias gradient (lutra_quant_args.dbias): on the CPU the two are one
  * call but two passes; the sum runs in double as lutra_cpu_bias_grad's. A set skip flag skips
@@ -138,6 +141,11 @@ const lutra_backend lutra_cpu_backend = {
     .layernorm_backward = lutra_cpu_layernorm_backward,
     .norm_quantize = lutra_cpu_norm_quantize,
     .add = lutra_cpu_add,
+    .axpby = lutra_cpu_axpby,
+    .copy_2d = lutra_cpu_copy_2d,
+    .rows_argmax = lutra_cpu_rows_argmax,
+    .rows_softmax = lutra_cpu_rows_softmax,
+    .rows_sample = lutra_cpu_rows_sample,
     .moe_topk_forward = lutra_cpu_moe_topk_forward,
     .moe_topk_backward = lutra_cpu_moe_topk_backward,
     .moe_permute = lutra_cpu_moe_permute,

@@ -4,10 +4,13 @@
  * and the threads' streams and scratch are context_cuda.c's. */
 #include "cuda_backend.h"
 
+#include "backend/tensor_ops_shared.h"
 #include "kernels.h"
 
 #include <stdint.h>
 #include <string.h>
+
+LUTRA_TENSOR_OPS_DECLARE(lutra_cuda); /* tensor_ops_cuda.c */
 
 /* ---- kernels: each wrapper turns the launch status into a lutra status ------------------ */
 
@@ -493,6 +496,11 @@ const lutra_backend lutra_cuda_table = {
     .graph_destroy = lutra_cuda_graph_destroy,
     .norm_quantize = k_norm_quantize,
     .add = k_add,
+    .axpby = lutra_cuda_axpby,
+    .copy_2d = lutra_cuda_copy_2d,
+    .rows_argmax = lutra_cuda_rows_argmax,
+    .rows_softmax = lutra_cuda_rows_softmax,
+    .rows_sample = lutra_cuda_rows_sample,
     .grouped_quantize = lutra_cuda_grouped_quantize,
     .grouped_gemm = lutra_cuda_grouped_gemm,
     .embedding_forward = lutra_cuda_embedding_forward,
