@@ -17,6 +17,8 @@ local M = {}
 local RotaryEmbedding = {}
 
 local module_box = ffi.new("lutra_module*[1]")
+-- the per-call checks: plain compares that compile into a loop's trace (chk builds the error)
+local function is_integer(v) return type(v) == "number" and v % 1 == 0 end
 local formats = { bshd = C.LUTRA_ROPE_BSHD, sbhd = C.LUTRA_ROPE_SBHD }
 local format_names = { [tonumber(C.LUTRA_ROPE_BSHD)] = "bshd", [tonumber(C.LUTRA_ROPE_SBHD)] = "sbhd" }
 
@@ -63,7 +65,7 @@ end
 -- @tparam integer offset 0 .. max_seq - 1
 -- @return the module
 function RotaryEmbedding:set_offset(offset)
-  if type(offset) ~= "number" then chk.integer(offset, "offset", "rope:set_offset") end
+  if not is_integer(offset) then chk.integer(offset, "offset", "rope:set_offset") end
   check(C.lutra_rope_set_offset(self, offset))
   return self
 end
@@ -80,9 +82,9 @@ end
 -- @return qkv
 function RotaryEmbedding:apply_qkv(qkv, num_heads, num_gqa_groups, inverse)
   if not chk.is_tensor(qkv) then chk.tensor(qkv, "qkv", "rope:apply_qkv") end
-  if type(num_heads) ~= "number" then chk.integer(num_heads, "num_heads", "rope:apply_qkv") end
+  if not is_integer(num_heads) then chk.integer(num_heads, "num_heads", "rope:apply_qkv") end
   num_gqa_groups = num_gqa_groups or num_heads
-  if type(num_gqa_groups) ~= "number" then
+  if not is_integer(num_gqa_groups) then
     chk.integer(num_gqa_groups, "num_gqa_groups", "rope:apply_qkv")
   end
   if inverse ~= nil and type(inverse) ~= "boolean" then
