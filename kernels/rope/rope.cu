@@ -1,8 +1,9 @@
 /* Rotary position embedding (kernels/rope/rope.h; lutra_rope_args). Semantics:
  * lutra_cpu_rope (src/backend/cpu/rope_cpu.c), bit for bit: the products and the sum of each
- * rotated element are spelled __fmul_rn / __fadd_rn / __fsub_rn, so nvcc contracts nothing into
- * a fused multiply-add (the CPU's C11 does not either), and the result is rounded once to the
- * dtype by the same round-to-nearest-even store.
+ * rotated element are common/f32.cuh's fmul / fsub / fadd (__fmul_rn ... on the device), so nvcc
+ * contracts nothing into a fused multiply-add (the CPU's C11 does not either), and the result is
+ * rounded once to the dtype by the same round-to-nearest-even store. spec/native/sim_rope.cpp
+ * runs this file on the CPU against lutra_cpu_rope.
  *
  * A block per (batch, sequence) token (a grid-stride loop over tokens), its threads over the
  * token's (head, unit) items: a unit is one rotated pair, or one pass-through element when out
@@ -11,6 +12,7 @@
  * (cos, sin) row is read by every head from L1. The QKV call of lutra/rope.h is this one launch
  * over the q and k heads of the packed buffer (h = num_heads + num_gqa_groups). */
 #include "common/elements.cuh"
+#include "common/f32.cuh"
 #include "common/launch.cuh"
 #include "rope/rope.h"
 
@@ -60,8 +62,8 @@ __global__ void rope_kernel(const void *__restrict__ in, void *out,
       const float x1 = ld<DT>(in, in_row + j1 * sh.in_stride[3]);
       const float2 w = cs[k];
       const float c = w.x, s = kInverse ? -w.y : w.y;
-      st<DT>(out, out_row + j0 * sh.out_stride[3], __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s)));
-      st<DT>(out, out_row + j1 * sh.out_stride[3], __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s)));
+      st<DT>(out, out_row + j0 * sh.out_stride[3], fsub(fmul(x0, c), fmul(x1, s)));
+      st<DT>(out, out_row + j1 * sh.out_stride[3], fadd(fmul(x1, c), fmul(x0, s)));
     }
   }
 }
@@ -92,8 +94,8 @@ extern "C" cudaError_t lk_rope(const lutra_rope_args *a, cudaStream_t s) {
   return with_float_dtype(a->dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     return with_bool(a->inverse != 0, [&](auto inv) {
-      rope_kernel<DT, decltype(inv)::value>
-          <<<blocks, kThreads, 0, s>>>(a->in, a->out, table, tokens, sh);
+      LKC_LAUNCH((rope_kernel<DT, decltype(inv)::value>), blocks, kThreads, 0, s, a->in, a->out,
+                 table, tokens, sh);
       return cudaGetLastError();
     });
   });
