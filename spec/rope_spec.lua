@@ -368,6 +368,20 @@ describe("nn.RotaryEmbedding", function()
     end)
   end)
 
+  it("the CUDA kernel, emulated on the CPU, equals the CPU reference byte for byte", function()
+    -- kernels/rope/rope.cu, a thread per CUDA thread (spec/native/sim_rope.cpp); the CUDA headers
+    -- are needed, not a GPU
+    local shell = require("spec.support.shell")
+    if not shell.has_cuda_header("cuda_fp16.h") then
+      pending("no CUDA headers: spec/native/sim_rope.cpp needs them")
+      return
+    end
+    local ok, out = shell.build_and_run("build/sim_rope", "spec/native/sim_rope.cpp", nil, "CUDA=0")
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("all cases: the same bytes", 1, true), out)
+    assert.is_nil(out:find("FAIL", 1, true), out)
+  end)
+
   it("a forward/backward/apply_qkv loop compiles as a LuaJIT trace", function()
     require("spec.support.jit_trace").assert_compiles("spec/support/jit_rope_loop.lua")
   end)

@@ -6,7 +6,7 @@
  * untouched). For checking the kernel's indexing on a machine without a GPU; the device run is
  * spec/gpu/rope_gpu.lua's.
  *
- *   make CUDA=0 && make build/sim_rope && ./build/sim_rope */
+ *   make CUDA=0 && make build/sim_rope && ./build/sim_rope   (spec/rope_spec.lua runs it) */
 #include "sim_harness.h"
 
 #include <cmath>
