@@ -20,7 +20,7 @@ using namespace lkc;
 
 namespace {
 
-constexpr int kThreads = 128;
+constexpr int kMaxThreads = 128; /* per block; fewer (whole warps) when a token has fewer items */
 constexpr int64_t kMaxBlocks = 1 << 20;
 
 struct shape {
@@ -90,11 +90,13 @@ extern "C" cudaError_t lk_rope(const lutra_rope_args *a, cudaStream_t s) {
   sh.units = static_cast<int>(units);
   sh.interleaved = a->interleaved != 0;
   const unsigned blocks = grid_for(tokens, 1, kMaxBlocks);
+  const int threads =
+      static_cast<int>(imin<int64_t>(cdiv<int64_t>(a->h * units, 32) * 32, kMaxThreads));
   const float2 *table = reinterpret_cast<const float2 *>(a->table);
   return with_float_dtype(a->dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
     return with_bool(a->inverse != 0, [&](auto inv) {
-      LKC_LAUNCH((rope_kernel<DT, decltype(inv)::value>), blocks, kThreads, 0, s, a->in, a->out,
+      LKC_LAUNCH((rope_kernel<DT, decltype(inv)::value>), blocks, threads, 0, s, a->in, a->out,
                  table, tokens, sh);
       return cudaGetLastError();
     });
