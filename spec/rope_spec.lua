@@ -15,14 +15,9 @@ local lutra = require("lutra")
 local nn = lutra.nn
 local E = require("spec.support.errors")
 
--- fresh random values each run from a generator of this file's own, seeded from the clock and
--- named in the failures (math.random is one stream for the whole suite)
-local SEED = os.time() % 2147483648
-local state = SEED
-local function random(lo, hi)
-  state = (state * 1103515245 + 12345) % 2147483648
-  return lo + math.floor(state / 256) % (hi - lo + 1)
-end
+-- fresh random values each run, the seed named in the failures
+local G = require("spec.support.clock_random")()
+local SEED, random = G.seed, G.random
 local function seed() return random(1, 2 ^ 30) end
 
 local BOUND = { f32 = 0, bf16 = 2 ^ -8, f16 = 2 ^ -11 }
