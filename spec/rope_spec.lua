@@ -264,6 +264,19 @@ describe("nn.RotaryEmbedding", function()
     end
   end
 
+  it("takes part in a Sequential, and its checkpoints (no state of its own)", function()
+    local function net(s) return nn.Sequential(nn.RotaryEmbedding(8), nn.Linear(8, 8, { seed = s })) end
+    local a, b = net(seed()), net(seed())
+    local x = lutra.tensor({ 2, 3, 2, 8 }):randn(seed())
+    local dx = a:backward(a:forward(x))
+    assert.are.same(x:dims(), dx:dims())
+    local path = os.tmpname()
+    lutra.save(path, { model = a })
+    lutra.load(path, { model = b })
+    os.remove(path)
+    assert.are.equal(a:forward(x):bytes(), b:forward(x):bytes())
+  end)
+
   it("prints its settings", function()
     assert.are.equal("lutra.nn.RotaryEmbedding(head_dim=64, rotary_dim=32, base=500, interleaved, "
                      .. "sbhd, bf16, cpu)",
