@@ -6,7 +6,9 @@
 -- rotary_dim < head_dim (pass-through copied out of place, untouched in place), interleaved
 -- pairs, a position offset, T of no particular multiple, the fused in-place QKV call and its
 -- inverse (v's bits untouched), a GPT-2-sized batch, and a captured training step replayed equal
--- to the same steps run eagerly.
+-- to the same steps run eagerly. The cases take both of the kernel's paths: 4-wide (head_dim 8,
+-- 16, 64, 128; rotary_dim / 2 a multiple of 4) and scalar (rotary_dim 6 and 4: r/2 of 3 and 2;
+-- interleaved pairs).
 local lutra = require("lutra")
 local nn = lutra.nn
 local S = require("spec.gpu.support")

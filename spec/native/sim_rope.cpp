@@ -29,6 +29,7 @@ struct rope_case {
   bool sbhd, interleaved, in_place, inverse;
   int64_t b, s, h, d, rotary_dim, offset;
   int64_t heads_in_buffer; /* h plus the heads after them left alone (a packed QKV's v heads) */
+  bool misaligned;         /* in and out one element past an aligned address: the scalar path */
 };
 
 int failures = 0;
@@ -49,9 +50,10 @@ void check(const rope_case &c, std::mt19937 &rng) {
   const int64_t token = c.heads_in_buffer * c.d, n = c.b * c.s * token;
   const int64_t rows = c.offset + c.s + 3;
   std::vector<float> table = table_of(rows, c.rotary_dim);
-  std::vector<unsigned char> in((size_t)(n * sim_esize(c.dtype)));
+  const int64_t skip = c.misaligned ? 1 : 0, es = sim_esize(c.dtype);
+  std::vector<unsigned char> in((size_t)((n + skip) * es));
   std::normal_distribution<float> normal(0.0f, 2.0f);
-  for (int64_t i = 0; i < n; i++)
+  for (int64_t i = 0; i < n + skip; i++)
     sim_put(in, c.dtype, i, normal(rng));
   /* out of place: both outputs start as the same poison, so an element neither writes matches */
   std::vector<unsigned char> want(c.in_place ? in : std::vector<unsigned char>(in.size(), 0xA5));
@@ -71,15 +73,16 @@ void check(const rope_case &c, std::mt19937 &rng) {
   a.dtype = c.dtype;
   a.inverse = c.inverse;
   a.interleaved = c.interleaved;
-  a.in = c.in_place ? (const void *)want.data() : in.data();
-  a.out = want.data();
+  a.in = (c.in_place ? want.data() : in.data()) + skip * es;
+  a.out = want.data() + skip * es;
   if (cpu::lutra_cpu_rope(&a) != LUTRA_OK) {
     std::printf("FAIL: the CPU refused the case\n");
     failures++;
     return;
   }
-  a.in = c.in_place ? (const void *)got.data() : in.data();
-  a.out = got.data();
+  a.in = (c.in_place ? got.data() : in.data()) + skip * es;
+  a.out = got.data() + skip * es;
+  const bool vec4 = vec4_ok(&a);
   if (lk_rope(&a, nullptr) != cudaSuccess) {
     std::printf("FAIL: the launcher refused the case\n");
     failures++;
@@ -95,14 +98,15 @@ void check(const rope_case &c, std::mt19937 &rng) {
     for (int64_t t = 0; t < c.b * c.s; t++)
       for (int64_t e = c.h * c.d; e < token; e++)
         for (int k = 0; k < sim_esize(c.dtype); k++) {
-          const size_t at = (size_t)((t * token + e) * sim_esize(c.dtype) + k);
+          const size_t at = (size_t)((skip + t * token + e) * es + k);
           touched += got[at] != in[at];
         }
-  std::printf("%s %s %s%s%s b%lld s%lld h%lld/%lld d%lld r%lld offset %lld: %s\n", name,
+  std::printf("%s %s %s%s%s%s b%lld s%lld h%lld/%lld d%lld r%lld offset %lld: %s\n", name,
               c.sbhd ? "sbhd" : "bshd", c.in_place ? "in place" : "out of place",
-              c.interleaved ? " interleaved" : "", c.inverse ? " inverse" : "", (long long)c.b,
-              (long long)c.s, (long long)c.h, (long long)c.heads_in_buffer, (long long)c.d,
-              (long long)c.rotary_dim, (long long)c.offset, bad || touched ? "FAIL" : "same bytes");
+              c.interleaved ? " interleaved" : "", c.inverse ? " inverse" : "",
+              vec4 ? " (4-wide)" : " (scalar)", (long long)c.b, (long long)c.s, (long long)c.h,
+              (long long)c.heads_in_buffer, (long long)c.d, (long long)c.rotary_dim,
+              (long long)c.offset, bad || touched ? "FAIL" : "same bytes");
   if (bad) std::printf("  %zu bytes differ, the first at byte %zu\n", bad, first);
   if (touched) std::printf("  %zu bytes of the heads after h changed\n", touched);
   failures += bad || touched;
@@ -132,8 +136,14 @@ int main() {
     }
   /* more threads' work than a block has (heads x pairs over 128), and a partial rotation in
    * place */
-  check({LUTRA_BF16, false, false, true, false, 1, 3, 6, 64, 48, 100, 9}, rng);
-  check({LUTRA_F32, true, true, false, true, 3, 2, 5, 64, 64, 0, 5}, rng);
+  check({LUTRA_BF16, false, false, true, false, 1, 3, 6, 64, 48, 100, 9, false}, rng);
+  check({LUTRA_F32, true, true, false, true, 3, 2, 5, 64, 64, 0, 5, false}, rng);
+  /* the 4-wide path in place on a packed QKV and with pass-through, and the layouts it leaves
+   * to the scalar path: a misaligned buffer, a head stride of no multiple of 4 */
+  check({LUTRA_F32, false, false, true, true, 2, 3, 3, 16, 16, 2, 5, false}, rng);
+  check({LUTRA_BF16, true, false, false, false, 2, 3, 3, 16, 8, 2, 3, false}, rng);
+  check({LUTRA_BF16, false, false, false, true, 2, 3, 3, 16, 8, 2, 3, true}, rng);
+  check({LUTRA_F16, false, false, false, false, 2, 3, 2, 14, 8, 2, 2, false}, rng);
   std::printf(failures ? "%d case(s) FAILED\n" : "all cases: the same bytes\n", failures);
   return failures ? 1 : 0;
 }
