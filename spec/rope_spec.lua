@@ -66,8 +66,8 @@ local function assert_rotation(got, ref, mag, dtype, what)
   local rel = BOUND[dtype]
   for k, want in pairs(ref) do
     local g = got[k]
-    local tol = mag[k] and (2 ^ -22 * mag[k] + rel * math.abs(want) + (dtype == "f16" and 2 ^ -24 or 0))
-                or 0
+    local subnormal = dtype == "f16" and 2 ^ -24 or 0
+    local tol = mag[k] and (2 ^ -22 * mag[k] + rel * math.abs(want) + subnormal) or 0
     if not (math.abs(g - want) <= tol) then
       error(string.format("%s: element %d is %.9g, f64 reference %.9g (tolerance %.3g, seed %d)",
                           what, k, g, want, tol, SEED), 2)
@@ -244,7 +244,9 @@ describe("nn.RotaryEmbedding", function()
           for b = 0, B - 1 do
             for t = 0, T - 1 do
               for d = 0, D - 1 do
-                for h = 0, H - 1 do assert.are.equal(q[at_cut_q(b, t, h, d)], after[at_q(b, t, h, d)]) end
+                for h = 0, H - 1 do
+                  assert.are.equal(q[at_cut_q(b, t, h, d)], after[at_q(b, t, h, d)])
+                end
                 for h = 0, G - 1 do
                   assert.are.equal(k[at_cut_k(b, t, h, d)], after[at_k(b, t, h, d)])
                   assert.are.equal(before[at_v(b, t, h, d)], after[at_v(b, t, h, d)])
@@ -265,7 +267,9 @@ describe("nn.RotaryEmbedding", function()
   end
 
   it("takes part in a Sequential, and its checkpoints (no state of its own)", function()
-    local function net(s) return nn.Sequential(nn.RotaryEmbedding(8), nn.Linear(8, 8, { seed = s })) end
+    local function net(s)
+      return nn.Sequential(nn.RotaryEmbedding(8), nn.Linear(8, 8, { seed = s }))
+    end
     local a, b = net(seed()), net(seed())
     local x = lutra.tensor({ 2, 3, 2, 8 }):randn(seed())
     local dx = a:backward(a:forward(x))
@@ -280,8 +284,9 @@ describe("nn.RotaryEmbedding", function()
   it("prints its settings", function()
     assert.are.equal("lutra.nn.RotaryEmbedding(head_dim=64, rotary_dim=32, base=500, interleaved, "
                      .. "sbhd, bf16, cpu)",
-                     tostring(nn.RotaryEmbedding(64, { rotary_dim = 32, base = 500, interleaved = true,
-                                                       qkv_format = "sbhd", dtype = "bf16" })))
+                     tostring(nn.RotaryEmbedding(64, { rotary_dim = 32, base = 500,
+                                                       interleaved = true, qkv_format = "sbhd",
+                                                       dtype = "bf16" })))
     local s = nn.RotaryEmbedding(8):settings()
     assert.are.same({ head_dim = 8, rotary_dim = 8, base = 10000, max_seq = 4096,
                       interleaved = false, qkv_format = "bshd", dtype = "f32", device = "cpu",

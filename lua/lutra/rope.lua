@@ -20,7 +20,8 @@ local module_box = ffi.new("lutra_module*[1]")
 -- the per-call checks: plain compares that compile into a loop's trace (chk builds the error)
 local function is_integer(v) return type(v) == "number" and v % 1 == 0 end
 local formats = { bshd = C.LUTRA_ROPE_BSHD, sbhd = C.LUTRA_ROPE_SBHD }
-local format_names = { [tonumber(C.LUTRA_ROPE_BSHD)] = "bshd", [tonumber(C.LUTRA_ROPE_SBHD)] = "sbhd" }
+local format_names = { [tonumber(C.LUTRA_ROPE_BSHD)] = "bshd",
+                       [tonumber(C.LUTRA_ROPE_SBHD)] = "sbhd" }
 
 --- A rotary position embedding (no parameters). forward(x) takes x {B, T, H, head_dim}
 -- ({T, B, H, head_dim} with qkv_format "sbhd") of the module's dtype and device and returns it
@@ -44,7 +45,9 @@ function M.RotaryEmbedding(head_dim, opts)
   if opts.rotary_dim ~= nil then
     d.rotary_dim = chk.integer(opts.rotary_dim, "rotary_dim", where, 2, 2 ^ 20)
   end
-  if opts.max_seq ~= nil then d.max_seq = chk.integer(opts.max_seq, "max_seq", where, 1, 2 ^ 31 - 1) end
+  if opts.max_seq ~= nil then
+    d.max_seq = chk.integer(opts.max_seq, "max_seq", where, 1, 2 ^ 31 - 1)
+  end
   if opts.base ~= nil then d.base = chk.finite(opts.base, "base", where) end
   d.interleaved = chk.flag(opts.interleaved, "interleaved", where, 0)
   if opts.qkv_format ~= nil then
@@ -95,9 +98,9 @@ function RotaryEmbedding:apply_qkv(qkv, num_heads, num_gqa_groups, inverse)
 end
 
 local desc_box, offset_box = ffi.new("lutra_rope_desc"), ffi.new("int64_t[1]")
-local dtype_names, device_names = {}, {}
-for name, code in pairs(core.dtypes) do dtype_names[tonumber(code)] = name end
-for name, code in pairs(core.devices) do device_names[tonumber(code)] = name end
+-- names by code (no pairs() loop at load: a loop LuaJIT finds hot there aborts with NYI)
+local dtype_names = require("lutra.tensor").dtype_names
+local device_names = { [tonumber(C.LUTRA_CPU)] = "cpu", [tonumber(C.LUTRA_CUDA)] = "cuda" }
 
 --- The module's settings as a table {head_dim, rotary_dim, base, max_seq, interleaved,
 -- qkv_format, dtype, device, offset}.
@@ -116,9 +119,9 @@ end
 -- @local internal: lutra.module_tree calls it
 function M.describe(m)
   local s = RotaryEmbedding.settings(m)
-  return string.format("lutra.nn.RotaryEmbedding(head_dim=%d, rotary_dim=%d, base=%g%s, %s, %s, %s)",
-                       s.head_dim, s.rotary_dim, s.base, s.interleaved and ", interleaved" or "",
-                       s.qkv_format, s.dtype, s.device)
+  return string.format("lutra.nn.RotaryEmbedding(head_dim=%d, rotary_dim=%d, base=%g%s, %s, %s, "
+                       .. "%s)", s.head_dim, s.rotary_dim, s.base,
+                       s.interleaved and ", interleaved" or "", s.qkv_format, s.dtype, s.device)
 end
 
 methods.define("rotary_embedding", "RotaryEmbedding", RotaryEmbedding)

@@ -28,7 +28,8 @@ local CASES = {
   { shape = { 2, 7, 3, 8 }, opts = {} },
   { shape = { 5, 3, 2, 16 }, opts = { qkv_format = "sbhd" } },
   { shape = { 1, 13, 2, 12 }, opts = { rotary_dim = 6 }, offset = 100 },
-  { shape = { 9, 2, 1, 10 }, opts = { qkv_format = "sbhd", rotary_dim = 4, base = 500 }, offset = 17 },
+  { shape = { 9, 2, 1, 10 }, opts = { qkv_format = "sbhd", rotary_dim = 4, base = 500 },
+    offset = 17 },
   { shape = { 2, 11, 2, 8 }, opts = { interleaved = true }, offset = 3000 },
   { shape = { 3, 1, 4, 128 }, opts = { rotary_dim = 64, base = 1e6 }, offset = 4095 },
 }
