@@ -43,6 +43,7 @@
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"
 #include "lutra/recipe_options.h"
+#include "lutra/rope.h"
 #include "lutra/rules.h"
 #include "lutra/tensor.h"
 #include "lutra/tensor_ops.h"

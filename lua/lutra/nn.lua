@@ -415,6 +415,8 @@ M.Residual = fused.Residual
 
 -- GroupedLinear: nn.GroupedLinear(num_gemms, in, out, opts); m:forward(x, m_splits, opts)
 M.GroupedLinear = grouped.GroupedLinear
+-- RotaryEmbedding: nn.RotaryEmbedding(head_dim, opts) (lua/lutra/rope.lua)
+M.RotaryEmbedding = require("lutra.rope").RotaryEmbedding
 
 -- Methods per kind (lua/lutra/module_methods.lua): Module's on every module, the kind's own
 -- beside them; fused.lua and grouped.lua define their kinds. The C kind names are

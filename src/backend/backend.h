@@ -21,6 +21,7 @@
 #include "backend/args_norm.h"
 #include "backend/args_optim.h"
 #include "backend/args_quantize.h"
+#include "backend/args_rope.h"
 
 typedef struct lutra_backend {
   const char *name;
@@ -136,6 +137,9 @@ typedef struct lutra_backend {
   int (*embedding_forward)(const lutra_embedding_args *a);
   int (*embedding_backward)(const lutra_embedding_args *a);
   int (*embedding_scratch)(int64_t n, int64_t vocab, size_t *bytes);
+  /* rotary position embedding (lutra_rope_args): forward, or inverse (the backward) by its flag;
+   * in place or out of place. NULL where a backend has none (nn.RotaryEmbedding refuses). */
+  int (*rope)(const lutra_rope_args *a);
   /* scaled dot-product attention (lutra_attention_args). attention_plan builds what a shape
    * needs once (cuDNN: the forward and backward graphs, their plans and workspace size) and
    * says whether its backward is deterministic; a module caches plans per shape and frees them

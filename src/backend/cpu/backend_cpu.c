@@ -162,4 +162,5 @@ const lutra_backend lutra_cpu_backend = {
     .embedding_forward = lutra_cpu_embedding_forward,
     .embedding_backward = lutra_cpu_embedding_backward,
     .embedding_scratch = lutra_cpu_embedding_scratch,
+    .rope = lutra_cpu_rope,
 };

@@ -98,6 +98,8 @@ int lutra_cpu_softmax_xent(const lutra_loss_args *a);
 int lutra_cpu_embedding_forward(const lutra_embedding_args *a);
 int lutra_cpu_embedding_backward(const lutra_embedding_args *a);
 int lutra_cpu_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
+/* rotary position embedding (rope_cpu.c) */
+int lutra_cpu_rope(const lutra_rope_args *a);
 
 /* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);

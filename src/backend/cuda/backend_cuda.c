@@ -506,6 +506,7 @@ const lutra_backend lutra_cuda_table = {
     .embedding_forward = lutra_cuda_embedding_forward,
     .embedding_backward = lutra_cuda_embedding_backward,
     .embedding_scratch = lutra_cuda_embedding_scratch,
+    .rope = lutra_cuda_rope,
     .call_graphs_free = lutra_cuda_call_graphs_free,
     .from_host_async = lutra_cuda_from_host_async,
     .rules_gather = lutra_cuda_rules_gather,

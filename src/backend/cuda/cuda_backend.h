@@ -72,6 +72,8 @@ void lutra_cuda_graph_destroy(void *exec);
 int lutra_cuda_embedding_forward(const lutra_embedding_args *a);
 int lutra_cuda_embedding_backward(const lutra_embedding_args *a);
 int lutra_cuda_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
+/* rope_cuda.c: the table's rope entry */
+int lutra_cuda_rope(const lutra_rope_args *a);
 /* grouped_cuda.c: GroupedLinear's grouped quantization and GEMMs */
 int lutra_cuda_grouped_quantize(const lutra_grouped_quant_args *a);
 int lutra_cuda_grouped_gemm(const lutra_grouped_gemm_args *g);
