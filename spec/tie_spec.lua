@@ -87,8 +87,8 @@ describe("weight tying", function()
     assert.is_true(ps[1].value == pe.value)
     assert.is_truthy(tostring(m.head):find("tied to embedding", 1, true), tostring(m.head))
     assert.is_falsy(tostring(m.mid):find("tied", 1, true), tostring(m.mid))
-    -- by the weight tensor too, and tied to a Linear
-    local head_t = nn.Linear(D, V, { bias = false, weight = pe.value })
+    -- tied to a Linear, and to a tied Linear (the same weight again)
+    local head_t = nn.Linear(D, V, { bias = false, weight = m.head })
     assert.is_true(head_t:parameters()[1].value == pe.value)
     local again = nn.Linear(D, D, { weight = m.mid })
     assert.is_true(again:parameters()[1].value == m.mid:parameters()[1].value)
@@ -288,9 +288,9 @@ describe("weight tying", function()
     expect_error(function() nn.Linear(D, V, { weight = nn.GELU() }) end, "out of range")
     local norm = lutra.nn.LayerNorm(D)
     expect_error(function() nn.Linear(D, 1, { weight = norm }) end, "cannot be tied to")
-    expect_error(function() nn.Linear(D, V, { weight = 3 }) end, "weight must be a module")
-    expect_error(function() nn.Linear(D, V, { weight = lutra.tensor({ V, D }) }) end,
-                 "a tensor no module owns")
+    expect_error(function() nn.Linear(D, V, { weight = 3 }) end, "weight must be the module")
+    expect_error(function() nn.Linear(D, V, { weight = emb:parameters()[1].value }) end,
+                 "pass the module that owns it")
     if lutra.device_available("cuda") then
       local other = nn.Embedding(V, D, { device = "cuda" })
       expect_error(function() nn.Linear(D, V, { weight = other }) end, "another device")

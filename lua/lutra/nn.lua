@@ -34,8 +34,9 @@ local function own(m) return ffi.gc(m, C.lutra_module_unref) end
 -- accumulate_main_grad = false (an f32 main_grad that backwards add into), name = (for a
 -- factory recipe), parallel_mode = "column" | "row", tp_group =, sequence_parallel = false
 -- (tensor parallel, lutra.dist: the features given are the full layer's), weight = (weight
--- tying: a module, an Embedding or a Linear, or its weight tensor, whose weight this Linear uses
--- as its own: GPT's LM head nn.Linear(dim, vocab, {bias = false, weight = emb}). The shape must
+-- tying: a module, an Embedding or a Linear (the module, not its tensor: the Linear keeps it
+-- alive), whose weight this Linear uses as its own: GPT's LM head
+-- nn.Linear(dim, vocab, {bias = false, weight = emb}). The shape must
 -- be {out_features, in_features}, dtype, device and accumulate_main_grad the same. One gradient
 -- buffer: after a step's forwards and backwards, in any order, it holds the sum of both
 -- modules' parts (a backward overwrites it unless the other module wrote it since this one's
@@ -62,8 +63,12 @@ function M.Linear(in_features, out_features, opts)
   if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
   -- the tied module stays referenced by d (a local) until the C call has taken its own reference
-  local tie
-  if opts.weight ~= nil then tie, d.tie_param = M.tie_target(opts.weight, where) end
+  local tie = opts.weight
+  if tie ~= nil and not chk.is_module(tie) then
+    error(string.format("%s: weight must be the module (an Embedding or a Linear) whose weight "
+                        .. "to share (got %s)", where, chk.is_tensor(tie)
+                        and "a tensor: pass the module that owns it" or chk.got(tie)), 2)
+  end
   d.tie = tie
   -- tensor parallel (lua/lutra/dist.lua): in_features/out_features are the full layer's
   if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
@@ -84,27 +89,6 @@ function M.Linear(in_features, out_features, opts)
     check(C.lutra_module_set_name(m, opts.name))
   end
   return m
-end
-
---- Internal: the module and parameter index that Linear's weight option names (a module: its
--- parameter 0; a tensor: the parameter of the module that owns it).
--- @local
-function M.tie_target(w, where)
-  if chk.is_module(w) then return w, 0 end
-  local is_tensor = istype(tensor_t, w)
-  local owner = is_tensor and owners[w] or nil
-  if not (owner and chk.is_module(owner)) then
-    error(string.format("%s: weight must be a module (an Embedding or a Linear) or a module's "
-                        .. "weight tensor (got %s)", where,
-                        is_tensor and "a tensor no module owns" or chk.got(w)), 3)
-  end
-  check(C.lutra_module_num_params(owner, core.int_box))
-  local p = ffi.new("lutra_param")
-  for i = 0, core.int_box[0] - 1 do
-    check(C.lutra_module_param(owner, i, p))
-    if p.value == w then return owner, i end
-  end
-  error(where .. ": weight is a tensor of its module but none of its parameters", 3)
 end
 
 --- A lookup table (torch's nn.Embedding): forward(ids) takes i32 ids of 1 to 3 dims on the
