@@ -116,7 +116,7 @@ static int emb_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   TRY(ensure_scratch(e, e->ids->numel, fn));
   lutra_tensor *g = e->accumulate_main_grad ? e->main_grad : e->wgrad;
   /* a tied Linear that wrote the gradient since this forward: add to its part (nn/tie.h) */
-  const bool adds = lutra_tie_backward_adds(&e->tie, &e->forward_at);
+  const bool adds = lutra_tie_adds(&e->tie, &e->forward_at);
   const lutra_embedding_args a = {.ids = e->ids->data,
                                   .dy = dy->data,
                                   .wgrad = g->data,
@@ -137,6 +137,7 @@ static int emb_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
     TRY(lutra_capture_hold_tensor(e->scratch, fn));
   }
   e->backward_done = true;
+  lutra_tie_wrote(&e->tie, &e->forward_at);
   lutra_dist_grad_ready(g);
   if (dx) *dx = NULL; /* ids are data: no input gradient */
   return LUTRA_OK;

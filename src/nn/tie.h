@@ -32,11 +32,15 @@ static inline uint64_t lutra_tie_forward(lutra_tie *t) {
 
 /* A backward of the module whose stamp is at *forward_at, about to write the gradient: whether
  * it adds (another sharer wrote it since that forward) rather than overwrites. */
-static inline bool lutra_tie_backward_adds(lutra_tie *t, const uint64_t *forward_at) {
-  const bool adds = t->writer && t->writer != forward_at && t->written_at > *forward_at;
+static inline bool lutra_tie_adds(const lutra_tie *t, const uint64_t *forward_at) {
+  return t->writer && t->writer != forward_at && t->written_at > *forward_at;
+}
+
+/* That backward wrote the gradient (recorded once it succeeded: a failed one leaves the tie as it
+ * was, and the next sharer's backward overwrites). */
+static inline void lutra_tie_wrote(lutra_tie *t, const uint64_t *forward_at) {
   t->written_at = ++t->clock;
   t->writer = forward_at;
-  return adds;
 }
 
 #endif
