@@ -137,8 +137,7 @@ static int emb_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
     TRY(lutra_capture_hold_tensor(e->scratch, fn));
   }
   e->backward_done = true;
-  lutra_tie_wrote(&e->tie, &e->forward_at);
-  lutra_dist_grad_ready(g);
+  if (lutra_tie_wrote(&e->tie, &e->forward_at, adds)) lutra_dist_grad_ready(g);
   if (dx) *dx = NULL; /* ids are data: no input gradient */
   return LUTRA_OK;
 }

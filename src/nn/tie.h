@@ -23,6 +23,8 @@ typedef struct lutra_tie {
   uint64_t clock;      /* the sharers' forwards and gradient writes, counted */
   uint64_t written_at; /* the clock at the last backward that wrote the gradient */
   const void *writer;  /* that backward's module (its own tie stamp's address) */
+  int32_t tied;        /* modules using the parameter besides its owner (tied Linears) */
+  int32_t writes;      /* backwards that wrote this step's gradient (the first overwrote) */
 } lutra_tie;
 
 /* A forward that a backward will follow: the stamp the module keeps for its backward. */
@@ -36,11 +38,16 @@ static inline bool lutra_tie_adds(const lutra_tie *t, const uint64_t *forward_at
   return t->writer && t->writer != forward_at && t->written_at > *forward_at;
 }
 
-/* That backward wrote the gradient (recorded once it succeeded: a failed one leaves the tie as it
- * was, and the next sharer's backward overwrites). */
-static inline void lutra_tie_wrote(lutra_tie *t, const uint64_t *forward_at) {
+/* That backward wrote the gradient, adding as lutra_tie_adds said (recorded once it succeeded: a
+ * failed one leaves the tie as it was, and the next sharer's backward overwrites). Whether the
+ * gradient is final: every module using the parameter wrote its part, so a data-parallel sync
+ * may start on it (lutra_dist_grad_ready); before that, an early all-reduce would miss the
+ * later parts (a sharer that runs no backward: the sync's finish starts the bucket then). */
+static inline bool lutra_tie_wrote(lutra_tie *t, const uint64_t *forward_at, bool added) {
   t->written_at = ++t->clock;
   t->writer = forward_at;
+  t->writes = added ? t->writes + 1 : 1;
+  return t->writes > t->tied;
 }
 
 #endif

@@ -370,7 +370,8 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
   /* the weight gradient adds where it accumulates into main_grad, or where the module sharing
    * the weight wrote its part since this forward (nn/tie.h); the bias is this module's own */
-  const bool wgrad_adds = accumulate || lutra_tie_adds(c->tie, &c->forward_at);
+  const bool tie_adds = lutra_tie_adds(c->tie, &c->forward_at);
+  const bool wgrad_adds = accumulate || tie_adds;
   const int over = c->forward_fp8 ? c->forward_options.backward_override : LUTRA_BACKWARD_FP8;
   const lutra_tensor *w_src = c->weight, *x_src = c->x;
   if (over == LUTRA_BACKWARD_DEQUANTIZED) TRY(dequantized_operands(c, &w_src, &x_src, fn));
@@ -413,11 +414,11 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
-  /* final for this backward: an armed data-parallel sync can start their bucket now */
-  lutra_dist_grad_ready(wgrad_out);
+  /* final for this backward: an armed data-parallel sync can start their bucket now (a tied
+   * weight's once every module using it wrote its part) */
+  if (lutra_tie_wrote(c->tie, &c->forward_at, tie_adds)) lutra_dist_grad_ready(wgrad_out);
   if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
-  lutra_tie_wrote(c->tie, &c->forward_at);
   if (dx) *dx = c->dx;
   return LUTRA_OK;
 }

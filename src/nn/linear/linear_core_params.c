@@ -29,6 +29,7 @@ void lutra_linear_core_release(lutra_linear_core *c) {
   lutra_tensor_hold(&c->x, NULL); /* before the tensors: it may be act_y */
   if (c->tie_owner) {             /* a tied weight's tensors are its owner's */
     c->weight = c->wgrad = c->weight_main_grad = NULL;
+    c->tie->tied--;
     lutra_module_unref(c->tie_owner);
     c->tie_owner = NULL;
   }
@@ -92,6 +93,7 @@ static int tie_weight(lutra_linear_core *c, const lutra_linear_desc *d, const ch
   c->weight_main_grad = p.main_grad;
   c->tie = t;
   c->tie_owner = o;
+  t->tied++;
   lutra_module_retain(o);
   return LUTRA_OK;
 }
