@@ -327,6 +327,10 @@ describe("weight tying", function()
     emb:destroy()
   end)
 
+  it("a tied training loop compiles to one LuaJIT trace, with no NYI abort", function()
+    require("spec.support.jit_trace").assert_compiles("spec/support/jit_tie_loop.lua")
+  end)
+
   it("FP8: a forward after an optimizer step quantizes the updated shared weight", function()
     local V, D, N = 32, 16, 16 -- FP8 GEMMs take multiples of 16
     local emb = nn.Embedding(V, D, { seed = seed() })

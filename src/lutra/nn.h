@@ -119,7 +119,8 @@ LUTRA_API int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int i
  * requires_grad in PyTorch): the module skips the work that only it needs (a Linear's dgrad GEMM,
  * a Sequential's first module's); parameter gradients are computed as always. */
 LUTRA_API int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
-/* Parameters: weight, bias, their gradients and main grads, by index. NULL where absent. */
+/* Parameters: weight, bias, their gradients and main grads, by index. NULL where absent. A
+ * Sequential lists its children's in order, a weight two of them share (a tied Linear's) once. */
 typedef struct lutra_param {
   lutra_tensor *value;
   lutra_tensor *grad;      /* written by backward (overwritten each backward; a tied weight:
