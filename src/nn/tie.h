@@ -12,7 +12,7 @@
  * shared f32 main_grad (as it does untied), and zero_grad or the user clears it.
  * The decision is made on the host when the backward is issued, from the order of the calls: a
  * CUDA graph captures it with the launches, and every replay of the same sequence repeats it.
- * A plain counter and a pointer, no allocation: the hot path pays two stores per call. */
+ * Counters and a pointer, no allocation: the hot path pays a few stores per call. */
 #ifndef LUTRA_NN_TIE_H
 #define LUTRA_NN_TIE_H
 
