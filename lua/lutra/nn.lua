@@ -36,12 +36,12 @@ local function own(m) return ffi.gc(m, C.lutra_module_unref) end
 -- (tensor parallel, lutra.dist: the features given are the full layer's), weight = (weight
 -- tying: a module, an Embedding or a Linear (the module, not its tensor: the Linear keeps it
 -- alive), whose weight this Linear uses as its own: GPT's LM head
--- nn.Linear(dim, vocab, {bias = false, weight = emb}). The shape must
--- be {out_features, in_features}, dtype, device and accumulate_main_grad the same. One gradient
--- buffer: after a step's forwards and backwards, in any order, it holds the sum of both
--- modules' parts (a backward overwrites it unless the other module wrote it since this one's
--- forward); a Sequential and its optimizer list the weight once, checkpoints store it once. The
--- Linear keeps the module alive; see lutra_linear_desc.tie in lutra/nn.h)}
+-- nn.Linear(dim, vocab, {bias = false, weight = emb}). The shape must be {out_features,
+-- in_features}, dtype, device and accumulate_main_grad the same. One gradient buffer: after a
+-- step's forwards and backwards, in any order, it holds the sum of both modules' parts (a
+-- backward overwrites it unless the other module wrote it since this one's forward); a
+-- Sequential and its optimizer list the weight once, checkpoints store it once (see
+-- lutra_linear_desc.tie in lutra/nn.h))}
 -- @return the module
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
