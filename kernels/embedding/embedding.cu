@@ -55,7 +55,7 @@ __global__ void keys_kernel(const int32_t *__restrict__ ids, uint32_t *__restric
 }
 
 /* a block per run of equal sorted keys (started at its first index), a thread per column */
-template <int DT, bool kAccumulate>
+template <int DT, int kMode> /* LUTRA_EMBEDDING_OVERWRITE, _ADD_F32 or _ADD */
 __global__ void row_sum_kernel(const uint32_t *__restrict__ keys, const uint32_t *__restrict__ pos,
                                const void *__restrict__ dy, void *__restrict__ wgrad, int64_t n,
                                int64_t dim, int64_t vocab) {
@@ -67,8 +67,10 @@ __global__ void row_sum_kernel(const uint32_t *__restrict__ keys, const uint32_t
       for (int64_t k = i; k < n && keys[k] == key; k++)
         s += ld<DT>(dy, static_cast<int64_t>(pos[k]) * dim + d);
       const int64_t at = static_cast<int64_t>(key) * dim + d;
-      if constexpr (kAccumulate)
+      if constexpr (kMode == LUTRA_EMBEDDING_ADD_F32)
         static_cast<float *>(wgrad)[at] += s;
+      else if constexpr (kMode == LUTRA_EMBEDDING_ADD)
+        st<DT>(wgrad, at, ld<DT>(wgrad, at) + s);
       else
         st<DT>(wgrad, at, s);
     }
@@ -130,10 +132,11 @@ extern "C" cudaError_t lk_embedding_scratch(int64_t n, int64_t vocab, size_t *by
 }
 
 extern "C" cudaError_t lk_embedding_backward(const lutra_embedding_args *a, cudaStream_t s) {
-  if (!valid(a) || !a->dy || !a->wgrad) return cudaErrorInvalidValue;
+  if (!valid(a) || !a->dy || !a->wgrad || a->accumulate < LUTRA_EMBEDDING_OVERWRITE ||
+      a->accumulate > LUTRA_EMBEDDING_ADD)
+    return cudaErrorInvalidValue;
   const int64_t n = a->n, dim = a->dim, vocab = a->vocab;
-  const size_t grad_bytes = static_cast<size_t>(vocab * dim) *
-                            (a->accumulate ? sizeof(float) : (a->dtype == LUTRA_F32 ? 4u : 2u));
+  const size_t grad_bytes = static_cast<size_t>(vocab * dim) * (a->dtype == LUTRA_F32 ? 4u : 2u);
   if (!a->accumulate) {
     cudaError_t e = cudaMemsetAsync(a->wgrad, 0, grad_bytes, s);
     if (e != cudaSuccess) return e;
@@ -157,11 +160,14 @@ extern "C" cudaError_t lk_embedding_backward(const lutra_embedding_args *a, cuda
   const int blocks = static_cast<int>(imin<int64_t>(n, kMaxBlocks));
   return with_float_dtype(a->dtype, [&](auto tag) {
     constexpr int DT = decltype(tag)::value;
-    if (a->accumulate)
-      row_sum_kernel<DT, true>
+    if (a->accumulate == LUTRA_EMBEDDING_ADD_F32)
+      row_sum_kernel<DT, LUTRA_EMBEDDING_ADD_F32>
+          <<<blocks, kRowThreads, 0, s>>>(keys_out, pos_out, a->dy, a->wgrad, n, dim, vocab);
+    else if (a->accumulate == LUTRA_EMBEDDING_ADD)
+      row_sum_kernel<DT, LUTRA_EMBEDDING_ADD>
           <<<blocks, kRowThreads, 0, s>>>(keys_out, pos_out, a->dy, a->wgrad, n, dim, vocab);
     else
-      row_sum_kernel<DT, false>
+      row_sum_kernel<DT, LUTRA_EMBEDDING_OVERWRITE>
           <<<blocks, kRowThreads, 0, s>>>(keys_out, pos_out, a->dy, a->wgrad, n, dim, vocab);
     return cudaGetLastError();
   });

@@ -21,6 +21,7 @@ local M = {}
 local int_box = ffi.new("int[1]")
 local child_box = ffi.new("lutra_module*[1]")
 local param = ffi.new("lutra_param")
+local tied_box = ffi.new("const char *[1]")
 
 -- a module handle as a reference (lutra_module &): indexing it with a number reaches __index,
 -- where a pointer would do pointer arithmetic; C calls take it as the pointer
@@ -70,8 +71,10 @@ local function line(m)
   local w = param.value
   local dtype, device = tensor.dtype_names[tonumber(w.dtype)], w:device_name()
   if k == "linear" then
-    return string.format("lutra.nn.Linear(in=%d, out=%d, bias=%s, %s, %s)",
-                         tonumber(w.shape[1]), tonumber(w.shape[0]), tostring(np > 1), dtype, device)
+    check(C.lutra_linear_tied_to(m, tied_box))
+    return string.format("lutra.nn.Linear(in=%d, out=%d, bias=%s, %s, %s%s)",
+                         tonumber(w.shape[1]), tonumber(w.shape[0]), tostring(np > 1), dtype, device,
+                         tied_box[0] ~= nil and ", tied to " .. ffi.string(tied_box[0]) or "")
   end
   if k == "embedding" then
     return string.format("lutra.nn.Embedding(%d, %d, %s, %s)", tonumber(w.shape[0]),

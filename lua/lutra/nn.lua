@@ -34,14 +34,22 @@ local function own(m) return ffi.gc(m, C.lutra_module_unref) end
 -- @tparam[opt] table opts {bias = true, dtype = "f32" | "bf16", device =, seed =,
 -- accumulate_main_grad = false (an f32 main_grad that backwards add into), name = (for a
 -- factory recipe), parallel_mode = "column" | "row", tp_group =, sequence_parallel = false
--- (tensor parallel, lutra.dist: the features given are the full layer's)}
+-- (tensor parallel, lutra.dist: the features given are the full layer's), weight = (weight
+-- tying: a module, an Embedding or a Linear (the module, not its tensor: the Linear keeps it
+-- alive), whose weight this Linear uses as its own: GPT's LM head
+-- nn.Linear(dim, vocab, {bias = false, weight = emb}). The shape must be {out_features,
+-- in_features}, dtype, device and accumulate_main_grad the same. One gradient buffer: after a
+-- step's forwards and backwards, in any order, it holds the sum of both modules' parts (a
+-- backward overwrites it unless the other module wrote it since this one's forward); a
+-- Sequential and its optimizer list the weight once, checkpoints store it once (see
+-- lutra_linear_desc.tie in lutra/nn.h))}
 -- @return the module
 function M.Linear(in_features, out_features, opts)
   local where = "lutra.nn.Linear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
                                     accumulate_main_grad = true, parallel_mode = true,
-                                    tp_group = true, sequence_parallel = true, name = true },
-                                  where)
+                                    tp_group = true, sequence_parallel = true, name = true,
+                                    weight = true }, where)
   -- 2^53: exact in a Lua number; the C side refuses sizes it cannot allocate
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
@@ -55,6 +63,14 @@ function M.Linear(in_features, out_features, opts)
   -- without a seed, lutra_linear_defaults drew one from the global generator
   if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
   d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+  -- the tied module stays referenced by d (a local) until the C call has taken its own reference
+  local tie = opts.weight
+  if tie ~= nil and not chk.is_module(tie) then
+    error(string.format("%s: weight must be the module (an Embedding or a Linear) whose weight "
+                        .. "to share (got %s)", where, chk.is_tensor(tie)
+                        and "a tensor: pass the module that owns it" or chk.got(tie)), 2)
+  end
+  d.tie = tie
   -- tensor parallel (lua/lutra/dist.lua): in_features/out_features are the full layer's
   if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
     if opts.name ~= nil then

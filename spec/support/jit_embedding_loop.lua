@@ -1,10 +1,16 @@
 -- A training loop for spec/embedding_spec.lua's trace check, run in its own LuaJIT process with
--- -jv on (spec/support/jit_trace.lua): an Embedding into a Linear, cross-entropy, AdamW.
+-- -jv on (spec/support/jit_trace.lua): an Embedding into a Linear, cross-entropy, AdamW. With
+-- the argument "tied" (spec/tie_spec.lua): GPT's shape in small, the Embedding, a Linear and a
+-- head tied to the embedding's weight.
 local lutra = require("lutra")
 local nn = lutra.nn
 
 local vocab, dim, n = 32, 16, 64
-local net = nn.Sequential(nn.Embedding(vocab, dim, { seed = 1 }), nn.Linear(dim, vocab, { seed = 2 }))
+local emb = nn.Embedding(vocab, dim, { seed = 1 })
+local net = arg[1] == "tied"
+    and nn.Sequential(emb, nn.Linear(dim, dim, { seed = 2 }),
+                      nn.Linear(dim, vocab, { bias = false, weight = emb }))
+  or nn.Sequential(emb, nn.Linear(dim, vocab, { seed = 2 }))
 local ids, labels = {}, {}
 for p = 1, n do
   ids[p] = (p * 7) % vocab

@@ -276,6 +276,10 @@ static int match(const st_file *f, ckpt_entries *E, const lutra_checkpoint_objec
     CHECK_ARG(e, "'%s' holds tensor '%s'%s%s%s, which the objects do not have%s", path, t->name,
               to != t->name ? " (renamed '" : "", to != t->name ? to : "",
               to != t->name ? "')" : "", fp8_hint(E, o, to));
+    CHECK_ARG(e->kind != ENTRY_TIED,
+              "'%s' holds tensor '%s', which the model ties to '%s' (one weight, stored once "
+              "under that name): the file was saved from a model without that tie",
+              path, t->name, e->tied_to);
     int k = (int)(e - E->e);
     CHECK_ARG(!src[k], "'%s': tensors '%s' and '%s' both load into '%s'", path, src[k]->name,
               t->name, to);

@@ -195,6 +195,24 @@ static int quantizer_entries(ckpt_entries *E, lutra_module *m, const lutra_recip
   return LUTRA_OK;
 }
 
+/* The name of the parameter whose value is t among the entries [0, n) of E, or NULL. */
+static const char *param_name_of(const ckpt_entries *E, int n, const lutra_tensor *t) {
+  for (int i = 0; i < n; i++)
+    if (E->e[i].kind == ENTRY_PARAM && E->e[i].param == t) return E->e[i].name;
+  return NULL;
+}
+
+/* A parameter a module earlier in the walk holds too (a tied weight, nn/tie.h): stored once, under
+ * that module's name; a load notes the second name, so that a file storing it there (saved from
+ * a model without the tie) is refused by name rather than as an unknown tensor. */
+static int tied_entry(ckpt_entries *E, const char *first, const char *fn, const char *prefix,
+                      const char *name) {
+  if (E->saving) return LUTRA_OK;
+  ckpt_entry e = {
+      .kind = ENTRY_TIED, .dtype = "", .lutra_dtype = -1, .optional = true, .tied_to = first};
+  return add(E, &e, fn, "%s%s", prefix, name);
+}
+
 static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
                 const lutra_checkpoint_objects *o, const lutra_recipe *build_for, int depth,
                 const char *fn) {
@@ -241,6 +259,11 @@ static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
         snprintf(fallback, sizeof fallback, "param%d", i);
         name = i == 0 ? "weight" : i == 1 ? "bias" : fallback;
       }
+      const char *first = param_name_of(E, E->count, p.value);
+      if (first) {
+        TRY(tied_entry(E, first, fn, prefix, name));
+        continue;
+      }
       TRY(tensor_entry(E, p.value, ENTRY_PARAM, fn, prefix, name, ""));
       if (o->main_grads && p.main_grad)
         TRY(tensor_entry(E, p.main_grad, ENTRY_STATE, fn, prefix, name, ".main_grad"));
@@ -252,13 +275,6 @@ static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
 
 static int cmp_entry(const void *a, const void *b) {
   return strcmp(((const ckpt_entry *)a)->name, ((const ckpt_entry *)b)->name);
-}
-
-/* The name of the parameter whose value is t among the entries [0, n) of E, or NULL. */
-static const char *param_name_of(const ckpt_entries *E, int n, const lutra_tensor *t) {
-  for (int i = 0; i < n; i++)
-    if (E->e[i].kind == ENTRY_PARAM && E->e[i].param == t) return E->e[i].name;
-  return NULL;
 }
 
 static int optim_entries(ckpt_entries *E, lutra_optim *opt, const char *fn) {

@@ -15,7 +15,8 @@ typedef enum entry_kind {
   ENTRY_MASTER,      /* an optimizer's f32 master of the parameter `param` */
   ENTRY_STEP,        /* host values (the context's): the optimizer's step count, */
   ENTRY_DEVICE_STEP, /* its device step (a copy of the count on the cpu), */
-  ENTRY_RNG          /* the seed generator's state */
+  ENTRY_RNG,         /* the seed generator's state */
+  ENTRY_TIED         /* loading: a tied weight's second name (never in a lutra file: refused) */
 } entry_kind;
 
 typedef struct ckpt_entry {
@@ -30,6 +31,7 @@ typedef struct ckpt_entry {
   const lutra_backend *be; /* NULL: ptr is host memory */
   lutra_tensor *param;     /* ENTRY_PARAM: the tensor; ENTRY_MASTER: the parameter mastered */
   bool optional; /* a file without it (written before it was saved) loads, leaving it as it is */
+  const char *tied_to; /* ENTRY_TIED: the name the weight is stored under */
 } ckpt_entry;
 
 /* Host-side values the entries of kind STEP, DEVICE_STEP and RNG point at. */

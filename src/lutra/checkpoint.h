@@ -11,7 +11,13 @@
  * tensor-parallel Linear its rank's shard, one file per rank; LayerNorm / RMSNorm "weight"
  * (gamma) and LayerNorm's "bias" (beta); an Embedding "weight"; a moe Router its Linear's;
  * activations nothing, their index skipped; a hybrid role's columnwise quantizer
- * "fp8.<role>_columnwise"). A module kind without a checkpoint entry is refused
+ * "fp8.<role>_columnwise"; a tied weight (lutra_linear_desc.tie) once, under the name of the
+ * first module in the tree that holds it (GPT: "0.weight", the embedding's; the tied head
+ * stores its bias and FP8 state under its own name, its weight not at all), with its main
+ * grad and optimizer state once; loaded back into the same tensor, so the tie holds. A file
+ * saved untied holds the head's weight under its own name: a tied model refuses it, naming
+ * that tensor and the one it is tied to; a file saved tied lacks it: an untied model refuses
+ * it as lacking that tensor. A module kind without a checkpoint entry is refused
  * (LUTRA_EUNSUPPORTED, naming the module and kind):
  *   <m>.weight, <m>.bias                     parameters, in their dtype
  *   <m>.weight.main_grad                     f32 main grads (main_grads = 1)

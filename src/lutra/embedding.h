@@ -5,7 +5,9 @@
  * returns no input gradient (*dx = NULL: ids are data). The gradient is deterministic: each
  * weight row's contributions are summed in f32 in increasing position order, the same bits on
  * the CPU and CUDA and on every run (no float atomics). Like Linear, backward overwrites the
- * gradient (rows no id hit are 0), or with accumulate_main_grad adds into an f32 main_grad.
+ * gradient (rows no id hit are 0), or with accumulate_main_grad adds into an f32 main_grad; a
+ * Linear tied to the weight (lutra_linear_desc.tie) that wrote the gradient since this module's
+ * forward is added to instead.
  * Out-of-range ids: the CPU refuses them (naming the first bad position and value); on CUDA the
  * kernels set a device flag (their output rows are NaN, the backward skips them), which
  * lutra_embedding_check reads and clears (a host read: it waits for the device). Parameter 0 is

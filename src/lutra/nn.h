@@ -29,10 +29,29 @@ typedef struct lutra_linear_desc {
   int32_t accumulate_main_grad; /* wgrad accumulates into an f32 main_grad buffer */
   uint64_t seed; /* weight init: uniform(-1/sqrt(in), 1/sqrt(in)); default: the next seed of
                     the global generator (lutra_seed_next) */
+  /* Weight tying (GPT's LM head on its token embedding): not NULL, the Linear uses parameter
+   * tie_param of module tie (an Embedding's weight [num_embeddings, dim] is a Linear(dim ->
+   * num_embeddings)'s [out, in]; or another Linear's weight) as its own weight: the same value,
+   * gradient and main_grad tensors, one buffer each. Refused unless the shape is [out_features,
+   * in_features], dtype and device are the Linear's, and accumulate_main_grad is tie's; tie must
+   * be an Embedding or Linear (or a Linear tied itself). The Linear holds a reference to tie, so
+   * either may be dropped first; tie cannot be destroyed while the Linear lives. Gradients: a
+   * backward overwrites the weight gradient unless the other module wrote it since this one's
+   * forward, then adds: after a step's forwards and backwards (in any order) it holds the sum
+   * of both parts, with nothing to zero in between (accumulate_main_grad: both add into
+   * main_grad). A Sequential (and so an optimizer, a grad sync, zero_grad) lists the shared
+   * weight once; a checkpoint stores it once, under its first name in the tree. The bias stays
+   * the Linear's own. Not for tensor-parallel Linears. */
+  lutra_module *tie;
+  int32_t tie_param;
+  int32_t pad;
 } lutra_linear_desc;
 
 LUTRA_API void lutra_linear_defaults(lutra_linear_desc *d);
 LUTRA_API int lutra_linear_new(const lutra_linear_desc *d, lutra_module **out);
+/* A Linear's tie: *kind the kind of the module whose weight it uses ("embedding", "linear"), or
+ * NULL when its weight is its own. */
+LUTRA_API int lutra_linear_tied_to(const lutra_module *m, const char **kind);
 LUTRA_API int lutra_gelu_new(lutra_module **out);
 /* LayerNorm and RMSNorm over the last dim (TransformerEngine's LayerNorm / RMSNorm): weight
  * [hidden] (ones, or zeros when zero_centered_gamma: the stored weight is gamma - 1) and, for
@@ -100,10 +119,12 @@ LUTRA_API int lutra_module_forward(lutra_module *m, const lutra_tensor *x, int i
  * requires_grad in PyTorch): the module skips the work that only it needs (a Linear's dgrad GEMM,
  * a Sequential's first module's); parameter gradients are computed as always. */
 LUTRA_API int lutra_module_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx);
-/* Parameters: weight, bias, their gradients and main grads, by index. NULL where absent. */
+/* Parameters: weight, bias, their gradients and main grads, by index. NULL where absent. A
+ * Sequential lists its children's in order, a weight two of them share (a tied Linear's) once. */
 typedef struct lutra_param {
   lutra_tensor *value;
-  lutra_tensor *grad;      /* written by backward (overwritten each backward) */
+  lutra_tensor *grad;      /* written by backward (overwritten each backward; a tied weight:
+                              lutra_linear_desc.tie) */
   lutra_tensor *main_grad; /* f32, accumulated by backward when asked for, else NULL */
 } lutra_param;
 LUTRA_API int lutra_module_num_params(const lutra_module *m, int *n);

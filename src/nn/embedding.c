@@ -26,6 +26,10 @@ typedef struct embedding {
   bool forward_grad, forward_done, backward_done;
   const lutra_backend *be;
   lutra_tensor *weight, *wgrad, *main_grad;
+  /* weight tying: the state of the weight a Linear may share (nn/tie.h), and this module's
+   * stamp of its last forward */
+  lutra_tie tie;
+  uint64_t forward_at;
   /* the last forward's output, held: a failed forward's new shape may evict it from the cache */
   const lutra_tensor *y;
   lutra_tensor_cache y_cache;
@@ -68,6 +72,7 @@ static int emb_forward(lutra_module *m, const lutra_tensor *ids, const lutra_for
   e->forward_done = true;
   e->forward_grad = fa->grad != 0;
   e->backward_done = false;
+  if (fa->grad) e->forward_at = lutra_tie_forward(&e->tie);
   lutra_tensor_hold(&e->ids, fa->grad ? ids : NULL);
   *y = out;
   return LUTRA_OK;
@@ -110,11 +115,15 @@ static int emb_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   CHECK_ARG(lutra_same_shape(dy, e->y), "grad_output shape does not match the forward output");
   TRY(ensure_scratch(e, e->ids->numel, fn));
   lutra_tensor *g = e->accumulate_main_grad ? e->main_grad : e->wgrad;
+  /* a tied Linear that wrote the gradient since this forward: add to its part (nn/tie.h) */
+  const bool adds = lutra_tie_adds(&e->tie, &e->forward_at);
   const lutra_embedding_args a = {.ids = e->ids->data,
                                   .dy = dy->data,
                                   .wgrad = g->data,
                                   .dtype = e->dtype,
-                                  .accumulate = e->accumulate_main_grad,
+                                  .accumulate = e->accumulate_main_grad ? LUTRA_EMBEDDING_ADD_F32
+                                                : adds                  ? LUTRA_EMBEDDING_ADD
+                                                                        : LUTRA_EMBEDDING_OVERWRITE,
                                   .n = e->ids->numel,
                                   .dim = e->dim,
                                   .vocab = e->vocab,
@@ -128,7 +137,7 @@ static int emb_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
     TRY(lutra_capture_hold_tensor(e->scratch, fn));
   }
   e->backward_done = true;
-  lutra_dist_grad_ready(g);
+  if (lutra_tie_wrote(&e->tie, &e->forward_at, adds)) lutra_dist_grad_ready(g);
   if (dx) *dx = NULL; /* ids are data: no input gradient */
   return LUTRA_OK;
 }
@@ -157,6 +166,10 @@ static void emb_release(lutra_module *m) {
   e->scratch_n = 0;
 }
 
+static lutra_tie *emb_tie(lutra_module *m, int i) {
+  return i == 0 ? &((embedding *)m)->tie : NULL;
+}
+
 /* a leaf: parameter 0 is "weight" (<m>weight in checkpoints); no FP8 state */
 static const lutra_checkpoint_ops embedding_checkpoint = {0};
 
@@ -166,7 +179,8 @@ static const lutra_module_ops embedding_ops = {.kind = "embedding",
                                                .num_params = emb_num_params,
                                                .param = emb_param,
                                                .release = emb_release,
-                                               .checkpoint = &embedding_checkpoint};
+                                               .checkpoint = &embedding_checkpoint,
+                                               .tie = emb_tie};
 
 void lutra_embedding_defaults(lutra_embedding_desc *d) {
   if (!d) return;

@@ -41,7 +41,8 @@ int lutra_module_destroy(lutra_module *m) {
   static const char fn[] = "lutra_module_destroy";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   CHECK_STATE(m->obj.refs - m->obj.holds <= 1,
-              "module is still used by a Sequential or an optimizer; destroy those first");
+              "module is still used by a Sequential, an optimizer or a Linear tied to its "
+              "weight; destroy those first");
   m->ops->release(m);
   m->obj.flags |= LUTRA_OBJ_FREED;
   return LUTRA_OK;

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "core/object.h"
 #include "lutra.h"
+#include "nn/tie.h"
 
 #include <stdbool.h>
 
@@ -120,6 +121,10 @@ typedef struct lutra_module_ops {
   /* its forward reads lutra_forward_args.splits (a GroupedLinear); a module with children takes
    * them when one of its children does (lutra_module_takes_splits) */
   bool takes_splits;
+  /* weight tying (nn/tie.h): the state kept for parameter i by the module owning its tensors,
+   * which another module may then use as its own (a tied Linear); NULL (or a NULL entry): its
+   * parameters cannot be shared */
+  lutra_tie *(*tie)(lutra_module *m, int i);
 } lutra_module_ops;
 
 struct lutra_module {

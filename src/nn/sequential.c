@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
+#include "nn/param_list.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,8 @@ typedef struct sequential {
   const lutra_tensor **pre; /* [i]: the pre-activation the last forward fused at i, or NULL */
   int32_t *in_act;          /* [i]: mods[i] runs mods[i - 1], this activation, in its forward */
   int fused_forward, fused_backward; /* pairs fused by the last forward / backward */
-  bool takes_splits; /* a module in it reads lutra_forward_args.splits (a GroupedLinear) */
+  bool takes_splits;       /* a module in it reads lutra_forward_args.splits (a GroupedLinear) */
+  lutra_param_list params; /* the children's, a weight two of them share once */
 } sequential;
 
 static int seq_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
@@ -120,21 +122,12 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
 }
 
 static int seq_num_params(const lutra_module *m) {
-  const sequential *s = (const sequential *)m;
-  int n = 0;
-  for (int i = 0; i < s->count; i++)
-    n += s->mods[i]->ops->num_params(s->mods[i]);
-  return n;
+  return ((const sequential *)m)->params.count;
 }
 
 static int seq_param(const lutra_module *m, int i, lutra_param *out) {
   const sequential *s = (const sequential *)m;
-  for (int c = 0; c < s->count; c++) {
-    int n = s->mods[c]->ops->num_params(s->mods[c]);
-    if (i < n) return s->mods[c]->ops->param(s->mods[c], i, out);
-    i -= n;
-  }
-  return LUTRA_EINVAL;
+  return lutra_param_list_get(&s->params, s->mods, i, out);
 }
 
 static void seq_release(lutra_module *m) {
@@ -145,6 +138,7 @@ static void seq_release(lutra_module *m) {
   free(s->fused_act);
   free(s->pre);
   free(s->in_act);
+  lutra_param_list_free(&s->params);
   s->mods = NULL;
   s->fused_act = NULL;
   s->pre = NULL;
@@ -186,12 +180,12 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
     snprintf(what, sizeof what, "module %d", i + 1);
     TRY(lutra_check_object(mods[i], LUTRA_MAGIC_MODULE, fn, what));
     /* every module keeps what its backward needs (its input, its outputs) from its last forward:
-     * listed twice, the second forward would overwrite the first's, and a tied weight would get
-     * only one of its two gradients */
+     * listed twice, the second forward would overwrite the first's. Two modules sharing a weight
+     * are two modules (lutra_linear_desc.tie) */
     for (int j = 0; j < i; j++)
       CHECK_ARG(mods[j] != mods[i],
-                "module %d is module %d again: a module can appear only once (weight tying is "
-                "not supported)",
+                "module %d is module %d again: a module can appear only once (to share a "
+                "weight, tie a Linear to it: lutra_linear_desc.tie)",
                 i + 1, j + 1);
   }
   sequential *s = calloc(1, sizeof *s);
@@ -199,13 +193,16 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
   int32_t *fused_act = calloc((size_t)n, sizeof *fused_act);
   const lutra_tensor **pre = calloc((size_t)n, sizeof *pre);
   int32_t *in_act = calloc((size_t)n, sizeof *in_act);
-  if (!s || !copy || !fused_act || !pre || !in_act) {
+  lutra_param_list params = {0};
+  int st = lutra_param_list_build(mods, n, &params, fn);
+  if (st != LUTRA_OK || !s || !copy || !fused_act || !pre || !in_act) {
+    lutra_param_list_free(&params);
     free(s);
     free(copy);
     free(fused_act);
     free(pre);
     free(in_act);
-    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+    return st != LUTRA_OK ? st : lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   }
   memcpy(copy, mods, (size_t)n * sizeof *copy);
   for (int i = 0; i + 1 < n; i++) {
@@ -237,6 +234,7 @@ int lutra_sequential_new(lutra_module *const *mods, int n, lutra_module **out) {
   s->fused_act = fused_act;
   s->pre = pre;
   s->in_act = in_act;
+  s->params = params;
   for (int i = 0; i < n; i++)
     s->takes_splits = s->takes_splits || lutra_module_takes_splits(copy[i]);
   *out = &s->base;

@@ -54,7 +54,9 @@ int lutra_cpu_embedding_backward(const lutra_embedding_args *a) {
   CHECK_ARG(a->n == 0 || (a->scratch && a->scratch_bytes >= a->n * (int64_t)sizeof(uint64_t)),
             "scratch of %lld bytes for %lld ids", (long long)a->scratch_bytes, (long long)a->n);
   const int64_t n = a->n, dim = a->dim;
-  const int gdt = a->accumulate ? LUTRA_F32 : a->dtype;
+  CHECK_ARG(a->accumulate >= LUTRA_EMBEDDING_OVERWRITE && a->accumulate <= LUTRA_EMBEDDING_ADD,
+            "unknown accumulate mode %d", (int)a->accumulate);
+  const int gdt = a->accumulate == LUTRA_EMBEDDING_ADD_F32 ? LUTRA_F32 : a->dtype;
   if (!a->accumulate) memset(a->wgrad, 0, (size_t)(a->vocab * dim) * lutra_dtype_size(a->dtype));
   /* (id, position) as one key: ids are in [0, 2^31) and positions distinct, so sorting the keys
    * orders by id, each id's positions in increasing order (what a stable sort by id gives) */

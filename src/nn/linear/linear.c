@@ -98,6 +98,11 @@ static int linear_param(const lutra_module *m, int i, lutra_param *out) {
   return LUTRA_OK;
 }
 
+/* its weight can be shared (lutra_linear_desc.tie): the state is its owner's when it is tied */
+static lutra_tie *linear_tie(lutra_module *m, int i) {
+  return i == 0 ? core_of(m)->tie : NULL;
+}
+
 static void linear_release(lutra_module *m) {
   lutra_linear_core_release(core_of(m));
 }
@@ -142,6 +147,7 @@ static const lutra_module_ops linear_ops = {
     .release = linear_release,
     .fusion = &linear_fusion,
     .checkpoint = &linear_checkpoint,
+    .tie = linear_tie,
 };
 
 void lutra_linear_defaults(lutra_linear_desc *d) {
@@ -198,5 +204,15 @@ int lutra_linear_quantized(const lutra_module *m, int role, lutra_tensor **out) 
   CHECK_ARG(out, "out is NULL");
   const lutra_linear_core *c = const_core_of(m);
   *out = !c->forward_done || !c->forward_fp8 ? NULL : role == LUTRA_ROLE_INPUT ? c->xq : c->wq;
+  return LUTRA_OK;
+}
+
+int lutra_linear_tied_to(const lutra_module *m, const char **kind) {
+  static const char fn[] = "lutra_linear_tied_to";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(m->ops == &linear_ops, "module is a %s, not a linear", m->ops->kind);
+  CHECK_ARG(kind, "kind is NULL");
+  const lutra_module *owner = const_core_of(m)->tie_owner;
+  *kind = owner ? owner->ops->kind : NULL;
   return LUTRA_OK;
 }

@@ -241,6 +241,7 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
   c->forward_grad = grad;
   c->forward_done = true;
   c->backward_done = false;
+  if (grad) c->forward_at = lutra_tie_forward(c->tie);
   /* an inference forward is never backpropagated, so it cannot be the scope's backward trigger */
   c->backward_trigger = c->forward_grad && (fp8 || calibrate) &&
                         uses_delayed(lutra_linear_core_roles(c, r)) &&
@@ -279,7 +280,7 @@ static const lutra_tensor *act_input(const lutra_linear_core *c, int act) {
 }
 
 static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op, lutra_tensor *bg,
-                        lutra_tensor *wgrad_out, bool dx_wanted, const char *fn) {
+                        lutra_tensor *wgrad_out, bool wgrad_adds, bool dx_wanted, const char *fn) {
   lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   lutra_tensor *dyq;
   /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
@@ -319,7 +320,7 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
                                          .b = dyqc,
                                          .d = wgrad_out,
                                          .transb = true,
-                                         .accumulate = c->accumulate_main_grad,
+                                         .accumulate = wgrad_adds,
                                          .fast_accum = !split[LUTRA_GEMM_WGRAD]},
                         fn);
 }
@@ -367,11 +368,15 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
+  /* the weight gradient adds where it accumulates into main_grad, or where the module sharing
+   * the weight wrote its part since this forward (nn/tie.h); the bias is this module's own */
+  const bool tie_adds = lutra_tie_adds(c->tie, &c->forward_at);
+  const bool wgrad_adds = accumulate || tie_adds;
   const int over = c->forward_fp8 ? c->forward_options.backward_override : LUTRA_BACKWARD_FP8;
   const lutra_tensor *w_src = c->weight, *x_src = c->x;
   if (over == LUTRA_BACKWARD_DEQUANTIZED) TRY(dequantized_operands(c, &w_src, &x_src, fn));
   if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT] && over == LUTRA_BACKWARD_FP8) {
-    TRY(backward_fp8(c, op, bg, wgrad_out, dx != NULL, fn));
+    TRY(backward_fp8(c, op, bg, wgrad_out, wgrad_adds, dx != NULL, fn));
     bg = NULL;
   } else {
     const lutra_tensor *pre = op->dact_pre;
@@ -386,13 +391,13 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
      * (it overwrites dbias, so not when gradients accumulate into main_grad) */
     lutra_gemm_epilogue bgradb = {.kind = LUTRA_EPILOGUE_BGRADB, .dbias = bg};
-    bool fuse_bias = bg && !accumulate;
+    bool fuse_bias = bg && !wgrad_adds;
     TRY(lutra_gemm_run(&(lutra_gemm_op){.a = x_src,
                                         .b = dy,
                                         .d = wgrad_out,
                                         .epilogue = fuse_bias ? &bgradb : NULL,
                                         .transb = true,
-                                        .accumulate = accumulate},
+                                        .accumulate = wgrad_adds},
                        fn));
     if (fuse_bias) bg = NULL;
   }
@@ -409,8 +414,9 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_autocast_backward_done(fn));
     c->backward_trigger = false;
   }
-  /* final for this backward: an armed data-parallel sync can start their bucket now */
-  lutra_dist_grad_ready(wgrad_out);
+  /* final for this backward: an armed data-parallel sync can start their bucket now (a tied
+   * weight's once every module using it wrote its part) */
+  if (lutra_tie_wrote(c->tie, &c->forward_at, tie_adds)) lutra_dist_grad_ready(wgrad_out);
   if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
   if (dx) *dx = c->dx;

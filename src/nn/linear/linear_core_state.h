@@ -8,6 +8,7 @@
 #include "fp8/factory.h"
 #include "fp8/recipe.h"
 #include "lutra.h"
+#include "nn/tie.h"
 #include "runtime/tensor_cache.h"
 
 #include <stdbool.h>
@@ -18,6 +19,13 @@ typedef struct lutra_linear_core {
   bool has_bias, accumulate_main_grad;
   const lutra_backend *be;
   lutra_tensor *weight, *bias, *wgrad, *bgrad, *weight_main_grad, *bias_main_grad;
+  /* weight tying (nn/tie.h): the module whose weight, wgrad and weight_main_grad these are
+   * (held; NULL: they are this core's own), the weight's tie state (tie_owner's, else own_tie)
+   * and the stamp of the last forward that a backward follows */
+  lutra_module *tie_owner;
+  lutra_tie *tie;
+  lutra_tie own_tie;
+  uint64_t forward_at;
   lutra_tensor *y, *dx;
   lutra_tensor *pre; /* y's pre-activation when the forward ended in an activation */
   /* the output of the activation before this module, when the forward started from it

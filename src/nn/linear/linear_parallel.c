@@ -108,6 +108,7 @@ int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_tp_desc *t
   CHECK_ARG(d->in_features > 0 && d->out_features > 0,
             "in_features and out_features must be positive (got %lld, %lld)",
             (long long)d->in_features, (long long)d->out_features);
+  CHECK_ARG(!d->tie, "a tensor-parallel Linear holds a shard of its weight: it cannot be tied");
   linear_parallel *l = calloc(1, sizeof *l);
   if (!l) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
   lutra_linear_desc local = *d;

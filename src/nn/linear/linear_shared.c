@@ -24,7 +24,7 @@ int lutra_linear_make_param(int32_t device, int64_t n0, int64_t n1, int32_t dtyp
 
 int lutra_linear_init_params(lutra_tensor *weight, lutra_tensor *bias, uint64_t seed, int64_t in) {
   float bound = (float)(1.0 / sqrt((double)in));
-  TRY(lutra_tensor_uniform(weight, seed, -bound, bound));
+  if (weight) TRY(lutra_tensor_uniform(weight, seed, -bound, bound));
   return bias ? lutra_tensor_uniform(bias, seed ^ 0x5bd1e995u, -bound, bound) : LUTRA_OK;
 }
 

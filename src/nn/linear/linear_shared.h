@@ -30,7 +30,8 @@ int lutra_linear_check_desc(int64_t in, int64_t out, int32_t dtype, int32_t devi
 int lutra_linear_make_param(int32_t device, int64_t n0, int64_t n1, int32_t dtype, lutra_tensor **t,
                             const char *fn);
 /* torch's default initialisation of a Linear from seed: uniform(-1/sqrt(in), 1/sqrt(in)) for
- * weight and bias (NULL: none), in the full layer's in features */
+ * weight and bias (NULL: none; a tied weight keeps its owner's values), in the full layer's in
+ * features */
 int lutra_linear_init_params(lutra_tensor *weight, lutra_tensor *bias, uint64_t seed, int64_t in);
 
 /* Where a module's last forward left its backward. */
