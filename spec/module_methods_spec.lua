@@ -30,6 +30,7 @@ local args = {
   QuickGELU = {}, SquaredReLU = {}, SwiGLU = {}, GeGLU = {}, ReGLU = {},
   Sequential = { function() return nn.Linear(8, 8) end, function() return nn.GELU() end },
   Residual = { function() return nn.Linear(8, 8) end }, Embedding = { 16, 8 },
+  DotProductAttention = { 2, 4 },
 }
 
 local function make(name)
@@ -57,7 +58,8 @@ local sample = { quantizer = { "input" }, quantized = { "input" }, fusions = {},
                  layernorm_output = {}, norm_fused = {}, mlp_fusions = {},
                  set_splits = { { 2, 2 } }, check_splits = {}, set_path = { "grouped" },
                  set_graph_capacity = { 4 }, graph_stats = {}, num_gemms = {},
-                 check = {} }
+                 check = {},
+                 rng_state = {}, set_rng_state = { 1, 0 }, plans = {} }
 
 -- every kind's own methods: the union (name -> function) and per kind (kind -> name -> true)
 local function own_methods()

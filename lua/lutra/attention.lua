@@ -157,8 +157,8 @@ function DotProductAttention:plans()
   return plans_box[0], det ~= 0
 end
 
--- the kind entry of lutra.module_methods (lutra.nn's Module:backward compares it)
-M.kind = require("lutra.module_methods").define("dot_product_attention", "DotProductAttention",
-                                                DotProductAttention)
+-- the kind's own methods; lutra.nn defines the kind (M.kind: the entry its Module:backward
+-- compares)
+M.methods = DotProductAttention
 
 return M

@@ -414,6 +414,7 @@ M.DotProductAttention = attention.DotProductAttention -- lua/lutra/attention.lua
 methods.define("linear", "Linear", Linear)
 methods.define("sequential", "Sequential", Sequential, true)
 methods.define("embedding", "Embedding", Embedding)
+attention.kind = methods.define("dot_product_attention", "DotProductAttention", attention.methods)
 for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
