@@ -55,7 +55,7 @@ LUTRA_API int lutra_attention_forward_ex(lutra_module *m, const lutra_tensor *q,
 /* dq, dk, dv owned by the module; any may be passed NULL if unwanted */
 LUTRA_API int lutra_attention_backward(lutra_module *m, const lutra_tensor *dout, lutra_tensor **dq,
                                        lutra_tensor **dk, lutra_tensor **dv);
-/* The desc the module was made with (its defaults filled in; seed: the dropout's first) and,
+/* The desc the module was made with (its defaults filled in; seed: the dropout's current) and,
  * if last_forward is not NULL, how its last forward ran (LUTRA_ATTENTION_*; NONE after an
  * inference forward, which keeps nothing for a backward). Either pointer may be NULL. */
 LUTRA_API int lutra_attention_info(const lutra_module *m, lutra_attention_desc *d,
