@@ -7,12 +7,8 @@ local lutra = require("lutra")
 local nn = lutra.nn
 local ffi, C = lutra.ffi, lutra.C
 
-local SEED = os.time() % 2147483648
-local state = SEED
-local function random(lo, hi)
-  state = (state * 1103515245 + 12345) % 2147483648
-  return lo + math.floor(state / 256) % (hi - lo + 1)
-end
+local fresh = require("spec.support.fresh_random").new()
+local SEED, random = fresh.seed, fresh.int
 local function rand(shape, dtype) return lutra.tensor(shape, dtype or "f32"):randn(random(1, 2 ^ 30)) end
 
 local function expect_error(fn, ...)

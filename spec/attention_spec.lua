@@ -19,12 +19,8 @@ local ffi = require("ffi")
 local bit = require("bit")
 local C = ffi.C
 
-local SEED = os.time() % 2147483648
-local state = SEED
-local function random(lo, hi)
-  state = (state * 1103515245 + 12345) % 2147483648
-  return lo + math.floor(state / 256) % (hi - lo + 1)
-end
+local fresh = require("spec.support.fresh_random").new()
+local SEED, random = fresh.seed, fresh.int
 
 local function rand(shape, dtype) return lutra.tensor(shape, dtype or "f32"):randn(random(1, 2 ^ 30)) end
 local function f32(x) return tonumber(ffi.new("float", x)) end

@@ -102,23 +102,19 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   /* the output is held whatever the kind of forward: a failed later forward with a new shape
    * may evict it from the cache, and a tensor handed out must stay readable until then */
   lutra_tensor_hold(&m->out, out);
-  if (fa->grad) {
+  /* an inference forward keeps nothing for a backward */
+  const bool grad = fa->grad != 0;
+  m->last = grad ? kind : LUTRA_ATTENTION_NONE;
+  if (grad) {
     if (a->dropout > 0.0f) /* each forward with dropout draws a fresh mask */
       m->next_offset += (uint64_t)((a->s_q * a->s_kv + 15) / 16);
-    m->last = kind;
     m->plan_slot = slot;
     m->fwd = *a;
-    lutra_tensor_hold(&m->q, q);
-    lutra_tensor_hold(&m->k, k);
-    lutra_tensor_hold(&m->v, v);
-    lutra_tensor_hold(&m->stats, stats);
-  } else {
-    m->last = LUTRA_ATTENTION_NONE;
-    lutra_tensor_hold(&m->q, NULL);
-    lutra_tensor_hold(&m->k, NULL);
-    lutra_tensor_hold(&m->v, NULL);
-    lutra_tensor_hold(&m->stats, NULL);
   }
+  lutra_tensor_hold(&m->q, grad ? q : NULL);
+  lutra_tensor_hold(&m->k, grad ? k : NULL);
+  lutra_tensor_hold(&m->v, grad ? v : NULL);
+  lutra_tensor_hold(&m->stats, grad ? stats : NULL);
   *y = out;
   return LUTRA_OK;
 }
