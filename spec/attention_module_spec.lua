@@ -106,7 +106,15 @@ describe("nn.DotProductAttention refuses", function()
     expect_error(function() m:backward(rand { B, T, H, D + 1 }) end, "lutra_attention_backward",
                  "grad_output shape does not match")
     expect_error(function() m:backward(rand({ B, T, H, D }, "bf16")) end, "grad_output dtype bf16")
+    expect_error(function() m:backward(rand { B, T, H, D + 1 }, false) end, "shape does not match")
+    assert.is_nil(m:backward(dout, false)) -- input_grad = false: nothing returned
     unchanged()
+    -- the packed kind's, input_grad = false checked as well
+    local x = rand { B, T, (H + 2 * Hkv) * D }
+    m:forward(x)
+    expect_error(function() m:backward(rand { B, T, H * D + 1 }, false) end,
+                 "lutra_module_backward", "shape does not match")
+    assert.is_nil(m:backward(rand { B, T, H * D }, false))
   end)
 
   it("a backward before a forward, after an inference forward, or of the other kind", function()

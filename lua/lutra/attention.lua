@@ -99,15 +99,16 @@ function M.forward(m, q, k, v, opts)
   return borrow(core.tensor_box[0], m)
 end
 
---- The backward after a forward of q, k and v: dq, dk, dv (nil after any other forward, for
--- lutra.nn's Module:backward to run the module protocol's).
+--- The backward after a forward of q, k and v: true, dq, dk, dv (true alone when input_grad is
+-- false); false after any other forward, for lutra.nn's Module:backward to run the module
+-- protocol's.
 -- @local lutra.nn's Module:backward calls it for a DotProductAttention
 function M.backward(m, dout, input_grad)
   check(C.lutra_attention_info(m, nil, last_box))
-  if last_box[0] ~= C.LUTRA_ATTENTION_QKV then return nil end
+  if last_box[0] ~= C.LUTRA_ATTENTION_QKV then return false end
   if C.lutra_attention_backward(m, dout, grads, grads + 1, grads + 2) ~= 0 then core.fail() end
-  if input_grad == false then return nil end
-  return borrow(grads[0], m), borrow(grads[1], m), borrow(grads[2], m)
+  if input_grad == false then return true end
+  return true, borrow(grads[0], m), borrow(grads[1], m), borrow(grads[2], m)
 end
 
 --- The line print(module) shows for a DotProductAttention.

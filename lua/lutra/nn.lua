@@ -303,8 +303,8 @@ end
 function Module:backward(dy, input_grad)
   if bad_tensor(dy) then chk.tensor(dy, "grad_output", "module:backward") end
   if methods.kind_of(self) == attention.kind then
-    local dq, dk, dv = attention.backward(self, dy, input_grad)
-    if dq ~= nil or input_grad == false then return dq, dk, dv end
+    local ran, dq, dk, dv = attention.backward(self, dy, input_grad)
+    if ran then return dq, dk, dv end
   end
   if input_grad ~= nil and input_grad ~= true and input_grad ~= false then
     chk.boolean(input_grad, "input_grad", "module:backward")

@@ -13,10 +13,10 @@
  * Dropout drops attention weights with probability p in forwards with grad (an inference
  * forward, lutra_forward_args.grad = 0, runs without it, as torch's eval mode does), the kept
  * ones scaled by 1 / (1 - p); each such forward draws a fresh mask from (seed, offset), the
- * offset advancing by ceil(T T_kv / 16) (TransformerEngine's increment for cuDNN's Philox); the
- * backward redraws the forward's. The CPU's mask is its own counter-based hash (backend
- * lutra_attention_args); cuDNN's differs. Part of lutra.h (include that one; its conventions
- * hold here). */
+ * offset advancing by LUTRA_ATTENTION_OFFSET_STEP (TransformerEngine's Philox increment for
+ * cuDNN's attention, BACKEND_F16arb_ELTS_PER_THREADS); the backward redraws the forward's. The
+ * CPU's mask is its own counter-based hash (src/backend/cpu/attention_cpu.c); cuDNN's differs.
+ * Part of lutra.h (include that one; its conventions hold here). */
 #ifndef LUTRA_ATTENTION_H
 #define LUTRA_ATTENTION_H
 
@@ -27,6 +27,7 @@ extern "C" {
 #endif
 
 enum { LUTRA_QKV_BSHD = 0, LUTRA_QKV_SBHD = 1 };
+enum { LUTRA_ATTENTION_OFFSET_STEP = 16 };
 
 typedef struct lutra_attention_desc {
   int64_t num_heads, head_dim;

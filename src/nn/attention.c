@@ -107,7 +107,7 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   m->last = grad ? kind : LUTRA_ATTENTION_NONE;
   if (grad) {
     if (a->dropout > 0.0f) /* each forward with dropout draws a fresh mask */
-      m->next_offset += (uint64_t)((a->s_q * a->s_kv + 15) / 16);
+      m->next_offset += LUTRA_ATTENTION_OFFSET_STEP;
     m->plan_slot = slot;
     m->fwd = *a;
   }
