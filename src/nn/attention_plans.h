@@ -28,7 +28,8 @@ typedef struct attention_plans {
 
 /* The slot of a's key, built (plan and workspace) when none holds it, in a free slot or in the
  * least recently used one other than keep (the slot a kept forward's backward still needs; -1:
- * none). Nothing changes on failure. */
+ * none). Nothing changes on failure. The backend's attention_plan is given the key, its
+ * pointers NULL: a plan serves every call of its key, whatever the addresses. */
 int attention_plans_get(attention_plans *c, const lutra_backend *be, int device,
                         const lutra_attention_args *a, int keep, int *slot, const char *fn);
 /* a's plan and workspace from slot i */
