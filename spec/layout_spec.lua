@@ -21,7 +21,7 @@ describe("struct layout", function()
                             "lutra_mxfp8_desc", "lutra_block_desc", "lutra_custom_desc",
                             "lutra_linear_desc", "lutra_param", "lutra_optim_desc",
                             "lutra_gemm_epilogue", "lutra_norm_desc",
-                            "lutra_moe_router_desc" } do
+                            "lutra_moe_router_desc", "lutra_attention_desc" } do
       assert.is_true(types[name], name .. " is missing from lutra_layout")
     end
   end)

@@ -31,6 +31,7 @@ local args = {
   Sequential = { function() return nn.Linear(8, 8) end, function() return nn.GELU() end },
   Residual = { function() return nn.Linear(8, 8) end }, Embedding = { 16, 8 },
   RotaryEmbedding = { 8 },
+  DotProductAttention = { 2, 4 },
 }
 
 local function make(name)
@@ -59,7 +60,8 @@ local sample = { quantizer = { "input" }, quantized = { "input" }, fusions = {},
                  set_splits = { { 2, 2 } }, check_splits = {}, set_path = { "grouped" },
                  set_graph_capacity = { 4 }, graph_stats = {}, num_gemms = {},
                  check = {}, set_offset = { 0 }, settings = {},
-                 apply_qkv = { lutra.tensor({ 1, 2, 24 }), 1, 1 } }
+                 apply_qkv = { lutra.tensor({ 1, 2, 24 }), 1, 1 },
+                 rng_state = {}, set_rng_state = { 1, 0 }, plans = {} }
 
 -- every kind's own methods: the union (name -> function) and per kind (kind -> name -> true)
 local function own_methods()

@@ -25,6 +25,7 @@
 #ifndef LUTRA_H
 #define LUTRA_H
 
+#include "lutra/attention.h"
 #include "lutra/autocast.h"
 #include "lutra/base.h"
 #include "lutra/fused.h"

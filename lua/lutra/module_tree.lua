@@ -66,6 +66,7 @@ local function line(m)
   if C.lutra_module_num_params(m, int_box) ~= 0 then return "lutra.nn.module(freed)" end
   local np = int_box[0]
   if k == "rotary_embedding" then return require("lutra.rope").describe(m) end
+  if k == "dot_product_attention" then return require("lutra.attention").describe(m) end
   if np == 0 then return "lutra.nn." .. k end
   check(C.lutra_module_param(m, 0, param))
   local w = param.value

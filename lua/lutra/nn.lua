@@ -15,6 +15,7 @@ local chk = require("lutra.check")
 local borrow, owners = require("lutra.tensor").borrow, require("lutra.tensor").owners
 local ffi, C, check = core.ffi, core.C, core.check
 local grouped = require("lutra.grouped")
+local attention = require("lutra.attention")
 local methods = require("lutra.module_methods")
 local lua_module = require("lutra.lua_module")
 local istype, tensor_t, struct_tensor_t = ffi.istype, chk.tensor_t, ffi.typeof("lutra_tensor")
@@ -287,9 +288,13 @@ end
 -- Sequential holding GroupedLinears (each gets them), m_splits (a table, a host or a device i32
 -- tensor)
 -- @param[opt] grouped_opts for a GroupedLinear: the options table that follows m_splits
+-- @param[opt] attn_opts for a DotProductAttention's forward(q, k, v, opts) (lutra.attention)
 -- @return the output tensor
-function Module:forward(x, opts, grouped_opts)
+function Module:forward(x, opts, grouped_opts, attn_opts)
   if bad_tensor(x) then chk.tensor(x, "input", "module:forward") end
+  if grouped_opts ~= nil and not bad_tensor(grouped_opts) then -- forward(q, k, v)
+    return attention.forward(self, x, opts, grouped_opts, attn_opts)
+  end
   -- GroupedLinear: forward(x, m_splits, opts)
   local splits
   if grouped.is_splits(opts) then
@@ -328,9 +333,14 @@ end
 -- @param dy the output's gradient, of the output's shape
 -- @param[opt] input_grad false: the input's gradient is not wanted (the input is data): a
 -- Linear skips its dgrad GEMM, and nothing is returned
--- @return the input's gradient (owned by the module, reused by the next call)
+-- @return the input's gradient (owned by the module, reused by the next call); dq, dk, dv
+-- after a DotProductAttention's forward(q, k, v)
 function Module:backward(dy, input_grad)
   if bad_tensor(dy) then chk.tensor(dy, "grad_output", "module:backward") end
+  if methods.kind_of(self) == attention.kind then
+    local ran, dq, dk, dv = attention.backward(self, dy, input_grad)
+    if ran then return dq, dk, dv end
+  end
   if input_grad ~= nil and input_grad ~= true and input_grad ~= false then
     chk.boolean(input_grad, "input_grad", "module:backward")
   end
@@ -433,6 +443,7 @@ M.Residual = fused.Residual
 M.GroupedLinear = grouped.GroupedLinear
 -- RotaryEmbedding: nn.RotaryEmbedding(head_dim, opts) (lua/lutra/rope.lua)
 M.RotaryEmbedding = require("lutra.rope").RotaryEmbedding
+M.DotProductAttention = attention.DotProductAttention -- lua/lutra/attention.lua
 
 -- Methods per kind (lua/lutra/module_methods.lua): Module's on every module, the kind's own
 -- beside them; fused.lua and grouped.lua define their kinds. The C kind names are
@@ -440,6 +451,7 @@ M.RotaryEmbedding = require("lutra.rope").RotaryEmbedding
 methods.define("linear", "Linear", Linear)
 methods.define("sequential", "Sequential", Sequential, true)
 methods.define("embedding", "Embedding", Embedding)
+attention.kind = methods.define("dot_product_attention", "DotProductAttention", attention.methods)
 for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",

@@ -86,6 +86,18 @@ static const field fields[] = {
     F(lutra_norm_desc, dtype),
     F(lutra_norm_desc, device),
 
+    S(lutra_attention_desc),
+    F(lutra_attention_desc, num_heads),
+    F(lutra_attention_desc, head_dim),
+    F(lutra_attention_desc, num_gqa_groups),
+    F(lutra_attention_desc, causal),
+    F(lutra_attention_desc, qkv_format),
+    F(lutra_attention_desc, softmax_scale),
+    F(lutra_attention_desc, dropout),
+    F(lutra_attention_desc, dtype),
+    F(lutra_attention_desc, device),
+    F(lutra_attention_desc, seed),
+
     S(lutra_moe_router_desc),
     F(lutra_moe_router_desc, experts),
     F(lutra_moe_router_desc, k),

@@ -163,4 +163,8 @@ const lutra_backend lutra_cpu_backend = {
     .embedding_backward = lutra_cpu_embedding_backward,
     .embedding_scratch = lutra_cpu_embedding_scratch,
     .rope = lutra_cpu_rope,
+    .attention_plan = lutra_cpu_attention_plan,
+    .attention_plan_free = lutra_cpu_attention_plan_free,
+    .attention_forward = lutra_cpu_attention_forward,
+    .attention_backward = lutra_cpu_attention_backward,
 };

@@ -101,6 +101,13 @@ int lutra_cpu_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
 /* rotary position embedding (rope_cpu.c) */
 int lutra_cpu_rope(const lutra_rope_args *a);
 
+/* scaled dot-product attention (attention_cpu.c) */
+int lutra_cpu_attention_plan(const lutra_attention_args *a, void **plan, size_t *workspace_bytes,
+                             int *deterministic);
+void lutra_cpu_attention_plan_free(void *plan);
+int lutra_cpu_attention_forward(const lutra_attention_args *a);
+int lutra_cpu_attention_backward(const lutra_attention_args *a);
+
 /* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);
 int lutra_cpu_adamw_step(const lutra_optim_args *a);
