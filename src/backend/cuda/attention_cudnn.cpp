@@ -343,15 +343,12 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const lutra_attention_args *a,
   return g;
 }
 
-/* Whether to ask for the deterministic backward (LUTRA_CUDNN_DETERMINISTIC=0: not; read once).
- * On Hopper cuDNN serves it through a dP workspace of b * h * s_q * s_kv * 2 bytes, so it costs
- * memory as well as some speed. */
+/* Whether to ask for the deterministic backward: unless LUTRA_CUDNN_DETERMINISTIC=0, read at
+ * each plan build (rare), so that a process can compare both. On Hopper cuDNN serves it through
+ * a dP workspace of b * h * s_q * s_kv * 2 bytes: it costs memory as well as some speed. */
 bool want_deterministic() {
-  static const bool want = [] {
-    const char *env = std::getenv("LUTRA_CUDNN_DETERMINISTIC");
-    return !(env && std::strcmp(env, "0") == 0);
-  }();
-  return want;
+  const char *env = std::getenv("LUTRA_CUDNN_DETERMINISTIC");
+  return !(env && std::strcmp(env, "0") == 0);
 }
 
 const char *dtype_name(int32_t dtype) {
