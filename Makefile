@@ -149,9 +149,13 @@ CUDNN_FE_VERSION ?= 1.32.0
 CUDNN_FE_DIR      = build/cudnn-frontend-$(CUDNN_FE_VERSION)
 CUDNN_FE_STAMP    = $(CUDNN_FE_DIR)/.unpacked
 ifeq ($(CUDA),1)
-  PY_CUDNN_DIR := $(shell $(PYTHON) -c "import nvidia.cudnn as c; print(list(c.__path__)[0])" 2>/dev/null)
-  CUDNN_INCLUDE ?= $(or $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME)/include),$(if $(PY_CUDNN_DIR),$(if $(wildcard $(PY_CUDNN_DIR)/include/cudnn.h),$(PY_CUDNN_DIR)/include)))
-  CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(if $(PY_CUDNN_DIR),$(PY_CUDNN_DIR)/lib) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+  # the folders under python3's nvidia namespace (nvidia/cudnn/, or another wheel's layout) that
+  # hold FILE: py_nvidia_dirs,SUBFOLDER/FILE
+  py_nvidia_dirs = $(shell $(PYTHON) -c "import glob, os, nvidia; print(' '.join(sorted({os.path.dirname(f) for d in nvidia.__path__ for f in glob.glob(os.path.join(d, '*', '$(1)'))})))" 2>/dev/null)
+  PY_CUDNN_INCLUDE := $(call py_nvidia_dirs,include/cudnn.h)
+  PY_CUDNN_LIB     := $(call py_nvidia_dirs,lib/libcudnn.so.9)
+  CUDNN_INCLUDE ?= $(or $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME)/include),$(firstword $(PY_CUDNN_INCLUDE)))
+  CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(PY_CUDNN_LIB) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
   ifneq ($(CUDNN_INCLUDE),)
     $(info cuDNN attention: on, cudnn.h from $(CUDNN_INCLUDE); cudnn-frontend $(CUDNN_FE_VERSION))
     CPP_SRC       = src/backend/cuda/attention_cudnn.cpp
