@@ -70,6 +70,29 @@ ifeq ($(MPI),1)
     LIBS += -lnccl
   endif
 endif
+# cuDNN attention (the only C++ in src/): where cudnn.h is, and the C++ source when it is found
+# (its compile rule and cudnn-frontend's headers come after CUTLASS's, below)
+PYTHON ?= python3
+CUDNN_FE_VERSION ?= 1.32.0
+CUDNN_FE_DIR      = build/cudnn-frontend-$(CUDNN_FE_VERSION)
+CUDNN_FE_STAMP    = $(CUDNN_FE_DIR)/.unpacked
+ifeq ($(CUDA),1)
+  # the folders under python3's nvidia namespace (nvidia/cudnn/, or another wheel's layout) that
+  # hold FILE: py_nvidia_dirs,SUBFOLDER/FILE
+  py_nvidia_dirs = $(shell $(PYTHON) -c "import glob, os, nvidia; print(' '.join(sorted({os.path.dirname(f) for d in nvidia.__path__ for f in glob.glob(os.path.join(d, '*', '$(1)'))})))" 2>/dev/null)
+  PY_CUDNN_INCLUDE := $(call py_nvidia_dirs,include/cudnn.h)
+  PY_CUDNN_LIB     := $(call py_nvidia_dirs,lib/libcudnn.so.9)
+  CUDNN_INCLUDE ?= $(or $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME)/include),$(firstword $(PY_CUDNN_INCLUDE)))
+  CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(PY_CUDNN_LIB) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+  ifneq ($(CUDNN_INCLUDE),)
+    $(info cuDNN attention: on, cudnn.h from $(CUDNN_INCLUDE); cudnn-frontend $(CUDNN_FE_VERSION))
+    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp
+    LUTRA_CFLAGS += -DLUTRA_WITH_CUDNN
+    LIBS         += -ldl
+  else
+    $(info cuDNN attention: off, no cudnn.h in $(CUDA_HOME)/include or python3's nvidia/cudnn/include)
+  endif
+endif
 # objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
 BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)$(if $(filter 0,$(MPI)),-nompi)
 OBJ  = $(SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o) $(CPP_SRC:%.cpp=$(BUILD)/%.o)
@@ -116,7 +139,6 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(if $(filter 1,$(CUDA)),build/cuda_archs)
 # CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped/grouped_gemm_sm90.cu):
 # PyPI's nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA
 # build only; that one object is built for sm_90a alone (the only arch its kernels run on).
-PYTHON          ?= python3
 CUTLASS_VERSION ?= 4.2.0.0
 CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
 CUTLASS_STAMP    = $(CUTLASS_DIR)/.unpacked
@@ -145,26 +167,6 @@ $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
 # python3's nvidia/cudnn/lib and the CUDA install's library folders). cudnn-frontend's headers:
 # PyPI's nvidia-cudnn-frontend at a pinned version, unpacked into build/ as CUTLASS's are (one
 # platform's wheel whatever the host: only its headers are used).
-CUDNN_FE_VERSION ?= 1.32.0
-CUDNN_FE_DIR      = build/cudnn-frontend-$(CUDNN_FE_VERSION)
-CUDNN_FE_STAMP    = $(CUDNN_FE_DIR)/.unpacked
-ifeq ($(CUDA),1)
-  # the folders under python3's nvidia namespace (nvidia/cudnn/, or another wheel's layout) that
-  # hold FILE: py_nvidia_dirs,SUBFOLDER/FILE
-  py_nvidia_dirs = $(shell $(PYTHON) -c "import glob, os, nvidia; print(' '.join(sorted({os.path.dirname(f) for d in nvidia.__path__ for f in glob.glob(os.path.join(d, '*', '$(1)'))})))" 2>/dev/null)
-  PY_CUDNN_INCLUDE := $(call py_nvidia_dirs,include/cudnn.h)
-  PY_CUDNN_LIB     := $(call py_nvidia_dirs,lib/libcudnn.so.9)
-  CUDNN_INCLUDE ?= $(or $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME)/include),$(firstword $(PY_CUDNN_INCLUDE)))
-  CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(PY_CUDNN_LIB) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
-  ifneq ($(CUDNN_INCLUDE),)
-    $(info cuDNN attention: on, cudnn.h from $(CUDNN_INCLUDE); cudnn-frontend $(CUDNN_FE_VERSION))
-    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp
-    LUTRA_CFLAGS += -DLUTRA_WITH_CUDNN
-    LIBS         += -ldl
-  else
-    $(info cuDNN attention: off, no cudnn.h in $(CUDA_HOME)/include or python3's nvidia/cudnn/include)
-  endif
-endif
 CUDNN_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_SOURCE \
   -DLUTRA_WITH_CUDA -DLUTRA_WITH_CUDNN -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
   -DCUDNN_FRONTEND_SKIP_JSON_LIB -DLUTRA_CUDNN_FALLBACK_DIRS='"$(CUDNN_FALLBACK_DIRS)"' \
