@@ -13,7 +13,10 @@
  * fallback list), their workspace size and their variant packs (tensor uid -> device pointer),
  * each made once: a call stores its pointers into the pack's slots and executes, building
  * nothing and allocating nothing. A plan is used by one thread at a time (its packs are
- * rewritten per call), as a module is. */
+ * rewritten per call), as a module is. As a cuBLASLt call is, an execute that comes again with
+ * the same pointers is replayed as the CUDA graph of its kernels (call_graphs.c, one cache per
+ * plan and direction, of the GEMM kind: LUTRA_GEMM_GRAPHS=0 turns it off): a graph launch costs
+ * the host a fraction of what cuDNN's execute does. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
@@ -239,7 +242,12 @@ struct attention_plan {
   int64_t *rng = nullptr;
   int64_t rng_host[2] = {0, 0};
   bool rng_written = false;
+  /* the forward's and the backward's calls replayed as graphs (freed before the graphs, whose
+   * execution plans the captures retain) */
+  lutra_call_graphs *fwd_calls = nullptr, *bwd_calls = nullptr;
   ~attention_plan() {
+    lutra_call_graphs_free(fwd_calls);
+    lutra_call_graphs_free(bwd_calls);
     if (rng) lutra_cuda_free(rng);
   }
 };
@@ -472,11 +480,49 @@ int check_call(const lutra_attention_args *a, const char *fn, attention_plan **p
   return LUTRA_OK;
 }
 
-int execute(fe::graph::Graph &g, pack &k, cudnnHandle_t h, void *workspace, const char *fn,
-            const char *what) {
-  fe::error_t e = g.execute(h, k.map, workspace);
-  if (e.is_bad()) return lutra_error(LUTRA_EBACKEND, fn, "%s: %s", what, e.err_msg.c_str());
-  return LUTRA_OK;
+/* Runs body, turning whatever it throws into a status naming fn. */
+template <class Body> int guarded(const char *fn, Body &&body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc &) {
+    return lutra_error(LUTRA_ENOMEM, fn, "out of host memory (cuDNN graphs)");
+  } catch (const std::exception &e) {
+    return lutra_error(LUTRA_EBACKEND, fn, "cudnn-frontend: %s", e.what());
+  } catch (...) {
+    return lutra_error(LUTRA_EBACKEND, fn, "cudnn-frontend threw an unknown exception");
+  }
+}
+
+/* What a call bakes into cuDNN's kernels, the key of its cached graph: memcmp'd, so no padding
+ * (the rng buffer is the plan's, as the cache is) */
+struct call_key {
+  const void *q, *k, *v, *out, *stats, *dout, *dq, *dk, *dv, *workspace;
+  cudaStream_t stream;
+};
+static_assert(sizeof(call_key) == 11 * sizeof(void *), "call_key has padding bytes");
+
+/* one execute of a graph with its pack: what call_graphs.c runs directly or captures (from C:
+ * nothing may be thrown through it) */
+struct call {
+  fe::graph::Graph *graph;
+  pack *k;
+  cudnnHandle_t handle;
+  void *workspace;
+  const char *fn, *what;
+};
+
+int issue_call(void *ctx) {
+  const call *c = static_cast<const call *>(ctx);
+  return guarded(c->fn, [c]() -> int {
+    fe::error_t e = c->graph->execute(c->handle, c->k->map, c->workspace);
+    if (e.is_bad()) return lutra_error(LUTRA_EBACKEND, c->fn, "%s: %s", c->what, e.err_msg.c_str());
+    return LUTRA_OK;
+  });
+}
+
+int execute(lutra_call_graphs **cache, const call_key &key, call &c) {
+  return lutra_call_graphs_run(cache, LUTRA_CALLS_GEMM, &key, sizeof key, key.stream, issue_call,
+                               &c, c.fn);
 }
 
 int run_forward(const lutra_attention_args *a, const char *fn) {
@@ -492,7 +538,10 @@ int run_forward(const lutra_attention_args *a, const char *fn) {
   k.set(V, a->v);
   k.set(O, a->out);
   k.set(STATS, a->stats);
-  return execute(*p->fwd, k, h, a->workspace, fn, "cuDNN's SDPA forward");
+  const call_key key = {a->q,    a->k,    a->v,    a->out,       a->stats,           nullptr,
+                        nullptr, nullptr, nullptr, a->workspace, lutra_cuda_stream()};
+  call c = {p->fwd.get(), &k, h, a->workspace, fn, "cuDNN's SDPA forward"};
+  return execute(&p->fwd_calls, key, c);
 }
 
 int run_backward(const lutra_attention_args *a, const char *fn) {
@@ -513,20 +562,10 @@ int run_backward(const lutra_attention_args *a, const char *fn) {
   k.set(DQ, a->dq);
   k.set(DK, a->dk);
   k.set(DV, a->dv);
-  return execute(*p->bwd, k, h, a->workspace, fn, "cuDNN's SDPA backward");
-}
-
-/* Runs body, turning whatever it throws into a status naming fn. */
-template <class Body> int guarded(const char *fn, Body &&body) noexcept {
-  try {
-    return body();
-  } catch (const std::bad_alloc &) {
-    return lutra_error(LUTRA_ENOMEM, fn, "out of host memory (cuDNN graphs)");
-  } catch (const std::exception &e) {
-    return lutra_error(LUTRA_EBACKEND, fn, "cudnn-frontend: %s", e.what());
-  } catch (...) {
-    return lutra_error(LUTRA_EBACKEND, fn, "cudnn-frontend threw an unknown exception");
-  }
+  const call_key key = {a->q,  a->k,  a->v,  a->out,       a->stats,           a->dout,
+                        a->dq, a->dk, a->dv, a->workspace, lutra_cuda_stream()};
+  call c = {p->bwd.get(), &k, h, a->workspace, fn, "cuDNN's SDPA backward"};
+  return execute(&p->bwd_calls, key, c);
 }
 
 } // namespace
