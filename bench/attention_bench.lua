@@ -11,7 +11,10 @@
 --               (cuDNN's kernels and memsets) issued again raw from this process
 --               (bench/host_replay.cu in build/libhost_floors.so), batches alternating, so the
 --               ratio (lutra / floor) is measured on the same core in the same seconds. Target
---               1.15x. Without the library the floor is left out.
+--               1.15x. Without the library the floor is left out. A repeated call is the
+--               launch of its cached graph (call_graphs.c), and so is its floor then; with
+--               LUTRA_GEMM_GRAPHS=0 lutra runs cuDNN's execute every call and the floor is
+--               cuDNN's kernels launched raw.
 -- FLOPs counted: the forward 4 B H T^2 D (S = Q K^T and O = P V, 2 B H T^2 D each), halved when
 -- causal; the backward 2.5 times the forward (S recomputed, dV, dP, dQ, dK: FlashAttention's
 -- convention, which PyTorch's and cuDNN's own benchmarks use).
