@@ -525,39 +525,40 @@ int execute(lutra_call_graphs **cache, const call_key &key, call &c) {
                                &c, c.fn);
 }
 
-int run_forward(const lutra_attention_args *a, const char *fn) {
-  attention_plan *p;
-  TRY(check_call(a, fn, &p));
+/* What both directions do first: the plan, its workspace and the pointers checked, the handle
+ * set to lutra's stream, dropout's seed and offset in place, the inputs in the pack. */
+int begin_call(const lutra_attention_args *a, bool backward, const char *fn, attention_plan **p,
+               cudnnHandle_t *h) {
+  TRY(check_call(a, fn, p));
   CHECK_ARG(a->q && a->k && a->v && a->out && a->stats, "q, k, v, out and stats must be set");
-  cudnnHandle_t h;
-  TRY(handle_for_stream(fn, &h));
-  TRY(upload_rng(p, a, fn));
-  pack &k = p->fwd_pack;
+  CHECK_ARG(!backward || (a->dout && a->dq && a->dk && a->dv),
+            "the backward's dout, dq, dk and dv must be set");
+  TRY(handle_for_stream(fn, h));
+  TRY(upload_rng(*p, a, fn));
+  pack &k = backward ? (*p)->bwd_pack : (*p)->fwd_pack;
   k.set(Q, a->q);
   k.set(K, a->k);
   k.set(V, a->v);
   k.set(O, a->out);
   k.set(STATS, a->stats);
+  return LUTRA_OK;
+}
+
+int run_forward(const lutra_attention_args *a, const char *fn) {
+  attention_plan *p;
+  cudnnHandle_t h;
+  TRY(begin_call(a, false, fn, &p, &h));
   const call_key key = {a->q,    a->k,    a->v,    a->out,       a->stats,           nullptr,
                         nullptr, nullptr, nullptr, a->workspace, lutra_cuda_stream()};
-  call c = {p->fwd.get(), &k, h, a->workspace, fn, "cuDNN's SDPA forward"};
+  call c = {p->fwd.get(), &p->fwd_pack, h, a->workspace, fn, "cuDNN's SDPA forward"};
   return execute(&p->fwd_calls, key, c);
 }
 
 int run_backward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
-  TRY(check_call(a, fn, &p));
-  CHECK_ARG(a->q && a->k && a->v && a->out && a->stats && a->dout && a->dq && a->dk && a->dv,
-            "q, k, v, out, stats, dout, dq, dk and dv must be set");
   cudnnHandle_t h;
-  TRY(handle_for_stream(fn, &h));
-  TRY(upload_rng(p, a, fn));
+  TRY(begin_call(a, true, fn, &p, &h));
   pack &k = p->bwd_pack;
-  k.set(Q, a->q);
-  k.set(K, a->k);
-  k.set(V, a->v);
-  k.set(O, a->out);
-  k.set(STATS, a->stats);
   k.set(DO, a->dout);
   k.set(DQ, a->dq);
   k.set(DK, a->dk);
