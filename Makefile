@@ -26,6 +26,7 @@ SIM_CFLAGS := $(LUTRA_CFLAGS)
 LIBS = $(BLAS_LIBS) -lm -lpthread
 
 comma := ,
+space := $(subst ,, )
 # CUDA: on when nvcc and cuBLASLt's header are found and nvidia-smi lists a GPU (CUDA=0 or CUDA=1
 # overrides): with no GPU nothing could run the kernels, which take many minutes to compile, so
 # make, make install, luarocks make and tools/bootstrap.sh build the CPU backend alone there (CI
@@ -69,9 +70,32 @@ ifeq ($(MPI),1)
     LIBS += -lnccl
   endif
 endif
+# cuDNN attention (the only C++ in src/): where cudnn.h is, and the C++ source when it is found
+# (its compile rule and cudnn-frontend's headers come after CUTLASS's, below)
+PYTHON ?= python3
+CUDNN_FE_VERSION ?= 1.32.0
+CUDNN_FE_DIR      = build/cudnn-frontend-$(CUDNN_FE_VERSION)
+CUDNN_FE_STAMP    = $(CUDNN_FE_DIR)/.unpacked
+ifeq ($(CUDA),1)
+  # the folders under python3's nvidia namespace (nvidia/cudnn/, or another wheel's layout) that
+  # hold FILE: py_nvidia_dirs,SUBFOLDER/FILE
+  py_nvidia_dirs = $(shell $(PYTHON) -c "import glob, os, nvidia; print(' '.join(sorted({os.path.dirname(f) for d in nvidia.__path__ for f in glob.glob(os.path.join(d, '*', '$(1)'))})))" 2>/dev/null)
+  PY_CUDNN_INCLUDE := $(call py_nvidia_dirs,include/cudnn.h)
+  PY_CUDNN_LIB     := $(call py_nvidia_dirs,lib/libcudnn.so.9)
+  CUDNN_INCLUDE ?= $(or $(if $(wildcard $(CUDA_HOME)/include/cudnn.h),$(CUDA_HOME)/include),$(firstword $(PY_CUDNN_INCLUDE)))
+  CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(PY_CUDNN_LIB) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+  ifneq ($(CUDNN_INCLUDE),)
+    $(info cuDNN attention: on, cudnn.h from $(CUDNN_INCLUDE); cudnn-frontend $(CUDNN_FE_VERSION))
+    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp
+    LUTRA_CFLAGS += -DLUTRA_WITH_CUDNN
+    LIBS         += -ldl
+  else
+    $(info cuDNN attention: off, no cudnn.h in $(CUDA_HOME)/include or python3's nvidia/cudnn/include)
+  endif
+endif
 # objects of CPU-only and CUDA builds differ (-DLUTRA_WITH_CUDA): keep them apart
 BUILD = build/$(if $(filter 1,$(CUDA)),cuda,cpu)$(if $(filter 0,$(MPI)),-nompi)
-OBJ  = $(SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o)
+OBJ  = $(SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.o) $(CPP_SRC:%.cpp=$(BUILD)/%.o)
 # build/config changes when the configuration does, so switching CUDA=0/1 relinks the library
 $(shell mkdir -p build && (echo 'CUDA=$(CUDA) MPI=$(MPI)' | cmp -s - build/config || echo 'CUDA=$(CUDA) MPI=$(MPI)' > build/config))
 LIB  = liblutra.so
@@ -115,7 +139,6 @@ $(BUILD)/kernels/%.o: kernels/%.cu $(if $(filter 1,$(CUDA)),build/cuda_archs)
 # CUTLASS (headers only) for GroupedLinear's grouped GEMM (kernels/grouped/grouped_gemm_sm90.cu):
 # PyPI's nvidia-cutlass wheel at a pinned version, downloaded and unpacked into build/ by the CUDA
 # build only; that one object is built for sm_90a alone (the only arch its kernels run on).
-PYTHON          ?= python3
 CUTLASS_VERSION ?= 4.2.0.0
 CUTLASS_DIR      = build/cutlass-$(CUTLASS_VERSION)
 CUTLASS_STAMP    = $(CUTLASS_DIR)/.unpacked
@@ -135,6 +158,32 @@ $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute
 $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr -DNDEBUG \
   -isystem $(CUTLASS_DIR)/include -isystem $(CUTLASS_DIR)/util
 $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
+
+# cuDNN's fused attention (src/backend/cuda/attention_cudnn.cpp, the only C++ in src/), compiled
+# where cudnn.h is found: in CUDA_HOME/include, else in python3's site-packages
+# nvidia/cudnn/include (PyTorch's cuDNN), else not at all (the attention entries stay NULL and the
+# module refuses on cuda). Nothing links cuDNN: libcudnn.so.9 is opened at the first attention
+# plan, from LUTRA_CUDNN_PATH, the loader's search path, then CUDNN_FALLBACK_DIRS (baked in:
+# python3's nvidia/cudnn/lib and the CUDA install's library folders). cudnn-frontend's headers:
+# PyPI's nvidia-cudnn-frontend at a pinned version, unpacked into build/ as CUTLASS's are (one
+# platform's wheel whatever the host: only its headers are used).
+CUDNN_CXXFLAGS = -std=c++17 -O2 -g -Wall -Wextra -Werror -fPIC -fvisibility=hidden -D_GNU_SOURCE \
+  -DLUTRA_WITH_CUDA -DLUTRA_WITH_CUDNN -DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING \
+  -DCUDNN_FRONTEND_SKIP_JSON_LIB -DLUTRA_CUDNN_FALLBACK_DIRS='"$(CUDNN_FALLBACK_DIRS)"' \
+  -Isrc -Ikernels -isystem $(CUDNN_FE_DIR)/include -isystem $(CUDNN_INCLUDE) \
+  -isystem $(CUDA_HOME)/include
+$(CUDNN_FE_STAMP):
+	rm -rf $(CUDNN_FE_DIR) && mkdir -p $(CUDNN_FE_DIR)/wheel
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 nvidia-cudnn-frontend==$(CUDNN_FE_VERSION) -d $(CUDNN_FE_DIR)/wheel
+	$(PYTHON) -m zipfile -e $(CUDNN_FE_DIR)/wheel/nvidia_cudnn_frontend-$(CUDNN_FE_VERSION)-*.whl \
+	  $(CUDNN_FE_DIR)/wheel/x
+	mv $(CUDNN_FE_DIR)/wheel/x/include $(CUDNN_FE_DIR)/include
+	rm -rf $(CUDNN_FE_DIR)/wheel
+	touch $@
+$(BUILD)/%.o: %.cpp | $(CUDNN_FE_STAMP)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUDNN_CXXFLAGS) $(DEPFLAGS) -c -o $@ $<
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
@@ -319,7 +368,7 @@ install-rock: all
 	install -m 644 $(LUA_FILES) $(CDEF) $(DESTDIR)$(LUADIR)/lutra/
 
 format:
-	clang-format -i $(wildcard src/*.h src/*/*.[ch] src/*/*/*.[ch] ) \
+	clang-format -i $(wildcard src/*.h src/*/*.[ch] src/*/*/*.[ch] src/*/*/*.cpp) \
 	  $(shell find kernels spec/native -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp')
 
 # the dependency files the compilers wrote (-MMD -MP) for the objects and programs of this build

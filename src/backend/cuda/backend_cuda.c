@@ -513,4 +513,10 @@ const lutra_backend lutra_cuda_table = {
     .rules_apply = lutra_cuda_rules_apply,
     .quantize_nvfp4 = k_nvfp4,
     .quantize_rowwise = k_rowwise,
+#ifdef LUTRA_WITH_CUDNN /* else NULL: the module refuses attention on cuda */
+    .attention_plan = lutra_cuda_attention_plan,
+    .attention_plan_free = lutra_cuda_attention_plan_free,
+    .attention_forward = lutra_cuda_attention_forward,
+    .attention_backward = lutra_cuda_attention_backward,
+#endif
 };
