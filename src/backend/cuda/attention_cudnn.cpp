@@ -7,7 +7,6 @@
  * (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING), which looks every cuDNN function up in the handle
  * cudnn_frontend::cudnn_dlhandle that open_cudnn sets. So liblutra.so runs without cuDNN for
  * everything but attention, which then refuses naming every place it looked.
- *
  * A plan (one per shape, dtype, mask and dropout; the module caches them) holds the forward and
  * the backward graphs, built and with their execution plans chosen (heuristics A, then the
  * fallback list), their workspace size and their variant packs (tensor uid -> device pointer),
@@ -20,10 +19,8 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <cudnn_frontend.h>
-
 #include <dlfcn.h>
 #include <sys/stat.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -234,6 +231,8 @@ struct pack {
 struct attention_plan {
   std::shared_ptr<fe::graph::Graph> fwd, bwd;
   pack fwd_pack, bwd_pack;
+  /* s_q = s_kv = 1 has a forward but no backward: a backward is refused with cuDNN's reason */
+  std::string bwd_error;
   int64_t workspace = 0;
   bool deterministic = false;
   bool dropout = false;
@@ -420,20 +419,22 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
     p->bwd = backward_graph(a, false);
     e = build(*p->bwd, h);
   }
-  if (e.is_bad())
-    return lutra_error(LUTRA_EUNSUPPORTED, fn, "cuDNN cannot run this attention backward (%s): %s",
-                       shape, e.err_msg.c_str());
+  if (e.is_bad()) {
+    p->bwd_error = std::string("cuDNN cannot run this attention backward (") + shape +
+                   "): " + e.err_msg;
+    p->bwd.reset();
+  }
 
   int64_t fwd_ws = 0, bwd_ws = 0;
   e = p->fwd->get_workspace_size(fwd_ws);
-  if (e.is_good()) e = p->bwd->get_workspace_size(bwd_ws);
+  if (e.is_good() && p->bwd) e = p->bwd->get_workspace_size(bwd_ws);
   if (e.is_bad())
     return lutra_error(LUTRA_EBACKEND, fn, "cuDNN's attention workspace size: %s",
                        e.err_msg.c_str());
   p->workspace = fwd_ws > bwd_ws ? fwd_ws : bwd_ws;
 
   p->fwd_pack.bind({Q, K, V, O, STATS});
-  p->bwd_pack.bind({Q, K, V, O, STATS, DO, DQ, DK, DV});
+  if (p->bwd) p->bwd_pack.bind({Q, K, V, O, STATS, DO, DQ, DK, DV});
   if (a->dropout > 0) {
     p->dropout = true;
     void *rng = nullptr;
@@ -558,6 +559,7 @@ int run_backward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
   cudnnHandle_t h;
   TRY(begin_call(a, true, fn, &p, &h));
+  if (!p->bwd) return lutra_error(LUTRA_EUNSUPPORTED, fn, "%s", p->bwd_error.c_str());
   pack &k = p->bwd_pack;
   k.set(DO, a->dout);
   k.set(DQ, a->dq);
