@@ -1,0 +1,135 @@
+--- MultiheadAttention and TransformerLayer (src/lutra/transformer.h): TransformerEngine's blocks
+-- built from lutra's modules, each one C module (one call per forward or backward). lutra.nn
+-- exposes them under the same names:
+--   local layer = nn.TransformerLayer(768, 3072, 12, {dtype = "bf16", device = "cuda"})
+--   local y = layer:forward(x)      -- x {B, T, 768}
+--   local dx = layer:backward(dy)
+-- @module lutra.transformer
+local core = require("lutra.core")
+local chk = require("lutra.check")
+local fused = require("lutra.fused")
+local ffi, C, check = core.ffi, core.C, core.check
+
+local M = {}
+local module_box = ffi.new("lutra_module*[1]")
+local function own(m) return ffi.gc(m, C.lutra_module_unref) end
+
+local normalizations = { LayerNorm = C.LUTRA_NORM_LAYERNORM, RMSNorm = C.LUTRA_NORM_RMSNORM }
+local mask_types = { causal = 1, no_mask = 0 }
+local formats = { bshd = C.LUTRA_QKV_BSHD, sbhd = C.LUTRA_QKV_SBHD }
+
+local attention_options = {
+  num_gqa_groups = true, head_dim = true, input_layernorm = true, normalization = true,
+  zero_centered_gamma = true, bias = true, attn_mask_type = true, qkv_format = true, rope = true,
+  rope_base = true, eps = true, softmax_scale = true, attention_dropout = true, dtype = true,
+  device = true, accumulate_main_grad = true, seed = true,
+}
+
+local function number_option(v, name, where, lo)
+  if v == nil then return nil end
+  chk.finite(v, name, where, 4)
+  if v < lo then chk.fail(where, "%s must be >= %s (got %s)", name, tostring(lo), tostring(v)) end
+  return v
+end
+
+-- the attention options (TE's names) into d, a lutra_mha_desc
+local function attention_desc(d, hidden, num_heads, opts, where)
+  chk.integer(hidden, "hidden", where, 1, 2 ^ 52)
+  chk.integer(num_heads, "num_heads", where, 1, 2 ^ 31)
+  d.hidden, d.num_heads = hidden, num_heads
+  if opts.num_gqa_groups ~= nil then
+    chk.integer(opts.num_gqa_groups, "num_gqa_groups", where, 1, 2 ^ 31)
+    d.num_gqa_groups = opts.num_gqa_groups
+  end
+  if opts.head_dim ~= nil then
+    chk.integer(opts.head_dim, "head_dim", where, 1, 2 ^ 31)
+    d.head_dim = opts.head_dim
+  end
+  d.input_layernorm = chk.flag(opts.input_layernorm, "input_layernorm", where, 1)
+  if opts.normalization ~= nil then
+    d.normalization = core.code(normalizations, opts.normalization, "normalization", where)
+  end
+  d.zero_centered_gamma = chk.flag(opts.zero_centered_gamma, "zero_centered_gamma", where, 0)
+  d.bias = chk.flag(opts.bias, "bias", where, 1)
+  if opts.attn_mask_type ~= nil then
+    d.causal = core.code(mask_types, opts.attn_mask_type, "attn_mask_type", where)
+  end
+  if opts.qkv_format ~= nil then
+    d.qkv_format = core.code(formats, opts.qkv_format, "qkv_format", where)
+  end
+  d.rope = chk.flag(opts.rope, "rope", where, 0)
+  d.rope_base = number_option(opts.rope_base, "rope_base", where, 1) or d.rope_base
+  d.eps = number_option(opts.eps, "eps", where, 0) or d.eps
+  d.softmax_scale = number_option(opts.softmax_scale, "softmax_scale", where, 0) or 0
+  d.attention_dropout = number_option(opts.attention_dropout, "attention_dropout", where, 0) or 0
+  if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  d.device = core.device(opts.device, where)
+  if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
+  d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+end
+
+--- nn.MultiheadAttention: [norm +] fused QKV projection -> [rotary embedding] ->
+-- DotProductAttention -> output projection. forward(x {B, T, hidden}) -> {B, T, hidden}
+-- ({T, B, hidden} with qkv_format "sbhd"); backward(dy) -> dx.
+-- @tparam integer hidden the input's and output's last dim
+-- @tparam integer num_heads query heads
+-- @tparam[opt] table opts {num_gqa_groups = num_heads, head_dim = hidden / num_heads,
+-- input_layernorm = true, normalization = "LayerNorm" | "RMSNorm", zero_centered_gamma = false,
+-- bias = true, attn_mask_type = "causal" | "no_mask", qkv_format = "bshd" | "sbhd",
+-- rope = false, rope_base = 10000, eps = 1e-5, softmax_scale = 1 / sqrt(head_dim),
+-- attention_dropout = 0, dtype = "f32" | "bf16", device =, accumulate_main_grad = false, seed =}
+-- @return the module
+function M.MultiheadAttention(hidden, num_heads, opts)
+  local where = "lutra.nn.MultiheadAttention"
+  opts = core.check_options(opts, attention_options, where)
+  local d = ffi.new("lutra_mha_desc")
+  C.lutra_mha_defaults(d)
+  attention_desc(d, hidden, num_heads, opts, where)
+  check(C.lutra_mha_new(d, module_box))
+  return own(module_box[0])
+end
+
+local layer_options = { activation = true }
+for k in pairs(attention_options) do layer_options[k] = true end
+
+--- nn.TransformerLayer: x + MultiheadAttention(x), then h + LayerNormMLP(h) (pre-norm, as TE's
+-- TransformerLayer with its defaults). forward(x {B, T, hidden}) -> {B, T, hidden};
+-- backward(dy) -> dx.
+-- @tparam integer hidden the input's and output's last dim
+-- @tparam integer ffn_hidden the MLP's inner width
+-- @tparam integer num_heads query heads
+-- @tparam[opt] table opts MultiheadAttention's options, and activation = "gelu" | "swiglu" |
+-- "geglu" | "reglu" | "relu" | "silu" | "qgelu" | "srelu" (the MLP's)
+-- @return the module
+function M.TransformerLayer(hidden, ffn_hidden, num_heads, opts)
+  local where = "lutra.nn.TransformerLayer"
+  opts = core.check_options(opts, layer_options, where)
+  chk.integer(ffn_hidden, "ffn_hidden", where, 1, 2 ^ 52)
+  local d = ffi.new("lutra_transformer_desc")
+  C.lutra_transformer_defaults(d)
+  attention_desc(d.attention, hidden, num_heads, opts, where)
+  d.ffn_hidden = ffn_hidden
+  if opts.activation ~= nil then
+    d.activation = core.code(fused.activations, opts.activation, "activation", where)
+  end
+  check(C.lutra_transformer_new(d, module_box))
+  return own(module_box[0])
+end
+
+local parts = { qkv = 0, attention = 1, proj = 2, mlp = 3 }
+
+--- A block's part: "qkv" (the QKV projection), "attention" (the DotProductAttention), "proj"
+-- (the output projection) or "mlp" (a TransformerLayer's LayerNormMLP), as a module handle of
+-- its own (the part lives as long as either holds it).
+-- @param m a MultiheadAttention or TransformerLayer
+-- @tparam string name the part
+-- @return the module
+function M.part(m, name)
+  local where = "lutra.nn.TransformerLayer:part"
+  local code = core.code(parts, name, "part", where)
+  check(C.lutra_transformer_part(m, code, module_box))
+  if module_box[0] == nil then chk.fail(where, "a MultiheadAttention has no %s", name) end
+  return own(module_box[0])
+end
+
+return M

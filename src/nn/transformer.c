@@ -1,0 +1,294 @@
+/* MultiheadAttention and TransformerLayer (lutra/transformer.h): each a Sequential of lutra's own
+ * modules, wrapped so that it has a kind, named parts for checkpoints and printing, and no code
+ * of its own in forward or backward. The Sequential inside gives the Linears their fusions and
+ * runs the chain in one C call; the QKV projection's output reaches the attention as it is
+ * (the attention reads q, k and v through strides), so no split or copy runs between them. */
+#include "core/error.h"
+#include "core/object.h"
+#include "nn/module.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+enum { BLOCK_MAX_PARTS = 4 };
+
+typedef struct block {
+  lutra_module base;
+  lutra_module *body; /* the Sequential that runs it */
+  int count;          /* named children, in parameter order */
+  lutra_module *child[BLOCK_MAX_PARTS];
+  const char *name[BLOCK_MAX_PARTS];
+  lutra_module *part[BLOCK_MAX_PARTS]; /* LUTRA_PART_*: borrowed from child[] or their parts */
+} block;
+
+static int block_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                         lutra_tensor **y) {
+  lutra_module *body = ((block *)m)->body;
+  return body->ops->forward(body, x, a, y);
+}
+static int block_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  lutra_module *body = ((block *)m)->body;
+  return body->ops->backward(body, dy, dx);
+}
+static int block_num_params(const lutra_module *m) {
+  const lutra_module *body = ((const block *)m)->body;
+  return body->ops->num_params(body);
+}
+static int block_param(const lutra_module *m, int i, lutra_param *out) {
+  const lutra_module *body = ((const block *)m)->body;
+  return body->ops->param(body, i, out);
+}
+static void block_release(lutra_module *m) {
+  block *b = (block *)m;
+  lutra_module_unref(b->body);
+  b->body = NULL;
+  for (int i = 0; i < b->count; i++) {
+    lutra_module_unref(b->child[i]);
+    b->child[i] = NULL;
+  }
+  b->count = 0;
+}
+static int block_num_children(const lutra_module *m) { return ((const block *)m)->count; }
+static lutra_module *block_child(const lutra_module *m, int i, const char **name) {
+  const block *b = (const block *)m;
+  *name = b->name[i];
+  return b->child[i];
+}
+static const lutra_checkpoint_ops block_checkpoint = {
+    .num_children = block_num_children,
+    .child = block_child,
+};
+static const lutra_module_ops mha_ops = {
+    .kind = "multihead_attention",
+    .forward = block_forward,
+    .backward = block_backward,
+    .num_params = block_num_params,
+    .param = block_param,
+    .release = block_release,
+    .checkpoint = &block_checkpoint,
+};
+static const lutra_module_ops layer_ops = {
+    .kind = "transformer_layer",
+    .forward = block_forward,
+    .backward = block_backward,
+    .num_params = block_num_params,
+    .param = block_param,
+    .release = block_release,
+    .checkpoint = &block_checkpoint,
+};
+
+void lutra_mha_defaults(lutra_mha_desc *d) {
+  if (!d) return;
+  *d = (lutra_mha_desc){.input_layernorm = 1,
+                        .normalization = LUTRA_NORM_LAYERNORM,
+                        .bias = 1,
+                        .causal = 1,
+                        .qkv_format = LUTRA_QKV_BSHD,
+                        .rope_base = 10000.0f,
+                        .eps = 1e-5f,
+                        .dtype = LUTRA_F32,
+                        .device = LUTRA_CPU};
+  lutra_seed_next(&d->seed);
+}
+
+void lutra_transformer_defaults(lutra_transformer_desc *d) {
+  if (!d) return;
+  *d = (lutra_transformer_desc){.activation = LUTRA_ACTIVATION_GELU_TANH};
+  lutra_mha_defaults(&d->attention);
+}
+
+/* the desc with its defaults resolved (heads of kv, head_dim), or LUTRA_EINVAL naming the field */
+static int resolve(const lutra_mha_desc *in, lutra_mha_desc *d, const char *fn) {
+  CHECK_ARG(in, "desc is NULL");
+  *d = *in;
+  CHECK_ARG(d->hidden >= 1, "hidden must be positive (got %lld)", (long long)d->hidden);
+  CHECK_ARG(d->num_heads >= 1, "num_heads must be positive (got %lld)", (long long)d->num_heads);
+  if (d->num_gqa_groups == 0) d->num_gqa_groups = d->num_heads;
+  CHECK_ARG(d->num_gqa_groups >= 1 && d->num_heads % d->num_gqa_groups == 0,
+            "num_gqa_groups (%lld) must divide num_heads (%lld)", (long long)d->num_gqa_groups,
+            (long long)d->num_heads);
+  if (d->head_dim == 0) {
+    CHECK_ARG(d->hidden % d->num_heads == 0,
+              "hidden (%lld) is not a multiple of num_heads (%lld): give head_dim",
+              (long long)d->hidden, (long long)d->num_heads);
+    d->head_dim = d->hidden / d->num_heads;
+  }
+  CHECK_ARG(d->head_dim >= 1, "head_dim must be positive (got %lld)", (long long)d->head_dim);
+  CHECK_ARG(d->normalization == LUTRA_NORM_LAYERNORM || d->normalization == LUTRA_NORM_RMSNORM,
+            "normalization must be LUTRA_NORM_LAYERNORM or LUTRA_NORM_RMSNORM (got %d)",
+            (int)d->normalization);
+  CHECK_ARG(d->rope == 0 || d->rope == 1, "rope must be 0 or 1 (got %d)", (int)d->rope);
+  CHECK_ARG(!d->rope, "rope is not available yet in a MultiheadAttention");
+  CHECK_ARG(isfinite(d->eps) && d->eps > 0, "eps must be positive and finite");
+  return LUTRA_OK;
+}
+
+/* the QKV projection, the attention and the output projection of d (each a new reference) */
+static int make_attention_parts(const lutra_mha_desc *d, lutra_module **parts, const char *fn) {
+  int64_t qkv_out = (d->num_heads + 2 * d->num_gqa_groups) * d->head_dim;
+  int64_t attn_out = d->num_heads * d->head_dim;
+  if (d->input_layernorm) {
+    lutra_layernorm_linear_desc q;
+    lutra_layernorm_linear_defaults(&q);
+    q.in_features = d->hidden;
+    q.out_features = qkv_out;
+    q.normalization = d->normalization;
+    q.bias = d->bias;
+    q.zero_centered_gamma = d->zero_centered_gamma;
+    q.eps = d->eps;
+    q.dtype = d->dtype;
+    q.device = d->device;
+    q.accumulate_main_grad = d->accumulate_main_grad;
+    q.seed = d->seed;
+    if (lutra_layernorm_linear_new(&q, &parts[0]) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
+  } else {
+    lutra_linear_desc q;
+    lutra_linear_defaults(&q);
+    q.in_features = d->hidden;
+    q.out_features = qkv_out;
+    q.bias = d->bias;
+    q.dtype = d->dtype;
+    q.device = d->device;
+    q.accumulate_main_grad = d->accumulate_main_grad;
+    q.seed = d->seed;
+    if (lutra_linear_new(&q, &parts[0]) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
+  }
+  lutra_attention_desc a;
+  lutra_attention_defaults(&a);
+  a.num_heads = d->num_heads;
+  a.head_dim = d->head_dim;
+  a.num_gqa_groups = d->num_gqa_groups;
+  a.causal = d->causal;
+  a.qkv_format = d->qkv_format;
+  a.softmax_scale = d->softmax_scale;
+  a.dropout = d->attention_dropout;
+  a.dtype = d->dtype;
+  a.device = d->device;
+  a.seed = d->seed + 2;
+  int st = lutra_attention_new(&a, &parts[1]);
+  if (st == LUTRA_OK) {
+    lutra_linear_desc p;
+    lutra_linear_defaults(&p);
+    p.in_features = attn_out;
+    p.out_features = d->hidden;
+    p.bias = d->bias;
+    p.dtype = d->dtype;
+    p.device = d->device;
+    p.accumulate_main_grad = d->accumulate_main_grad;
+    p.seed = d->seed + 1;
+    st = lutra_linear_new(&p, &parts[2]);
+    if (st != LUTRA_OK) lutra_module_unref(parts[1]);
+  }
+  if (st != LUTRA_OK) {
+    lutra_module_unref(parts[0]);
+    return lutra_error_wrap(st, fn);
+  }
+  return LUTRA_OK;
+}
+
+/* a block of kind ops running body, its named children taken over (their references move into
+ * the block); on failure every reference given is dropped */
+static int make_block(const lutra_module_ops *ops, lutra_module *body, lutra_module *const *child,
+                      const char *const *name, int count, lutra_module **out, const char *fn) {
+  block *b = body ? calloc(1, sizeof *b) : NULL;
+  if (!b) {
+    lutra_module_unref(body);
+    for (int i = 0; i < count; i++)
+      lutra_module_unref(child[i]);
+    return body ? lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module")
+                : lutra_error_wrap(LUTRA_EINVAL, fn);
+  }
+  b->body = body;
+  b->count = count;
+  for (int i = 0; i < count; i++) {
+    b->child[i] = child[i];
+    b->name[i] = name[i];
+  }
+  lutra_module_init(&b->base, ops);
+  *out = &b->base;
+  return LUTRA_OK;
+}
+
+/* a Sequential of mods (NULL on failure, the error set) */
+static lutra_module *sequential_of(lutra_module *const *mods, int n) {
+  lutra_module *s = NULL;
+  return lutra_sequential_new(mods, n, &s) == LUTRA_OK ? s : NULL;
+}
+
+static int mha_build(const lutra_mha_desc *d, lutra_module **out, const char *fn) {
+  lutra_module *parts[3];
+  TRY(make_attention_parts(d, parts, fn));
+  lutra_module *body = sequential_of(parts, 3);
+  static const char *const names_ln[] = {"layernorm_qkv", "core_attention", "proj"};
+  static const char *const names[] = {"qkv", "core_attention", "proj"};
+  TRY(make_block(&mha_ops, body, parts, d->input_layernorm ? names_ln : names, 3, out, fn));
+  block *b = (block *)*out;
+  b->part[LUTRA_PART_QKV] = parts[0];
+  b->part[LUTRA_PART_ATTENTION] = parts[1];
+  b->part[LUTRA_PART_PROJ] = parts[2];
+  return LUTRA_OK;
+}
+
+int lutra_mha_new(const lutra_mha_desc *desc, lutra_module **out) {
+  static const char fn[] = "lutra_mha_new";
+  CHECK_ARG(out, "out is NULL");
+  lutra_mha_desc d;
+  TRY(resolve(desc, &d, fn));
+  return mha_build(&d, out, fn);
+}
+
+int lutra_transformer_new(const lutra_transformer_desc *desc, lutra_module **out) {
+  static const char fn[] = "lutra_transformer_new";
+  CHECK_ARG(out, "out is NULL");
+  CHECK_ARG(desc, "desc is NULL");
+  lutra_mha_desc d;
+  TRY(resolve(&desc->attention, &d, fn));
+  CHECK_ARG(desc->ffn_hidden >= 1, "ffn_hidden must be positive (got %lld)",
+            (long long)desc->ffn_hidden);
+  CHECK_ARG(d.input_layernorm, "a TransformerLayer is pre-norm: input_layernorm must be 1");
+  lutra_layernorm_mlp_desc f;
+  lutra_layernorm_mlp_defaults(&f);
+  f.hidden = d.hidden;
+  f.ffn_hidden = desc->ffn_hidden;
+  f.normalization = d.normalization;
+  f.activation = desc->activation;
+  f.bias = d.bias;
+  f.zero_centered_gamma = d.zero_centered_gamma;
+  f.eps = d.eps;
+  f.dtype = d.dtype;
+  f.device = d.device;
+  f.accumulate_main_grad = d.accumulate_main_grad;
+  f.seed = d.seed + 3;
+  lutra_module *mlp = NULL, *mha = NULL;
+  if (lutra_layernorm_mlp_new(&f, &mlp) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
+  if (mha_build(&d, &mha, fn) != LUTRA_OK) {
+    lutra_module_unref(mlp);
+    return LUTRA_EINVAL;
+  }
+  lutra_module *res[2] = {NULL, NULL};
+  int st = lutra_residual_new(mha, &res[0]);
+  if (st == LUTRA_OK) st = lutra_residual_new(mlp, &res[1]);
+  lutra_module *body = st == LUTRA_OK ? sequential_of(res, 2) : NULL;
+  lutra_module_unref(res[0]); /* the Sequential holds them now (or nothing does) */
+  lutra_module_unref(res[1]);
+  lutra_module *children[2] = {mha, mlp};
+  static const char *const names[] = {"self_attention", "layernorm_mlp"};
+  TRY(make_block(&layer_ops, body, children, names, 2, out, fn));
+  block *b = (block *)*out, *inner = (block *)mha;
+  for (int i = 0; i < LUTRA_PART_MLP; i++)
+    b->part[i] = inner->part[i];
+  b->part[LUTRA_PART_MLP] = mlp;
+  return LUTRA_OK;
+}
+
+int lutra_transformer_part(const lutra_module *m, int part, lutra_module **out) {
+  static const char fn[] = "lutra_transformer_part";
+  TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
+  CHECK_ARG(out, "out is NULL");
+  CHECK_ARG(m->ops == &mha_ops || m->ops == &layer_ops,
+            "the module is a %s, not a MultiheadAttention or TransformerLayer", m->ops->kind);
+  CHECK_ARG(part >= LUTRA_PART_QKV && part <= LUTRA_PART_MLP, "no part %d (LUTRA_PART_*)", part);
+  *out = ((const block *)m)->part[part];
+  if (*out) lutra_module_retain(*out);
+  return LUTRA_OK;
+}
