@@ -45,6 +45,7 @@
 #include "lutra/recipe.h"
 #include "lutra/recipe_options.h"
 #include "lutra/rope.h"
+#include "lutra/transformer.h"
 #include "lutra/rules.h"
 #include "lutra/tensor.h"
 #include "lutra/tensor_ops.h"

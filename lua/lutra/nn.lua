@@ -444,6 +444,9 @@ M.GroupedLinear = grouped.GroupedLinear
 -- RotaryEmbedding: nn.RotaryEmbedding(head_dim, opts) (lua/lutra/rope.lua)
 M.RotaryEmbedding = require("lutra.rope").RotaryEmbedding
 M.DotProductAttention = attention.DotProductAttention -- lua/lutra/attention.lua
+-- MultiheadAttention, TransformerLayer (lua/lutra/transformer.lua)
+local transformer = require("lutra.transformer")
+M.MultiheadAttention, M.TransformerLayer = transformer.MultiheadAttention, transformer.TransformerLayer
 
 -- Methods per kind (lua/lutra/module_methods.lua): Module's on every module, the kind's own
 -- beside them; fused.lua and grouped.lua define their kinds. The C kind names are
@@ -452,10 +455,13 @@ methods.define("linear", "Linear", Linear)
 methods.define("sequential", "Sequential", Sequential, true)
 methods.define("embedding", "Embedding", Embedding)
 attention.kind = methods.define("dot_product_attention", "DotProductAttention", attention.methods)
+methods.define("multihead_attention", "MultiheadAttention", { part = transformer.part })
+methods.define("transformer_layer", "TransformerLayer", { part = transformer.part })
 for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
-                          swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU" } do
+                          swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU",
+                          rotary_qkv = "MultiheadAttention's RoPE step" } do
   methods.define(kind, name)
 end
 

@@ -21,7 +21,7 @@ local formats = { bshd = C.LUTRA_QKV_BSHD, sbhd = C.LUTRA_QKV_SBHD }
 local attention_options = {
   num_gqa_groups = true, head_dim = true, input_layernorm = true, normalization = true,
   zero_centered_gamma = true, bias = true, attn_mask_type = true, qkv_format = true, rope = true,
-  rope_base = true, eps = true, softmax_scale = true, attention_dropout = true, dtype = true,
+  rope_base = true, rope_max_seq = true, eps = true, softmax_scale = true, attention_dropout = true, dtype = true,
   device = true, accumulate_main_grad = true, seed = true,
 }
 
@@ -59,6 +59,10 @@ local function attention_desc(d, hidden, num_heads, opts, where)
   end
   d.rope = chk.flag(opts.rope, "rope", where, 0)
   d.rope_base = number_option(opts.rope_base, "rope_base", where, 1) or d.rope_base
+  if opts.rope_max_seq ~= nil then
+    chk.integer(opts.rope_max_seq, "rope_max_seq", where, 1, 2 ^ 31)
+    d.rope_max_seq = opts.rope_max_seq
+  end
   d.eps = number_option(opts.eps, "eps", where, 0) or d.eps
   d.softmax_scale = number_option(opts.softmax_scale, "softmax_scale", where, 0) or 0
   d.attention_dropout = number_option(opts.attention_dropout, "attention_dropout", where, 0) or 0
@@ -76,7 +80,7 @@ end
 -- @tparam[opt] table opts {num_gqa_groups = num_heads, head_dim = hidden / num_heads,
 -- input_layernorm = true, normalization = "LayerNorm" | "RMSNorm", zero_centered_gamma = false,
 -- bias = true, attn_mask_type = "causal" | "no_mask", qkv_format = "bshd" | "sbhd",
--- rope = false, rope_base = 10000, eps = 1e-5, softmax_scale = 1 / sqrt(head_dim),
+-- rope = false, rope_base = 10000, rope_max_seq = 4096, eps = 1e-5, softmax_scale = 1 / sqrt(head_dim),
 -- attention_dropout = 0, dtype = "f32" | "bf16", device =, accumulate_main_grad = false, seed =}
 -- @return the module
 function M.MultiheadAttention(hidden, num_heads, opts)
@@ -89,8 +93,14 @@ function M.MultiheadAttention(hidden, num_heads, opts)
   return own(module_box[0])
 end
 
-local layer_options = { activation = true }
-for k in pairs(attention_options) do layer_options[k] = true end
+-- written out (a pairs() loop at load would put an NYI into a trace a training loop started)
+local layer_options = {
+  num_gqa_groups = true, head_dim = true, input_layernorm = true, normalization = true,
+  zero_centered_gamma = true, bias = true, attn_mask_type = true, qkv_format = true, rope = true,
+  rope_base = true, rope_max_seq = true, eps = true, softmax_scale = true,
+  attention_dropout = true, dtype = true, device = true, accumulate_main_grad = true, seed = true,
+  activation = true,
+}
 
 --- nn.TransformerLayer: x + MultiheadAttention(x), then h + LayerNormMLP(h) (pre-norm, as TE's
 -- TransformerLayer with its defaults). forward(x {B, T, hidden}) -> {B, T, hidden};

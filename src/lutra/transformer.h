@@ -1,6 +1,7 @@
 /* lutra/transformer.h: MultiheadAttention and TransformerLayer (TransformerEngine's, options
  * named after TE's where they mean the same), built from lutra's modules:
- *   MultiheadAttention  [LayerNorm/RMSNorm +] fused QKV Linear -> [RoPE on q and k, in place]
+ *   MultiheadAttention  [LayerNorm/RMSNorm +] fused QKV Linear -> [RoPE on q and k, in place:
+ *                       lutra_rope_apply_qkv, one launch, no copy; its inverse on dqkv]
  *                       -> DotProductAttention (q, k, v read in place from the QKV output)
  *                       -> output projection Linear
  *   TransformerLayer    x + MultiheadAttention(x), then h + LayerNormMLP(h) (pre-norm)
@@ -21,6 +22,7 @@
 
 #include "attention.h"
 #include "fused.h"
+#include "rope.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -39,6 +41,7 @@ typedef struct lutra_mha_desc {
   int32_t qkv_format;          /* LUTRA_QKV_BSHD (default) or LUTRA_QKV_SBHD */
   int32_t rope;                /* rotary position embedding on q and k; default 0 */
   float rope_base;             /* default 10000 */
+  int64_t rope_max_seq;        /* the longest sequence RoPE takes; 0 (default): 4096 */
   float eps;                   /* the norm's; default 1e-5 */
   float softmax_scale;         /* default 0: 1 / sqrt(head_dim) */
   float attention_dropout;     /* default 0 */

@@ -21,6 +21,74 @@ typedef struct block {
   lutra_module *part[BLOCK_MAX_PARTS]; /* LUTRA_PART_*: borrowed from child[] or their parts */
 } block;
 
+/* RoPE inside the chain: rotates the q and k heads of the QKV projection's output in place and
+ * hands the same tensor on (the projection's backward does not read its output); its backward
+ * rotates the attention's packed gradient back in place. */
+typedef struct rope_step {
+  lutra_module base;
+  lutra_module *rope;
+  int64_t heads, kv_heads;
+  bool forward_done;
+} rope_step;
+
+static int rope_step_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                             lutra_tensor **y) {
+  rope_step *r = (rope_step *)m;
+  (void)a;
+  lutra_tensor *qkv = (lutra_tensor *)x; /* the QKV projection's own output buffer */
+  TRY(lutra_rope_apply_qkv(r->rope, qkv, r->heads, r->kv_heads, 0));
+  r->forward_done = true;
+  *y = qkv;
+  return LUTRA_OK;
+}
+static int rope_step_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  static const char fn[] = "lutra_mha_backward";
+  rope_step *r = (rope_step *)m;
+  CHECK_STATE(r->forward_done, "backward called before forward");
+  lutra_tensor *g = (lutra_tensor *)dy; /* the attention's packed gradient, its own buffer */
+  TRY(lutra_rope_apply_qkv(r->rope, g, r->heads, r->kv_heads, 1));
+  if (dx) *dx = g;
+  return LUTRA_OK;
+}
+static void rope_step_release(lutra_module *m) {
+  rope_step *r = (rope_step *)m;
+  lutra_module_unref(r->rope);
+  r->rope = NULL;
+}
+static const lutra_module_ops rope_step_ops = {
+    .kind = "rotary_qkv",
+    .forward = rope_step_forward,
+    .backward = rope_step_backward,
+    .num_params = lutra_module_no_params,
+    .param = lutra_module_no_param,
+    .release = rope_step_release,
+    .checkpoint = &lutra_checkpoint_stateless,
+};
+
+static int rope_step_new(const lutra_mha_desc *d, lutra_module **out, const char *fn) {
+  lutra_rope_desc rd;
+  lutra_rope_defaults(&rd);
+  rd.head_dim = d->head_dim;
+  rd.base = d->rope_base;
+  rd.qkv_format = d->qkv_format == LUTRA_QKV_SBHD ? LUTRA_ROPE_SBHD : LUTRA_ROPE_BSHD;
+  rd.dtype = d->dtype;
+  rd.device = d->device;
+  if (d->rope_max_seq > 0) rd.max_seq = d->rope_max_seq;
+  lutra_module *rope = NULL;
+  if (lutra_rope_new(&rd, &rope) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
+  rope_step *r = calloc(1, sizeof *r);
+  if (!r) {
+    lutra_module_unref(rope);
+    return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  }
+  r->rope = rope;
+  r->heads = d->num_heads;
+  r->kv_heads = d->num_gqa_groups;
+  lutra_module_init(&r->base, &rope_step_ops);
+  *out = &r->base;
+  return LUTRA_OK;
+}
+
 static int block_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                          lutra_tensor **y) {
   lutra_module *body = ((block *)m)->body;
@@ -118,7 +186,6 @@ static int resolve(const lutra_mha_desc *in, lutra_mha_desc *d, const char *fn) 
             "normalization must be LUTRA_NORM_LAYERNORM or LUTRA_NORM_RMSNORM (got %d)",
             (int)d->normalization);
   CHECK_ARG(d->rope == 0 || d->rope == 1, "rope must be 0 or 1 (got %d)", (int)d->rope);
-  CHECK_ARG(!d->rope, "rope is not available yet in a MultiheadAttention");
   CHECK_ARG(isfinite(d->eps) && d->eps > 0, "eps must be positive and finite");
   return LUTRA_OK;
 }
@@ -216,9 +283,23 @@ static lutra_module *sequential_of(lutra_module *const *mods, int n) {
 }
 
 static int mha_build(const lutra_mha_desc *d, lutra_module **out, const char *fn) {
-  lutra_module *parts[3];
+  lutra_module *parts[3], *chain[4];
   TRY(make_attention_parts(d, parts, fn));
-  lutra_module *body = sequential_of(parts, 3);
+  int n = 0;
+  chain[n++] = parts[0];
+  if (d->rope) {
+    int st = rope_step_new(d, &chain[n], fn);
+    if (st != LUTRA_OK) {
+      for (int i = 0; i < 3; i++)
+        lutra_module_unref(parts[i]);
+      return st;
+    }
+    n++;
+  }
+  chain[n++] = parts[1];
+  chain[n++] = parts[2];
+  lutra_module *body = sequential_of(chain, n);
+  if (d->rope) lutra_module_unref(chain[1]); /* the Sequential holds it (or nothing does) */
   static const char *const names_ln[] = {"layernorm_qkv", "core_attention", "proj"};
   static const char *const names[] = {"qkv", "core_attention", "proj"};
   TRY(make_block(&mha_ops, body, parts, d->input_layernorm ? names_ln : names, 3, out, fn));
