@@ -16,22 +16,21 @@
  * the same pointers is replayed as the CUDA graph of its kernels (call_graphs.c, one cache per
  * plan and direction, of the GEMM kind: LUTRA_GEMM_GRAPHS=0 turns it off): a graph launch costs
  * the host a fraction of what cuDNN's execute does. */
-#include <cublasLt.h>
-#include <cuda_runtime.h>
-#include <cudnn_frontend.h>
-#include <dlfcn.h>
-#include <sys/stat.h>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <string>
+#include <sys/stat.h>
 #include <unordered_map>
 #include <vector>
-
 /* lutra's headers are C11: the two C11 keywords they use, spelled in C++ while they are read */
 #define _Thread_local thread_local
 #define _Static_assert static_assert
@@ -420,8 +419,8 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
     e = build(*p->bwd, h);
   }
   if (e.is_bad()) {
-    p->bwd_error = std::string("cuDNN cannot run this attention backward (") + shape +
-                   "): " + e.err_msg;
+    p->bwd_error =
+        std::string("cuDNN cannot run this attention backward (") + shape + "): " + e.err_msg;
     p->bwd.reset();
   }
 
@@ -531,6 +530,8 @@ int execute(lutra_call_graphs **cache, const call_key &key, call &c) {
 int begin_call(const lutra_attention_args *a, bool backward, const char *fn, attention_plan **p,
                cudnnHandle_t *h) {
   TRY(check_call(a, fn, p));
+  if (backward && !(*p)->bwd)
+    return lutra_error(LUTRA_EUNSUPPORTED, fn, "%s", (*p)->bwd_error.c_str());
   CHECK_ARG(a->q && a->k && a->v && a->out && a->stats, "q, k, v, out and stats must be set");
   CHECK_ARG(!backward || (a->dout && a->dq && a->dk && a->dv),
             "the backward's dout, dq, dk and dv must be set");
@@ -559,7 +560,6 @@ int run_backward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
   cudnnHandle_t h;
   TRY(begin_call(a, true, fn, &p, &h));
-  if (!p->bwd) return lutra_error(LUTRA_EUNSUPPORTED, fn, "%s", p->bwd_error.c_str());
   pack &k = p->bwd_pack;
   k.set(DO, a->dout);
   k.set(DQ, a->dq);
