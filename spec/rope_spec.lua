@@ -16,8 +16,8 @@ local nn = lutra.nn
 local E = require("spec.support.errors")
 
 -- fresh random values each run, the seed named in the failures
-local G = require("spec.support.clock_random")()
-local SEED, random = G.seed, G.random
+local G = require("spec.support.fresh_random").new()
+local SEED, random = G.seed, G.int
 local function seed() return random(1, 2 ^ 30) end
 
 local BOUND = { f32 = 0, bf16 = 2 ^ -8, f16 = 2 ^ -11 }
