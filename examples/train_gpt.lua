@@ -1,7 +1,8 @@
 -- Trains a small decoder-only GPT on Shakespeare's plays, byte-level, then samples from it.
 --   luajit examples/train_gpt.lua [--dim 128] [--layers 4] [--heads 4] [--seq 64] [--batch 16]
 --          [--steps 600] [--lr 0.003] [--positions learned|rope] [--device cpu|cuda]
---          [--dtype f32|bf16] [--sample 300] [--temperature 0.8] [--top-k 40] [--seed 1]
+--          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--sample 300]
+--          [--temperature 0.8] [--top-k 40] [--seed 1]
 -- (--help lists them with their defaults)
 -- Model: token embedding + learned positions (or RoPE inside attention), pre-norm
 -- nn.TransformerLayers, a final LayerNorm, the LM head tied to the token embedding,
@@ -12,6 +13,7 @@
 package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
 local corpus = require("corpus")
+local model = require("model")
 local nn = lutra.nn
 
 local function parse(argv)
@@ -31,6 +33,9 @@ local function parse(argv)
    :choices({ "cpu", "cuda" })
   p:option("--dtype", "parameter and activation dtype (cuda attention: bf16)", nil)
    :choices({ "f32", "bf16" })
+  p:option("--recipe", "FP8 recipe of the TransformerLayers' Linears (the first and the last "
+           .. "layer stay in the model's dtype, as TransformerEngine advises)", "none")
+   :choices({ "none", "delayed", "current", "mxfp8", "block", "rowwise", "nvfp4" })
   p:option("--every", "print progress every N steps", "50", tonumber)
   p:option("--val-batches", "validation batches per evaluation", "20", tonumber)
   p:option("--sample", "bytes to sample at the end", "300", tonumber)
@@ -52,46 +57,13 @@ local x = lutra.tensor({ B, T }, "i32", opt.device)
 local y = lutra.tensor({ B, T }, "i32", opt.device)
 
 -- model
-local where = { dtype = dtype, device = opt.device }
-local tok = nn.Embedding(V, d, where)
-local pos = opt.positions == "learned" and nn.Embedding(T, d, where) or nil
-local blocks = {}
-for i = 1, opt.layers do
-  blocks[i] = nn.TransformerLayer(d, 4 * d, opt.heads, { rope = opt.positions == "rope",
-    rope_max_seq = T, dtype = dtype, device = opt.device })
+local gpt = model.new({ vocab = V, dim = d, layers = opt.layers, heads = opt.heads, seq = T,
+                        positions = opt.positions, dtype = dtype, device = opt.device })
+if opt.recipe ~= "none" then
+  gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(opt.recipe) })
 end
-blocks[#blocks + 1] = nn.LayerNorm(d, where)
-blocks[#blocks + 1] = nn.Linear(d, V, { bias = false, weight = tok, dtype = dtype,
-                                        device = opt.device })
-local body = nn.Sequential(unpack(blocks))
--- GPT-2's init for the embeddings, N(0, 0.02) (nn.Embedding starts at N(0, 1), torch's default:
--- through the tied head that gives logits of size sqrt(d))
-tok:parameters()[1].value:scale_(0.02)
-if pos then pos:parameters()[1].value:scale_(0.02) end
--- one Sequential of every module, for the optimizer (the tied weight listed once)
-local all = pos and nn.Sequential(tok, pos, body) or nn.Sequential(tok, body)
 local loss = nn.CrossEntropyLoss()
-local optimizer = lutra.optim.AdamW(all, { lr = opt.lr, weight_decay = 0.1 })
-
--- positions 0 .. t-1 of each row, per shape
-local position_ids = {}
-local function positions(b, t)
-  local key = b * 65536 + t
-  if not position_ids[key] then
-    local ids = {}
-    for r = 0, b - 1 do
-      for i = 0, t - 1 do ids[r * t + i + 1] = i end
-    end
-    position_ids[key] = lutra.from_table(ids, { b, t }, "i32", opt.device)
-  end
-  return position_ids[key]
-end
-
-local function forward(ids, b, t, grad)
-  local h = tok:forward(ids, { grad = grad })
-  if pos then h = lutra.add(h, pos:forward(positions(b, t), { grad = grad })) end
-  return body:forward(h, { grad = grad })
-end
+local optimizer = lutra.optim.AdamW(gpt.all, { lr = opt.lr, weight_decay = 0.1 })
 
 local function lr_at(step)
   if step <= opt.warmup then return opt.lr * step / opt.warmup end
@@ -104,7 +76,7 @@ local function validation_loss()
   local vb = corpus.batches(val, B, T)
   for rows, vx, vy in vb:sequential(x, y) do
     if n >= opt.val_batches or rows < B then break end
-    loss:forward(forward(vx, B, T, false), vy)
+    loss:forward(gpt:forward(vx, false), vy)
     sum = sum + loss:value()
     n = n + 1
   end
@@ -112,17 +84,15 @@ local function validation_loss()
 end
 
 print(string.format("lutra %s: GPT d %d, %d layers, %d heads, T %d, batch %d, %s positions, " ..
-                    "%s on %s; unigram baseline %.3f nats/byte", lutra.version(), d, opt.layers,
-                    opt.heads, T, B, opt.positions, dtype, opt.device,
+                    "%s on %s, recipe %s; unigram baseline %.3f nats/byte", lutra.version(), d,
+                    opt.layers, opt.heads, T, B, opt.positions, dtype, opt.device, opt.recipe,
                     corpus.unigram_loss(train, val)))
 local clock, start, window = lutra.now, lutra.now(), lutra.now()
 for step = 1, opt.steps do
   batches:next(x, y)
   optimizer:set_lr(lr_at(step))
-  loss:forward(forward(x, B, T, true), y)
-  local dh = body:backward(loss:backward())
-  tok:backward(dh, false)
-  if pos then pos:backward(dh, false) end
+  loss:forward(gpt:forward(x, true), y)
+  gpt:backward(loss:backward())
   optimizer:step()
   if step % opt.every == 0 or step == opt.steps then
     local train_loss = loss:value() -- a host read: only on progress steps
@@ -143,7 +113,7 @@ if opt.sample > 0 then
     local t = math.min(#context, T)
     local ids = {}
     for j = 1, t do ids[j] = context[#context - t + j] end
-    local logits = forward(lutra.from_table(ids, { 1, t }, "i32", opt.device), 1, t, false)
+    local logits = gpt:forward(lutra.from_table(ids, { 1, t }, "i32", opt.device), false)
     local next_id = logits:select(2, t):sample({ temperature = opt.temperature,
                                                  top_k = opt.top_k, seed = opt.seed + i })
     local id = next_id:to_table()[1]

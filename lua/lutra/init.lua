@@ -206,6 +206,17 @@ function M.synchronize(name)
   core.check(C.lutra_device_synchronize(core.device(name, "lutra.synchronize")))
 end
 
+local memory_box = core.ffi.new("int64_t[2]")
+
+--- Device memory lutra holds (lutra_device_memory): bytes in use now and the most since the last
+-- reset; reset = true starts a new peak after reading. nil on the cpu, which does not count.
+function M.device_memory(name, reset)
+  local device = core.device(name, "lutra.device_memory")
+  if device == C.LUTRA_CPU then return nil end
+  core.check(C.lutra_device_memory(device, reset and 1 or 0, memory_box, memory_box + 1))
+  return tonumber(memory_box[0]), tonumber(memory_box[1])
+end
+
 --- CUDA: run lutra's work on this cudaStream_t (a cdata pointer; nil: lutra's own stream).
 function M.cuda_set_stream(stream)
   core.check(C.lutra_cuda_set_stream(stream))

@@ -58,3 +58,15 @@ int lutra_cuda_set_stream(void *stream) {
                      "this liblutra was built without CUDA");
 #endif
 }
+
+int lutra_device_memory(int device, int reset_peak, int64_t *in_use, int64_t *peak) {
+  static const char fn[] = "lutra_device_memory";
+  CHECK_ARG(in_use && peak, "in_use and peak must not be NULL");
+  const lutra_backend *be;
+  TRY(lutra_backend_get(device, &be, fn));
+#ifdef LUTRA_WITH_CUDA
+  if (device == LUTRA_CUDA) return lutra_cuda_memory(reset_peak, in_use, peak);
+#endif
+  (void)reset_peak;
+  return lutra_error(LUTRA_EUNSUPPORTED, fn, "the cpu backend does not count its memory");
+}

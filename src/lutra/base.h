@@ -112,6 +112,12 @@ LUTRA_API int lutra_device_synchronize(int device);
 /* CUDA: run lutra's work on this cudaStream_t (NULL: lutra's own stream). Call it between
  * steps: work already queued stays on the old stream. */
 LUTRA_API int lutra_cuda_set_stream(void *stream);
+/* Device memory lutra holds: *in_use bytes now and *peak, the most since the last reset (or the
+ * start), counted by the CUDA backend's stream-ordered pool (every tensor, optimizer state,
+ * GEMM and attention workspace; not cuBLASLt's, cuDNN's or the driver's own). reset_peak != 0
+ * starts a new peak at the current use, after reading. The CPU backend does not count its
+ * memory: LUTRA_EUNSUPPORTED. */
+LUTRA_API int lutra_device_memory(int device, int reset_peak, int64_t *in_use, int64_t *peak);
 LUTRA_API int lutra_nvtx_active(void); /* 1 when LUTRA_NVTX=1 was set at load */
 /* The CPU backend's GEMM threads (OpenBLAS's, process-wide). Default 1: OpenBLAS's threaded
  * GEMM allocates on the heap at every call it splits, so more threads break the promise of no

@@ -18,6 +18,8 @@ extern const lutra_backend lutra_cuda_table;
 /* context_cuda.c: the table, after the one-time device check; NULL with the error set for fn. */
 int lutra_cuda_backend(const lutra_backend **out, const char *fn);
 int lutra_cuda_use_stream(void *stream);
+/* lutra_device_memory's: the device's stream-ordered pool's use and high-water mark */
+int lutra_cuda_memory(int reset_peak, int64_t *in_use, int64_t *peak);
 
 /* The calling thread's stream and cuBLASLt handle (valid once lutra_cuda_backend succeeded on
  * this thread), and the scratch its stream's reducing kernels use (kernels.h's lk_scratch). */

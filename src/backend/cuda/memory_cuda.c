@@ -56,3 +56,25 @@ int lutra_cuda_memset(void *dst, int value, size_t bytes) {
   return lutra_cuda_status(cudaMemsetAsync(dst, value, bytes, lutra_cuda_stream()),
                            "lutra_cuda_memset", "cudaMemsetAsync");
 }
+
+int lutra_cuda_memory(int reset_peak, int64_t *in_use, int64_t *peak) {
+  static const char fn[] = "lutra_device_memory";
+  int device;
+  cudaMemPool_t pool;
+  uint64_t used = 0, high = 0;
+  TRY(lutra_cuda_status(cudaGetDevice(&device), fn, "cudaGetDevice"));
+  TRY(lutra_cuda_status(cudaDeviceGetDefaultMemPool(&pool, device), fn,
+                        "cudaDeviceGetDefaultMemPool"));
+  TRY(lutra_cuda_status(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used), fn,
+                        "cudaMemPoolGetAttribute"));
+  TRY(lutra_cuda_status(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &high), fn,
+                        "cudaMemPoolGetAttribute"));
+  *in_use = (int64_t)used;
+  *peak = (int64_t)high;
+  if (reset_peak) {
+    uint64_t zero = 0; /* the only value the attribute takes: the mark restarts at current use */
+    TRY(lutra_cuda_status(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &zero), fn,
+                          "cudaMemPoolSetAttribute"));
+  }
+  return LUTRA_OK;
+}

@@ -1,0 +1,136 @@
+#!/usr/bin/env luajit
+-- A GPT training step on the GPU, the model of examples/train_gpt.lua (examples/gpt/model.lua:
+-- token + learned position embedding, pre-norm TransformerLayers, final LayerNorm, LM head tied
+-- to the token embedding, cross-entropy), AdamW, uniform random tokens (throughput does not
+-- depend on them). bench/gpt_torch.py is the PyTorch side: the same configs, run it in the same
+-- call.
+-- Each config is timed two ways: "eager" (each module call issued from Lua) and "graph" (the
+-- whole step, optimizer included, captured once with lutra.graph.capture and replayed).
+-- Prints one markdown row per (config, build, recipe): ms/step (median of --reps batches of
+-- --steps steps between synchronizations, after --warmup steps), tokens/s, MFU against the
+-- dense BF16 peak (989 TFLOP/s on H100 and H200; FLOPs per token 6 N + 12 L T d, N the
+-- parameters less the position embedding: PaLM's count, as gpt_torch.py), peak device memory
+-- (the stream-ordered pool's high-water mark, lutra.device_memory), the host time to issue one
+-- step (median of 5, no synchronization) and the loss after the timed steps.
+-- Usage (on the GPU machine, from the repository root):
+--   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/gpt_bench.lua [--configs small,gpt2]
+--     [--recipes none,delayed] [--builds eager,graph] [--warmup 5] [--steps 10] [--reps 5]
+--     [--out FILE.md] [--device cuda|cpu]
+-- --device cpu: a tiny config in f32, a smoke test of the script.
+package.path = "examples/gpt/?.lua;" .. package.path
+local lutra = require("lutra")
+local model = require("model")
+local timing = require("bench.support.timing")
+
+local CONFIGS = {
+  small = { vocab = 8192, dim = 256, layers = 4, heads = 4, seq = 256, batch = 32 },
+  gpt2 = { vocab = 50304, dim = 768, layers = 12, heads = 12, seq = 1024, batch = 16 },
+  tiny = { vocab = 256, dim = 64, layers = 2, heads = 2, seq = 32, batch = 4 },
+}
+local PEAK_TFLOPS = 989
+
+local function parse(argv)
+  local argparse = require("lutra.cli").argparse("gpt_bench.lua")
+  local p = argparse("gpt_bench.lua", "A GPT training step: tokens/s, MFU, memory, host time.")
+  p:option("--configs", "comma-separated: small, gpt2, tiny", "small,gpt2")
+  p:option("--recipes", "comma-separated: none and lutra.recipe names (delayed, current, ...)",
+           "none,delayed")
+  p:option("--builds", "comma-separated: eager, graph", "eager,graph")
+  p:option("--warmup", "steps before timing", "5", tonumber)
+  p:option("--steps", "steps per timed batch", "10", tonumber)
+  p:option("--reps", "timed batches", "5", tonumber)
+  p:option("--out", "also write the table to this markdown file")
+  p:option("--device", "cuda, or cpu (the tiny config in f32: a smoke test)", "cuda")
+   :choices({ "cuda", "cpu" })
+  return p:parse(argv)
+end
+
+local o = parse(arg)
+local DEV = o.device
+require("lutra.cli").need_device("gpt_bench.lua", DEV)
+local DTYPE = DEV == "cuda" and "bf16" or "f32"
+
+local function split(s)
+  local t = {}
+  for w in s:gmatch("[^,]+") do t[#t + 1] = w end
+  return t
+end
+
+local function run(name, c, build, recipe)
+  lutra.manual_seed(0)
+  local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
+                          seq = c.seq, dtype = DTYPE, device = DEV })
+  if recipe ~= "none" then
+    gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(recipe) })
+  end
+  local loss = lutra.nn.CrossEntropyLoss()
+  local opt = lutra.optim.AdamW(gpt.all, { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95 })
+  local x = lutra.tensor({ c.batch, c.seq }, "i32", DEV)
+  local y = lutra.tensor({ c.batch, c.seq }, "i32", DEV)
+  local ids = {}
+  for i = 1, c.batch * c.seq do ids[i] = math.random(0, c.vocab - 1) end
+  x:set(ids)
+  for i = 1, c.batch * c.seq do ids[i] = math.random(0, c.vocab - 1) end
+  y:set(ids)
+  local function step()
+    loss:forward(gpt:forward(x, true), y)
+    gpt:backward(loss:backward())
+    opt:step()
+  end
+  local issue = step
+  if build == "graph" then
+    local g = lutra.graph.capture(step, { warmup = 2 })
+    issue = function() g:replay() end
+  end
+  for _ = 1, o.warmup do issue() end
+  lutra.synchronize(DEV)
+  lutra.device_memory(DEV, true) -- the peak from here on
+  local ms = timing.time_per_call(DEV, issue, o.steps, o.reps) * 1e3
+  local host = {}
+  for i = 1, 5 do
+    lutra.synchronize(DEV)
+    local t0 = lutra.now()
+    issue()
+    host[i] = (lutra.now() - t0) * 1e3
+  end
+  lutra.synchronize(DEV)
+  local _, peak = lutra.device_memory(DEV)
+  local tokens = c.batch * c.seq / ms * 1e3
+  local mfu = gpt:flops_per_token() * tokens / (PEAK_TFLOPS * 1e12) * 100
+  local row = string.format("| %s | lutra %s%s | %.2f | %.0f | %.1f%% | %s | %.3f | %.3f |", name,
+                            build, recipe == "none" and "" or " " .. recipe, ms, tokens, mfu,
+                            peak and string.format("%.2f", peak / 2 ^ 30) or "-",
+                            timing.median(host), loss:value())
+  print(row)
+  io.stdout:flush()
+  return row
+end
+
+local HEAD = "| config | build | ms/step | tokens/s | MFU | peak GiB | host ms/step | loss |"
+local ALIGN = "|---|---|---:|---:|---:|---:|---:|---|"
+local rows = {}
+local title = string.format("# lutra %s GPT step, %s on %s", lutra.version(), DTYPE, DEV)
+print(title)
+print(HEAD)
+print(ALIGN)
+for _, name in ipairs(DEV == "cpu" and { "tiny" } or split(o.configs)) do
+  local c = CONFIGS[name] or error("gpt_bench.lua: unknown config " .. name)
+  for _, recipe in ipairs(DEV == "cpu" and { "none" } or split(o.recipes)) do
+    for _, build in ipairs(DEV == "cpu" and { "eager" } or split(o.builds)) do
+      local ok, row = pcall(run, name, c, build, recipe)
+      if not ok then
+        row = string.format("| %s | lutra %s %s | failed: %s |", name, build, recipe,
+                            tostring(row):sub(1, 200))
+        print(row)
+      end
+      rows[#rows + 1] = row
+      collectgarbage()
+      collectgarbage()
+    end
+  end
+end
+if o.out then
+  local f = assert(io.open(o.out, "w"))
+  f:write(table.concat({ title, "", HEAD, ALIGN, table.concat(rows, "\n") }, "\n"), "\n")
+  f:close()
+end
