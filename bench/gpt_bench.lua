@@ -15,7 +15,9 @@
 -- Usage (on the GPU machine, from the repository root):
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/gpt_bench.lua [--configs small,gpt2]
 --     [--recipes none,delayed] [--builds eager,graph] [--warmup 5] [--steps 10] [--reps 5]
---     [--out FILE.md] [--device cuda|cpu]
+--     [--out FILE.md] [--device cuda|cpu] [--breakdown small|gpt2]
+-- --breakdown CONFIG: instead, the GPU time of each piece of an eager step (embeddings, layers,
+-- head, loss, AdamW), a synchronization around each: where a step's milliseconds go.
 -- --device cpu: a tiny config in f32, a smoke test of the script.
 package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
@@ -40,6 +42,7 @@ local function parse(argv)
   p:option("--steps", "steps per timed batch", "10", tonumber)
   p:option("--reps", "timed batches", "5", tonumber)
   p:option("--out", "also write the table to this markdown file")
+  p:option("--breakdown", "instead: where one eager step of this config spends its GPU time")
   p:option("--device", "cuda, or cpu (the tiny config in f32: a smoke test)", "cuda")
    :choices({ "cuda", "cpu" })
   return p:parse(argv)
@@ -56,6 +59,18 @@ local function split(s)
   return t
 end
 
+-- inputs and targets of one batch, uniform random ids
+local function random_tokens(c)
+  local x = lutra.tensor({ c.batch, c.seq }, "i32", DEV)
+  local y = lutra.tensor({ c.batch, c.seq }, "i32", DEV)
+  local ids = {}
+  for i = 1, c.batch * c.seq do ids[i] = math.random(0, c.vocab - 1) end
+  x:set(ids)
+  for i = 1, c.batch * c.seq do ids[i] = math.random(0, c.vocab - 1) end
+  y:set(ids)
+  return x, y
+end
+
 local function run(name, c, build, recipe)
   lutra.manual_seed(0)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
@@ -65,13 +80,7 @@ local function run(name, c, build, recipe)
   end
   local loss = lutra.nn.CrossEntropyLoss()
   local opt = lutra.optim.AdamW(gpt.all, { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95 })
-  local x = lutra.tensor({ c.batch, c.seq }, "i32", DEV)
-  local y = lutra.tensor({ c.batch, c.seq }, "i32", DEV)
-  local ids = {}
-  for i = 1, c.batch * c.seq do ids[i] = math.random(0, c.vocab - 1) end
-  x:set(ids)
-  for i = 1, c.batch * c.seq do ids[i] = math.random(0, c.vocab - 1) end
-  y:set(ids)
+  local x, y = random_tokens(c)
   local function step()
     loss:forward(gpt:forward(x, true), y)
     gpt:backward(loss:backward())
@@ -104,6 +113,68 @@ local function run(name, c, build, recipe)
   print(row)
   io.stdout:flush()
   return row
+end
+
+-- GPU time of each piece of an eager step (a synchronization around each; median of 5 steps)
+local function breakdown(name)
+  local c = CONFIGS[name] or error("gpt_bench.lua: unknown config " .. name)
+  lutra.manual_seed(0)
+  local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
+                          seq = c.seq, dtype = DTYPE, device = DEV })
+  local loss = lutra.nn.CrossEntropyLoss()
+  local opt = lutra.optim.AdamW(gpt.all, { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95 })
+  local x, y = random_tokens(c)
+  local names, times, step_ms = {}, {}, {} -- names in step order; ms per step of each
+  local function timed(what, fn, ...)
+    lutra.synchronize(DEV)
+    local t0 = lutra.now()
+    local r = fn(...)
+    lutra.synchronize(DEV)
+    if not times[what] then
+      names[#names + 1] = what
+      times[what] = {}
+    end
+    step_ms[what] = (step_ms[what] or 0) + (lutra.now() - t0) * 1e3
+    return r
+  end
+  local opts = { grad = true }
+  for rep = 1, 7 do
+    step_ms = {}
+    local h = timed("embeddings forward", function()
+      local e = gpt.tok:forward(x, opts)
+      return e:add_(gpt.pos:forward(gpt:positions(c.batch, c.seq), opts))
+    end)
+    for _, layer in ipairs(gpt.layers) do h = timed("layers forward", layer.forward, layer, h) end
+    h = timed("final norm forward", gpt.norm.forward, gpt.norm, h)
+    h = timed("head forward", gpt.head.forward, gpt.head, h)
+    timed("loss forward", loss.forward, loss, h, y)
+    local d = timed("loss backward", loss.backward, loss)
+    d = timed("head backward", gpt.head.backward, gpt.head, d)
+    d = timed("final norm backward", gpt.norm.backward, gpt.norm, d)
+    for i = #gpt.layers, 1, -1 do
+      d = timed("layers backward", gpt.layers[i].backward, gpt.layers[i], d)
+    end
+    timed("embeddings backward", function()
+      gpt.tok:backward(d, false)
+      gpt.pos:backward(d, false)
+    end)
+    timed("AdamW step", opt.step, opt)
+    if rep > 2 then -- two warm-up steps
+      for what, ms in pairs(step_ms) do table.insert(times[what], ms) end
+    end
+  end
+  print(string.format("# %s: GPU ms of each piece of an eager step (median of 5)", name))
+  local total = 0
+  for _, what in ipairs(names) do
+    local ms = (timing.median(times[what]))
+    total = total + ms
+    print(string.format("| %s | %.3f |", what, ms))
+  end
+  print(string.format("| total | %.3f |", total))
+end
+if o.breakdown then
+  breakdown(o.breakdown)
+  return
 end
 
 local HEAD = "| config | build | ms/step | tokens/s | MFU | peak GiB | host ms/step | loss |"
