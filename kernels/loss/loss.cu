@@ -185,6 +185,80 @@ __global__ void __launch_bounds__(kThreads)
   mean_by_last_block(partial, done, static_cast<double>(rows), loss);
 }
 
+/* The same rows, one per block, with the row kept in shared memory: the logits are read from
+ * global memory once instead of three times (max, sum, gradient). Each thread stages and later
+ * reads back only its own elements (those of the kernel above), so the staging needs no barrier
+ * and every value and sum is formed exactly as above: the bits are the same. */
+constexpr int64_t kSmemRowBytesMax = 112 * 1024; /* two blocks per SM on Hopper */
+
+template <int DT, int N>
+__global__ void __launch_bounds__(kThreads)
+    xent_smem_kernel(const void *logits, const int32_t *__restrict__ labels, int64_t rows,
+                     int64_t cols, void *dlogits, float inv_rows, float *loss, double *partial,
+                     unsigned *done, int32_t *bad_label) {
+  extern __shared__ uint4 row_smem[]; /* the row, in the logits' dtype */
+  __shared__ double red_d[kWarps];
+  __shared__ float red_f[kWarps];
+  constexpr int64_t kBytes = N * elem_size<DT>(); /* 16: one uint4 per vector */
+  const int64_t j_first = static_cast<int64_t>(threadIdx.x) * N, j_step = kThreads * N;
+  double acc = 0.0; /* this block's rows, valid in thread 0 */
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const int64_t base = r * cols;
+    const uint4 *src =
+        reinterpret_cast<const uint4 *>(static_cast<const char *>(logits) + base * elem_size<DT>());
+    float mx = -INFINITY;
+#pragma unroll 4
+    for (int64_t j = j_first; j < cols; j += j_step) {
+      const uint4 v = src[j / N];
+      row_smem[j / N] = v;
+      float x[N];
+      ldv<DT, N>(&v, 0, x);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        mx = x[k] > mx ? x[k] : mx; /* NaNs ignored, as the CPU's v > mx */
+    }
+    mx = block_max<kThreads>(mx, red_f); /* its barriers also order the staging for the label */
+    const int32_t label = labels[r];
+    const bool ok = label >= 0 && static_cast<int64_t>(label) < cols;
+    const float target = ok ? ld<DT>(row_smem, label) : NAN;
+
+    double sum = 0.0;
+    for (int64_t j = j_first; j < cols; j += j_step) {
+      float x[N];
+      ldv<DT, N>(row_smem, j, x);
+#pragma unroll
+      for (int k = 0; k < N; k++)
+        sum += static_cast<double>(expf(fsub(x[k], mx)));
+    }
+    sum = block_sum<kThreads>(sum, red_d);
+
+    if (threadIdx.x == 0) {
+      const float log_sum = static_cast<float>(log(sum));
+      const double row_loss = static_cast<double>(fsub(mx, target)) + static_cast<double>(log_sum);
+      acc += ok ? row_loss : static_cast<double>(NAN);
+      if (!ok && bad_label) *bad_label = 1;
+    }
+    if (dlogits) {
+      const float inv_sum = static_cast<float>(1.0 / sum);
+      for (int64_t j = j_first; j < cols; j += j_step) {
+        float x[N];
+        ldv<DT, N>(row_smem, j, x);
+#pragma unroll
+        for (int k = 0; k < N; k++) {
+          float p = fmul(expf(fsub(x[k], mx)), inv_sum);
+          if (j + k == label) p = fsub(p, 1.0f);
+          x[k] = ok ? fmul(p, inv_rows) : NAN;
+        }
+        stv<DT, N>(dlogits, base + j, x);
+      }
+    }
+    __syncthreads(); /* the label's logit of this row is read before the next row is staged */
+  }
+  static_assert(kBytes == 16, "one uint4 per vector");
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+  mean_by_last_block(partial, done, static_cast<double>(rows), loss);
+}
+
 } // namespace
 
 extern "C" cudaError_t lk_mse(const lutra_loss_args *a, const lk_scratch *scratch, cudaStream_t s) {
@@ -236,7 +310,21 @@ extern "C" cudaError_t lk_softmax_xent(const lutra_loss_args *a, const lk_scratc
     const bool block_rows = cols > kWarpColsMax;
     const int blocks = static_cast<int>(
         imin<int64_t>(block_rows ? rows : cdiv<int64_t>(rows, kWarps), kMaxPartials));
-    if (block_rows) {
+    const int64_t row_bytes = cols * elem_size<DT>();
+    if (block_rows && vec && row_bytes <= kSmemRowBytesMax) {
+      /* above 48 KiB a kernel must opt in to its dynamic shared memory, once per process (two
+       * threads doing it at once set the same value) */
+      static bool opted_in = false;
+      if (!opted_in) {
+        const cudaError_t e = cudaFuncSetAttribute(xent_smem_kernel<DT, V>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(kSmemRowBytesMax));
+        if (e != cudaSuccess) return e;
+        opted_in = true;
+      }
+      xent_smem_kernel<DT, V><<<blocks, kThreads, static_cast<size_t>(row_bytes), s>>>(
+          logits, labels, rows, cols, dlogits, inv_rows, loss, sp, sd, a->bad_label);
+    } else if (block_rows) {
       if (vec)
         xent_kernel<DT, V, true><<<blocks, kThreads, 0, s>>>(logits, labels, rows, cols, dlogits,
                                                              inv_rows, loss, sp, sd, a->bad_label);
