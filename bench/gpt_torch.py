@@ -155,8 +155,75 @@ def run(name, c, build, args):
     torch.cuda.empty_cache()
 
 
+def load_safetensors(path):
+    """A safetensors file as {name: float32 tensor} (the format is 8 bytes of header length, a
+    JSON header, the raw data), read without the safetensors package."""
+    import json
+    import struct
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__" or t["dtype"] not in dtypes:
+            continue
+        a, b = t["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(data[a:b]), dtype=dtypes[t["dtype"]]) \
+            .view(t["shape"]).float()
+    return out
+
+
+def parity(d):
+    """bench/gpt_parity.lua's run again in PyTorch: the same weights, batches and optimizer;
+    prints both loss curves' windows and their difference."""
+    import json
+    c = json.load(open(f"{d}/config.json"))
+    torch.manual_seed(0)
+    model = GPT(c).cuda()
+    w = load_safetensors(f"{d}/init.safetensors")
+    names = {"wte.weight": "0.weight", "wpe.weight": "1.weight",
+             "lnf.weight": f"2.{c['L']}.weight", "lnf.bias": f"2.{c['L']}.bias"}
+    for i in range(c["L"]):
+        a, m = f"2.{i}.self_attention.", f"2.{i}.layernorm_mlp."
+        for t in ("weight", "bias"):
+            names.update({f"blocks.{i}.ln1.{t}": a + "layernorm_qkv.norm." + t,
+                          f"blocks.{i}.qkv.{t}": a + "layernorm_qkv." + t,
+                          f"blocks.{i}.proj.{t}": a + "proj." + t,
+                          f"blocks.{i}.ln2.{t}": m + "norm." + t,
+                          f"blocks.{i}.fc1.{t}": m + "fc1." + t,
+                          f"blocks.{i}.fc2.{t}": m + "fc2." + t})
+    state = {k: w[v] for k, v in names.items()}
+    missing = model.load_state_dict(state, strict=True)
+    assert not missing.missing_keys and not missing.unexpected_keys, missing
+    opt = torch.optim.AdamW(model.parameters(), lr=c["lr"], betas=tuple(c["betas"]),
+                            eps=c["eps"], weight_decay=c["weight_decay"], fused=True)
+    B, T = c["B"], c["T"]
+    raw = torch.from_numpy(__import__("numpy").fromfile(f"{d}/batches.i32", dtype="int32"))
+    raw = raw.view(c["steps"], 2, B, T).long().cuda()
+    losses = []
+    for step in range(c["steps"]):
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(raw[step, 0], raw[step, 1])
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    lutra = [float(x) for x in open(f"{d}/lutra_loss.txt").read().split()]
+    n = len(losses)
+    print(f"# loss parity, {n} steps (bench/gpt_parity.lua's run, torch {torch.__version__})")
+    print("| steps | lutra mean loss | torch mean loss | difference |")
+    print("|---|---:|---:|---:|")
+    for a, b in ((0, 1), (0, 10), (n // 2 - 25, n // 2 + 25), (n - 50, n)):
+        lm, tm = statistics.mean(lutra[a:b]), statistics.mean(losses[a:b])
+        print(f"| {a + 1}-{b} | {lm:.4f} | {tm:.4f} | {(lm - tm) / tm * 100:+.2f}% |")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--parity", metavar="DIR",
+                   help="instead: PyTorch's side of bench/gpt_parity.lua's run in DIR")
     p.add_argument("--configs", default="small,gpt2")
     p.add_argument("--builds", default="eager,compile,compile-cg,te,te8")
     p.add_argument("--warmup", type=int, default=5)
@@ -164,6 +231,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     args = p.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
+    if args.parity:
+        parity(args.parity)
+        return
     print(f"# torch {torch.__version__} on {torch.cuda.get_device_name()}")
     print("| config | build | ms/step | tokens/s | MFU | peak GiB | host ms/step | loss |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
