@@ -2,17 +2,23 @@
 --   luajit examples/recipe_lab.lua [--recipes examples/recipes/default.lua] [--steps 300]
 --          [--depth 4] [--hidden 256] [--batch 128] [--lr 0.003] [--device cpu|cuda]
 --          [--out lab_out] [--trace-every 1]
--- The model is examples/train_mlp.lua's (an MLP of `depth` Linears with GELUs between, the last
--- one named "head"; a fixed random teacher gives the normalized regression targets), trained
--- with AdamW from the same initial weights under every recipe. Written to --out:
+--          [--model mlp|gpt] [--layers 4] [--seq 64]
+-- The model (--model mlp, the default) is examples/train_mlp.lua's (an MLP of `depth` Linears
+-- with GELUs between, the last one named "head"; a fixed random teacher gives the normalized
+-- regression targets); --model gpt is examples/gpt/model.lua's GPT (width --hidden, --layers
+-- TransformerLayers, 4 heads, --seq tokens, --batch sequences) on Shakespeare's bytes (the
+-- corpus of examples/train_gpt.lua), its first and last layers outside FP8, the final loss the
+-- validation loss. Each is trained with AdamW from the same initial weights on the same batches
+-- under every recipe. Written to --out:
 --   loss.csv     step, then one column per recipe: the loss of every step
 --   scales.csv   recipe, step, layer, role, scale, amax: every --trace-every steps, for the
---                quantizers with one scale (delayed and current scaling; amax: the newest of a
---                delayed history (0 for a history of length 1, which the update clears),
---                fp8_max / scale for current)
+--                quantizers with one scale (gpt: each FP8 layer's output projection; delayed
+--                and current scaling; amax: the newest of a delayed history (0 for a history
+--                of length 1, which the update clears), fp8_max / scale for current)
 --   table.md     final loss and its ratio to the f32 run's, per recipe
 --   loss.png     the loss curves (gnuplot; skipped, and said so, when gnuplot is not installed:
 --                sh tools/bootstrap.sh lab installs it; LUTRA_LAB_GNUPLOT=none skips it too)
+package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
 local nn = lutra.nn
 
@@ -31,6 +37,10 @@ local function parse(argv)
    :choices({ "cpu", "cuda" })
   p:option("--out", "the folder the traces, table and plot go to", "lab_out")
   p:option("--trace-every", "trace the scales every N steps", "1", tonumber)
+  p:option("--model", "the MLP of train_mlp.lua or the GPT of train_gpt.lua", "mlp")
+   :choices({ "mlp", "gpt" })
+  p:option("--layers", "gpt: TransformerLayers", "4", tonumber)
+  p:option("--seq", "gpt: tokens per sequence", "64", tonumber)
   local o = p:parse(argv)
   if not (o.depth and o.depth >= 2) then p:error("--depth must be at least 2") end
   for _, k in ipairs({ "steps", "hidden", "batch", "lr", "trace_every" }) do
@@ -97,27 +107,78 @@ local function trace_scales(rows, name, step, linears)
   end
 end
 
-local function run(entry)
-  local recipe = entry.recipe and entry.recipe(lutra) or nil
+-- a task: step() trains one step and returns its loss; final() the loss the table shows;
+-- linears, the Linears whose scales are traced
+local function mlp_task(recipe)
   local net, linears = mlp(1)
   local loss = nn.MSELoss()
   local optimizer = lutra.optim.AdamW(net, { lr = opt.lr, weight_decay = 0 })
   local scope = lutra.autocast { recipe = recipe }
-  local losses, scales = {}, {}
-  local t0 = lutra.now()
-  for step = 1, opt.steps do
+  local task = { linears = linears }
+  function task.step()
     scope:enter()
     local y = net:forward(x)
     scope:exit()
     loss:forward(y, target)
     net:backward(loss:backward(), false)
     optimizer:step()
-    losses[step] = loss:value()
+    return loss:value()
+  end
+  return task
+end
+
+local gpt_data
+local function gpt_task(recipe)
+  local corpus, model = require("corpus"), require("model")
+  gpt_data = gpt_data or { corpus.split(corpus.byte_tokens(corpus.load()), 0.1) }
+  local train, val = gpt_data[1], gpt_data[2]
+  lutra.manual_seed(1)
+  local gpt = model.new({ vocab = 256, dim = opt.hidden, layers = opt.layers, heads = 4,
+                          seq = opt.seq, dtype = opt.device == "cuda" and "bf16" or "f32",
+                          device = opt.device })
+  if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }) end
+  local loss = nn.CrossEntropyLoss()
+  local optimizer = lutra.optim.AdamW(gpt.all, { lr = opt.lr, weight_decay = 0.1 })
+  local batches = corpus.batches(train, opt.batch, opt.seq, 1)
+  local xs = lutra.tensor({ opt.batch, opt.seq }, "i32", opt.device)
+  local ys = lutra.tensor({ opt.batch, opt.seq }, "i32", opt.device)
+  local linears = {}
+  for i = gpt.fp8_first or 1, gpt.fp8_last or 0 do
+    linears[#linears + 1] = gpt.layers[i]:part("proj")
+  end
+  local task = { linears = linears }
+  function task.step()
+    batches:next(xs, ys)
+    loss:forward(gpt:forward(xs, true), ys)
+    gpt:backward(loss:backward())
+    optimizer:step()
+    return loss:value()
+  end
+  function task.final() -- the validation loss over (at most) 20 batches
+    local sum, n = 0, 0
+    for rows, vx, vy in corpus.batches(val, opt.batch, opt.seq):sequential(xs, ys) do
+      if n >= 20 or rows < opt.batch then break end
+      loss:forward(gpt:forward(vx, false), vy)
+      sum, n = sum + loss:value(), n + 1
+    end
+    return sum / n
+  end
+  return task
+end
+
+local function run(entry)
+  local recipe = entry.recipe and entry.recipe(lutra) or nil
+  local task = (opt.model == "gpt" and gpt_task or mlp_task)(recipe)
+  local losses, scales = {}, {}
+  local t0 = lutra.now()
+  for step = 1, opt.steps do
+    losses[step] = task.step()
     if recipe and (step - 1) % opt.trace_every == 0 then
-      trace_scales(scales, entry.name, step, linears)
+      trace_scales(scales, entry.name, step, task.linears)
     end
   end
-  return { losses = losses, scales = scales, seconds = lutra.now() - t0 }
+  local final = task.final and task.final() or losses[opt.steps]
+  return { losses = losses, scales = scales, final = final, seconds = lutra.now() - t0 }
 end
 
 os.execute("mkdir -p '" .. opt.out .. "'")
@@ -126,7 +187,7 @@ for i, e in ipairs(entries) do
   io.write(string.format("%-24s", e.name))
   io.flush()
   results[i] = run(e)
-  io.write(string.format(" final loss %.6g  (%.1f s)\n", results[i].losses[opt.steps],
+  io.write(string.format(" final loss %.6g  (%.1f s)\n", results[i].final,
                          results[i].seconds))
 end
 
@@ -151,16 +212,20 @@ end
 f:close()
 
 -- table.md
-local ref_final = results[reference].losses[opt.steps]
+local ref_final = results[reference].final
+local shape = opt.model == "gpt"
+              and string.format("GPT, %d layers, d %d, T %d", opt.layers, opt.hidden, opt.seq)
+              or string.format("MLP, depth %d, hidden %d", opt.depth, opt.hidden)
 local lines = {
-  string.format("Recipe lab: %d steps, depth %d, hidden %d, batch %d, lr %g, %s; recipes from %s",
-                opt.steps, opt.depth, opt.hidden, opt.batch, opt.lr, opt.device, opt.recipes),
+  string.format("Recipe lab: %d steps, %s, batch %d, lr %g, %s; recipes from %s; final: %s",
+                opt.steps, shape, opt.batch, opt.lr, opt.device, opt.recipes,
+                opt.model == "gpt" and "validation loss" or "training loss of the last step"),
   "",
   "| recipe | final loss | ratio to " .. entries[reference].name .. " |",
   "|---|---:|---:|",
 }
 for i, e in ipairs(entries) do
-  local final = results[i].losses[opt.steps]
+  local final = results[i].final
   lines[#lines + 1] = string.format("| %s | %.6g | %.4f |", e.name, final, final / ref_final)
 end
 local tbl = table.concat(lines, "\n") .. "\n"
@@ -177,7 +242,8 @@ end
 if have_gnuplot() then
   local gp = { "set terminal png size 1000,600", "set output '" .. opt.out .. "/loss.png'",
                "set datafile separator ','", "set termoption noenhanced", "set logscale y",
-               "set key outside right", "set xlabel 'step'", "set ylabel 'MSE loss'",
+               "set key outside right", "set xlabel 'step'",
+               opt.model == "gpt" and "set ylabel 'cross-entropy'" or "set ylabel 'MSE loss'",
                "set title 'recipe lab: loss against " .. entries[reference].name .. "'" }
   local plots = {}
   for i, e in ipairs(entries) do

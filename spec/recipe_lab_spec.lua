@@ -82,4 +82,43 @@ describe("the recipe lab", function()
     assert.is_nil(by.head_hp[steps .. ":3:input"]) -- the head runs in high precision
     os.execute("rm -rf '" .. out .. "'")
   end)
+
+  it("--model gpt: the GPT on a corpus, validation losses in the table, projections' scales", function()
+    local data = os.tmpname()
+    os.remove(data)
+    assert(os.execute("mkdir -p '" .. data .. "'"))
+    local text = {}
+    for i = 1, 30000 do text[i] = string.char(math.random(97, 100)) end -- 4 letters: learnable
+    local f = assert(io.open(data .. "/shakespeare.txt", "wb"))
+    f:write(table.concat(text))
+    f:close()
+    local out = data .. "/lab"
+    local steps = 15
+    local cmd = string.format("LUTRA_DATA='%s' LUTRA_LAB_GNUPLOT=none LUTRA_DEVICE=cpu %s "
+                              .. "examples/recipe_lab.lua --model gpt --steps %d --hidden 32 "
+                              .. "--layers 3 --batch 4 --seq 16 --lr 0.01 --out %s 2>&1", data,
+                              LUAJIT, steps, out)
+    local p = assert(io.popen(cmd))
+    local log = p:read("*a")
+    p:close()
+    assert.truthy(log:find("final: validation loss", 1, true), log)
+    local loss = read_lines(out .. "/loss.csv")
+    local header = split(loss[1])
+    local first = split(loss[2])
+    local rows = {}
+    for _, line in ipairs(read_lines(out .. "/table.md")) do
+      local name, fl = line:match("^| (%S+) | ([%d%.e%-]+) | [%d%.]+ |$")
+      if name then rows[name] = tonumber(fl) end
+    end
+    for c = 2, #header do
+      -- ln 256 = 5.55 at the start; 4 equally likely letters give ln 4 = 1.39 at best
+      assert.is_true(rows[header[c]] < tonumber(first[c]) and rows[header[c]] > 1.3, header[c])
+    end
+    -- the middle layer (the only FP8 one of 3) is traced
+    local scales = read_lines(out .. "/scales.csv")
+    local traced = {}
+    for i = 2, #scales do traced[split(scales[i])[1] .. ":" .. split(scales[i])[3]] = true end
+    assert.is_true(traced["delayed:1"] and traced["current:1"], log)
+    os.execute("rm -rf '" .. data .. "'")
+  end)
 end)
