@@ -83,7 +83,8 @@ describe("the recipe lab", function()
     os.execute("rm -rf '" .. out .. "'")
   end)
 
-  it("--model gpt: the GPT on a corpus, validation losses in the table, projections' scales", function()
+  it("--model gpt: the GPT on a corpus, validation losses in the table, projections' scales",
+     function()
     local data = os.tmpname()
     os.remove(data)
     assert(os.execute("mkdir -p '" .. data .. "'"))
