@@ -11,7 +11,8 @@
 -- dense BF16 peak (989 TFLOP/s on H100 and H200; FLOPs per token 6 N + 12 L T d, N the
 -- parameters less the position embedding: PaLM's count, as gpt_torch.py), peak device memory
 -- (the stream-ordered pool's high-water mark, lutra.device_memory), the host time to issue one
--- step (median of 5, no synchronization) and the loss after the timed steps.
+-- step (median of 5, no synchronization), the loss after the timed steps and, for a graph, its
+-- nodes (the kernels, memsets and copies a step launches).
 -- Usage (on the GPU machine, from the repository root):
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/gpt_bench.lua [--configs small,gpt2]
 --     [--recipes none,delayed] [--builds eager,graph] [--warmup 5] [--steps 10] [--reps 5]
@@ -86,10 +87,11 @@ local function run(name, c, build, recipe)
     gpt:backward(loss:backward())
     opt:step()
   end
-  local issue = step
+  local issue, nodes = step, "-"
   if build == "graph" then
     local g = lutra.graph.capture(step, { warmup = 2 })
     issue = function() g:replay() end
+    nodes = tostring((g:info()))
   end
   for _ = 1, o.warmup do issue() end
   lutra.synchronize(DEV)
@@ -106,16 +108,18 @@ local function run(name, c, build, recipe)
   local _, peak = lutra.device_memory(DEV)
   local tokens = c.batch * c.seq / ms * 1e3
   local mfu = gpt:flops_per_token() * tokens / (PEAK_TFLOPS * 1e12) * 100
-  local row = string.format("| %s | lutra %s%s | %.2f | %.0f | %.1f%% | %s | %.3f | %.3f |", name,
-                            build, recipe == "none" and "" or " " .. recipe, ms, tokens, mfu,
+  local row = string.format("| %s | lutra %s%s | %.2f | %.0f | %.1f%% | %s | %.3f | %.3f | %s |",
+                            name, build, recipe == "none" and "" or " " .. recipe, ms, tokens, mfu,
                             peak and string.format("%.2f", peak / 2 ^ 30) or "-",
-                            timing.median(host), loss:value())
+                            timing.median(host), loss:value(), nodes)
   print(row)
   io.stdout:flush()
   return row
 end
 
 -- GPU time of each piece of an eager step (a synchronization around each; median of 5 steps)
+-- and the launches it issues (the nodes of a CUDA graph captured from it: kernels, memsets,
+-- copies; cuda only)
 local function breakdown(name)
   local c = CONFIGS[name] or error("gpt_bench.lua: unknown config " .. name)
   lutra.manual_seed(0)
@@ -124,61 +128,67 @@ local function breakdown(name)
   local loss = lutra.nn.CrossEntropyLoss()
   local opt = lutra.optim.AdamW(gpt.all, { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95 })
   local x, y = random_tokens(c)
-  local names, times, step_ms = {}, {}, {} -- names in step order; ms per step of each
-  local function timed(what, fn, ...)
-    lutra.synchronize(DEV)
-    local t0 = lutra.now()
-    local r = fn(...)
-    lutra.synchronize(DEV)
-    if not times[what] then
-      names[#names + 1] = what
-      times[what] = {}
-    end
-    step_ms[what] = (step_ms[what] or 0) + (lutra.now() - t0) * 1e3
-    return r
-  end
   local opts = { grad = true }
-  for rep = 1, 7 do
-    step_ms = {}
-    local h = timed("embeddings forward", function()
-      local e = gpt.tok:forward(x, opts)
-      return e:add_(gpt.pos:forward(gpt:positions(c.batch, c.seq), opts))
-    end)
-    for _, layer in ipairs(gpt.layers) do h = timed("layers forward", layer.forward, layer, h) end
-    h = timed("final norm forward", gpt.norm.forward, gpt.norm, h)
-    h = timed("head forward", gpt.head.forward, gpt.head, h)
-    timed("loss forward", loss.forward, loss, h, y)
-    local d = timed("loss backward", loss.backward, loss)
-    d = timed("head backward", gpt.head.backward, gpt.head, d)
-    d = timed("final norm backward", gpt.norm.backward, gpt.norm, d)
-    for i = #gpt.layers, 1, -1 do
-      d = timed("layers backward", gpt.layers[i].backward, gpt.layers[i], d)
-    end
-    timed("embeddings backward", function()
+  local h, d -- the activation and the gradient passed from piece to piece
+  local pieces = {
+    { "embeddings forward", function()
+      h = gpt.tok:forward(x, opts):add_(gpt.pos:forward(gpt:positions(c.batch, c.seq), opts))
+    end },
+    { "layers forward", function()
+      for _, layer in ipairs(gpt.layers) do h = layer:forward(h, opts) end
+    end },
+    { "final norm + head forward", function() h = gpt.head:forward(gpt.norm:forward(h, opts)) end },
+    { "loss forward + backward", function()
+      loss:forward(h, y)
+      d = loss:backward()
+    end },
+    { "head + final norm backward", function() d = gpt.norm:backward(gpt.head:backward(d)) end },
+    { "layers backward", function()
+      for i = #gpt.layers, 1, -1 do d = gpt.layers[i]:backward(d) end
+    end },
+    { "embeddings backward", function()
       gpt.tok:backward(d, false)
       gpt.pos:backward(d, false)
-    end)
-    timed("AdamW step", opt.step, opt)
-    if rep > 2 then -- two warm-up steps
-      for what, ms in pairs(step_ms) do table.insert(times[what], ms) end
+    end },
+    { "AdamW step", function() opt:step() end },
+  }
+  local times = {}
+  for rep = 1, 7 do
+    for k, piece in ipairs(pieces) do
+      lutra.synchronize(DEV)
+      local t0 = lutra.now()
+      piece[2]()
+      lutra.synchronize(DEV)
+      times[k] = times[k] or {}
+      if rep > 2 then table.insert(times[k], (lutra.now() - t0) * 1e3) end -- 2 warm-up steps
     end
   end
-  print(string.format("# %s: GPU ms of each piece of an eager step (median of 5)", name))
-  local total = 0
-  for _, what in ipairs(names) do
-    local ms = (timing.median(times[what]))
-    total = total + ms
-    print(string.format("| %s | %.3f |", what, ms))
+  print(string.format("# %s: each piece of an eager step, GPU ms (median of 5) and launches", name))
+  print("| piece | ms | launches |")
+  print("|---|---:|---:|")
+  local total_ms, total_nodes = 0, 0
+  for k, piece in ipairs(pieces) do
+    local nodes = "-"
+    if DEV == "cuda" then
+      local g = lutra.graph.capture(piece[2], { warmup = 0 })
+      nodes = g:info()
+      total_nodes = total_nodes + nodes
+      g:destroy()
+    end
+    local ms = (timing.median(times[k]))
+    total_ms = total_ms + ms
+    print(string.format("| %s | %.3f | %s |", piece[1], ms, tostring(nodes)))
   end
-  print(string.format("| total | %.3f |", total))
+  print(string.format("| total | %.3f | %d |", total_ms, total_nodes))
 end
 if o.breakdown then
   breakdown(o.breakdown)
   return
 end
 
-local HEAD = "| config | build | ms/step | tokens/s | MFU | peak GiB | host ms/step | loss |"
-local ALIGN = "|---|---|---:|---:|---:|---:|---:|---|"
+local HEAD = "| config | build | ms/step | tokens/s | MFU | peak GiB | host ms/step | loss | "
+             .. "launches |"
+local ALIGN = "|---|---|---:|---:|---:|---:|---:|---|---:|"
 local rows = {}
 local title = string.format("# lutra %s GPT step, %s on %s", lutra.version(), DTYPE, DEV)
 print(title)
