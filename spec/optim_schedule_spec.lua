@@ -309,6 +309,13 @@ describe("checkpoint resume with schedule and clipping", function()
       assert.are.same(before, values(m))
       assert.are.equal(lr_before, o:lr())
     end
+    -- some of the settings without the others: a damaged file
+    local partial = header:gsub('"optim.max_grad_norm":"[^"]*",?', "", 1):gsub(",}", "}")
+    local bad = dir .. "/partial.safetensors"
+    st.write(bad, st.join(partial, data))
+    E.expect_error(function() lutra.load(bad, { model = m, optim = o }) end,
+                   "lutra_checkpoint_load", "has optimizer settings but no optim.max_grad_norm")
+    assert.are.same(before, values(m))
     os.execute("rm -rf " .. dir)
   end)
 end)

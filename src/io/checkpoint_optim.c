@@ -30,10 +30,8 @@ int ckpt_optim_meta(const lutra_optim_view *v, ckpt_optim_text *text, const char
 }
 
 /* decimal digits only (the writer's "%lld" of a count >= 0), at most 18 of them */
-static int parse_count(const st_file *f, const char *key, int64_t *out, const char *path,
+static int parse_count(const char *s, const char *key, int64_t *out, const char *path,
                        const char *fn) {
-  const char *s = st_meta(f, key);
-  CHECK_ARG(s, "'%s': __metadata__ has optim.schedule but no %s", path, key);
   int64_t v = 0;
   const char *p = s;
   for (; *p >= '0' && *p <= '9' && p - s < 18; p++)
@@ -43,35 +41,49 @@ static int parse_count(const st_file *f, const char *key, int64_t *out, const ch
   return LUTRA_OK;
 }
 
+static const char *const keys[] = {"optim.schedule", "optim.warmup_steps", "optim.total_steps",
+                                   "optim.min_lr", "optim.max_grad_norm"};
+enum { KEY_COUNT = sizeof keys / sizeof *keys };
+
 int ckpt_optim_settings_read(const st_file *f, const char *path, ckpt_optim_settings *s,
                              const char *fn) {
   memset(s, 0, sizeof *s);
-  const char *kind = st_meta(f, "optim.schedule"), *clip = st_meta(f, "optim.max_grad_norm");
-  if (kind) {
-    int k = 0;
-    while (k < KIND_COUNT && strcmp(kind, kind_names[k]) != 0)
-      k++;
-    CHECK_ARG(k < KIND_COUNT,
-              "'%s': __metadata__ optim.schedule '%s' is not constant, warmup_cosine or "
-              "warmup_linear",
-              path, kind);
-    s->schedule.kind = k;
-    TRY(parse_count(f, "optim.warmup_steps", &s->schedule.warmup_steps, path, fn));
-    TRY(parse_count(f, "optim.total_steps", &s->schedule.total_steps, path, fn));
-    const char *min_lr = st_meta(f, "optim.min_lr");
-    CHECK_ARG(min_lr, "'%s': __metadata__ has optim.schedule but no optim.min_lr", path);
-    TRY(ckpt_parse_f32(min_lr, "optim.min_lr", false, &s->schedule.min_lr, path, fn));
-    TRY(lutra_lr_schedule_check(&s->schedule, fn));
-    s->have_schedule = true;
+  /* all of the keys (a file of this lutra) or none (one written before they were): a file
+   * with some is damaged */
+  const char *v[KEY_COUNT];
+  int present = 0, missing = -1;
+  for (int k = 0; k < KEY_COUNT; k++) {
+    v[k] = st_meta(f, keys[k]);
+    if (v[k])
+      present++;
+    else
+      missing = k;
   }
-  if (clip) {
-    TRY(ckpt_parse_f32(clip, "optim.max_grad_norm", true, &s->max_grad_norm, path, fn));
-    s->have_clip = true;
-  }
+  if (present == 0) return LUTRA_OK;
+  CHECK_ARG(present == KEY_COUNT,
+            "'%s': __metadata__ has optimizer settings but no %s (the file is damaged)", path,
+            keys[missing]);
+  int kind = 0;
+  while (kind < KIND_COUNT && strcmp(v[0], kind_names[kind]) != 0)
+    kind++;
+  CHECK_ARG(kind < KIND_COUNT,
+            "'%s': __metadata__ optim.schedule '%s' is not constant, warmup_cosine or "
+            "warmup_linear",
+            path, v[0]);
+  s->schedule.kind = kind;
+  TRY(parse_count(v[1], keys[1], &s->schedule.warmup_steps, path, fn));
+  TRY(parse_count(v[2], keys[2], &s->schedule.total_steps, path, fn));
+  TRY(ckpt_parse_f32(v[3], keys[3], false, &s->schedule.min_lr, path, fn));
+  TRY(ckpt_parse_f32(v[4], keys[4], true, &s->max_grad_norm, path, fn));
+  char context[512];
+  snprintf(context, sizeof context, "'%.400s': __metadata__ optim.", path);
+  TRY(lutra_lr_schedule_check(&s->schedule, fn, context));
+  s->present = true;
   return LUTRA_OK;
 }
 
 void ckpt_optim_settings_apply(const ckpt_optim_settings *s, const lutra_optim_view *v) {
-  if (s->have_schedule) *v->schedule = s->schedule;
-  if (s->have_clip) *v->max_grad_norm = s->max_grad_norm;
+  if (!s->present) return;
+  *v->schedule = s->schedule;
+  *v->max_grad_norm = s->max_grad_norm;
 }

@@ -18,7 +18,7 @@ typedef struct ckpt_optim_text {
 /* What a file says of the settings (a file written before they were saved says nothing: the
  * optimizer keeps its own). */
 typedef struct ckpt_optim_settings {
-  bool have_schedule, have_clip;
+  bool present;
   lutra_lr_schedule schedule;
   float max_grad_norm;
 } ckpt_optim_settings;

@@ -54,18 +54,18 @@ void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
   d->eps = 1e-8f;
 }
 
-int lutra_lr_schedule_check(const lutra_lr_schedule *s, const char *fn) {
+int lutra_lr_schedule_check(const lutra_lr_schedule *s, const char *fn, const char *context) {
   CHECK_ARG(s->kind == LUTRA_LR_CONSTANT || s->kind == LUTRA_LR_WARMUP_COSINE ||
                 s->kind == LUTRA_LR_WARMUP_LINEAR,
-            "unknown schedule kind %d (expected constant, warmup_cosine or warmup_linear)",
-            (int)s->kind);
-  CHECK_ARG(s->warmup_steps >= 0, "warmup_steps must be >= 0, got %lld",
+            "%sunknown schedule kind %d (expected constant, warmup_cosine or warmup_linear)",
+            context, (int)s->kind);
+  CHECK_ARG(s->warmup_steps >= 0, "%swarmup_steps must be >= 0, got %lld", context,
             (long long)s->warmup_steps);
   CHECK_ARG(s->kind == LUTRA_LR_CONSTANT || s->total_steps >= s->warmup_steps,
-            "total_steps (%lld) must be >= warmup_steps (%lld)", (long long)s->total_steps,
-            (long long)s->warmup_steps);
-  CHECK_ARG(isfinite(s->min_lr) && s->min_lr >= 0, "min_lr must be finite and >= 0, got %g",
-            (double)s->min_lr);
+            "%stotal_steps (%lld) must be >= warmup_steps (%lld)", context,
+            (long long)s->total_steps, (long long)s->warmup_steps);
+  CHECK_ARG(isfinite(s->min_lr) && s->min_lr >= 0, "%smin_lr must be finite and >= 0, got %g",
+            context, (double)s->min_lr);
   return LUTRA_OK;
 }
 
@@ -84,7 +84,7 @@ static int check_desc(const lutra_optim_desc *d, const char *fn) {
   CHECK_ARG(d->decay == LUTRA_DECAY_ALL || d->decay == LUTRA_DECAY_MATRICES,
             "unknown decay rule %d (expected LUTRA_DECAY_ALL or LUTRA_DECAY_MATRICES)",
             (int)d->decay);
-  return lutra_lr_schedule_check(&d->schedule, fn);
+  return lutra_lr_schedule_check(&d->schedule, fn, "");
 }
 
 static void optim_buffers_free(lutra_optim *o) {
@@ -268,7 +268,7 @@ int lutra_optim_set_schedule(lutra_optim *o, const lutra_lr_schedule *s) {
   static const char fn[] = "lutra_optim_set_schedule";
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   CHECK_ARG(s, "schedule is NULL");
-  TRY(lutra_lr_schedule_check(s, fn));
+  TRY(lutra_lr_schedule_check(s, fn, ""));
   o->desc.schedule = *s;
   return LUTRA_OK;
 }
@@ -286,8 +286,13 @@ int lutra_optim_lr(const lutra_optim *o, float *lr) {
   static const char fn[] = "lutra_optim_lr";
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   CHECK_ARG(lr, "lr is NULL");
-  int64_t done;
-  TRY(lutra_optim_steps(o, NULL, &done));
+  CHECK_STATE(o->args.clip, "the optimizer was freed");
+  /* the steps run: the device's count where there is one (a captured step's replays count) */
+  int64_t done = o->args.step;
+  if (o->args.device_step) {
+    int st = o->be->to_host(&done, o->args.device_step, sizeof done);
+    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  }
   *lr = lutra_lr_at(&o->desc.schedule, o->desc.lr, done + 1);
   return LUTRA_OK;
 }

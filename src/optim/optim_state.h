@@ -17,7 +17,7 @@ typedef struct lutra_optim_view {
 } lutra_optim_view;
 /* LUTRA_ESTATE when o or its module was freed. */
 int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn);
-/* lutra_optim_set_schedule's checks (LUTRA_EINVAL naming fn and the field). */
-int lutra_lr_schedule_check(const lutra_lr_schedule *s, const char *fn);
+/* lutra_optim_set_schedule's checks (LUTRA_EINVAL naming fn, then context, then the field). */
+int lutra_lr_schedule_check(const lutra_lr_schedule *s, const char *fn, const char *context);
 
 #endif
