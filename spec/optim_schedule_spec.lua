@@ -23,13 +23,7 @@ local function lr_ref(kind, base, warmup, total, min_lr, t)
 end
 
 -- the values of every parameter of m, flattened, and the gradients set from fresh draws
-local function values(m)
-  local out = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p.value:to_table()) do out[#out + 1] = v end
-  end
-  return out
-end
+local values = require("spec.support.param_values")
 
 local function set_grads(m, seed, std)
   for i, p in ipairs(m:parameters()) do p.grad:randn(seed + i, 0, std or 1) end

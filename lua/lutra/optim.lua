@@ -111,6 +111,12 @@ end
 --- An optimizer (lutra.optim.SGD / AdamW).
 -- @type Optim
 
+-- optim:set_<name>(v): a number (its range is the C call's to check)
+local function set_number(self, v, name, setter)
+  chk.number(v, name, "optim:set_" .. name, 4)
+  check(setter(self, v))
+end
+
 --- One update of every parameter from its gradient (one C call).
 function Optim:step()
   if C.lutra_optim_step(self) ~= 0 then core.fail() end
@@ -119,10 +125,7 @@ end
 --- Sets the base (peak) learning rate of the schedule for the next steps (a captured step keeps
 -- the one it captured).
 -- @tparam number lr
-function Optim:set_lr(lr)
-  chk.number(lr, "lr", "optim:set_lr")
-  check(C.lutra_optim_set_lr(self, lr))
-end
+function Optim:set_lr(lr) set_number(self, lr, "lr", C.lutra_optim_set_lr) end
 
 local schedule_box = ffi.new("lutra_lr_schedule")
 --- Replaces the learning-rate schedule (a table as AdamW's schedule option).
@@ -135,8 +138,7 @@ end
 --- Sets the gradient-norm threshold (0: no clipping).
 -- @tparam number max_grad_norm
 function Optim:set_max_grad_norm(max_grad_norm)
-  chk.number(max_grad_norm, "max_grad_norm", "optim:set_max_grad_norm")
-  check(C.lutra_optim_set_max_grad_norm(self, max_grad_norm))
+  set_number(self, max_grad_norm, "max_grad_norm", C.lutra_optim_set_max_grad_norm)
 end
 
 local float_box = ffi.new("float[1]")

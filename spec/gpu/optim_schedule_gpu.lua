@@ -11,13 +11,7 @@ local DEV, REF, hold = S.DEV, S.REF, S.hold
 local function test(name, fn) S.test(it, name, fn) end
 
 -- every parameter's values, flattened
-local function values(m)
-  local out = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p.value:to_table()) do out[#out + 1] = v end
-  end
-  return out
-end
+local values = require("spec.support.param_values")
 
 -- the same fresh gradients into every parameter of a (on REF) and b (on DEV)
 local function same_grads(a, b, seed, std)

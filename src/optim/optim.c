@@ -282,29 +282,35 @@ int lutra_optim_set_max_grad_norm(lutra_optim *o, float max_grad_norm) {
   return LUTRA_OK;
 }
 
+/* The checks of the queries below; out: the caller's result pointer, named what. */
+static int check_query(const lutra_optim *o, const void *out, const char *what, const char *fn) {
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_ARG(out, "%s is NULL", what);
+  CHECK_STATE(o->args.clip, "the optimizer was freed");
+  return LUTRA_OK;
+}
+
+/* n bytes of o's backend memory into host memory (a synchronizing read on a device) */
+static int read_back(const lutra_optim *o, void *dst, const void *src, size_t n, const char *fn) {
+  int st = o->be->to_host(dst, src, n);
+  return st == LUTRA_OK ? st : lutra_error_wrap(st, fn);
+}
+
 int lutra_optim_lr(const lutra_optim *o, float *lr) {
   static const char fn[] = "lutra_optim_lr";
-  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
-  CHECK_ARG(lr, "lr is NULL");
-  CHECK_STATE(o->args.clip, "the optimizer was freed");
+  TRY(check_query(o, lr, "lr", fn));
   /* the steps run: the device's count where there is one (a captured step's replays count) */
   int64_t done = o->args.step;
-  if (o->args.device_step) {
-    int st = o->be->to_host(&done, o->args.device_step, sizeof done);
-    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
-  }
+  if (o->args.device_step) TRY(read_back(o, &done, o->args.device_step, sizeof done, fn));
   *lr = lutra_lr_at(&o->desc.schedule, o->desc.lr, done + 1);
   return LUTRA_OK;
 }
 
 int lutra_optim_grad_norm(const lutra_optim *o, float *norm) {
   static const char fn[] = "lutra_optim_grad_norm";
-  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
-  CHECK_ARG(norm, "norm is NULL");
-  CHECK_STATE(o->args.clip, "the optimizer was freed");
+  TRY(check_query(o, norm, "norm", fn));
   double sumsq;
-  int st = o->be->to_host(&sumsq, o->args.clip + LUTRA_CLIP_SUMSQ, sizeof sumsq);
-  if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  TRY(read_back(o, &sumsq, o->args.clip + LUTRA_CLIP_SUMSQ, sizeof sumsq, fn));
   *norm = (float)sqrt(sumsq);
   return LUTRA_OK;
 }
