@@ -46,9 +46,11 @@ typedef struct lutra_lr_schedule {
   int64_t total_steps;  /* >= warmup_steps (CONSTANT: unused) */
 } lutra_lr_schedule;
 
-/* Which parameters take weight decay: ALL (the zeroed default), or MATRICES (nanoGPT's and TE's
- * groups: parameters of 2 or more dimensions, i.e. Linear / grouped / embedding weights; biases
- * and norm weights, 1-D, take none). */
+/* Which parameters take weight decay: ALL (the zeroed default here; the Lua front's AdamW
+ * defaults to MATRICES), or MATRICES (nanoGPT's groups: parameters of 2 or more dimensions, i.e.
+ * Linear / grouped / embedding weights; biases and norm weights, 1-D, take none). Fixed at
+ * creation: a checkpoint carries the schedule and max_grad_norm (lutra/checkpoint.h), not the
+ * rule, which the objects a run resumes into are built with. */
 enum { LUTRA_DECAY_ALL = 0, LUTRA_DECAY_MATRICES = 1 };
 
 typedef struct lutra_optim_desc {
