@@ -1,7 +1,7 @@
 #!/usr/bin/env luajit
 -- A GPT training step on the GPU, the model of examples/train_gpt.lua (examples/gpt/model.lua:
 -- token + learned position embedding, pre-norm TransformerLayers, final LayerNorm, LM head tied
--- to the token embedding, cross-entropy), AdamW, uniform random tokens (throughput does not
+-- to the token embedding, cross-entropy), AdamW (clipped, scheduled), uniform random tokens (throughput does not
 -- depend on them). bench/gpt_torch.py is the PyTorch side: the same configs, run it in the same
 -- call.
 -- Each config is timed two ways: "eager" (each module call issued from Lua) and "graph" (the
@@ -31,6 +31,10 @@ local CONFIGS = {
   tiny = { vocab = 256, dim = 64, layers = 2, heads = 2, seq = 32, batch = 4 },
 }
 local PEAK_TFLOPS = 989
+-- gpt_torch.py's optimizer: AdamW, decay on matrices only (lutra's default), global-norm
+-- clipping at 1, warmup + cosine; the schedule and the clipping run inside the step
+local ADAMW = { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95, max_grad_norm = 1.0,
+                schedule = { warmup = 100, total = 10000, min_lr = 6e-5 } }
 
 local function parse(argv)
   local argparse = require("lutra.cli").argparse("gpt_bench.lua")
@@ -80,7 +84,7 @@ local function run(name, c, build, recipe)
     gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(recipe) })
   end
   local loss = lutra.nn.CrossEntropyLoss()
-  local opt = lutra.optim.AdamW(gpt.all, { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95 })
+  local opt = lutra.optim.AdamW(gpt.all, ADAMW)
   local x, y = random_tokens(c)
   local function step()
     loss:forward(gpt:forward(x, true), y)
@@ -126,7 +130,7 @@ local function breakdown(name)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
                           seq = c.seq, dtype = DTYPE, device = DEV })
   local loss = lutra.nn.CrossEntropyLoss()
-  local opt = lutra.optim.AdamW(gpt.all, { lr = 6e-4, weight_decay = 0.1, beta2 = 0.95 })
+  local opt = lutra.optim.AdamW(gpt.all, ADAMW)
   local x, y = random_tokens(c)
   local opts = { grad = true }
   local h, d -- the activation and the gradient passed from piece to piece

@@ -48,7 +48,8 @@ local gpt = model.new(c)
 lutra.save(o.dir .. "/init.safetensors", { model = gpt.all })
 local loss = lutra.nn.CrossEntropyLoss()
 local opt = lutra.optim.AdamW(gpt.all, { lr = c.lr, beta1 = c.beta1, beta2 = c.beta2,
-                                         eps = c.eps, weight_decay = c.weight_decay })
+                                         eps = c.eps, weight_decay = c.weight_decay,
+                                         decay = "all" })
 local train = corpus.split(corpus.byte_tokens(corpus.load()), 0.1)
 local batches = corpus.batches(train, c.batch, c.seq, 7)
 local x = lutra.tensor({ c.batch, c.seq }, "i32", c.device)

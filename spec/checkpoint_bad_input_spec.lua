@@ -69,12 +69,25 @@ describe("checkpoint bad input", function()
   end)
 
   it("refuses, or reads the same, with any header byte flipped", function()
-    local lr_b, lr_e = header:find('"optim.lr":"[^"]*"')
+    -- the optimizer's numbers: a different digit is a different valid value (an lr, a step
+    -- count, a threshold): no header checksum catches it
+    local numbers = {}
+    for _, key in ipairs { "optim.lr", "optim.warmup_steps", "optim.total_steps", "optim.min_lr",
+                           "optim.max_grad_norm" } do
+      local b, e = header:find('"' .. key:gsub("%p", "%%%0") .. '":"[^"]*"')
+      assert.is_not_nil(b, key)
+      numbers[#numbers + 1] = { b, e }
+    end
+    local function in_number(i)
+      for _, r in ipairs(numbers) do
+        if i >= r[1] and i <= r[2] then return true end
+      end
+      return false
+    end
     local loaded = 0
     for i = 1, #header do
       for _, mask in ipairs { 0x01, 0x20, 0x80 } do
-        -- a different digit of optim.lr is a different valid lr: no header checksum catches it
-        if not (mask == 0x01 and i >= lr_b and i <= lr_e) then
+        if not (mask == 0x01 and in_number(i)) then
           local h = header:sub(1, i - 1) .. string.char(bit.bxor(header:byte(i), mask)) ..
                     header:sub(i + 1)
           if not try(st.join(h, data), string.format("byte %d ^ 0x%02x", i, mask)) then
@@ -134,7 +147,9 @@ describe("checkpoint bad input", function()
       { "optim.lr", "0x1p+128" }, { "optim.lr", "" }, { "optim.lr", "0x1,47ae14p-7" },
       { "version", "nan" }, { "version", "inf" }, { "version", "1e0" }, { "version", "" },
       { "data.crc32c", "nan" }, { "data.crc32c", "FFFFFFFF" }, { "optim.kind", "sgd" },
-      { "optim.kind", "" },
+      { "optim.kind", "" }, { "optim.schedule", "step" }, { "optim.warmup_steps", "-1" },
+      { "optim.total_steps", "1e3" }, { "optim.min_lr", "nan" }, { "optim.min_lr", "-1" },
+      { "optim.max_grad_norm", "-1" }, { "optim.max_grad_norm", "nan" },
     } do
       refused(st.join(st.set_meta(header, c[1], c[2]), data), c[1] .. " = " .. c[2], c[1] == "version"
               and "format version" or c[1] == "optim.kind" and "optimizer state" or c[1])

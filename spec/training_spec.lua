@@ -199,7 +199,8 @@ describe("training", function()
         local bc1, bc2 = 1 - b1 ^ step, 1 - b2 ^ step
         for t = 1, 2 do
           for i = 1, #w[t] do
-            w[t][i] = w[t][i] * (1 - lr * wd)
+            -- AdamW's default decay groups: the weight (2-D) decays, the bias (1-D) does not
+            if t == 1 then w[t][i] = w[t][i] * (1 - lr * wd) end
             mo[t][i] = b1 * mo[t][i] + (1 - b1) * g[t][i]
             v[t][i] = b2 * v[t][i] + (1 - b2) * g[t][i] ^ 2
             w[t][i] = w[t][i] - lr * (mo[t][i] / bc1) / (math.sqrt(v[t][i] / bc2) + eps)

@@ -26,6 +26,19 @@ typedef struct lutra_optim_args {
    * step t + 1 next; arrivals is that kernel's block counter (zero between launches). */
   int64_t *device_step;
   uint32_t *arrivals;
+  /* the lr of step t is lutra_lr_at(&schedule, lr, t) (backend/optim_math.h) */
+  lutra_lr_schedule schedule;
+  const uint8_t *decays; /* host array, [i] 0: tensor i takes no weight decay; NULL: all do */
+  /* > 0: every gradient is scaled by lutra_clip_factor(sum of squares of all, max_grad_norm)
+   * before the update; 0: no norm, no scaling */
+  float max_grad_norm;
+  int32_t pad2;
+  /* backend memory of LUTRA_CLIP_DOUBLES doubles, zeroed at creation: the step writes the sum
+   * of squares of all gradients at [LUTRA_CLIP_SUMSQ] when clipping; before it, a device
+   * backend's per-block partial sums, and after it the arrival counter of its reduction */
+  double *clip;
 } lutra_optim_args;
+
+enum { LUTRA_CLIP_PARTIALS = 512, LUTRA_CLIP_SUMSQ = 512, LUTRA_CLIP_DOUBLES = 514 };
 
 #endif

@@ -5,6 +5,7 @@
 #include "fp8/autocast.h"
 #include "io/checkpoint_check.h"
 #include "io/checkpoint_entries.h"
+#include "io/checkpoint_optim.h"
 #include "io/checkpoint_temp.h"
 #include "io/crc32c.h"
 #include "io/safetensors.h"
@@ -100,15 +101,18 @@ static int header_of(const ckpt_entries *E, const lutra_checkpoint_objects *o, c
   char version[16], lr[48];
   snprintf(version, sizeof version, "%d", FORMAT_VERSION);
   /* the checksum is written once the data was: a placeholder of its width first */
-  const char *meta[10] = {"format", format_name, "version", version, CKPT_CRC_KEY, "00000000"};
+  const char *meta[10 + 2 * CKPT_OPTIM_META_PAIRS] = {"format", format_name,  "version",
+                                                      version,  CKPT_CRC_KEY, "00000000"};
   int nmeta = 3;
   lutra_optim_view v;
+  ckpt_optim_text text;
   int st = LUTRA_OK;
   if (o->optim && lutra_optim_view_of(o->optim, &v, fn) == LUTRA_OK) {
     st = ckpt_format_lr(*v.lr, lr, sizeof lr, fn);
     meta[6] = "optim.kind", meta[7] = v.kind == LUTRA_OPTIM_ADAMW ? "adamw" : "sgd";
     meta[8] = "optim.lr", meta[9] = lr;
-    nmeta = 5;
+    if (st == LUTRA_OK) st = ckpt_optim_meta(&v, &text, meta + 10, fn);
+    nmeta = 5 + CKPT_OPTIM_META_PAIRS;
   }
   if (st == LUTRA_OK) st = st_header(t, E->count, meta, nmeta, out, len, fn);
   free(t);
@@ -223,7 +227,7 @@ static int check_opts(const lutra_checkpoint_load_opts *opts, const st_file *f, 
 }
 
 static int check_meta(const st_file *f, const lutra_checkpoint_objects *o, const char *path,
-                      float *lr, bool *have_lr, const char *fn) {
+                      float *lr, bool *have_lr, ckpt_optim_settings *settings, const char *fn) {
   const char *format = st_meta(f, "format"), *version = st_meta(f, "version");
   /* a file of another format (torch's save_file writes {"format": "pt"}, a converted state
    * dict has none) holds tensors only: it is loaded by name (and map) alone */
@@ -242,7 +246,7 @@ static int check_meta(const st_file *f, const lutra_checkpoint_objects *o, const
     TRY(ckpt_parse_lr(lrs, lr, path, fn));
     *have_lr = true;
   }
-  return LUTRA_OK;
+  return ckpt_optim_settings_read(f, path, settings, fn);
 }
 
 /* What to do about a file's FP8 tensor the objects lack: build the quantizers, or leave it. */
@@ -360,8 +364,9 @@ int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
   ckpt_entries E = {0};
   float lr = 0;
   bool have_lr = false;
+  ckpt_optim_settings settings = {0};
   int st = check_opts(opts, &f, path, fn);
-  if (st == LUTRA_OK) st = check_meta(&f, o, path, &lr, &have_lr, fn);
+  if (st == LUTRA_OK) st = check_meta(&f, o, path, &lr, &have_lr, &settings, fn);
   if (st == LUTRA_OK) st = ckpt_collect(o, true, &E, fn);
   const st_tensor **src = NULL;
   if (st == LUTRA_OK) {
@@ -376,6 +381,9 @@ int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
     if (src[k]) st = write_into(&E.e[k], src[k], f.data, fn);
   if (st == LUTRA_OK) ckpt_adopt(&E);
   if (st == LUTRA_OK) st = ckpt_apply_host(&E, o, have_lr ? &lr : NULL, fn);
+  lutra_optim_view v;
+  if (st == LUTRA_OK && o->optim && lutra_optim_view_of(o->optim, &v, fn) == LUTRA_OK)
+    ckpt_optim_settings_apply(&settings, &v);
   free(src);
   ckpt_entries_free(&E);
   st_free(&f);

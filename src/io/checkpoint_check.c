@@ -40,16 +40,35 @@ int ckpt_format_lr(float lr, char *out, size_t n, const char *fn) {
   return LUTRA_OK;
 }
 
-int ckpt_parse_lr(const char *s, float *lr, const char *path, const char *fn) {
+/* s as a whole as strtod reads it in the C locale (*v), or an error naming key */
+static int parse_number(const char *s, const char *key, double *v, const char *path,
+                        const char *fn) {
   locale_t c = the_c_locale();
   if (!c) return lutra_error(LUTRA_ENOMEM, fn, "cannot make the C locale to read numbers in");
   char *end = NULL;
   locale_t old = uselocale(c);
-  double v = strtod(s, &end);
+  *v = strtod(s, &end);
   uselocale(old);
   /* strtod skips leading spaces; the writer never puts any */
   CHECK_ARG(*s && *s != ' ' && *s != '\t' && *s != '\n' && end != s && *end == 0,
-            "'%s': __metadata__ optim.lr '%s' is not a number", path, s);
+            "'%s': __metadata__ %s '%s' is not a number", path, key, s);
+  return LUTRA_OK;
+}
+
+int ckpt_parse_f32(const char *s, const char *key, bool allow_inf, float *out, const char *path,
+                   const char *fn) {
+  double v;
+  TRY(parse_number(s, key, &v, path, fn));
+  CHECK_ARG(v >= 0 && (allow_inf ? v == INFINITY || v <= FLT_MAX : v <= FLT_MAX),
+            "'%s': __metadata__ %s '%s' must be >= 0 and %s", path, key, s,
+            allow_inf ? "within f32's range or inf" : "finite within f32's range");
+  *out = (float)v;
+  return LUTRA_OK;
+}
+
+int ckpt_parse_lr(const char *s, float *lr, const char *path, const char *fn) {
+  double v;
+  TRY(parse_number(s, "optim.lr", &v, path, fn));
   /* lutra_optim_set_lr's rule, on the value as the file gives it (a double beyond f32's range
    * would become inf in the float) */
   CHECK_ARG(isfinite(v) && v >= 0 && v <= FLT_MAX,

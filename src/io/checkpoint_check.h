@@ -21,6 +21,10 @@ int ckpt_format_lr(float lr, char *out, size_t n, const char *fn);
 /* __metadata__'s optim.lr: a number as strtod reads it in the C locale (hex as written, or
  * decimal), that lutra_optim_set_lr would take: finite, within f32's range, >= 0. */
 int ckpt_parse_lr(const char *s, float *lr, const char *path, const char *fn);
+/* __metadata__'s key as a number written by ckpt_format_lr: >= 0, within f32's range (allow_inf:
+ * or +inf). */
+int ckpt_parse_f32(const char *s, const char *key, bool allow_inf, float *out, const char *path,
+                   const char *fn);
 /* __metadata__'s version: exactly the decimal digits of version 1. */
 int ckpt_check_version(const char *version, int supported, const char *path, const char *fn);
 /* The values of the FP8 scaling entries of E, as the file holds them (src[k]: the file's tensor

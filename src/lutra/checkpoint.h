@@ -33,7 +33,9 @@
  *                                            (the same on the CPU)
  *   rng.state                                U64 [1]: the global seed generator
  * and __metadata__ {"format": "lutra.checkpoint", "version": "1", "data.crc32c", "optim.kind",
- * "optim.lr"}: data.crc32c is the CRC-32C (Castagnoli) of the data section as 8 lowercase hex
+ * "optim.lr", "optim.schedule", "optim.warmup_steps", "optim.total_steps", "optim.min_lr",
+ * "optim.max_grad_norm"} (the schedule and clipping keys: io/checkpoint_optim.c; a file without
+ * them, written before they were, loads leaving the optimizer's own): data.crc32c is the CRC-32C (Castagnoli) of the data section as 8 lowercase hex
  * digits, checked on load when present (files of other writers, and of lutra before it wrote one,
  * load unchecked); optim.lr is the f32 learning rate as C's "%a" writes it in the C locale. The
  * numbers are written and read in the C locale whatever the process's own (uselocale for the

@@ -6,9 +6,14 @@
  * and advances itself, so that a CUDA graph which captured a step takes the next step at every
  * replay. Eagerly both advance together; a capture advances only the host count (the captured
  * kernel runs at replays), so the host count is a count of step calls, the device one of steps
- * run. */
+ * run. A device backend keeps the counter for SGD too: its scheduled lr reads it.
+ *
+ * The schedule, clipping and decay groups are applied inside the backend's step (the lr computed
+ * from the step count where the step runs, the gradient norm reduced in backend memory), so a
+ * step is one backend call with no host read, capturable as a whole. */
 #include "backend/backend.h"
 #include "backend/device.h"
+#include "backend/optim_math.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
@@ -35,6 +40,7 @@ struct lutra_optim {
   lutra_tensor **params;
   /* the data-parallel sync a step last checked for its gradients (parallel/group.h) */
   lutra_dist_settle_cache settle;
+  uint8_t *decays; /* args.decays: [i] 1 when parameter i takes weight decay */
 };
 
 void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
@@ -48,6 +54,21 @@ void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
   d->eps = 1e-8f;
 }
 
+int lutra_lr_schedule_check(const lutra_lr_schedule *s, const char *fn, const char *context) {
+  CHECK_ARG(s->kind == LUTRA_LR_CONSTANT || s->kind == LUTRA_LR_WARMUP_COSINE ||
+                s->kind == LUTRA_LR_WARMUP_LINEAR,
+            "%sunknown schedule kind %d (expected constant, warmup_cosine or warmup_linear)",
+            context, (int)s->kind);
+  CHECK_ARG(s->warmup_steps >= 0, "%swarmup_steps must be >= 0, got %lld", context,
+            (long long)s->warmup_steps);
+  CHECK_ARG(s->kind == LUTRA_LR_CONSTANT || s->total_steps >= s->warmup_steps,
+            "%stotal_steps (%lld) must be >= warmup_steps (%lld)", context,
+            (long long)s->total_steps, (long long)s->warmup_steps);
+  CHECK_ARG(isfinite(s->min_lr) && s->min_lr >= 0, "%smin_lr must be finite and >= 0, got %g",
+            context, (double)s->min_lr);
+  return LUTRA_OK;
+}
+
 static int check_desc(const lutra_optim_desc *d, const char *fn) {
   CHECK_ARG(d->kind == LUTRA_OPTIM_SGD || d->kind == LUTRA_OPTIM_ADAMW,
             "unknown optimizer kind %d (expected sgd or adamw)", d->kind);
@@ -58,7 +79,12 @@ static int check_desc(const lutra_optim_desc *d, const char *fn) {
   CHECK_ARG(d->beta1 >= 0 && d->beta1 < 1 && d->beta2 >= 0 && d->beta2 < 1,
             "beta1 and beta2 must be in [0, 1)");
   CHECK_ARG(d->eps > 0 && isfinite(d->eps), "eps must be finite and > 0");
-  return LUTRA_OK;
+  CHECK_ARG(d->max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping), got %g",
+            (double)d->max_grad_norm);
+  CHECK_ARG(d->decay == LUTRA_DECAY_ALL || d->decay == LUTRA_DECAY_MATRICES,
+            "unknown decay rule %d (expected LUTRA_DECAY_ALL or LUTRA_DECAY_MATRICES)",
+            (int)d->decay);
+  return lutra_lr_schedule_check(&d->schedule, fn, "");
 }
 
 static void optim_buffers_free(lutra_optim *o) {
@@ -72,6 +98,7 @@ static void optim_buffers_free(lutra_optim *o) {
   free(o->args.master);
   free(o->mastered);
   free(o->params);
+  free(o->decays);
   free(o->args.m);
   free(o->args.v);
   free(o->args.numel);
@@ -79,6 +106,7 @@ static void optim_buffers_free(lutra_optim *o) {
   o->buffers = NULL;
   o->mastered = NULL;
   o->params = NULL;
+  o->decays = NULL;
   o->nbuffers = 0;
   if (o->module) lutra_module_unref(o->module);
   o->module = NULL;
@@ -109,9 +137,10 @@ static int gather(lutra_optim *o, int count, const char *fn) {
   a->m = calloc((size_t)count, sizeof *a->m);
   a->v = calloc((size_t)count, sizeof *a->v);
   a->numel = calloc((size_t)count, sizeof *a->numel);
-  o->buffers = calloc((size_t)count * 3 + 1, sizeof *o->buffers);
+  o->decays = calloc((size_t)count, 1);
+  o->buffers = calloc((size_t)count * 3 + 2, sizeof *o->buffers);
   if (!a->value || !a->value_dtype || !a->grad || !a->grad_dtype || !a->master || !o->mastered ||
-      !o->params || !a->m || !a->v || !a->numel || !o->buffers)
+      !o->params || !a->m || !a->v || !a->numel || !o->decays || !o->buffers)
     return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the parameter list");
   bool adamw = o->desc.kind == LUTRA_OPTIM_ADAMW;
   for (int i = 0; i < count; i++) {
@@ -125,6 +154,7 @@ static int gather(lutra_optim *o, int count, const char *fn) {
     a->grad_dtype[i] = g->dtype;
     a->numel[i] = p.value->numel;
     o->params[i] = p.value;
+    o->decays[i] = o->desc.decay == LUTRA_DECAY_ALL || p.value->ndim >= 2;
     if (p.value->dtype != LUTRA_F32) {
       TRY(state_buffer(o, p.value->numel, p.value, &a->master[i], fn));
       o->mastered[i] = p.value;
@@ -133,7 +163,11 @@ static int gather(lutra_optim *o, int count, const char *fn) {
     if (adamw || o->desc.momentum != 0) TRY(state_buffer(o, p.value->numel, NULL, &a->m[i], fn));
     if (adamw) TRY(state_buffer(o, p.value->numel, NULL, &a->v[i], fn));
   }
-  if (adamw && o->be->device != LUTRA_CPU) {
+  a->decays = o->decays;
+  float *clip;
+  TRY(state_buffer(o, LUTRA_CLIP_DOUBLES * 2, NULL, &clip, fn));
+  a->clip = (double *)clip;
+  if (o->be->device != LUTRA_CPU) {
     /* zeroed: 0 steps taken, no block arrived (int64 step | uint32 arrivals | pad) */
     float *counter;
     TRY(state_buffer(o, 4, NULL, &counter, fn));
@@ -209,6 +243,8 @@ int lutra_optim_step(lutra_optim *o) {
   a->beta1 = o->desc.beta1;
   a->beta2 = o->desc.beta2;
   a->eps = o->desc.eps;
+  a->schedule = o->desc.schedule;
+  a->max_grad_norm = o->desc.max_grad_norm;
   a->step++;
   int st = o->desc.kind == LUTRA_OPTIM_ADAMW ? o->be->adamw_step(a) : o->be->sgd_step(a);
   if (st != LUTRA_OK) {
@@ -228,11 +264,64 @@ int lutra_optim_set_lr(lutra_optim *o, float lr) {
   return LUTRA_OK;
 }
 
+int lutra_optim_set_schedule(lutra_optim *o, const lutra_lr_schedule *s) {
+  static const char fn[] = "lutra_optim_set_schedule";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_ARG(s, "schedule is NULL");
+  TRY(lutra_lr_schedule_check(s, fn, ""));
+  o->desc.schedule = *s;
+  return LUTRA_OK;
+}
+
+int lutra_optim_set_max_grad_norm(lutra_optim *o, float max_grad_norm) {
+  static const char fn[] = "lutra_optim_set_max_grad_norm";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_ARG(max_grad_norm >= 0, "max_grad_norm must be >= 0 (0: no clipping), got %g",
+            (double)max_grad_norm);
+  o->desc.max_grad_norm = max_grad_norm;
+  return LUTRA_OK;
+}
+
+/* The checks of the queries below; out: the caller's result pointer, named what. */
+static int check_query(const lutra_optim *o, const void *out, const char *what, const char *fn) {
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_ARG(out, "%s is NULL", what);
+  CHECK_STATE(o->args.clip, "the optimizer was freed");
+  return LUTRA_OK;
+}
+
+/* n bytes of o's backend memory into host memory (a synchronizing read on a device) */
+static int read_back(const lutra_optim *o, void *dst, const void *src, size_t n, const char *fn) {
+  int st = o->be->to_host(dst, src, n);
+  return st == LUTRA_OK ? st : lutra_error_wrap(st, fn);
+}
+
+int lutra_optim_lr(const lutra_optim *o, float *lr) {
+  static const char fn[] = "lutra_optim_lr";
+  TRY(check_query(o, lr, "lr", fn));
+  /* the steps run: the device's count where there is one (a captured step's replays count) */
+  int64_t done = o->args.step;
+  if (o->args.device_step) TRY(read_back(o, &done, o->args.device_step, sizeof done, fn));
+  *lr = lutra_lr_at(&o->desc.schedule, o->desc.lr, done + 1);
+  return LUTRA_OK;
+}
+
+int lutra_optim_grad_norm(const lutra_optim *o, float *norm) {
+  static const char fn[] = "lutra_optim_grad_norm";
+  TRY(check_query(o, norm, "norm", fn));
+  double sumsq;
+  TRY(read_back(o, &sumsq, o->args.clip + LUTRA_CLIP_SUMSQ, sizeof sumsq, fn));
+  *norm = (float)sqrt(sumsq);
+  return LUTRA_OK;
+}
+
 int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn) {
   TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
   CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
   *v = (lutra_optim_view){.kind = o->desc.kind,
                           .lr = &o->desc.lr,
+                          .schedule = &o->desc.schedule,
+                          .max_grad_norm = &o->desc.max_grad_norm,
                           .args = &o->args,
                           .mastered = o->mastered,
                           .module = o->module,

@@ -6,8 +6,10 @@
 #include "lutra.h"
 
 typedef struct lutra_optim_view {
-  int32_t kind;            /* LUTRA_OPTIM_* */
-  float *lr;               /* the current lr (lutra_optim_set_lr) */
+  int32_t kind; /* LUTRA_OPTIM_* */
+  float *lr;    /* the current base lr (lutra_optim_set_lr) */
+  lutra_lr_schedule *schedule;
+  float *max_grad_norm;
   lutra_optim_args *args;  /* master, m, v in backend memory; step; device_step (NULL on cpu) */
   lutra_tensor **mastered; /* [i]: the bf16 parameter whose master is args->master[i], or NULL */
   lutra_module *module;
@@ -15,5 +17,7 @@ typedef struct lutra_optim_view {
 } lutra_optim_view;
 /* LUTRA_ESTATE when o or its module was freed. */
 int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn);
+/* lutra_optim_set_schedule's checks (LUTRA_EINVAL naming fn, then context, then the field). */
+int lutra_lr_schedule_check(const lutra_lr_schedule *s, const char *fn, const char *context);
 
 #endif

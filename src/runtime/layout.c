@@ -1,7 +1,7 @@
 /* The C compiler's view of every struct the Lua front reads or fills, for
  * spec/layout_spec.lua to compare with LuaJIT's ffi.offsetof/ffi.sizeof. */
-#include "lutra.h"
 #include "core/error.h"
+#include "lutra.h"
 
 #include <stddef.h>
 
@@ -129,6 +129,14 @@ static const field fields[] = {
     F(lutra_optim_desc, beta1),
     F(lutra_optim_desc, beta2),
     F(lutra_optim_desc, eps),
+    F(lutra_optim_desc, max_grad_norm),
+    F(lutra_optim_desc, decay),
+    F(lutra_optim_desc, schedule),
+    S(lutra_lr_schedule),
+    F(lutra_lr_schedule, kind),
+    F(lutra_lr_schedule, min_lr),
+    F(lutra_lr_schedule, warmup_steps),
+    F(lutra_lr_schedule, total_steps),
 
     S(lutra_checkpoint_objects),
     F(lutra_checkpoint_objects, model),
@@ -150,8 +158,8 @@ static const field fields[] = {
  * empty field name gives the struct's size in offset and size. */
 int lutra_layout(int i, const char **type, const char **field_name, size_t *offset, size_t *size) {
   static const char fn[] = "lutra_layout";
-  CHECK_ARG(i >= 0 && (size_t)i < sizeof fields / sizeof *fields,
-            "entry %d is out of range 0..%d", i, (int)(sizeof fields / sizeof *fields) - 1);
+  CHECK_ARG(i >= 0 && (size_t)i < sizeof fields / sizeof *fields, "entry %d is out of range 0..%d",
+            i, (int)(sizeof fields / sizeof *fields) - 1);
   CHECK_ARG(type && field_name && offset && size, "output pointers must not be NULL");
   *type = fields[i].type;
   *field_name = fields[i].field;
