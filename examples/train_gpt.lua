@@ -3,7 +3,7 @@
 --          [--steps 600] [--lr 0.003] [--positions learned|rope] [--device cpu|cuda]
 --          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--sample 300]
 --          [--temperature 0.8] [--top-k 40] [--seed 1] [--tokens bytes|gpt2]
---          [--checkpoint FILE [--save-every 200] [--resume] [--stop-after N]]
+--          [--checkpoint FILE [--save-every 200] [--resume] [--stop-after N]] [--accum 1]
 -- (--help lists them with their defaults)
 -- Model: token embedding + learned positions (or RoPE inside attention), pre-norm
 -- nn.TransformerLayers, a final LayerNorm, the LM head tied to the token embedding,
@@ -28,6 +28,8 @@ local function parse(argv)
   p:option("--seq", "tokens per sequence", "64", tonumber)
   p:option("--batch", "sequences per step", "16", tonumber)
   p:option("--steps", "training steps", "600", tonumber)
+  p:option("--accum", "micro-batches of --batch sequences per step (gradient accumulation)", "1",
+           tonumber)
   p:option("--lr", "peak AdamW learning rate", "0.003", tonumber)
   p:option("--warmup", "warmup steps", "50", tonumber)
   p:option("--positions", "learned position embedding or rotary", "learned")
@@ -100,7 +102,7 @@ if opt.resume then
     if recipe then gpt:forward(x, false) end
     lutra.load(opt.checkpoint, { model = gpt.all, optim = optimizer, rng = true })
     first_step = optimizer:steps() + 1
-    batches:skip(first_step - 1)
+    batches:skip((first_step - 1) * opt.accum)
     print(string.format("resumed from %s after step %d", opt.checkpoint, first_step - 1))
   end
 end
@@ -127,11 +129,14 @@ print(string.format("lutra %s: GPT d %d, %d layers, %d heads, T %d, batch %d, %s
                     corpus.unigram_loss(train, val)))
 local clock, start, window = lutra.now, lutra.now(), lutra.now()
 for step = first_step, opt.steps do
-  batches:next(x, y)
   local report = step % opt.every == 0 or step == opt.steps
   local lr = report and optimizer:lr() -- the lr this step takes (a host read: progress steps only)
-  loss:forward(gpt:forward(x, true), y)
-  gpt:backward(loss:backward())
+  for _ = 1, opt.accum do -- micro-batches: the step takes the mean of their gradients
+    batches:next(x, y)
+    loss:forward(gpt:forward(x, true), y)
+    gpt:backward(loss:backward())
+    if opt.accum > 1 then optimizer:accumulate() end
+  end
   optimizer:step()
   if report then
     local train_loss = loss:value() -- a host read: only on progress steps
@@ -139,7 +144,8 @@ for step = first_step, opt.steps do
     local ms = (now - window) * 1e3 / opt.every
     local _, peak = lutra.device_memory(opt.device) -- nil on the cpu, which does not count
     print(string.format("step %5d  loss %.3f  val %.3f  lr %.2e  %.1f ms/step  %.0f tokens/s%s",
-                        step, train_loss, validation_loss(), lr, ms, B * T / ms * 1e3,
+                        step, train_loss, validation_loss(), lr, ms,
+                        B * T * opt.accum / ms * 1e3,
                         peak and string.format("  peak %.2f GiB", peak / 2 ^ 30) or ""))
     window = clock()
   end

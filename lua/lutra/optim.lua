@@ -122,6 +122,21 @@ function Optim:step()
   if C.lutra_optim_step(self) ~= 0 then core.fail() end
 end
 
+--- Gradient accumulation: adds every parameter's gradient into an f32 sum (call it after each
+-- micro-batch's backward); the next step takes the mean of the sums and starts a new window
+-- (lutra_optim_accumulate; the first call allocates the sums: not inside a graph capture).
+function Optim:accumulate()
+  if C.lutra_optim_accumulate(self) ~= 0 then core.fail() end
+end
+
+local count_box = ffi.new("int32_t[1]")
+--- The micro-batches summed since the last step.
+-- @treturn integer
+function Optim:accumulated()
+  check(C.lutra_optim_accumulated(self, count_box))
+  return tonumber(count_box[0])
+end
+
 --- Sets the base (peak) learning rate of the schedule for the next steps (a captured step keeps
 -- the one it captured).
 -- @tparam number lr

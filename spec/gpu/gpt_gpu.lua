@@ -71,6 +71,52 @@ describe("the GPT of examples/gpt on " .. DEV, function()
     g:destroy()
   end)
 
+  test("two micro-batches accumulated and stepped, captured, replay to the eager weights", function()
+    if DEV == "cpu" then return end -- CUDA graphs need cuda
+    local eager, eager_loss, eager_opt = setup()
+    local graphed, graphed_loss, graphed_opt = setup()
+    local xs, ys = {}, {}
+    for m = 1, 2 do
+      xs[m] = lutra.tensor({ 4, 32 }, "i32", DEV)
+      ys[m] = lutra.tensor({ 4, 32 }, "i32", DEV)
+    end
+    local function fill(step)
+      for m = 1, 2 do
+        xs[m]:set(random_ids(SEED + 10 * step + 2 * m))
+        ys[m]:set(random_ids(SEED + 10 * step + 2 * m + 1))
+      end
+    end
+    local function step(gpt, loss, opt)
+      for m = 1, 2 do
+        loss:forward(gpt:forward(xs[m], true), ys[m])
+        gpt:backward(loss:backward())
+        opt:accumulate()
+      end
+      opt:step()
+    end
+    local n = 0
+    local g = lutra.graph.capture(function()
+      if not lutra.graph.capturing() then
+        n = n + 1
+        fill(n)
+      end
+      step(graphed, graphed_loss, graphed_opt)
+    end, { warmup = 1 })
+    for s = 2, 4 do
+      fill(s)
+      g:replay()
+    end
+    for s = 1, 4 do
+      fill(s)
+      step(eager, eager_loss, eager_opt)
+    end
+    local gp = graphed.all:parameters()
+    for i, p in ipairs(eager.all:parameters()) do
+      assert.are.equal(p.value:bytes(), gp[i].value:bytes(), "parameter " .. i .. " differs")
+    end
+    g:destroy()
+  end)
+
   test("lutra.device_memory counts a new tensor and restarts its peak", function()
     if DEV == "cpu" then return end -- the cpu does not count its memory
     lutra.synchronize(DEV)

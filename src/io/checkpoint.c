@@ -136,6 +136,15 @@ static int sync_dir(const char *path, const char *fn) {
 int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o) {
   static const char fn[] = "lutra_checkpoint_save";
   TRY(check_call(path, o, fn));
+  if (o->optim) {
+    lutra_optim_view v;
+    TRY(lutra_optim_view_of(o->optim, &v, fn));
+    CHECK_STATE(v.accumulated == 0,
+                "the optimizer is inside a gradient-accumulation window (%d micro-batches summed, "
+                "not stepped): the sums are not saved, so a resume could not continue it; save "
+                "after the step",
+                (int)v.accumulated);
+  }
   ckpt_entries E;
   TRY(ckpt_collect(o, false, &E, fn));
   char *header = NULL, *tmp = NULL;

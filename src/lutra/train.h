@@ -80,6 +80,15 @@ LUTRA_API int lutra_optim_destroy(lutra_optim *o);
  * follow the count. The base lr, schedule, betas, eps, weight decay and max_grad_norm are
  * captured by value (the setters below do not reach a captured step). */
 LUTRA_API int lutra_optim_step(lutra_optim *o);
+/* Gradient accumulation over micro-batches: after each micro-batch's backward, accumulate adds
+ * every parameter's gradient into an f32 sum of its own (allocated at the first call, which
+ * must therefore come before a CUDA graph capture; the warm-up of lutra.graph.capture does
+ * it); the next step then reads the mean of the sums instead of the gradients, clipping and
+ * all, and starts a new window. Without accumulate calls a step reads the gradients as before.
+ * A checkpoint saved inside a window (accumulated, not stepped) is refused: the sums are not
+ * in it. lutra_optim_accumulated gives the micro-batches summed since the last step. */
+LUTRA_API int lutra_optim_accumulate(lutra_optim *o);
+LUTRA_API int lutra_optim_accumulated(const lutra_optim *o, int32_t *micro_batches);
 LUTRA_API int lutra_optim_set_lr(lutra_optim *o, float lr); /* the base lr of the schedule */
 LUTRA_API int lutra_optim_set_schedule(lutra_optim *o, const lutra_lr_schedule *s);
 LUTRA_API int lutra_optim_set_max_grad_norm(lutra_optim *o, float max_grad_norm);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
+#include "optim/grad_accum.h"
 #include "optim/optim_state.h"
 #include "parallel/group.h"
 
@@ -41,6 +42,7 @@ struct lutra_optim {
   /* the data-parallel sync a step last checked for its gradients (parallel/group.h) */
   lutra_dist_settle_cache settle;
   uint8_t *decays; /* args.decays: [i] 1 when parameter i takes weight decay */
+  lutra_grad_accum accum; /* lutra_optim_accumulate's sums */
 };
 
 void lutra_optim_defaults(int kind, lutra_optim_desc *d) {
@@ -103,6 +105,7 @@ static void optim_buffers_free(lutra_optim *o) {
   free(o->args.v);
   free(o->args.numel);
   memset(&o->args, 0, sizeof o->args);
+  if (o->accum.be) lutra_grad_accum_free(&o->accum);
   o->buffers = NULL;
   o->mastered = NULL;
   o->params = NULL;
@@ -245,14 +248,44 @@ int lutra_optim_step(lutra_optim *o) {
   a->eps = o->desc.eps;
   a->schedule = o->desc.schedule;
   a->max_grad_norm = o->desc.max_grad_norm;
+  /* an accumulation window: the step reads the mean of its sums instead of the gradients */
+  const void **grads = a->grad;
+  int32_t *grad_dtypes = a->grad_dtype;
+  lutra_grad_accum *g = &o->accum;
+  if (g->micro_batches > 0) {
+    TRY(lutra_grad_accum_mean(g, a));
+    a->grad = g->grad;
+    a->grad_dtype = g->dtype;
+  }
   a->step++;
   int st = o->desc.kind == LUTRA_OPTIM_ADAMW ? o->be->adamw_step(a) : o->be->sgd_step(a);
+  a->grad = grads;
+  a->grad_dtype = grad_dtypes;
   if (st != LUTRA_OK) {
     a->step--;
     return st;
   }
+  g->micro_batches = 0;
   for (int32_t i = 0; i < a->count; i++)
     o->params[i]->flags |= LUTRA_TENSOR_UPDATED;
+  return LUTRA_OK;
+}
+
+int lutra_optim_accumulate(lutra_optim *o) {
+  static const char fn[] = "lutra_optim_accumulate";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_STATE(!(o->module->obj.flags & LUTRA_OBJ_FREED), "the optimized module was freed");
+  lutra_optim_args *a = &o->args;
+  TRY(lutra_dist_settle_grads(a->grad, a->count, &o->settle, fn));
+  o->accum.be = o->be;
+  return lutra_grad_accum_add(&o->accum, a, fn);
+}
+
+int lutra_optim_accumulated(const lutra_optim *o, int32_t *micro_batches) {
+  static const char fn[] = "lutra_optim_accumulated";
+  TRY(lutra_check_object(o, LUTRA_MAGIC_OPTIM, fn, "optimizer"));
+  CHECK_ARG(micro_batches, "micro_batches is NULL");
+  *micro_batches = o->accum.micro_batches;
   return LUTRA_OK;
 }
 
@@ -324,6 +357,7 @@ int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn) {
                           .max_grad_norm = &o->desc.max_grad_norm,
                           .args = &o->args,
                           .mastered = o->mastered,
+                          .accumulated = o->accum.micro_batches,
                           .module = o->module,
                           .be = o->be};
   return LUTRA_OK;

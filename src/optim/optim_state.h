@@ -12,6 +12,7 @@ typedef struct lutra_optim_view {
   float *max_grad_norm;
   lutra_optim_args *args;  /* master, m, v in backend memory; step; device_step (NULL on cpu) */
   lutra_tensor **mastered; /* [i]: the bf16 parameter whose master is args->master[i], or NULL */
+  int32_t accumulated;     /* micro-batches summed since the last step (lutra_optim_accumulate) */
   lutra_module *module;
   const lutra_backend *be;
 } lutra_optim_view;
