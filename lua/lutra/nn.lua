@@ -463,7 +463,8 @@ for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernor
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
                           swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU",
-                          rotary_qkv = "MultiheadAttention's RoPE step" } do
+                          rotary_qkv = "MultiheadAttention's RoPE step",
+                          moe_router = "MoEMLP's router (a Linear, never FP8)" } do
   methods.define(kind, name)
 end
 

@@ -19,16 +19,88 @@
 enum { NORM, ROUTER, FC1, FC2, NUM_PARTS };
 static const char *const part_names[NUM_PARTS] = {"norm", "router", "fc1", "fc2"};
 
+/* The router: a Linear that always runs in its own dtype, a leaf of kind "moe_router" whose
+ * parameter is the Linear's weight ("weight"). Its forward enters a disabled autocast scope of
+ * its own around the Linear's (an enabled scope outside leaves the router alone), and it owns
+ * no quantizers, so checkpoints neither save nor expect FP8 state for it. */
+typedef struct router_step {
+  lutra_module base;
+  lutra_module *linear;
+  lutra_autocast *high_precision;
+} router_step;
+
+static int router_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
+                          lutra_tensor **y) {
+  router_step *r = (router_step *)m;
+  TRY(lutra_autocast_enter(r->high_precision));
+  int st = r->linear->ops->forward(r->linear, x, a, y);
+  int exit_st = lutra_autocast_exit(r->high_precision);
+  return st != LUTRA_OK ? st : exit_st;
+}
+static int router_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **dx) {
+  lutra_module *l = ((router_step *)m)->linear;
+  return l->ops->backward(l, dy, dx);
+}
+static int router_num_params(const lutra_module *m) {
+  const lutra_module *l = ((const router_step *)m)->linear;
+  return l->ops->num_params(l);
+}
+static int router_param(const lutra_module *m, int i, lutra_param *out) {
+  const lutra_module *l = ((const router_step *)m)->linear;
+  return l->ops->param(l, i, out);
+}
+static void router_release(lutra_module *m) {
+  router_step *r = (router_step *)m;
+  lutra_module_unref(r->linear);
+  lutra_autocast_unref(r->high_precision);
+  r->linear = NULL;
+  r->high_precision = NULL;
+}
+static const lutra_checkpoint_ops router_checkpoint = {0}; /* a leaf: "weight", no FP8 */
+static const lutra_module_ops router_ops = {
+    .kind = "moe_router",
+    .forward = router_forward,
+    .backward = router_backward,
+    .num_params = router_num_params,
+    .param = router_param,
+    .release = router_release,
+    .checkpoint = &router_checkpoint,
+};
+
+static int router_new(const lutra_moe_mlp_desc *d, lutra_module **out) {
+  static const char fn[] = "lutra_moe_mlp_new";
+  router_step *r = calloc(1, sizeof *r);
+  if (!r) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a module");
+  lutra_linear_desc rd;
+  lutra_linear_defaults(&rd);
+  rd.in_features = d->hidden;
+  rd.out_features = d->experts;
+  rd.bias = 0;
+  rd.dtype = d->dtype;
+  rd.device = d->device;
+  rd.accumulate_main_grad = d->accumulate_main_grad;
+  rd.seed = d->seed;
+  int st = lutra_linear_new(&rd, &r->linear);
+  if (st == LUTRA_OK) st = lutra_autocast_new(NULL, NULL, 0, 0, &r->high_precision);
+  if (st != LUTRA_OK) {
+    router_release(&r->base);
+    free(r);
+    return st;
+  }
+  lutra_module_init(&r->base, &router_ops);
+  *out = &r->base;
+  return LUTRA_OK;
+}
+
 typedef struct moe_mlp {
   lutra_module base;
   lutra_moe_mlp_desc d;
   const lutra_backend *be;
   lutra_module *part[NUM_PARTS];
-  lutra_module *experts;          /* Sequential(fc1, activation, fc2) */
-  lutra_moe_router *topk;         /* softmax + top-k of the router's logits */
-  lutra_moe_dispatch *dispatch;   /* permute / unpermute */
-  lutra_autocast *high_precision; /* a disabled scope: the router Linear never runs FP8 */
-  lutra_tensor *dnorm;            /* the norm output's gradient: experts' path + router's */
+  lutra_module *experts;        /* Sequential(fc1, activation, fc2) */
+  lutra_moe_router *topk;       /* softmax + top-k of the router's logits */
+  lutra_moe_dispatch *dispatch; /* permute / unpermute */
+  lutra_tensor *dnorm;          /* the norm output's gradient: experts' path + router's */
   /* the routing of the last forward: the top-k's and the dispatcher's own tensors */
   lutra_tensor *probs, *indices, *splits;
   bool forward_done;   /* a forward with grad ran (the routing is readable) */
@@ -51,11 +123,7 @@ static int moe_forward(lutra_module *m, const lutra_tensor *x, const lutra_forwa
   lutra_module *norm = e->part[NORM], *router = e->part[ROUTER];
   lutra_tensor *xn, *logits, *probs, *indices, *xp, *splits, *h;
   TRY(norm->ops->forward(norm, x, a, &xn));
-  TRY(lutra_autocast_enter(e->high_precision));
-  int st = router->ops->forward(router, xn, a, &logits);
-  int exit_st = lutra_autocast_exit(e->high_precision);
-  TRY(st);
-  TRY(exit_st);
+  TRY(router->ops->forward(router, xn, a, &logits));
   TRY(lutra_moe_router_forward(e->topk, logits, &probs, &indices));
   TRY(lutra_moe_permute(e->dispatch, xn, indices, &xp, &splits));
   lutra_forward_args experts_args = *a;
@@ -119,12 +187,10 @@ static void moe_release(lutra_module *m) {
   lutra_module_unref(e->experts);
   lutra_moe_router_unref(e->topk);
   lutra_moe_dispatch_unref(e->dispatch);
-  lutra_autocast_unref(e->high_precision);
   lutra_tensor_owner_drop(e->dnorm);
   e->experts = NULL;
   e->topk = NULL;
   e->dispatch = NULL;
-  e->high_precision = NULL;
   e->dnorm = NULL;
   e->probs = e->indices = e->splits = NULL;
   e->forward_done = e->backward_ready = false;
@@ -202,16 +268,7 @@ static int make_parts(moe_mlp *e, const lutra_moe_mlp_desc *d) {
   nd.dtype = d->dtype;
   nd.device = d->device;
   TRY(lutra_layernorm_new(&nd, &e->part[NORM]));
-  lutra_linear_desc rd;
-  lutra_linear_defaults(&rd);
-  rd.in_features = d->hidden;
-  rd.out_features = d->experts;
-  rd.bias = 0;
-  rd.dtype = d->dtype;
-  rd.device = d->device;
-  rd.accumulate_main_grad = d->accumulate_main_grad;
-  rd.seed = d->seed;
-  TRY(lutra_linear_new(&rd, &e->part[ROUTER]));
+  TRY(router_new(d, &e->part[ROUTER]));
   lutra_grouped_linear_desc gd;
   lutra_grouped_linear_defaults(&gd);
   gd.num_gemms = d->experts;
@@ -242,7 +299,6 @@ static int make_parts(moe_mlp *e, const lutra_moe_mlp_desc *d) {
   td.device = d->device;
   TRY(lutra_moe_router_new(&td, &e->topk));
   TRY(lutra_moe_dispatch_new(d->experts, d->device, &e->dispatch));
-  TRY(lutra_autocast_new(NULL, NULL, 0, 0, &e->high_precision));
   const lutra_backend *be;
   TRY(lutra_backend_get(d->device, &be, "lutra_moe_mlp_new"));
   e->be = be;
