@@ -10,6 +10,8 @@
 --     2e-2 relative to the largest gradient (the f32 rounding of the differences is ~1e-4 of
 --     it, their O(h^2) error smaller); a coordinate whose perturbation changes the routing (the
 --     loss is not differentiable there) is skipped, and at least half must be checked;
+--   * under an FP8 autocast: the routing (probabilities, indices) is the high-precision one bit
+--     for bit (the router Linear stays high precision), the output is not (the experts ran FP8);
 --   * saves and loads (a model of another seed then gives the same output bit for bit), prints
 --     its configuration, hands out its routing;
 --   * refuses bad configurations and inputs naming the call and the reason.
@@ -164,6 +166,30 @@ describe("nn.MoEMLP", function()
     check_fd(m, x, w, indices0, xv, function(v) x:set(v) end, dx, "dx")
     local wv = router_w.value:to_table()
     check_fd(m, x, w, indices0, wv, function(v) router_w.value:set(v) end, dw, "d router.weight")
+  end)
+
+  it("under an FP8 autocast runs the experts in FP8 and keeps the router in high precision", function()
+    local c = { hidden = 16, ffn = 32, E = 4, k = 2, shape = { 4, 8, 16 } } -- FP8: 16-multiples
+    local s = rng.int(1, 2 ^ 30)
+    local hp, fp8 = build(c, s), build(c, s)
+    local x = randn(c.shape)
+    local want = hp:forward(x)
+    local want_probs, want_idx = hp:routing()
+    for _, recipe in ipairs { lutra.recipe.delayed(), lutra.recipe.current() } do
+      local scope = lutra.autocast { recipe = recipe }
+      scope:enter()
+      local ok, y = pcall(function()
+        local out = fp8:forward(x)
+        fp8:backward(out)
+        return out
+      end)
+      scope:exit() -- also after an error: later specs must not run inside it
+      assert(ok, y)
+      local probs, idx = fp8:routing()
+      assert.are.equal(want_idx:bytes(), idx:bytes(), "the routing changed under autocast")
+      assert.are.equal(want_probs:bytes(), probs:bytes(), "the probabilities changed")
+      assert.are_not.equal(want:bytes(), y:bytes(), "the experts did not run FP8")
+    end
   end)
 
   it("saves and loads, prints its configuration and hands out its routing", function()
