@@ -211,21 +211,26 @@ function M.MoEMLP(hidden, ffn_hidden, experts, top_k, opts)
   return own(module_box[0])
 end
 
+local routing_box = ffi.new("lutra_tensor*[3]")
+local MoEMLP = {}
+
 --- An MoEMLP's own methods, beside those of every module (lutra.nn's Module).
 -- @type MoEMLP
-M.moe_methods = {}
 
-local routing_box = ffi.new("lutra_tensor*[3]")
 --- The routing of the last forward, read in place (owned by the module, valid until its next
 -- forward): for a load-balancing loss or to watch the experts' load.
 -- @return probs [tokens, top_k] f32, indices [tokens, top_k] i32, m_splits [experts] i32 (on the
 -- module's device)
-function M.moe_methods.routing(m)
-  check(C.lutra_moe_mlp_routing(m, routing_box, routing_box + 1, routing_box + 2))
-  return borrow(routing_box[0], m), borrow(routing_box[1], m), borrow(routing_box[2], m)
+function MoEMLP:routing()
+  check(C.lutra_moe_mlp_routing(self, routing_box, routing_box + 1, routing_box + 2))
+  return borrow(routing_box[0], self), borrow(routing_box[1], self), borrow(routing_box[2], self)
 end
 
 --- @section end
+
+--- The methods of the kind moe_mlp (lutra.nn defines the kind with them).
+-- @local internal
+M.moe_methods = MoEMLP
 
 local moe_desc = ffi.new("lutra_moe_mlp_desc")
 local activation_names, device_names = {}, {}
