@@ -321,40 +321,37 @@ int lutra_mha_new(const lutra_mha_desc *desc, lutra_module **out) {
   return mha_build(&d, out, fn);
 }
 
+/* the fields a feed-forward desc f (either kind) takes from the layer: desc and its resolved
+ * attention desc d; its weights from the layer's seed + 3 */
+#define FEED_FORWARD_FROM_LAYER(f, desc, d)                                                        \
+  do {                                                                                             \
+    (f).hidden = (d)->hidden;                                                                      \
+    (f).ffn_hidden = (desc)->ffn_hidden;                                                           \
+    (f).normalization = (d)->normalization;                                                        \
+    (f).activation = (desc)->activation;                                                           \
+    (f).bias = (d)->bias;                                                                          \
+    (f).zero_centered_gamma = (d)->zero_centered_gamma;                                            \
+    (f).eps = (d)->eps;                                                                            \
+    (f).dtype = (d)->dtype;                                                                        \
+    (f).device = (d)->device;                                                                      \
+    (f).accumulate_main_grad = (d)->accumulate_main_grad;                                          \
+    (f).seed = (d)->seed + 3;                                                                      \
+  } while (0)
+
 /* the layer's feed-forward: a LayerNormMLP, or the MoE feed-forward when it has experts */
 static int feed_forward_new(const lutra_transformer_desc *desc, const lutra_mha_desc *d,
                             lutra_module **out) {
   if (desc->moe_experts) {
     lutra_moe_mlp_desc f;
     lutra_moe_mlp_defaults(&f);
-    f.hidden = d->hidden;
-    f.ffn_hidden = desc->ffn_hidden;
+    FEED_FORWARD_FROM_LAYER(f, desc, d);
     f.experts = desc->moe_experts;
     f.top_k = desc->moe_top_k;
-    f.normalization = d->normalization;
-    f.activation = desc->activation;
-    f.bias = d->bias;
-    f.zero_centered_gamma = d->zero_centered_gamma;
-    f.eps = d->eps;
-    f.dtype = d->dtype;
-    f.device = d->device;
-    f.accumulate_main_grad = d->accumulate_main_grad;
-    f.seed = d->seed + 3;
     return lutra_moe_mlp_new(&f, out);
   }
   lutra_layernorm_mlp_desc f;
   lutra_layernorm_mlp_defaults(&f);
-  f.hidden = d->hidden;
-  f.ffn_hidden = desc->ffn_hidden;
-  f.normalization = d->normalization;
-  f.activation = desc->activation;
-  f.bias = d->bias;
-  f.zero_centered_gamma = d->zero_centered_gamma;
-  f.eps = d->eps;
-  f.dtype = d->dtype;
-  f.device = d->device;
-  f.accumulate_main_grad = d->accumulate_main_grad;
-  f.seed = d->seed + 3;
+  FEED_FORWARD_FROM_LAYER(f, desc, d);
   return lutra_layernorm_mlp_new(&f, out);
 }
 

@@ -1,7 +1,7 @@
 /* The C compiler's view of every struct the Lua front reads or fills, for
  * spec/layout_spec.lua to compare with LuaJIT's ffi.offsetof/ffi.sizeof. */
-#include "lutra.h"
 #include "core/error.h"
+#include "lutra.h"
 
 #include <stddef.h>
 
@@ -173,8 +173,8 @@ static const field fields[] = {
  * empty field name gives the struct's size in offset and size. */
 int lutra_layout(int i, const char **type, const char **field_name, size_t *offset, size_t *size) {
   static const char fn[] = "lutra_layout";
-  CHECK_ARG(i >= 0 && (size_t)i < sizeof fields / sizeof *fields,
-            "entry %d is out of range 0..%d", i, (int)(sizeof fields / sizeof *fields) - 1);
+  CHECK_ARG(i >= 0 && (size_t)i < sizeof fields / sizeof *fields, "entry %d is out of range 0..%d",
+            i, (int)(sizeof fields / sizeof *fields) - 1);
   CHECK_ARG(type && field_name && offset && size, "output pointers must not be NULL");
   *type = fields[i].type;
   *field_name = fields[i].field;
