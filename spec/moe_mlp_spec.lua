@@ -232,6 +232,9 @@ describe("nn.MoEMLP", function()
     local box = ffi.new("lutra_module*[1]")
     E.expect_error(function() E.c_check(C.lutra_moe_mlp_new(d, box)) end, "lutra_moe_mlp_new",
                    "top_k = 0 must be in 1..experts (4)")
+    d.top_k, d.device = 2, C.LUTRA_CUDA -- refused before the device is looked for
+    E.expect_error(function() E.c_check(C.lutra_moe_mlp_new(d, box)) end, "lutra_moe_mlp_new",
+                   "dtype f32 on a device")
     local m = nn.MoEMLP(16, 8, 4, 2)
     E.expect_error(function() m:backward(randn({ 3, 16 })) end, "lutra_moe_mlp_backward",
                    "before a forward with grad")

@@ -48,8 +48,8 @@ typedef struct lutra_moe_mlp_desc {
   float eps;            /* the norm's; default 1e-5 */
   int32_t renormalize;  /* the top-k's (lutra_moe_router_desc); default 1 */
   float scaling_factor; /* the top-k's; default 1 */
-  int32_t dtype;        /* F32 (default) or BF16 */
-  int32_t device;       /* LUTRA_CPU (default) */
+  int32_t dtype;  /* F32 (default; the CPU only: the grouped GEMMs have no f32 kernels) or BF16 */
+  int32_t device; /* LUTRA_CPU (default) */
   int32_t accumulate_main_grad;
   uint64_t seed; /* default: the next seed of the global generator */
 } lutra_moe_mlp_desc;

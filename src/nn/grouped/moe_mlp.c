@@ -253,6 +253,9 @@ static int check_desc(const lutra_moe_mlp_desc *d, const char *fn) {
             (int)d->normalization);
   CHECK_ARG(d->bias == 0 || d->bias == 1, "bias must be 0 or 1 (got %d)", (int)d->bias);
   CHECK_ARG(isfinite(d->eps) && d->eps > 0, "eps must be positive and finite");
+  CHECK_ARG(d->device == LUTRA_CPU || d->dtype != LUTRA_F32,
+            "dtype f32 on a device: the experts' grouped GEMMs, which read the routing's m_splits "
+            "on the device, have no f32 kernels (use bf16)");
   return LUTRA_OK;
 }
 
