@@ -19,10 +19,13 @@
  * No load-balancing loss: Megatron adds an auxiliary loss in its router (switch-style: experts
  * times the sum over experts of the fraction of tokens routed to each times its mean
  * probability, scaled by moe_aux_loss_coeff) and TE leaves it to the framework; here the
- * routing of the last forward is readable (lutra_moe_mlp_routing) for a loss composed outside.
+ * routing of the last forward is readable (lutra_moe_mlp_routing) to watch the experts' load,
+ * but no gradient of a loss on it reaches the router (that would be the loss's entry point).
  * Parameters, in order (checkpoint names in brackets): the norm's [norm.weight, norm.bias (not
  * for RMSNorm)], the router's [router.weight], then fc1's and fc2's GroupedLinear parameters
- * [fc1.weight0, fc1.bias0, fc1.weight1, ..., fc2.weight0, ...] (biases when bias is set).
+ * [fc1.weight0, fc1.bias0, fc1.weight1, ..., fc2.weight0, ...] (biases when bias is set), and
+ * the experts' FP8 state [fc1.fp8.input0.scale, ...]; the router (a child of kind moe_router)
+ * has none.
  * Weights: the router's from seed, fc1's expert e from seed + 1 + e, fc2's from
  * seed + 1 + experts + e (Linear's uniform(-1/sqrt(in), 1/sqrt(in))).
  * Part of lutra.h (include that one; its conventions hold here). */
