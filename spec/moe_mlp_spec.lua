@@ -256,6 +256,14 @@ describe("nn.MoEMLP", function()
     m:forward(randn({ 3, 16 }))
     E.expect_error(function() m:backward(randn({ 4, 16 })) end, "lutra_moe_unpermute_backward",
                    "dy must be [3, 16]")
+    -- a refused forward changes nothing: the backward is still the last good forward's
+    local s = rng.int(1, 2 ^ 30)
+    local a, b = nn.MoEMLP(16, 16, 4, 2, { seed = s }), nn.MoEMLP(16, 16, 4, 2, { seed = s })
+    local x, dy = randn({ 5, 16 }), randn({ 5, 16 })
+    a:forward(x)
+    E.expect_error(function() a:forward(randn({ 5, 12 })) end, "lutra_moe_mlp_forward", "input")
+    b:forward(x)
+    assert_same(a:backward(dy), b:backward(dy), "dx after a refused forward")
     E.expect_error(function() E.c_check(C.lutra_moe_mlp_routing(nn.Linear(4, 4), nil, nil, nil)) end,
                    "lutra_moe_mlp_routing", "not an MoE feed-forward")
     E.expect_error(function() nn.MoEMLP(4, 4, 2, 1):routing() end, "lutra_moe_mlp_routing",
