@@ -216,6 +216,22 @@ describe("nn.MoEMLP", function()
     assert.are.equal(17 * 3, #idx:to_table())
   end)
 
+  it("once destroyed, reports itself and the tensors it handed out as freed", function()
+    local m = nn.MoEMLP(8, 8, 4, 2)
+    local x = randn({ 3, 8 })
+    local y = m:forward(x)
+    local probs = m:routing()
+    local part = nn.TransformerLayer(8, 8, 2, { moe = { experts = 2, top_k = 1 } }):part("mlp")
+    collectgarbage()
+    collectgarbage() -- the part keeps the layer's MoEMLP alive
+    assert.are.same({ 1, 3, 8 }, part:forward(randn({ 1, 3, 8 })):dims())
+    m:destroy()
+    E.expect_error(function() probs:to_table() end, "lutra_tensor_get_f32", "was freed")
+    E.expect_error(function() y:to_table() end, "lutra_tensor_get_f32", "was freed")
+    E.expect_error(function() m:forward(x) end, "lutra_module_forward", "was freed")
+    E.expect_error(function() m:routing() end, "lutra_moe_mlp_routing", "was freed")
+  end)
+
   it("refuses bad configurations and inputs, naming the call and the reason", function()
     E.expect_error(function() nn.MoEMLP(16, 16, 2, 3) end, "lutra_moe_mlp_new",
                    "top_k = 3 must be in 1..experts (2)")
