@@ -103,8 +103,8 @@ typedef struct moe_mlp {
   lutra_tensor *dnorm;          /* the norm output's gradient: experts' path + router's */
   /* the routing of the last forward: the top-k's and the dispatcher's own tensors */
   lutra_tensor *probs, *indices, *splits;
-  bool forward_done;   /* a forward with grad ran (the routing is readable) */
-  bool backward_ready; /* ... and is what a backward may start from */
+  bool forward_done;   /* the last forward ran to its end (its routing is readable) */
+  bool backward_ready; /* ... with grad: a backward may start from it */
 } moe_mlp;
 
 static int moe_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
