@@ -216,6 +216,22 @@ describe("nn.MoEMLP", function()
     assert.are.equal(17 * 3, #idx:to_table())
   end)
 
+  it("allocates nothing in a warm training step, whatever the routing", function()
+    local so = os.tmpname() .. ".so"
+    assert.are.equal(0, os.execute("cc -shared -fPIC -O1 -o " .. so .. " spec/support/count_alloc.c"))
+    -- the plain build of the library (the ASan one would take the allocations from ASan first)
+    local lib = io.open("liblutra.so") and "liblutra.so" or error("build liblutra.so (make) first")
+    local p = assert(io.popen(string.format("LUTRA_LIB=$PWD/%s LD_PRELOAD=%s luajit %s 2>&1", lib,
+                                            so, "spec/support/alloc_moe_mlp.lua")))
+    local out = p:read("*a")
+    p:close()
+    os.remove(so)
+    local step, control = out:match("step=(%d+) control=(%d+)")
+    assert.truthy(step, out)
+    assert.are.equal(0, tonumber(step), out)
+    assert.is_true(tonumber(control) >= 10, out)
+  end)
+
   it("once destroyed, reports itself and the tensors it handed out as freed", function()
     local m = nn.MoEMLP(8, 8, 4, 2)
     local x = randn({ 3, 8 })
