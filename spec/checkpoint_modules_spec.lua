@@ -152,6 +152,22 @@ local cases = {
       return w
     end,
   },
+  {
+    -- the router Linear stays high precision under autocast: no quantizer state of its own
+    what = "MoEMLP of 3 experts, top 2",
+    make = function() return nn.MoEMLP(H, F, 3, 2) end,
+    want = function()
+      local w = { ["norm.weight"] = "32", ["norm.bias"] = "32", ["router.weight"] = "3,32" }
+      for e = 0, 2 do
+        w["fc1.weight" .. e], w["fc1.bias" .. e] = F .. ",32", tostring(F)
+        w["fc2.weight" .. e], w["fc2.bias" .. e] = "32," .. F, "32"
+        for _, fc in ipairs { "fc1.", "fc2." } do
+          fp8(w, fc, { "input" .. e, "weight" .. e, "grad_output" .. e })
+        end
+      end
+      return w
+    end,
+  },
 }
 
 describe("checkpoint names per module kind", function()

@@ -32,7 +32,7 @@ local args = {
   Residual = { function() return nn.Linear(8, 8) end }, Embedding = { 16, 8 },
   RotaryEmbedding = { 8 },
   DotProductAttention = { 2, 4 },
-  MultiheadAttention = { 8, 2 }, TransformerLayer = { 8, 16, 2 },
+  MultiheadAttention = { 8, 2 }, TransformerLayer = { 8, 16, 2 }, MoEMLP = { 8, 16, 4, 2 },
 }
 
 local function make(name)
@@ -62,7 +62,8 @@ local sample = { quantizer = { "input" }, quantized = { "input" }, fusions = {},
                  set_graph_capacity = { 4 }, graph_stats = {}, num_gemms = {},
                  check = {}, set_offset = { 0 }, settings = {},
                  apply_qkv = { lutra.tensor({ 1, 2, 24 }), 1, 1 },
-                 rng_state = {}, set_rng_state = { 1, 0 }, plans = {}, part = { "qkv" } }
+                 rng_state = {}, set_rng_state = { 1, 0 }, plans = {}, part = { "qkv" },
+                 routing = {} }
 
 -- every kind's own methods: the union (name -> function) and per kind (kind -> name -> true)
 local function own_methods()
@@ -99,8 +100,9 @@ describe("module methods per kind", function()
   it("lutra.nn's constructors make every kind but the tensor-parallel one", function()
     local made = every_kind()
     for kind in pairs(c_kinds()) do
-      -- rotary_qkv: a MultiheadAttention's inner RoPE step, never handed to Lua
-      if kind ~= "linear_parallel" and kind ~= "rotary_qkv" then
+      -- rotary_qkv: a MultiheadAttention's inner RoPE step, never handed to Lua; moe_router:
+      -- an MoEMLP's router (its checkpoint child, not a part handed out)
+      if kind ~= "linear_parallel" and kind ~= "rotary_qkv" and kind ~= "moe_router" then
         assert(made[kind], "no constructor made a " .. kind)
       end
     end

@@ -7,4 +7,8 @@ describe("LuaJIT traces of an MoE training loop", function()
   it("form a loop trace without NYI aborts", function()
     J.assert_compiles("spec/support/moe_jit_loop.lua")
   end)
+
+  it("of nn.MoEMLP (forward, backward, a step, its routing read) form a loop trace too", function()
+    J.assert_compiles("spec/support/moe_mlp_jit_loop.lua")
+  end)
 end)

@@ -258,6 +258,43 @@ describe("moe.Dispatcher unpermute", function()
   end)
 end)
 
+describe("moe routing of [.., hidden] inputs", function()
+  it("routes the rows of the leading dims: the same bytes as the matrix, y and dx in x's leading dims", function()
+    local fresh = require("spec.support.fresh_random").new()
+    local B, T, H, O, Ex, k = 2, 3, 5, 4, 6, 2
+    local x3 = lutra.tensor({ B, T, H }):randn(fresh.int(1, 2 ^ 30))
+    local x2 = lutra.tensor({ B * T, H }):copy(x3)
+    local l3 = lutra.tensor({ B, T, Ex }):randn(fresh.int(1, 2 ^ 30))
+    local l2 = lutra.tensor({ B * T, Ex }):copy(l3)
+    local r3, r2 = moe.TopK(Ex, k), moe.TopK(Ex, k)
+    local p3, i3 = r3:forward(l3)
+    local p2, i2 = r2:forward(l2)
+    assert.are.same({ B * T, k }, p3:dims())
+    assert.are.equal(p2:bytes(), p3:bytes(), "probs (seed " .. fresh.seed .. ")")
+    assert.are.equal(i2:bytes(), i3:bytes(), "indices")
+    local d3, d2 = moe.Dispatcher(Ex), moe.Dispatcher(Ex)
+    local xp3, s3 = d3:permute(x3, i3)
+    local xp2, s2 = d2:permute(x2, i2)
+    assert.are.equal(xp2:bytes(), xp3:bytes(), "permuted")
+    assert.are.equal(s2:bytes(), s3:bytes(), "m_splits")
+    local xe = lutra.tensor({ B * T * k, O }):randn(fresh.int(1, 2 ^ 30))
+    local y3, y2 = d3:unpermute(xe, p3), d2:unpermute(xe, p2)
+    assert.are.same({ B, T, O }, y3:dims())
+    assert.are.equal(y2:bytes(), y3:bytes(), "y")
+    local dy3 = lutra.tensor({ B, T, O }):randn(fresh.int(1, 2 ^ 30))
+    local dxe3, dp3 = d3:unpermute_backward(dy3)
+    local dxe2, dp2 = d2:unpermute_backward(lutra.tensor({ B * T, O }):copy(dy3))
+    assert.are.equal(dxe2:bytes(), dxe3:bytes(), "dexpert_out")
+    assert.are.equal(dp2:bytes(), dp3:bytes(), "dprobs")
+    local dx3, dx2 = d3:permute_backward(xp3), d2:permute_backward(xp2)
+    assert.are.same({ B, T, H }, dx3:dims())
+    assert.are.equal(dx2:bytes(), dx3:bytes(), "dx")
+    local dl3 = r3:backward(dp3)
+    assert.are.same({ B, T, Ex }, dl3:dims())
+    assert.are.equal(r2:backward(dp2):bytes(), dl3:bytes(), "dlogits")
+  end)
+end)
+
 describe("moe.Dispatcher backward", function()
   it("unpermute: dexpert_out and dprobs equal finite differences (f64 and f32)", function()
     local T, k, Ex, O = 9, 2, 4, 3
@@ -418,7 +455,7 @@ describe("moe bad inputs", function()
     { "index -1", function() moe.Dispatcher(Ex):permute(logits(), idx({ 0, 1, 2, -1, 4, 5, 0, 1 })) end, "lutra_moe_permute", "index -1 of token 1 (choice 1) is outside [0, 6)" },
     { "index = experts", function() moe.Dispatcher(Ex):permute(logits(), idx({ 0, 1, 2, 3, 4, 5, 6, 1 })) end, "lutra_moe_permute", "index 6 of token 3" },
     { "i32 rows", function() moe.Dispatcher(Ex):permute(lutra.tensor({ T, 3 }, "i32"), idx(good_idx)) end, "lutra_moe_permute", "x dtype i32" },
-    { "3-D rows", function() moe.Dispatcher(Ex):permute(lutra.tensor({ T, 1, 3 }), idx(good_idx)) end, "lutra_moe_permute", "matrix" },
+    { "1-D rows", function() moe.Dispatcher(Ex):permute(lutra.tensor({ T * 3 }), idx(good_idx)) end, "lutra_moe_permute", "2 or more dims" },
     { "unpermute before permute", function() moe.Dispatcher(Ex):unpermute(lutra.tensor({ 8, 3 }), lutra.tensor({ T, 2 })) end, "lutra_moe_unpermute", "no permute" },
     { "permute_backward before permute", function() moe.Dispatcher(Ex):permute_backward(lutra.tensor({ 8, 3 })) end, "lutra_moe_permute_backward", "no permute" },
     { "unpermute_backward before unpermute", function() moe.Dispatcher(Ex):unpermute_backward(lutra.tensor({ T, 3 })) end, "lutra_moe_unpermute_backward", "before unpermute" },

@@ -1,6 +1,7 @@
 -- nn.MultiheadAttention and nn.TransformerLayer on the CPU backend (f32): each equals its pieces
 -- composed by hand with the same weights (LayerNormLinear for QKV, RotaryEmbedding's in-place
--- apply_qkv, DotProductAttention on the packed QKV, Linear, residual adds, LayerNormMLP), bit
+-- apply_qkv, DotProductAttention on the packed QKV, Linear, residual adds, LayerNormMLP, or
+-- MoEMLP for a layer made with moe = {experts, top_k}), bit
 -- for bit in forward, input gradient and every parameter gradient (the same operations in the
 -- same order); the whole layer's input gradient against central finite differences (h = 1e-2
 -- on f32: bound 2e-2 relative to the largest gradient, which the differences' rounding, ~1e-4,
@@ -32,9 +33,13 @@ local function pieces_of(layer, c)
     attn = nn.DotProductAttention(c.H, c.D, { num_gqa_groups = c.Hkv }),
     proj = nn.Linear(c.H * c.D, c.hidden),
     rope = c.rope and nn.RotaryEmbedding(c.D) or nil,
-    mlp = c.ffn and nn.LayerNormMLP(c.hidden, c.ffn, { normalization = c.norm,
-                                                       activation = c.act }) or nil,
+    mlp = c.ffn and not c.moe and nn.LayerNormMLP(c.hidden, c.ffn, { normalization = c.norm,
+                                                                     activation = c.act }) or nil,
   }
+  if c.moe then
+    p.mlp = nn.MoEMLP(c.hidden, c.ffn, c.moe.experts, c.moe.top_k,
+                      { normalization = c.norm, activation = c.act })
+  end
   local mine = {}
   for _, m in ipairs { p.qkv, p.proj, p.mlp } do
     for _, q in ipairs(m:parameters()) do mine[#mine + 1] = q end
@@ -69,6 +74,9 @@ local CONFIGS = {
   { hidden = 16, H = 4, Hkv = 2, D = 8, ffn = 24, B = 1, T = 7, rope = true, norm = "RMSNorm",
     act = "swiglu" },
   { hidden = 12, H = 2, Hkv = 1, D = 6, B = 2, T = 3, rope = true }, -- MultiheadAttention alone
+  { hidden = 16, H = 4, Hkv = 4, D = 4, ffn = 12, B = 2, T = 5, moe = { experts = 4, top_k = 2 } },
+  { hidden = 16, H = 4, Hkv = 2, D = 4, ffn = 8, B = 1, T = 6, rope = true, norm = "RMSNorm",
+    act = "swiglu", moe = { experts = 3, top_k = 1 } },
 }
 
 local function build(c, s)
@@ -76,6 +84,7 @@ local function build(c, s)
                  seed = s }
   if not c.ffn then return nn.MultiheadAttention(c.hidden, c.H, opts) end
   opts.activation = c.act
+  opts.moe = c.moe
   return nn.TransformerLayer(c.hidden, c.ffn, c.H, opts)
 end
 
@@ -148,6 +157,28 @@ describe("nn.TransformerLayer and nn.MultiheadAttention", function()
                      "lutra.nn.TransformerLayer:part: a MultiheadAttention has no mlp")
   end)
 
+  it("with moe: saves and loads under moe_mlp.*, and its part mlp is the MoEMLP", function()
+    local c = CONFIGS[4]
+    local a, b = build(c, seed), build(c, seed + 99)
+    local x = randn({ c.B, c.T, c.hidden }, seed + 4)
+    local path = os.tmpname()
+    lutra.save(path, { model = a })
+    local f = assert(io.open(path, "rb"))
+    local bytes = f:read("*a")
+    f:close()
+    for _, name in ipairs { "moe_mlp.norm.weight", "moe_mlp.router.weight", "moe_mlp.fc1.weight3",
+                            "moe_mlp.fc2.bias0", "self_attention.proj.weight" } do
+      assert.is_truthy(bytes:find('"' .. name .. '"', 1, true), name .. " is in the file")
+    end
+    lutra.load(path, { model = b })
+    os.remove(path)
+    assert_same(b:forward(x), a:forward(x), "y after load")
+    local mlp = a:part("mlp")
+    assert.are.equal("moe_mlp", mlp:kind())
+    local _, idx = mlp:routing()
+    assert.are.same({ c.B * c.T, 2 }, idx:dims())
+  end)
+
   it("refuses bad configurations with the reason", function()
     local function err(f)
       local ok, msg = pcall(f)
@@ -166,5 +197,16 @@ describe("nn.TransformerLayer and nn.MultiheadAttention", function()
     end):find("lutra_mha_new", 1, true))
     assert.is_truthy(err(function() nn.TransformerLayer(16, 32, 4, { activation = "tanh" }) end)
                      :find("activation", 1, true))
+    assert.is_truthy(err(function() nn.TransformerLayer(16, 32, 4, { moe = 4 }) end)
+                     :find("moe must be a table {experts =, top_k =}", 1, true))
+    assert.is_truthy(err(function()
+      nn.TransformerLayer(16, 32, 4, { moe = { experts = 2, top_k = 3 } })
+    end):find("lutra_transformer_new: lutra_moe_mlp_new: top_k = 3 must be in 1..experts (2)", 1,
+              true))
+    assert.is_truthy(err(function() nn.TransformerLayer(16, 32, 4, { moe = { experts = 2 } }) end)
+                     :find("moe.top_k", 1, true))
+    assert.is_truthy(err(function()
+      nn.TransformerLayer(16, 32, 4, { moe = { experts = 2, top_k = 1, k = 1 } })
+    end):find("unknown option 'k'", 1, true))
   end)
 end)

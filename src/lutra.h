@@ -39,6 +39,7 @@
 #include "lutra/inspect.h"
 #include "lutra/moe.h"
 #include "lutra/grouped.h"
+#include "lutra/moe_mlp.h"
 #include "lutra/nn.h"
 #include "lutra/nvfp4.h"
 #include "lutra/quantizer.h"

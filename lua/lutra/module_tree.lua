@@ -67,6 +67,7 @@ local function line(m)
   local np = int_box[0]
   if k == "rotary_embedding" then return require("lutra.rope").describe(m) end
   if k == "dot_product_attention" then return require("lutra.attention").describe(m) end
+  if k == "moe_mlp" then return require("lutra.transformer").describe_moe(m) end
   if np == 0 then return "lutra.nn." .. k end
   check(C.lutra_module_param(m, 0, param))
   local w = param.value

@@ -10,6 +10,7 @@
 --   local dh, dprobs = disp:unpermute_backward(dy)
 --   ... local dx = disp:permute_backward(dxp) (+ router:backward(dprobs))
 -- Returned tensors belong to their router or dispatcher and keep it alive (as module outputs).
+-- nn.MoEMLP (lua/lutra/transformer.lua) is this composition, with a norm in front, as one module.
 -- @module lutra.moe
 local core = require("lutra.core")
 local chk = require("lutra.check")

@@ -447,6 +447,7 @@ M.DotProductAttention = attention.DotProductAttention -- lua/lutra/attention.lua
 -- MultiheadAttention, TransformerLayer (lua/lutra/transformer.lua)
 local transformer = require("lutra.transformer")
 M.MultiheadAttention, M.TransformerLayer = transformer.MultiheadAttention, transformer.TransformerLayer
+M.MoEMLP = transformer.MoEMLP -- the mixture-of-experts feed-forward (src/lutra/moe_mlp.h)
 
 -- Methods per kind (lua/lutra/module_methods.lua): Module's on every module, the kind's own
 -- beside them; fused.lua and grouped.lua define their kinds. The C kind names are
@@ -457,11 +458,13 @@ methods.define("embedding", "Embedding", Embedding)
 attention.kind = methods.define("dot_product_attention", "DotProductAttention", attention.methods)
 methods.define("multihead_attention", "MultiheadAttention", { part = transformer.part })
 methods.define("transformer_layer", "TransformerLayer", { part = transformer.part })
+methods.define("moe_mlp", "MoEMLP", transformer.moe_methods)
 for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
                           swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU",
-                          rotary_qkv = "MultiheadAttention's RoPE step" } do
+                          rotary_qkv = "MultiheadAttention's RoPE step",
+                          moe_router = "MoEMLP's router (a Linear, never FP8)" } do
   methods.define(kind, name)
 end
 

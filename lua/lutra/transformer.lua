@@ -1,13 +1,16 @@
---- MultiheadAttention and TransformerLayer (src/lutra/transformer.h): TransformerEngine's blocks
--- built from lutra's modules, each one C module (one call per forward or backward). lutra.nn
--- exposes them under the same names:
+--- MultiheadAttention, TransformerLayer (src/lutra/transformer.h) and the mixture-of-experts
+-- feed-forward MoEMLP (src/lutra/moe_mlp.h): TransformerEngine's blocks built from lutra's
+-- modules, each one C module (one call per forward or backward). lutra.nn exposes them under
+-- the same names:
 --   local layer = nn.TransformerLayer(768, 3072, 12, {dtype = "bf16", device = "cuda"})
 --   local y = layer:forward(x)      -- x {B, T, 768}
 --   local dx = layer:backward(dy)
+--   local moe = nn.TransformerLayer(768, 3072, 12, {moe = {experts = 8, top_k = 2}})
 -- @module lutra.transformer
 local core = require("lutra.core")
 local chk = require("lutra.check")
 local fused = require("lutra.fused")
+local borrow = require("lutra.tensor").borrow
 local ffi, C, check = core.ffi, core.C, core.check
 
 local M = {}
@@ -99,17 +102,31 @@ local layer_options = {
   zero_centered_gamma = true, bias = true, attn_mask_type = true, qkv_format = true, rope = true,
   rope_base = true, rope_max_seq = true, eps = true, softmax_scale = true,
   attention_dropout = true, dtype = true, device = true, accumulate_main_grad = true, seed = true,
-  activation = true,
+  activation = true, moe = true,
 }
 
+-- the MoE options {experts =, top_k =} of a TransformerLayer into d (a lutra_transformer_desc)
+local function moe_option(d, moe, where)
+  if moe == nil then return end
+  if type(moe) ~= "table" then
+    chk.fail(where, "moe must be a table {experts =, top_k =} (got %s)", chk.got(moe))
+  end
+  moe = core.check_options(moe, { experts = true, top_k = true }, where .. " moe")
+  chk.integer(moe.experts, "moe.experts", where, 1, 2 ^ 31 - 1)
+  chk.integer(moe.top_k, "moe.top_k", where, 1, 2 ^ 31 - 1)
+  d.moe_experts, d.moe_top_k = moe.experts, moe.top_k
+end
+
 --- nn.TransformerLayer: x + MultiheadAttention(x), then h + LayerNormMLP(h) (pre-norm, as TE's
--- TransformerLayer with its defaults). forward(x {B, T, hidden}) -> {B, T, hidden};
--- backward(dy) -> dx.
+-- TransformerLayer with its defaults), or h + MoEMLP(h) when moe is given.
+-- forward(x {B, T, hidden}) -> {B, T, hidden}; backward(dy) -> dx.
 -- @tparam integer hidden the input's and output's last dim
 -- @tparam integer ffn_hidden the MLP's inner width
 -- @tparam integer num_heads query heads
 -- @tparam[opt] table opts MultiheadAttention's options, and activation = "gelu" | "swiglu" |
--- "geglu" | "reglu" | "relu" | "silu" | "qgelu" | "srelu" (the MLP's)
+-- "geglu" | "reglu" | "relu" | "silu" | "qgelu" | "srelu" (the MLP's), moe = {experts =,
+-- top_k =} (the feed-forward is then an MoEMLP of that many experts, ffn_hidden each, with the
+-- layer's normalization, activation and bias; its part "mlp")
 -- @return the module
 function M.TransformerLayer(hidden, ffn_hidden, num_heads, opts)
   local where = "lutra.nn.TransformerLayer"
@@ -122,6 +139,7 @@ function M.TransformerLayer(hidden, ffn_hidden, num_heads, opts)
   if opts.activation ~= nil then
     d.activation = core.code(fused.activations, opts.activation, "activation", where)
   end
+  moe_option(d, opts.moe, where)
   check(C.lutra_transformer_new(d, module_box))
   return own(module_box[0])
 end
@@ -129,7 +147,7 @@ end
 local parts = { qkv = 0, attention = 1, proj = 2, mlp = 3 }
 
 --- A block's part: "qkv" (the QKV projection), "attention" (the DotProductAttention), "proj"
--- (the output projection) or "mlp" (a TransformerLayer's LayerNormMLP), as a module handle of
+-- (the output projection) or "mlp" (a TransformerLayer's LayerNormMLP or MoEMLP), as a module handle of
 -- its own (the part lives as long as either holds it).
 -- @param m a MultiheadAttention or TransformerLayer
 -- @tparam string name the part
@@ -140,6 +158,97 @@ function M.part(m, name)
   check(C.lutra_transformer_part(m, code, module_box))
   if module_box[0] == nil then chk.fail(where, "a MultiheadAttention has no %s", name) end
   return own(module_box[0])
+end
+
+local moe_options = {
+  normalization = true, activation = true, bias = true, zero_centered_gamma = true, eps = true,
+  renormalize = true, scaling_factor = true, dtype = true, device = true,
+  accumulate_main_grad = true, seed = true,
+}
+
+--- nn.MoEMLP: the mixture-of-experts feed-forward, one C module: norm -> router Linear (no
+-- bias, always in the module's dtype, even under FP8 autocast) -> fused softmax + top-k ->
+-- permute -> GroupedLinear fc1 -> activation -> GroupedLinear fc2 (FP8 under autocast) ->
+-- unpermute, weighted by the router's probabilities. forward(x {.., hidden}) -> x's shape;
+-- backward(dy) -> dx, the router's gradient included. No load-balancing loss (m:routing() gives
+-- what one needs). Parameters: norm.weight (norm.bias), router.weight, fc1.weight0,
+-- fc1.bias0, .., fc2.weight0, ..
+-- @tparam integer hidden the input's and output's last dim
+-- @tparam integer ffn_hidden each expert's inner width (gated activations: fc1 gives twice it)
+-- @tparam integer experts 1..4096
+-- @tparam integer top_k experts per token, 1..min(8, experts)
+-- @tparam[opt] table opts {normalization = "LayerNorm" | "RMSNorm", activation = "gelu" | ...
+-- (LayerNormMLP's), bias = true (the experts'), zero_centered_gamma = false, eps = 1e-5,
+-- renormalize = true, scaling_factor = 1 (the top-k's: lutra.moe.TopK), dtype = "f32" | "bf16",
+-- device =, accumulate_main_grad = false, seed =}
+-- @return the module
+function M.MoEMLP(hidden, ffn_hidden, experts, top_k, opts)
+  local where = "lutra.nn.MoEMLP"
+  opts = core.check_options(opts, moe_options, where)
+  chk.integer(hidden, "hidden", where, 1, 2 ^ 52)
+  chk.integer(ffn_hidden, "ffn_hidden", where, 1, 2 ^ 52)
+  chk.integer(experts, "experts", where, 1, 2 ^ 31 - 1)
+  chk.integer(top_k, "top_k", where, 1, 2 ^ 31 - 1)
+  local d = ffi.new("lutra_moe_mlp_desc")
+  C.lutra_moe_mlp_defaults(d)
+  d.hidden, d.ffn_hidden, d.experts, d.top_k = hidden, ffn_hidden, experts, top_k
+  if opts.normalization ~= nil then
+    d.normalization = core.code(normalizations, opts.normalization, "normalization", where)
+  end
+  if opts.activation ~= nil then
+    d.activation = core.code(fused.activations, opts.activation, "activation", where)
+  end
+  d.bias = chk.flag(opts.bias, "bias", where, 1)
+  d.zero_centered_gamma = chk.flag(opts.zero_centered_gamma, "zero_centered_gamma", where, 0)
+  d.eps = number_option(opts.eps, "eps", where, 0) or d.eps
+  d.renormalize = chk.flag(opts.renormalize, "renormalize", where, 1)
+  d.scaling_factor = number_option(opts.scaling_factor, "scaling_factor", where, 0) or 1
+  if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
+  d.device = core.device(opts.device, where)
+  if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
+  d.accumulate_main_grad = chk.flag(opts.accumulate_main_grad, "accumulate_main_grad", where, 0)
+  check(C.lutra_moe_mlp_new(d, module_box))
+  return own(module_box[0])
+end
+
+local routing_box = ffi.new("lutra_tensor*[3]")
+local MoEMLP = {}
+
+--- An MoEMLP's own methods, beside those of every module (lutra.nn's Module).
+-- @type MoEMLP
+
+--- The routing of the last forward, read in place (owned by the module, valid until its next
+-- forward): for a load-balancing loss or to watch the experts' load.
+-- @return probs [tokens, top_k] f32, indices [tokens, top_k] i32, m_splits [experts] i32 (on the
+-- module's device)
+function MoEMLP:routing()
+  check(C.lutra_moe_mlp_routing(self, routing_box, routing_box + 1, routing_box + 2))
+  return borrow(routing_box[0], self), borrow(routing_box[1], self), borrow(routing_box[2], self)
+end
+
+--- @section end
+
+--- The methods of the kind moe_mlp (lutra.nn defines the kind with them).
+-- @local internal
+M.moe_methods = MoEMLP
+
+local moe_desc = ffi.new("lutra_moe_mlp_desc")
+local activation_names, device_names = {}, {}
+for name, code in pairs(fused.activations) do activation_names[tonumber(code)] = name end
+for name, code in pairs(core.devices) do device_names[tonumber(code)] = name end
+
+--- An MoEMLP's line in print(module).
+-- @local internal: lutra.module_tree calls it
+function M.describe_moe(m)
+  check(C.lutra_moe_mlp_desc_of(m, moe_desc))
+  local d = moe_desc
+  return string.format("lutra.nn.MoEMLP(hidden=%d, ffn_hidden=%d, experts=%d, top_k=%d, %s, %s, "
+                       .. "bias=%s, %s, %s)", tonumber(d.hidden), tonumber(d.ffn_hidden),
+                       d.experts, d.top_k,
+                       d.normalization == C.LUTRA_NORM_RMSNORM and "RMSNorm" or "LayerNorm",
+                       activation_names[tonumber(d.activation)] or "?", tostring(d.bias ~= 0),
+                       require("lutra.tensor").dtype_names[tonumber(d.dtype)],
+                       device_names[tonumber(d.device)])
 end
 
 return M

@@ -276,6 +276,35 @@ function S.assert_nmse(got, want, bound, what, max_abs)
   return e
 end
 
+-- NMSE of a tensor against a reference of another dtype (the device's bf16 against the CPU's
+-- f32: same dims) <= bound; a failure names seed, the spec's clock-drawn inputs
+function S.assert_nmse_across(got, want, bound, what, seed)
+  assert.are.same(want:dims(), got:dims(), what .. ": dims")
+  local e, wi, worst = S.nmse_buf(got:read(), want:read(), want:size(), what)
+  S.note("NMSE %.3e (bound %.0e), max |diff| %.3g  %s", e, bound, worst, what)
+  if not (e <= bound) then
+    S.fail("%s: NMSE %.3e > %.0e (largest difference %.3g at element %d; seed %d)", what, e, bound,
+           worst, wi, seed)
+  end
+  return e
+end
+
+-- a spec's seeds: the first drawn from the clock (failures name it), and a function giving the
+-- next one at each call
+function S.clock_seeds()
+  local first = os.time() % 100000
+  local next_seed = first
+  return first, function()
+    next_seed = next_seed + 1
+    return next_seed
+  end
+end
+
+-- a bf16 input on DEV drawn from seed, and its exact f32 copy on the CPU (returned first)
+function S.bf16_pair(shape, seed)
+  local d = lutra.tensor(shape, "bf16", DEV):randn(seed)
+  return lutra.tensor(shape, "f32", S.REF):set(d:read()), d
+end
 
 -- every parameter's gradient (grad: "grad" or "main_grad") of module dev against ref's:
 -- NMSE <= bound, each named "WHAT: GRAD of parameter I"

@@ -13,28 +13,12 @@ local S = require("spec.gpu.support")
 local DEV, REF = S.DEV, S.REF
 local function test(name, fn) S.test(it, name, fn) end
 
-local SEED = os.time() % 100000
-local next_seed = SEED
-local function seed()
-  next_seed = next_seed + 1
-  return next_seed
-end
-
+local SEED, seed = S.clock_seeds()
 local function check_nmse(got, want, bound, what)
-  assert.are.same(want:dims(), got:dims(), what .. ": dims")
-  local e, wi, worst = S.nmse_buf(got:read(), want:read(), want:size(), what)
-  S.note("NMSE %.3e (bound %.0e), max |diff| %.3g  %s", e, bound, worst, what)
-  if not (e <= bound) then
-    S.fail("%s: NMSE %.3e > %.0e (largest difference %.3g at element %d; seed %d)", what, e, bound,
-           worst, wi, SEED)
-  end
+  return S.assert_nmse_across(got, want, bound, what, SEED)
 end
-
 -- a bf16 input on DEV and its exact f32 copy on the CPU
-local function input_pair(shape)
-  local d = lutra.tensor(shape, "bf16", DEV):randn(seed())
-  return lutra.tensor(shape, "f32", REF):set(d:read()), d
-end
+local function input_pair(shape) return S.bf16_pair(shape, seed()) end
 
 local CASES = {
   { hidden = 256, ffn = 1024, H = 4, Hkv = 4, B = 2, T = 67 },

@@ -13,8 +13,8 @@ extern "C" {
 #endif
 
 /* ---- the fused softmax + top-k router ---------------------------------------------------
- * forward(logits [tokens, experts] f32/bf16/f16) -> probs [tokens, k] f32 and indices
- * [tokens, k] i32: per token the k largest logits, best first (ties to the lower expert index;
+ * forward(logits [tokens, experts] f32/bf16/f16; more dims: tokens are the leading ones) ->
+ * probs [tokens, k] f32 and indices [tokens, k] i32: per token the k largest logits, best first (ties to the lower expert index;
  * NaN counts as -inf), and their softmax probabilities, computed in double and rounded once:
  *   renormalize (default)  softmax over the k selected logits (TE's use_pre_softmax = False)
  *   otherwise              the full softmax over all experts at the k selected
@@ -41,12 +41,13 @@ LUTRA_API int lutra_moe_router_backward(lutra_moe_router *r, const lutra_tensor 
                                         lutra_tensor **dlogits);
 
 /* ---- permute / unpermute (a dispatcher: the row map of the last permute is shared) -------
- * permute(x [tokens, hidden], indices [tokens, k] i32) -> permuted [tokens * k, hidden] (x's
- * dtype) and m_splits [experts] i32 on x's device (GroupedLinear's splits, never read by the
+ * permute(x [tokens, hidden], or [.., hidden] with tokens the leading dims, indices [tokens, k]
+ * i32) -> permuted [tokens * k, hidden] (x's dtype) and m_splits [experts] i32 on x's device (GroupedLinear's splits, never read by the
  * host): token t's i-th choice (slot s = t k + i) goes to row row_map[s] = the start of its
  * expert's rows + the number of earlier slots (in s order) routed to the same expert, so each
  * expert's rows are contiguous and in token order (a stable counting sort; deterministic).
- * unpermute(expert_out [tokens * k, out], probs [tokens, k]) -> y [tokens, out]:
+ * unpermute(expert_out [tokens * k, out], probs [tokens, k]) -> y [tokens, out] (in the leading
+ * dims of the last permute's x, as dx of permute_backward and dy of unpermute_backward):
  * y[t] = sum_{i = 0..k-1} probs[t, i] * expert_out[row_map[t k + i]], in f32 in that order,
  * rounded once into expert_out's dtype (deterministic: the same bits on every backend).
  * permute_backward(dpermuted) -> dx [tokens, hidden] = sum_i dpermuted[row_map[t k + i]].

@@ -4,7 +4,8 @@
  *                       lutra_rope_apply_qkv, one launch, no copy; its inverse on dqkv]
  *                       -> DotProductAttention (q, k, v read in place from the QKV output)
  *                       -> output projection Linear
- *   TransformerLayer    x + MultiheadAttention(x), then h + LayerNormMLP(h) (pre-norm)
+ *   TransformerLayer    x + MultiheadAttention(x), then h + LayerNormMLP(h) (pre-norm), or
+ *                       h + the MoE feed-forward (lutra/moe_mlp.h) when given experts
  * Both are modules (lutra_module_* entries): forward(x {B, T, hidden}, or {T, B, hidden} with
  * qkv_format SBHD) returns the same shape, backward(dy) returns dx. Inside an autocast scope the
  * Linears compute in the recipe's FP8; the attention stays in the module's dtype.
@@ -12,16 +13,19 @@
  *   MultiheadAttention  the QKV LayerNormLinear's [layernorm_qkv.norm.weight, .norm.bias,
  *                       .weight, .bias] (a plain Linear [qkv.weight, qkv.bias] without
  *                       input_layernorm), then [proj.weight, proj.bias]
- *   TransformerLayer    self_attention.*, then the LayerNormMLP's [layernorm_mlp.*]
+ *   TransformerLayer    self_attention.*, then the LayerNormMLP's [layernorm_mlp.*] (the MoE
+ *                       feed-forward's [moe_mlp.norm.weight, ..., moe_mlp.router.weight,
+ *                       moe_mlp.fc1.weight0, ...])
  * The QKV projection's output is [q heads | k heads | v heads] along its last dim,
  * (num_heads + 2 num_gqa_groups) head_dim features. Weights: uniform(-1/sqrt(in), 1/sqrt(in))
- * as Linear's, from seed, seed + 1, ... in the order above.
+ * as Linear's, from seed, seed + 1, ... in the order above (the feed-forward's from seed + 3).
  * Part of lutra.h (include that one; its conventions hold here). */
 #ifndef LUTRA_TRANSFORMER_H
 #define LUTRA_TRANSFORMER_H
 
 #include "attention.h"
 #include "fused.h"
+#include "moe_mlp.h"
 #include "rope.h"
 
 #ifdef __cplusplus
@@ -31,8 +35,8 @@ extern "C" {
 typedef struct lutra_mha_desc {
   int64_t hidden;
   int64_t num_heads;
-  int64_t num_gqa_groups; /* key/value heads; 0 (default): num_heads */
-  int64_t head_dim;       /* TE's kv_channels; 0 (default): hidden / num_heads */
+  int64_t num_gqa_groups;      /* key/value heads; 0 (default): num_heads */
+  int64_t head_dim;            /* TE's kv_channels; 0 (default): hidden / num_heads */
   int32_t input_layernorm;     /* the norm before the QKV projection; default 1 */
   int32_t normalization;       /* LUTRA_NORM_LAYERNORM (default) or LUTRA_NORM_RMSNORM */
   int32_t zero_centered_gamma; /* default 0 */
@@ -60,6 +64,11 @@ typedef struct lutra_transformer_desc {
   int64_t ffn_hidden;
   int32_t activation; /* LUTRA_ACTIVATION_* (default GELU_TANH) */
   int32_t pad;
+  /* the feed-forward: 0 experts (default) a LayerNormMLP; experts >= 1 the MoE feed-forward
+   * (lutra/moe_mlp.h) of that many experts, each token routed to moe_top_k of them, with the
+   * layer's norm, activation, bias (the experts'), dtype and device, ffn_hidden per expert */
+  int32_t moe_experts;
+  int32_t moe_top_k;
 } lutra_transformer_desc;
 
 LUTRA_API void lutra_transformer_defaults(lutra_transformer_desc *d);
@@ -68,7 +77,8 @@ LUTRA_API int lutra_transformer_new(const lutra_transformer_desc *d, lutra_modul
 /* A MultiheadAttention's or TransformerLayer's part, with a reference of its own (drop it with
  * lutra_module_unref):
  * LUTRA_PART_QKV the QKV projection, _ATTENTION the DotProductAttention, _PROJ the output
- * projection, _MLP the TransformerLayer's LayerNormMLP (NULL in a MultiheadAttention). */
+ * projection, _MLP the TransformerLayer's LayerNormMLP or MoE feed-forward (NULL in a
+ * MultiheadAttention). */
 enum { LUTRA_PART_QKV = 0, LUTRA_PART_ATTENTION = 1, LUTRA_PART_PROJ = 2, LUTRA_PART_MLP = 3 };
 LUTRA_API int lutra_transformer_part(const lutra_module *m, int part, lutra_module **out);
 

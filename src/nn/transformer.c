@@ -116,7 +116,9 @@ static void block_release(lutra_module *m) {
   }
   b->count = 0;
 }
-static int block_num_children(const lutra_module *m) { return ((const block *)m)->count; }
+static int block_num_children(const lutra_module *m) {
+  return ((const block *)m)->count;
+}
 static lutra_module *block_child(const lutra_module *m, int i, const char **name) {
   const block *b = (const block *)m;
   *name = b->name[i];
@@ -207,7 +209,8 @@ static int make_attention_parts(const lutra_mha_desc *d, lutra_module **parts, c
     q.device = d->device;
     q.accumulate_main_grad = d->accumulate_main_grad;
     q.seed = d->seed;
-    if (lutra_layernorm_linear_new(&q, &parts[0]) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
+    if (lutra_layernorm_linear_new(&q, &parts[0]) != LUTRA_OK)
+      return lutra_error_wrap(LUTRA_EINVAL, fn);
   } else {
     lutra_linear_desc q;
     lutra_linear_defaults(&q);
@@ -318,6 +321,40 @@ int lutra_mha_new(const lutra_mha_desc *desc, lutra_module **out) {
   return mha_build(&d, out, fn);
 }
 
+/* the fields a feed-forward desc f (either kind) takes from the layer: desc and its resolved
+ * attention desc d; its weights from the layer's seed + 3 */
+#define FEED_FORWARD_FROM_LAYER(f, desc, d)                                                        \
+  do {                                                                                             \
+    (f).hidden = (d)->hidden;                                                                      \
+    (f).ffn_hidden = (desc)->ffn_hidden;                                                           \
+    (f).normalization = (d)->normalization;                                                        \
+    (f).activation = (desc)->activation;                                                           \
+    (f).bias = (d)->bias;                                                                          \
+    (f).zero_centered_gamma = (d)->zero_centered_gamma;                                            \
+    (f).eps = (d)->eps;                                                                            \
+    (f).dtype = (d)->dtype;                                                                        \
+    (f).device = (d)->device;                                                                      \
+    (f).accumulate_main_grad = (d)->accumulate_main_grad;                                          \
+    (f).seed = (d)->seed + 3;                                                                      \
+  } while (0)
+
+/* the layer's feed-forward: a LayerNormMLP, or the MoE feed-forward when it has experts */
+static int feed_forward_new(const lutra_transformer_desc *desc, const lutra_mha_desc *d,
+                            lutra_module **out) {
+  if (desc->moe_experts) {
+    lutra_moe_mlp_desc f;
+    lutra_moe_mlp_defaults(&f);
+    FEED_FORWARD_FROM_LAYER(f, desc, d);
+    f.experts = desc->moe_experts;
+    f.top_k = desc->moe_top_k;
+    return lutra_moe_mlp_new(&f, out);
+  }
+  lutra_layernorm_mlp_desc f;
+  lutra_layernorm_mlp_defaults(&f);
+  FEED_FORWARD_FROM_LAYER(f, desc, d);
+  return lutra_layernorm_mlp_new(&f, out);
+}
+
 int lutra_transformer_new(const lutra_transformer_desc *desc, lutra_module **out) {
   static const char fn[] = "lutra_transformer_new";
   CHECK_ARG(out, "out is NULL");
@@ -327,21 +364,12 @@ int lutra_transformer_new(const lutra_transformer_desc *desc, lutra_module **out
   CHECK_ARG(desc->ffn_hidden >= 1, "ffn_hidden must be positive (got %lld)",
             (long long)desc->ffn_hidden);
   CHECK_ARG(d.input_layernorm, "a TransformerLayer is pre-norm: input_layernorm must be 1");
-  lutra_layernorm_mlp_desc f;
-  lutra_layernorm_mlp_defaults(&f);
-  f.hidden = d.hidden;
-  f.ffn_hidden = desc->ffn_hidden;
-  f.normalization = d.normalization;
-  f.activation = desc->activation;
-  f.bias = d.bias;
-  f.zero_centered_gamma = d.zero_centered_gamma;
-  f.eps = d.eps;
-  f.dtype = d.dtype;
-  f.device = d.device;
-  f.accumulate_main_grad = d.accumulate_main_grad;
-  f.seed = d.seed + 3;
+  CHECK_ARG(desc->moe_experts >= 0, "moe_experts must be >= 0 (0: a dense LayerNormMLP), got %d",
+            (int)desc->moe_experts);
+  CHECK_ARG(desc->moe_experts > 0 || desc->moe_top_k == 0,
+            "moe_top_k = %d without moe_experts: give the experts too", (int)desc->moe_top_k);
   lutra_module *mlp = NULL, *mha = NULL;
-  if (lutra_layernorm_mlp_new(&f, &mlp) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
+  if (feed_forward_new(desc, &d, &mlp) != LUTRA_OK) return lutra_error_wrap(LUTRA_EINVAL, fn);
   if (mha_build(&d, &mha, fn) != LUTRA_OK) {
     lutra_module_unref(mlp);
     return LUTRA_EINVAL;
@@ -354,7 +382,8 @@ int lutra_transformer_new(const lutra_transformer_desc *desc, lutra_module **out
   lutra_module_unref(res[1]);
   lutra_module *children[2] = {mha, mlp};
   static const char *const names[] = {"self_attention", "layernorm_mlp"};
-  TRY(make_block(&layer_ops, body, children, names, 2, out, fn));
+  static const char *const moe_names[] = {"self_attention", "moe_mlp"};
+  TRY(make_block(&layer_ops, body, children, desc->moe_experts ? moe_names : names, 2, out, fn));
   block *b = (block *)*out, *inner = (block *)mha;
   for (int i = 0; i < LUTRA_PART_MLP; i++)
     b->part[i] = inner->part[i];

@@ -22,9 +22,12 @@ struct lutra_moe_dispatch {
   const lutra_backend *be;
   lutra_tensor *buf[NUM_BUFFERS];
   lutra_tensor *bad_index; /* device flag (lutra_permute_args.bad_index); NULL on the CPU */
-  /* the last permute: tokens, k and whether one ran; the last unpermute's inputs, held */
+  /* the last permute: tokens, k, x's shape (y and dx take its leading dims) and whether one
+   * ran; the last unpermute's inputs, held */
   int64_t tokens;
   int32_t k;
+  int32_t x_ndim;
+  int64_t x_shape[4];
   bool permuted;
   const lutra_tensor *expert_out, *probs;
 };
@@ -98,11 +101,10 @@ typedef struct staged {
   lutra_tensor *fresh[4];
 } staged;
 
-static int stage(lutra_moe_dispatch *d, staged *s, int which, int dtype, int64_t rows, int64_t cols,
-                 const char *fn) {
-  const int64_t shape[2] = {rows, cols};
-  int st = lutra_tensor_prepare(
-      d->buf[which], PLAIN_TENSOR(dtype, cols > 0 ? 2 : 1, shape, d->device), &s->fresh[s->n], fn);
+static int stage_shape(lutra_moe_dispatch *d, staged *s, int which, int dtype, int ndim,
+                       const int64_t *shape, const char *fn) {
+  int st = lutra_tensor_prepare(d->buf[which], PLAIN_TENSOR(dtype, ndim, shape, d->device),
+                                &s->fresh[s->n], fn);
   if (st != LUTRA_OK) {
     for (int i = 0; i < s->n; i++)
       lutra_tensor_discard(d->buf[s->which[i]], s->fresh[i]);
@@ -110,6 +112,23 @@ static int stage(lutra_moe_dispatch *d, staged *s, int which, int dtype, int64_t
   }
   s->which[s->n++] = which;
   return LUTRA_OK;
+}
+
+/* a [rows, cols] buffer ([rows] when cols is 0) */
+static int stage(lutra_moe_dispatch *d, staged *s, int which, int dtype, int64_t rows, int64_t cols,
+                 const char *fn) {
+  const int64_t shape[2] = {rows, cols};
+  return stage_shape(d, s, which, dtype, cols > 0 ? 2 : 1, shape, fn);
+}
+
+/* a buffer of one row per token, in the leading dims of the last permute's x, cols wide */
+static int stage_tokens(lutra_moe_dispatch *d, staged *s, int which, int dtype, int64_t cols,
+                        const char *fn) {
+  int64_t shape[4];
+  for (int i = 0; i < d->x_ndim; i++)
+    shape[i] = d->x_shape[i];
+  shape[d->x_ndim - 1] = cols;
+  return stage_shape(d, s, which, dtype, d->x_ndim, shape, fn);
 }
 
 static int finish(lutra_moe_dispatch *d, staged *s, int st, const char *fn) {
@@ -128,12 +147,17 @@ static void *data_of(const staged *s, int which) {
   return NULL;
 }
 
-static int check_rows(const lutra_moe_dispatch *d, const lutra_tensor *t, const char *what,
-                      const char *fn) {
+/* t a float tensor on d's device: [rows, hidden] (slots: the permuted rows) or, tokens,
+ * [.., hidden] (2 to 4 dims, tokens the product of the leading ones) */
+static int check_rows(const lutra_moe_dispatch *d, const lutra_tensor *t, bool tokens,
+                      const char *what, const char *fn) {
   TRY(lutra_check_tensor(t, fn, what));
   CHECK_ARG(t->scaling == LUTRA_SCALING_NONE && lutra_dtype_is_float(t->dtype),
             "%s dtype %s is not f32, bf16 or f16", what, lutra_dtype_name(t->dtype));
-  CHECK_ARG(t->ndim == 2, "%s must be a matrix [rows, hidden] (got %d dims)", what, (int)t->ndim);
+  CHECK_ARG(t->ndim == 2 || (tokens && t->ndim > 2),
+            tokens ? "%s must be [.., hidden] with 2 or more dims (got %d)"
+                   : "%s must be a matrix [rows, hidden] (got %d dims)",
+            what, (int)t->ndim);
   CHECK_ARG(t->device == d->device, "%s is on another device than the dispatcher", what);
   return LUTRA_OK;
 }
@@ -167,17 +191,17 @@ int lutra_moe_permute(lutra_moe_dispatch *d, const lutra_tensor *x, const lutra_
                       lutra_tensor **permuted, lutra_tensor **m_splits) {
   static const char fn[] = "lutra_moe_permute";
   TRY(lutra_check_object(d, LUTRA_MAGIC_MOE_DISPATCH, fn, "dispatcher"));
-  TRY(check_rows(d, x, "x", fn));
+  TRY(check_rows(d, x, true, "x", fn));
   TRY(lutra_check_tensor(indices, fn, "indices"));
   CHECK_ARG(permuted && m_splits, "permuted and m_splits must not be NULL");
   CHECK_ARG(indices->dtype == LUTRA_I32, "indices must be i32, not %s",
             lutra_dtype_name(indices->dtype));
   CHECK_ARG(indices->device == d->device, "indices are on another device than the dispatcher");
-  const int64_t tokens = x->shape[0], hidden = x->shape[1];
+  const int64_t tokens = lutra_rows(x), hidden = lutra_cols(x);
   CHECK_ARG((indices->ndim == 2 && indices->shape[0] == tokens) ||
                 (indices->ndim == 1 && indices->numel == tokens),
-            "indices must be [tokens, k] with tokens = %lld (the rows of x), got %d dims of "
-            "%lld rows",
+            "indices must be [tokens, k] with tokens = %lld (x's rows: its leading dims), got %d "
+            "dims of %lld rows",
             (long long)tokens, (int)indices->ndim, (long long)indices->shape[0]);
   const int64_t k = indices->ndim == 2 ? indices->shape[1] : 1;
   CHECK_ARG(tokens * k <= 0x7FFFFFFF, "tokens * k = %lld exceeds 2^31-1 rows",
@@ -199,6 +223,9 @@ int lutra_moe_permute(lutra_moe_dispatch *d, const lutra_tensor *x, const lutra_
   TRY(finish(d, &s, d->be->moe_permute(&a), fn));
   d->tokens = tokens;
   d->k = (int32_t)k;
+  d->x_ndim = x->ndim;
+  for (int i = 0; i < x->ndim; i++)
+    d->x_shape[i] = x->shape[i];
   d->permuted = true;
   TRY(hold_in_capture(d, x, indices, fn));
   *permuted = d->buf[PERMUTED];
@@ -210,7 +237,7 @@ int lutra_moe_permute(lutra_moe_dispatch *d, const lutra_tensor *x, const lutra_
 static int check_slot_rows(const lutra_moe_dispatch *d, const lutra_tensor *t, const char *what,
                            const char *fn) {
   CHECK_STATE(d->permuted, "no permute has run (the row map comes from it)");
-  TRY(check_rows(d, t, what, fn));
+  TRY(check_rows(d, t, false, what, fn));
   CHECK_ARG(t->shape[0] == d->tokens * d->k,
             "%s has %lld rows, the last permute made %lld (tokens %lld x k %d)", what,
             (long long)t->shape[0], (long long)(d->tokens * d->k), (long long)d->tokens, (int)d->k);
@@ -225,7 +252,7 @@ int lutra_moe_permute_backward(lutra_moe_dispatch *d, const lutra_tensor *dpermu
   TRY(check_slot_rows(d, dpermuted, "dpermuted", fn));
   const int64_t hidden = dpermuted->shape[1];
   staged s = {0};
-  TRY(stage(d, &s, DX, dpermuted->dtype, d->tokens, hidden, fn));
+  TRY(stage_tokens(d, &s, DX, dpermuted->dtype, hidden, fn));
   lutra_permute_args a = base_args(d, hidden, dpermuted->dtype);
   a.x = dpermuted->data;
   a.out = data_of(&s, DX);
@@ -250,7 +277,7 @@ int lutra_moe_unpermute(lutra_moe_dispatch *d, const lutra_tensor *expert_out,
   CHECK_ARG(probs->device == d->device, "probs are on another device than the dispatcher");
   const int64_t hidden = expert_out->shape[1];
   staged s = {0};
-  TRY(stage(d, &s, Y, expert_out->dtype, d->tokens, hidden, fn));
+  TRY(stage_tokens(d, &s, Y, expert_out->dtype, hidden, fn));
   lutra_permute_args a = base_args(d, hidden, expert_out->dtype);
   a.x = expert_out->data;
   a.probs = probs->data;
@@ -276,12 +303,12 @@ int lutra_moe_unpermute_backward(lutra_moe_dispatch *d, const lutra_tensor *dy,
   const lutra_tensor *xe = d->expert_out, *probs = d->probs;
   CHECK_STATE(xe->shape[0] == d->tokens * d->k,
               "a permute of another shape ran after the unpermute: run unpermute again");
-  TRY(check_rows(d, dy, "dy", fn));
+  TRY(check_rows(d, dy, true, "dy", fn));
   CHECK_ARG(dy->dtype == xe->dtype, "dy dtype %s does not match the expert output's %s",
             lutra_dtype_name(dy->dtype), lutra_dtype_name(xe->dtype));
-  CHECK_ARG(dy->shape[0] == d->tokens && dy->shape[1] == xe->shape[1],
-            "dy must be [%lld, %lld] like the unpermute's output", (long long)d->tokens,
-            (long long)xe->shape[1]);
+  CHECK_ARG(lutra_rows(dy) == d->tokens && lutra_cols(dy) == xe->shape[1],
+            "dy must be [%lld, %lld] (its leading dims the tokens) like the unpermute's output",
+            (long long)d->tokens, (long long)xe->shape[1]);
   const int64_t hidden = xe->shape[1];
   staged s = {0};
   TRY(stage(d, &s, DEXPERT, xe->dtype, d->tokens * d->k, hidden, fn));

@@ -99,11 +99,12 @@ int lutra_moe_router_forward(lutra_moe_router *r, const lutra_tensor *logits, lu
   CHECK_ARG(probs && indices, "probs and indices must not be NULL");
   CHECK_ARG(logits->scaling == LUTRA_SCALING_NONE && lutra_dtype_is_float(logits->dtype),
             "logits dtype %s is not f32, bf16 or f16", lutra_dtype_name(logits->dtype));
-  CHECK_ARG(logits->ndim == 2 && logits->shape[1] == r->d.experts,
-            "logits must be [tokens, %d] (one column per expert), got %d dims with %lld columns",
+  CHECK_ARG(logits->ndim >= 2 && lutra_cols(logits) == r->d.experts,
+            "logits must be [tokens, %d] (one column per expert; more dims: tokens are the "
+            "leading ones), got %d dims with %lld columns",
             (int)r->d.experts, (int)logits->ndim, (long long)lutra_cols(logits));
   CHECK_ARG(logits->device == r->d.device, "logits are on another device than the router");
-  const int64_t shape[2] = {logits->shape[0], r->d.k};
+  const int64_t shape[2] = {lutra_rows(logits), r->d.k};
   lutra_tensor *p, *idx;
   TRY(lutra_tensor_prepare(r->probs, PLAIN_TENSOR(LUTRA_F32, 2, shape, r->d.device), &p, fn));
   int st =
