@@ -107,6 +107,9 @@ int lutra_cpu_attention_plan(const lutra_attention_args *a, void **plan, size_t 
 void lutra_cpu_attention_plan_free(void *plan);
 int lutra_cpu_attention_forward(const lutra_attention_args *a);
 int lutra_cpu_attention_backward(const lutra_attention_args *a);
+/* FP8 attention's emulation (attention_fp8_cpu.c), called by the two above when a->fp8 */
+int lutra_cpu_attention_fp8_forward(const lutra_attention_args *a);
+int lutra_cpu_attention_fp8_backward(const lutra_attention_args *a);
 
 /* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);
