@@ -86,7 +86,7 @@ ifeq ($(CUDA),1)
   CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(PY_CUDNN_LIB) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
   ifneq ($(CUDNN_INCLUDE),)
     $(info cuDNN attention: on, cudnn.h from $(CUDNN_INCLUDE); cudnn-frontend $(CUDNN_FE_VERSION))
-    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp
+    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp src/backend/cuda/attention_cudnn_fp8.cpp
     LUTRA_CFLAGS += -DLUTRA_WITH_CUDNN
     LIBS         += -ldl
   else
