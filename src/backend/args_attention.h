@@ -29,7 +29,8 @@ LUTRA_ARGS_NO_PADDING_BEGIN
  * saved ones the forward used (its q, k, v and out were quantized with them) and the live
  * scales of dO, dP and dQKV. Each call writes its amaxes (overwriting) into the amax slots:
  * forward max S (the probabilities before scale_S) and max |O|; backward max |dQ|, |dK|, |dV|
- * and max |dS| (dP's slot), each taken before its scale. Rounded to FP8 (RNE, saturating) on the
+ * and max |dS| (dP's slot; dS = softmax_scale P (dP - D), the scale folded in as cuDNN's graph
+ * does), each taken before its scale. Rounded to FP8 (RNE, saturating) on the
  * way, as cuDNN does: S * scale_S to E4M3 before S V; dS * scale_dP to grad_dtype before dS K
  * and dS^T Q; the outputs * their scale. */
 typedef struct lutra_attention_args {

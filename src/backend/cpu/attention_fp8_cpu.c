@@ -6,12 +6,14 @@
  *   forward   P = softmax(scale q k^T) (stats: its log-sum-exp), amax_S = max P;
  *             O = (fp8_E4M3(P scale_S) descale_S) V, amax_O = max |O|; out = fp8_E4M3(O scale_O)
  *   backward  D_i = dO_i . O_i, P recomputed from stats, dV = (fp8_E4M3(P scale_S) descale_S)^T dO;
- *             dS = P (dO V^T - D), amax_dP = max |dS|, dS~ = fp8_g(dS scale_dP) descale_dP;
- *             dQ = scale dS~ K, dK = scale dS~^T Q, each amax taken, out = fp8_g(x scale_dQKV)
+ *             dS = scale P (dO V^T - D) (the softmax scale folded in, as cuDNN's graph does),
+ *             amax_dP = max |dS|, dS~ = fp8_g(dS scale_dP) descale_dP;
+ *             dQ = dS~ K, dK = dS~^T Q, each amax taken, out = fp8_g(x scale_dQKV)
  * (fp8_g: the grad dtype, E5M2 under HYBRID). cuDNN's accumulation order and f32 sums differ:
- * GPU and this agree to a few FP8 rounding steps where an element sits on a rounding boundary,
- * not bit for bit. No dropout (the module refuses it with FP8). The backward descales q, k, v
- * and O with the scales the forward saved, and uses the saved scale of S. */
+ * and its fused kernels may round at other points of the same precision (this follows the
+ * reference graphs of cudnn-frontend's sdpa nodes): GPU and this agree within a few FP8
+ * roundings, not bit for bit. No dropout (the module refuses it with FP8). The backward descales q,
+ * k, v and O with the scales the forward saved, and uses the saved scale of S. */
 #include "cpu.h"
 
 #include <math.h>
@@ -124,17 +126,17 @@ static void backward_row8(const lutra_attention_args *a, fp8_bwd *c, int64_t b, 
     double dp = 0.0; /* dO_i . v_j */
     for (int64_t e = 0; e < d; e++)
       dp += dorow[e] * load8(a->v, LUTRA_E4M3, at(a->v_stride, b, j, g, e), c->dqkv);
-    const double ds = p * (dp - delta);
+    const double ds = scale * p * (dp - delta);
     c->amax_dp = fmax(c->amax_dp, fabs(ds));
     const double ds8 = round8(c->gd, ds, c->scale_dp, (float)c->descale_dp);
     for (int64_t e = 0; e < d; e++) {
       dv_acc[j * d + e] += p8 * dorow[e];
-      dk_acc[j * d + e] += scale * ds8 * qrow[e];
+      dk_acc[j * d + e] += ds8 * qrow[e];
       acc[e] += ds8 * load8(a->k, LUTRA_E4M3, at(a->k_stride, b, j, g, e), c->dqkv);
     }
   }
   for (int64_t e = 0; e < d; e++) {
-    const double dq = scale * acc[e];
+    const double dq = acc[e];
     c->amax_dq = fmax(c->amax_dq, fabs(dq));
     store8(a->dq, c->gd, at(a->q_stride, b, i, h, e), dq, c->scale_dqkv);
   }
