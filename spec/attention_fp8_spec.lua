@@ -21,6 +21,7 @@ local lutra = require("lutra")
 local nn, R = lutra.nn, lutra.recipe
 local ffi = require("ffi")
 local E = require("spec.support.errors")
+local P = require("spec.support.qkv_packing")
 
 local fresh = require("spec.support.fresh_random").new()
 local SEED, random = fresh.seed, fresh.int
@@ -189,28 +190,17 @@ describe("nn.DotProductAttention {fp8 = true} on the cpu", function()
     local scope = lutra.autocast { recipe = R.delayed() }
     for _ = 1, 2 do
       local q, k, v, dout = inputs(Hkv)
-      local W = (H + 2 * Hkv) * D
-      local qv, kv, vv, x = q:to_table(), k:to_table(), v:to_table(), {}
-      for r = 0, B * T - 1 do
-        for e = 1, H * D do x[r * W + e] = qv[r * H * D + e] end
-        for e = 1, Hkv * D do
-          x[r * W + H * D + e] = kv[r * Hkv * D + e]
-          x[r * W + (H + Hkv) * D + e] = vv[r * Hkv * D + e]
-        end
-      end
+      local widths = { H * D, Hkv * D, Hkv * D }
+      local x = P.pack({ q:to_table(), k:to_table(), v:to_table() }, widths, B * T)
       local out, dq, dk, dv = step(m, scope, q, k, v, dout)
       scope:enter()
-      local outp = mp:forward(lutra.from_table(x, { B, T, W }))
+      local outp = mp:forward(lutra.from_table(x, { B, T, #x / (B * T) }))
       scope:exit()
       assert.are.equal(out:bytes(), outp:bytes(), "out")
       local dx = mp:backward(lutra.from_table(dout:to_table(), { B, T, H * D })):to_table()
-      local dqv, dkv, dvv = dq:to_table(), dk:to_table(), dv:to_table()
-      for r = 0, B * T - 1 do
-        for e = 1, H * D do assert.are.equal(dqv[r * H * D + e], dx[r * W + e]) end
-        for e = 1, Hkv * D do
-          assert.are.equal(dkv[r * Hkv * D + e], dx[r * W + H * D + e])
-          assert.are.equal(dvv[r * Hkv * D + e], dx[r * W + (H + Hkv) * D + e])
-        end
+      local parts = P.split(dx, widths, B * T)
+      for i, g in ipairs { dq, dk, dv } do
+        assert.are.same(g:to_table(), parts[i], ({ "dq", "dk", "dv" })[i] .. " in dqkv")
       end
     end
     assert.are.same(m:fp8_state().scales, mp:fp8_state().scales)

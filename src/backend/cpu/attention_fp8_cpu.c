@@ -74,11 +74,8 @@ int lutra_cpu_attention_fp8_forward(const lutra_attention_args *a) {
         const int64_t g = h / group;
         load_row8(a->q, LUTRA_E4M3, a->q_stride, b, i, h, a->d, dqkv, qrow);
         const int64_t len = scores8(a, qrow, b, g, i, dqkv, row);
-        double max = row[0], sum = 0.0;
-        for (int64_t j = 1; j < len; j++)
-          max = row[j] > max ? row[j] : max;
-        for (int64_t j = 0; j < len; j++)
-          sum += exp(row[j] - max);
+        double max, sum;
+        lutra_cpu_softmax_sums(row, len, &max, &sum);
         a->stats[(b * a->h + h) * a->s_q + i] = (float)(max + log(sum));
         memset(acc, 0, (size_t)a->d * sizeof *acc);
         for (int64_t j = 0; j < len; j++) {
