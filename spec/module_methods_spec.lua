@@ -62,7 +62,8 @@ local sample = { quantizer = { "input" }, quantized = { "input" }, fusions = {},
                  set_graph_capacity = { 4 }, graph_stats = {}, num_gemms = {},
                  check = {}, set_offset = { 0 }, settings = {},
                  apply_qkv = { lutra.tensor({ 1, 2, 24 }), 1, 1 },
-                 rng_state = {}, set_rng_state = { 1, 0 }, plans = {}, part = { "qkv" } }
+                 rng_state = {}, set_rng_state = { 1, 0 }, plans = {}, part = { "qkv" },
+                 fp8_state = {} }
 
 -- every kind's own methods: the union (name -> function) and per kind (kind -> name -> true)
 local function own_methods()
