@@ -206,6 +206,22 @@ describe("nn.DotProductAttention {fp8 = true} on the cpu", function()
     assert.are.same(m:fp8_state().scales, mp:fp8_state().scales)
   end)
 
+  it("a module collected inside a scope leaves it: the exit updates the others' scales", function()
+    local scope = lutra.autocast { recipe = R.delayed() }
+    local keep = nn.DotProductAttention(H, D, { fp8 = true })
+    local q, k, v = inputs()
+    scope:enter()
+    local ok, err = pcall(function()
+      nn.DotProductAttention(H, D, { fp8 = true }):forward(q, k, v) -- its metas join the list
+      collectgarbage()
+      collectgarbage()
+      keep:forward(q, k, v)
+    end)
+    scope:exit()
+    assert(ok, err)
+    assert.are.equal(f32(f32(448 / max_abs(q, k, v))), keep:fp8_state().scales.qkv)
+  end)
+
   it("a forward under another recipe rebuilds the state for it (its history length)",
      function()
     local m = nn.DotProductAttention(H, D, { fp8 = true })

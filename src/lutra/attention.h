@@ -27,12 +27,15 @@
  * dequantized into the module's gradients. Six delayed-scaling metas (QKV, S, O forward; dO, dP,
  * dQKV backward; LUTRA_ATTENTION_FP8_*) with the recipe's margin, history and algorithm join the
  * scope's one update, as a Linear's quantizers do; the amaxes cuDNN writes are max-accumulated
- * into them. Outside such a scope (or calibrating) an fp8 module runs its dtype's path. Refused
- * at lutra_attention_new: head_dim other than 128 (what cuDNN's FP8 backward takes on Hopper),
+ * into them. S's scale follows its history too (TE's choice): a step whose largest probability
+ * exceeds what the history saw is clipped to it (a causal mask's row 0 weighs 1 every step).
+ * Outside such a scope (or calibrating) an fp8 module runs its dtype's path. Refused at
+ * lutra_attention_new: head_dim other than 128 (what cuDNN's FP8 backward takes on Hopper),
  * dropout (not yet); at a forward: a scope whose recipe is not delayed scaling; on CUDA, a device
  * below sm_90 or a cuDNN that cannot. The CPU backend emulates it (the reference: codes
- * decoded, f64 sums, S, O, dP and the gradients rounded where cuDNN rounds them). The FP8 state
- * is not in checkpoints yet (a loaded model's attention scales start at 1).
+ * decoded, f64 sums, S, O, dP and the gradients rounded where cudnn-frontend's reference graphs
+ * round them). The FP8 state is not in checkpoints yet (a loaded model's attention scales start
+ * at 1).
  * Part of lutra.h (include that one; its conventions hold here). */
 #ifndef LUTRA_ATTENTION_H
 #define LUTRA_ATTENTION_H
