@@ -86,7 +86,7 @@ ifeq ($(CUDA),1)
   CUDNN_FALLBACK_DIRS ?= $(subst $(space),:,$(strip $(PY_CUDNN_LIB) $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
   ifneq ($(CUDNN_INCLUDE),)
     $(info cuDNN attention: on, cudnn.h from $(CUDNN_INCLUDE); cudnn-frontend $(CUDNN_FE_VERSION))
-    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp
+    CPP_SRC       = src/backend/cuda/attention_cudnn.cpp src/backend/cuda/attention_cudnn_fp8.cpp
     LUTRA_CFLAGS += -DLUTRA_WITH_CUDNN
     LIBS         += -ldl
   else
@@ -159,7 +159,7 @@ $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-conste
   -isystem $(CUTLASS_DIR)/include -isystem $(CUTLASS_DIR)/util
 $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: | $(CUTLASS_STAMP)
 
-# cuDNN's fused attention (src/backend/cuda/attention_cudnn.cpp, the only C++ in src/), compiled
+# cuDNN's fused attention (src/backend/cuda/attention_cudnn*.cpp, the only C++ in src/), compiled
 # where cudnn.h is found: in CUDA_HOME/include, else in python3's site-packages
 # nvidia/cudnn/include (PyTorch's cuDNN), else not at all (the attention entries stay NULL and the
 # module refuses on cuda). Nothing links cuDNN: libcudnn.so.9 is opened at the first attention

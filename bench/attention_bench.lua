@@ -5,7 +5,11 @@
 --               D 64) and a Llama-like layer's (B 2, T 4096, H 32, Hkv 8, D 128), causal, with
 --               the deterministic backward (the default) and without it (the module built after
 --               setting LUTRA_CUDNN_DETERMINISTIC=0 in this process): each a warm-up, then the
---               mean over --reps calls between two synchronizations.
+--               mean over --reps calls between two synchronizations. Shapes of head_dim 128 add
+--               an FP8 row ({fp8 = true} inside a DelayedScaling autocast scope: cuDNN's
+--               sdpa_fp8, TransformerEngine's fp8_dpa), timed as the module runs in a step, so
+--               with its casts (q, k, v and dO to FP8; O, dq, dk, dv back to the dtype) and the
+--               scope's scale update at each forward's exit.
 --   host        host time per call of a forward and a forward + backward (DotProductAttention
 --               at B 1, T 128, H 4, D 64 and a TransformerLayer of hidden 256 on it, shapes
 --               where the GPU keeps up with the host) beside the replay
@@ -63,7 +67,7 @@ local BATCHES, CALLS = o.quick and 3 or o.batches, o.quick and 5 or o.calls
 local SHAPES = CUDA and {
   { name = "GPT-2 124M", B = 16, T = 1024, H = 12, Hkv = 12, D = 64, causal = true },
   { name = "Llama-like", B = 2, T = 4096, H = 32, Hkv = 8, D = 128, causal = true },
-} or { { name = "smoke", B = 1, T = 64, H = 2, Hkv = 1, D = 64, causal = true } }
+} or { { name = "smoke", B = 1, T = 64, H = 2, Hkv = 1, D = 128, causal = true } }
 
 local function forward_flops(s)
   return 4 * s.B * s.H * s.T * s.T * s.D / (s.causal and 2 or 1)
@@ -75,10 +79,10 @@ local function describe_shape(s)
 end
 
 -- a module of shape s with its inputs (q, k, v and the gradient of the output)
-local function setup(s)
+local function setup(s, fp8)
   local m = nn.DotProductAttention(s.H, s.D, { num_gqa_groups = s.Hkv, dtype = DTYPE,
                                                attn_mask_type = s.causal and "causal" or "no_mask",
-                                               device = DEV })
+                                               device = DEV, fp8 = fp8 })
   local q = lutra.tensor({ s.B, s.T, s.H, s.D }, DTYPE, DEV):randn(1)
   local k = lutra.tensor({ s.B, s.T, s.Hkv, s.D }, DTYPE, DEV):randn(2)
   local v = lutra.tensor({ s.B, s.T, s.Hkv, s.D }, DTYPE, DEV):randn(3)
@@ -94,20 +98,35 @@ end
 
 local tables = {}
 
+-- the FP8 rows' scope: a DelayedScaling recipe (HYBRID: E4M3 forward, E5M2 gradients)
+local fp8_scope = lutra.autocast { recipe = lutra.recipe.delayed() }
+
 local function throughput_part()
   local rows = {}
   for _, s in ipairs(SHAPES) do
-    for _, det in ipairs { true, false } do
-      deterministic_backward(det)
-      local m, q, k, v, dout = setup(s)
-      local fwd = timing.mean_time(DEV, function() m:forward(q, k, v) end, REPS, 2)
-      m:forward(q, k, v)
+    local variants = { { det = true }, { det = false } }
+    if s.D == 128 then variants[3] = { fp8 = true } end
+    for _, var in ipairs(variants) do
+      deterministic_backward(var.det ~= false)
+      local m, q, k, v, dout = setup(s, var.fp8)
+      local forward = function() m:forward(q, k, v) end
+      if var.fp8 then
+        forward = function()
+          fp8_scope:enter()
+          local ok, err = pcall(m.forward, m, q, k, v)
+          fp8_scope:exit()
+          if not ok then error(err, 0) end
+        end
+      end
+      local fwd = timing.mean_time(DEV, forward, REPS, 2)
+      forward()
       local bwd = timing.mean_time(DEV, function() m:backward(dout) end, REPS, 2)
       local _, got_det = m:plans()
       local f = forward_flops(s)
       rows[#rows + 1] = string.format("| %s | %s | %s | %.3f | %.0f | %.3f | %.0f |",
-                                      describe_shape(s), DTYPE, tostring(got_det), fwd * 1e3,
-                                      f / fwd / 1e12, bwd * 1e3, 2.5 * f / bwd / 1e12)
+                                      describe_shape(s), var.fp8 and "fp8 (delayed)" or DTYPE,
+                                      tostring(got_det), fwd * 1e3, f / fwd / 1e12, bwd * 1e3,
+                                      2.5 * f / bwd / 1e12)
       m, q, k, v, dout = nil, nil, nil, nil, nil
       collectgarbage()
       collectgarbage()

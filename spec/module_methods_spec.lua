@@ -63,7 +63,7 @@ local sample = { quantizer = { "input" }, quantized = { "input" }, fusions = {},
                  check = {}, set_offset = { 0 }, settings = {},
                  apply_qkv = { lutra.tensor({ 1, 2, 24 }), 1, 1 },
                  rng_state = {}, set_rng_state = { 1, 0 }, plans = {}, part = { "qkv" },
-                 routing = {} }
+                 routing = {}, fp8_state = {} }
 
 -- every kind's own methods: the union (name -> function) and per kind (kind -> name -> true)
 local function own_methods()

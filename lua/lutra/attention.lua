@@ -32,13 +32,16 @@ local formats = { bshd = C.LUTRA_QKV_BSHD, sbhd = C.LUTRA_QKV_SBHD }
 -- 0..i), softmax_scale = 1 / sqrt(head_dim), qkv_format = "bshd" | "sbhd" (default "bshd":
 -- {B, T, ...}; "sbhd": {T, B, ...}), dropout = 0 (the probability of dropping an attention
 -- weight), seed = (the dropout's; default from the global generator), dtype = "f32" (cpu only)
--- | "bf16" | "f16", device =}
+-- | "bf16" | "f16", device =, fp8 = false (true: FP8 attention inside an autocast scope of a
+-- delayed-scaling recipe, TransformerEngine's fp8_dpa; head_dim 128, no dropout; outside such a
+-- scope the module runs its dtype; lutra/attention.h)}
 -- @return the module
 function M.DotProductAttention(num_heads, head_dim, opts)
   local where = "lutra.nn.DotProductAttention"
   opts = core.check_options(opts, { num_gqa_groups = true, attn_mask_type = true,
                                     softmax_scale = true, qkv_format = true, dropout = true,
-                                    seed = true, dtype = true, device = true }, where)
+                                    seed = true, dtype = true, device = true, fp8 = true },
+                                  where)
   chk.integer(num_heads, "num_heads", where, 1, 2 ^ 31 - 1)
   chk.integer(head_dim, "head_dim", where, 1, 2 ^ 31 - 1)
   C.lutra_attention_defaults(desc)
@@ -72,6 +75,7 @@ function M.DotProductAttention(num_heads, head_dim, opts)
   if opts.seed ~= nil then desc.seed = chk.seed(opts.seed, "seed", where) end
   if opts.dtype ~= nil then desc.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
   desc.device = core.device(opts.device, where)
+  if opts.fp8 ~= nil then desc.fp8 = chk.boolean(opts.fp8, "fp8", where) and 1 or 0 end
   check(C.lutra_attention_new(desc, module_box))
   return ffi.gc(module_box[0], C.lutra_module_unref)
 end
@@ -117,12 +121,12 @@ function M.describe(m)
   local d = ffi.new("lutra_attention_desc")
   check(C.lutra_attention_info(m, d, nil))
   return string.format("lutra.nn.DotProductAttention(heads=%d, head_dim=%d, gqa_groups=%d, %s, "
-                       .. "%s, scale=%.6g, dropout=%.6g, %s, %s)", tonumber(d.num_heads),
+                       .. "%s, scale=%.6g, dropout=%.6g, %s, %s%s)", tonumber(d.num_heads),
                        tonumber(d.head_dim), tonumber(d.num_gqa_groups),
                        d.causal ~= 0 and "causal" or "no_mask",
                        d.qkv_format == C.LUTRA_QKV_SBHD and "sbhd" or "bshd", d.softmax_scale,
                        d.dropout, tensor.dtype_names[tonumber(d.dtype)],
-                       d.device == C.LUTRA_CPU and "cpu" or "cuda")
+                       d.device == C.LUTRA_CPU and "cpu" or "cuda", d.fp8 ~= 0 and ", fp8" or "")
 end
 
 --- A DotProductAttention's own methods, beside those of every module (lutra.nn's Module:
@@ -156,6 +160,28 @@ function DotProductAttention:plans()
   local det = plans_box[1]
   if det < 0 then return plans_box[0], nil end
   return plans_box[0], det ~= 0
+end
+
+local fp8_len = ffi.new("int[2]")
+local fp8_scales = ffi.new("float[?]", C.LUTRA_ATTENTION_FP8_TENSORS)
+local fp8_names = { "qkv", "s", "o", "do", "dp", "dqkv" }
+--- FP8 attention's delayed-scaling state, copied to the host (for specs and inspection).
+-- @return {scales = {qkv =, s =, o =, do =, dp =, dqkv =}, history = {qkv = {...}, ...} (most
+-- recent update last; [1] collects the current step's; empty before the first FP8 forward),
+-- last_fp8 = whether the last forward ran in FP8}
+function DotProductAttention:fp8_state()
+  check(C.lutra_attention_fp8_state(self, fp8_scales, nil, fp8_len, fp8_len + 1))
+  local len = fp8_len[0]
+  local hist = ffi.new("float[?]", math.max(1, C.LUTRA_ATTENTION_FP8_TENSORS * len))
+  if len > 0 then check(C.lutra_attention_fp8_state(self, nil, hist, nil, nil)) end
+  local out = { scales = {}, history = {}, last_fp8 = fp8_len[1] ~= 0 }
+  for t, name in ipairs(fp8_names) do
+    out.scales[name] = fp8_scales[t - 1]
+    local h = {}
+    for i = 0, len - 1 do h[i + 1] = hist[(t - 1) * len + i] end
+    out.history[name] = h
+  end
+  return out
 end
 
 -- the kind's own methods; lutra.nn defines the kind (M.kind: the entry its Module:backward

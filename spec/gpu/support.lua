@@ -258,6 +258,32 @@ function S.nmse_buf(got, ref, n, what)
   return e, wi, worst
 end
 
+-- NMSE of got against want (same dims; dtypes may differ: a device result against an f32
+-- reference) <= bound, the failure naming the inputs' seed; the NMSE noted (LUTRA_GPU_SPEC_VERBOSE)
+function S.check_nmse(got, want, bound, what, seed)
+  assert.are.same(want:dims(), got:dims(), what .. ": dims")
+  local e, wi, worst = S.nmse_buf(got:read(), want:read(), want:size(), what)
+  S.note("NMSE %.3e (bound %.0e), max |diff| %.3g  %s", e, bound, worst, what)
+  if not (e <= bound) then
+    S.fail("%s: NMSE %.3e > %.0e (largest difference %.3g at element %d; seed %d)", what, e, bound,
+           worst, wi, seed)
+  end
+  return e
+end
+
+-- A replayed graph's results got[i] (named names[i]) against an eager run's want[i]: bit for bit
+-- where exact(i), else within NMSE bound (a nondeterministic kernel's other summation order)
+function S.assert_replay(got, want, names, exact, bound, label, seed)
+  for i, name in ipairs(names) do
+    local what = label .. ": " .. name
+    if exact(i) then
+      assert.are.equal(want[i]:bytes(), got[i]:bytes(), what .. " differs from eager")
+    else
+      S.check_nmse(got[i], want[i], bound, what, seed)
+    end
+  end
+end
+
 -- NMSE of two tensors (same dims and dtype) <= bound (and, when given, every |difference| <=
 -- max_abs); returns the NMSE
 function S.assert_nmse(got, want, bound, what, max_abs)

@@ -21,7 +21,18 @@ LUTRA_ARGS_NO_PADDING_BEGIN
  * the mask drawn from (seed, offset) by the backend's own generator (the CPU's and cuDNN's masks
  * differ); the backward redraws the same mask from the same (seed, offset).
  * Deterministic: the backward gives the same bits every run where the backend can (the CPU
- * always; cuDNN says per plan, *deterministic of attention_plan). */
+ * always; cuDNN says per plan, *deterministic of attention_plan).
+ * FP8 (fp8 = 1; no dropout, d 128): q, k, v and out are E4M3 codes, dout, dq, dk and dv codes of
+ * grad_dtype (E5M2 or E4M3), in the strides above (1-byte elements); dtype is the module's (not
+ * read). fp8_state is backend memory laid out as lutra_attention_fp8_slot says (lutra/attention.h
+ * numbers the tensors): the forward reads the live scales of QKV, S and O, the backward the
+ * saved ones the forward used (its q, k, v and out were quantized with them) and the live
+ * scales of dO, dP and dQKV. Each call writes its amaxes (overwriting) into the amax slots:
+ * forward max S (the probabilities before scale_S) and max |O|; backward max |dQ|, |dK|, |dV|
+ * and max |dS| (dP's slot; dS = softmax_scale P (dP - D), the scale folded in as cuDNN's graph
+ * does), each taken before its scale. Rounded to FP8 (RNE, saturating) on the
+ * way, as cuDNN does: S * scale_S to E4M3 before S V; dS * scale_dP to grad_dtype before dS K
+ * and dS^T Q; the outputs * their scale. */
 typedef struct lutra_attention_args {
   const void *q, *k, *v;
   void *out;        /* forward */
@@ -35,6 +46,9 @@ typedef struct lutra_attention_args {
   uint64_t seed, offset;
   int32_t dtype; /* F32 (the CPU only), BF16, F16 */
   int32_t causal;
+  int32_t fp8;        /* 1: the FP8 path (above) */
+  int32_t grad_dtype; /* FP8: dout's, dP's and the gradients' (LUTRA_E5M2 or LUTRA_E4M3) */
+  float *fp8_state;   /* FP8: the scaling state (lutra_attention_fp8_slot) */
   /* from attention_plan with the same shape, strides, dtype, causal and dropout (NULL on the
    * CPU); workspace: at least the plan's workspace bytes of backend memory */
   void *plan;
@@ -42,5 +56,35 @@ typedef struct lutra_attention_args {
   int64_t workspace_bytes;
 } lutra_attention_args;
 LUTRA_ARGS_NO_PADDING_END
+
+/* Where FP8 attention's scaling state sits in fp8_state (floats, each slot 16-byte aligned):
+ * tensor t's (LUTRA_ATTENTION_FP8_*) scale at [8 t] and scale_inv at [8 t + 4]; the amaxes a
+ * call writes at LUTRA_ATTN_FP8_AMAX + 4 LUTRA_ATTN_AMAX_*; the forward's QKV, S and O scale and
+ * scale_inv as the forward used them (copied after it) at LUTRA_ATTN_FP8_SAVED + the same
+ * offsets; the amax histories from LUTRA_ATTN_FP8_HISTORY (the module's, not read here). */
+enum {
+  LUTRA_ATTN_FP8_AMAX = 48,
+  LUTRA_ATTN_FP8_SAVED = 72, /* 24 floats: QKV, S, O scale/scale_inv */
+  LUTRA_ATTN_FP8_HISTORY = 96
+};
+/* the amax slots' order (each 4 floats apart from LUTRA_ATTN_FP8_AMAX): the three of dQKV
+ * adjacent, so that one max over 12 floats (the others stay 0) combines them */
+enum {
+  LUTRA_ATTN_AMAX_S = 0,
+  LUTRA_ATTN_AMAX_O = 1,
+  LUTRA_ATTN_AMAX_DQ = 2,
+  LUTRA_ATTN_AMAX_DK = 3,
+  LUTRA_ATTN_AMAX_DV = 4,
+  LUTRA_ATTN_AMAX_DP = 5
+};
+static inline float *lutra_attention_scale(float *state, int t, int saved) {
+  return state + (saved ? LUTRA_ATTN_FP8_SAVED : 0) + 8 * t;
+}
+static inline float *lutra_attention_scale_inv(float *state, int t, int saved) {
+  return state + (saved ? LUTRA_ATTN_FP8_SAVED : 0) + 8 * t + 4;
+}
+static inline float *lutra_attention_amax(float *state, int slot) {
+  return state + LUTRA_ATTN_FP8_AMAX + 4 * slot;
+}
 
 #endif

@@ -16,6 +16,26 @@
  * offset advancing by LUTRA_ATTENTION_OFFSET_STEP (TransformerEngine's Philox increment for
  * cuDNN's attention, BACKEND_F16arb_ELTS_PER_THREADS); the backward redraws the forward's. The
  * CPU's mask is its own counter-based hash (src/backend/cpu/attention_cpu.c); cuDNN's differs.
+ * FP8 (desc.fp8 = 1, opt-in per module; TransformerEngine's fp8_dpa with delayed scaling): a
+ * forward inside an enabled autocast scope whose recipe scales its input and grad_output roles
+ * by delayed scaling (per tensor) runs in FP8, as TE does it on Hopper: q, k and v are cast to
+ * the input role's format (E4M3) with one QKV scale, cuDNN's sdpa_fp8 quantizes the softmax
+ * probabilities S with their own scale before S V and writes O in E4M3 (on Hopper cuDNN writes
+ * no BF16 output from FP8 attention), which is dequantized into the module's output; the
+ * backward casts dout to the grad_output format (E5M2 under HYBRID) and cuDNN's
+ * sdpa_fp8_backward writes dq, dk, dv in that format (with dP = dS quantized on the way),
+ * dequantized into the module's gradients. Six delayed-scaling metas (QKV, S, O forward; dO, dP,
+ * dQKV backward; LUTRA_ATTENTION_FP8_*) with the recipe's margin, history and algorithm join the
+ * scope's one update, as a Linear's quantizers do; the amaxes cuDNN writes are max-accumulated
+ * into them. S's scale follows its history too (TE's choice): a step whose largest probability
+ * exceeds what the history saw is clipped to it (a causal mask's row 0 weighs 1 every step).
+ * Outside such a scope (or calibrating) an fp8 module runs its dtype's path. Refused at
+ * lutra_attention_new: head_dim other than 128 (what cuDNN's FP8 backward takes on Hopper),
+ * dropout (not yet); at a forward: a scope whose recipe is not delayed scaling; on CUDA, a device
+ * below sm_90 or a cuDNN that cannot. The CPU backend emulates it (the reference: codes
+ * decoded, f64 sums, S, O, dP and the gradients rounded where cudnn-frontend's reference graphs
+ * round them). The FP8 state is not in checkpoints yet (a loaded model's attention scales start
+ * at 1).
  * Part of lutra.h (include that one; its conventions hold here). */
 #ifndef LUTRA_ATTENTION_H
 #define LUTRA_ATTENTION_H
@@ -39,6 +59,8 @@ typedef struct lutra_attention_desc {
   int32_t dtype;          /* F32 (the CPU only; default), BF16, F16 */
   int32_t device;         /* LUTRA_CPU (default) */
   uint64_t seed;          /* dropout's; default: the next seed of the global generator */
+  int32_t fp8;            /* 1: FP8 inside a delayed-scaling autocast scope (above); default 0 */
+  int32_t reserved;       /* 0 */
 } lutra_attention_desc;
 
 /* How a module's last forward ran (lutra_attention_info). */
@@ -69,6 +91,22 @@ LUTRA_API int lutra_attention_set_rng_state(lutra_module *m, uint64_t seed, uint
  * used evicted), and whether the last forward's backward is deterministic on its backend. */
 enum { LUTRA_ATTENTION_PLANS = 4 };
 LUTRA_API int lutra_attention_plans(const lutra_module *m, int *count, int *deterministic);
+/* FP8 attention's delayed-scaling metas, in this order */
+enum {
+  LUTRA_ATTENTION_FP8_QKV = 0, /* q, k, v (one scale, as TE's) */
+  LUTRA_ATTENTION_FP8_S = 1,   /* the softmax probabilities before S V */
+  LUTRA_ATTENTION_FP8_O = 2,
+  LUTRA_ATTENTION_FP8_DO = 3,
+  LUTRA_ATTENTION_FP8_DP = 4, /* dS = P (dP - D) before dS K and dS^T Q */
+  LUTRA_ATTENTION_FP8_DQKV = 5,
+  LUTRA_ATTENTION_FP8_TENSORS = 6
+};
+/* The FP8 state, copied to the host: scales[LUTRA_ATTENTION_FP8_TENSORS] and the amax
+ * histories [LUTRA_ATTENTION_FP8_TENSORS][*history_len] (most recent update last; [0] collects
+ * the current step's), each may be NULL; *history_len 0 before the first FP8 forward built them;
+ * *last_fp8: whether the last forward ran in FP8 (any may be NULL). */
+LUTRA_API int lutra_attention_fp8_state(const lutra_module *m, float *scales, float *history,
+                                        int *history_len, int *last_fp8);
 
 #ifdef __cplusplus
 }

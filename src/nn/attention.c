@@ -5,13 +5,16 @@
  * and its workspace are built once and kept (nn/attention_plans.h); outputs, statistics and
  * gradients come from per-shape caches; so a step with stable shapes builds and allocates
  * nothing and captures as a CUDA graph. The last forward's arguments (its dropout offset
- * included) and tensors are kept for the backward; a refused call changes nothing. */
+ * included) and tensors are kept for the backward; a refused call changes nothing. An fp8
+ * module's forward inside a delayed-scaling scope goes through nn/attention_fp8.h around the
+ * same backend calls. */
 #include "backend/backend.h"
 #include "backend/device.h"
 #include "core/capture.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "nn/attention_fp8.h"
 #include "nn/attention_plans.h"
 #include "nn/module.h"
 #include "runtime/tensor.h"
@@ -33,6 +36,7 @@ typedef struct attention {
   const lutra_tensor *q, *k, *v, *out, *stats;
   lutra_tensor_cache out_cache, stats_cache, dq_cache, dk_cache, dv_cache;
   attention_plans plans;
+  attention_fp8 fp8;
 } attention;
 
 static const lutra_module_ops attention_ops;
@@ -72,7 +76,7 @@ static lutra_attention_args base_args(const attention *m, const lutra_forward_ar
 }
 
 /* what both forwards share once their arguments are set: the plan, the output and statistics
- * buffers, the backend call, and the state a backward needs */
+ * buffers, the backend call (in FP8 between its casts), and the state a backward needs */
 static int run_forward(attention *m, lutra_attention_args *a, const lutra_forward_args *fa,
                        int kind, const lutra_tensor *q, const lutra_tensor *k,
                        const lutra_tensor *v, int out_ndim, const int64_t *out_shape,
@@ -80,6 +84,12 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   CHECK_ARG(!a->causal || a->s_q == a->s_kv,
             "causal attention needs as many query as key positions (got %lld and %lld)",
             (long long)a->s_q, (long long)a->s_kv);
+  bool fp8;
+  TRY(attention_fp8_begin(&m->fp8, &m->desc, &fp8, fn));
+  if (fp8) { /* the plan's key: FP8 plans are other graphs */
+    a->fp8 = 1;
+    a->grad_dtype = m->fp8.grad_dtype;
+  }
   const int keep = m->last != LUTRA_ATTENTION_NONE ? m->plan_slot : -1;
   int slot;
   TRY(attention_plans_get(&m->plans, m->be, m->desc.device, a, keep, &slot, fn));
@@ -90,14 +100,19 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
       &m->out_cache, PLAIN_TENSOR(m->desc.dtype, out_ndim, out_shape, m->desc.device), &out, fn));
   TRY(lutra_tensor_cache_get(&m->stats_cache,
                              PLAIN_TENSOR(LUTRA_F32, 3, stats_shape, m->desc.device), &stats, fn));
+  const lutra_tensor *inputs[3] = {q, k, v};
   a->out = out->data;
+  if (fp8) TRY(attention_fp8_forward_in(&m->fp8, inputs, k ? 3 : 1, out, a, fn));
   a->stats = (float *)stats->data;
   int st = m->be->attention_forward(a);
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  if (fp8) TRY(attention_fp8_forward_out(&m->fp8, out, fa->grad != 0, fn));
+  m->fp8.last = fp8;
   if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold_tensor(stats, fn));
     if (m->plans.slot[slot].workspace)
       TRY(lutra_capture_hold_tensor(m->plans.slot[slot].workspace, fn));
+    if (fp8) TRY(attention_fp8_capture_hold(&m->fp8, false, fn));
   }
   /* the output is held whatever the kind of forward: a failed later forward with a new shape
    * may evict it from the cache, and a tensor handed out must stay readable until then */
@@ -235,6 +250,9 @@ static int check_backward(const attention *m, int kind, const lutra_tensor *dout
   for (int i = 0; i < 5; i++)
     CHECK_STATE(!held[i] || !(held[i]->flags & LUTRA_TENSOR_FREED),
                 "a tensor the last forward read or wrote was freed");
+  CHECK_STATE(!m->fwd.fp8 || m->fwd.fp8_state == m->fp8.state,
+              "the FP8 state the last forward used was rebuilt since (a forward under another "
+              "recipe): run the forward again");
   CHECK_ARG(dout->dtype == m->desc.dtype, "grad_output dtype %s does not match the module's %s",
             lutra_dtype_name(dout->dtype), lutra_dtype_name(m->desc.dtype));
   CHECK_ARG(dout->device == m->desc.device, "grad_output is on another device than the module");
@@ -249,20 +267,24 @@ static int grad_like(attention *m, lutra_tensor_cache *c, const lutra_tensor *t,
       c, PLAIN_TENSOR(m->desc.dtype, (int)t->ndim, t->shape, m->desc.device), g, fn);
 }
 
-static int run_backward(attention *m, const lutra_tensor *dout, void *dq, void *dk, void *dv,
-                        const char *fn) {
+/* the backward into dq, dk, dv, which address the n gradient tensors g (1: packed) */
+static int run_backward(attention *m, const lutra_tensor *dout, lutra_tensor *const *g, int n,
+                        void *dq, void *dk, void *dv, const char *fn) {
   lutra_attention_args a = m->fwd;
   attention_plans_use(&m->plans, m->plan_slot, &a);
   a.dout = dout->data;
   a.dq = dq;
   a.dk = dk;
   a.dv = dv;
+  if (a.fp8) TRY(attention_fp8_backward_in(&m->fp8, dout, g, n, &a, fn));
   int st = m->be->attention_backward(&a);
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  if (a.fp8) TRY(attention_fp8_backward_out(&m->fp8, g, n, fn));
   if (LUTRA_CAPTURING()) {
     const attention_plan_slot *s = &m->plans.slot[m->plan_slot];
     const lutra_tensor *held[] = {m->q, m->k, m->v, m->out, m->stats, s->workspace};
     TRY(hold_captured(&m->base, held, 6, fn));
+    if (a.fp8) TRY(attention_fp8_capture_hold(&m->fp8, true, fn));
   }
   return LUTRA_OK;
 }
@@ -278,7 +300,7 @@ static int attn_backward(lutra_module *mod, const lutra_tensor *dy, lutra_tensor
   const size_t esize = lutra_dtype_size(m->desc.dtype);
   char *dk = (char *)g->data + (size_t)(m->desc.num_heads * m->desc.head_dim) * esize;
   char *dv = dk + (size_t)(m->desc.num_gqa_groups * m->desc.head_dim) * esize;
-  TRY(run_backward(m, dy, g->data, dk, dv, fn));
+  TRY(run_backward(m, dy, &g, 1, g->data, dk, dv, fn));
   *dx = g;
   return LUTRA_OK;
 }
@@ -294,7 +316,7 @@ int lutra_attention_backward(lutra_module *mod, const lutra_tensor *dout, lutra_
   TRY(grad_like(m, &m->dq_cache, m->q, &g[0], fn));
   TRY(grad_like(m, &m->dk_cache, m->k, &g[1], fn));
   TRY(grad_like(m, &m->dv_cache, m->v, &g[2], fn));
-  TRY(run_backward(m, dout, g[0]->data, g[1]->data, g[2]->data, fn));
+  TRY(run_backward(m, dout, g, 3, g[0]->data, g[1]->data, g[2]->data, fn));
   if (LUTRA_CAPTURING()) {
     const lutra_tensor *held[] = {dout, g[0], g[1], g[2]};
     TRY(hold_captured(mod, held, 4, fn));
@@ -314,12 +336,14 @@ static void attn_release(lutra_module *mod) {
                                   &m->dv_cache};
   for (size_t i = 0; i < sizeof caches / sizeof *caches; i++)
     lutra_tensor_cache_release(caches[i]);
+  attention_fp8_release(&m->fp8);
   attention_plans_release(&m->plans, m->be);
   m->last = LUTRA_ATTENTION_NONE;
 }
 
-/* no parameters and no FP8 state; the dropout's generator is not saved (lutra/checkpoint.h has
- * no place for a module's RNG state yet: lutra_attention_rng_state reads it) */
+/* no parameters; the FP8 scaling state is not saved yet (lutra/attention.h); the dropout's
+ * generator is not saved (lutra/checkpoint.h has no place for a module's RNG state yet:
+ * lutra_attention_rng_state reads it) */
 static const lutra_module_ops attention_ops = {.kind = "dot_product_attention",
                                                .forward = attn_forward,
                                                .backward = attn_backward,
@@ -356,6 +380,14 @@ static int check_desc(const lutra_attention_desc *d, const char *fn) {
             lutra_dtype_name(d->dtype));
   CHECK_ARG(d->dtype != LUTRA_F32 || d->device == LUTRA_CPU,
             "dtype f32 runs on the cpu only (cuDNN's attention takes bf16 and f16)");
+  CHECK_ARG(d->fp8 == 0 || d->fp8 == 1, "fp8 must be 0 or 1, not %d", (int)d->fp8);
+  CHECK_ARG(d->reserved == 0, "reserved must be 0");
+  CHECK_ARG(!d->fp8 || d->head_dim == 128,
+            "fp8 attention takes head_dim 128 (cuDNN's FP8 backward on Hopper), not %lld",
+            (long long)d->head_dim);
+  CHECK_ARG(!d->fp8 || d->dropout == 0.0f,
+            "fp8 attention runs without dropout (not yet supported), got dropout %g",
+            (double)d->dropout);
   return LUTRA_OK;
 }
 
@@ -379,6 +411,8 @@ int lutra_attention_new(const lutra_attention_desc *d, lutra_module **out) {
   if (m->desc.softmax_scale == 0.0f)
     m->desc.softmax_scale = (float)(1.0 / sqrt((double)d->head_dim));
   m->be = be;
+  m->fp8.be = be;
+  m->fp8.device = d->device;
   *out = &m->base;
   return LUTRA_OK;
 }
@@ -417,5 +451,29 @@ int lutra_attention_plans(const lutra_module *mod, int *count, int *deterministi
   if (deterministic)
     *deterministic =
         m->last != LUTRA_ATTENTION_NONE ? m->plans.slot[m->plan_slot].deterministic : -1;
+  return LUTRA_OK;
+}
+
+int lutra_attention_fp8_state(const lutra_module *mod, float *scales, float *history,
+                              int *history_len, int *last_fp8) {
+  static const char fn[] = "lutra_attention_fp8_state";
+  TRY(check_attention(mod, fn));
+  const attention_fp8 *f = &((const attention *)mod)->fp8;
+  const int len = f->history_len;
+  for (int t = 0; scales && t < LUTRA_ATTENTION_FP8_TENSORS; t++) {
+    if (!len) {
+      scales[t] = 1.0f;
+      continue;
+    }
+    int st = f->be->to_host(&scales[t], f->metas[t].scale, sizeof(float));
+    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  }
+  if (history && len) {
+    int st = f->be->to_host(history, f->state + LUTRA_ATTN_FP8_HISTORY,
+                            (size_t)(LUTRA_ATTENTION_FP8_TENSORS * len) * sizeof(float));
+    if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  }
+  if (history_len) *history_len = len;
+  if (last_fp8) *last_fp8 = f->last;
   return LUTRA_OK;
 }

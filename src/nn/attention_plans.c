@@ -10,6 +10,7 @@ static void key_of(const lutra_attention_args *a, lutra_attention_args *key) {
   key->q = key->k = key->v = key->dout = NULL;
   key->out = key->dq = key->dk = key->dv = key->plan = key->workspace = NULL;
   key->stats = NULL;
+  key->fp8_state = NULL;
   key->seed = key->offset = 0;
   key->workspace_bytes = 0;
 }

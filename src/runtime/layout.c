@@ -97,6 +97,7 @@ static const field fields[] = {
     F(lutra_attention_desc, dtype),
     F(lutra_attention_desc, device),
     F(lutra_attention_desc, seed),
+    F(lutra_attention_desc, fp8),
 
     S(lutra_moe_router_desc),
     F(lutra_moe_router_desc, experts),

@@ -10,7 +10,7 @@
  * Dropout's mask is this file's own counter-based hash (cuDNN's Philox mask differs): weight
  * (b, h, i, j) is kept when u >= p, u = (r >> 11) * 2^-53 with
  *   r = mix(mix(mix(seed) ^ offset) ^ (((b * h_count + h) * s_q + i) * s_kv + j))
- * and mix splitmix64's finalizer (the specs recompute it). */
+ * and mix splitmix64's finalizer (the specs recompute it). FP8 (a->fp8): attention_fp8_cpu.c. */
 #include "cpu.h"
 
 #include <math.h>
@@ -110,6 +110,7 @@ static int64_t scores(const lutra_attention_args *a, const double *qrow, int64_t
 int lutra_cpu_attention_forward(const lutra_attention_args *a) {
   static const char fn[] = "lutra_cpu_attention_forward";
   TRY(check_run(a, fn));
+  if (a->fp8) return lutra_cpu_attention_fp8_forward(a);
   double *row = a->workspace, *qrow = row + a->s_kv, *acc = qrow + 2 * a->d;
   const int64_t group = a->h / a->h_kv;
   const uint64_t stream = mix(mix(a->seed) ^ a->offset);
@@ -119,11 +120,8 @@ int lutra_cpu_attention_forward(const lutra_attention_args *a) {
         const int64_t g = h / group;
         load_row(a->q, a->dtype, a->q_stride, b, i, h, a->d, qrow);
         const int64_t len = scores(a, qrow, b, g, i, row);
-        double max = row[0], sum = 0.0;
-        for (int64_t j = 1; j < len; j++)
-          max = row[j] > max ? row[j] : max;
-        for (int64_t j = 0; j < len; j++)
-          sum += exp(row[j] - max);
+        double max, sum;
+        lutra_cpu_softmax_sums(row, len, &max, &sum);
         a->stats[(b * a->h + h) * a->s_q + i] = (float)(max + log(sum));
         memset(acc, 0, (size_t)a->d * sizeof *acc);
         for (int64_t j = 0; j < len; j++) {
@@ -172,6 +170,7 @@ int lutra_cpu_attention_backward(const lutra_attention_args *a) {
   static const char fn[] = "lutra_cpu_attention_backward";
   TRY(check_run(a, fn));
   CHECK_ARG(a->dout && a->dq && a->dk && a->dv, "dout, dq, dk and dv must not be NULL");
+  if (a->fp8) return lutra_cpu_attention_fp8_backward(a);
   const int64_t d = a->d, group = a->h / a->h_kv;
   double *dk_acc = (double *)a->workspace + a->s_kv + 3 * d, *dv_acc = dk_acc + a->s_kv * d;
   const uint64_t stream = mix(mix(a->seed) ^ a->offset);

@@ -9,6 +9,7 @@
 #include "core/error.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdbool.h>
 
 extern const lutra_backend lutra_cpu_backend;
@@ -102,11 +103,24 @@ int lutra_cpu_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
 int lutra_cpu_rope(const lutra_rope_args *a);
 
 /* scaled dot-product attention (attention_cpu.c) */
+/* a row of len scores' max and sum of exp(s - max): the softmax's log-sum-exp is max + log(sum) */
+static inline void lutra_cpu_softmax_sums(const double *s, int64_t len, double *max, double *sum) {
+  double m = s[0], e = 0.0;
+  for (int64_t j = 1; j < len; j++)
+    m = s[j] > m ? s[j] : m;
+  for (int64_t j = 0; j < len; j++)
+    e += exp(s[j] - m);
+  *max = m;
+  *sum = e;
+}
 int lutra_cpu_attention_plan(const lutra_attention_args *a, void **plan, size_t *workspace_bytes,
                              int *deterministic);
 void lutra_cpu_attention_plan_free(void *plan);
 int lutra_cpu_attention_forward(const lutra_attention_args *a);
 int lutra_cpu_attention_backward(const lutra_attention_args *a);
+/* FP8 attention's emulation (attention_fp8_cpu.c), called by the two above when a->fp8 */
+int lutra_cpu_attention_fp8_forward(const lutra_attention_args *a);
+int lutra_cpu_attention_fp8_backward(const lutra_attention_args *a);
 
 /* optimizers (optim_cpu.c) */
 int lutra_cpu_sgd_step(const lutra_optim_args *a);

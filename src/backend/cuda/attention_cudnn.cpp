@@ -15,38 +15,29 @@
  * rewritten per call), as a module is. As a cuBLASLt call is, an execute that comes again with
  * the same pointers is replayed as the CUDA graph of its kernels (call_graphs.c, one cache per
  * plan and direction, of the GEMM kind: LUTRA_GEMM_GRAPHS=0 turns it off): a graph launch costs
- * the host a fraction of what cuDNN's execute does. */
+ * the host a fraction of what cuDNN's execute does. FP8 plans (a->fp8) are built from the graphs
+ * of attention_cudnn_fp8.cpp and run through the same calls, their scales read from the
+ * module's state. */
+#include "backend/cuda/attention_cudnn.h"
+
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <cublasLt.h>
 #include <cuda_runtime.h>
-#include <cudnn_frontend.h>
 #include <dlfcn.h>
-#include <memory>
 #include <mutex>
 #include <new>
-#include <string>
 #include <sys/stat.h>
-#include <unordered_map>
-#include <vector>
-/* lutra's headers are C11: the two C11 keywords they use, spelled in C++ while they are read */
-#define _Thread_local thread_local
-#define _Static_assert static_assert
-extern "C" {
-#include "backend/cuda/cuda_backend.h"
-}
-#undef _Thread_local
-#undef _Static_assert
-
-namespace fe = cudnn_frontend;
 
 /* cudnn-frontend's dynamic loading resolves cuDNN's symbols in this handle (set by open_cudnn
  * before any cudnn-frontend call: its lookups are cached at their first use) */
 void *cudnn_frontend::cudnn_dlhandle = nullptr;
 
 namespace {
+
+using namespace lutra_cudnn;
 
 /* ---- finding cuDNN ------------------------------------------------------------------------- */
 
@@ -212,103 +203,8 @@ int handle_for_stream(const char *fn, cudnnHandle_t *out) {
 
 /* ---- the plan ------------------------------------------------------------------------------ */
 
-/* the graphs' tensors */
-enum uid : int64_t { Q = 1, K, V, O, STATS, SEED, OFFSET, DO, DQ, DK, DV, UIDS };
-
-/* A variant pack made once: the map execute reads, and where each uid's pointer sits in it (an
- * unordered_map's elements stay where they are as it grows) */
-struct pack {
-  std::unordered_map<int64_t, void *> map;
-  void **slot[UIDS] = {};
-  void bind(std::initializer_list<int64_t> uids) {
-    for (int64_t u : uids)
-      slot[u] = &map[u];
-  }
-  void set(int64_t u, const void *p) { *slot[u] = const_cast<void *>(p); }
-};
-
-struct attention_plan {
-  std::shared_ptr<fe::graph::Graph> fwd, bwd;
-  pack fwd_pack, bwd_pack;
-  /* s_q = s_kv = 1 has a forward but no backward: a backward is refused with cuDNN's reason */
-  std::string bwd_error;
-  int64_t workspace = 0;
-  bool deterministic = false;
-  bool dropout = false;
-  /* dropout's Philox seed and offset, on the device (cuDNN reads them there, so a captured graph
-   * keeps reading this buffer); rng_host: what it holds once rng_written */
-  int64_t *rng = nullptr;
-  int64_t rng_host[2] = {0, 0};
-  bool rng_written = false;
-  /* the forward's and the backward's calls replayed as graphs (freed before the graphs, whose
-   * execution plans the captures retain) */
-  lutra_call_graphs *fwd_calls = nullptr, *bwd_calls = nullptr;
-  ~attention_plan() {
-    lutra_call_graphs_free(fwd_calls);
-    lutra_call_graphs_free(bwd_calls);
-    if (rng) lutra_cuda_free(rng);
-  }
-};
-
-using tensor = std::shared_ptr<fe::graph::Tensor_attributes>;
-
-/* lutra's strides are (batch, seq, head, dim); cuDNN's dims and strides are (b, h, s, d) */
-std::vector<int64_t> bhsd(int64_t b, int64_t h, int64_t s, int64_t d) {
-  return {b, h, s, d};
-}
-std::vector<int64_t> bhsd_strides(const int64_t st[4]) {
-  return {st[0], st[2], st[1], st[3]};
-}
-
-tensor input(fe::graph::Graph &g, const char *name, int64_t id, std::vector<int64_t> dim,
-             const int64_t st[4]) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(id)
-                      .set_dim(std::move(dim))
-                      .set_stride(bhsd_strides(st)));
-}
-
-void output(const tensor &t, int64_t id, std::vector<int64_t> dim, const int64_t st[4]) {
-  t->set_output(true).set_uid(id).set_dim(std::move(dim)).set_stride(bhsd_strides(st));
-}
-
-/* stats [b, h, s_q] f32 contiguous, cuDNN's [b, h, s_q, 1] */
-fe::graph::Tensor_attributes &stats_layout(fe::graph::Tensor_attributes &t,
-                                           const lutra_attention_args *a) {
-  return t.set_name("Stats")
-      .set_uid(STATS)
-      .set_dim({a->b, a->h, a->s_q, 1})
-      .set_stride({a->h * a->s_q, a->s_q, 1, 1})
-      .set_data_type(fe::DataType_t::FLOAT);
-}
-
-tensor scalar_i64(fe::graph::Graph &g, const char *name, int64_t id) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(id)
-                      .set_dim({1, 1, 1, 1})
-                      .set_stride({1, 1, 1, 1})
-                      .set_data_type(fe::DataType_t::INT64));
-}
-
 std::shared_ptr<fe::graph::Graph> new_graph(const lutra_attention_args *a) {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(a->dtype == LUTRA_BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  return g;
-}
-
-/* What forward and backward share: the scale, the causal mask (top-left: query i sees keys
- * 0 .. i), dropout from the device seed and offset */
-template <class Attributes>
-void common_options(Attributes &o, const lutra_attention_args *a, fe::graph::Graph &g) {
-  o.set_attn_scale(a->scale);
-  if (a->causal)
-    o.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT).set_diagonal_band_right_bound(0);
-  if (a->dropout > 0)
-    o.set_dropout(a->dropout, scalar_i64(g, "Seed", SEED), scalar_i64(g, "Offset", OFFSET));
+  return graph_of(a->dtype == LUTRA_BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF);
 }
 
 fe::error_t build(fe::graph::Graph &g, cudnnHandle_t h) {
@@ -400,18 +296,21 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
   char shape[192];
   snprintf(shape, sizeof shape, "b %lld, s_q %lld, s_kv %lld, h %lld, h_kv %lld, d %lld, %s%s%s",
            (long long)a->b, (long long)a->s_q, (long long)a->s_kv, (long long)a->h,
-           (long long)a->h_kv, (long long)a->d, dtype_name(a->dtype), a->causal ? ", causal" : "",
-           a->dropout > 0 ? ", dropout" : "");
+           (long long)a->h_kv, (long long)a->d, a->fp8 ? "fp8" : dtype_name(a->dtype),
+           a->causal ? ", causal" : "", a->dropout > 0 ? ", dropout" : "");
 
   std::unique_ptr<attention_plan> p(new attention_plan);
-  p->fwd = forward_graph(a);
+  if (a->fp8) TRY(fp8_check(a, fn));
+  p->fp8 = a->fp8 != 0;
+  p->fwd = p->fp8 ? fp8_forward_graph(a) : forward_graph(a);
   fe::error_t e = build(*p->fwd, h);
   if (e.is_bad())
     return lutra_error(LUTRA_EUNSUPPORTED, fn, "cuDNN cannot run this attention forward (%s): %s",
                        shape, e.err_msg.c_str());
-  /* the deterministic backward where cuDNN has one for this shape and device, else the other */
-  p->deterministic = want_deterministic();
-  p->bwd = backward_graph(a, p->deterministic);
+  /* the deterministic backward where cuDNN has one for this shape and device, else the other
+   * (FP8: cuDNN's default, which it makes deterministic where it must) */
+  p->deterministic = !p->fp8 && want_deterministic();
+  p->bwd = p->fp8 ? fp8_backward_graph(a) : backward_graph(a, p->deterministic);
   e = build(*p->bwd, h);
   if (e.is_bad() && p->deterministic) {
     p->deterministic = false;
@@ -434,6 +333,7 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
 
   p->fwd_pack.bind({Q, K, V, O, STATS});
   if (p->bwd) p->bwd_pack.bind({Q, K, V, O, STATS, DO, DQ, DK, DV});
+  if (p->fp8) fp8_bind(*p);
   if (a->dropout > 0) {
     p->dropout = true;
     void *rng = nullptr;
@@ -497,9 +397,10 @@ template <class Body> int guarded(const char *fn, Body &&body) noexcept {
  * (the rng buffer is the plan's, as the cache is) */
 struct call_key {
   const void *q, *k, *v, *out, *stats, *dout, *dq, *dk, *dv, *workspace;
+  const float *fp8_state;
   cudaStream_t stream;
 };
-static_assert(sizeof(call_key) == 11 * sizeof(void *), "call_key has padding bytes");
+static_assert(sizeof(call_key) == 12 * sizeof(void *), "call_key has padding bytes");
 
 /* one execute of a graph with its pack: what call_graphs.c runs directly or captures (from C:
  * nothing may be thrown through it) */
@@ -535,6 +436,9 @@ int begin_call(const lutra_attention_args *a, bool backward, const char *fn, att
   CHECK_ARG(a->q && a->k && a->v && a->out && a->stats, "q, k, v, out and stats must be set");
   CHECK_ARG(!backward || (a->dout && a->dq && a->dk && a->dv),
             "the backward's dout, dq, dk and dv must be set");
+  CHECK_ARG((a->fp8 != 0) == (*p)->fp8, "the plan was built %s FP8, the call is %s",
+            (*p)->fp8 ? "for" : "without", a->fp8 ? "FP8" : "not");
+  CHECK_ARG(!a->fp8 || a->fp8_state, "an FP8 call without fp8_state");
   TRY(handle_for_stream(fn, h));
   TRY(upload_rng(*p, a, fn));
   pack &k = backward ? (*p)->bwd_pack : (*p)->fwd_pack;
@@ -543,6 +447,7 @@ int begin_call(const lutra_attention_args *a, bool backward, const char *fn, att
   k.set(V, a->v);
   k.set(O, a->out);
   k.set(STATS, a->stats);
+  if (a->fp8) fp8_set(k, a->fp8_state, backward);
   return LUTRA_OK;
 }
 
@@ -550,8 +455,8 @@ int run_forward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
   cudnnHandle_t h;
   TRY(begin_call(a, false, fn, &p, &h));
-  const call_key key = {a->q,    a->k,    a->v,    a->out,       a->stats,           nullptr,
-                        nullptr, nullptr, nullptr, a->workspace, lutra_cuda_stream()};
+  const call_key key = {a->q,    a->k,    a->v,    a->out,       a->stats,     nullptr,
+                        nullptr, nullptr, nullptr, a->workspace, a->fp8_state, lutra_cuda_stream()};
   call c = {p->fwd.get(), &p->fwd_pack, h, a->workspace, fn, "cuDNN's SDPA forward"};
   return execute(&p->fwd_calls, key, c);
 }
@@ -565,8 +470,8 @@ int run_backward(const lutra_attention_args *a, const char *fn) {
   k.set(DQ, a->dq);
   k.set(DK, a->dk);
   k.set(DV, a->dv);
-  const call_key key = {a->q,  a->k,  a->v,  a->out,       a->stats,           a->dout,
-                        a->dq, a->dk, a->dv, a->workspace, lutra_cuda_stream()};
+  const call_key key = {a->q,  a->k,  a->v,  a->out,       a->stats,     a->dout,
+                        a->dq, a->dk, a->dv, a->workspace, a->fp8_state, lutra_cuda_stream()};
   call c = {p->bwd.get(), &k, h, a->workspace, fn, "cuDNN's SDPA backward"};
   return execute(&p->bwd_calls, key, c);
 }

@@ -76,8 +76,9 @@ int lutra_cuda_embedding_backward(const lutra_embedding_args *a);
 int lutra_cuda_embedding_scratch(int64_t n, int64_t vocab, size_t *bytes);
 /* rope_cuda.c: the table's rope entry */
 int lutra_cuda_rope(const lutra_rope_args *a);
-/* attention_cudnn.cpp (built where the build found cudnn.h: LUTRA_WITH_CUDNN): the table's
- * attention entries on cuDNN's fused SDPA, libcudnn.so.9 opened at the first plan */
+/* attention_cudnn.cpp and attention_cudnn_fp8.cpp (built where the build found cudnn.h:
+ * LUTRA_WITH_CUDNN): the table's attention entries on cuDNN's fused SDPA, libcudnn.so.9 opened
+ * at the first plan */
 int lutra_cuda_attention_plan(const lutra_attention_args *a, void **plan, size_t *workspace_bytes,
                               int *deterministic);
 void lutra_cuda_attention_plan_free(void *plan);
