@@ -152,7 +152,10 @@ $(CUTLASS_STAMP):
 	mv $(CUTLASS_DIR)/wheel/x/cutlass_library/source/tools/util/include $(CUTLASS_DIR)/util
 	rm -rf $(CUTLASS_DIR)/wheel
 	touch $@
-$(BUILD)/kernels/grouped/grouped_gemm_sm90.o: CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
+# override: CUDA_ARCHS given on make's command line would otherwise replace this too, and the
+# sm_90 build of wgmma code aborts at run time ("Arch conditional MMA instruction used without
+# targeting appropriate compute capability")
+$(BUILD)/kernels/grouped/grouped_gemm_sm90.o: override CUDA_ARCHS = -gencode arch=compute_90a,code=sm_90a
 # NDEBUG as CUTLASS's own release builds: a device assert between wgmma instructions is a call
 # that makes ptxas serialize them (its C7510 "Potential Performance Loss")
 $(BUILD)/kernels/grouped/grouped_gemm_sm90.o: NVCCFLAGS += --expt-relaxed-constexpr -DNDEBUG \
