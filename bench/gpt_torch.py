@@ -155,30 +155,16 @@ def run(name, c, build, args):
     torch.cuda.empty_cache()
 
 
-def load_safetensors(path):
-    """A safetensors file as {name: float32 tensor} (the format is 8 bytes of header length, a
-    JSON header, the raw data), read without the safetensors package."""
-    import json
-    import struct
-    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
-    with open(path, "rb") as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        header = json.loads(f.read(n))
-        data = f.read()
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__" or t["dtype"] not in dtypes:
-            continue
-        a, b = t["data_offsets"]
-        out[name] = torch.frombuffer(bytearray(data[a:b]), dtype=dtypes[t["dtype"]]) \
-            .view(t["shape"]).float()
-    return out
-
-
 def parity(d):
     """bench/gpt_parity.lua's run again in PyTorch: the same weights, batches and optimizer;
     prints both loss curves' windows and their difference."""
     import json
+    import os
+    import sys
+    # the safetensors reader the GPU specs' PyTorch reference uses (float64 on the GPU; the
+    # state dict load below copies into the model's float32 parameters)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spec", "gpu"))
+    from torch_reference import load_safetensors
     c = json.load(open(f"{d}/config.json"))
     torch.manual_seed(0)
     model = GPT(c).cuda()

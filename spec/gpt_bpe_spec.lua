@@ -22,16 +22,7 @@ end
 -- the 256 byte symbols (GPT-2's bytes_to_unicode), then the merges' results, as encoder.json
 local function tiny_tokenizer(merges)
   local symbols = {}
-  local n = 0
-  for b = 0, 255 do
-    local cp = b
-    if not ((b >= 33 and b <= 126) or (b >= 161 and b <= 172) or (b >= 174 and b <= 255)) then
-      cp = 256 + n
-      n = n + 1
-    end
-    symbols[#symbols + 1] = cp < 0x80 and string.char(cp)
-                            or string.char(0xC0 + bit.rshift(cp, 6), 0x80 + bit.band(cp, 0x3F))
-  end
+  for b = 0, 255 do symbols[b + 1] = bpe.byte_symbols[b] end
   local lines = { "#version: 0.2" }
   for _, m in ipairs(merges) do
     lines[#lines + 1] = m[1] .. " " .. m[2]

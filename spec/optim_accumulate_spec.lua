@@ -12,13 +12,7 @@ local function net(seed)
                        nn.Linear(24, 5, { seed = seed + 1 }))
 end
 
-local function values(m)
-  local out = {}
-  for _, p in ipairs(m:parameters()) do
-    for _, v in ipairs(p.value:to_table()) do out[#out + 1] = v end
-  end
-  return out
-end
+local values = require("spec.support.param_values")
 
 local function rows(t, first, count)
   return lutra.tensor({ count, t:dims()[2] }):copy(t:rows(first, count))

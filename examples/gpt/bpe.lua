@@ -56,6 +56,7 @@ local function byte_tables()
   return enc, dec
 end
 local BYTE_ENC, BYTE_DEC = byte_tables()
+M.byte_symbols = BYTE_ENC -- [byte] -> its symbol (a UTF-8 string), for building vocabularies
 
 -- encoder.json: one flat object of "token": id, its strings JSON-escaped
 local function utf8(cp)

@@ -97,6 +97,27 @@ template <bool BLOCK> __device__ __forceinline__ void group_sync() {
     __syncwarp();
 }
 
+/* One row's dlogits = (softmax - onehot(label)) / rows, a thread's elements j_first, + j_step ..
+ * read from src at src_base + j (the logits, or the row staged in shared memory) */
+template <int DT, int N>
+__device__ __forceinline__ void write_row_grad(const void *src, int64_t src_base, void *dlogits,
+                                               int64_t base, int64_t j_first, int64_t j_step,
+                                               int64_t cols, float mx, double sum, int32_t label,
+                                               bool ok, float inv_rows) {
+  const float inv_sum = static_cast<float>(1.0 / sum);
+  for (int64_t j = j_first; j < cols; j += j_step) {
+    float x[N];
+    ldv<DT, N>(src, src_base + j, x);
+#pragma unroll
+    for (int k = 0; k < N; k++) {
+      float p = fmul(expf(fsub(x[k], mx)), inv_sum);
+      if (j + k == label) p = fsub(p, 1.0f);
+      x[k] = ok ? fmul(p, inv_rows) : NAN;
+    }
+    stv<DT, N>(dlogits, base + j, x);
+  }
+}
+
 template <int DT, int N, bool BLOCK>
 __global__ void __launch_bounds__(kThreads)
     xent_kernel(const void *logits, const int32_t *__restrict__ labels, int64_t rows, int64_t cols,
@@ -154,18 +175,8 @@ __global__ void __launch_bounds__(kThreads)
 
     if (dlogits) {
       group_sync<BLOCK>(); /* every read of the label's logit is done */
-      const float inv_sum = static_cast<float>(1.0 / sum);
-      for (int64_t j = j_first; j < cols; j += j_step) {
-        float x[N];
-        ldv<DT, N>(logits, base + j, x);
-#pragma unroll
-        for (int k = 0; k < N; k++) {
-          float p = fmul(expf(fsub(x[k], mx)), inv_sum);
-          if (j + k == label) p = fsub(p, 1.0f);
-          x[k] = ok ? fmul(p, inv_rows) : NAN;
-        }
-        stv<DT, N>(dlogits, base + j, x);
-      }
+      write_row_grad<DT, N>(logits, base, dlogits, base, j_first, j_step, cols, mx, sum, label, ok,
+                            inv_rows);
     }
   }
 
@@ -238,20 +249,9 @@ __global__ void __launch_bounds__(kThreads)
       acc += ok ? row_loss : static_cast<double>(NAN);
       if (!ok && bad_label) *bad_label = 1;
     }
-    if (dlogits) {
-      const float inv_sum = static_cast<float>(1.0 / sum);
-      for (int64_t j = j_first; j < cols; j += j_step) {
-        float x[N];
-        ldv<DT, N>(row_smem, j, x);
-#pragma unroll
-        for (int k = 0; k < N; k++) {
-          float p = fmul(expf(fsub(x[k], mx)), inv_sum);
-          if (j + k == label) p = fsub(p, 1.0f);
-          x[k] = ok ? fmul(p, inv_rows) : NAN;
-        }
-        stv<DT, N>(dlogits, base + j, x);
-      }
-    }
+    if (dlogits)
+      write_row_grad<DT, N>(row_smem, 0, dlogits, base, j_first, j_step, cols, mx, sum, label, ok,
+                            inv_rows);
     __syncthreads(); /* the label's logit of this row is read before the next row is staged */
   }
   static_assert(kBytes == 16, "one uint4 per vector");

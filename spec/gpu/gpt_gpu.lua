@@ -19,6 +19,13 @@ local function setup()
   return gpt, loss, opt
 end
 
+local function same_weights(a, b)
+  local bp = b.all:parameters()
+  for i, p in ipairs(a.all:parameters()) do
+    assert.are.equal(p.value:bytes(), bp[i].value:bytes(), "parameter " .. i .. " differs")
+  end
+end
+
 local function random_ids(seed)
   math.randomseed(seed)
   local t = {}
@@ -64,10 +71,7 @@ describe("the GPT of examples/gpt on " .. DEV, function()
       step(eager, eager_loss, eager_opt)
     end
     assert.are.equal(eager_loss:value(), graphed_loss:value())
-    local gp = graphed.all:parameters()
-    for i, p in ipairs(eager.all:parameters()) do
-      assert.are.equal(p.value:bytes(), gp[i].value:bytes(), "parameter " .. i .. " differs")
-    end
+    same_weights(eager, graphed)
     g:destroy()
   end)
 
@@ -110,10 +114,7 @@ describe("the GPT of examples/gpt on " .. DEV, function()
       fill(s)
       step(eager, eager_loss, eager_opt)
     end
-    local gp = graphed.all:parameters()
-    for i, p in ipairs(eager.all:parameters()) do
-      assert.are.equal(p.value:bytes(), gp[i].value:bytes(), "parameter " .. i .. " differs")
-    end
+    same_weights(eager, graphed)
     g:destroy()
   end)
 
