@@ -163,7 +163,8 @@ def parity(d):
     import sys
     # the safetensors reader the GPU specs' PyTorch reference uses (float64 on the GPU; the
     # state dict load below copies into the model's float32 parameters)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "spec", "gpu"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, os.path.join(here, "..", "spec", "gpu"))
     from torch_reference import load_safetensors
     c = json.load(open(f"{d}/config.json"))
     torch.manual_seed(0)
