@@ -24,8 +24,8 @@ local formats = { bshd = C.LUTRA_QKV_BSHD, sbhd = C.LUTRA_QKV_SBHD }
 local attention_options = {
   num_gqa_groups = true, head_dim = true, input_layernorm = true, normalization = true,
   zero_centered_gamma = true, bias = true, attn_mask_type = true, qkv_format = true, rope = true,
-  rope_base = true, rope_max_seq = true, eps = true, softmax_scale = true, attention_dropout = true, dtype = true,
-  device = true, accumulate_main_grad = true, seed = true,
+  rope_base = true, rope_max_seq = true, eps = true, softmax_scale = true, attention_dropout = true,
+  fp8_attention = true, dtype = true, device = true, accumulate_main_grad = true, seed = true,
 }
 
 local function number_option(v, name, where, lo)
@@ -69,6 +69,7 @@ local function attention_desc(d, hidden, num_heads, opts, where)
   d.eps = number_option(opts.eps, "eps", where, 0) or d.eps
   d.softmax_scale = number_option(opts.softmax_scale, "softmax_scale", where, 0) or 0
   d.attention_dropout = number_option(opts.attention_dropout, "attention_dropout", where, 0) or 0
+  d.fp8_attention = chk.flag(opts.fp8_attention, "fp8_attention", where, 0)
   if opts.dtype ~= nil then d.dtype = core.code(core.dtypes, opts.dtype, "dtype", where) end
   d.device = core.device(opts.device, where)
   if opts.seed ~= nil then d.seed = chk.seed(opts.seed, "seed", where) end
@@ -84,7 +85,9 @@ end
 -- input_layernorm = true, normalization = "LayerNorm" | "RMSNorm", zero_centered_gamma = false,
 -- bias = true, attn_mask_type = "causal" | "no_mask", qkv_format = "bshd" | "sbhd",
 -- rope = false, rope_base = 10000, rope_max_seq = 4096, eps = 1e-5, softmax_scale = 1 / sqrt(head_dim),
--- attention_dropout = 0, dtype = "f32" | "bf16", device =, accumulate_main_grad = false, seed =}
+-- attention_dropout = 0, fp8_attention = false (the attention in FP8 inside a delayed-scaling
+-- scope: nn.DotProductAttention's fp8), dtype = "f32" | "bf16", device =,
+-- accumulate_main_grad = false, seed =}
 -- @return the module
 function M.MultiheadAttention(hidden, num_heads, opts)
   local where = "lutra.nn.MultiheadAttention"
@@ -101,8 +104,8 @@ local layer_options = {
   num_gqa_groups = true, head_dim = true, input_layernorm = true, normalization = true,
   zero_centered_gamma = true, bias = true, attn_mask_type = true, qkv_format = true, rope = true,
   rope_base = true, rope_max_seq = true, eps = true, softmax_scale = true,
-  attention_dropout = true, dtype = true, device = true, accumulate_main_grad = true, seed = true,
-  activation = true, moe = true,
+  attention_dropout = true, fp8_attention = true, dtype = true, device = true,
+  accumulate_main_grad = true, seed = true, activation = true, moe = true,
 }
 
 -- the MoE options {experts =, top_k =} of a TransformerLayer into d (a lutra_transformer_desc)

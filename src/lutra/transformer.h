@@ -52,8 +52,9 @@ typedef struct lutra_mha_desc {
   int32_t dtype;               /* F32 (default; the CPU only), BF16 */
   int32_t device;              /* LUTRA_CPU (default) */
   int32_t accumulate_main_grad;
-  int32_t pad;
-  uint64_t seed; /* default: the next seed of the global generator */
+  int32_t fp8_attention; /* the DotProductAttention's fp8 (lutra/attention.h: FP8 inside a
+                          * delayed-scaling autocast scope, head_dim 128); default 0 */
+  uint64_t seed;         /* default: the next seed of the global generator */
 } lutra_mha_desc;
 
 LUTRA_API void lutra_mha_defaults(lutra_mha_desc *d);

@@ -232,6 +232,7 @@ static int make_attention_parts(const lutra_mha_desc *d, lutra_module **parts, c
   a.qkv_format = d->qkv_format;
   a.softmax_scale = d->softmax_scale;
   a.dropout = d->attention_dropout;
+  a.fp8 = d->fp8_attention;
   a.dtype = d->dtype;
   a.device = d->device;
   a.seed = d->seed + 2;

@@ -123,6 +123,11 @@ static const field fields[] = {
     F(lutra_moe_mlp_desc, accumulate_main_grad),
     F(lutra_moe_mlp_desc, seed),
 
+    S(lutra_mha_desc),
+    F(lutra_mha_desc, accumulate_main_grad),
+    F(lutra_mha_desc, fp8_attention),
+    F(lutra_mha_desc, seed),
+
     S(lutra_transformer_desc),
     F(lutra_transformer_desc, ffn_hidden),
     F(lutra_transformer_desc, activation),
