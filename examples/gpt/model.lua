@@ -20,7 +20,7 @@ GPT.__index = GPT
 
 --- Builds the model.
 -- @tparam table c {vocab, dim, layers, heads, seq, ffn = 4 dim, positions = "learned" | "rope",
--- dtype, device}
+-- moe = {experts =, top_k =} (an MoE feed-forward in every layer), dtype, device}
 function M.new(c)
   local where = { dtype = c.dtype, device = c.device }
   local self = setmetatable({ config = c, position_ids = {} }, GPT)
@@ -29,7 +29,8 @@ function M.new(c)
   local blocks = {}
   for i = 1, c.layers do
     blocks[i] = nn.TransformerLayer(c.dim, c.ffn or 4 * c.dim, c.heads, {
-      rope = c.positions == "rope", rope_max_seq = c.seq, dtype = c.dtype, device = c.device })
+      rope = c.positions == "rope", rope_max_seq = c.seq, moe = c.moe, dtype = c.dtype,
+      device = c.device })
   end
   self.layers = { unpack(blocks) }
   self.norm = nn.LayerNorm(c.dim, where)
