@@ -291,4 +291,24 @@ describe("nn.DotProductAttention on " .. DEV .. " against the CPU in f32", funct
     end)
     assert.is_truthy(msg:find("f32", 1, true), msg)
   end)
+
+  test("a cuDNN that LUTRA_CUDNN_PATH names and that does not load is refused, naming it", function()
+    if DEV == "cpu" then return end -- the CPU has no cuDNN to miss
+    -- in a process of its own: the library is looked for once per process
+    local shell = require("spec.support.shell")
+    local ok, out = shell.luajit_chunk([[
+      local lutra = require("lutra")
+      local m = lutra.nn.DotProductAttention(2, 64, { dtype = "bf16", device = "cuda" })
+      local q = lutra.tensor({ 1, 8, 2, 64 }, "bf16", "cuda"):randn(1)
+      local ok, err = pcall(m.forward, m, q, q, q)
+      print(ok, err)
+      -- the module stays usable for what needs no cuDNN, and the error repeats
+      print(pcall(m.forward, m, q, q, q))
+    ]], "LUTRA_CUDNN_PATH=/nonexistent/libcudnn.so.9")
+    assert.is_true(ok, out)
+    assert.is_truthy(out:find("false", 1, true), out)
+    assert.is_truthy(out:find("LUTRA_CUDNN_PATH=/nonexistent/libcudnn.so.9", 1, true), out)
+    local _, count = out:gsub("LUTRA_CUDNN_PATH=/nonexistent", "")
+    assert.are.equal(2, count, out)
+  end)
 end)

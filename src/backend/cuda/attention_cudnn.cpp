@@ -101,8 +101,18 @@ bool check_version(void *h, const std::string &where, std::string &why) {
 void load_once() {
   std::string tried;
   void *h = nullptr;
+  /* LUTRA_CUDNN_PATH, when set, is the only place tried: a library the user named that does not
+   * load is an error, not a reason to take another cuDNN from elsewhere */
   const char *env = std::getenv("LUTRA_CUDNN_PATH");
-  if (env && *env) h = try_open(is_dir(env) ? in_dir(env) : std::string(env), tried);
+  if (env && *env) {
+    h = try_open(is_dir(env) ? in_dir(env) : std::string(env), tried);
+    if (!h) {
+      load_status = LUTRA_EUNSUPPORTED;
+      load_message = std::string("cuDNN 9 was not loaded from LUTRA_CUDNN_PATH=") + env + ":" +
+                     tried + "\n(point it at " + cudnn_soname + " or its folder, or unset it)";
+      return;
+    }
+  }
   if (!h) h = try_open(cudnn_soname, tried);
   const std::string dirs = LUTRA_CUDNN_FALLBACK_DIRS;
   for (size_t at = 0; !h && at < dirs.size();) {
