@@ -286,6 +286,9 @@ static int match(const st_file *f, ckpt_entries *E, const lutra_checkpoint_objec
     const char *to = target_of(t->name, opts, o, lutra_file);
     if (!to) continue;
     ckpt_entry *e = ckpt_find(E, to);
+    /* a module's generator where the objects' module has none to save (attention without
+     * dropout: an inference model from a training run's file) is no state they lack */
+    if (!e && lutra_file && ends_with(to, ".rng_state")) continue;
     CHECK_ARG(e, "'%s' holds tensor '%s'%s%s%s, which the objects do not have%s", path, t->name,
               to != t->name ? " (renamed '" : "", to != t->name ? to : "",
               to != t->name ? "')" : "", fp8_hint(E, o, to));

@@ -195,6 +195,33 @@ static int quantizer_entries(ckpt_entries *E, lutra_module *m, const lutra_recip
   return LUTRA_OK;
 }
 
+/* <prefix>rng_state, U64 [2]: the generator of a module that has one to save. Optional: a file
+ * written before it was saved loads, the generator left as it is. */
+static int rng_entry(ckpt_entries *E, lutra_module *m, const char *prefix, const char *fn) {
+  const lutra_checkpoint_ops *ck = m->ops->checkpoint;
+  uint64_t state[2];
+  if (!ck->rng_get || !ck->rng_get(m, state)) return LUTRA_OK;
+  if (E->nrng == E->rng_cap) {
+    int cap = E->rng_cap ? E->rng_cap * 2 : 8;
+    ckpt_rng **grown = realloc(E->rng, (size_t)cap * sizeof *grown);
+    if (!grown) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate the generator list");
+    E->rng = grown, E->rng_cap = cap;
+  }
+  ckpt_rng *r = malloc(sizeof *r);
+  if (!r) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate a generator's state");
+  *r = (ckpt_rng){.module = m, .state = {state[0], state[1]}};
+  E->rng[E->nrng++] = r;
+  ckpt_entry e = {.kind = ENTRY_STATE,
+                  .dtype = "U64",
+                  .lutra_dtype = -1,
+                  .ndim = 1,
+                  .shape = {2},
+                  .bytes = sizeof r->state,
+                  .ptr = r->state,
+                  .optional = true};
+  return add(E, &e, fn, "%srng_state", prefix);
+}
+
 /* The name of the parameter whose value is t among the entries [0, n) of E, or NULL. */
 static const char *param_name_of(const ckpt_entries *E, int n, const lutra_tensor *t) {
   for (int i = 0; i < n; i++)
@@ -270,7 +297,7 @@ static int walk(ckpt_entries *E, lutra_module *m, const char *prefix,
     }
   }
   if (o->fp8) TRY(quantizer_entries(E, m, build_for, prefix, fn));
-  return LUTRA_OK;
+  return rng_entry(E, m, prefix, fn);
 }
 
 static int cmp_entry(const void *a, const void *b) {
@@ -376,6 +403,9 @@ void ckpt_entries_free(ckpt_entries *E) {
   for (int i = 0; i < E->npending; i++)
     destroy_fresh(&E->pending[i]);
   free(E->pending);
+  for (int i = 0; i < E->nrng; i++)
+    free(E->rng[i]);
+  free(E->rng);
   free(E->e);
   memset(E, 0, sizeof *E);
 }
@@ -402,6 +432,9 @@ int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const fl
     if (lr) *v.lr = *lr;
   }
   if (o->rng) TRY(lutra_manual_seed(E->host.rng));
+  /* a generator the file did not hold gets back the state read from it */
+  for (int i = 0; i < E->nrng; i++)
+    E->rng[i]->module->ops->checkpoint->rng_set(E->rng[i]->module, E->rng[i]->state);
   return LUTRA_OK;
 }
 

@@ -49,11 +49,21 @@ typedef struct ckpt_pending {
   void *state; /* lutra_checkpoint_ops.fp8_state's fresh state, or NULL */
 } ckpt_pending;
 
+/* A module's generator (lutra_checkpoint_ops.rng_get): its state, read when collected, which
+ * the entry <m>.rng_state points at; a load writes the file's there and hands it back to the
+ * module (rng_set) once it succeeded. */
+typedef struct ckpt_rng {
+  lutra_module *module;
+  uint64_t state[2];
+} ckpt_rng;
+
 typedef struct ckpt_entries {
   ckpt_entry *e;
   int count, cap;
   ckpt_pending *pending;
   int npending, pending_cap;
+  ckpt_rng **rng; /* each its own allocation: entries point into it */
+  int nrng, rng_cap;
   ckpt_host host;
   lutra_optim *optim; /* the objects' optimizer, when they had one */
   bool saving;        /* collected for a save (else for a load) */
@@ -67,8 +77,9 @@ void ckpt_entries_free(ckpt_entries *E);
 ckpt_entry *ckpt_find(const ckpt_entries *E, const char *name);
 /* Loading, once every entry was written: the modules adopt the quantizers built for them. */
 void ckpt_adopt(ckpt_entries *E);
-/* Loading: the host values into the objects, the written flags of the loaded parameters (set,
- * or cleared where their master was loaded too), the optimizer's lr when lr is not NULL. */
+/* Loading: the host values into the objects (the modules' generators included), the written flags
+ * of the loaded parameters (set, or cleared where their master was loaded too), the optimizer's lr
+ * when lr is not NULL. */
 int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const float *lr,
                     const char *fn);
 

@@ -16,6 +16,7 @@
  * offset advancing by LUTRA_ATTENTION_OFFSET_STEP (TransformerEngine's Philox increment for
  * cuDNN's attention, BACKEND_F16arb_ELTS_PER_THREADS); the backward redraws the forward's. The
  * CPU's mask is its own counter-based hash (src/backend/cpu/attention_cpu.c); cuDNN's differs.
+ * Checkpoints carry the generator of a module with dropout (<m>.rng_state, lutra/checkpoint.h).
  * FP8 (desc.fp8 = 1, opt-in per module; TransformerEngine's fp8_dpa with delayed scaling): a
  * forward inside an enabled autocast scope whose recipe scales its input and grad_output roles
  * by delayed scaling (per tensor) runs in FP8, as TE does it on Hopper: q, k and v are cast to

@@ -11,7 +11,10 @@
  * tensor-parallel Linear its rank's shard, one file per rank; LayerNorm / RMSNorm "weight"
  * (gamma) and LayerNorm's "bias" (beta); an Embedding "weight"; a moe Router its Linear's;
  * activations nothing, their index skipped; a hybrid role's columnwise quantizer
- * "fp8.<role>_columnwise"; a tied weight (lutra_linear_desc.tie) once, under the name of the
+ * "fp8.<role>_columnwise"; a DotProductAttention with dropout > 0 its dropout generator
+ * (MultiheadAttention's "core_attention.rng_state", TransformerLayer's
+ * "self_attention.core_attention.rng_state"; one without dropout draws no mask and stores none);
+ * a tied weight (lutra_linear_desc.tie) once, under the name of the
  * first module in the tree that holds it (GPT: "0.weight", the embedding's; the tied head
  * stores its bias and FP8 state under its own name, its weight not at all), with its main
  * grad and optimizer state once; loaded back into the same tensor, so the tie holds. A file
@@ -27,6 +30,14 @@
  *                                            quantizations (stochastic rounding draws each
  *                                            one's seed from it; a file without it loads, the
  *                                            count left as it is)
+ *   <m>.rng_state                            U64 [2]: a DotProductAttention's dropout
+ *                                            generator, (seed, offset of the next forward's
+ *                                            mask) as lutra_attention_rng_state reads them, so
+ *                                            a resumed run draws the straight run's masks. A
+ *                                            file without it (written before it was saved)
+ *                                            loads, the generator left as it is; a module
+ *                                            without dropout skips a file's (an inference
+ *                                            model from a training run's file)
  *   optim.<param>.master                     an optimizer's f32 master of a bf16 parameter
  *   optim.<param>.exp_avg, .exp_avg_sq       AdamW moments; SGD: optim.<param>.momentum_buffer
  *   optim.step, optim.device_step            I64 [1]: step calls, and steps run on the device
@@ -35,11 +46,12 @@
  * and __metadata__ {"format": "lutra.checkpoint", "version": "1", "data.crc32c", "optim.kind",
  * "optim.lr", "optim.schedule", "optim.warmup_steps", "optim.total_steps", "optim.min_lr",
  * "optim.max_grad_norm"} (the schedule and clipping keys: io/checkpoint_optim.c; a file without
- * them, written before they were, loads leaving the optimizer's own): data.crc32c is the CRC-32C (Castagnoli) of the data section as 8 lowercase hex
- * digits, checked on load when present (files of other writers, and of lutra before it wrote one,
- * load unchecked); optim.lr is the f32 learning rate as C's "%a" writes it in the C locale. The
- * numbers are written and read in the C locale whatever the process's own (uselocale for the
- * call), so a host that called setlocale reads and writes the same files as any other.
+ * them, written before they were, loads leaving the optimizer's own): data.crc32c is the CRC-32C
+ * (Castagnoli) of the data section as 8 lowercase hex digits, checked on load when present (files
+ * of other writers, and of lutra before it wrote one, load unchecked); optim.lr is the f32 learning
+ * rate as C's "%a" writes it in the C locale. The numbers are written and read in the C locale
+ * whatever the process's own (uselocale for the call), so a host that called setlocale reads and
+ * writes the same files as any other.
  *
  * Loading is all or nothing: the file must be a regular file; its header length and header are
  * read and checked first, then the file's size against the data the header describes, and only
@@ -59,12 +71,12 @@
  * refused inside an autocast scope or a graph capture (a step half-done is no state to save).
  *
  * Resume is exact (N steps, save, load into fresh objects, M more == N + M straight, bit for bit)
- * at optimizer-step boundaries, NVFP4's stochastic rounding included, and between the
- * micro-batches of a gradient-accumulation window where the weight's quantization depends on
- * the weight alone (current scaling, MXFP8, blocks). Under delayed scaling the FP8 weight a
- * forward with is_first_microbatch true cached was quantized with a scale since updated, and is
- * not saved: a save inside such a window (from that forward until an optimizer step, a write or
- * load of the weight, or a forward that quantizes it again) is refused with LUTRA_ESTATE, naming
+ * at optimizer-step boundaries, NVFP4's stochastic rounding and attention dropout included, and
+ * between the micro-batches of a gradient-accumulation window where the weight's quantization
+ * depends on the weight alone (current scaling, MXFP8, blocks). Under delayed scaling the FP8
+ * weight a forward with is_first_microbatch true cached was quantized with a scale since updated,
+ * and is not saved: a save inside such a window (from that forward until an optimizer step, a write
+ * or load of the weight, or a forward that quantizes it again) is refused with LUTRA_ESTATE, naming
  * the module, and writes nothing. With fp8 = 0 (no FP8 state saved) it is taken. */
 #ifndef LUTRA_CHECKPOINT_H
 #define LUTRA_CHECKPOINT_H

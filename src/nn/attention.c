@@ -341,16 +341,33 @@ static void attn_release(lutra_module *mod) {
   m->last = LUTRA_ATTENTION_NONE;
 }
 
-/* no parameters; the FP8 scaling state is not saved yet (lutra/attention.h); the dropout's
- * generator is not saved (lutra/checkpoint.h has no place for a module's RNG state yet:
- * lutra_attention_rng_state reads it) */
+/* checkpoints: the dropout generator's (seed, offset) when the module has dropout, so that a
+ * resumed run draws the masks the straight one would (<m>.rng_state, lutra/checkpoint.h); a
+ * module without dropout draws no mask and saves none */
+static bool attn_rng_get(const lutra_module *mod, uint64_t state[2]) {
+  const attention *m = (const attention *)mod;
+  state[0] = m->desc.seed;
+  state[1] = m->next_offset;
+  return m->desc.dropout > 0.0f;
+}
+
+static void attn_rng_set(lutra_module *mod, const uint64_t state[2]) {
+  attention *m = (attention *)mod;
+  m->desc.seed = state[0];
+  m->next_offset = state[1];
+}
+
+/* no parameters; the FP8 scaling state is not saved yet (lutra/attention.h) */
+static const lutra_checkpoint_ops attention_checkpoint = {.rng_get = attn_rng_get,
+                                                          .rng_set = attn_rng_set};
+
 static const lutra_module_ops attention_ops = {.kind = "dot_product_attention",
                                                .forward = attn_forward,
                                                .backward = attn_backward,
                                                .num_params = lutra_module_no_params,
                                                .param = lutra_module_no_param,
                                                .release = attn_release,
-                                               .checkpoint = &lutra_checkpoint_stateless};
+                                               .checkpoint = &attention_checkpoint};
 
 void lutra_attention_defaults(lutra_attention_desc *d) {
   if (!d) return;
