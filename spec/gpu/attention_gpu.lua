@@ -37,15 +37,7 @@ local function input_pair(shape, dtype)
   return ref, lutra.tensor(shape, dtype, DEV):set(ref:read())
 end
 
-local function check_nmse(got, want, bound, what)
-  assert.are.same(want:dims(), got:dims(), what .. ": dims")
-  local e, wi, worst = S.nmse_buf(got:read(), want:read(), want:size(), what)
-  S.note("NMSE %.3e (bound %.0e), max |diff| %.3g  %s", e, bound, worst, what)
-  if not (e <= bound) then
-    S.fail("%s: NMSE %.3e > %.0e (largest difference %.3g at element %d; seed %d)", what, e, bound,
-           worst, wi, SEED)
-  end
-end
+local function check_nmse(got, want, bound, what) S.check_nmse(got, want, bound, what, SEED) end
 
 local function check_small(got, what)
   local n, v = got:size(), got:read()

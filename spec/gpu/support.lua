@@ -302,18 +302,6 @@ function S.assert_nmse(got, want, bound, what, max_abs)
   return e
 end
 
--- NMSE of a tensor against a reference of another dtype (the device's bf16 against the CPU's
--- f32: same dims) <= bound; a failure names seed, the spec's clock-drawn inputs
-function S.assert_nmse_across(got, want, bound, what, seed)
-  assert.are.same(want:dims(), got:dims(), what .. ": dims")
-  local e, wi, worst = S.nmse_buf(got:read(), want:read(), want:size(), what)
-  S.note("NMSE %.3e (bound %.0e), max |diff| %.3g  %s", e, bound, worst, what)
-  if not (e <= bound) then
-    S.fail("%s: NMSE %.3e > %.0e (largest difference %.3g at element %d; seed %d)", what, e, bound,
-           worst, wi, seed)
-  end
-  return e
-end
 
 -- a spec's seeds: the first drawn from the clock (failures name it), and a function giving the
 -- next one at each call

@@ -15,7 +15,7 @@ local function test(name, fn) S.test(it, name, fn) end
 
 local SEED, seed = S.clock_seeds()
 local function check_nmse(got, want, bound, what)
-  return S.assert_nmse_across(got, want, bound, what, SEED)
+  return S.check_nmse(got, want, bound, what, SEED)
 end
 -- a bf16 input on DEV and its exact f32 copy on the CPU
 local function input_pair(shape) return S.bf16_pair(shape, seed()) end
