@@ -35,8 +35,7 @@
  * dropout (not yet); at a forward: a scope whose recipe is not delayed scaling; on CUDA, a device
  * below sm_90 or a cuDNN that cannot. The CPU backend emulates it (the reference: codes
  * decoded, f64 sums, S, O, dP and the gradients rounded where cudnn-frontend's reference graphs
- * round them). The FP8 state is not in checkpoints yet (a loaded model's attention scales start
- * at 1).
+ * round them). Checkpoints carry the FP8 state (<m>.fp8.qkv.scale, ...; lutra/checkpoint.h).
  * Part of lutra.h (include that one; its conventions hold here). */
 #ifndef LUTRA_ATTENTION_H
 #define LUTRA_ATTENTION_H

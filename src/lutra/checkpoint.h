@@ -13,7 +13,10 @@
  * activations nothing, their index skipped; a hybrid role's columnwise quantizer
  * "fp8.<role>_columnwise"; a DotProductAttention with dropout > 0 its dropout generator
  * (MultiheadAttention's "core_attention.rng_state", TransformerLayer's
- * "self_attention.core_attention.rng_state"; one without dropout draws no mask and stores none);
+ * "self_attention.core_attention.rng_state"; one without dropout draws no mask and stores none)
+ * and, with fp8 = 1, FP8 attention's six delayed-scaling states as "fp8.qkv", "fp8.s", "fp8.o",
+ * "fp8.do", "fp8.dp", "fp8.dqkv" (scale, scale_inv, amax_history, as a quantizer's; built for
+ * the load's recipe when the module ran no FP8 forward yet);
  * a tied weight (lutra_linear_desc.tie) once, under the name of the
  * first module in the tree that holds it (GPT: "0.weight", the embedding's; the tied head
  * stores its bias and FP8 state under its own name, its weight not at all), with its main

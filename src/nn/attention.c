@@ -357,8 +357,30 @@ static void attn_rng_set(lutra_module *mod, const uint64_t state[2]) {
   m->next_offset = state[1];
 }
 
-/* no parameters; the FP8 scaling state is not saved yet (lutra/attention.h) */
-static const lutra_checkpoint_ops attention_checkpoint = {.rng_get = attn_rng_get,
+/* FP8 attention's scaling state: <m>.fp8.qkv.scale, ... (nn/attention_fp8.h) */
+static int attn_fp8_state(lutra_module *mod, const lutra_recipe *build_for,
+                          const lutra_fp8_state_sink *sink, void **fresh, const char *fn) {
+  attention *m = (attention *)mod;
+  *fresh = NULL;
+  if (!m->desc.fp8) return LUTRA_OK;
+  return attention_fp8_checkpoint(&m->fp8, build_for, sink, fresh, fn);
+}
+
+static void attn_adopt_fp8_state(lutra_module *mod, const lutra_recipe *r, void *fresh) {
+  (void)r;
+  attention_fp8_adopt(&((attention *)mod)->fp8, fresh);
+}
+
+static void attn_drop_fp8_state(lutra_module *mod, void *fresh) {
+  (void)mod;
+  attention_fp8_drop(fresh);
+}
+
+/* no parameters */
+static const lutra_checkpoint_ops attention_checkpoint = {.fp8_state = attn_fp8_state,
+                                                          .adopt_fp8_state = attn_adopt_fp8_state,
+                                                          .drop_fp8_state = attn_drop_fp8_state,
+                                                          .rng_get = attn_rng_get,
                                                           .rng_set = attn_rng_set};
 
 static const lutra_module_ops attention_ops = {.kind = "dot_product_attention",

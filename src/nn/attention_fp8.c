@@ -10,7 +10,9 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "fp8/autocast.h"
+#include "fp8/quantizer.h"
 #include "fp8/recipe.h"
+#include "nn/module.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -237,4 +239,70 @@ void attention_fp8_release(attention_fp8 *f) {
     lutra_tensor_cache_release(caches[i]);
   if (f->be) free_state(f);
   f->last = f->trigger = false;
+}
+
+/* ---- checkpoints ------------------------------------------------------------------------------
+ */
+static const char *const state_names[LUTRA_ATTENTION_FP8_TENSORS] = {"qkv", "s",  "o",
+                                                                     "do",  "dp", "dqkv"};
+
+static int report_state(const attention_fp8 *f, const lutra_fp8_state_sink *sink, const char *fn) {
+  for (int t = 0; t < LUTRA_ATTENTION_FP8_TENSORS; t++) {
+    const lutra_scale_meta *m = &f->metas[t];
+    lutra_quantizer_state_view v = {.scale = m->scale,
+                                    .scale_inv = m->scale_inv,
+                                    .amax_history = m->amax_history,
+                                    .history_len = m->history_len,
+                                    .be = f->be};
+    TRY(sink->add(sink->ctx, state_names[t], &v, fn));
+  }
+  return LUTRA_OK;
+}
+
+int attention_fp8_checkpoint(attention_fp8 *f, const lutra_recipe *build_for,
+                             const lutra_fp8_state_sink *sink, void **fresh, const char *fn) {
+  *fresh = NULL;
+  if (f->history_len) {
+    CHECK_STATE(!build_for || f->recipe_key == build_for->key,
+                "FP8 attention's state was built for another recipe than the one given");
+    return report_state(f, sink, fn);
+  }
+  /* a state for build_for, as the first FP8 forward under it would build it; only a
+   * delayed-scaling recipe runs FP8 attention (attention_fp8_begin refuses the others) */
+  if (!build_for || build_for->kind == LUTRA_RECIPE_FACTORY ||
+      build_for->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_DELAYED ||
+      build_for->roles[LUTRA_ROLE_GRAD_OUTPUT].kind != LUTRA_QUANT_DELAYED)
+    return LUTRA_OK;
+  attention_fp8 *n = calloc(1, sizeof *n);
+  if (!n) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate FP8 attention's state");
+  n->be = f->be;
+  n->device = f->device;
+  int st = build_state(n, build_for, fn);
+  if (st == LUTRA_OK) st = report_state(n, sink, fn);
+  if (st != LUTRA_OK) {
+    attention_fp8_drop(n);
+    return st;
+  }
+  *fresh = n;
+  return LUTRA_OK;
+}
+
+void attention_fp8_adopt(attention_fp8 *f, void *fresh) {
+  attention_fp8 *n = fresh;
+  if (!n) return;
+  free_state(f);
+  f->state = n->state;
+  f->history_len = n->history_len;
+  memcpy(f->metas, n->metas, sizeof f->metas);
+  f->fwd_dtype = n->fwd_dtype;
+  f->grad_dtype = n->grad_dtype;
+  f->recipe_key = n->recipe_key;
+  free(n); /* its state now f's */
+}
+
+void attention_fp8_drop(void *fresh) {
+  attention_fp8 *n = fresh;
+  if (!n) return;
+  free_state(n);
+  free(n);
 }

@@ -47,6 +47,15 @@ int attention_fp8_forward_out(attention_fp8 *f, lutra_tensor *out, bool grad, co
 int attention_fp8_backward_in(attention_fp8 *f, const lutra_tensor *dout, lutra_tensor *const *g,
                               int n, lutra_attention_args *a, const char *fn);
 int attention_fp8_backward_out(attention_fp8 *f, lutra_tensor *const *g, int n, const char *fn);
+/* Checkpoints (lutra_checkpoint_ops.fp8_state): the six metas' scale, scale_inv and amax history
+ * as views "qkv", "s", "o", "do", "dp", "dqkv" (<m>.fp8.qkv.scale, ...). With build_for and no
+ * state built: fresh state for that recipe in *fresh (a delayed-scaling recipe; none for
+ * others), installed by attention_fp8_adopt once the load succeeded or freed by _drop. */
+struct lutra_fp8_state_sink;
+int attention_fp8_checkpoint(attention_fp8 *f, const lutra_recipe *build_for,
+                             const struct lutra_fp8_state_sink *sink, void **fresh, const char *fn);
+void attention_fp8_adopt(attention_fp8 *f, void *fresh);
+void attention_fp8_drop(void *fresh);
 /* the tensors a CUDA graph of the last FP8 call must keep */
 int attention_fp8_capture_hold(const attention_fp8 *f, bool backward, const char *fn);
 void attention_fp8_release(attention_fp8 *f);
