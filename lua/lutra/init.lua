@@ -90,9 +90,12 @@ M.norm_quantize = require("lutra.fused").norm_quantize
 M.save = require("lutra.checkpoint").save -- checkpoints: lua/lutra/checkpoint.lua
 M.load = require("lutra.checkpoint").load
 M.wrap = require("lutra.wrap").wrap -- caller-owned buffers: lua/lutra/wrap.lua
-for _, k in ipairs { "add", "sample", "softmax", "argmax" } do -- lua/lutra/tensor_ops.lua
-  M[k] = require("lutra.tensor_ops")[k]
-end
+-- tensor ops (lua/lutra/tensor_ops.lua), written out: a loop here can be picked as a trace's
+-- start (LuaJIT's hot counters are shared slots, so which loop gets hot depends on addresses),
+-- and the closures made right after it abort that trace with an NYI the JIT specs count
+local tensor_ops = require("lutra.tensor_ops")
+M.add, M.sample, M.softmax, M.argmax = tensor_ops.add, tensor_ops.sample, tensor_ops.softmax,
+                                       tensor_ops.argmax
 
 -- transa/transb: true/false or "T"/"N". Anything else is refused: 0 is true in Lua, so
 -- lutra.gemm(A, 0, B, 0, D) would otherwise have run TT.
