@@ -15,6 +15,8 @@ local kv = lutra.tensor({ 2, 6, 1, D }):randn(6)
 local loss = nn.MSELoss()
 local opt = lutra.optim.AdamW(net, { lr = 1e-3 })
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for _ = 1, 300 do -- TRAINING LOOP
   loss:forward(net:forward(x), target)

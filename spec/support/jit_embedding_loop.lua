@@ -21,6 +21,8 @@ local target = lutra.from_table(labels, { n }, "i32")
 local loss = nn.CrossEntropyLoss()
 local opt = lutra.optim.AdamW(net, { lr = 1e-3 })
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for _ = 1, 500 do -- TRAINING LOOP
   loss:forward(net:forward(x), target)

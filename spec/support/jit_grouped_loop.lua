@@ -18,6 +18,8 @@ if kind == "tensor" then
   for i = 1, #ring do ring[i] = lutra.from_table(ring[i], { 4 }, "i32") end
 end
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for step = 1, 400 do -- TRAINING LOOP
   scope:enter()

@@ -16,6 +16,8 @@ local scope = lutra.autocast { recipe = lutra.recipe.delayed { amax_history_len 
 local ring = { { 16, 16, 16, 16 }, { 7, 0, 40, 17 }, { 0, 0, 0, 64 }, { 30, 2, 2, 30 } }
 for i = 1, #ring do ring[i] = lutra.from_table(ring[i], { 4 }, "i32") end
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total, fused = 0, 0
 for step = 1, 400 do -- TRAINING LOOP
   experts:set_splits(ring[step % 4 + 1])

@@ -1,7 +1,8 @@
 -- A training loop for spec/jit_spec.lua, run in its own LuaJIT process with -jv on:
---   luajit -jv=LOG spec/support/jit_loop.lua RECIPE [closure]
+--   luajit -jv=LOG spec/support/jit_loop.lua RECIPE [closure | setup_closure]
 -- "closure" makes each step create a closure (bytecode FNEW, which LuaJIT 2.1 cannot compile),
--- so the spec can check that it notices an abort.
+-- so the spec can check that it notices an abort; "setup_closure" does the same in a hot loop
+-- of the set-up, before the training loop, where an abort must not count.
 local lutra = require("lutra")
 local nn = lutra.nn
 
@@ -29,6 +30,17 @@ local loss = nn.MSELoss()
 local opt = lutra.optim.AdamW(net, { lr = 1e-3 })
 local scope = lutra.autocast { recipe = recipe }
 
+if variant == "setup_closure" then
+  local made = 0
+  for i = 1, 300 do
+    local f = function() return i end
+    made = made + f()
+  end
+  assert(made > 0)
+end
+
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for _ = 1, 500 do -- TRAINING LOOP
   scope:enter()

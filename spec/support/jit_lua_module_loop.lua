@@ -15,6 +15,8 @@ local loss = nn.CrossEntropyLoss()
 local opt = lutra.optim.AdamW(net, { lr = 1e-3 })
 local sample_opts = { temperature = 0.8, top_k = 4, seed = 5, out = lutra.tensor({ 16 }, "i32") }
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for _ = 1, 500 do -- TRAINING LOOP
   local y = net:forward(x)

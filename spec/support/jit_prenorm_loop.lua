@@ -15,6 +15,8 @@ local loss = nn.MSELoss()
 local opt = lutra.optim.AdamW(net, { lr = 1e-3 })
 local scope = lutra.autocast { recipe = recipe }
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for _ = 1, 300 do -- TRAINING LOOP
   scope:enter()

@@ -16,6 +16,8 @@ local target = lutra.tensor({ B, T, width }):randn(4)
 local loss = nn.MSELoss()
 local opt = lutra.optim.AdamW(proj, { lr = 1e-3 })
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for i = 1, 500 do -- TRAINING LOOP
   rope:set_offset(i % 8)

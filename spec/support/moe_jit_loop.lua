@@ -15,6 +15,8 @@ local loss = nn.MSELoss()
 local opt_r = lutra.optim.AdamW(router.linear, { lr = 1e-3 })
 local opt_e = lutra.optim.AdamW(expert, { lr = 1e-3 })
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total = 0
 for _ = 1, 500 do -- TRAINING LOOP
   local probs, idx = router:forward(x)

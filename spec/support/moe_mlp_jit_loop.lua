@@ -12,6 +12,8 @@ local target = lutra.tensor({ 2, T / 2, D }):randn(12)
 local loss = nn.MSELoss()
 local opt = lutra.optim.AdamW(m, { lr = 1e-3 })
 
+local jit_log = os.getenv("LUTRA_JIT_LOOP_LOG") -- the trace log from here on (jit_trace.lua)
+if jit_log then require("jit.v").on(jit_log) end
 local total, routed = 0, 0
 for _ = 1, 500 do -- TRAINING LOOP
   loss:forward(m:forward(x), target)
