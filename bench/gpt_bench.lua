@@ -18,7 +18,8 @@
 --     [--recipes none,delayed] [--builds eager,graph] [--warmup 5] [--steps 10] [--reps 5]
 --     [--out FILE.md] [--device cuda|cpu] [--breakdown small|gpt2]
 -- --breakdown CONFIG: instead, the GPU time of each piece of an eager step (embeddings, layers,
--- head, loss, AdamW), a synchronization around each: where a step's milliseconds go.
+-- head, loss, AdamW), a synchronization around each: where a step's milliseconds go; one table
+-- per entry of --recipes.
 -- --device cpu: a tiny config in f32, a smoke test of the script.
 package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
@@ -124,11 +125,14 @@ end
 -- GPU time of each piece of an eager step (a synchronization around each; median of 5 steps)
 -- and the launches it issues (the nodes of a CUDA graph captured from it: kernels, memsets,
 -- copies; cuda only)
-local function breakdown(name)
+local function breakdown(name, recipe)
   local c = CONFIGS[name] or error("gpt_bench.lua: unknown config " .. name)
   lutra.manual_seed(0)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
                           seq = c.seq, dtype = DTYPE, device = DEV })
+  if recipe ~= "none" then
+    gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(recipe) })
+  end
   local loss = lutra.nn.CrossEntropyLoss()
   local opt = lutra.optim.AdamW(gpt.all, ADAMW)
   local x, y = random_tokens(c)
@@ -167,7 +171,8 @@ local function breakdown(name)
       if rep > 2 then table.insert(times[k], (lutra.now() - t0) * 1e3) end -- 2 warm-up steps
     end
   end
-  print(string.format("# %s: each piece of an eager step, GPU ms (median of 5) and launches", name))
+  print(string.format("# %s%s: each piece of an eager step, GPU ms (median of 5) and launches",
+                      name, recipe == "none" and "" or " " .. recipe))
   print("| piece | ms | launches |")
   print("|---|---:|---:|")
   local total_ms, total_nodes = 0, 0
@@ -186,7 +191,7 @@ local function breakdown(name)
   print(string.format("| total | %.3f | %d |", total_ms, total_nodes))
 end
 if o.breakdown then
-  breakdown(o.breakdown)
+  for _, recipe in ipairs(split(o.recipes)) do breakdown(o.breakdown, recipe) end
   return
 end
 

@@ -7,7 +7,8 @@
 -- PyTorch's model of the same architecture on them and compares the two curves.
 -- Both: AdamW (constant lr 1e-3, betas 0.9 / 0.95, eps 1e-8, weight decay 0.1 on every
 -- parameter), no clipping, bf16 compute (lutra: bf16 parameters with f32 masters; PyTorch: f32
--- parameters under bf16 autocast).
+-- parameters under bf16 autocast). With --device cpu both run in f32 on the CPU (PyTorch too):
+-- the same model and optimizer without bf16's rounding, so the curves should agree closely.
 -- Usage (GPU machine, repository root; the corpus cached, LUTRA_DATA pointing at it):
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/gpt_parity.lua --dir /tmp/parity
 --     [--steps 300] [--device cuda|cpu]
@@ -38,9 +39,10 @@ local c = { vocab = 256, dim = o.dim, layers = o.layers, heads = 4, seq = o.seq,
             lr = 1e-3, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1 }
 local f = assert(io.open(o.dir .. "/config.json", "w"))
 f:write(string.format('{"V": %d, "d": %d, "L": %d, "h": %d, "T": %d, "B": %d, "steps": %d, '
-                      .. '"lr": %g, "betas": [%g, %g], "eps": %g, "weight_decay": %g}\n',
+                      .. '"lr": %g, "betas": [%g, %g], "eps": %g, "weight_decay": %g, '
+                      .. '"device": "%s"}\n',
                       c.vocab, c.dim, c.layers, c.heads, c.seq, c.batch, c.steps, c.lr, c.beta1,
-                      c.beta2, c.eps, c.weight_decay))
+                      c.beta2, c.eps, c.weight_decay, c.device))
 f:close()
 
 lutra.manual_seed(1234)

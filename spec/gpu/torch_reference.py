@@ -34,8 +34,8 @@ def load(d, shapes, name):
     return t.view(shapes[name]).to("cuda", torch.float64)
 
 
-def load_safetensors(path):
-    """{name: float64 cuda tensor} of a safetensors file (8 bytes of header length, a JSON
+def load_safetensors(path, device="cuda"):
+    """{name: float64 tensor on device} of a safetensors file (8 bytes of header length, a JSON
     header, the data), read without the safetensors package."""
     dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     with open(path, "rb") as f:
@@ -48,7 +48,7 @@ def load_safetensors(path):
             continue
         a, b = t["data_offsets"]
         out[name] = torch.frombuffer(bytearray(data[a:b]), dtype=dtypes[t["dtype"]]) \
-            .view(t["shape"]).to("cuda", torch.float64)
+            .view(t["shape"]).to(device, torch.float64)
     return out
 
 
