@@ -2,7 +2,7 @@
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
 # steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host moe grouped
-# dist prenorm probe ncu ncu-norm grouped-profile (default: build cpu-specs gpu-specs sanitizer example bench
+# dist prenorm probe ncu ncu-norm grouped-profile gpt gpt-profile (default: build cpu-specs gpu-specs sanitizer example bench
 # norm-bench host moe). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
@@ -200,6 +200,35 @@ if has prenorm; then
     LUTRA_DEVICE=cuda timeout 120 luajit examples/train_prenorm.lua --device cuda --recipe $r > "$OUT/prenorm-$r.log" 2>&1
     note "prenorm example $r: exit $? $(tail -1 "$OUT/prenorm-$r.log")"
   done
+fi
+if has gpt; then
+  # the GPT figures (issue 42): lutra's steps, PyTorch's builds and the bf16 loss parity, one
+  # machine; LUTRA_DATA must hold the corpus (build/data/shakespeare.txt, carried)
+  timeout 200 luajit bench/gpt_bench.lua --configs small,gpt2 --recipes none,delayed \
+    --builds graph --warmup 3 --steps 10 --reps 5 > "$OUT/gpt-lutra.md" 2>&1
+  note "gpt bench exit $?"
+  timeout 300 python3 bench/gpt_torch.py --configs small,gpt2 --builds compile,compile-cg \
+    --warmup 3 > "$OUT/gpt-torch.md" 2>&1
+  note "gpt torch exit $?"
+  timeout 100 luajit bench/gpt_parity.lua --dir /tmp/gpt-parity --steps 300 \
+    > "$OUT/gpt-parity.log" 2>&1 &&
+    timeout 120 python3 bench/gpt_torch.py --parity /tmp/gpt-parity >> "$OUT/gpt-parity.log" 2>&1
+  note "gpt parity exit $?: $(tail -1 "$OUT/gpt-parity.log")"
+  timeout 120 luajit bench/gpt_bench.lua --breakdown gpt2 --recipes none,delayed \
+    > "$OUT/gpt-breakdown.md" 2>&1
+  note "gpt breakdown exit $?"
+fi
+if has gpt-profile; then
+  # one eager GPT-2 step's GPU time per kernel, bf16 beside FP8 delayed (Nsight Compute)
+  for r in none delayed; do
+    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+      luajit bench/gpt_profile.lua --config gpt2 --recipe $r --steps 2 \
+      > "$OUT/gpt-kernels-$r.csv" 2> "$OUT/gpt-kernels-$r.err"
+    note "gpt profile $r exit $?"
+  done
+  python3 bench/ncu_kernels.py --steps 2 "$OUT/gpt-kernels-none.csv" \
+    "$OUT/gpt-kernels-delayed.csv" > "$OUT/gpt-kernels.md" 2>&1
+  summary+=("$(cat "$OUT/gpt-kernels.md")")
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
 cp "$OUT/summary.txt" "$FINAL_OUT/summary.txt"
