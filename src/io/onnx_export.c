@@ -102,7 +102,7 @@ static int emit_linear(exporter *e, const lutra_module *m, int first, const lutr
   free(b);
   if (wq) {
     char key[PATH_MAX_LEN + 16];
-    snprintf(key, sizeof key, "lutra.fp8.%s", shown(path));
+    snprintf(key, sizeof key, "lutra.fp8%s%s", path[0] ? "." : "", path);
     static const char *const scaling[] = {"unscaled", "per-tensor scaling", "MXFP8 1x32 blocks",
                                           "1x128 blocks", "128x128 tiles"};
     char what[96];
@@ -296,7 +296,7 @@ static int emit(exporter *e, const lutra_module *m, const char *path, flow *f) {
   if (!strcmp(kind, "sequential")) return emit_sequential(e, m, path, f);
   if (!strcmp(kind, "residual")) return emit_residual(e, m, path, f);
   return lutra_error(LUTRA_EINVAL, e->fn,
-                     "%s is a %s, which ONNX export does not support (sequential, linear, "
+                     "%s is of kind %s, which ONNX export does not support (sequential, linear, "
                      "layernorm, rmsnorm, layernorm_linear, layernorm_mlp, residual and the "
                      "activations are)",
                      path[0] ? path : "the module", kind);
