@@ -208,6 +208,9 @@ $(ONNX_PB):
 	rm -rf $(ONNX_DIR)/wheel
 	cd $(ONNX_DIR) && protoc-c --c_out=. onnx.proto
 $(foreach d,$(BUILD) build/asan build/sim,$(d)/src/io/onnx_pb.o $(d)/src/io/onnx_export.o): | $(ONNX_PB)
+# the policy latency bench beside ONNX Runtime (bench/policy_latency.c, bench/README.md)
+build/policy_latency: bench/policy_latency.c $(LIB) $(CDEF)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Isrc $< -o $@ -L. -llutra -Wl,-rpath,$(CURDIR)
 
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
