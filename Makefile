@@ -196,6 +196,7 @@ $(BUILD)/%.o: %.cpp | $(CUDNN_FE_STAMP)
 ONNX_VERSION ?= 1.17.0
 ONNX_DIR      = build/onnx-$(ONNX_VERSION)
 ONNX_PB       = $(ONNX_DIR)/onnx.pb-c.h
+ONNX_OBJS     = onnx_pb.o onnx_graph.o onnx_export.o
 LUTRA_CFLAGS += -I$(ONNX_DIR)
 SIM_CFLAGS   += -I$(ONNX_DIR)
 BLAS_LIBS    += -lprotobuf-c
@@ -207,7 +208,8 @@ $(ONNX_PB):
 	  $(ONNX_DIR)/wheel/onnx-$(ONNX_VERSION)-*.whl $(ONNX_DIR)/onnx.proto
 	rm -rf $(ONNX_DIR)/wheel
 	cd $(ONNX_DIR) && protoc-c --c_out=. onnx.proto
-$(foreach d,$(BUILD) build/asan build/sim,$(d)/src/io/onnx_pb.o $(d)/src/io/onnx_export.o): | $(ONNX_PB)
+# (the objects that include the generated header, in every build of the library's sources)
+$(foreach d,$(BUILD) build/asan build/sim,$(addprefix $(d)/src/io/,$(ONNX_OBJS))): | $(ONNX_PB)
 # the policy latency bench beside ONNX Runtime (bench/policy_latency.c, bench/README.md)
 build/policy_latency: bench/policy_latency.c $(LIB) $(CDEF)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Isrc $< -o $@ -L. -llutra -Wl,-rpath,$(CURDIR)
