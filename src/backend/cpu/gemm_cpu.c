@@ -2,11 +2,7 @@
  *
  * D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n] on every row) (+ D_old if accumulate),
  * row-major, op(X) = X^T when X.trans. Operands are passed to BLAS in their stored layout with
- * the matching CblasTrans flag, but for one case: a small transposed A (a Linear's weight [n, k]
- * in its forward) under a B of at least SMALL_TRANSPOSE_ROWS rows is transposed into the
- * workspace first, whatever its dtype, so that OpenBLAS runs its no-transpose kernel: at these
- * sizes its transposed path packs both operands on every call and took 1.4 to 2 times as long
- * (a 64-64 policy's forward at batch 64), more than the copy costs. Everything is computed in f32
+ * the matching CblasTrans flag; nothing is transposed explicitly. Everything is computed in f32
  * and rounded once into D's dtype at the end. lutra_cpu_gemm never allocates: the plan says
  * how much workspace it needs (one 64-byte-rounded region per non-f32 operand, plus an f32
  * scratch for D when D is not f32).
@@ -25,9 +21,6 @@
 #include <string.h>
 
 enum { WS_ALIGN = 64 };
-/* the transposed-A copy (see above): for B of at least this many rows and an A of at most this
- * many elements (256 KiB in f32), where the copy is cheap beside the packing it saves */
-enum { SMALL_TRANSPOSE_ROWS = 16, SMALL_TRANSPOSE_MAX = 65536 };
 
 static bool operand_dtype_ok(int dtype) {
   return dtype == LUTRA_F32 || dtype == LUTRA_BF16 || dtype == LUTRA_F16 || dtype == LUTRA_E4M3 ||
@@ -60,10 +53,6 @@ static bool workspace_need(int64_t m, int64_t n, int64_t k, int a_dtype, int b_d
   return true;
 }
 
-static bool transposes_small_a(int64_t m, int64_t n, int64_t k) {
-  return m >= SMALL_TRANSPOSE_ROWS && k > 0 && n > 0 && k * n <= SMALL_TRANSPOSE_MAX;
-}
-
 int lutra_cpu_gemm_plan(lutra_gemm_plan *p) {
   static const char fn[] = "lutra_cpu_gemm_plan";
   CHECK_ARG(p != NULL, "plan is NULL");
@@ -88,14 +77,11 @@ int lutra_cpu_gemm_plan(lutra_gemm_plan *p) {
   CHECK_ARG(key->dbias_dtype == -1 || lutra_cpu_float_dtype(key->dbias_dtype),
             "unsupported dbias dtype %d (expected F32, BF16, F16, or -1 for no dbias)",
             (int)key->dbias_dtype);
-  size_t need, copy = 0;
+  size_t need;
   CHECK_ARG(workspace_need(key->m, key->n, key->k, key->a_dtype, key->b_dtype, key->d_dtype, &need),
             "workspace size overflows for m=%lld, n=%lld, k=%lld", (long long)key->m,
             (long long)key->n, (long long)key->k);
-  /* room for the transposed-A copy where the shape takes it (the key has no layout: a plan of
-   * an untransposed A keeps the room unused) */
-  if (transposes_small_a(key->m, key->n, key->k)) f32_region(key->k, key->n, &copy);
-  p->workspace_bytes = need + copy;
+  p->workspace_bytes = need;
   p->backend_plan = NULL;
   return LUTRA_OK;
 }
@@ -256,7 +242,7 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
   CHECK_ARG(g->a.cols <= INT_MAX && g->b.cols <= INT_MAX,
             "leading dimensions exceed the BLAS integer range");
 
-  size_t need, base_need;
+  size_t need;
   CHECK_ARG(workspace_need(m, n, k, g->a.dtype, g->b.dtype, g->d_dtype, &need),
             "workspace size overflows for m=%lld, n=%lld, k=%lld", (long long)m, (long long)n,
             (long long)k);
@@ -268,9 +254,8 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
               "k=%lld) or their dtypes",
               (long long)key->m, (long long)key->n, (long long)key->k, (long long)m, (long long)n,
               (long long)k);
+    if (g->plan->workspace_bytes > need) need = g->plan->workspace_bytes;
   }
-  base_need = need;
-  if (g->plan && g->plan->workspace_bytes > need) need = g->plan->workspace_bytes;
   CHECK_ARG(g->workspace_bytes >= need, "workspace of %zu bytes is smaller than the %zu needed",
             g->workspace_bytes, need);
   CHECK_ARG(need == 0 || g->workspace != NULL, "workspace is NULL");
@@ -316,24 +301,11 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
       df[i] = lutra_elem_load(g->d, g->d_dtype, i);
 
   if (k > 0) {
-    int lda = g->a.cols > 1 ? (int)g->a.cols : 1;
+    const int lda = g->a.cols > 1 ? (int)g->a.cols : 1;
     const int ldb = g->b.cols > 1 ? (int)g->b.cols : 1;
-    bool a_trans = g->a.trans;
-    size_t copy;
-    /* the transposed-A copy, where the plan made room for it (after the regions above) */
-    if (a_trans && transposes_small_a(m, n, k) && f32_region(k, n, &copy) &&
-        g->workspace_bytes >= base_need + copy) {
-      float *at = (float *)(void *)(ws + base_need);
-      for (int64_t j = 0; j < n; j++)
-        for (int64_t i = 0; i < k; i++)
-          at[i * n + j] = af[j * lda + i];
-      af = at;
-      lda = (int)n;
-      a_trans = false;
-    }
     cblas_sgemm(CblasRowMajor, g->b.trans ? CblasTrans : CblasNoTrans,
-                a_trans ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, bf, ldb, af, lda,
-                g->accumulate ? 1.0f : 0.0f, df, (int)n);
+                g->a.trans ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, bf, ldb, af,
+                lda, g->accumulate ? 1.0f : 0.0f, df, (int)n);
   } else if (!g->accumulate) {
     for (int64_t i = 0; i < mn; i++)
       df[i] = 0.0f;
