@@ -311,11 +311,14 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
       df[i] = 0.0f;
   }
 
-  if (g->bias && g->bias_dtype == LUTRA_F32) { /* the common case without a load per element */
+  if (g->bias && g->bias_dtype == LUTRA_F32) { /* the common case: four lanes at a time */
     const float *restrict bias = g->bias;
     for (int64_t i = 0; i < m; i++) {
       float *restrict row = df + i * n;
-      for (int64_t j = 0; j < n; j++)
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4)
+        lutra_f32x4_store(row + j, lutra_f32x4_load(row + j) + lutra_f32x4_load(bias + j));
+      for (; j < n; j++)
         row[j] += bias[j];
     }
   } else if (g->bias) {
