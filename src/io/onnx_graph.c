@@ -61,9 +61,9 @@ static char *fresh_name(onnx_graph *g, const char *hint) {
   return dup_str(g, buf);
 }
 
-/* the arrays below are allocated with room for the entry the builder adds (grow), then the
- * entry; the graph's own arrays are freed with it (onnx_graph_free frees allocs only, so they
- * are kept in allocs too: see track) */
+/* appends item to the array *arr of *n entries and room for *cap: a full array is replaced by one
+ * twice its size, from alloc (the old one stays owned by the graph until it goes); false on oom or
+ * when item is NULL (a builder that failed before) */
 static bool push(onnx_graph *g, void ***arr, size_t *n, size_t *cap, void *item) {
   if (!item) return false;
   if (*n == *cap) {
@@ -121,7 +121,7 @@ static Onnx__AttributeProto *attr(onnx_graph *g, const char *name,
   a->name = dup_str(g, name);
   a->has_type = 1;
   a->type = type;
-  size_t cap = node->n_attribute; /* attributes are few: an exact-size array per addition */
+  size_t cap = node->n_attribute; /* a node has a few attributes: every addition regrows */
   if (!push(g, (void ***)&node->attribute, &node->n_attribute, &cap, a)) return NULL;
   return a;
 }

@@ -2,6 +2,7 @@
  * the references of kernels/activation.cu. Plain loops over F32/BF16/F16 through
  * lutra_elem_load/store, math in f32, the bias gradient's column sums in double. */
 #include "cpu.h"
+#include "simd_cpu.h"
 
 #include <math.h>
 

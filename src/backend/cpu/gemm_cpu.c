@@ -14,6 +14,7 @@
  * sums of the f32 DGELU result for DGELU_BGRAD, the k-sums of op(B) as stored for BGRADB) are
  * accumulated in double and rounded once into dbias's dtype, as lutra_cpu_bias_grad does. */
 #include "cpu.h"
+#include "simd_cpu.h"
 
 #include <cblas.h>
 #include <limits.h>
