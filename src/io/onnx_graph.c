@@ -157,7 +157,7 @@ static Onnx__TensorProto *init_tensor(onnx_graph *g, const char *name, int32_t d
   int64_t *d = alloc(g, (size_t)ndim * sizeof *d);
   if (!t || !d) return NULL;
   onnx__tensor_proto__init(t);
-  memcpy(d, dims, (size_t)ndim * sizeof *d);
+  if (ndim) memcpy(d, dims, (size_t)ndim * sizeof *d); /* a scalar has no dims (NULL) */
   t->n_dims = (size_t)ndim;
   t->dims = d;
   t->has_data_type = 1;
