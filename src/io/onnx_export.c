@@ -55,8 +55,9 @@ static int read_param(exporter *e, const lutra_module *m, int i, const lutra_ten
   int st = lutra_tensor_get_f32(t, buf, t->numel);
   if (st != LUTRA_OK) {
     free(buf);
-    return lutra_error(st, e->fn, "cannot read parameter %d of %s: %s", i, shown(path),
-                       lutra_last_error());
+    char why[512]; /* the message is rewritten below: not formatted from itself */
+    snprintf(why, sizeof why, "%s", lutra_last_error());
+    return lutra_error(st, e->fn, "cannot read parameter %d of %s: %s", i, shown(path), why);
   }
   *out = buf;
   *value = p.value;
