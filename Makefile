@@ -188,6 +188,32 @@ $(BUILD)/%.o: %.cpp | $(CUDNN_FE_STAMP)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CUDNN_CXXFLAGS) $(DEPFLAGS) -c -o $@ $<
 
+# ONNX export (src/io/onnx_export.c): the ONNX schema, onnx/onnx.proto (its proto2 variant) from
+# PyPI's onnx wheel at a pinned version, compiled by protoc-c (Debian's protobuf-c-compiler) into
+# build/onnx-VERSION/; src/io/onnx_pb.c includes the generated onnx.pb-c.c, so that every build
+# of the library's sources (this one, ASan's, the sims') compiles it. The library links
+# libprotobuf-c (the ASan library and the sims link BLAS_LIBS, so it goes there too).
+ONNX_VERSION ?= 1.17.0
+ONNX_DIR      = build/onnx-$(ONNX_VERSION)
+ONNX_PB       = $(ONNX_DIR)/onnx.pb-c.h
+ONNX_OBJS     = onnx_pb.o onnx_graph.o onnx_export.o
+LUTRA_CFLAGS += -I$(ONNX_DIR)
+SIM_CFLAGS   += -I$(ONNX_DIR)
+BLAS_LIBS    += -lprotobuf-c
+$(ONNX_PB):
+	rm -rf $(ONNX_DIR) && mkdir -p $(ONNX_DIR)/wheel
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_17_x86_64 onnx==$(ONNX_VERSION) -d $(ONNX_DIR)/wheel
+	$(PYTHON) -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("onnx/onnx.proto"))' \
+	  $(ONNX_DIR)/wheel/onnx-$(ONNX_VERSION)-*.whl $(ONNX_DIR)/onnx.proto
+	rm -rf $(ONNX_DIR)/wheel
+	cd $(ONNX_DIR) && protoc-c --c_out=. onnx.proto
+# (the objects that include the generated header, in every build of the library's sources)
+$(foreach d,$(BUILD) build/asan build/sim,$(addprefix $(d)/src/io/,$(ONNX_OBJS))): | $(ONNX_PB)
+# the policy latency bench beside ONNX Runtime (bench/policy_latency.c, bench/README.md)
+build/policy_latency: bench/policy_latency.c $(LIB) $(CDEF)
+	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Isrc $< -o $@ -L. -llutra -Wl,-rpath,$(CURDIR)
+
 # LuaJIT's cdef is the public header run through the preprocessor with LUTRA_CDEF defined.
 $(CDEF): src/lutra.h $(wildcard src/lutra/*.h) tools/gen_cdef.sh
 	sh tools/gen_cdef.sh "$(CC)" src/lutra.h > $@.tmp && mv $@.tmp $@

@@ -42,7 +42,8 @@ describe("lutra-scm-1.rockspec", function()
     local build = config == "CUDA=1" and "build/cuda" or "build/cpu"
     local ok, out = I.sh(string.format(
       "mkdir -p %s && git ls-files -co --exclude-standard | tar -cf - -T - | tar -xf - -C %s && " ..
-      "tar -cf - build/config %s %s liblutra.so liblutra.so.0 lua/lutra/cdef.lua | tar -xf - -C %s",
+      "tar -cf - build/config %s %s build/onnx-* liblutra.so liblutra.so.0 lua/lutra/cdef.lua | " ..
+      "tar -xf - -C %s",
       src, src, build, config == "CUDA=1" and "build/cuda_archs" or "", src))
     assert(ok, out)
     -- the CUDA switch the library was built with goes to make through the environment

@@ -42,6 +42,7 @@
 #include "lutra/moe_mlp.h"
 #include "lutra/nn.h"
 #include "lutra/nvfp4.h"
+#include "lutra/onnx.h"
 #include "lutra/quantizer.h"
 #include "lutra/recipe.h"
 #include "lutra/recipe_options.h"

@@ -4,9 +4,10 @@
 #   sh tools/bootstrap.sh test    # builds and runs the specs
 #   sh tools/bootstrap.sh test-asan  # the CPU specs under ASan + UBSan (libasan comes with gcc)
 #   sh tools/bootstrap.sh lab     # the recipe lab, with gnuplot for its plot
-# Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors and
-# numpy, which the checkpoint interop spec runs; a CUDA build's make fetches CUTLASS's headers
-# from PyPI's nvidia-cutlass through pip, Makefile: CUTLASS_VERSION). make runs with one job per
+# Nothing is downloaded but Debian packages (and, for the test targets, PyPI's safetensors,
+# numpy, onnx and onnxruntime, which the checkpoint interop and ONNX export specs run; make
+# fetches the ONNX schema from PyPI's onnx wheel, Makefile: ONNX_VERSION, and a CUDA build
+# CUTLASS's headers from PyPI's nvidia-cutlass, CUTLASS_VERSION, through pip). make runs with one job per
 # core (nproc) and decides CUDA as it always does: on a machine without a usable GPU (nvidia-smi
 # lists none) it builds the CPU backend only; CUDA=1 on the command line builds the kernels
 # anyway (CI does, so that they compile on every submission).
@@ -17,6 +18,8 @@ packages="gcc make pkg-config luajit libluajit-5.1-dev lua-busted libopenblas-de
 # luarocks, LDoc (make doc), lua-argparse (command lines); python3 + pip: the checkpoint interop
 # spec's side and CUTLASS's headers
 packages="$packages luarocks lua-ldoc lua-argparse python3 python3-pip"
+# protobuf-c: the ONNX export writes its models with it (protoc-c compiles PyPI onnx's schema)
+packages="$packages protobuf-c-compiler libprotobuf-c-dev"
 # the recipe lab plots with gnuplot: sh tools/bootstrap.sh lab
 case " $* " in *" lab "*) packages="$packages gnuplot-nox" ;; esac
 missing=""
@@ -36,11 +39,13 @@ if [ -n "$missing" ]; then
 fi
 
 # the checkpoint interop spec (spec/checkpoint_python_spec.lua) reads and writes files with
-# Python's safetensors and numpy, from PyPI (safetensors is not packaged by Debian)
+# Python's safetensors and numpy, from PyPI (safetensors is not packaged by Debian); the ONNX
+# export spec (spec/onnx_export_spec.lua) checks and runs its models with PyPI's onnx and
+# onnxruntime
 case " $* " in
 *" test"*)
-  if ! python3 -c 'import safetensors, numpy' 2>/dev/null; then
-    echo "bootstrap: installing safetensors numpy (pip)"
+  if ! python3 -c 'import safetensors, numpy, onnx, onnxruntime' 2>/dev/null; then
+    echo "bootstrap: installing safetensors numpy onnx onnxruntime (pip)"
     # into a virtual environment's own packages; else into the user's (~/.local), which pip
     # refuses for a Python its distribution marks externally managed (PEP 668: the
     # EXTERNALLY-MANAGED file in its stdlib folder; Debian 12 on) unless told it is meant
@@ -49,11 +54,11 @@ case " $* " in
 print(sysconfig.get_path("stdlib") if sys.prefix == sys.base_prefix else "")')
     export PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1
     if [ -z "$stdlib" ]; then
-      python3 -m pip install --quiet safetensors numpy
+      python3 -m pip install --quiet safetensors numpy onnx onnxruntime
     elif [ -f "$stdlib/EXTERNALLY-MANAGED" ]; then
-      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --user safetensors numpy
+      PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet --user safetensors numpy onnx onnxruntime
     else
-      python3 -m pip install --quiet --user safetensors numpy
+      python3 -m pip install --quiet --user safetensors numpy onnx onnxruntime
     fi
   fi
   ;;

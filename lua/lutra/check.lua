@@ -127,6 +127,19 @@ end
 M.tensor_t = ffi.typeof("lutra_tensor *")
 -- a lutra_tensor made by ffi.new (a view the specs build over borrowed memory) is one too
 local tensor_struct_t = ffi.typeof("lutra_tensor")
+--- a file path: a non-empty string without NUL bytes (the C call would end it there:
+-- "ck.st\0.bak" would be "ck.st")
+-- @local internal: the front's argument checks
+function M.path(v, name, where, level)
+  level = level or 3
+  if type(v) ~= "string" or v == "" then raise(level, where, name, "a non-empty string", v) end
+  local nul = v:find("\0", 1, true)
+  if nul then
+    error(string.format("%s: %s holds a NUL byte at position %d (%q)", where, name, nul, v), level)
+  end
+  return v
+end
+
 M.module_t = ffi.typeof("lutra_module *")
 -- a Sequential's handle (and a child taken from one) is a reference, so that seq[i] reaches
 -- the metatype's __index instead of pointer arithmetic (lua/lutra/module_tree.lua)

@@ -64,24 +64,12 @@ local function objects_of(objects, where, for_load)
   return o
 end
 
-local function path_of(path, where)
-  if type(path) ~= "string" or path == "" then
-    error(string.format("%s: path must be a non-empty string (got %s)", where, chk.got(path)), 3)
-  end
-  -- the C call takes a C string, which would end at the NUL: "ck.st\0.bak" would be "ck.st"
-  local nul = path:find("\0", 1, true)
-  if nul then
-    error(string.format("%s: path holds a NUL byte at position %d (%q)", where, nul, path), 3)
-  end
-  return path
-end
-
 --- lutra.save: writes the objects' state to a safetensors file.
 -- @tparam string path the file (replaced when it exists)
 -- @tparam table objects {model =, optim =, rng =, fp8 =, main_grads =} (see above)
 function M.save(path, objects)
   local where = "lutra.save"
-  path_of(path, where)
+  chk.path(path, "path", where)
   local o = objects_of(objects, where, false)
   check(C.lutra_checkpoint_save(path, o))
   -- the objects stay referenced until the call returned
@@ -131,7 +119,7 @@ end
 -- @return objects
 function M.load(path, objects, opts)
   local where = "lutra.load"
-  path_of(path, where)
+  chk.path(path, "path", where)
   local o = objects_of(objects, where, true)
   -- lo points at the rename array (held by keep) and at opts' strings: both stay referenced
   -- from this frame during the call, which runs no Lua code (so no collection)

@@ -7,6 +7,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/object.h"
+#include "nn/export_view.h"
 #include "nn/module.h"
 #include "nn/norm_core.h"
 #include "runtime/tensor.h"
@@ -90,4 +91,10 @@ int lutra_layernorm_new(const lutra_norm_desc *d, lutra_module **out) {
   lutra_module_init(&n->base, n->core.d.rms ? &rmsnorm_ops : &layernorm_ops);
   *out = &n->base;
   return LUTRA_OK;
+}
+
+bool lutra_norm_view(const lutra_module *m, lutra_norm_desc *out) {
+  if (m->ops != &layernorm_ops && m->ops != &rmsnorm_ops) return false;
+  *out = ((const norm *)m)->core.d;
+  return true;
 }

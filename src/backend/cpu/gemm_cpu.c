@@ -14,6 +14,7 @@
  * sums of the f32 DGELU result for DGELU_BGRAD, the k-sums of op(B) as stored for BGRADB) are
  * accumulated in double and rounded once into dbias's dtype, as lutra_cpu_bias_grad does. */
 #include "cpu.h"
+#include "simd_cpu.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -311,7 +312,17 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
       df[i] = 0.0f;
   }
 
-  if (g->bias) {
+  if (g->bias && g->bias_dtype == LUTRA_F32) { /* the common case: four lanes at a time */
+    const float *restrict bias = g->bias;
+    for (int64_t i = 0; i < m; i++) {
+      float *restrict row = df + i * n;
+      int64_t j = 0;
+      for (; j + 4 <= n; j += 4)
+        lutra_f32x4_store(row + j, lutra_f32x4_load(row + j) + lutra_f32x4_load(bias + j));
+      for (; j < n; j++)
+        row[j] += bias[j];
+    }
+  } else if (g->bias) {
     for (int64_t i = 0; i < m; i++) {
       float *row = df + i * n;
       for (int64_t j = 0; j < n; j++)

@@ -14,6 +14,7 @@
 #include "core/object.h"
 #include "core/trace.h"
 #include "fp8/quantizer.h"
+#include "nn/export_view.h"
 #include "nn/linear/linear_core.h"
 #include "nn/module.h"
 #include "nn/norm_core.h"
@@ -295,4 +296,13 @@ int lutra_layernorm_linear_fused(const lutra_module *m, int *fused) {
   CHECK_ARG(fused, "fused is NULL");
   *fused = ((const layernorm_linear *)m)->fused;
   return LUTRA_OK;
+}
+
+bool lutra_layernorm_linear_view(const lutra_module *m, lutra_norm_desc *norm,
+                                 const lutra_tensor **fp8_weight) {
+  if (m->ops != &lnl_ops) return false;
+  const layernorm_linear *l = (const layernorm_linear *)m;
+  *norm = l->norm.d;
+  *fp8_weight = lutra_linear_core_fp8_weight(&l->lin);
+  return true;
 }

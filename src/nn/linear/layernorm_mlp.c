@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "fp8/quantizer.h"
+#include "nn/export_view.h"
 #include "nn/module.h"
 #include "parallel/group.h"
 
@@ -231,4 +232,8 @@ int lutra_layernorm_mlp_fusions(const lutra_module *m, int *forward, int *backwa
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
   CHECK_ARG(m->ops == &mlp_ops, "module is a %s, not a layernorm_mlp", m->ops->kind);
   return lutra_sequential_fusions(((const layernorm_mlp *)m)->chain, forward, backward);
+}
+
+const lutra_module *lutra_layernorm_mlp_chain_view(const lutra_module *m) {
+  return m->ops == &mlp_ops ? ((const layernorm_mlp *)m)->chain : NULL;
 }

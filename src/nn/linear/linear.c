@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "core/object.h"
 #include "core/trace.h"
+#include "nn/export_view.h"
 #include "nn/linear/linear_core.h"
 #include "nn/module.h"
 
@@ -215,4 +216,9 @@ int lutra_linear_tied_to(const lutra_module *m, const char **kind) {
   const lutra_module *owner = const_core_of(m)->tie_owner;
   *kind = owner ? owner->ops->kind : NULL;
   return LUTRA_OK;
+}
+
+const lutra_tensor *lutra_linear_fp8_weight_view(const lutra_module *m) {
+  if (m->ops != &linear_ops) return NULL;
+  return lutra_linear_core_fp8_weight(const_core_of(m));
 }

@@ -64,6 +64,10 @@ int lutra_linear_core_input_quantizer(lutra_linear_core *c, const lutra_tensor *
  * (lutra_checkpoint_ops.in_accumulation_window). */
 bool lutra_linear_core_in_accumulation_window(const lutra_linear_core *c);
 /* Parameters (nn/linear/linear_core_params.c) */
+/* the FP8 weight the last forward quantized (rowwise), NULL when it ran in high precision */
+static inline const lutra_tensor *lutra_linear_core_fp8_weight(const lutra_linear_core *c) {
+  return c->forward_done && c->forward_fp8 ? c->wq : NULL;
+}
 int lutra_linear_core_num_params(const lutra_linear_core *c);
 void lutra_linear_core_param(const lutra_linear_core *c, int i, lutra_param *out);
 
