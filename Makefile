@@ -192,24 +192,33 @@ $(BUILD)/%.o: %.cpp | $(CUDNN_FE_STAMP)
 # PyPI's onnx wheel at a pinned version, compiled by protoc-c (Debian's protobuf-c-compiler) into
 # build/onnx-VERSION/; src/io/onnx_pb.c includes the generated onnx.pb-c.c, so that every build
 # of the library's sources (this one, ASan's, the sims') compiles it. The library links
-# libprotobuf-c (the ASan library and the sims link BLAS_LIBS, so it goes there too).
+# libprotobuf-c (the ASan library and the sims link BLAS_LIBS, so it goes there too). On when
+# protoc-c and protobuf-c's header are found (ONNX=0 or ONNX=1 overrides; tools/bootstrap.sh
+# installs both): a build without them, or for a machine that cannot reach PyPI, still builds,
+# and lutra_export_onnx then refuses, saying so.
 ONNX_VERSION ?= 1.17.0
 ONNX_DIR      = build/onnx-$(ONNX_VERSION)
 ONNX_PB       = $(ONNX_DIR)/onnx.pb-c.h
 ONNX_OBJS     = onnx_pb.o onnx_graph.o onnx_export.o
-LUTRA_CFLAGS += -I$(ONNX_DIR)
-SIM_CFLAGS   += -I$(ONNX_DIR)
+ifeq ($(origin ONNX),undefined)
+  ONNX := $(if $(and $(shell command -v protoc-c 2>/dev/null),$(wildcard /usr/include/protobuf-c/protobuf-c.h)),1,0)
+endif
+ifeq ($(ONNX),1)
+LUTRA_CFLAGS += -DLUTRA_WITH_ONNX -I$(ONNX_DIR)
+SIM_CFLAGS   += -DLUTRA_WITH_ONNX -I$(ONNX_DIR)
 BLAS_LIBS    += -lprotobuf-c
 $(ONNX_PB):
 	rm -rf $(ONNX_DIR) && mkdir -p $(ONNX_DIR)/wheel
 	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-	  --platform manylinux_2_17_x86_64 onnx==$(ONNX_VERSION) -d $(ONNX_DIR)/wheel
+	  --platform manylinux_2_17_x86_64 onnx==$(ONNX_VERSION) -d $(ONNX_DIR)/wheel || \
+	  { echo "ONNX export needs onnx.proto from PyPI's onnx $(ONNX_VERSION) wheel (above): build with ONNX=0 to leave the export out"; exit 1; }
 	$(PYTHON) -c 'import sys, zipfile; open(sys.argv[2], "wb").write(zipfile.ZipFile(sys.argv[1]).read("onnx/onnx.proto"))' \
 	  $(ONNX_DIR)/wheel/onnx-$(ONNX_VERSION)-*.whl $(ONNX_DIR)/onnx.proto
 	rm -rf $(ONNX_DIR)/wheel
 	cd $(ONNX_DIR) && protoc-c --c_out=. onnx.proto
 # (the objects that include the generated header, in every build of the library's sources)
 $(foreach d,$(BUILD) build/asan build/sim,$(addprefix $(d)/src/io/,$(ONNX_OBJS))): | $(ONNX_PB)
+endif
 # the policy latency bench beside ONNX Runtime (bench/policy_latency.c, bench/README.md)
 build/policy_latency: bench/policy_latency.c $(LIB) $(CDEF)
 	$(CC) -std=c11 -O2 -Wall -Wextra -Werror -Isrc $< -o $@ -L. -llutra -Wl,-rpath,$(CURDIR)

@@ -37,6 +37,21 @@ local function randomize(net)
   for _, p in ipairs(net:parameters()) do p.value:randn(rng.int(1, 2 ^ 30), 0, 0.5) end
 end
 
+if not lutra.onnx_available() then
+  -- a library built without ONNX export (Makefile: ONNX=0, or no protoc-c / protobuf-c header)
+  describe("lutra.export_onnx in a build without ONNX export", function()
+    it("refuses, saying how the library was built, and writes nothing", function()
+      local path = os.tmpname()
+      os.remove(path)
+      local ok, err = pcall(lutra.export_onnx, nn.Linear(4, 2), path, { input_shape = { 0, 4 } })
+      assert.is_false(ok)
+      assert.matches("lutra_export_onnx: this lutra was built without ONNX export", err, 1, true)
+      assert.is_nil(io.open(path))
+    end)
+  end)
+  return
+end
+
 describe("lutra.export_onnx", function()
   local dir = os.tmpname()
   os.remove(dir)

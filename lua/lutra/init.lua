@@ -90,6 +90,7 @@ M.norm_quantize = require("lutra.fused").norm_quantize
 M.save = require("lutra.checkpoint").save -- checkpoints: lua/lutra/checkpoint.lua
 M.load = require("lutra.checkpoint").load
 M.export_onnx = require("lutra.onnx").export_onnx -- ONNX export: lua/lutra/onnx.lua
+M.onnx_available = require("lutra.onnx").onnx_available
 M.wrap = require("lutra.wrap").wrap -- caller-owned buffers: lua/lutra/wrap.lua
 -- tensor ops (lua/lutra/tensor_ops.lua), written out: a loop here can be picked as a trace's
 -- start (LuaJIT's hot counters are shared slots, so which loop gets hot depends on addresses),

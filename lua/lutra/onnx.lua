@@ -26,6 +26,11 @@ local function name_of(v, name, where)
   return v
 end
 
+--- lutra.onnx_available: whether this library was built with ONNX export (the Makefile's ONNX:
+-- on where protoc-c and protobuf-c's header were found); without it export_onnx refuses.
+-- @treturn boolean
+function M.onnx_available() return C.lutra_onnx_available() == 1 end
+
 --- lutra.export_onnx: writes module's forward as an ONNX model.
 -- @param module the module tree
 -- @tparam string path the .onnx file (replaced when it exists)

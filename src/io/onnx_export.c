@@ -1,16 +1,21 @@
 /* lutra_export_onnx (lutra/onnx.h): a module tree walked once into an ONNX graph
  * (io/onnx_graph.h), each supported kind as standard operators, then serialized with protobuf-c.
  * The whole graph is built in memory before anything is written, so that a kind the export does
- * not know, a shape that does not chain or a parameter that cannot be read leaves no file. */
+ * not know, a shape that does not chain or a parameter that cannot be read leaves no file.
+ * Without ONNX export in the build (Makefile: ONNX=0) the call checks its arguments and refuses. */
 #include "core/error.h"
 #include "core/object.h"
+#include "lutra.h"
+
+#include <string.h>
+
+#ifdef LUTRA_WITH_ONNX
 #include "io/onnx_graph.h"
 #include "nn/export_view.h"
 #include "nn/module.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
 enum { PATH_MAX_LEN = 256 };
 
@@ -303,6 +308,16 @@ static int emit(exporter *e, const lutra_module *m, const char *path, flow *f) {
                      path[0] ? path : "the module", kind);
 }
 
+#endif /* LUTRA_WITH_ONNX */
+
+int lutra_onnx_available(void) {
+#ifdef LUTRA_WITH_ONNX
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 void lutra_onnx_defaults(lutra_onnx_options *o) {
   if (!o) return;
   *o = (lutra_onnx_options){.opset = 17, .ndim = 2, .input_name = "input", .output_name = "output"};
@@ -322,6 +337,12 @@ int lutra_export_onnx(const lutra_module *m, const char *path, const lutra_onnx_
   CHECK_ARG(o->input_name && o->input_name[0] && o->output_name && o->output_name[0] &&
                 strcmp(o->input_name, o->output_name) != 0,
             "input_name and output_name must be two different non-empty names");
+#ifndef LUTRA_WITH_ONNX
+  return lutra_error(LUTRA_EUNSUPPORTED, fn,
+                     "this lutra was built without ONNX export (make found no protoc-c or no "
+                     "protobuf-c header, or ONNX=0 was given; Debian: protobuf-c-compiler "
+                     "libprotobuf-c-dev, then rebuild)");
+#else
   exporter e = {.fn = fn};
   onnx_graph_init(&e.g, o->opset);
   flow f = {.v = o->input_name, .features = o->input_shape[o->ndim - 1]};
@@ -337,4 +358,5 @@ int lutra_export_onnx(const lutra_module *m, const char *path, const lutra_onnx_
   }
   onnx_graph_free(&e.g);
   return st;
+#endif
 }

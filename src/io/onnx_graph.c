@@ -1,4 +1,6 @@
-/* The ONNX graph builder (io/onnx_graph.h) and the model's serialization through protobuf-c. */
+/* The ONNX graph builder (io/onnx_graph.h) and the model's serialization through protobuf-c.
+ * Built only with ONNX export (Makefile: ONNX). */
+#ifdef LUTRA_WITH_ONNX
 #include "io/onnx_graph.h"
 
 #include "core/error.h"
@@ -334,3 +336,4 @@ int onnx_graph_write(onnx_graph *g, const char *path, const char *input_name, in
   free(buf);
   return st;
 }
+#endif /* LUTRA_WITH_ONNX */

@@ -30,6 +30,9 @@ typedef struct lutra_onnx_options {
   const char *output_name; /* default "output" */
 } lutra_onnx_options;
 LUTRA_API void lutra_onnx_defaults(lutra_onnx_options *o);
+/* 1 when this library was built with ONNX export (Makefile: ONNX, on where protoc-c and
+ * protobuf-c's header were found); without it lutra_export_onnx refuses (LUTRA_EUNSUPPORTED). */
+LUTRA_API int lutra_onnx_available(void);
 LUTRA_API int lutra_export_onnx(const lutra_module *m, const char *path,
                                 const lutra_onnx_options *o);
 
