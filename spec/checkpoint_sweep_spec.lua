@@ -13,6 +13,7 @@
 local lutra = require("lutra")
 local nn = lutra.nn
 local E = require("spec.support.errors")
+local st = require("spec.support.st_edit")
 
 -- a module written in Lua (lutra.lua_module): y = x + f(x), its children's state in the file
 local Block = nn.Module("SweepBlock")
@@ -106,7 +107,8 @@ local recipes = {
 }
 local recipe_names = { "none", "delayed", "current", "mxfp8", "block", "nvfp4" }
 
-local optims = {
+local optims
+optims = {
   adamw = function(net)
     return lutra.optim.AdamW(net, { lr = 1e-2, weight_decay = 0.1, max_grad_norm = 0.5,
                                     schedule = { warmup = 2, total = 5, min_lr = 1e-3 } })
@@ -119,13 +121,30 @@ local optims = {
     return lutra.optim.SGD(net, { lr = 0.05, momentum = 0.9, weight_decay = 1e-3, max_grad_norm = 1,
                                   schedule = { kind = "constant", warmup = 2 } })
   end,
+  -- built differently from "adamw": another lr, schedule and clipping (which have setters, and
+  -- which the file brings)
+  adamw_other_lr = function(net)
+    return lutra.optim.AdamW(net, { lr = 1, weight_decay = 0.1, max_grad_norm = 0,
+                                    schedule = { kind = "linear", warmup = 0, total = 100 } })
+  end,
 }
+-- built like "adamw" but for one fixed hyper-parameter (no setter: the file's must be the same)
+local function adamw_but(key, value)
+  return function(net)
+    local o = { lr = 1e-2, weight_decay = 0.1, max_grad_norm = 0.5,
+                schedule = { warmup = 2, total = 5, min_lr = 1e-3 } }
+    o[key] = value
+    return lutra.optim.AdamW(net, o)
+  end
+end
 
 -- ---- one run ----------------------------------------------------------------------------
 local function new_run(model, recipe_name, dtype, optim_name, seed)
   lutra.manual_seed(seed)
   local net = model[3] { dtype = dtype }
-  return { net = net, opt = optims[optim_name](net), recipe = recipes[recipe_name](),
+  local recipe = type(recipe_name) == "function" and recipe_name() or recipes[recipe_name]()
+  local make_optim = type(optim_name) == "function" and optim_name or optims[optim_name]
+  return { net = net, opt = make_optim(net), recipe = recipe,
            model = model, loss = nn.MSELoss(), losses = {}, dtype_name = dtype }
 end
 
@@ -170,7 +189,8 @@ local function save(r, file)
 end
 
 -- straight N + M; N, save, fresh objects loaded, M: {straight =, resumed =} (files, losses)
-local function compare(model, recipe_name, dtype, optim_name, accum, skip)
+-- resumed_optim: the resumed run's optimizer when built differently; prepare(resumed): before the load
+local function compare(model, recipe_name, dtype, optim_name, accum, skip, resumed_optim, prepare)
   accum = accum or 1
   local tag = string.format("%s_%s_%s_%d", recipe_name, dtype, optim_name, accum)
   local straight = new_run(model, recipe_name, dtype, optim_name, 101)
@@ -179,7 +199,8 @@ local function compare(model, recipe_name, dtype, optim_name, accum, skip)
   train(first, 1, N, accum)
   local ckpt = path(tag .. ".ckpt")
   save(first, ckpt)
-  local resumed = new_run(model, recipe_name, dtype, optim_name, 202)
+  local resumed = new_run(model, recipe_name, dtype, resumed_optim or optim_name, 202)
+  if prepare then prepare(resumed) end
   local o = objects(resumed)
   if skip then o[skip] = nil end
   lutra.load(ckpt, o)
@@ -241,5 +262,157 @@ describe("checkpoint resume sweep", function()
   end
   it("ran most combinations (the recipes a module refuses are few)", function()
     assert.is_true(ran >= #models * 4, "only " .. ran .. " ran")
+  end)
+end)
+
+-- ---- objects built differently from the file's --------------------------------------------
+-- a file of model (recipe, dtype, optimizer as named) after N steps
+local function file_of(model, recipe_name, dtype, optim_name, name)
+  local r = new_run(model, recipe_name, dtype, optim_name, 101)
+  train(r, 1, N, 1)
+  local file = path(name)
+  save(r, file)
+  return file
+end
+
+-- the load of file into r's objects (plus extra) is refused naming lutra_checkpoint_load and
+-- reason, and changes nothing (r's whole state saved before and after is the same)
+local function refused(file, r, reason, opts)
+  local before = save(r, path("before"))
+  E.expect_error(function() lutra.load(file, objects(r), opts) end, "lutra_checkpoint_load", reason)
+  assert.is_true(before == save(r, path("after")), "a refused load changed the objects")
+end
+
+local linear = models[1]
+local function two_linears(width)
+  return { "two Linears", flat, function(o)
+    return nn.Sequential(nn.Linear(H, width, o), nn.GELU(), nn.Linear(width, H, o))
+  end }
+end
+
+describe("checkpoint load into objects built differently", function()
+  -- FP8 state is per recipe: scales of another scaling rule would mean another thing
+  it("another recipe: refused (the file's FP8 state has no place, or lacks the model's)", function()
+    local file = file_of(linear, "delayed", "f32", "adamw", "delayed.ckpt")
+    refused(file, new_run(linear, "current", "f32", "adamw", 5), "amax_history")
+    local cur = file_of(linear, "current", "f32", "adamw", "current.ckpt")
+    refused(cur, new_run(linear, "delayed", "f32", "adamw", 5), "lacks tensor")
+  end)
+
+  it("another amax_history_len: refused (the history's shape)", function()
+    local file = file_of(linear, "delayed", "f32", "adamw", "h3.ckpt")
+    local r = new_run(linear, function() return lutra.recipe.delayed { amax_history_len = 5 } end,
+                      "f32", "adamw", 5)
+    refused(file, r, "has shape [3]")
+  end)
+
+  -- a delayed recipe with another margin or amax_compute_algo: the file's state (scales,
+  -- histories) is restored exactly and the recipe is the caller's choice for the steps to come,
+  -- as a TransformerEngine module loads its extra state under whatever recipe the next autocast
+  -- names: the resumed steps equal a straight run that switched recipes at step N
+  it("another delayed recipe of the same history length: loads, the state exact", function()
+    local file = file_of(linear, "delayed", "f32", "adamw", "margin.ckpt")
+    local r = new_run(linear, function() return lutra.recipe.delayed { amax_history_len = 3, margin = 1 } end,
+                      "f32", "adamw", 5)
+    lutra.load(file, objects(r))
+    local back = path("margin.back")
+    save(r, back)
+    assert.is_true(read(file) == read(back), "the loaded state differs from the file's")
+  end)
+
+  it("other shapes, a missing module, an extra module: refused naming the tensor", function()
+    local file = file_of(linear, "none", "f32", "adamw", "shapes.ckpt")
+    refused(file, new_run(two_linears(64), "none", "f32", "adamw", 5), "has shape")
+    local one = { "one Linear", flat, function(o) return nn.Sequential(nn.Linear(H, H, o)) end }
+    refused(file, new_run(one, "none", "f32", "adamw", 5), "which the objects do not have")
+    local three = { "three Linears", flat, function(o)
+      return nn.Sequential(nn.Linear(H, H, o), nn.GELU(), nn.Linear(H, H, o), nn.Linear(H, H, o))
+    end }
+    refused(file, new_run(three, "none", "f32", "adamw", 5), "lacks tensor")
+  end)
+
+  -- bf16 parameters and their f32 masters: an f32 model has no masters to take them
+  it("another dtype: refused (convert = true converts the parameters of a model alone)", function()
+    local file = file_of(linear, "none", "bf16", "adamw", "bf16.ckpt")
+    local r = new_run(linear, "none", "f32", "adamw", 5)
+    refused(file, r, "convert = true converts")
+    refused(file, r, ".master', which the objects do not have", { convert = true })
+    lutra.load(file, { model = r.net }, { convert = true })
+  end)
+
+  -- names and shapes are the contract (torch's load_state_dict): a module of another kind under
+  -- the same names whose parameters differ in shape or number is refused; one whose parameters
+  -- are the same (LayerNormMLP gelu and relu: the same norm, fc1, fc2) takes them, their meaning
+  -- the same
+  it("another module kind under the same names: refused where the parameters differ", function()
+    local ln = { "LayerNorm", flat, function(o) return nn.Sequential(nn.Linear(H, H, o), nn.LayerNorm(H, o)) end }
+    local rms = { "RMSNorm", flat, function(o) return nn.Sequential(nn.Linear(H, H, o), nn.RMSNorm(H, o)) end }
+    local file = file_of(ln, "none", "f32", "adamw", "ln.ckpt")
+    refused(file, new_run(rms, "none", "f32", "adamw", 5), "1.bias")
+    local gelu = file_of(models[#models - 7], "none", "f32", "adamw", "gelu.ckpt")
+    refused(gelu, new_run(models[#models - 2], "none", "f32", "adamw", 5), "has shape") -- swiglu
+    local r = new_run(models[#models - 5], "none", "f32", "adamw", 5) -- silu
+    lutra.load(gelu, objects(r))
+  end)
+
+  it("an SGD file into AdamW: refused", function()
+    local file = file_of(linear, "none", "f32", "sgd", "sgd.ckpt")
+    refused(file, new_run(linear, "none", "f32", "adamw", 5), "holds sgd optimizer state")
+  end)
+
+  -- lr, schedule and max_grad_norm have setters (optim:set_lr, ...): the file's are restored, and
+  -- the caller changes them after the load if it wants others
+  it("another lr, schedule and clipping: the file's restored, the resume exact", function()
+    assert_exact(compare(linear, "delayed", "f32", "adamw", 1, nil, "adamw_other_lr"))
+  end)
+
+  -- weight_decay, the decay rule, betas, eps and momentum are fixed when the optimizer is built
+  -- (no setter): taking the file's would silently override the caller's construction, keeping
+  -- the optimizer's would silently resume another run; refused (they were not saved before: the
+  -- old code resumed with the new optimizer's, silently)
+  for _, case in ipairs { { "weight_decay", 0 }, { "beta1", 0.8 }, { "beta2", 0.99 }, { "eps", 1e-6 },
+                          { "decay", "all" } } do
+    it("another " .. case[1] .. ": refused naming it", function()
+      local file = file_of(linear, "none", "f32", "adamw", "fixed.ckpt")
+      refused(file, new_run(linear, "none", "f32", adamw_but(case[1], case[2]), 5), case[1])
+    end)
+  end
+  it("another SGD momentum: refused naming it", function()
+    local file = file_of(linear, "none", "f32", "sgd", "momentum.ckpt")
+    local r = new_run(linear, "none", "f32", function(net)
+      return lutra.optim.SGD(net, { lr = 0.05, momentum = 0.5, weight_decay = 1e-3, max_grad_norm = 1,
+                                    schedule = { kind = "constant", warmup = 2 } })
+    end, 5)
+    refused(file, r, "momentum 0.899999976, the optimizer given has 0.5")
+  end)
+  it("a file written before the fixed hyper-parameters were saved: loads", function()
+    local file = file_of(linear, "none", "f32", "adamw", "old.ckpt")
+    local header, data = st.split(read(file))
+    local n
+    header, n = header:gsub('"optim%.[a-z_0-9]+":"[^"]*",?', function(kv)
+      for _, k in ipairs { "weight_decay", "beta1", "beta2", "eps", "decay" } do
+        if kv:find('"optim.' .. k .. '"', 1, true) then return "" end
+      end
+    end)
+    assert.is_true(n >= 5)
+    header = header:gsub(",}", "}")
+    st.write(file, st.join(header, data))
+    lutra.load(file, objects(new_run(linear, "none", "f32", adamw_but("weight_decay", 0), 5)))
+  end)
+
+  -- the file's state is a step's end (a save inside a window is refused): a window the loading
+  -- optimizer had open is closed, its sums belonging to no step of the file's run (the old code
+  -- averaged them into the first resumed step, silently)
+  it("an optimizer inside an accumulation window: the window closed, the resume exact", function()
+    assert_exact(compare(linear, "current", "f32", "adamw", 2, nil, nil, function(r)
+      train(r, 1, 1, 1) -- a micro-batch summed, not stepped
+      r.opt:step()
+      local x = lutra.tensor(flat):randn()
+      r.loss:forward(r.net:forward(x), lutra.tensor(flat):randn())
+      r.net:backward(r.loss:backward(), false)
+      r.opt:accumulate()
+      assert.are.equal(1, r.opt:accumulated())
+      r.losses = {}
+    end))
   end)
 end)
