@@ -29,18 +29,10 @@ end
 
 local N, M = 3, 3
 local H, V = 32, 32
-local dir = os.tmpname()
-os.remove(dir)
-assert(os.execute("mkdir -p " .. dir) == 0 or true)
+local dir = st.tempdir(true) -- in memory where there is /dev/shm: hundreds of saves
 teardown(function() os.execute("rm -rf " .. dir) end)
 local function path(name) return dir .. "/" .. name end
-
-local function read(file)
-  local f = assert(io.open(file, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = st.read
 
 -- ---- the models: build(opts) -> net; input: the shape of x (or "ids"); splits: GroupedLinear's
 local flat, seq = { 32, H }, { 2, 16, H }
