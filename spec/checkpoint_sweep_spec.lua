@@ -434,6 +434,18 @@ describe("checkpoint load into objects built differently", function()
     lutra.load(file, objects(new_run(linear, "none", "f32", adamw_but("weight_decay", 0), 5)))
   end)
 
+  it("a file with some of the fixed hyper-parameters, or a bad one: refused as damaged", function()
+    local file = file_of(linear, "none", "f32", "adamw", "damaged.ckpt")
+    local header, data = st.split(read(file))
+    local r = new_run(linear, "none", "f32", "adamw", 5)
+    st.write(file, st.join((header:gsub('"optim%.beta1":"[^"]*",?', "")), data))
+    refused(file, r, "some of the optimizer's hyper-parameters, not all")
+    st.write(file, st.join(st.set_meta(header, "optim.decay", "none"), data))
+    refused(file, r, "optim.decay 'none' is not all or matrices")
+    st.write(file, st.join(st.set_meta(header, "optim.eps", "-1"), data))
+    refused(file, r, "optim.eps '-1' must be >= 0")
+  end)
+
   -- the file's state is a step's end (a save inside a window is refused): a window the loading
   -- optimizer had open is closed, its sums belonging to no step of the file's run (the old code
   -- averaged them into the first resumed step, silently)
