@@ -111,8 +111,9 @@ static int header_of(const ckpt_entries *E, const lutra_checkpoint_objects *o, c
     st = ckpt_format_lr(*v.lr, lr, sizeof lr, fn);
     meta[6] = "optim.kind", meta[7] = v.kind == LUTRA_OPTIM_ADAMW ? "adamw" : "sgd";
     meta[8] = "optim.lr", meta[9] = lr;
-    if (st == LUTRA_OK) st = ckpt_optim_meta(&v, &text, meta + 10, fn);
-    nmeta = 5 + CKPT_OPTIM_META_PAIRS;
+    int pairs = 0;
+    if (st == LUTRA_OK) st = ckpt_optim_meta(&v, &text, meta + 10, &pairs, fn);
+    nmeta = 5 + pairs;
   }
   if (st == LUTRA_OK) st = st_header(t, E->count, meta, nmeta, out, len, fn);
   free(t);
@@ -251,6 +252,7 @@ static int check_meta(const st_file *f, const lutra_checkpoint_objects *o, const
   CHECK_ARG(kind && strcmp(kind, want) == 0,
             "'%s' holds %s optimizer state; the optimizer given is %s", path, kind ? kind : "no",
             want);
+  TRY(ckpt_optim_check_fixed(f, &v, path, fn));
   if (lrs) {
     TRY(ckpt_parse_lr(lrs, lr, path, fn));
     *have_lr = true;

@@ -429,6 +429,9 @@ int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const fl
     lutra_optim_view v;
     TRY(lutra_optim_view_of(E->optim, &v, fn));
     v.args->step = E->host.step;
+    /* the file's state is a step's end (a save inside a window is refused): the sums of a window
+     * this optimizer had open belong to no step of it, and would be averaged into the next */
+    *v.window = 0;
     if (lr) *v.lr = *lr;
   }
   if (o->rng) TRY(lutra_manual_seed(E->host.rng));

@@ -48,8 +48,15 @@
  *   rng.state                                U64 [1]: the global seed generator
  * and __metadata__ {"format": "lutra.checkpoint", "version": "1", "data.crc32c", "optim.kind",
  * "optim.lr", "optim.schedule", "optim.warmup_steps", "optim.total_steps", "optim.min_lr",
- * "optim.max_grad_norm"} (the schedule and clipping keys: io/checkpoint_optim.c; a file without
- * them, written before they were, loads leaving the optimizer's own): data.crc32c is the CRC-32C
+ * "optim.max_grad_norm", "optim.weight_decay", "optim.decay", AdamW's "optim.beta1", "optim.beta2",
+ * "optim.eps", SGD's "optim.momentum"} (io/checkpoint_optim.c). The schedule and clipping, which
+ * have setters, are taken from the file; the hyper-parameters fixed when an optimizer is built
+ * (weight decay and its rule, betas, eps, momentum) must be the optimizer's: one built with
+ * others is refused naming the key (taking the file's would override its construction, keeping
+ * its own would resume another run). A file without these keys, written before they were, loads
+ * leaving the optimizer's own. A load closes a gradient-accumulation window the optimizer had
+ * open (the file's state is a step's end: its sums would be averaged into the next step).
+ * data.crc32c is the CRC-32C
  * (Castagnoli) of the data section as 8 lowercase hex digits, checked on load when present (files
  * of other writers, and of lutra before it wrote one, load unchecked); optim.lr is the f32 learning
  * rate as C's "%a" writes it in the C locale. The numbers are written and read in the C locale

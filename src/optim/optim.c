@@ -41,7 +41,7 @@ struct lutra_optim {
   lutra_tensor **params;
   /* the data-parallel sync a step last checked for its gradients (parallel/group.h) */
   lutra_dist_settle_cache settle;
-  uint8_t *decays; /* args.decays: [i] 1 when parameter i takes weight decay */
+  uint8_t *decays;        /* args.decays: [i] 1 when parameter i takes weight decay */
   lutra_grad_accum accum; /* lutra_optim_accumulate's sums */
 };
 
@@ -355,9 +355,11 @@ int lutra_optim_view_of(lutra_optim *o, lutra_optim_view *v, const char *fn) {
                           .lr = &o->desc.lr,
                           .schedule = &o->desc.schedule,
                           .max_grad_norm = &o->desc.max_grad_norm,
+                          .desc = &o->desc,
                           .args = &o->args,
                           .mastered = o->mastered,
                           .accumulated = o->accum.micro_batches,
+                          .window = &o->accum.micro_batches,
                           .module = o->module,
                           .be = o->be};
   return LUTRA_OK;

@@ -10,9 +10,11 @@ typedef struct lutra_optim_view {
   float *lr;    /* the current base lr (lutra_optim_set_lr) */
   lutra_lr_schedule *schedule;
   float *max_grad_norm;
+  const lutra_optim_desc *desc; /* as built: what has no setter (betas, eps, decay) is fixed */
   lutra_optim_args *args;  /* master, m, v in backend memory; step; device_step (NULL on cpu) */
   lutra_tensor **mastered; /* [i]: the bf16 parameter whose master is args->master[i], or NULL */
   int32_t accumulated;     /* micro-batches summed since the last step (lutra_optim_accumulate) */
+  int32_t *window;         /* the same count, for a load to close the window (0: no sums kept) */
   lutra_module *module;
   const lutra_backend *be;
 } lutra_optim_view;
