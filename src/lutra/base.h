@@ -61,9 +61,12 @@ enum {
   LUTRA_TENSOR_FREED = 4,     /* destroyed: every call on it fails */
   LUTRA_TENSOR_WRITTEN = 8,   /* written through the API (set, fill, copy, random fills) since an
                                  optimizer last synchronized its f32 master copy from it */
-  LUTRA_TENSOR_UPDATED = 16   /* a parameter changed (an optimizer step, a write through the API,
+  LUTRA_TENSOR_UPDATED = 16,  /* a parameter changed (an optimizer step, a write through the API,
                                  a load) since its module last quantized it for its FP8 weight
                                  cache: what ends a gradient-accumulation window (checkpoint.h) */
+  LUTRA_TENSOR_LOADED = 32    /* a parameter loaded from a checkpoint since its module last
+                                 quantized it: the cached FP8 weight is another run's, so a
+                                 forward with is_first_microbatch false quantizes it again */
 };
 
 /* A tensor. Lua reads these fields directly (spec/layout_spec.lua checks the offsets).

@@ -130,9 +130,11 @@ typedef struct lutra_checkpoint_load_opts {
 LUTRA_API void lutra_checkpoint_defaults(lutra_checkpoint_objects *o);
 LUTRA_API int lutra_checkpoint_save(const char *path, const lutra_checkpoint_objects *o);
 /* opts NULL: no renames, no conversion. Parameters loaded mark their tensors written, so an
- * optimizer not loaded with them refreshes its f32 masters from them before its next step. A
- * Linear that cached an FP8 weight (is_first_microbatch false) quantizes again only when told
- * (forward with is_first_microbatch nil or true). */
+ * optimizer not loaded with them refreshes its f32 masters from them before its next step, and
+ * (LUTRA_TENSOR_LOADED) a module that cached an FP8 weight quantizes the loaded one at its next
+ * forward even with is_first_microbatch false: the cache held another run's weight. With the
+ * device skip flag set, that forward is refused until one runs with the flag 0 (a captured
+ * graph's replay is not checked: replay a step with the flag 0 after a load). */
 LUTRA_API int lutra_checkpoint_load(const char *path, const lutra_checkpoint_objects *o,
                                     const lutra_checkpoint_load_opts *opts);
 

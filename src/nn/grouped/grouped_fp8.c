@@ -207,6 +207,10 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
   TRY(check_dims(g, rec, fn));
   TRY(ensure_roles(g, rec, fn));
   const int32_t *skip = NULL;
+  /* a weight loaded since its cast: the cache holds another run's weights, never reused */
+  bool loaded = false;
+  for (int64_t e = 0; e < g->num; e++)
+    loaded = loaded || (g->weight[e]->flags & LUTRA_TENSOR_LOADED) != 0;
   if (first_microbatch == LUTRA_FIRST_MICROBATCH_DEVICE) {
     bool host_skip;
     TRY(lutra_skip_weight_flag(g->device, &skip, &host_skip, fn));
@@ -214,6 +218,9 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
                 "the skip-weight-update flag is set but this GroupedLinear has no quantized "
                 "weights yet (first FP8 forward, or the recipe changed): run it with the flag 0 "
                 "first");
+    CHECK_STATE(!loaded || !host_skip,
+                "the skip-weight-update flag is set but this GroupedLinear's weights were loaded "
+                "from a checkpoint since they were quantized: run it with the flag 0 first");
   }
   const grouped_role *ri = &g->roles[LUTRA_ROLE_INPUT], *rw = &g->roles[LUTRA_ROLE_WEIGHT];
   TRY(buf_ensure(g, &g->xq, &ri->spec, lutra_rows(x), token_align(g), g->in, fn));
@@ -221,13 +228,13 @@ int lutra_grouped_fp8_forward(grouped_linear *g, const lutra_tensor *x, const lu
                  fn));
   TRY(quantize_tokens(g, ri, x, &g->xq, NULL, act, fn));
   TRY(note_all(g, ri, false, fn));
-  if (!(first_microbatch == 0 && g->weight_cached)) {
+  if (!(first_microbatch == 0 && g->weight_cached && !loaded)) {
     TRY(quantize_weights(g, skip, fn));
     TRY(note_all(g, rw, false, fn));
     g->weight_cached = true;
     g->cache_opens_window = first_microbatch == 1;
     for (int64_t e = 0; e < g->num; e++)
-      g->weight[e]->flags &= ~(uint32_t)LUTRA_TENSOR_UPDATED;
+      g->weight[e]->flags &= ~(uint32_t)(LUTRA_TENSOR_UPDATED | LUTRA_TENSOR_LOADED);
   }
   lutra_grouped_gemm_args ga;
   lutra_grouped_common(g, lutra_rows(x), &ga);

@@ -71,12 +71,17 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
    * last quantization. Delayed scaling notes the meta either way (a skipped cast records no
    * amax: the update rolls a zero into the history, as for a step without this weight). */
   const int32_t *skip = NULL;
+  /* a weight loaded since its cast: the cache holds another run's weight, never reused */
+  const bool loaded = (c->weight->flags & LUTRA_TENSOR_LOADED) != 0;
   if (first_microbatch == LUTRA_FIRST_MICROBATCH_DEVICE) {
     bool host_skip;
     TRY(lutra_skip_weight_flag(c->device, &skip, &host_skip, fn));
     CHECK_STATE(c->weight_cached || !host_skip,
                 "the skip-weight-update flag is set but this Linear has no quantized weight yet "
                 "(first FP8 forward, or the recipe changed): run it with the flag 0 first");
+    CHECK_STATE(!loaded || !host_skip,
+                "the skip-weight-update flag is set but this Linear's weight was loaded from a "
+                "checkpoint since it was quantized: run it with the flag 0 first");
   }
   if (c->given_xq)
     c->xq = c->given_xq;
@@ -99,7 +104,8 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
     TRY(c->gather_fp8(c->gather_ctx, c->xq, lutra_quantizer_meta(qi)->scale, &c->xq, fn));
   }
   const bool has_columnwise = qwc ? c->wqc != NULL : c->wq && c->wq->col_data;
-  bool reuse = first_microbatch == 0 && c->weight_cached && (w_rowwise_only || has_columnwise);
+  bool reuse =
+      first_microbatch == 0 && c->weight_cached && !loaded && (w_rowwise_only || has_columnwise);
   if (!reuse) {
     TRY(lutra_quantize_run(
         qw,
@@ -117,7 +123,7 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
     }
     c->weight_cached = true;
     c->cache_opens_window = first_microbatch == 1;
-    c->weight->flags &= ~(uint32_t)LUTRA_TENSOR_UPDATED;
+    c->weight->flags &= ~(uint32_t)(LUTRA_TENSOR_UPDATED | LUTRA_TENSOR_LOADED);
   }
   return lutra_gemm_run(
       &(lutra_gemm_op){.a = c->wq,
