@@ -65,7 +65,7 @@ void ppo_config_pendulum(ppo_config *c) {
                     .minibatches = 64,
                     .epochs = 10,
                     .hidden = 64,
-                    .lr = 1e-3f,
+                    .lr = 3e-4f,
                     .adam_eps = 1e-5f,
                     .gamma = 0.9f,
                     .lambda = 0.95f,
