@@ -38,47 +38,39 @@ struct ppo_agent {
 };
 
 void ppo_config_cartpole(ppo_config *c) {
-  *c = (ppo_config){.num_envs = 4,
-                    .num_steps = 128,
-                    .minibatches = 4,
-                    .epochs = 4,
-                    .hidden = 64,
-                    .lr = 2.5e-4f,
-                    .adam_eps = 1e-5f,
-                    .gamma = 0.99f,
-                    .lambda = 0.95f,
-                    .clip = 0.2f,
-                    .ent_coef = 0.01f,
-                    .vf_coef = 0.5f,
-                    .max_grad_norm = 0.5f,
-                    .clip_value = 1,
-                    .anneal_lr = 1,
-                    .norm_obs = 1,
-                    .norm_reward = 0,
-                    .total_steps = 500000,
-                    .seed = 1};
+  *c = (ppo_config){0};
+  c->num_envs = 4;
+  c->num_steps = 128;
+  c->minibatches = 4;
+  c->epochs = 4;
+  c->hidden = 64;
+  c->lr = 2.5e-4f;
+  c->adam_eps = 1e-5f;
+  c->gamma = 0.99f;
+  c->lambda = 0.95f;
+  c->clip = 0.2f;
+  c->ent_coef = 0.01f;
+  c->vf_coef = 0.5f;
+  c->max_grad_norm = 0.5f;
+  c->clip_value = 1;
+  c->anneal_lr = 1;
+  c->norm_obs = 1;
+  c->total_steps = 500000;
+  c->seed = 1;
 }
 
+/* cart-pole's, but for these */
 void ppo_config_pendulum(ppo_config *c) {
-  *c = (ppo_config){.num_envs = 4,
-                    .num_steps = 1024,
-                    .minibatches = 64,
-                    .epochs = 10,
-                    .hidden = 64,
-                    .lr = 3e-4f,
-                    .adam_eps = 1e-5f,
-                    .gamma = 0.9f,
-                    .lambda = 0.95f,
-                    .clip = 0.2f,
-                    .ent_coef = 0.0f,
-                    .vf_coef = 0.5f,
-                    .max_grad_norm = 0.5f,
-                    .clip_value = 0,
-                    .anneal_lr = 1,
-                    .norm_obs = 1,
-                    .norm_reward = 1,
-                    .total_steps = 200000,
-                    .seed = 1};
+  ppo_config_cartpole(c);
+  c->num_steps = 1024;
+  c->minibatches = 64;
+  c->epochs = 10;
+  c->lr = 3e-4f;
+  c->gamma = 0.9f;
+  c->ent_coef = 0.0f;
+  c->clip_value = 0;
+  c->norm_reward = 1;
+  c->total_steps = 200000;
 }
 
 static int linear(int64_t in, int64_t out, uint64_t seed, lutra_module **m) {

@@ -47,12 +47,29 @@ static double surrogate(double ratio, double a, float clip, int M, double *loss,
   return (clamped == ratio || l1 > l2) ? -a * ratio / M : 0.0;
 }
 
-static void finish_stats(ppo_stats *s, int M, double pg, double ent, double kl, int nclipped) {
-  if (!s) return;
-  s->pg_loss = (float)(pg / M);
-  s->entropy = (float)(ent / M);
-  s->approx_kl = (float)(kl / M);
-  s->clipfrac = (float)nclipped / (float)M;
+/* the sums over a minibatch's rows that the loss and the stats are made of */
+typedef struct row_sums {
+  double pg, ent, kl;
+  int clipped;
+} row_sums;
+
+static void add_row(row_sums *s, double row_loss, double h, double ratio, double logr,
+                    int clipped) {
+  s->pg += row_loss;
+  s->ent += h;
+  s->kl += (ratio - 1.0) - logr;
+  s->clipped += clipped;
+}
+
+/* the policy loss pg - ent_coef * entropy (means over M rows), and the stats */
+static float finish(const row_sums *s, int M, float ent_coef, ppo_stats *stats) {
+  if (stats) {
+    stats->pg_loss = (float)(s->pg / M);
+    stats->entropy = (float)(s->ent / M);
+    stats->approx_kl = (float)(s->kl / M);
+    stats->clipfrac = (float)s->clipped / (float)M;
+  }
+  return (float)(s->pg / M - (double)ent_coef * s->ent / M);
 }
 
 float ppo_categorical_logp(int K, const float *z, int action) {
@@ -80,8 +97,7 @@ int ppo_categorical_sample(int K, const float *z, float u) {
 float ppo_categorical_loss(int M, int K, const float *logits, const float *actions,
                            const float *old_logp, const float *adv, float clip, float ent_coef,
                            float *dlogits, ppo_stats *stats) {
-  double pg = 0.0, ent = 0.0, kl = 0.0;
-  int nclipped = 0;
+  row_sums sums = {0};
   for (int i = 0; i < M; i++) {
     const float *z = logits + (size_t)i * K;
     float *dz = dlogits + (size_t)i * K;
@@ -104,13 +120,9 @@ float ppo_categorical_loss(int M, int K, const float *logits, const float *actio
       double lp = z[j] - lse, p = exp(lp);
       dz[j] = (float)(g * ((j == a) - p) + (double)ent_coef / M * p * (lp + h));
     }
-    pg += row_loss;
-    ent += h;
-    kl += (ratio - 1.0) - logr;
-    nclipped += clipped;
+    add_row(&sums, row_loss, h, ratio, logr, clipped);
   }
-  finish_stats(stats, M, pg, ent, kl, nclipped);
-  return (float)(pg / M - (double)ent_coef * ent / M);
+  return finish(&sums, M, ent_coef, stats);
 }
 
 float ppo_gaussian_logp(int D, const float *mean, const float *log_std, const float *action) {
@@ -125,8 +137,7 @@ float ppo_gaussian_logp(int D, const float *mean, const float *log_std, const fl
 float ppo_gaussian_loss(int M, int D, const float *mean, const float *log_std, const float *actions,
                         const float *old_logp, const float *adv, float clip, float ent_coef,
                         float *dmean, float *dlog_std, ppo_stats *stats) {
-  double pg = 0.0, ent = 0.0, kl = 0.0;
-  int nclipped = 0;
+  row_sums sums = {0};
   for (int i = 0; i < M; i++) {
     size_t o = (size_t)i * D;
     double lp = ppo_gaussian_logp(D, mean + o, log_std + o, actions + o), h = 0.0;
@@ -141,13 +152,9 @@ float ppo_gaussian_loss(int M, int D, const float *mean, const float *log_std, c
       dmean[o + d] = (float)(g * diff / var);
       dlog_std[o + d] = (float)(g * (diff * diff / var - 1.0) - (double)ent_coef / M);
     }
-    pg += row_loss;
-    ent += h;
-    kl += (ratio - 1.0) - logr;
-    nclipped += clipped;
+    add_row(&sums, row_loss, h, ratio, logr, clipped);
   }
-  finish_stats(stats, M, pg, ent, kl, nclipped);
-  return (float)(pg / M - (double)ent_coef * ent / M);
+  return finish(&sums, M, ent_coef, stats);
 }
 
 float ppo_value_loss(int M, const float *v, const float *old_v, const float *ret, float clip,
