@@ -114,12 +114,15 @@ local d_logits, d_v = floats(MB * ACTIONS), floats(MB)
 local perm = ffi.new("int32_t[?]", B)
 local x_step, x_mb = lutra.wrap(cur_obs, { N, OBS }), lutra.wrap(mb_obs, { MB, OBS })
 local d_logits_t, d_v_t = lutra.wrap(d_logits, { MB, ACTIONS }), lutra.wrap(d_v, { MB, 1 })
+-- the networks' outputs are copied into these (Tensor:copy into a wrapped tensor: no allocation)
+local step_logits_t, step_v_t = lutra.wrap(step_logits, { N, ACTIONS }), lutra.wrap(step_v, { N, 1 })
+local mb_logits_t, mb_v_t = lutra.wrap(mb_logits, { MB, ACTIONS }), lutra.wrap(mb_v, { MB, 1 })
 local inference = { grad = false }
 local obs_rms = P.running(OBS)
 
 local function evaluate(x, grad_opts, logits_out, v_out)
-  actor:forward(x, grad_opts):read(logits_out)
-  critic:forward(x, grad_opts):read(v_out)
+  logits_out:copy(actor:forward(x, grad_opts))
+  v_out:copy(critic:forward(x, grad_opts))
 end
 
 local function observe()
@@ -129,7 +132,7 @@ end
 
 local function collect()
   for t = 0, T - 1 do
-    evaluate(x_step, inference, step_logits, step_v)
+    evaluate(x_step, inference, step_logits_t, step_v_t)
     for n = 0, N - 1 do
       local i = t * N + n
       local a = P.categorical_sample(ACTIONS, step_logits, n, math.random())
@@ -141,7 +144,7 @@ local function collect()
     env_step(step_actions, raw_obs, rewards + t * N, cur_done)
     observe()
   end
-  evaluate(x_step, inference, step_logits, step_v) -- the value after the rollout
+  evaluate(x_step, inference, step_logits_t, step_v_t) -- the value after the rollout
   P.gae(T, N, rewards, values, dones, step_v, cur_done, GAMMA, LAMBDA, adv, ret)
 end
 
@@ -161,7 +164,7 @@ local function update(u)
         mb_act[i], mb_logp[i], mb_adv[i] = actions[k], logp[k], adv[k]
         mb_ret[i], mb_oldv[i] = ret[k], values[k]
       end
-      evaluate(x_mb, nil, mb_logits, mb_v)
+      evaluate(x_mb, nil, mb_logits_t, mb_v_t)
       P.normalize(MB, mb_adv)
       stats.loss, stats.pg, stats.entropy, stats.kl =
         P.categorical_loss(MB, ACTIONS, mb_logits, mb_act, mb_logp, mb_adv, CLIP, ENT, d_logits)

@@ -334,4 +334,28 @@ describe("examples/ppo.lua", function()
     assert.are.equal(a, (run("--updates 3 --hash --seed 5")))
     assert.are_not.equal(a, (run("--updates 3 --hash --seed 6")))
   end)
+
+  it("trains without a trace abort (the command line's argparse aside)", function()
+    local log = os.tmpname()
+    local ok, out = sh("LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit -jv=" .. log ..
+                       " examples/ppo.lua --updates 4")
+    assert(ok, out)
+    local f = assert(io.open(log))
+    local trace = f:read("*a")
+    f:close()
+    os.remove(log)
+    local aborts, traces = {}, 0
+    for line in trace:gmatch("[^\n]+") do
+      if line:find("^%[TRACE%s+%d+ .*ppo") then traces = traces + 1 end
+      -- a root trace stopping at a loop's edge is LuaJIT forming its traces, not an abort
+      if line:find("^%[TRACE %-%-%-") and not line:find("argparse.lua", 1, true) and
+         not line:find("leaving loop in root trace", 1, true) and
+         not line:find("inner loop in root trace", 1, true) and
+         not line:find("loop unroll limit reached", 1, true) then
+        aborts[#aborts + 1] = line
+      end
+    end
+    assert.are.same({}, aborts)
+    assert.is_true(traces > 5, trace)
+  end)
 end)
