@@ -335,7 +335,9 @@ describe("examples/ppo.lua", function()
     assert.are_not.equal(a, (run("--updates 3 --hash --seed 6")))
   end)
 
-  it("trains without a trace abort (the command line's argparse aside)", function()
+  -- setup's trace aborts aside: argparse's (the command line) and lutra.wrap's argument checks
+  -- (the buffers are wrapped once, before training), which abort on a ctype now and then
+  it("trains without a trace abort", function()
     local log = os.tmpname()
     local ok, out = sh("LUA_PATH='lua/?.lua;lua/?/init.lua;;' luajit -jv=" .. log ..
                        " examples/ppo.lua --updates 4")
@@ -347,11 +349,14 @@ describe("examples/ppo.lua", function()
     local aborts, traces = {}, 0
     for line in trace:gmatch("[^\n]+") do
       if line:find("^%[TRACE%s+%d+ .*ppo") then traces = traces + 1 end
-      -- a root trace stopping at a loop's edge is LuaJIT forming its traces, not an abort
+      -- a root trace stopping at a loop's edge is LuaJIT forming its traces, and a C symbol
+      -- met before its first call is resolved and the trace retried: not aborts
       if line:find("^%[TRACE %-%-%-") and not line:find("argparse.lua", 1, true) and
+         not line:find("at wrap.lua", 1, true) and
          not line:find("leaving loop in root trace", 1, true) and
          not line:find("inner loop in root trace", 1, true) and
-         not line:find("loop unroll limit reached", 1, true) then
+         not line:find("loop unroll limit reached", 1, true) and
+         not line:find("symbol not in cache", 1, true) then
         aborts[#aborts + 1] = line
       end
     end
