@@ -303,6 +303,16 @@ describe("examples/embed/ppo", function()
     assert.is_true(tonumber(f2) < tonumber(u2) / 4, out)
   end)
 
+  it("refuses a bad command line with its usage", function()
+    assert(built, "building the PPO example failed:\n" .. tostring(why))
+    for _, args in ipairs({ "--env walker", "--budget-us 0", "--updates", "--bogus 1" }) do
+      local ok, out, status = sh(exe .. " " .. args)
+      assert.is_false(ok, args)
+      assert.are.equal(2, status, args)
+      assert(out:find("usage: ppo [--env cartpole|pendulum]", 1, true), out)
+    end
+  end)
+
   it("repeats bit for bit under one seed and differs under another", function()
     local a = hash(run("--updates 3 --hash --seed 5"))
     local b = hash(run("--updates 3 --hash --seed 5 --budget-us 100"))
