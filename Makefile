@@ -364,6 +364,11 @@ examples/embed/frame_loop: examples/embed/frame_loop.c examples/embed/alloc_coun
 examples/embed/host: examples/embed/host.c $(HDRS) $(LIB) $(SONAME)
 	$(CC) $(EXAMPLE_CFLAGS) $(shell pkg-config --cflags luajit) -o $@ $< -L. -llutra \
 	  -Wl,-rpath,$(CURDIR) $(shell pkg-config --libs luajit) -lm
+# PPO in a frame loop (examples/embed/ppo/; spec/ppo_spec.lua builds and runs it)
+PPO_SRCS = $(addprefix examples/embed/ppo/,main.c agent.c ppo.c cartpole.c pendulum.c)
+examples/embed/ppo/ppo: $(PPO_SRCS) $(wildcard examples/embed/ppo/*.h) examples/embed/alloc_count.h \
+  $(HDRS) $(LIB) $(SONAME)
+	$(CC) $(EXAMPLE_CFLAGS) -o $@ $(PPO_SRCS) -L. -llutra -Wl,-rpath,$(CURDIR) -lm
 
 # the Lua API reference from the Lua front's doc comments (LDoc, config.ld) into build/doc;
 # warnings are errors (spec/doc_spec.lua checks it builds, holds every file of lua/lutra and
