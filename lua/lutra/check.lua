@@ -175,10 +175,17 @@ local function elem_name(ct)
   return tostring(ct):match("^ctype<(.-) ?%[[%d?]*%]>$") or false
 end
 local elem_sizes = { float = 4, int = 4 }
+-- per array object, its count (false: not an array of that element type), found once: a loop
+-- that reads into the same buffer every step stays on its trace (tonumber of a ctype, below,
+-- aborts LuaJIT's trace recorder with "bad argument type")
+local counts = { float = setmetatable({}, { __mode = "k" }), int = setmetatable({}, { __mode = "k" }) }
 --- The number of elem-typed elements of a sized cdata array, or nil (see above).
 -- @local internal: the front's argument checks
 function M.array_count(v, elem)
   if type(v) ~= "cdata" then return nil end
+  local known = counts[elem]
+  local count = known[v]
+  if count ~= nil then return count or nil end
   local ct = ffi.typeof(v)
   local id = tonumber(ct)
   local name = array_elems[id]
@@ -186,8 +193,9 @@ function M.array_count(v, elem)
     name = elem_name(ct)
     array_elems[id] = name
   end
-  if name ~= elem then return nil end
-  return ffi.sizeof(v) / elem_sizes[elem]
+  count = name == elem and ffi.sizeof(v) / elem_sizes[elem]
+  known[v] = count
+  return count or nil
 end
 
 return M
