@@ -11,6 +11,7 @@ static void key_of(const lutra_attention_args *a, lutra_attention_args *key) {
   key->out = key->dq = key->dk = key->dv = key->plan = key->workspace = NULL;
   key->stats = NULL;
   key->fp8_state = NULL;
+  key->rng = NULL;
   key->seed = key->offset = 0;
   key->workspace_bytes = 0;
 }
