@@ -13,8 +13,7 @@ __global__ void __launch_bounds__(1) advance_kernel(int64_t *offset, uint64_t st
 
 } // namespace
 
-extern "C" cudaError_t lk_attention_offset_advance(int64_t *offset, uint64_t step,
-                                                   cudaStream_t s) {
+extern "C" cudaError_t lk_attention_offset_advance(int64_t *offset, uint64_t step, cudaStream_t s) {
   advance_kernel<<<1, 1, 0, s>>>(offset, step);
   return cudaGetLastError();
 }

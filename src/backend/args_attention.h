@@ -53,8 +53,8 @@ typedef struct lutra_attention_args {
   uint64_t seed, offset;
   int32_t dtype; /* F32 (the CPU only), BF16, F16 */
   int32_t causal;
-  int32_t fp8;        /* 1: the FP8 path (above) */
-  int32_t grad_dtype; /* FP8: dout's, dP's and the gradients' (LUTRA_E5M2 or LUTRA_E4M3) */
+  int32_t fp8;           /* 1: the FP8 path (above) */
+  int32_t grad_dtype;    /* FP8: dout's, dP's and the gradients' (LUTRA_E5M2 or LUTRA_E4M3) */
   int32_t deterministic; /* 1: the backward must be deterministic (above) */
   int32_t reserved;      /* 0 */
   float *fp8_state;      /* FP8: the scaling state (lutra_attention_fp8_slot) */

@@ -94,9 +94,10 @@ static lutra_attention_args base_args(const attention *m, const lutra_forward_ar
 /* the device's generator brought in line with the host's before a forward draws from it */
 static int sync_rng(attention *m, const char *fn) {
   if (m->rng_synced) return LUTRA_OK;
-  CHECK_STATE(!LUTRA_CAPTURING(),
-              "dropout's (seed, offset) were set since the last forward (a checkpoint load or "
-              "set_rng_state) and a CUDA graph capture cannot write them: run a step eagerly first");
+  CHECK_STATE(
+      !LUTRA_CAPTURING(),
+      "dropout's (seed, offset) were set since the last forward (a checkpoint load or "
+      "set_rng_state) and a CUDA graph capture cannot write them: run a step eagerly first");
   const int64_t words[2] = {(int64_t)m->desc.seed,
                             (int64_t)(m->next_offset - LUTRA_ATTENTION_OFFSET_STEP)};
   int st = m->be->from_host(m->rng->data, words, sizeof words);
@@ -135,7 +136,8 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   const int keep = m->last != LUTRA_ATTENTION_NONE ? m->plan_slot : -1;
   int slot;
   TRY(attention_plans_get(&m->plans, m->be, m->desc.device, a, keep, &slot, fn));
-  attention_plans_use(&m->plans, slot, a);
+  lutra_tensor *ws;
+  TRY(attention_plans_use(&m->plans, slot, m->be, m->desc.device, a, &ws, fn));
   if (a->dropout > 0.0f && m->rng) {
     TRY(sync_rng(m, fn));
     a->rng = (int64_t *)m->rng->data;
@@ -156,8 +158,7 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   m->fp8.last = fp8;
   if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold_tensor(stats, fn));
-    if (m->plans.slot[slot].workspace)
-      TRY(lutra_capture_hold_tensor(m->plans.slot[slot].workspace, fn));
+    if (ws) TRY(lutra_capture_hold_tensor(ws, fn));
     if (a->rng) TRY(lutra_capture_hold_tensor(m->rng, fn));
     if (fp8) TRY(attention_fp8_capture_hold(&m->fp8, false, fn));
   }
@@ -318,7 +319,8 @@ static int grad_like(attention *m, lutra_tensor_cache *c, const lutra_tensor *t,
 static int run_backward(attention *m, const lutra_tensor *dout, lutra_tensor *const *g, int n,
                         void *dq, void *dk, void *dv, const char *fn) {
   lutra_attention_args a = m->fwd;
-  attention_plans_use(&m->plans, m->plan_slot, &a);
+  lutra_tensor *ws;
+  TRY(attention_plans_use(&m->plans, m->plan_slot, m->be, m->desc.device, &a, &ws, fn));
   a.dout = dout->data;
   a.dq = dq;
   a.dk = dk;
@@ -328,10 +330,7 @@ static int run_backward(attention *m, const lutra_tensor *dout, lutra_tensor *co
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   if (a.fp8) TRY(attention_fp8_backward_out(&m->fp8, g, n, fn));
   if (LUTRA_CAPTURING()) {
-    const attention_plan_slot *s = &m->plans.slot[m->plan_slot];
-    const lutra_tensor *held[] = {m->q,     m->k,         m->v,
-                                  m->out,   m->stats,     s->workspace,
-                                  a.rng ? m->rng : NULL};
+    const lutra_tensor *held[] = {m->q, m->k, m->v, m->out, m->stats, ws, a.rng ? m->rng : NULL};
     TRY(hold_captured(&m->base, held, 7, fn));
     if (a.fp8) TRY(attention_fp8_capture_hold(&m->fp8, true, fn));
   }

@@ -332,12 +332,12 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
     e = build(*p->bwd, h);
   }
   if (e.is_bad()) {
-    p->bwd_error = std::string(a->deterministic ? "cuDNN has no deterministic attention backward ("
-                                                : "cuDNN cannot run this attention backward (") +
-                   shape + ")" +
-                   (a->deterministic ? " and the determinism switch is on (lutra_set_deterministic)"
-                                     : "") +
-                   ": " + e.err_msg;
+    p->bwd_error =
+        std::string(a->deterministic ? "cuDNN has no deterministic attention backward ("
+                                     : "cuDNN cannot run this attention backward (") +
+        shape + ")" +
+        (a->deterministic ? " and the determinism switch is on (lutra_set_deterministic)" : "") +
+        ": " + e.err_msg;
     p->bwd.reset();
   }
 
@@ -454,10 +454,9 @@ int run_forward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
   cudnnHandle_t h;
   TRY(begin_call(a, false, fn, &p, &h));
-  const call_key key = {a->q,         a->k,         a->v,    a->out,
-                        a->stats,     nullptr,      nullptr, nullptr,
-                        nullptr,      a->workspace, a->fp8_state,
-                        a->rng,       lutra_cuda_stream()};
+  const call_key key = {
+      a->q,    a->k,         a->v,         a->out, a->stats,           nullptr, nullptr, nullptr,
+      nullptr, a->workspace, a->fp8_state, a->rng, lutra_cuda_stream()};
   call c = {p->fwd.get(), &p->fwd_pack, h, a->workspace, fn, "cuDNN's SDPA forward"};
   /* this forward's mask: the offset advanced on the stream, captured with the SDPA call */
   if (p->dropout)
@@ -476,8 +475,9 @@ int run_backward(const lutra_attention_args *a, const char *fn) {
   k.set(DQ, a->dq);
   k.set(DK, a->dk);
   k.set(DV, a->dv);
-  const call_key key = {a->q,  a->k,  a->v,  a->out,       a->stats,     a->dout, a->dq,
-                        a->dk, a->dv, a->workspace, a->fp8_state, a->rng,  lutra_cuda_stream()};
+  const call_key key = {
+      a->q,  a->k,         a->v,         a->out, a->stats,           a->dout, a->dq, a->dk,
+      a->dv, a->workspace, a->fp8_state, a->rng, lutra_cuda_stream()};
   call c = {p->bwd.get(), &k, h, a->workspace, fn, "cuDNN's SDPA backward"};
   return execute(&p->bwd_calls, key, c);
 }
