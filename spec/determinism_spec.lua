@@ -11,6 +11,7 @@
 --     load (in a fresh LuaJIT), and bad input refused without changing the setting.
 local lutra = require("lutra")
 local sh = require("spec.support.shell").sh
+local first_difference = require("spec.support.bitwise").first_difference
 local core = require("lutra.core")
 local C, ffi = core.C, core.ffi
 local nn = lutra.nn
@@ -43,13 +44,6 @@ local function train(s)
     opt:step()
   end
   return weights(model)
-end
-
-local function first_difference(a, b)
-  assert.are.equal(#a, #b, "parameter counts")
-  for i = 1, #a do
-    if a[i] ~= b[i] then return i end
-  end
 end
 
 local function env_switch(value)

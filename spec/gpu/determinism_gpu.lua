@@ -7,11 +7,13 @@
 --   - captured as one CUDA graph (a warm-up step, then replays): twice the same weights, and the
 --     weights of the same number of eager steps;
 --   - the switch forces cuDNN's deterministic attention backward even where
---     LUTRA_CUDNN_DETERMINISTIC=0 asks for the other (module:plans() says which a plan has).
+--     LUTRA_CUDNN_DETERMINISTIC=0 asks for the other (module:plans() says which a plan has);
+--   - turning it on or off inside a capture is refused.
 local lutra = require("lutra")
 local ffi = require("ffi")
 local nn = lutra.nn
 local S = require("spec.gpu.support")
+local first_difference = require("spec.support.bitwise").first_difference
 local DEV = S.DEV
 local function test(name, fn) S.test(it, name, fn) end
 
@@ -66,14 +68,6 @@ local function weights(m)
   return out
 end
 
--- the index of the first parameter whose bytes differ, or nil
-local function first_difference(a, b)
-  assert.are.equal(#a, #b, "parameter counts")
-  for i = 1, #a do
-    if a[i] ~= b[i] then return i end
-  end
-end
-
 local function train_eager(seed)
   local m = build(seed)
   for n = 1, STEPS do
@@ -119,6 +113,16 @@ describe("the determinism switch on " .. DEV, function()
     assert.is_nil(i, "parameter " .. tostring(i) .. " differs between two graphed runs")
     i = first_difference(a, train_eager(SEED))
     assert.is_nil(i, "parameter " .. tostring(i) .. " differs from the eager run's")
+  end)
+
+  test("is refused inside a capture, changing nothing", function()
+    if DEV == "cpu" then return end -- CUDA graphs need cuda
+    local ok, err = pcall(lutra.graph.capture, function() lutra.deterministic(false) end,
+                          { warmup = 0 })
+    assert.is_false(ok)
+    assert.matches("lutra_set_deterministic: inside a CUDA graph capture", err)
+    assert.is_false(lutra.graph.capturing())
+    assert.is_true(lutra.deterministic())
   end)
 
   test("forces cuDNN's deterministic attention backward over LUTRA_CUDNN_DETERMINISTIC=0", function()

@@ -450,6 +450,12 @@ int begin_call(const lutra_attention_args *a, bool backward, const char *fn, att
   return LUTRA_OK;
 }
 
+/* dropout's device offset (a->rng[1]) += step on lutra's stream (kernels/attention/) */
+int advance_offset(const lutra_attention_args *a, uint64_t step, const char *fn) {
+  return lutra_cuda_status(lk_attention_offset_advance(a->rng + 1, step, lutra_cuda_stream()), fn,
+                           "advancing dropout's offset");
+}
+
 int run_forward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
   cudnnHandle_t h;
@@ -458,12 +464,13 @@ int run_forward(const lutra_attention_args *a, const char *fn) {
       a->q,    a->k,         a->v,         a->out, a->stats,           nullptr, nullptr, nullptr,
       nullptr, a->workspace, a->fp8_state, a->rng, lutra_cuda_stream()};
   call c = {p->fwd.get(), &p->fwd_pack, h, a->workspace, fn, "cuDNN's SDPA forward"};
-  /* this forward's mask: the offset advanced on the stream, captured with the SDPA call */
-  if (p->dropout)
-    TRY(lutra_cuda_status(
-        lk_attention_offset_advance(a->rng + 1, LUTRA_ATTENTION_OFFSET_STEP, lutra_cuda_stream()),
-        fn, "advancing dropout's offset"));
-  return execute(&p->fwd_calls, key, c);
+  /* this forward's mask: the offset advanced on the stream, captured with the SDPA call (and
+   * moved back when the call fails: a refused call changes nothing) */
+  if (p->dropout) TRY(advance_offset(a, LUTRA_ATTENTION_OFFSET_STEP, fn));
+  int st = execute(&p->fwd_calls, key, c);
+  if (st != LUTRA_OK && p->dropout)
+    (void)advance_offset(a, 0 - (uint64_t)LUTRA_ATTENTION_OFFSET_STEP, fn);
+  return st;
 }
 
 int run_backward(const lutra_attention_args *a, const char *fn) {
