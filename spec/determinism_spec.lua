@@ -46,13 +46,19 @@ local function train(s)
   return weights(model)
 end
 
-local function env_switch(value)
-  local script = [[io.write(tostring(require('lutra').deterministic()))]]
-  local ok, out = sh("env -u LUTRA_DETERMINISTIC " .. value ..
-                     " LUA_PATH='lua/?.lua;lua/?/init.lua;;' ${LUAJIT:-luajit} -e \"" .. script .. "\"")
+-- the switch and the GEMM threads of a fresh LuaJIT loading lutra with the environment env
+local function at_load(env)
+  local script = [[local l = require('lutra'); ]] ..
+                 [[io.write(tostring(l.deterministic()), ' ', tonumber(l.C.lutra_cpu_threads()))]]
+  local ok, out = sh("env -u LUTRA_DETERMINISTIC -u LUTRA_CPU_THREADS -u OPENBLAS_NUM_THREADS " ..
+                     env .. " LUA_PATH='lua/?.lua;lua/?/init.lua;;' ${LUAJIT:-luajit} -e \"" ..
+                     script .. "\"")
   assert(ok, out)
-  return out:match("(%a+)$")
+  local on, threads = out:match("(%a+) (%d+)$")
+  return on, tonumber(threads)
 end
+
+local function env_switch(env) return (at_load(env)) end
 
 describe("the determinism switch (cpu)", function()
   local was
@@ -111,6 +117,11 @@ describe("the determinism switch (cpu)", function()
     assert.are.equal("true", env_switch("LUTRA_DETERMINISTIC=yes"))
     assert.are.equal("false", env_switch("LUTRA_DETERMINISTIC=0"))
     assert.are.equal("false", env_switch("LUTRA_DETERMINISTIC="))
+    -- read before the GEMM threads are set at load: one thread whatever LUTRA_CPU_THREADS asks
+    local _, cores = sh("nproc")
+    assert.are.same({ "true", 1 }, { at_load("LUTRA_DETERMINISTIC=1 LUTRA_CPU_THREADS=2") })
+    assert.are.same({ "false", math.min(2, tonumber(cores:match("%d+"))) },
+                    { at_load("LUTRA_CPU_THREADS=2") })
   end)
 
   it("refuses bad input, changing nothing", function()
