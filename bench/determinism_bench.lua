@@ -27,14 +27,15 @@ local function parse(argv)
   p:option("--batches", "timed batches per figure", "9", tonumber)
   p:option("--calls", "calls per timed batch", "20", tonumber)
   p:option("--layers", "TransformerLayers of the step", "2", tonumber)
-  p:option("--out", "also write the tables to this markdown file")
   p:option("--device", "cuda or cpu (cpu: tiny f32 shapes, a smoke test)", "cuda")
    :choices({ "cuda", "cpu" })
+  p:option("--out", "also write the tables to this markdown file")
   return p:parse(argv)
 end
 
 local o = parse(arg)
 local DEV = o.device
+require("lutra.cli").need_device("determinism_bench.lua", DEV)
 local CPU = DEV == "cpu"
 local DTYPE = CPU and "f32" or "bf16"
 pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
