@@ -1,6 +1,14 @@
 /* DotProductAttention's shared workspace (nn/attention_workspace.h): a short per-thread list of
- * (device, stream, buffer), dropped when the thread exits. The stream is the backend's current
- * one (its stream entry; none on the CPU, where a thread is the stream). */
+ * (device, stream, buffer). The stream is the backend's current one (its stream entry; none on
+ * the CPU, where a thread is the stream).
+ *
+ * A thread's buffers go when it exits, but a device buffer cannot be freed from there: the CUDA
+ * context's own exit destructor (glibc runs them in the order the keys were made, and the
+ * context's is made at the backend's first use, before this one unless a CPU attention came
+ * first) has drained and destroyed the thread's stream already, and a free would queue on it.
+ * So device buffers become orphans, freed by the next thread that grows a workspace on that
+ * device (on its own stream; the orphan's was drained), at most ORPHANS of them kept (more leak:
+ * threads that keep exiting while none grows a workspace); CPU buffers are freed. */
 #include "nn/attention_workspace.h"
 #include "core/capture.h"
 #include "core/error.h"
@@ -10,6 +18,7 @@
 #include <stdbool.h>
 
 enum { WORKSPACES = 8 }; /* (device, stream) pairs a thread keeps */
+enum { ORPHANS = 64 };   /* device buffers of exited threads waiting to be freed */
 
 typedef struct shared_workspace {
   int device;
@@ -23,13 +32,37 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t exit_key;
 static bool key_ok;
 
+static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
+static lutra_tensor *orphans[ORPHANS];
+static int orphan_count;
+
 static void thread_exit(void *arg) {
   (void)arg;
+  pthread_mutex_lock(&orphan_lock);
   for (int i = 0; i < WORKSPACES; i++) {
-    lutra_tensor_owner_drop(workspaces[i].buffer);
+    lutra_tensor *t = workspaces[i].buffer;
+    if (t && t->device == LUTRA_CPU)
+      lutra_tensor_owner_drop(t);
+    else if (t && orphan_count < ORPHANS)
+      orphans[orphan_count++] = t;
     workspaces[i] = (shared_workspace){0};
   }
+  pthread_mutex_unlock(&orphan_lock);
   registered = false;
+}
+
+/* frees the orphans of device on the calling thread's stream (it is growing a workspace there) */
+static void free_orphans(int device) {
+  pthread_mutex_lock(&orphan_lock);
+  for (int i = 0; i < orphan_count;) {
+    if (orphans[i]->device == device) {
+      lutra_tensor_owner_drop(orphans[i]);
+      orphans[i] = orphans[--orphan_count];
+    } else {
+      i++;
+    }
+  }
+  pthread_mutex_unlock(&orphan_lock);
 }
 
 static void make_key(void) {
@@ -76,6 +109,7 @@ int attention_workspace_get(const lutra_backend *be, int device, int64_t bytes, 
   spec.flags = LUTRA_TENSOR_BORROWED;
   lutra_tensor *grown;
   TRY(lutra_tensor_make(&spec, &grown, fn));
+  free_orphans(device);
   lutra_tensor_owner_drop(w->buffer);
   *w = (shared_workspace){.device = device, .stream = stream, .buffer = grown};
   *out = grown;
