@@ -132,6 +132,8 @@ cudaError_t lk_moe_permute(const lutra_permute_args *a, cudaStream_t s);
 cudaError_t lk_moe_permute_backward(const lutra_permute_args *a, cudaStream_t s);
 cudaError_t lk_moe_unpermute(const lutra_permute_args *a, cudaStream_t s);
 cudaError_t lk_moe_unpermute_backward(const lutra_permute_args *a, cudaStream_t s);
+/* attention dropout (kernels/attention/dropout_offset.cu): *offset += step, one thread */
+cudaError_t lk_attention_offset_advance(int64_t *offset, uint64_t step, cudaStream_t s);
 
 #ifdef __cplusplus
 }

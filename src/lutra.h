@@ -30,6 +30,7 @@
 #include "lutra/base.h"
 #include "lutra/fused.h"
 #include "lutra/checkpoint.h"
+#include "lutra/determinism.h"
 #include "lutra/dist.h"
 #include "lutra/embedding.h"
 #include "lutra/factory.h"

@@ -238,6 +238,21 @@ function M.set_skip_weight_update(device, skip)
                                             skip and 1 or 0))
 end
 
+--- lutra.deterministic(on): the determinism switch (lutra/determinism.h): true makes the same
+-- seeds give the same bits run after run (one OpenBLAS thread on the cpu; cuBLASLt algorithms
+-- without split-K and cuDNN's deterministic attention backward on cuda). Returns the previous
+-- setting; with no argument, only returns the current one. LUTRA_DETERMINISTIC=1 at load turns
+-- it on.
+function M.deterministic(on)
+  local was = C.lutra_deterministic() == 1
+  if on == nil then return was end
+  if type(on) ~= "boolean" then
+    error("lutra.deterministic: on must be a boolean (got " .. type(on) .. ")", 2)
+  end
+  core.check(C.lutra_set_deterministic(on and 1 or 0))
+  return was
+end
+
 --- true when LUTRA_NVTX=1 was set when the library loaded (NVTX ranges are emitted)
 function M.nvtx_active() return C.lutra_nvtx_active() == 1 end
 

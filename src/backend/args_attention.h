@@ -21,7 +21,14 @@ LUTRA_ARGS_NO_PADDING_BEGIN
  * the mask drawn from (seed, offset) by the backend's own generator (the CPU's and cuDNN's masks
  * differ); the backward redraws the same mask from the same (seed, offset).
  * Deterministic: the backward gives the same bits every run where the backend can (the CPU
- * always; cuDNN says per plan, *deterministic of attention_plan).
+ * always; cuDNN says per plan, *deterministic of attention_plan). deterministic = 1 (the
+ * determinism switch, lutra/determinism.h) makes it a requirement: a plan without a
+ * deterministic backward refuses the backward.
+ * rng (CUDA, dropout): the module's Philox (seed, offset) in backend memory, which the backend's
+ * graphs read (so that a captured step replays with fresh masks): a forward first advances
+ * rng[1] by LUTRA_ATTENTION_OFFSET_STEP on the device and draws its mask from the result, a
+ * backward redraws from rng[1] as it is. seed and offset are then not read. NULL: the backend
+ * draws from seed and offset (the CPU always does).
  * FP8 (fp8 = 1; no dropout, d 128): q, k, v and out are E4M3 codes, dout, dq, dk and dv codes of
  * grad_dtype (E5M2 or E4M3), in the strides above (1-byte elements); dtype is the module's (not
  * read). fp8_state is backend memory laid out as lutra_attention_fp8_slot says (lutra/attention.h
@@ -46,9 +53,12 @@ typedef struct lutra_attention_args {
   uint64_t seed, offset;
   int32_t dtype; /* F32 (the CPU only), BF16, F16 */
   int32_t causal;
-  int32_t fp8;        /* 1: the FP8 path (above) */
-  int32_t grad_dtype; /* FP8: dout's, dP's and the gradients' (LUTRA_E5M2 or LUTRA_E4M3) */
-  float *fp8_state;   /* FP8: the scaling state (lutra_attention_fp8_slot) */
+  int32_t fp8;           /* 1: the FP8 path (above) */
+  int32_t grad_dtype;    /* FP8: dout's, dP's and the gradients' (LUTRA_E5M2 or LUTRA_E4M3) */
+  int32_t deterministic; /* 1: the backward must be deterministic (above) */
+  int32_t reserved;      /* 0 */
+  float *fp8_state;      /* FP8: the scaling state (lutra_attention_fp8_slot) */
+  int64_t *rng;          /* dropout's device (seed, offset), or NULL (above) */
   /* from attention_plan with the same shape, strides, dtype, causal and dropout (NULL on the
    * CPU); workspace: at least the plan's workspace bytes of backend memory */
   void *plan;

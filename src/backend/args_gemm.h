@@ -27,6 +27,10 @@ typedef struct lutra_gemm_key {
   int32_t epilogue;    /* LUTRA_EPILOGUE_* */
   int32_t aux_dtype;   /* -1: no aux */
   int32_t dbias_dtype; /* -1: no dbias */
+  /* 1 under the determinism switch (lutra/determinism.h): an algorithm that sums each dot
+   * product in one sequence (no split-K) */
+  int32_t deterministic;
+  int32_t reserved; /* 0: the key stays a whole number of 8-byte words */
 } lutra_gemm_key;
 
 typedef struct lutra_gemm_plan {

@@ -150,6 +150,9 @@ typedef struct lutra_backend {
   void (*attention_plan_free)(void *plan);
   int (*attention_forward)(const lutra_attention_args *a);
   int (*attention_backward)(const lutra_attention_args *a);
+  /* the calling thread's current stream, as a key for buffers kept per stream (the attention
+   * workspace, nn/attention_workspace.h); NULL where a backend has no streams (a thread is one) */
+  const void *(*stream)(void);
 } lutra_backend;
 
 #endif

@@ -19,6 +19,7 @@
  * safely while a launch of it still runs (CUDA frees it when that completes). */
 #include "gemm/gemm.h"
 #include "backend/backend.h"
+#include "backend/determinism.h"
 #include "backend/device.h"
 #include "core/capture.h"
 #include "core/dtype.h"
@@ -256,7 +257,7 @@ static const char *layout_name(int transa, int transb) {
 }
 
 /* plans are found by comparing the key's bytes: it must have no padding bytes */
-_Static_assert(sizeof(lutra_gemm_key) == 3 * sizeof(int64_t) + 14 * sizeof(int32_t),
+_Static_assert(sizeof(lutra_gemm_key) == 3 * sizeof(int64_t) + 16 * sizeof(int32_t),
                "lutra_gemm_key has padding: add or remove an int32_t field");
 
 static const char *epilogue_name(int kind) {
@@ -419,6 +420,7 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   k.epilogue = g.epilogue;
   k.aux_dtype = g.aux_dtype;
   k.dbias_dtype = g.dbias_dtype;
+  k.deterministic = lutra_deterministic_on();
   TRY(plan_for(be, &k, &g.plan, fn));
   if (be->gemm_workspace) {
     /* the plan may have been made on another of this thread's streams */

@@ -200,7 +200,9 @@ static int quantizer_entries(ckpt_entries *E, lutra_module *m, const lutra_recip
 static int rng_entry(ckpt_entries *E, lutra_module *m, const char *prefix, const char *fn) {
   const lutra_checkpoint_ops *ck = m->ops->checkpoint;
   uint64_t state[2];
-  if (!ck->rng_get || !ck->rng_get(m, state)) return LUTRA_OK;
+  bool has = false;
+  if (ck->rng_get) TRY(ck->rng_get(m, state, &has, fn));
+  if (!has) return LUTRA_OK;
   if (E->nrng == E->rng_cap) {
     int cap = E->rng_cap ? E->rng_cap * 2 : 8;
     ckpt_rng **grown = realloc(E->rng, (size_t)cap * sizeof *grown);

@@ -17,6 +17,9 @@
  * cuDNN's attention, BACKEND_F16arb_ELTS_PER_THREADS); the backward redraws the forward's. The
  * CPU's mask is its own counter-based hash (src/backend/cpu/attention_cpu.c); cuDNN's differs.
  * Checkpoints carry the generator of a module with dropout (<m>.rng_state, lutra/checkpoint.h).
+ * On cuda the offset lives in device memory and advances there before each forward, so a
+ * captured step replayed K times draws the masks of K eager steps (a capture right after the
+ * state was set on the host is refused: run a step eagerly first).
  * FP8 (desc.fp8 = 1, opt-in per module; TransformerEngine's fp8_dpa with delayed scaling): a
  * forward inside an enabled autocast scope whose recipe scales its input and grad_output roles
  * by delayed scaling (per tensor) runs in FP8, as TE does it on Hopper: q, k and v are cast to
@@ -83,8 +86,9 @@ LUTRA_API int lutra_attention_backward(lutra_module *m, const lutra_tensor *dout
  * inference forward, which keeps nothing for a backward). Either pointer may be NULL. */
 LUTRA_API int lutra_attention_info(const lutra_module *m, lutra_attention_desc *d,
                                    int32_t *last_forward);
-/* The dropout generator's state: the seed and the offset the next forward draws its mask from.
- * Setting it makes the next forward draw a chosen mask (a resumed run, a gradient check). */
+/* The dropout generator's state: the seed and the offset the next forward draws its mask from
+ * (on cuda read back from the device: a synchronization, refused inside a capture). Setting it
+ * makes the next forward draw a chosen mask (a resumed run, a gradient check). */
 LUTRA_API int lutra_attention_rng_state(const lutra_module *m, uint64_t *seed, uint64_t *offset);
 LUTRA_API int lutra_attention_set_rng_state(lutra_module *m, uint64_t seed, uint64_t offset);
 /* The plans the module has built and keeps (at most LUTRA_ATTENTION_PLANS, the least recently

@@ -7,8 +7,19 @@
  * nothing and captures as a CUDA graph. The last forward's arguments (its dropout offset
  * included) and tensors are kept for the backward; a refused call changes nothing. An fp8
  * module's forward inside a delayed-scaling scope goes through nn/attention_fp8.h around the
- * same backend calls. */
+ * same backend calls. Under the determinism switch (lutra/determinism.h) every call asks for
+ * the deterministic backward (a plan key of its own).
+ *
+ * Dropout's generator: on the CPU the host's (seed, next_offset), advanced per forward with
+ * grad. On CUDA the module also holds them in device memory (rng: seed, and the offset of the
+ * last forward with dropout), which the backend advances on the stream before each forward
+ * draws (args_attention.h), so a captured step replayed K times draws the masks of K eager
+ * steps. The device copy is then the truth: next_offset follows it in eager steps, not across
+ * replays, so whoever reads the state (lutra_attention_rng_state, checkpoints) reads it back
+ * from the device (rng_now); a state set on the host is written to the device by the next
+ * forward with dropout (rng_synced false until then), which refuses to do so inside a capture. */
 #include "backend/backend.h"
+#include "backend/determinism.h"
 #include "backend/device.h"
 #include "core/capture.h"
 #include "core/dtype.h"
@@ -28,6 +39,10 @@ typedef struct attention {
   lutra_attention_desc desc; /* defaults filled in */
   const lutra_backend *be;
   uint64_t next_offset; /* the dropout offset of the next forward with grad */
+  /* CUDA with dropout: the device's (seed, offset of the last forward with dropout) as int64
+   * words; rng_synced: it holds desc.seed and next_offset - OFFSET_STEP */
+  lutra_tensor *rng;
+  bool rng_synced;
   /* the last forward with grad: its kind (LUTRA_ATTENTION_*), arguments, plan slot and tensors
    * (q holds the packed input), held so that a backward never reads a freed buffer */
   int32_t last;
@@ -72,7 +87,35 @@ static lutra_attention_args base_args(const attention *m, const lutra_forward_ar
                                 .seed = m->desc.seed,
                                 .offset = m->next_offset,
                                 .dtype = m->desc.dtype,
-                                .causal = m->desc.causal};
+                                .causal = m->desc.causal,
+                                .deterministic = lutra_deterministic_on()};
+}
+
+/* the device's generator brought in line with the host's before a forward draws from it */
+static int sync_rng(attention *m, const char *fn) {
+  if (m->rng_synced) return LUTRA_OK;
+  CHECK_STATE(
+      !LUTRA_CAPTURING(),
+      "dropout's (seed, offset) were set since the last forward (a checkpoint load or "
+      "set_rng_state) and a CUDA graph capture cannot write them: run a step eagerly first");
+  const int64_t words[2] = {(int64_t)m->desc.seed,
+                            (int64_t)(m->next_offset - LUTRA_ATTENTION_OFFSET_STEP)};
+  int st = m->be->from_host(m->rng->data, words, sizeof words);
+  if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  m->rng_synced = true;
+  return LUTRA_OK;
+}
+
+/* the (seed, offset) the next forward with dropout draws from: the device's where it has them */
+static int rng_now(const attention *m, uint64_t *seed, uint64_t *offset, const char *fn) {
+  *seed = m->desc.seed;
+  *offset = m->next_offset;
+  if (!m->rng || !m->rng_synced) return LUTRA_OK;
+  int64_t words[2];
+  int st = m->be->to_host(words, m->rng->data, sizeof words);
+  if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
+  *offset = (uint64_t)words[1] + LUTRA_ATTENTION_OFFSET_STEP;
+  return LUTRA_OK;
 }
 
 /* what both forwards share once their arguments are set: the plan, the output and statistics
@@ -93,7 +136,12 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   const int keep = m->last != LUTRA_ATTENTION_NONE ? m->plan_slot : -1;
   int slot;
   TRY(attention_plans_get(&m->plans, m->be, m->desc.device, a, keep, &slot, fn));
-  attention_plans_use(&m->plans, slot, a);
+  lutra_tensor *ws;
+  TRY(attention_plans_use(&m->plans, slot, m->be, m->desc.device, a, &ws, fn));
+  if (a->dropout > 0.0f && m->rng) {
+    TRY(sync_rng(m, fn));
+    a->rng = (int64_t *)m->rng->data;
+  }
   lutra_tensor *out, *stats;
   const int64_t stats_shape[3] = {a->b, a->h, a->s_q};
   TRY(lutra_tensor_cache_get(
@@ -110,8 +158,8 @@ static int run_forward(attention *m, lutra_attention_args *a, const lutra_forwar
   m->fp8.last = fp8;
   if (LUTRA_CAPTURING()) {
     TRY(lutra_capture_hold_tensor(stats, fn));
-    if (m->plans.slot[slot].workspace)
-      TRY(lutra_capture_hold_tensor(m->plans.slot[slot].workspace, fn));
+    if (ws) TRY(lutra_capture_hold_tensor(ws, fn));
+    if (a->rng) TRY(lutra_capture_hold_tensor(m->rng, fn));
     if (fp8) TRY(attention_fp8_capture_hold(&m->fp8, false, fn));
   }
   /* the output is held whatever the kind of forward: a failed later forward with a new shape
@@ -271,7 +319,8 @@ static int grad_like(attention *m, lutra_tensor_cache *c, const lutra_tensor *t,
 static int run_backward(attention *m, const lutra_tensor *dout, lutra_tensor *const *g, int n,
                         void *dq, void *dk, void *dv, const char *fn) {
   lutra_attention_args a = m->fwd;
-  attention_plans_use(&m->plans, m->plan_slot, &a);
+  lutra_tensor *ws;
+  TRY(attention_plans_use(&m->plans, m->plan_slot, m->be, m->desc.device, &a, &ws, fn));
   a.dout = dout->data;
   a.dq = dq;
   a.dk = dk;
@@ -281,9 +330,8 @@ static int run_backward(attention *m, const lutra_tensor *dout, lutra_tensor *co
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
   if (a.fp8) TRY(attention_fp8_backward_out(&m->fp8, g, n, fn));
   if (LUTRA_CAPTURING()) {
-    const attention_plan_slot *s = &m->plans.slot[m->plan_slot];
-    const lutra_tensor *held[] = {m->q, m->k, m->v, m->out, m->stats, s->workspace};
-    TRY(hold_captured(&m->base, held, 6, fn));
+    const lutra_tensor *held[] = {m->q, m->k, m->v, m->out, m->stats, ws, a.rng ? m->rng : NULL};
+    TRY(hold_captured(&m->base, held, 7, fn));
     if (a.fp8) TRY(attention_fp8_capture_hold(&m->fp8, true, fn));
   }
   return LUTRA_OK;
@@ -338,23 +386,28 @@ static void attn_release(lutra_module *mod) {
     lutra_tensor_cache_release(caches[i]);
   attention_fp8_release(&m->fp8);
   attention_plans_release(&m->plans, m->be);
+  lutra_tensor_owner_drop(m->rng);
+  m->rng = NULL;
   m->last = LUTRA_ATTENTION_NONE;
 }
 
 /* checkpoints: the dropout generator's (seed, offset) when the module has dropout, so that a
  * resumed run draws the masks the straight one would (<m>.rng_state, lutra/checkpoint.h); a
  * module without dropout draws no mask and saves none */
-static bool attn_rng_get(const lutra_module *mod, uint64_t state[2]) {
+static int attn_rng_get(const lutra_module *mod, uint64_t state[2], bool *has, const char *fn) {
   const attention *m = (const attention *)mod;
-  state[0] = m->desc.seed;
-  state[1] = m->next_offset;
-  return m->desc.dropout > 0.0f;
+  *has = m->desc.dropout > 0.0f;
+  return *has ? rng_now(m, &state[0], &state[1], fn) : LUTRA_OK;
+}
+
+static void set_rng(attention *m, uint64_t seed, uint64_t offset) {
+  m->desc.seed = seed;
+  m->next_offset = offset;
+  m->rng_synced = false;
 }
 
 static void attn_rng_set(lutra_module *mod, const uint64_t state[2]) {
-  attention *m = (attention *)mod;
-  m->desc.seed = state[0];
-  m->next_offset = state[1];
+  set_rng((attention *)mod, state[0], state[1]);
 }
 
 /* FP8 attention's scaling state: <m>.fp8.qkv.scale, ... (nn/attention_fp8.h) */
@@ -452,6 +505,17 @@ int lutra_attention_new(const lutra_attention_desc *d, lutra_module **out) {
   m->be = be;
   m->fp8.be = be;
   m->fp8.device = d->device;
+  if (d->dropout > 0.0f && d->device != LUTRA_CPU) {
+    /* two int64 words, as f32 words (the backend reads them as bytes) */
+    const int64_t words = 4;
+    lutra_tensor_spec spec = *PLAIN_TENSOR(LUTRA_F32, 1, &words, d->device);
+    spec.flags = LUTRA_TENSOR_BORROWED;
+    int st = lutra_tensor_make(&spec, &m->rng, fn);
+    if (st != LUTRA_OK) {
+      free(m);
+      return st;
+    }
+  }
   *out = &m->base;
   return LUTRA_OK;
 }
@@ -469,16 +533,17 @@ int lutra_attention_rng_state(const lutra_module *mod, uint64_t *seed, uint64_t 
   static const char fn[] = "lutra_attention_rng_state";
   TRY(check_attention(mod, fn));
   CHECK_ARG(seed && offset, "seed or offset is NULL");
-  *seed = ((const attention *)mod)->desc.seed;
-  *offset = ((const attention *)mod)->next_offset;
+  uint64_t s, o;
+  TRY(rng_now((const attention *)mod, &s, &o, fn));
+  *seed = s;
+  *offset = o;
   return LUTRA_OK;
 }
 
 int lutra_attention_set_rng_state(lutra_module *mod, uint64_t seed, uint64_t offset) {
   static const char fn[] = "lutra_attention_set_rng_state";
   TRY(check_attention(mod, fn));
-  ((attention *)mod)->desc.seed = seed;
-  ((attention *)mod)->next_offset = offset;
+  set_rng((attention *)mod, seed, offset);
   return LUTRA_OK;
 }
 

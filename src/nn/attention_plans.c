@@ -1,6 +1,7 @@
 /* DotProductAttention's plan cache (nn/attention_plans.h). */
 #include "nn/attention_plans.h"
 #include "core/error.h"
+#include "nn/attention_workspace.h"
 #include "runtime/tensor.h"
 
 #include <string.h>
@@ -11,6 +12,7 @@ static void key_of(const lutra_attention_args *a, lutra_attention_args *key) {
   key->out = key->dq = key->dk = key->dv = key->plan = key->workspace = NULL;
   key->stats = NULL;
   key->fp8_state = NULL;
+  key->rng = NULL;
   key->seed = key->offset = 0;
   key->workspace_bytes = 0;
 }
@@ -36,10 +38,11 @@ static int victim(const attention_plans *c, int keep) {
 static void free_slot(attention_plan_slot *s, const lutra_backend *be) {
   if (!s->used) return;
   if (s->plan) be->attention_plan_free(s->plan);
-  lutra_tensor_owner_drop(s->workspace);
   memset(s, 0, sizeof *s);
 }
 
+/* the plan, and the shared workspace grown to its need now (so that a capture later finds it
+ * large enough) */
 static int build(const lutra_backend *be, int device, const lutra_attention_args *key,
                  attention_plan_slot *out, const char *fn) {
   void *plan = NULL;
@@ -47,24 +50,27 @@ static int build(const lutra_backend *be, int device, const lutra_attention_args
   int deterministic = 0;
   int st = be->attention_plan(key, &plan, &bytes, &deterministic);
   if (st != LUTRA_OK) return lutra_error_wrap(st, fn);
-  lutra_tensor *ws = NULL;
-  if (bytes > 0) {
-    /* raw bytes, as f32 words (the backend reads them as bytes) */
-    int64_t words = (int64_t)((bytes + 3) / 4);
-    lutra_tensor_spec spec = *PLAIN_TENSOR(LUTRA_F32, 1, &words, device);
-    spec.flags = LUTRA_TENSOR_BORROWED;
-    st = lutra_tensor_make(&spec, &ws, fn);
-    if (st != LUTRA_OK) {
-      if (plan) be->attention_plan_free(plan);
-      return st;
-    }
+  lutra_tensor *ws;
+  st = attention_workspace_get(be, device, (int64_t)bytes, &ws, fn);
+  if (st != LUTRA_OK) {
+    if (plan) be->attention_plan_free(plan);
+    return st;
   }
   *out = (attention_plan_slot){.key = *key,
                                .plan = plan,
-                               .workspace = ws,
-                               .workspace_bytes = ws ? ws->numel * 4 : 0,
+                               .workspace_bytes = (int64_t)bytes,
                                .deterministic = deterministic,
                                .used = true};
+  return LUTRA_OK;
+}
+
+int attention_plans_use(const attention_plans *c, int i, const lutra_backend *be, int device,
+                        lutra_attention_args *a, lutra_tensor **ws, const char *fn) {
+  const attention_plan_slot *s = &c->slot[i];
+  TRY(attention_workspace_get(be, device, s->workspace_bytes, ws, fn));
+  a->plan = s->plan;
+  a->workspace = *ws ? (*ws)->data : NULL;
+  a->workspace_bytes = *ws ? (*ws)->numel * 4 : 0;
   return LUTRA_OK;
 }
 

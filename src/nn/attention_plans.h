@@ -1,5 +1,6 @@
 /* DotProductAttention's plans (nn/attention_plans.c): what the backend's attention_plan builds
- * for one (shape, strides, dtype, causal, dropout), kept with its workspace, a few per module.
+ * for one (shape, strides, dtype, causal, dropout, determinism), kept with the workspace size it
+ * needs (the workspace itself is shared: nn/attention_workspace.h), a few per module.
  * The least recently used gives way to a new key once every slot is taken, as the module's
  * per-shape buffers do (runtime/tensor_cache.h); a call whose key is the last call's finds it
  * with one comparison, builds and allocates nothing. */
@@ -13,8 +14,7 @@
 typedef struct attention_plan_slot {
   lutra_attention_args key; /* the arguments with their pointers, seed and offset zeroed */
   void *plan;               /* the backend's (NULL on the CPU) */
-  lutra_tensor *workspace;  /* the plan's workspace bytes (NULL when it asks for none) */
-  int64_t workspace_bytes;
+  int64_t workspace_bytes;  /* what it needs (0: none) */
   int32_t deterministic;
   bool used;
   uint64_t last_use;
@@ -32,13 +32,10 @@ typedef struct attention_plans {
  * pointers NULL: a plan serves every call of its key, whatever the addresses. */
 int attention_plans_get(attention_plans *c, const lutra_backend *be, int device,
                         const lutra_attention_args *a, int keep, int *slot, const char *fn);
-/* a's plan and workspace from slot i */
-static inline void attention_plans_use(const attention_plans *c, int i, lutra_attention_args *a) {
-  const attention_plan_slot *s = &c->slot[i];
-  a->plan = s->plan;
-  a->workspace = s->workspace ? s->workspace->data : NULL;
-  a->workspace_bytes = s->workspace_bytes;
-}
+/* a's plan from slot i and its workspace, the shared one of the device and stream (*ws: its
+ * tensor, NULL when the plan needs none; a capture must hold it) */
+int attention_plans_use(const attention_plans *c, int i, const lutra_backend *be, int device,
+                        lutra_attention_args *a, lutra_tensor **ws, const char *fn);
 int attention_plans_count(const attention_plans *c);
 void attention_plans_release(attention_plans *c, const lutra_backend *be);
 

@@ -103,9 +103,10 @@ typedef struct lutra_checkpoint_ops {
    * reuse, is not saved, so no save can resume it exactly and checkpoints refuse it. NULL: never */
   bool (*in_accumulation_window)(const lutra_module *m);
   /* a generator the module draws from (a DotProductAttention's dropout: seed, offset), saved as
-   * <m>.rng_state, U64 [2]. rng_get: false when the module has none to save (no dropout);
-   * rng_set: once a load succeeded. NULL: none */
-  bool (*rng_get)(const lutra_module *m, uint64_t state[2]);
+   * <m>.rng_state, U64 [2]. rng_get: *has false when the module has none to save (no
+   * dropout); a status, since the state may be read back from the device; rng_set: once a load
+   * succeeded. NULL: none */
+  int (*rng_get)(const lutra_module *m, uint64_t state[2], bool *has, const char *fn);
   void (*rng_set)(lutra_module *m, const uint64_t state[2]);
 } lutra_checkpoint_ops;
 

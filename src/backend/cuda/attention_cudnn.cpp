@@ -19,6 +19,7 @@
  * of attention_cudnn_fp8.cpp and run through the same calls, their scales read from the
  * module's state. */
 #include "backend/cuda/attention_cudnn.h"
+#include "kernels.h"
 
 #include <atomic>
 #include <cstdio>
@@ -255,10 +256,13 @@ std::shared_ptr<fe::graph::Graph> backward_graph(const lutra_attention_args *a,
   return g;
 }
 
-/* Whether to ask for the deterministic backward: unless LUTRA_CUDNN_DETERMINISTIC=0, read at
- * each plan build (rare), so that a process can compare both. On Hopper cuDNN serves it through
- * a dP workspace of b * h * s_q * s_kv * 2 bytes: it costs memory as well as some speed. */
-bool want_deterministic() {
+/* Whether to ask for the deterministic backward: always under the determinism switch
+ * (a->deterministic, which also forbids falling back to the other), else unless
+ * LUTRA_CUDNN_DETERMINISTIC=0, read at each plan build (rare), so that a process can compare
+ * both. On Hopper cuDNN serves it through a dP workspace of b * h * s_q * s_kv * 2 bytes: it
+ * costs memory as well as some speed. */
+bool want_deterministic(const lutra_attention_args *a) {
+  if (a->deterministic) return true;
   const char *env = std::getenv("LUTRA_CUDNN_DETERMINISTIC");
   return !(env && std::strcmp(env, "0") == 0);
 }
@@ -318,18 +322,22 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
     return lutra_error(LUTRA_EUNSUPPORTED, fn, "cuDNN cannot run this attention forward (%s): %s",
                        shape, e.err_msg.c_str());
   /* the deterministic backward where cuDNN has one for this shape and device, else the other
-   * (FP8: cuDNN's default, which it makes deterministic where it must) */
-  p->deterministic = !p->fp8 && want_deterministic();
+   * (FP8: cuDNN's default, unless the switch asks) unless the determinism switch is on */
+  p->deterministic = a->deterministic || (!p->fp8 && want_deterministic(a));
   p->bwd = p->fp8 ? fp8_backward_graph(a) : backward_graph(a, p->deterministic);
   e = build(*p->bwd, h);
-  if (e.is_bad() && p->deterministic) {
+  if (e.is_bad() && p->deterministic && !a->deterministic) {
     p->deterministic = false;
     p->bwd = backward_graph(a, false);
     e = build(*p->bwd, h);
   }
   if (e.is_bad()) {
     p->bwd_error =
-        std::string("cuDNN cannot run this attention backward (") + shape + "): " + e.err_msg;
+        std::string(a->deterministic ? "cuDNN has no deterministic attention backward ("
+                                     : "cuDNN cannot run this attention backward (") +
+        shape + ")" +
+        (a->deterministic ? " and the determinism switch is on (lutra_set_deterministic)" : "") +
+        ": " + e.err_msg;
     p->bwd.reset();
   }
 
@@ -346,36 +354,12 @@ int build_plan(const lutra_attention_args *a, void **out, size_t *workspace_byte
   if (p->fp8) fp8_bind(*p);
   if (a->dropout > 0) {
     p->dropout = true;
-    void *rng = nullptr;
-    TRY(lutra_cuda_alloc(2 * sizeof(int64_t), &rng));
-    p->rng = static_cast<int64_t *>(rng);
     p->fwd_pack.bind({SEED, OFFSET});
     p->bwd_pack.bind({SEED, OFFSET});
-    for (pack *k : {&p->fwd_pack, &p->bwd_pack}) {
-      k->set(SEED, p->rng);
-      k->set(OFFSET, p->rng + 1);
-    }
   }
   *workspace_bytes = (size_t)p->workspace;
   *deterministic = p->deterministic;
   *out = p.release();
-  return LUTRA_OK;
-}
-
-/* The call's (seed, offset) into the plan's device buffer when they differ from what it holds
- * (stream-ordered, from pinned staging). A capture cannot take a new pair: its replays would read
- * the captured bytes anyway, so it refuses rather than pretend. */
-int upload_rng(attention_plan *p, const lutra_attention_args *a, const char *fn) {
-  if (!p->dropout) return LUTRA_OK;
-  const int64_t want[2] = {(int64_t)a->seed, (int64_t)a->offset};
-  if (p->rng_written && p->rng_host[0] == want[0] && p->rng_host[1] == want[1]) return LUTRA_OK;
-  CHECK_STATE(!lutra_capturing(),
-              "dropout's (seed, offset) changed while capturing a CUDA graph (replays would "
-              "reuse the captured ones): run a step eagerly with them first");
-  TRY(lutra_cuda_from_host_async(p->rng, want, sizeof want));
-  p->rng_host[0] = want[0];
-  p->rng_host[1] = want[1];
-  p->rng_written = true;
   return LUTRA_OK;
 }
 
@@ -403,14 +387,14 @@ template <class Body> int guarded(const char *fn, Body &&body) noexcept {
   }
 }
 
-/* What a call bakes into cuDNN's kernels, the key of its cached graph: memcmp'd, so no padding
- * (the rng buffer is the plan's, as the cache is) */
+/* What a call bakes into cuDNN's kernels, the key of its cached graph: memcmp'd, so no padding */
 struct call_key {
   const void *q, *k, *v, *out, *stats, *dout, *dq, *dk, *dv, *workspace;
   const float *fp8_state;
+  const int64_t *rng;
   cudaStream_t stream;
 };
-static_assert(sizeof(call_key) == 12 * sizeof(void *), "call_key has padding bytes");
+static_assert(sizeof(call_key) == 13 * sizeof(void *), "call_key has padding bytes");
 
 /* one execute of a graph with its pack: what call_graphs.c runs directly or captures (from C:
  * nothing may be thrown through it) */
@@ -437,7 +421,7 @@ int execute(lutra_call_graphs **cache, const call_key &key, call &c) {
 }
 
 /* What both directions do first: the plan, its workspace and the pointers checked, the handle
- * set to lutra's stream, dropout's seed and offset in place, the inputs in the pack. */
+ * set to lutra's stream, the inputs and dropout's device (seed, offset) in the pack. */
 int begin_call(const lutra_attention_args *a, bool backward, const char *fn, attention_plan **p,
                cudnnHandle_t *h) {
   TRY(check_call(a, fn, p));
@@ -449,9 +433,14 @@ int begin_call(const lutra_attention_args *a, bool backward, const char *fn, att
   CHECK_ARG((a->fp8 != 0) == (*p)->fp8, "the plan was built %s FP8, the call is %s",
             (*p)->fp8 ? "for" : "without", a->fp8 ? "FP8" : "not");
   CHECK_ARG(!a->fp8 || a->fp8_state, "an FP8 call without fp8_state");
+  CHECK_ARG(!(*p)->dropout || a->rng,
+            "dropout without rng: cuDNN reads the (seed, offset) from device memory");
   TRY(handle_for_stream(fn, h));
-  TRY(upload_rng(*p, a, fn));
   pack &k = backward ? (*p)->bwd_pack : (*p)->fwd_pack;
+  if ((*p)->dropout) {
+    k.set(SEED, a->rng);
+    k.set(OFFSET, a->rng + 1);
+  }
   k.set(Q, a->q);
   k.set(K, a->k);
   k.set(V, a->v);
@@ -461,14 +450,27 @@ int begin_call(const lutra_attention_args *a, bool backward, const char *fn, att
   return LUTRA_OK;
 }
 
+/* dropout's device offset (a->rng[1]) += step on lutra's stream (kernels/attention/) */
+int advance_offset(const lutra_attention_args *a, uint64_t step, const char *fn) {
+  return lutra_cuda_status(lk_attention_offset_advance(a->rng + 1, step, lutra_cuda_stream()), fn,
+                           "advancing dropout's offset");
+}
+
 int run_forward(const lutra_attention_args *a, const char *fn) {
   attention_plan *p;
   cudnnHandle_t h;
   TRY(begin_call(a, false, fn, &p, &h));
-  const call_key key = {a->q,    a->k,    a->v,    a->out,       a->stats,     nullptr,
-                        nullptr, nullptr, nullptr, a->workspace, a->fp8_state, lutra_cuda_stream()};
+  const call_key key = {
+      a->q,    a->k,         a->v,         a->out, a->stats,           nullptr, nullptr, nullptr,
+      nullptr, a->workspace, a->fp8_state, a->rng, lutra_cuda_stream()};
   call c = {p->fwd.get(), &p->fwd_pack, h, a->workspace, fn, "cuDNN's SDPA forward"};
-  return execute(&p->fwd_calls, key, c);
+  /* this forward's mask: the offset advanced on the stream, captured with the SDPA call (and
+   * moved back when the call fails: a refused call changes nothing) */
+  if (p->dropout) TRY(advance_offset(a, LUTRA_ATTENTION_OFFSET_STEP, fn));
+  int st = execute(&p->fwd_calls, key, c);
+  if (st != LUTRA_OK && p->dropout)
+    (void)advance_offset(a, 0 - (uint64_t)LUTRA_ATTENTION_OFFSET_STEP, fn);
+  return st;
 }
 
 int run_backward(const lutra_attention_args *a, const char *fn) {
@@ -480,8 +482,9 @@ int run_backward(const lutra_attention_args *a, const char *fn) {
   k.set(DQ, a->dq);
   k.set(DK, a->dk);
   k.set(DV, a->dv);
-  const call_key key = {a->q,  a->k,  a->v,  a->out,       a->stats,     a->dout,
-                        a->dq, a->dk, a->dv, a->workspace, a->fp8_state, lutra_cuda_stream()};
+  const call_key key = {
+      a->q,  a->k,         a->v,         a->out, a->stats,           a->dout, a->dq, a->dk,
+      a->dv, a->workspace, a->fp8_state, a->rng, lutra_cuda_stream()};
   call c = {p->bwd.get(), &k, h, a->workspace, fn, "cuDNN's SDPA backward"};
   return execute(&p->bwd_calls, key, c);
 }

@@ -83,18 +83,12 @@ struct attention_plan {
   bool deterministic = false;
   bool dropout = false;
   bool fp8 = false; /* the FP8 graphs (attention_cudnn_fp8.cpp) */
-  /* dropout's Philox seed and offset, on the device (cuDNN reads them there, so a captured graph
-   * keeps reading this buffer); rng_host: what it holds once rng_written */
-  int64_t *rng = nullptr;
-  int64_t rng_host[2] = {0, 0};
-  bool rng_written = false;
   /* the forward's and the backward's calls replayed as graphs (freed before the graphs, whose
    * execution plans the captures retain) */
   lutra_call_graphs *fwd_calls = nullptr, *bwd_calls = nullptr;
   ~attention_plan() {
     lutra_call_graphs_free(fwd_calls);
     lutra_call_graphs_free(bwd_calls);
-    if (rng) lutra_cuda_free(rng);
   }
 };
 

@@ -91,7 +91,10 @@ std::shared_ptr<fe::graph::Graph> fp8_backward_graph(const lutra_attention_args 
   dout->set_data_type(grad);
   fe::graph::Tensor_attributes stats_in;
   auto stats = g->tensor(stats_layout(stats_in, a));
-  auto options = fe::graph::SDPA_fp8_backward_attributes().set_name("lutra_attention_fp8_backward");
+  /* cuDNN's default unless the determinism switch asks for its deterministic algorithm */
+  auto options = fe::graph::SDPA_fp8_backward_attributes()
+                     .set_name("lutra_attention_fp8_backward")
+                     .set_deterministic_algorithm(a->deterministic != 0);
   common_options(options, a, *g);
   auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = g->sdpa_fp8_backward(
       q, k, v, o, dout, stats, scale_input(*g, "Descale_Q", DESCALE_Q),

@@ -450,6 +450,11 @@ static int k_moe_unpermute_backward(const lutra_permute_args *a) {
   RUN_ARGS(LUTRA_LAUNCH_UNPERMUTE_BACKWARD, moe_unpermute_backward, lutra_permute_args, a);
 }
 
+/* the thread's current stream, the key of per-stream buffers above the backend */
+static const void *stream_key(void) {
+  return (const void *)lutra_cuda_stream();
+}
+
 const lutra_backend lutra_cuda_table = {
     .name = "cuda",
     .device = LUTRA_CUDA,
@@ -519,4 +524,5 @@ const lutra_backend lutra_cuda_table = {
     .attention_forward = lutra_cuda_attention_forward,
     .attention_backward = lutra_cuda_attention_backward,
 #endif
+    .stream = stream_key,
 };

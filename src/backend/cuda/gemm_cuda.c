@@ -118,8 +118,11 @@ static bool log_plans(void) {
   return plans_logged;
 }
 
-/* The heuristic's best algorithm for the current descriptor, or false when it has none. */
-static bool pick_algo(cuda_plan *c) {
+/* The heuristic's best algorithm for the current descriptor, or false when it has none. Its
+ * choice is a function of the key, the device and the fixed workspace bound; deterministic
+ * (the switch, lutra/determinism.h) keeps to algorithms without a split-K reduction, whose
+ * partial sums would otherwise be added in a second step or in place. */
+static bool pick_algo(cuda_plan *c, bool deterministic) {
   cublasLtMatmulPreference_t pref;
   if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return false;
   uint64_t ws = LUTRA_CUDA_WORKSPACE - 256;
@@ -127,6 +130,10 @@ static bool pick_algo(cuda_plan *c) {
   int found = 0;
   cublasStatus_t s = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  const uint32_t one_sequence = CUBLASLT_REDUCTION_SCHEME_NONE;
+  if (s == CUBLAS_STATUS_SUCCESS && deterministic)
+    s = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                             &one_sequence, sizeof one_sequence);
   if (s == CUBLAS_STATUS_SUCCESS)
     s = cublasLtMatmulAlgoGetHeuristic(lutra_cuda_lt(), c->op, c->la, c->lb, c->ld, c->ld, pref, 1,
                                        &result, &found);
@@ -256,7 +263,7 @@ static bool try_config(cuda_plan *c, const lutra_gemm_key *k, int d_dtype, bool 
   }
   c->bias_epilogue = bias_epilogue;
   c->lt_epilogue = lt_epilogue;
-  return pick_algo(c);
+  return pick_algo(c, k->deterministic != 0);
 }
 
 /* the algorithm's identity, for comparing plans with raw cuBLASLt calls (bench/host_floors.cu
@@ -357,10 +364,11 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
     destroy(c);
     return lutra_error(
         LUTRA_EUNSUPPORTED, fn,
-        "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c",
+        "cuBLASLt has no algorithm for %s x %s -> %s, m=%lld n=%lld k=%lld, layout %c%c%s",
         lutra_dtype_name(k->a_dtype), lutra_dtype_name(k->b_dtype), lutra_dtype_name(k->d_dtype),
         (long long)k->m, (long long)k->n, (long long)k->k, k->transa ? 'T' : 'N',
-        k->transb ? 'T' : 'N');
+        k->transb ? 'T' : 'N',
+        k->deterministic ? " without a split-K reduction (the determinism switch is on)" : "");
   }
   p->backend_plan = c;
   p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0) +
