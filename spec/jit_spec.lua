@@ -20,6 +20,10 @@ describe("LuaJIT traces of a training loop", function()
     assert.are.equal(0, loops)
   end)
 
+  it("form a loop trace when the loop reads its output into a host buffer (tensor:read)", function()
+    J.assert_compiles("spec/support/jit_read_loop.lua")
+  end)
+
   it("leave out an NYI abort of the set-up, before the training loop", function()
     -- the set-up's abort is in the whole process's log, and only the loop's log is checked
     local loops, aborts = J.run(LOOP, "none", "setup_closure")
