@@ -133,7 +133,7 @@ describe("lutra.export_onnx", function()
 
   it("norms, every activation and gated halves", function()
     local acts = { nn.ReLU(), nn.SiLU(), nn.QuickGELU(), nn.SquaredReLU(), nn.GELU { approximate = "none" },
-                   nn.GELU(), nn.SwiGLU(), nn.GeGLU(), nn.ReGLU() }
+                   nn.GELU(), nn.SwiGLU(), nn.GeGLU(), nn.ReGLU(), nn.Tanh() }
     for _, act in ipairs(acts) do
       local gated = act:kind():find("glu") ~= nil
       local net = nn.Sequential(nn.LayerNorm(10, { eps = 1e-3 }), nn.Linear(10, 16), act,
@@ -144,6 +144,7 @@ describe("lutra.export_onnx", function()
       assert.matches("LayerNormalization", out, 1, true)
       assert.matches("ReduceMean", out, 1, true)
       if gated then assert.matches("Slice", out, 1, true) end
+      if act:kind() == "tanh" then assert.matches("Tanh", out, 1, true) end
     end
   end)
 
