@@ -6,9 +6,9 @@ PERFORMANCE.md's PPO comparison: env steps and wall time to the solve threshold.
     python3 bench/ppo_cleanrl.py [--env cartpole|pendulum] [--seed 1] [--threads 1]
                                  [--until-solved] [--every 10]
 
-Identical to the lutra agent (agent.c): actor and critic MLPs Linear + ReLU (64-64), PyTorch's
+Identical to the lutra agent (agent.c): actor and critic MLPs Linear + Tanh (64-64), PyTorch's
 default Linear init with the actor's last layer scaled by 0.01 and last biases zeroed (lutra has
-no tanh module and no orthogonal init; CleanRL's tanh / orthogonal is --cleanrl-net), a
+no orthogonal init; CleanRL's orthogonal init is --cleanrl-net), a
 state-independent log-std for the pendulum, one Adam (eps 1e-5, no weight decay) with the global
 gradient norm clipped at 0.5, lr annealed linearly per update, advantages normalised per
 minibatch, observations normalised by a running mean/var (clipped at 10), the pendulum's rewards
@@ -52,8 +52,7 @@ class RunningMeanStd:
 
 
 def mlp(obs_dim, out, last_scale, cleanrl):
-    act = nn.Tanh if cleanrl else nn.ReLU
-    layers = [nn.Linear(obs_dim, 64), act(), nn.Linear(64, 64), act(), nn.Linear(64, out)]
+    layers = [nn.Linear(obs_dim, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, out)]
     if cleanrl:
         for i, layer in enumerate(l for l in layers if isinstance(l, nn.Linear)):
             nn.init.orthogonal_(layer.weight, last_scale if i == 2 else np.sqrt(2))
@@ -72,7 +71,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--until-solved", action="store_true")
     p.add_argument("--every", type=int, default=10)
-    p.add_argument("--cleanrl-net", action="store_true", help="tanh and orthogonal init")
+    p.add_argument("--cleanrl-net", action="store_true", help="CleanRL's orthogonal init")
     a = p.parse_args()
     c = PRESETS[a.env]
     torch.set_num_threads(a.threads)

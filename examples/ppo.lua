@@ -1,7 +1,7 @@
 -- PPO on cart-pole from Lua: the agent of examples/embed/ppo (CleanRL ppo.py's hyper-parameters:
 -- 4 envs x 128 steps, 4 minibatches x 4 epochs, AdamW lr 2.5e-4 annealed, eps 1e-5, gradient
 -- norm clipped at 0.5, clip 0.2, entropy 0.01, value 0.5, clipped value loss, observation
--- normalisation), with actor and critic MLPs (Linear + ReLU, 64-64) as lutra modules and the
+-- normalisation), with actor and critic MLPs (Linear + Tanh, 64-64) as lutra modules and the
 -- environment (gym's CartPole-v1 dynamics, 500-step cap) written in Lua.
 --   luajit examples/ppo.lua [--seed 1] [--steps 500000] [--updates N] [--until-solved]
 --                           [--every 10] [--hash]
@@ -88,8 +88,8 @@ end
 
 -- ---- the networks: the actor's last layer scaled by 0.01 (a near-uniform first policy) ----
 local function mlp(out, seed, last_scale)
-  local net = nn.Sequential(nn.Linear(OBS, HIDDEN, { seed = seed }), nn.ReLU(),
-                            nn.Linear(HIDDEN, HIDDEN, { seed = seed + 1 }), nn.ReLU(),
+  local net = nn.Sequential(nn.Linear(OBS, HIDDEN, { seed = seed }), nn.Tanh(),
+                            nn.Linear(HIDDEN, HIDDEN, { seed = seed + 1 }), nn.Tanh(),
                             nn.Linear(HIDDEN, out, { seed = seed + 2 }))
   local params = net:parameters()
   params[5].value:scale_(last_scale)

@@ -17,6 +17,7 @@ local KINDS = {
   { name = "silu", make = nn.SiLU },
   { name = "qgelu", make = nn.QuickGELU },
   { name = "srelu", make = nn.SquaredReLU },
+  { name = "tanh", make = nn.Tanh },
   { name = "gelu_erf", make = function() return nn.GELU { approximate = "none" } end },
   { name = "swiglu", make = nn.SwiGLU, gated = true },
   { name = "geglu", make = nn.GeGLU, gated = true },

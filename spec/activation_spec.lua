@@ -54,6 +54,7 @@ local KINDS = {
   { name = "SiLU", new = nn.SiLU, f = function(x) return x * sigmoid(x) end },
   { name = "QuickGELU", new = nn.QuickGELU, f = function(x) return x * sigmoid(1.702 * x) end },
   { name = "SquaredReLU", new = nn.SquaredReLU, f = function(x) return relu(x) ^ 2 end },
+  { name = "Tanh", new = nn.Tanh, f = math.tanh },
   { name = "SwiGLU", new = nn.SwiGLU, f = function(x) return x * sigmoid(x) end, gated = true },
   { name = "GeGLU", new = nn.GeGLU, f = gelu_tanh, gated = true },
   { name = "ReGLU", new = nn.ReGLU, f = relu, gated = true },
@@ -198,11 +199,32 @@ describe("activation modules", function()
 
   it("lutra_activation_new refuses a kind that is not LUTRA_ACTIVATION_*", function()
     local box = require("ffi").new("lutra_module*[1]")
-    for _, kind in ipairs({ 0, 10, -1 }) do
+    for _, kind in ipairs({ 0, 11, -1 }) do
       assert.are_not.equal(0, lutra.C.lutra_activation_new(kind, box))
       assert.matches("lutra_activation_new: activation kind " .. kind,
                      require("ffi").string(lutra.C.lutra_last_error()), 1, true)
     end
+  end)
+
+  it("Tanh: the tails keep their digits (1 - tanh(x)^2 from x, not from the rounded tanh)", function()
+    -- tanhf(x) rounds to +-1 for |x| >= 9.1, where 1 - t^2 would give 0; 4 e / (1 + e)^2,
+    -- e = exp(-2 |x|), is the derivative to a few f32 roundings: |dx - ref| <= 1e-5 |ref|
+    local xs = { 0.5, -0.5, 3, -3, 6, -6, 9.5, -9.5, 12, -12, 20, -20, 40, -40 }
+    local m = nn.Tanh()
+    local y = m:forward(f32(xs, { #xs })):to_table()
+    local dx = m:backward(f32((function()
+      local ones = {}
+      for i = 1, #xs do ones[i] = 1 end
+      return ones
+    end)(), { #xs })):to_table()
+    local want_y, want_dx = {}, {}
+    for i, x in ipairs(xs) do
+      local e = math.exp(-2 * math.abs(x))
+      want_y[i], want_dx[i] = math.tanh(x), 4 * e / (1 + e) ^ 2
+    end
+    assert_close(y, want_y, 1e-6, 0, "Tanh forward")
+    assert_close(dx, want_dx, 1e-5, 0, "Tanh backward tails")
+    assert.is_true(dx[#xs] > 0, "the derivative at -40 (~7e-35) is not flushed to 0")
   end)
 
   it("bf16: gated and element-wise kinds keep shapes and agree with f32 to bf16 rounding", function()

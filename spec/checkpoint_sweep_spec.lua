@@ -93,7 +93,7 @@ local models = {
     return nn.Sequential(nn.Residual(lnmlp("swiglu", "RMSNorm")(o)), nn.RMSNorm(H, o), nn.Linear(H, H, o))
   end },
 }
-for _, act in ipairs { "gelu", "relu", "silu", "qgelu", "srelu", "swiglu", "geglu", "reglu" } do
+for _, act in ipairs { "gelu", "relu", "silu", "qgelu", "srelu", "tanh", "swiglu", "geglu", "reglu" } do
   models[#models + 1] = { "LayerNormMLP " .. act, flat, lnmlp(act, act == "relu" and "RMSNorm" or "LayerNorm") }
 end
 
@@ -385,9 +385,9 @@ describe("checkpoint load into objects built differently", function()
     local rms = { "RMSNorm", flat, function(o) return nn.Sequential(nn.Linear(H, H, o), nn.RMSNorm(H, o)) end }
     local file = file_of(ln, "none", "f32", "adamw", "ln.ckpt")
     refused(file, new_run(rms, "none", "f32", "adamw", 5), "1.bias")
-    local gelu = file_of(models[#models - 7], "none", "f32", "adamw", "gelu.ckpt")
+    local gelu = file_of(models[#models - 8], "none", "f32", "adamw", "gelu.ckpt")
     refused(gelu, new_run(models[#models - 2], "none", "f32", "adamw", 5), "has shape") -- swiglu
-    local r = new_run(models[#models - 5], "none", "f32", "adamw", 5) -- silu
+    local r = new_run(models[#models - 6], "none", "f32", "adamw", 5) -- silu
     lutra.load(gelu, objects(r))
   end)
 

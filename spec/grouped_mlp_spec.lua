@@ -19,6 +19,7 @@ local KINDS = {
   { name = "gelu_tanh", make = nn.GELU },
   { name = "qgelu", make = nn.QuickGELU },
   { name = "gelu_erf", make = function() return nn.GELU { approximate = "none" } end },
+  { name = "tanh", make = nn.Tanh, f = math.tanh },
   { name = "swiglu", make = nn.SwiGLU, gated = true },
   { name = "reglu", make = nn.ReGLU, gated = true },
 }

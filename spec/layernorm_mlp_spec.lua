@@ -22,11 +22,12 @@ local ACTS = {
   silu = { f = function(x) return x * sigmoid(x) end, module = nn.SiLU },
   qgelu = { f = function(x) return x * sigmoid(1.702 * x) end, module = nn.QuickGELU },
   srelu = { f = function(x) return relu(x) ^ 2 end, module = nn.SquaredReLU },
+  tanh = { f = math.tanh, module = nn.Tanh },
   swiglu = { gated = function(a, b) return a * sigmoid(a) * b end, module = nn.SwiGLU },
   geglu = { gated = function(a, b) return gelu(a) * b end, module = nn.GeGLU },
   reglu = { gated = function(a, b) return relu(a) * b end, module = nn.ReGLU },
 }
-local ACT_NAMES = { "gelu", "relu", "silu", "qgelu", "srelu", "swiglu", "geglu", "reglu" }
+local ACT_NAMES = { "gelu", "relu", "silu", "qgelu", "srelu", "tanh", "swiglu", "geglu", "reglu" }
 
 local function ref_forward(x, v, rows, h, ffn, act, rms, eps)
   local g, beta = v[1], not rms and v[2] or nil
@@ -117,7 +118,7 @@ describe("nn.LayerNormMLP", function()
       assert.is_false(ok)
       assert.is_truthy(tostring(err):find(pat, 1, true), tostring(err))
     end
-    fails("unknown activation", nn.LayerNormMLP, 8, 8, { activation = "tanh" })
+    fails("unknown activation", nn.LayerNormMLP, 8, 8, { activation = "mish" })
     fails("unknown normalization", nn.LayerNormMLP, 8, 8, { normalization = "rms" })
     fails("ffn_hidden", nn.LayerNormMLP, 8, 0)
     fails("unknown option", nn.LayerNormMLP, 8, 8, { return_layernorm_output = true })

@@ -27,7 +27,7 @@ local x8 = function() return lutra.tensor({ 4, 8 }):randn(1) end
 local args = {
   Linear = { 8, 8 }, GroupedLinear = { 2, 8, 8 }, LayerNormLinear = { 8, 8 },
   LayerNormMLP = { 8, 8 }, LayerNorm = { 8 }, RMSNorm = { 8 }, GELU = {}, ReLU = {}, SiLU = {},
-  QuickGELU = {}, SquaredReLU = {}, SwiGLU = {}, GeGLU = {}, ReGLU = {},
+  QuickGELU = {}, SquaredReLU = {}, SwiGLU = {}, GeGLU = {}, ReGLU = {}, Tanh = {},
   Sequential = { function() return nn.Linear(8, 8) end, function() return nn.GELU() end },
   Residual = { function() return nn.Linear(8, 8) end }, Embedding = { 16, 8 },
   RotaryEmbedding = { 8 },

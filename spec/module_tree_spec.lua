@@ -13,7 +13,7 @@ describe("print(module)", function()
     local s = nn.Sequential(nn.LayerNorm(64, { dtype = "bf16" }), nn.Linear(64, 256, { dtype = "bf16" }),
                             nn.SwiGLU(), nn.Sequential(nn.Linear(128, 10, { bias = false }), nn.RMSNorm(10)),
                             nn.ReLU(), nn.SiLU(), nn.QuickGELU(), nn.SquaredReLU(), nn.GELU(),
-                            nn.GELU { approximate = "none" }, nn.GeGLU(), nn.ReGLU())
+                            nn.GELU { approximate = "none" }, nn.GeGLU(), nn.ReGLU(), nn.Tanh())
     local want = table.concat({
       "lutra.nn.Sequential(",
       "  (1): lutra.nn.layernorm([64] [64], bf16, cpu)",
@@ -31,6 +31,7 @@ describe("print(module)", function()
       "  (10): lutra.nn.gelu_erf",
       "  (11): lutra.nn.geglu",
       "  (12): lutra.nn.reglu",
+      "  (13): lutra.nn.tanh",
       ")" }, "\n")
     assert.are.equal(want, tostring(s))
   end)

@@ -262,7 +262,7 @@ describe("nn.MoEMLP", function()
     E.expect_error(function() nn.MoEMLP(16, 16, 2, 0) end, "lutra.nn.MoEMLP", "top_k")
     E.expect_error(function() nn.MoEMLP(16, 16, 5000, 2) end, "lutra_moe_mlp_new",
                    "experts = 5000 is outside 1..4096")
-    E.expect_error(function() nn.MoEMLP(16, 16, 4, 2, { activation = "tanh" }) end,
+    E.expect_error(function() nn.MoEMLP(16, 16, 4, 2, { activation = "mish" }) end,
                    "lutra.nn.MoEMLP", "activation")
     E.expect_error(function() nn.MoEMLP(16, 16, 4, 2, { topk = 2 }) end, "lutra.nn.MoEMLP",
                    "unknown option 'topk'")

@@ -195,7 +195,7 @@ describe("nn.TransformerLayer and nn.MultiheadAttention", function()
     assert.is_truthy(err(function()
       nn.MultiheadAttention(12, 4, { rope = true }) -- head_dim 3: RoPE needs an even one
     end):find("lutra_mha_new", 1, true))
-    assert.is_truthy(err(function() nn.TransformerLayer(16, 32, 4, { activation = "tanh" }) end)
+    assert.is_truthy(err(function() nn.TransformerLayer(16, 32, 4, { activation = "mish" }) end)
                      :find("activation", 1, true))
     assert.is_truthy(err(function() nn.TransformerLayer(16, 32, 4, { moe = 4 }) end)
                      :find("moe must be a table {experts =, top_k =}", 1, true))

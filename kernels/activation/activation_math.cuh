@@ -1,9 +1,9 @@
 /* Element formulas of the activations, for kernels/activation/activation.cu and the GEMM
  * epilogues (kernels/gemm/epilogue.cu): src/backend/cpu/activation_cpu.c operation for operation,
  * through fadd/fmul/fdiv (no FMA contraction). ReLU and SquaredReLU (and ReGLU) are bit for bit the
- * CPU's; the sigmoid kinds round expf and the erf GELU erff, which CUDA may compute a few ulps
- * off libm, so the GPU specs compare those by a bound. Each kind is a struct with f (the
- * element function, the gate's for gated kinds) and df (its derivative). */
+ * CPU's; the sigmoid kinds round expf, Tanh tanhf and expf, and the erf GELU erff, which CUDA may
+ * compute a few ulps off libm, so the GPU specs compare those by a bound. Each kind is a struct
+ * with f (the element function, the gate's for gated kinds) and df (its derivative). */
 #ifndef LUTRA_KERNELS_ACTIVATION_MATH_CUH
 #define LUTRA_KERNELS_ACTIVATION_MATH_CUH
 
@@ -76,6 +76,18 @@ struct ActSrelu {
   static LKC_HD float df(float x) { return x > 0.0f ? fmul(2.0f, x) : 0.0f; }
 };
 
+/* tanhf(x); d/dx = 1 - tanh(x)^2 = 4 e s^2, e = exp(-2 |x|), s = 1 / (1 + e) (the CPU's, whose
+ * comment says why) */
+struct ActTanh {
+  static LKC_HD float f(float x) { return tanhf(x); }
+  static LKC_HD float df(float x) {
+    /* -2 |x| is exact: the CPU's -2.0f * fabsf(x) */
+    const float e = expf(fmul(-2.0f, fabsf(x)));
+    const float s = fdiv(1.0f, fadd(1.0f, e));
+    return fmul(fmul(fmul(4.0f, e), s), s);
+  }
+};
+
 struct ActGeluErf {
   static LKC_HD float f(float x) {
     return fmul(fmul(0.5f, x), fadd(1.0f, erff(fmul(x, kSqrt1_2))));
@@ -106,6 +118,8 @@ template <class F, class U> LKC_HD auto act_dispatch(int act, F &&f, U &&unknown
     return f(ActSrelu());
   case LUTRA_ACT_GELU_ERF:
     return f(ActGeluErf());
+  case LUTRA_ACT_TANH:
+    return f(ActTanh());
   default:
     return unknown();
   }

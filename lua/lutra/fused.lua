@@ -23,6 +23,7 @@ M.activations = {
   silu = C.LUTRA_ACTIVATION_SILU, swiglu = C.LUTRA_ACTIVATION_SWIGLU,
   geglu = C.LUTRA_ACTIVATION_GEGLU, reglu = C.LUTRA_ACTIVATION_REGLU,
   qgelu = C.LUTRA_ACTIVATION_QGELU, srelu = C.LUTRA_ACTIVATION_SRELU,
+  tanh = C.LUTRA_ACTIVATION_TANH,
 }
 
 -- the options both modules share, into desc d
@@ -89,9 +90,10 @@ end
 -- @tparam integer hidden the input's and the output's last dim
 -- @tparam integer ffn_hidden FC1's output width (before a gated activation halves it)
 -- @tparam[opt] table opts {normalization = "LayerNorm" | "RMSNorm", activation = "gelu" |
--- "relu" | "silu" | "swiglu" | "geglu" | "reglu" | "qgelu" | "srelu", bias, zero_centered_gamma,
--- eps, dtype, device, accumulate_main_grad, seed, tp_group, sequence_parallel} (with tp_group,
--- FC1 is column- and FC2 row-parallel; hidden and ffn_hidden are the full layer's)
+-- "relu" | "silu" | "swiglu" | "geglu" | "reglu" | "qgelu" | "srelu" | "tanh", bias,
+-- zero_centered_gamma, eps, dtype, device, accumulate_main_grad, seed, tp_group,
+-- sequence_parallel} (with tp_group, FC1 is column- and FC2 row-parallel; hidden and ffn_hidden
+-- are the full layer's)
 -- @return the module
 function M.LayerNormMLP(hidden, ffn_hidden, opts)
   local where = "lutra.nn.LayerNormMLP"

@@ -197,6 +197,9 @@ M.QuickGELU = activation(C.LUTRA_ACTIVATION_QGELU, "lutra.nn.QuickGELU")
 --- nn.SquaredReLU(): relu(x)^2.
 -- @function SquaredReLU
 M.SquaredReLU = activation(C.LUTRA_ACTIVATION_SRELU, "lutra.nn.SquaredReLU")
+--- nn.Tanh(): tanh(x).
+-- @function Tanh
+M.Tanh = activation(C.LUTRA_ACTIVATION_TANH, "lutra.nn.Tanh")
 -- gated: the input's last dim 2h is split into the gate (first half) and the linear part
 
 --- nn.SwiGLU(): silu(a) b, gated: the last dim 2h is split into a (first half, the gate) and b; gives h.
@@ -462,7 +465,7 @@ methods.define("moe_mlp", "MoEMLP", transformer.moe_methods)
 for kind, name in pairs { linear_parallel = "Linear (tensor parallel)", layernorm = "LayerNorm",
                           rmsnorm = "RMSNorm", gelu = "GELU", gelu_erf = "GELU", relu = "ReLU",
                           silu = "SiLU", quick_gelu = "QuickGELU", squared_relu = "SquaredReLU",
-                          swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU",
+                          swiglu = "SwiGLU", geglu = "GeGLU", reglu = "ReGLU", tanh = "Tanh",
                           rotary_qkv = "MultiheadAttention's RoPE step",
                           moe_router = "MoEMLP's router (a Linear, never FP8)" } do
   methods.define(kind, name)

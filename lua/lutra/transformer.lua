@@ -127,7 +127,7 @@ end
 -- @tparam integer ffn_hidden the MLP's inner width
 -- @tparam integer num_heads query heads
 -- @tparam[opt] table opts MultiheadAttention's options, and activation = "gelu" | "swiglu" |
--- "geglu" | "reglu" | "relu" | "silu" | "qgelu" | "srelu" (the MLP's), moe = {experts =,
+-- "geglu" | "reglu" | "relu" | "silu" | "qgelu" | "srelu" | "tanh" (the MLP's), moe = {experts =,
 -- top_k =} (the feed-forward is then an MoEMLP of that many experts, ffn_hidden each, with the
 -- layer's normalization, activation and bias; its part "mlp")
 -- @return the module

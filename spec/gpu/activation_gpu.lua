@@ -7,8 +7,8 @@
 -- operation, so
 --   - ReLU, SquaredReLU and ReGLU (comparisons, products, no transcendental) are BIT-IDENTICAL;
 --   - the sigmoid kinds (SiLU, QuickGELU, SwiGLU), the tanh GELU and GeGLU round CUDA's expf,
---     and the erf GELU CUDA's erff as well; those are within 2 ulp of libm's but not always the
---     same bits, so they are compared by NMSE: f32 1e-12 (a few ulps, ~1e-7 relative, on some
+--     the erf GELU CUDA's erff as well, Tanh CUDA's tanhf and expf; those are within 2 ulp of
+--     libm's but not always the same bits, so they are compared by NMSE: f32 1e-12 (a few ulps, ~1e-7 relative, on some
 --     elements), bf16/f16 1e-5 (where that moves a value across a rounding boundary, one ulp of
 --     the 16-bit format: 2^-8 / 2^-11 relative, on a small fraction of elements).
 -- Outputs are the modules' own buffers, so they are not poisoned; NMSE fails on a non-finite
@@ -28,6 +28,7 @@ local KINDS = {
   { name = "GELU tanh", new = nn.GELU },
   { name = "GELU erf", new = function() return nn.GELU({ approximate = "none" }) end },
   { name = "SiLU", new = nn.SiLU },
+  { name = "Tanh", new = nn.Tanh },
   { name = "QuickGELU", new = nn.QuickGELU },
   { name = "SwiGLU", new = nn.SwiGLU, gated = true },
   { name = "GeGLU", new = nn.GeGLU, gated = true },

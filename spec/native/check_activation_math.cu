@@ -94,5 +94,6 @@ int main() {
   bad += check<ActSig<false>>(LUTRA_ACT_SWIGLU, x);
   bad += check<ActGeluTanh>(LUTRA_ACT_GEGLU, x);
   bad += check<ActRelu>(LUTRA_ACT_REGLU, x);
+  bad += check<ActTanh>(LUTRA_ACT_TANH, x);
   return bad ? 1 : 0;
 }

@@ -388,7 +388,7 @@ int main() {
               {"silu", LUTRA_ACT_SILU},           {"qgelu", LUTRA_ACT_QGELU},
               {"srelu", LUTRA_ACT_SRELU},         {"gelu_erf", LUTRA_ACT_GELU_ERF},
               {"swiglu", LUTRA_ACT_SWIGLU},       {"geglu", LUTRA_ACT_GEGLU},
-              {"reglu", LUTRA_ACT_REGLU}};
+              {"reglu", LUTRA_ACT_REGLU},         {"tanh", LUTRA_ACT_TANH}};
   static std::vector<std::string> names;
   names.reserve(4 * sizeof acts / sizeof *acts);
   for (const auto &k : acts)

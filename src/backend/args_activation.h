@@ -7,7 +7,7 @@
 
 LUTRA_ARGS_NO_PADDING_BEGIN
 /* Activation kinds (lutra_act_args.act). Internal to the backends and modules, so that kinds
- * can be added (relu, silu, swiglu, erf GELU) without touching the public API; a backend
+ * can be added (relu, silu, swiglu, erf GELU, tanh) without touching the public API; a backend
  * refuses a kind it does not implement with LUTRA_EUNSUPPORTED. */
 enum {
   LUTRA_ACT_NONE = 0, /* no activation (modules and fusions; no backend entry takes it) */
@@ -25,7 +25,8 @@ enum {
   LUTRA_ACT_SWIGLU = 7, /* silu(a) b */
   LUTRA_ACT_GEGLU = 8,  /* gelu_tanh(a) b */
   LUTRA_ACT_REGLU = 9,  /* relu(a) b */
-  LUTRA_ACT_COUNT = 10, /* one past the last kind */
+  LUTRA_ACT_TANH = 10,  /* tanh(x), element-wise (after the gated kinds: the values are public) */
+  LUTRA_ACT_COUNT = 11, /* one past the last kind */
 };
 
 /* whether kind act is gated (its input's last dim is split in two halves) */

@@ -183,6 +183,8 @@ static const char *element_act(onnx_graph *g, int act, const char *x) {
   }
   case LUTRA_ACT_SILU:
     return onnx_op2(g, "Mul", x, onnx_op1(g, "Sigmoid", x, "sigmoid"), "silu");
+  case LUTRA_ACT_TANH:
+    return onnx_op1(g, "Tanh", x, "tanh");
   case LUTRA_ACT_QGELU: /* x sigmoid(1.702 x) */
     return onnx_op2(
         g, "Mul", x,

@@ -81,6 +81,7 @@ enum {
   LUTRA_ACTIVATION_SWIGLU = 7,    /* silu(a) b */
   LUTRA_ACTIVATION_GEGLU = 8,     /* gelu_tanh(a) b */
   LUTRA_ACTIVATION_REGLU = 9,     /* relu(a) b */
+  LUTRA_ACTIVATION_TANH = 10,     /* tanh(x) */
 };
 LUTRA_API int lutra_activation_new(int kind, lutra_module **out);
 /* ---- end activations ---- */

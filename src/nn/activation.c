@@ -25,6 +25,7 @@ _Static_assert((int)LUTRA_ACTIVATION_GELU_ERF == (int)LUTRA_ACT_GELU_ERF, "kind 
 _Static_assert((int)LUTRA_ACTIVATION_SWIGLU == (int)LUTRA_ACT_SWIGLU, "kind values");
 _Static_assert((int)LUTRA_ACTIVATION_GEGLU == (int)LUTRA_ACT_GEGLU, "kind values");
 _Static_assert((int)LUTRA_ACTIVATION_REGLU == (int)LUTRA_ACT_REGLU, "kind values");
+_Static_assert((int)LUTRA_ACTIVATION_TANH == (int)LUTRA_ACT_TANH, "kind values");
 
 typedef struct activation {
   lutra_module base;
@@ -52,6 +53,7 @@ static const act_names NAMES[LUTRA_ACT_COUNT] = {
     [LUTRA_ACT_SWIGLU] = {"lutra_swiglu_forward", "lutra_swiglu_backward"},
     [LUTRA_ACT_GEGLU] = {"lutra_geglu_forward", "lutra_geglu_backward"},
     [LUTRA_ACT_REGLU] = {"lutra_reglu_forward", "lutra_reglu_backward"},
+    [LUTRA_ACT_TANH] = {"lutra_tanh_forward", "lutra_tanh_backward"},
 };
 
 /* the arguments of a gated kind: x as [rows, cols], the last dim split in two */
@@ -148,6 +150,7 @@ static const lutra_fusion_ops FUSIONS[LUTRA_ACT_COUNT] = {
     FUSION(LUTRA_ACT_GELU_TANH), FUSION(LUTRA_ACT_RELU),  FUSION(LUTRA_ACT_SILU),
     FUSION(LUTRA_ACT_QGELU),     FUSION(LUTRA_ACT_SRELU), FUSION(LUTRA_ACT_GELU_ERF),
     FUSION(LUTRA_ACT_SWIGLU),    FUSION(LUTRA_ACT_GEGLU), FUSION(LUTRA_ACT_REGLU),
+    FUSION(LUTRA_ACT_TANH),
 };
 
 #define OPS(k, name)                                                                               \
@@ -164,7 +167,7 @@ static const lutra_module_ops OPS_OF[LUTRA_ACT_COUNT] = {
     OPS(LUTRA_ACT_SILU, "silu"),          OPS(LUTRA_ACT_QGELU, "quick_gelu"),
     OPS(LUTRA_ACT_SRELU, "squared_relu"), OPS(LUTRA_ACT_GELU_ERF, "gelu_erf"),
     OPS(LUTRA_ACT_SWIGLU, "swiglu"),      OPS(LUTRA_ACT_GEGLU, "geglu"),
-    OPS(LUTRA_ACT_REGLU, "reglu"),
+    OPS(LUTRA_ACT_REGLU, "reglu"),        OPS(LUTRA_ACT_TANH, "tanh"),
 };
 
 int lutra_activation_new(int kind, lutra_module **out) {

@@ -83,15 +83,16 @@ static int linear(int64_t in, int64_t out, uint64_t seed, lutra_module **m) {
   return 0;
 }
 
-/* Linear(in, h) ReLU Linear(h, h) ReLU Linear(h, out); the last layer's weight scaled by
- * last_scale and its bias zeroed (CleanRL's small initial policy: near-uniform actions) */
+/* Linear(in, h) Tanh Linear(h, h) Tanh Linear(h, out) (CleanRL's activation); the last layer's
+ * weight scaled by last_scale and its bias zeroed (CleanRL's small initial policy: near-uniform
+ * actions) */
 static int mlp(int64_t in, int64_t h, int64_t out, uint64_t seed, float last_scale,
                lutra_module **net) {
   lutra_module *m[5] = {0};
   int bad = linear(in, h, seed, &m[0]) || linear(h, h, seed + 1, &m[2]) ||
             linear(h, out, seed + 2, &m[4]) ||
-            lutra_activation_new(LUTRA_ACTIVATION_RELU, &m[1]) != LUTRA_OK ||
-            lutra_activation_new(LUTRA_ACTIVATION_RELU, &m[3]) != LUTRA_OK ||
+            lutra_activation_new(LUTRA_ACTIVATION_TANH, &m[1]) != LUTRA_OK ||
+            lutra_activation_new(LUTRA_ACTIVATION_TANH, &m[3]) != LUTRA_OK ||
             lutra_sequential_new(m, 5, net) != LUTRA_OK;
   for (int i = 0; i < 5; i++)
     lutra_module_unref(m[i]);

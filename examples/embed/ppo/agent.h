@@ -1,4 +1,4 @@
-/* The PPO agent on lutra's C API: an actor and a critic (Sequentials of Linear + ReLU, 64-64),
+/* The PPO agent on lutra's C API: an actor and a critic (Sequentials of Linear + Tanh, 64-64),
  * for continuous actions a state-independent log-std, one AdamW over all of them with global
  * gradient-norm clipping, a rollout buffer of T steps of N environments, and the update cut
  * into slices of one minibatch each so that a frame loop can spread it over frames.

@@ -43,8 +43,8 @@ float lutra_cpu_gelu_grad(float x) {
 
 /* ---- the other kinds (TransformerEngine's activations) -------------------------------------
  * Each is the f32 operation sequence of kernels/activation_math.cuh, operation for operation:
- * ReLU and SquaredReLU are exact there; the sigmoid kinds go through expf and the erf GELU
- * through erff, whose CUDA versions may differ from libm in the last bits. */
+ * ReLU and SquaredReLU are exact there; the sigmoid kinds go through expf, Tanh through tanhf and
+ * expf and the erf GELU through erff, whose CUDA versions may differ from libm in the last bits. */
 
 #define QGELU_K      1.702f
 #define SQRT1_2      0.70710678118654752f /* 1 / sqrt 2 */
@@ -78,6 +78,19 @@ static inline float srelu_grad(float x) {
   return x > 0.0f ? 2.0f * x : 0.0f;
 }
 
+/* tanhf(x) itself (CUDA's tanhf may be a few ulps off libm's, as expf); its derivative
+ * 1 - tanh(x)^2 = 4 e / (1 + e)^2, e = exp(-2 |x|), = 4 e s^2 with s = 1 / (1 + e): from x, as
+ * the other kinds, and without the cancellation in 1 - t^2 that leaves the tails no digits
+ * (e <= 1, so no overflow; e = 0 far out gives 0) */
+static inline float tanh_act(float x) {
+  return tanhf(x);
+}
+static inline float tanh_grad(float x) {
+  const float e = expf(-2.0f * fabsf(x));
+  const float s = 1.0f / (1.0f + e);
+  return 4.0f * e * s * s;
+}
+
 static inline float gelu_erf(float x) {
   return 0.5f * x * (1.0f + erff(x * SQRT1_2));
 }
@@ -102,6 +115,8 @@ static float act_f(int act, float x) {
     return sig_act(x, QGELU_K);
   case LUTRA_ACT_SRELU:
     return srelu(x);
+  case LUTRA_ACT_TANH:
+    return tanh_act(x);
   default:
     return gelu_erf(x);
   }
@@ -122,6 +137,8 @@ static float act_df(int act, float x) {
     return sig_act_grad(x, QGELU_K);
   case LUTRA_ACT_SRELU:
     return srelu_grad(x);
+  case LUTRA_ACT_TANH:
+    return tanh_grad(x);
   default:
     return gelu_erf_grad(x);
   }
@@ -166,6 +183,8 @@ static int act_forward_f32(int act, const float *restrict x, float *restrict y, 
     ACT_LOOP(sig_act(v, QGELU_K));
   case LUTRA_ACT_SRELU:
     ACT_LOOP(srelu(v));
+  case LUTRA_ACT_TANH:
+    ACT_LOOP(tanh_act(v));
   default:
     ACT_LOOP(gelu_erf(v));
   }
