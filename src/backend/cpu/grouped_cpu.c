@@ -253,9 +253,12 @@ int lutra_cpu_grouped_gemm(const lutra_grouped_gemm_args *g) {
     const int64_t s = g->splits[e], p = lutra_grouped_roundup(s, align);
     /* scratch: the f32 operands and the padded output (FP8), then the GEMM's own workspace
      * (bf16 upcasts, D). FP8 GEMMs run on all p padded rows, as the Linear of the padded rows
-     * does (BLAS may sum a row differently when m differs), and keep the first s. */
+     * does (BLAS may sum a row differently when m differs), and keep the first s. The operands
+     * as laid out below: f_tok [p, wide], f_w [out, in], f_tok2 [p, in] (wide, not in + out:
+     * sized for in + out, the padded output ran p (in - out) floats into the GEMM's workspace
+     * when in > out). */
     const int64_t wide = in > out ? in : out;
-    size_t opb = g->fp8 ? round64((size_t)(p * in + p * out + in * out) * 4) +
+    size_t opb = g->fp8 ? round64((size_t)(p * wide + in * out + p * in) * 4) +
                               round64((size_t)(p * wide) * es)
                         : 0;
     size_t gemmb = round64((size_t)(p * in + p * out + in * out) * 4) + 3 * 64;
