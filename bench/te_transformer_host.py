@@ -11,12 +11,12 @@ Without transformer_engine installed the TE rows say so and the PyTorch rows sti
 Usage (on the GPU machine): python3 bench/te_transformer_host.py [--calls 20] [--batches 15]
 """
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from attention_torch import host_median  # the same method as the SDPA rows
 
 B, T, H, D = 1, 128, 4, 64
 HIDDEN, FFN = 256, 1024
@@ -39,21 +39,6 @@ class Block(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x)), approximate="tanh"))
 
 
-def host_us(fn, calls, batches):
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    per_call = []
-    for _ in range(batches):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per_call.append((time.perf_counter() - t0) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(per_call)
-
-
 def rows_of(name, module, args, dout, calls, batches):
     def fwd():
         module(*args)
@@ -62,7 +47,7 @@ def rows_of(name, module, args, dout, calls, batches):
         module(*args).backward(dout)
 
     for call, fn in (("forward", fwd), ("forward + backward", fwd_bwd)):
-        print(f"| {name} | {call} | {host_us(fn, calls, batches):.1f} |", flush=True)
+        print(f"| {name} | {call} | {host_median(fn, calls, batches) * 1e6:.1f} |", flush=True)
 
 
 def main():
