@@ -1,7 +1,8 @@
 /* Per-action latency of a small policy's inference forward on the CPU backend, from C (what an
  * engine embedding lutra pays to pick an action): an MLP obs 32 -> 64 -> ReLU -> 64 -> ReLU -> 8
  * (a "64-64" policy, Stable-Baselines' default width), forward with grad = 0 (nothing kept for a
- * backward) at batch 1 (one agent) and batch 64 (a vector of environments). The same model is
+ * backward) at batch 1 (one agent) and batch 64 (a vector of environments), with the weights as
+ * trained and packed for inference (lutra_cpu_set_inference_pack). The same model is
  * exported to ONNX (lutra_export_onnx) for bench/policy_latency_ort.py, which times ONNX Runtime
  * on it; the input and lutra's output at batch 64 are written beside it so that the script checks
  * both give the same actions' logits.
@@ -107,17 +108,22 @@ int main(int argc, char **argv) {
   o.input_shape[0] = 0; /* a dynamic batch: one file for both sizes */
   o.input_shape[1] = OBS;
   CHECK(lutra_export_onnx(net, model, &o));
-  printf("policy %d -> %d -> %d -> %d (ReLU), f32, 1 thread; exported to %s\n", OBS, HIDDEN,
-         HIDDEN, ACT, model);
+  printf("policy %d -> %d -> %d -> %d (ReLU), f32, 1 thread; exported to %s\n", OBS, HIDDEN, HIDDEN,
+         ACT, model);
   const int batches[] = {1, 64}, calls[] = {20000, 2000};
   for (int k = 0; k < 2; k++) {
     const int64_t shape[2] = {batches[k], OBS};
     lutra_tensor *x;
     CHECK(lutra_tensor_new(LUTRA_F32, 2, shape, LUTRA_CPU, &x));
     CHECK(lutra_tensor_randn(x, 7, 0.0f, 1.0f));
-    const double median = median_us(net, x, calls[k]);
-    printf("lutra batch %2d: %.3f us per forward (median of %d rounds of %d; fastest %.3f)\n",
-           batches[k], median, ROUNDS, calls[k], fastest_us);
+    /* the weights as trained, then packed for inference (lutra_cpu_set_inference_pack) */
+    for (int pack = 0; pack < 2; pack++) {
+      CHECK(lutra_cpu_set_inference_pack(pack));
+      const double median = median_us(net, x, calls[k]);
+      printf("lutra %sbatch %2d: %.3f us per forward (median of %d rounds of %d; fastest %.3f)\n",
+             pack ? "packed " : "", batches[k], median, ROUNDS, calls[k], fastest_us);
+    }
+    CHECK(lutra_cpu_set_inference_pack(0));
     if (batches[k] == 64) {
       static float xs[64 * OBS], ys[64 * ACT];
       lutra_forward_args a;

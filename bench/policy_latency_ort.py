@@ -83,7 +83,8 @@ def ort_figures(sess, floor, x64):
 
 def lutra_figures(program, d):
     out = subprocess.run([program, d], check=True, capture_output=True, text=True).stdout
-    return {int(b): float(us) for b, us in re.findall(r"lutra batch +(\d+): ([0-9.]+) us", out)}
+    return {(p != "", int(b)): float(us)
+            for p, b, us in re.findall(r"lutra (packed )?batch +(\d+): ([0-9.]+) us", out)}
 
 
 def main():
@@ -104,12 +105,14 @@ def main():
             lutra_runs.append(lutra_figures(program, d))
     print(f"onnxruntime {ort.__version__}, 1 thread each; max |ort - lutra| at batch 64: "
           f"{err.max():.2e}; medians over {repeats} alternating repeats, us per forward")
-    print("| batch | lutra (C) | ORT run (Python) | ORT run_with_iobinding | ORT less binding floor |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| batch | lutra (C) | lutra packed (C) | ORT run (Python) | ORT run_with_iobinding "
+          "| ORT less binding floor |")
+    print("|---:|---:|---:|---:|---:|---:|")
     for batch in CALLS:
-        ours = statistics.median(f[batch] for f in lutra_runs)
+        ours = [statistics.median(f[(packed, batch)] for f in lutra_runs) for packed in (False, True)]
         theirs = [statistics.median(f[batch][i] for f in ort_runs) for i in range(3)]
-        print(f"| {batch} | {ours:.2f} | {theirs[0]:.2f} | {theirs[1]:.2f} | {theirs[2]:.2f} |")
+        print(f"| {batch} | {ours[0]:.2f} | {ours[1]:.2f} | {theirs[0]:.2f} | {theirs[1]:.2f} "
+              f"| {theirs[2]:.2f} |")
 
 
 main()

@@ -253,6 +253,21 @@ function M.deterministic(on)
   return was
 end
 
+--- lutra.cpu_inference_pack(on): the CPU inference forward's packed weights
+-- (lutra_cpu_set_inference_pack in lutra/base.h), off by default: true makes each f32 Linear's
+-- inference forward (grad = false) multiply by a transposed copy of its weight, kept until the
+-- weight changes (what ONNX Runtime's prepacking does; its bits may differ from the training
+-- forward's in the last place). Returns the previous setting; with no argument, the current one.
+function M.cpu_inference_pack(on)
+  local was = C.lutra_cpu_inference_pack() == 1
+  if on == nil then return was end
+  if type(on) ~= "boolean" then
+    error("lutra.cpu_inference_pack: on must be a boolean (got " .. type(on) .. ")", 2)
+  end
+  core.check(C.lutra_cpu_set_inference_pack(on and 1 or 0))
+  return was
+end
+
 --- true when LUTRA_NVTX=1 was set when the library loaded (NVTX ranges are emitted)
 function M.nvtx_active() return C.lutra_nvtx_active() == 1 end
 

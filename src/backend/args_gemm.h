@@ -54,6 +54,11 @@ typedef struct lutra_gemm_args {
   void *dbias;      /* DGELU_BGRAD: [n]; BGRADB: [m] */
   int32_t aux_dtype;
   int32_t dbias_dtype;
+  /* CPU, an f32 bias and no accumulate: D starts as the bias rows and BLAS adds the product to
+   * them (beta 1), one pass over D less; the bias then joins the sum before BLAS's later K blocks
+   * rather than after all of them, so the bits may differ from the plain order (the packed
+   * inference forward's, nn/linear/linear_pack.h). Other backends and cases ignore it. */
+  int32_t bias_first;
   const lutra_gemm_plan *plan;
   void *workspace;
   size_t workspace_bytes;

@@ -400,6 +400,7 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   g.aux_dtype = epi->aux ? epi->aux->dtype : -1;
   g.dbias = epi->dbias ? epi->dbias->data : NULL;
   g.dbias_dtype = epi->dbias ? epi->dbias->dtype : -1;
+  g.bias_first = op->bias_first;
 
   lutra_gemm_key k;
   memset(&k, 0, sizeof k);

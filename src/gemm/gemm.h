@@ -16,6 +16,7 @@ typedef struct lutra_gemm_op {
   bool transa, transb;
   bool accumulate;
   bool fast_accum; /* FP8: no split accumulator (TransformerEngine's fprop setting) */
+  bool bias_first; /* lutra_gemm_args.bias_first (backend/args_gemm.h) */
 } lutra_gemm_op;
 
 /* Checks the op (shapes, dtypes, devices, the epilogue's rules), finds or makes its plan and runs

@@ -422,7 +422,8 @@ int ckpt_apply_host(ckpt_entries *E, const lutra_checkpoint_objects *o, const fl
                     const char *fn) {
   for (int i = 0; i < E->count; i++)
     if (E->e[i].kind == ENTRY_PARAM)
-      E->e[i].param->flags |= LUTRA_TENSOR_WRITTEN | LUTRA_TENSOR_UPDATED | LUTRA_TENSOR_LOADED;
+      E->e[i].param->flags |=
+          LUTRA_TENSOR_WRITTEN | LUTRA_TENSOR_UPDATED | LUTRA_TENSOR_LOADED | LUTRA_TENSOR_REPACK;
   /* a master loaded with its parameter is the newer copy: the step must not overwrite it */
   for (int i = 0; i < E->count; i++)
     if (E->e[i].kind == ENTRY_MASTER && E->e[i].param)

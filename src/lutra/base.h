@@ -64,9 +64,11 @@ enum {
   LUTRA_TENSOR_UPDATED = 16,  /* a parameter changed (an optimizer step, a write through the API,
                                  a load) since its module last quantized it for its FP8 weight
                                  cache: what ends a gradient-accumulation window (checkpoint.h) */
-  LUTRA_TENSOR_LOADED = 32    /* a parameter loaded from a checkpoint since its module last
+  LUTRA_TENSOR_LOADED = 32,   /* a parameter loaded from a checkpoint since its module last
                                  quantized it: the cached FP8 weight is another run's, so a
                                  forward with is_first_microbatch false quantizes it again */
+  LUTRA_TENSOR_REPACK = 64    /* a parameter changed (as UPDATED) since its Linear last packed it
+                                 for the CPU inference forward (lutra_cpu_set_inference_pack) */
 };
 
 /* A tensor. Lua reads these fields directly (spec/layout_spec.lua checks the offsets).
@@ -130,6 +132,19 @@ LUTRA_API int lutra_nvtx_active(void); /* 1 when LUTRA_NVTX=1 was set at load */
  * steps, with no GEMM running); lutra_cpu_threads returns the count GEMMs use. */
 LUTRA_API int lutra_cpu_set_threads(int n);
 LUTRA_API int lutra_cpu_threads(void);
+/* The CPU inference forward's packed weights, process-wide, off by default. On: an inference
+ * forward (lutra_forward_args.grad 0) of an f32 Linear on the CPU (and of the Linears inside
+ * LayerNormLinear and LayerNormMLP) multiplies by a copy of its weight kept transposed, [in,
+ * out], which OpenBLAS reads without the gather its [out, in] layout costs at every call: what
+ * ONNX Runtime's prepacking does at load (a 64-64 policy at batch 64: PERFORMANCE.md). The copy
+ * is made at the first such forward (the weight's bytes again) and made again at the next one
+ * after the weight changed through lutra (an optimizer step, a tensor write, a checkpoint load;
+ * a write through the raw data pointer is not seen). Its results may differ from the training
+ * forward's in the last bits where OpenBLAS sums the two layouts in different orders (batches
+ * of a few rows); off, every inference forward equals the training forward bit for bit. FP8
+ * forwards, other dtypes and tied weights are not packed. Set it between steps. */
+LUTRA_API int lutra_cpu_set_inference_pack(int on);
+LUTRA_API int lutra_cpu_inference_pack(void);
 
 /* ---- scalar conversions (bit-exact; the reference for every backend) ----------------- */
 LUTRA_API float lutra_decode(int dtype, uint32_t bits);  /* bf16/f16/e4m3/e5m2/e8m0 -> f32 */

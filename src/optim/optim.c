@@ -267,7 +267,7 @@ int lutra_optim_step(lutra_optim *o) {
   }
   g->micro_batches = 0;
   for (int32_t i = 0; i < a->count; i++)
-    o->params[i]->flags |= LUTRA_TENSOR_UPDATED;
+    o->params[i]->flags |= LUTRA_TENSOR_UPDATED | LUTRA_TENSOR_REPACK;
   return LUTRA_OK;
 }
 

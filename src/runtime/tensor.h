@@ -78,7 +78,7 @@ bool lutra_same_shape(const lutra_tensor *a, const lutra_tensor *b);
 /* st, after marking t as written through the API when st is LUTRA_OK (an optimizer's f32 master
  * copy of t is then refreshed from t before its next step) */
 static inline int lutra_tensor_mark_written(lutra_tensor *t, int st) {
-  if (st == LUTRA_OK) t->flags |= LUTRA_TENSOR_WRITTEN | LUTRA_TENSOR_UPDATED;
+  if (st == LUTRA_OK) t->flags |= LUTRA_TENSOR_WRITTEN | LUTRA_TENSOR_UPDATED | LUTRA_TENSOR_REPACK;
   return st;
 }
 

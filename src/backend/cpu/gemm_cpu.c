@@ -301,19 +301,26 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
     for (int64_t i = 0; i < mn; i++)
       df[i] = lutra_elem_load(g->d, g->d_dtype, i);
 
+  /* the bias as BLAS's C (beta 1): see lutra_gemm_args.bias_first */
+  const bool bias_first =
+      g->bias_first && g->bias && g->bias_dtype == LUTRA_F32 && !g->accumulate && k > 0;
+  if (bias_first)
+    for (int64_t i = 0; i < m; i++)
+      memcpy(df + i * n, g->bias, (size_t)n * sizeof(float));
   if (k > 0) {
     const int lda = g->a.cols > 1 ? (int)g->a.cols : 1;
     const int ldb = g->b.cols > 1 ? (int)g->b.cols : 1;
     cblas_sgemm(CblasRowMajor, g->b.trans ? CblasTrans : CblasNoTrans,
                 g->a.trans ? CblasTrans : CblasNoTrans, (int)m, (int)n, (int)k, 1.0f, bf, ldb, af,
-                lda, g->accumulate ? 1.0f : 0.0f, df, (int)n);
+                lda, g->accumulate || bias_first ? 1.0f : 0.0f, df, (int)n);
   } else if (!g->accumulate) {
     for (int64_t i = 0; i < mn; i++)
       df[i] = 0.0f;
   }
 
-  if (g->bias && g->bias_dtype == LUTRA_F32) { /* the common case: four lanes at a time */
-    const float *restrict bias = g->bias;
+  const void *bias_after = bias_first ? NULL : g->bias; /* added to the product, then */
+  if (bias_after && g->bias_dtype == LUTRA_F32) {       /* the common case: four lanes at a time */
+    const float *restrict bias = bias_after;
     for (int64_t i = 0; i < m; i++) {
       float *restrict row = df + i * n;
       int64_t j = 0;
@@ -322,11 +329,11 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
       for (; j < n; j++)
         row[j] += bias[j];
     }
-  } else if (g->bias) {
+  } else if (bias_after) {
     for (int64_t i = 0; i < m; i++) {
       float *row = df + i * n;
       for (int64_t j = 0; j < n; j++)
-        row[j] += lutra_elem_load(g->bias, g->bias_dtype, j);
+        row[j] += lutra_elem_load(bias_after, g->bias_dtype, j);
     }
   }
   TRY(apply_epilogue(g, df));

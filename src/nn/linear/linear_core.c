@@ -9,6 +9,7 @@
 #include "fp8/quantizer.h"
 #include "fp8/recipe.h"
 #include "gemm/gemm.h"
+#include "nn/linear/linear_pack.h"
 #include "nn/linear/linear_shared.h"
 #include "nn/module.h"
 #include "parallel/group.h"
@@ -231,12 +232,16 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
     TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
-    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->weight,
+    /* the CPU inference forward's packed weight, [in, out], multiplied untransposed */
+    const bool packed = !grad && !calibrate && lutra_linear_pack_applies(c, x);
+    if (packed) TRY(lutra_linear_pack(c, fn));
+    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = packed ? c->packed : c->weight,
                                         .b = x,
                                         .d = c->y,
                                         .bias = c->skip_forward_bias ? NULL : c->bias,
                                         .epilogue = epi,
-                                        .transa = true},
+                                        .transa = !packed,
+                                        .bias_first = packed},
                        fn));
   }
   /* an inference forward is never backpropagated: it lets go of the last input too */

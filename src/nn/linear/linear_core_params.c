@@ -34,8 +34,8 @@ void lutra_linear_core_release(lutra_linear_core *c) {
     c->tie_owner = NULL;
   }
   c->tie = &c->own_tie;
-  lutra_tensor *owned[] = {c->weight,           c->bias,           c->wgrad, c->bgrad,
-                           c->weight_main_grad, c->bias_main_grad, c->xdq,   c->wdq};
+  lutra_tensor *owned[] = {c->weight,         c->bias, c->wgrad, c->bgrad, c->weight_main_grad,
+                           c->bias_main_grad, c->xdq,  c->wdq,   c->packed};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++)
     lutra_tensor_owner_drop(owned[i]);
   lutra_tensor_cache *caches[] = {&c->y_cache, &c->dx_cache, &c->pre_cache, &c->act_y_cache};
@@ -43,7 +43,8 @@ void lutra_linear_core_release(lutra_linear_core *c) {
     lutra_tensor_cache_release(caches[i]);
   c->weight = c->bias = c->wgrad = c->bgrad = NULL;
   c->weight_main_grad = c->bias_main_grad = c->y = c->dx = c->pre = c->act_y = NULL;
-  c->xdq = c->wdq = NULL;
+  c->xdq = c->wdq = c->packed = NULL;
+  c->packed_from = NULL;
   c->xq = c->wq = NULL;
   c->forward_done = false;
 }

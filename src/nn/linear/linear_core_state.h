@@ -68,6 +68,10 @@ typedef struct lutra_linear_core {
    * columnwise one into xqc / wqc (and the gradient's, which backward keeps locally) */
   lutra_quantizer *qc[LUTRA_NUM_ROLES];
   lutra_tensor *xqc, *wqc;
+  /* the CPU inference forward's weight, transposed (nn/linear/linear_pack.h), and the weight it
+   * was made from; NULL until the switch is on and such a forward ran */
+  lutra_tensor *packed;
+  const lutra_tensor *packed_from;
 } lutra_linear_core;
 
 /* The specs a module uses under r: r's, or (a factory recipe, resolved first) its own choice. */
