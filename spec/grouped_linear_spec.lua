@@ -490,6 +490,32 @@ describe("nn.GroupedLinear", function()
       end)
     end)
 
+    -- recipes it cannot honour are refused by name, with the module unchanged: before, a rowwise
+    -- recipe failed inside the CPU block cast, and hybrid and factory recipes ran with roles
+    -- other than the ones asked for (one format for both copies; delayed scaling everywhere)
+    it("refuses rowwise, hybrid and factory recipes, saying why, and changes nothing", function()
+      local m = nn.GroupedLinear(2, 32, 32, { seed = 5 })
+      local x32 = lutra.tensor({ 8, 32 }):randn(6)
+      local before = m:forward(x32, { 4, 4 }):to_table()
+      local R = lutra.recipe
+      local cases = {
+        { R.rowwise {}, "GroupedLinear has no rowwise quantization: its casts have no grouped kernels" },
+        { R.custom { input = { kind = "current", columnwise_format = "e5m2" },
+                     weight = { kind = "current" }, grad_output = { kind = "current", format = "e4m3" } },
+          "GroupedLinear has no hybrid roles: the input role's columnwise copy is in another format" },
+        { R.custom { factory = function() return { kind = "current" } end },
+          "GroupedLinear does not take factory recipes" },
+      }
+      for _, c in ipairs(cases) do
+        local ok, err = pcall(function()
+          lutra.autocast { recipe = c[1] }:run(function() m:forward(x32, { 4, 4 }) end)
+        end)
+        assert.is_false(ok)
+        assert.is_truthy(tostring(err):find("lutra_grouped_forward: " .. c[2], 1, true), tostring(err))
+      end
+      assert.are.same(before, m:forward(x32, { 4, 4 }):to_table())
+    end)
+
     it("refuses a backward before a forward, or after new splits", function()
       local h = nn.GroupedLinear(2, 16, 16)
       assert.has_error(function() h:backward(lutra.tensor({ 4, 16 })) end,

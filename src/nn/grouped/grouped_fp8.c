@@ -187,13 +187,31 @@ static int quantize_weights(grouped_linear *g, const int32_t *skip, const char *
 }
 
 static int check_dims(const grouped_linear *g, const lutra_recipe *rec, const char *fn) {
+  static const char *const role_names[LUTRA_NUM_ROLES] = {"input", "weight", "grad_output"};
   const lutra_quantizer_spec *w = &rec->roles[LUTRA_ROLE_WEIGHT];
   CHECK_ARG(w->kind != LUTRA_QUANT_NONE,
             "a recipe that quantizes the input must quantize the weight too");
   for (int i = 0; i < LUTRA_NUM_ROLES; i++) {
     if (rec->roles[i].kind == LUTRA_QUANT_NONE) continue;
+    /* NVFP4 would take grouped kernels for its casts (1x16 blocks with E4M3 scales, 16x16
+     * weight blocks, the Hadamard transform of the wgrad operands) that lutra has per tensor
+     * only, and Hopper would still run the GEMMs as BF16 of the dequantized operands */
     CHECK_ARG(rec->roles[i].kind != LUTRA_QUANT_NVFP4,
-              "GroupedLinear has no NVFP4 quantization (Linear and the norm-fused modules have)");
+              "GroupedLinear has no NVFP4 quantization: its casts have no grouped kernels and "
+              "Hopper has no FP4 tensor cores (the GEMMs would run in BF16 anyway); Linear and "
+              "the norm-fused modules take NVFP4 for prototyping, GroupedLinear every FP8 recipe");
+    /* per-row scales: a grouped cast would have to keep each expert's rows' scales apart, and
+     * Hopper runs these GEMMs as BF16 of the dequantized operands as well */
+    CHECK_ARG(rec->roles[i].kind != LUTRA_QUANT_ROWWISE,
+              "GroupedLinear has no rowwise quantization: its casts have no grouped kernels and "
+              "Hopper runs rowwise GEMMs in BF16 anyway; Linear and the norm-fused modules take "
+              "it, GroupedLinear the per-tensor, MXFP8 and block recipes");
+    /* its grouped casts write the rowwise and columnwise copies in one format */
+    CHECK_ARG(rec->roles[i].col_dtype == 0,
+              "GroupedLinear has no hybrid roles: the %s role's columnwise copy is in another "
+              "format than its rowwise one (columnwise_format), and its grouped casts write both "
+              "in one; Linear and the norm-fused modules take hybrid recipes",
+              role_names[i]);
     int mult = rec->roles[i].kind == LUTRA_QUANT_MXFP8 ? 32 : 16;
     CHECK_ARG(g->in % mult == 0 && g->out % mult == 0,
               "FP8 needs in_features and out_features to be multiples of %d (got %lld, %lld)", mult,

@@ -62,6 +62,12 @@ static int forward_impl(grouped_linear *g, const lutra_tensor *x, const lutra_te
   }
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
+  /* a factory recipe's roles are chosen per module, which this module does not ask for: its
+   * base roles (delayed scaling everywhere) would run in their place, unasked */
+  CHECK_ARG(!(r && (s->enabled || s->calibrating) && r->kind == LUTRA_RECIPE_FACTORY),
+            "GroupedLinear does not take factory recipes (custom{factory = ...}): its experts' "
+            "quantizers are made per recipe, not chosen per module; give its scope a recipe of "
+            "fixed roles (custom{input =, weight =, grad_output =}) or run it outside FP8");
   bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
   /* act inside the split-quantize of the input where its scaling takes one (per-tensor) */
