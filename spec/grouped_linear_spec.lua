@@ -491,9 +491,9 @@ describe("nn.GroupedLinear", function()
     end)
 
     -- recipes it cannot honour are refused by name, with the module unchanged: before, a rowwise
-    -- recipe failed inside the CPU block cast, and hybrid and factory recipes ran with roles
-    -- other than the ones asked for (one format for both copies; delayed scaling everywhere)
-    it("refuses rowwise, hybrid and factory recipes, saying why, and changes nothing", function()
+    -- recipe failed inside the CPU block cast, and hybrid recipes ran with one format for both
+    -- copies
+    it("refuses rowwise and hybrid recipes, saying why, and changes nothing", function()
       local m = nn.GroupedLinear(2, 32, 32, { seed = 5 })
       local x32 = lutra.tensor({ 8, 32 }):randn(6)
       local before = m:forward(x32, { 4, 4 }):to_table()
@@ -503,8 +503,6 @@ describe("nn.GroupedLinear", function()
         { R.custom { input = { kind = "current", columnwise_format = "e5m2" },
                      weight = { kind = "current" }, grad_output = { kind = "current", format = "e4m3" } },
           "GroupedLinear has no hybrid roles: the input role's columnwise copy is in another format" },
-        { R.custom { factory = function() return { kind = "current" } end },
-          "GroupedLinear does not take factory recipes" },
       }
       for _, c in ipairs(cases) do
         local ok, err = pcall(function()

@@ -1,8 +1,10 @@
 --- Quantizers chosen per module: lutra.recipe.custom{factory = function(role, module_kind, name)
 -- return {kind = "current", format = "e4m3", power_2_scale = false, amax_epsilon = 0} end}
 -- (TransformerEngine's CustomRecipe qfactory). role is "input", "weight" or "grad_output",
--- module_kind the module's ("linear"), name the one given at construction (nn.Linear(..., {name
--- = "head"})) or "". kind: none, delayed, current, mxfp8, block_1d, block_2d, rowwise, nvfp4;
+-- module_kind the module's ("linear", "layernorm_linear", "linear_parallel", "grouped_linear":
+-- a GroupedLinear's experts share its choice, and it takes none of rowwise, nvfp4 or a hybrid
+-- columnwise_format), name the one given at construction (nn.Linear(..., {name = "head"})) or "".
+-- kind: none, delayed, current, mxfp8, block_1d, block_2d, rowwise, nvfp4;
 -- format: e4m3 or e5m2 (default e4m3, e5m2 for grad_output; e2m1 for nvfp4, whose role options
 -- are lutra/nvfp4.lua's). The delayed fields (margin, amax_history_len,
 -- amax_compute_algo, scaling_factor_compute_algo, reduce_amax) are the recipe's.

@@ -50,6 +50,7 @@ static int grouped_fp8_state(lutra_module *m, const lutra_recipe *build_for,
                              const lutra_fp8_state_sink *sink, void **fresh, const char *fn) {
   grouped_linear *g = (grouped_linear *)m;
   *fresh = NULL;
+  if (build_for) TRY(lutra_grouped_chosen_recipe(g, build_for, false, &build_for, fn));
   if (build_for && !g->roles_built) {
     grouped_role *f = calloc(LUTRA_NUM_ROLES, sizeof *f);
     if (!f) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate scaling state");

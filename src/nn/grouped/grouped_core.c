@@ -115,3 +115,25 @@ void lutra_grouped_roles_install(grouped_linear *g, const lutra_recipe *rec,
   g->roles_built = true;
   g->weight_cached = false;
 }
+
+int lutra_grouped_chosen_recipe(grouped_linear *g, const lutra_recipe *r, bool ask,
+                                const lutra_recipe **out, const char *fn) {
+  if (r->kind != LUTRA_RECIPE_FACTORY) {
+    *out = r;
+    return LUTRA_OK;
+  }
+  CHECK_STATE(ask || (g->choice.set && g->choice.key == r->key),
+              "a factory recipe chooses a module's quantizers at its first forward: run one "
+              "forward under the recipe before loading its FP8 state");
+  const lutra_quantizer_spec *roles;
+  TRY(lutra_factory_roles(r, &g->choice, &roles, fn));
+  if (!g->chosen_set || g->chosen.key != r->key) {
+    g->chosen = *r;
+    memset(&g->chosen.obj, 0, sizeof g->chosen.obj);
+    g->chosen.kind = LUTRA_RECIPE_CUSTOM;
+    memcpy(g->chosen.roles, roles, sizeof g->chosen.roles);
+    g->chosen_set = true;
+  }
+  *out = &g->chosen;
+  return LUTRA_OK;
+}

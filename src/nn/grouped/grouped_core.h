@@ -8,6 +8,7 @@
 #define LUTRA_NN_GROUPED_CORE_H
 
 #include "backend/backend.h"
+#include "fp8/factory.h"
 #include "fp8/recipe.h"
 #include "nn/module.h"
 #include "nn/tp.h"
@@ -60,6 +61,12 @@ typedef struct grouped_linear {
   grouped_role roles[LUTRA_NUM_ROLES];
   bool roles_built;
   uint64_t qkey;
+  /* a factory recipe (lutra/factory.h): the module's choice of roles, and `chosen`, a copy of
+   * that recipe carrying them (its object header zeroed: a view, never referenced or freed),
+   * which the FP8 passes run under in its place (lutra_grouped_chosen_recipe) */
+  lutra_module_choice choice;
+  lutra_recipe chosen;
+  bool chosen_set;
   grouped_fp8_buf xq, wq, dyq;
   int32_t host_path;       /* LUTRA_GROUPED_PATH_*: for host-known splits in high precision */
   char (*param_names)[20]; /* checkpoint names of the parameters, in param order */
@@ -96,6 +103,11 @@ int lutra_grouped_roles_build(grouped_linear *g, const lutra_recipe *rec,
 void lutra_grouped_roles_install(grouped_linear *g, const lutra_recipe *rec,
                                  grouped_role fresh[LUTRA_NUM_ROLES]);
 void lutra_grouped_roles_free(grouped_linear *g, grouped_role roles[LUTRA_NUM_ROLES]);
+/* the recipe the FP8 passes run under for r: r, or for a factory recipe g->chosen, r with the
+ * roles its factory chose for this module (LUTRA_FACTORY_PENDING, nothing done, until the front
+ * asked it; lutra/factory.h). ask false: a module with no choice for r yet is refused instead. */
+int lutra_grouped_chosen_recipe(grouped_linear *g, const lutra_recipe *r, bool ask,
+                                const lutra_recipe **out, const char *fn);
 /* the arguments every grouped call shares */
 void lutra_grouped_common(const grouped_linear *g, int64_t rows, lutra_grouped_gemm_args *a);
 /* a as the forward's GEMM takes it: FPROP, this forward's splits, their copy for the backward */

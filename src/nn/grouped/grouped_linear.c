@@ -62,12 +62,8 @@ static int forward_impl(grouped_linear *g, const lutra_tensor *x, const lutra_te
   }
   const lutra_tls_state *s = lutra_autocast_current();
   const lutra_recipe *r = s->recipe;
-  /* a factory recipe's roles are chosen per module, which this module does not ask for: its
-   * base roles (delayed scaling everywhere) would run in their place, unasked */
-  CHECK_ARG(!(r && (s->enabled || s->calibrating) && r->kind == LUTRA_RECIPE_FACTORY),
-            "GroupedLinear does not take factory recipes (custom{factory = ...}): its experts' "
-            "quantizers are made per recipe, not chosen per module; give its scope a recipe of "
-            "fixed roles (custom{input =, weight =, grad_output =}) or run it outside FP8");
+  /* a factory recipe: the roles chosen for this module (asked for at its first forward) */
+  if (r && (s->enabled || s->calibrating)) TRY(lutra_grouped_chosen_recipe(g, r, true, &r, fn));
   bool fp8 = r && s->enabled && r->roles[LUTRA_ROLE_INPUT].kind != LUTRA_QUANT_NONE;
   bool calibrate = r && !s->enabled && s->calibrating;
   /* act inside the split-quantize of the input where its scaling takes one (per-tensor) */
@@ -264,6 +260,7 @@ static void destroy_all(lutra_tensor **ts, int n) {
 
 static void grouped_release(lutra_module *m) {
   grouped_linear *g = grouped_of(m);
+  lutra_factory_forget(&g->choice);
   lutra_grouped_fp8_release(g);
   lutra_grouped_graphs_free(g->graphs);
   g->graphs = NULL;
@@ -418,6 +415,7 @@ static int create(const lutra_grouped_linear_desc *d, const lutra_tp_desc *tp, l
       g->skip_forward_bias = tp->mode == LUTRA_TP_ROW && g->tp.rank != 0;
     }
   }
+  g->choice.kind = "grouped_linear"; /* what a factory recipe is told */
   if (st == LUTRA_OK) st = init(g, &local, d->in_features, fn);
   if (st != LUTRA_OK) {
     grouped_release(&g->base);
