@@ -102,3 +102,36 @@ describe("GroupedLinear under a factory recipe", function()
     assert.are.same(b, a)
   end)
 end)
+
+describe("module names for factory recipes", function()
+  it("reach the factory from Linear, LayerNormLinear and GroupedLinear", function()
+    local seen = {}
+    local f = R.custom { factory = function(role, kind, name)
+      if role == "input" then seen[#seen + 1] = kind .. "/" .. name end
+      return { kind = name == "experts" and "none" or "current",
+               format = role == "grad_output" and "e5m2" or "e4m3" }
+    end }
+    local lin = nn.Linear(32, 32, { name = "proj" })
+    local lnl = nn.LayerNormLinear(32, 32, { name = "qkv" })
+    local g = nn.GroupedLinear(E, IN, OUT, { name = "experts", seed = 3 })
+    local x = lutra.tensor({ 32, 32 }):randn(rng.int(1, 2 ^ 20))
+    local scope = lutra.autocast { recipe = f }
+    local y = scope:run(function()
+      lin:forward(x)
+      lnl:forward(x)
+      return g:forward(x, SPLITS):to_table()
+    end)
+    assert.are.same({ "linear/proj", "layernorm_linear/qkv", "grouped_linear/experts" }, seen)
+    -- "experts" was kept in high precision by its name
+    assert.are.same(nn.GroupedLinear(E, IN, OUT, { seed = 3 }):forward(x, SPLITS):to_table(), y)
+  end)
+
+  it("are refused where a module takes none, and when not a string", function()
+    local ok, err = pcall(nn.GroupedLinear, E, IN, OUT, { name = 5 })
+    assert.is_false(ok)
+    assert.matches("lutra.nn.GroupedLinear: name must be a string", err)
+    assert.are_not.equal(0, lutra.C.lutra_module_set_name(nn.GELU(), "act"))
+    assert.matches("a gelu takes no name %(the modules a factory recipe chooses for do",
+                   lutra.ffi.string(lutra.C.lutra_last_error()))
+  end)
+end)

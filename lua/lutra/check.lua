@@ -87,6 +87,13 @@ function M.number(v, name, where, level)
   return v
 end
 
+--- A string.
+-- @local internal: the front's argument checks
+function M.string(v, name, where, level)
+  if type(v) ~= "string" then raise(level or 3, where, name, "a string", v) end
+  return v
+end
+
 --- A boolean.
 -- @local internal: the front's argument checks
 function M.boolean(v, name, where, level)

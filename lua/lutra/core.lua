@@ -155,6 +155,14 @@ function M.device(value, where)
   return M.code(M.devices, value, "device", where)
 end
 
+--- Names a module for a factory recipe's choice (lutra_module_set_name; the constructor has
+-- checked that name is nil or a string); nil: unnamed. Returns m.
+-- @local internal: the constructors of the modules a factory recipe chooses for
+function M.set_name(m, name)
+  if name ~= nil then M.check(C.lutra_module_set_name(m, name)) end
+  return m
+end
+
 -- CLOCK_MONOTONIC's for M.now
 ffi.cdef [[
 struct lutra_timespec { long tv_sec; long tv_nsec; };

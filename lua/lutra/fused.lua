@@ -52,14 +52,16 @@ end
 -- @tparam[opt] table opts {normalization = "LayerNorm" | "RMSNorm", bias = true,
 -- return_layernorm_output = false, zero_centered_gamma = false, eps = 1e-5, dtype = "f32",
 -- device =, accumulate_main_grad = false, seed =, parallel_mode = "column", tp_group =,
--- sequence_parallel = false} (tensor parallel: column only, the features are the full layer's)
+-- sequence_parallel = false, name =} (tensor parallel: column only, the features are the full
+-- layer's; name: what a factory recipe is told)
 -- @return the module
 function M.LayerNormLinear(in_features, out_features, opts)
   local where = "lutra.nn.LayerNormLinear"
   opts = core.check_options(opts, { normalization = true, bias = true, eps = true,
     return_layernorm_output = true, zero_centered_gamma = true, dtype = true, device = true,
     accumulate_main_grad = true, seed = true, parallel_mode = true, tp_group = true,
-    sequence_parallel = true }, where)
+    sequence_parallel = true, name = true }, where)
+  if opts.name ~= nil then chk.string(opts.name, "name", where) end
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
   local d = ffi.new("lutra_layernorm_linear_desc")
@@ -79,10 +81,10 @@ function M.LayerNormLinear(in_features, out_features, opts)
       tp = require("lutra.dist").tp_desc(opts, where)
     end
     check(C.lutra_layernorm_linear_parallel_new(d, tp, module_box))
-    return own(module_box[0])
+    return core.set_name(own(module_box[0]), opts.name)
   end
   check(C.lutra_layernorm_linear_new(d, module_box))
-  return own(module_box[0])
+  return core.set_name(own(module_box[0]), opts.name)
 end
 
 --- nn.LayerNormMLP: norm -> FC1 -> activation -> FC2 (gated activations: FC1 gives

@@ -44,14 +44,17 @@ end
 -- @tparam integer in_features
 -- @tparam integer out_features
 -- @tparam[opt] table opts {bias = true, dtype = "f32", device =, accumulate_main_grad = false,
--- seed =, parallel_mode = "column" | "row", tp_group =, sequence_parallel = false} (tensor
--- parallel: every expert sharded as a parallel Linear, the features given are the full layer's)
+-- seed =, parallel_mode = "column" | "row", tp_group =, sequence_parallel = false, name =}
+-- (tensor parallel: every expert sharded as a parallel Linear, the features given are the full
+-- layer's; name: what a factory recipe is told, lutra.recipe.custom{factory = ...})
 -- @return the module
 function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   local where = "lutra.nn.GroupedLinear"
   opts = core.check_options(opts, { bias = true, dtype = true, device = true, seed = true,
                                     accumulate_main_grad = true, parallel_mode = true,
-                                    tp_group = true, sequence_parallel = true }, where)
+                                    tp_group = true, sequence_parallel = true, name = true },
+                              where)
+  if opts.name ~= nil then chk.string(opts.name, "name", where) end
   chk.integer(num_gemms, "num_gemms", where, 1, 65536)
   chk.integer(in_features, "in_features", where, 1, 2 ^ 53)
   chk.integer(out_features, "out_features", where, 1, 2 ^ 53)
@@ -74,7 +77,7 @@ function M.GroupedLinear(num_gemms, in_features, out_features, opts)
   end
   local m = ffi.gc(module_box[0], C.lutra_module_unref)
   new_host_splits(m)
-  return m
+  return core.set_name(m, opts.name)
 end
 
 --- Whether a forward's second argument is m_splits (a tensor or a list of numbers).

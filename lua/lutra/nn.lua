@@ -72,25 +72,15 @@ function M.Linear(in_features, out_features, opts)
                         and "a tensor: pass the module that owns it" or chk.got(tie)), 2)
   end
   d.tie = tie
+  -- name: for a factory recipe (lutra.recipe.custom{factory = ...})
+  if opts.name ~= nil then chk.string(opts.name, "name", where) end
   -- tensor parallel (lua/lutra/dist.lua): in_features/out_features are the full layer's
   if opts.parallel_mode ~= nil or opts.tp_group ~= nil or opts.sequence_parallel ~= nil then
-    if opts.name ~= nil then
-      error(where .. ": name is for a factory recipe's choice, which a tensor-parallel Linear "
-            .. "does not take yet", 2)
-    end
     check(C.lutra_linear_parallel_new(d, require("lutra.dist").tp_desc(opts, where), module_box))
-    return own(module_box[0])
+    return core.set_name(own(module_box[0]), opts.name)
   end
   check(C.lutra_linear_new(d, module_box))
-  local m = own(module_box[0])
-  -- name: for a factory recipe (lutra.recipe.custom{factory = ...})
-  if opts.name ~= nil then
-    if type(opts.name) ~= "string" then
-      error(string.format("%s: name must be a string (got %s)", where, chk.got(opts.name)), 2)
-    end
-    check(C.lutra_module_set_name(m, opts.name))
-  end
-  return m
+  return core.set_name(own(module_box[0]), opts.name)
 end
 
 --- A lookup table (torch's nn.Embedding): forward(ids) takes i32 ids of 1 to 3 dims on the

@@ -60,7 +60,8 @@ LUTRA_API int lutra_factory_resolve(const lutra_factory_choice choices[LUTRA_NUM
 /* Drops the waiting module's request (the caller's factory failed): request and resolve then say
  * that nothing waits, and the module asks again at its next forward. */
 LUTRA_API void lutra_factory_cancel(void);
-/* Names a module (Linear), for the factory: at most LUTRA_MODULE_NAME_MAX - 1 bytes. */
+/* Names a module for the factory (a Linear, LayerNormLinear, parallel Linear or GroupedLinear):
+ * at most LUTRA_MODULE_NAME_MAX - 1 bytes. */
 LUTRA_API int lutra_module_set_name(lutra_module *m, const char *name);
 
 #ifdef __cplusplus

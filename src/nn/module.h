@@ -5,6 +5,7 @@
 
 #include "backend/backend.h"
 #include "core/object.h"
+#include "fp8/factory.h"
 #include "lutra.h"
 #include "nn/tie.h"
 
@@ -131,6 +132,9 @@ typedef struct lutra_module_ops {
    * which another module may then use as its own (a tied Linear); NULL (or a NULL entry): its
    * parameters cannot be shared */
   lutra_tie *(*tie)(lutra_module *m, int i);
+  /* factory recipes (lutra/factory.h): the state of the module's choice (its kind, the name
+   * lutra_module_set_name gives it, the roles chosen); NULL: the module takes no choice */
+  lutra_module_choice *(*choice)(lutra_module *m);
 } lutra_module_ops;
 
 struct lutra_module {

@@ -289,6 +289,10 @@ static void grouped_release(lutra_module *m) {
   g->parallel = false;
 }
 
+static lutra_module_choice *grouped_choice(lutra_module *m) {
+  return &grouped_of(m)->choice;
+}
+
 static const lutra_module_ops grouped_ops = {
     .kind = "grouped_linear",
     .forward = grouped_forward,
@@ -299,6 +303,7 @@ static const lutra_module_ops grouped_ops = {
     .fusion = &grouped_fusion,
     .checkpoint = &lutra_grouped_checkpoint,
     .takes_splits = true,
+    .choice = grouped_choice,
 };
 
 /* ---- construction -------------------------------------------------------------------------- */

@@ -181,6 +181,10 @@ static const lutra_checkpoint_ops lnl_checkpoint = {
     .in_accumulation_window = lnl_in_window,
 };
 
+static lutra_module_choice *lnl_choice(lutra_module *m) {
+  return &((layernorm_linear *)m)->lin.choice;
+}
+
 static const lutra_module_ops lnl_ops = {
     .kind = "layernorm_linear",
     .forward = lnl_forward,
@@ -190,6 +194,7 @@ static const lutra_module_ops lnl_ops = {
     .release = lnl_release,
     .fusion = &lnl_fusion,
     .checkpoint = &lnl_checkpoint,
+    .choice = lnl_choice,
 };
 
 void lutra_layernorm_linear_defaults(lutra_layernorm_linear_desc *d) {

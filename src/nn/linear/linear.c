@@ -139,6 +139,10 @@ static const lutra_checkpoint_ops linear_checkpoint = {
     .in_accumulation_window = linear_in_window,
 };
 
+static lutra_module_choice *linear_choice(lutra_module *m) {
+  return &core_of(m)->choice;
+}
+
 static const lutra_module_ops linear_ops = {
     .kind = "linear",
     .forward = linear_forward,
@@ -149,6 +153,7 @@ static const lutra_module_ops linear_ops = {
     .fusion = &linear_fusion,
     .checkpoint = &linear_checkpoint,
     .tie = linear_tie,
+    .choice = linear_choice,
 };
 
 void lutra_linear_defaults(lutra_linear_desc *d) {
@@ -184,15 +189,19 @@ int lutra_linear_quantizer(const lutra_module *m, int role, lutra_quantizer **ou
   return LUTRA_OK;
 }
 
-/* Only a Linear takes a name so far (other linear-like modules: the same through their core). */
+/* The modules a factory recipe chooses for take a name (lutra_module_ops.choice). */
 int lutra_module_set_name(lutra_module *m, const char *name) {
   static const char fn[] = "lutra_module_set_name";
   TRY(lutra_check_object(m, LUTRA_MAGIC_MODULE, fn, "module"));
-  CHECK_ARG(m->ops == &linear_ops, "a %s takes no name (only a linear does)", m->ops->kind);
+  lutra_module_choice *mc = m->ops->choice ? m->ops->choice(m) : NULL;
+  CHECK_ARG(mc,
+            "a %s takes no name (the modules a factory recipe chooses for do: linear, "
+            "layernorm_linear, linear_parallel, grouped_linear)",
+            m->ops->kind);
   CHECK_ARG(name, "name is NULL");
   CHECK_ARG(strlen(name) < LUTRA_MODULE_NAME_MAX, "name is longer than %d bytes",
             LUTRA_MODULE_NAME_MAX - 1);
-  strcpy(core_of(m)->choice.name, name);
+  strcpy(mc->name, name);
   return LUTRA_OK;
 }
 

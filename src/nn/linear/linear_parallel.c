@@ -89,6 +89,10 @@ static const lutra_checkpoint_ops lp_checkpoint = {
     .in_accumulation_window = lp_in_window,
 };
 
+static lutra_module_choice *lp_choice(lutra_module *m) {
+  return &of(m)->core.choice;
+}
+
 static const lutra_module_ops linear_parallel_ops = {
     .kind = "linear_parallel",
     .forward = lp_forward,
@@ -98,6 +102,7 @@ static const lutra_module_ops linear_parallel_ops = {
     .release = lp_release,
     .fusion = NULL,
     .checkpoint = &lp_checkpoint,
+    .choice = lp_choice,
 };
 
 int lutra_linear_parallel_new(const lutra_linear_desc *d, const lutra_tp_desc *tp,
