@@ -75,10 +75,30 @@ static inline int64_t at(const int64_t st[4], int64_t b, int64_t s, int64_t h, i
   return b * st[0] + s * st[1] + h * st[2] + d * st[3];
 }
 
+/* The row (b, s, h) of a [b, s, h, d] tensor: f32 rows contiguous in d are read through a
+ * pointer (the common case: no dtype switch or stride arithmetic per element, which were most
+ * of these loops' time); any other layout or dtype through lutra_elem_load. The same values. */
+typedef struct attn_row {
+  const float *f32;
+  const void *p;
+  int dtype;
+  int64_t base, step;
+} attn_row;
+static inline attn_row row_of(const void *p, int dtype, const int64_t st[4], int64_t b, int64_t s,
+                              int64_t h) {
+  const int64_t base = at(st, b, s, h, 0);
+  return (attn_row){dtype == LUTRA_F32 && st[3] == 1 ? (const float *)p + base : NULL, p, dtype,
+                    base, st[3]};
+}
+static inline float row_at(attn_row r, int64_t e) {
+  return r.f32 ? r.f32[e] : lutra_elem_load(r.p, r.dtype, r.base + e * r.step);
+}
+
 static void load_row(const void *p, int dtype, const int64_t st[4], int64_t b, int64_t s, int64_t h,
                      int64_t d, double *row) {
+  const attn_row r = row_of(p, dtype, st, b, s, h);
   for (int64_t e = 0; e < d; e++)
-    row[e] = lutra_elem_load(p, dtype, at(st, b, s, h, e));
+    row[e] = row_at(r, e);
 }
 
 /* the dropout's factor of weight (b, h, i, j): 0 or 1 / (1 - p); 1 without dropout */
@@ -99,9 +119,10 @@ static int64_t scores(const lutra_attention_args *a, const double *qrow, int64_t
   const int64_t len = a->causal ? i + 1 : a->s_kv;
   const double scale = (double)a->scale;
   for (int64_t j = 0; j < len; j++) {
+    const attn_row k = row_of(a->k, a->dtype, a->k_stride, b, j, g);
     double dot = 0.0;
     for (int64_t e = 0; e < a->d; e++)
-      dot += qrow[e] * lutra_elem_load(a->k, a->dtype, at(a->k_stride, b, j, g, e));
+      dot += qrow[e] * row_at(k, e);
     s[j] = scale * dot;
   }
   return len;
@@ -127,8 +148,9 @@ int lutra_cpu_attention_forward(const lutra_attention_args *a) {
         for (int64_t j = 0; j < len; j++) {
           const double p = exp(row[j] - max) / sum * keep_factor(a, stream, b, h, i, j);
           if (p == 0.0) continue;
+          const attn_row v = row_of(a->v, a->dtype, a->v_stride, b, j, g);
           for (int64_t e = 0; e < a->d; e++)
-            acc[e] += p * lutra_elem_load(a->v, a->dtype, at(a->v_stride, b, j, g, e));
+            acc[e] += p * row_at(v, e);
         }
         for (int64_t e = 0; e < a->d; e++)
           lutra_elem_store(a->out, a->dtype, at(a->o_stride, b, i, h, e), (float)acc[e]);
@@ -145,21 +167,24 @@ static void backward_row(const lutra_attention_args *a, uint64_t stream, int64_t
   load_row(a->q, a->dtype, a->q_stride, b, i, h, d, qrow);
   load_row(a->dout, a->dtype, a->o_stride, b, i, h, d, dorow);
   double delta = 0.0; /* D_i = dO_i . O_i */
+  const attn_row o = row_of(a->out, a->dtype, a->o_stride, b, i, h);
   for (int64_t e = 0; e < d; e++)
-    delta += dorow[e] * lutra_elem_load(a->out, a->dtype, at(a->o_stride, b, i, h, e));
+    delta += dorow[e] * row_at(o, e);
   const double lse = a->stats[(b * a->h + h) * a->s_q + i], scale = (double)a->scale;
   const int64_t len = scores(a, qrow, b, g, i, row);
   memset(acc, 0, (size_t)d * sizeof *acc);
   for (int64_t j = 0; j < len; j++) {
     const double p = exp(row[j] - lse), z = keep_factor(a, stream, b, h, i, j);
+    const attn_row v = row_of(a->v, a->dtype, a->v_stride, b, j, g);
+    const attn_row k = row_of(a->k, a->dtype, a->k_stride, b, j, g);
     double dp = 0.0; /* dO_i . v_j */
     for (int64_t e = 0; e < d; e++)
-      dp += dorow[e] * lutra_elem_load(a->v, a->dtype, at(a->v_stride, b, j, g, e));
+      dp += dorow[e] * row_at(v, e);
     const double ds = p * (z * dp - delta);
     for (int64_t e = 0; e < d; e++) {
       dv_acc[j * d + e] += p * z * dorow[e];
       dk_acc[j * d + e] += scale * ds * qrow[e];
-      acc[e] += ds * lutra_elem_load(a->k, a->dtype, at(a->k_stride, b, j, g, e));
+      acc[e] += ds * row_at(k, e);
     }
   }
   for (int64_t e = 0; e < d; e++)

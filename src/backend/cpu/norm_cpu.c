@@ -52,7 +52,10 @@ static float row_sum(const lutra_norm_args *a, int64_t o, norm_term term, const 
   const int64_t h = a->hidden, esz = (int64_t)lutra_dtype_size(a->dtype);
   const int64_t v = (h * esz) % 16 == 0 ? 16 / esz : 1;
   float lane[32], total = 0.0f;
-  for (int g = 0; g < NORM_LANES / 32; g++) {
+  /* a group whose lanes start past the row sums +0 in every lane and adds +0 to total, which is
+   * never -0 (it starts +0, and +0 + -0 is +0): the groups from the first such one on change
+   * nothing, and narrow rows (hidden < 256 v) skip most of the work */
+  for (int g = 0; g < NORM_LANES / 32 && (int64_t)32 * g * v < h; g++) {
     for (int l = 0; l < 32; l++) {
       float s = 0.0f;
       for (int64_t c = (int64_t)(32 * g + l) * v; c < h; c += NORM_LANES * v)
