@@ -17,16 +17,20 @@ local S = require("spec.gpu.support")
 local DEV, REF, hold = S.DEV, S.REF, S.hold
 local function test(name, fn) S.test(it, name, fn) end
 
+-- kink: ReLU's kinds, where a pre-activation within the two backends' accumulation difference
+-- of 0 takes the other branch on one side and moves that gate's gradient by a whole dy b (seen:
+-- reglu, current, f32 on an H100: one such element put 1.36e-4 on the input gradient, 2026-12-06);
+-- their f32 bound is 3e-4, a few such flips, the others' stays 1e-4
 local KINDS = {
-  { name = "relu", make = nn.ReLU },
+  { name = "relu", make = nn.ReLU, kink = true },
   { name = "silu", make = nn.SiLU },
   { name = "qgelu", make = nn.QuickGELU },
-  { name = "srelu", make = nn.SquaredReLU },
+  { name = "srelu", make = nn.SquaredReLU, kink = true },
   { name = "tanh", make = nn.Tanh },
   { name = "gelu_erf", make = function() return nn.GELU { approximate = "none" } end },
   { name = "swiglu", make = nn.SwiGLU, gated = true },
   { name = "geglu", make = nn.GeGLU, gated = true },
-  { name = "reglu", make = nn.ReGLU, gated = true },
+  { name = "reglu", make = nn.ReGLU, gated = true, kink = true },
   { name = "gelu_tanh", make = nn.GELU, epilogue = true },
 }
 
@@ -54,7 +58,7 @@ local function run(kind, rec, dtype, grad)
   local r = rec.make()
   lutra.autocast { recipe = r }:run(function() ya = sa:forward(xa, opts) end)
   lutra.autocast { recipe = r }:run(function() yb = sb:forward(xb, opts) end)
-  local bound = dtype == "f32" and 1e-4 or 1e-3
+  local bound = dtype == "f32" and (kind.kink and 3e-4 or 1e-4) or 1e-3
   local tag = string.format("%s %s %s", kind.name, rec.name, dtype)
   S.assert_nmse(yb, ya, bound, tag .. ": output")
   if grad then
