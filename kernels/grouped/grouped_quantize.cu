@@ -102,6 +102,7 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
     return;
   }
   if (a.act) { /* token rows only */
+    LKC_UNROLL
     for (int k = 0; k < 16; k++)
       v[k] = c + k < a.cols ? lkact::act_value<XD>(a, w.R + r, c + k) : 0.0f;
     return;
@@ -114,6 +115,46 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
       v[k] = c + k < a.cols ? ld<XD>(base, i + k) : 0.0f;
+  }
+}
+
+/* 16 elements as loaded, undecoded: the fast paths (VEC, no activation) issue the next chunk's
+ * loads before the current chunk is encoded, so a thread keeps two 16-byte (f32: four) loads in
+ * flight instead of waiting on each. */
+template <int XD> struct Raw16 {
+  uint4 w[XD == LUTRA_F32 ? 4 : 2];
+};
+
+/* row r of the block's expert from column c (VEC), or zeros past its s rows and its columns */
+template <int XD>
+__device__ __forceinline__ void load_raw(const GroupedQuant &a, const Where &w, int64_t r,
+                                         int64_t c, Raw16<XD> &q) {
+  if (r >= w.s || c >= a.cols) {
+    LKC_UNROLL
+    for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++)
+      q.w[k] = make_uint4(0u, 0u, 0u, 0u);
+    return;
+  }
+  const void *base = a.xs ? a.xs[w.e] : a.x;
+  const int64_t i = (a.xs ? r : w.R + r) * a.cols + c;
+  const uint4 *p = reinterpret_cast<const uint4 *>(static_cast<const char *>(base) +
+                                                   i * elem_size<XD>());
+  LKC_UNROLL
+  for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++)
+    q.w[k] = p[k];
+}
+
+template <int XD> __device__ __forceinline__ void decode_raw(const Raw16<XD> &q, float (&v)[16]) {
+  LKC_UNROLL
+  for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++) {
+    const uint32_t u[4] = {q.w[k].x, q.w[k].y, q.w[k].z, q.w[k].w};
+    LKC_UNROLL
+    for (int j = 0; j < 4; j++) {
+      if constexpr (XD == LUTRA_F32)
+        v[4 * k + j] = bits_f32(u[j]);
+      else
+        unpack2<XD>(u[j], v[8 * k + 2 * j], v[8 * k + 2 * j + 1]);
+    }
   }
 }
 
@@ -130,14 +171,35 @@ template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(Gr
   if (threadIdx.x == 0) locate(a, prow0, -1, &w);
   __syncthreads();
   if (!w.ok || w.e < 0) return; /* uniform per block */
-  const int64_t r0 = prow0 - w.P, r = r0 + threadIdx.x / 8;
+  const int64_t r0 = prow0 - w.P, r = r0 + threadIdx.x / 8, cs = (threadIdx.x % 8) * 16;
   float m = 0.0f;
-  for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
-    float v[16];
-    load_seg<XD, VEC>(a, w, r, c0 + (threadIdx.x % 8) * 16, v);
-    LKC_UNROLL
-    for (int k = 0; k < 16; k++)
-      m = fmaxf(m, fabsf(v[k]));
+  if constexpr (VEC) {
+    if (!a.act) { /* four chunks' loads in flight before their maxima */
+      constexpr int U = 4;
+      for (int64_t c0 = 0; c0 < a.cols; c0 += U * CHUNK) {
+        Raw16<XD> q[U];
+        LKC_UNROLL
+        for (int u = 0; u < U; u++)
+          load_raw<XD>(a, w, r, c0 + u * CHUNK + cs, q[u]);
+        LKC_UNROLL
+        for (int u = 0; u < U; u++) {
+          float v[16];
+          decode_raw<XD>(q[u], v);
+          LKC_UNROLL
+          for (int k = 0; k < 16; k++)
+            m = fmaxf(m, fabsf(v[k]));
+        }
+      }
+    }
+  }
+  if (!VEC || a.act) {
+    for (int64_t c0 = 0; c0 < a.cols; c0 += CHUNK) {
+      float v[16];
+      load_seg<XD, VEC>(a, w, r, c0 + cs, v);
+      LKC_UNROLL
+      for (int k = 0; k < 16; k++)
+        m = fmaxf(m, fabsf(v[k]));
+    }
   }
   __shared__ float red[32];
   m = block_max(m, red);
@@ -173,16 +235,16 @@ __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
   const int64_t cols = a.cols;
   const int tr = threadIdx.x / 8, seg = threadIdx.x % 8;
   float m = 0.0f;
-  for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+  /* one chunk of 16 elements per thread, loaded into v */
+  auto cast_chunk = [&](int64_t c0, const float(&v)[16]) {
     const int64_t c = c0 + seg * 16;
-    float v[16];
-    load_seg<XD, VEC>(a, w, r0 + tr, c, v);
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
       m = fmaxf(m, fabsf(v[k]));
     if (a.act_out && r0 + tr < w.s) /* the activation's output, kept for the backward */
-      for (int k = 0; k < 16 && c + k < cols; k++)
-        st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
+      LKC_UNROLL
+      for (int k = 0; k < 16; k++)
+        if (c + k < cols) st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
     const uint4 q = encode16<OD>(v, sc);
     if (c < cols) {
       uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
@@ -207,7 +269,28 @@ __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
           make_uint4(wd[0], wd[1], wd[2], wd[3]);
     }
     __syncthreads(); /* the tile is refilled by the next chunk */
+  };
+  bool fast = false; /* the next chunk's loads issued before this one's codes (Raw16) */
+  if constexpr (VEC) {
+    fast = !a.act;
+    if (fast) {
+      Raw16<XD> next;
+      load_raw<XD>(a, w, r0 + tr, seg * 16, next);
+      for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+        const Raw16<XD> cur = next;
+        load_raw<XD>(a, w, r0 + tr, c0 + CHUNK + seg * 16, next);
+        float v[16];
+        decode_raw<XD>(cur, v);
+        cast_chunk(c0, v);
+      }
+    }
   }
+  if (!fast)
+    for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+      float v[16];
+      load_seg<XD, VEC>(a, w, r0 + tr, c0 + seg * 16, v);
+      cast_chunk(c0, v);
+    }
   if (!a.current && a.amax) { /* delayed scaling: this step's amax slot, max-accumulated */
     __shared__ float red[32];
     m = block_max(m, red);

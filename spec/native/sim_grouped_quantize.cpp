@@ -335,6 +335,12 @@ int main() {
        0, true, false, false},
       {"current e4m3 bf16 tokens", LUTRA_QUANT_CURRENT, LUTRA_BF16, LUTRA_E4M3, 7, 64, splits, 0,
        false, false, false},
+      /* past one 128-column chunk (the loads run a chunk ahead) and past four (the amax pass
+       * loads four at once), neither a multiple of 128 */
+      {"current e4m3 bf16 tokens, 656 columns", LUTRA_QUANT_CURRENT, LUTRA_BF16, LUTRA_E4M3, 7,
+       656, splits, 0, false, false, false},
+      {"delayed e5m2 f32 weights, 272 columns", LUTRA_QUANT_DELAYED, LUTRA_F32, LUTRA_E5M2, 3, 272,
+       {}, 32, false, false, false},
       {"current e5m2 bf16 tokens + dbias accumulated", LUTRA_QUANT_CURRENT, LUTRA_BF16, LUTRA_E5M2,
        7, 16, splits, 0, true, true, false},
       {"delayed e4m3 bf16 weights",
