@@ -61,7 +61,8 @@ struct GroupedQuant : GroupedRows {
   int amax_stride;
   void *const *dbias;
   int dbias_dtype, dbias_accumulate;
-  uint32_t *work; /* current scaling: expert e's accumulator and tile count at work[4 e] */
+  uint32_t *work; /* current scaling: expert e's accumulator and tile counts at work[4 e] */
+  uint32_t *tickets; /* current scaling, one launch (k_amax_cast) */
   /* lutra_grouped_quant_args.act: the values quantized are lkact::act_value's of the rows */
   const void *act;
   int act_kind, act_forward;
@@ -164,13 +165,10 @@ template <int XD> __device__ __forceinline__ void decode_raw(const Raw16<XD> &q,
 constexpr int CHUNK = 128;
 static_assert(THREADS == TILE_ROWS * CHUNK / 16, "one 16-element segment per thread and chunk");
 
-template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(GroupedQuant a) {
-  if (a.skip && *a.skip) return;
-  __shared__ Where w;
-  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
-  if (threadIdx.x == 0) locate(a, prow0, -1, &w);
-  __syncthreads();
-  if (!w.ok || w.e < 0) return; /* uniform per block */
+/* max|x| of the 16-row tile at padded row prow0 of expert w.e, max-accumulated into the
+ * expert's work word (a tile of padding rows only adds nothing) */
+template <int XD, bool VEC>
+__device__ void amax_tile(const GroupedQuant &a, const Where &w, int64_t prow0) {
   const int64_t r0 = prow0 - w.P, r = r0 + threadIdx.x / 8, cs = (threadIdx.x % 8) * 16;
   float m = 0.0f;
   if constexpr (VEC) {
@@ -206,31 +204,36 @@ template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(Gr
   if (threadIdx.x == 0 && r0 < w.s) atomic_fmax(reinterpret_cast<float *>(a.work + 4 * w.e), m);
 }
 
+template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(GroupedQuant a) {
+  if (a.skip && *a.skip) return;
+  __shared__ Where w;
+  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
+  if (threadIdx.x == 0) locate(a, prow0, -1, &w);
+  __syncthreads();
+  if (w.ok && w.e >= 0) amax_tile<XD, VEC>(a, w, prow0); /* uniform per block */
+}
+
+/* an expert without rows has no tile: one block gives it the CPU's zero amax */
+__device__ void zero_empty_amaxes(const GroupedQuant &a) {
+  if (a.current && a.amax)
+    for (int e = 0; e < a.num; e++)
+      if ((a.splits ? (int64_t)a.splits[e] : a.rows_each) == 0)
+        a.amax[(int64_t)e * a.amax_stride] = 0.0f;
+}
+
 /* The codes of a 16-row tile, chunk by chunk: each thread encodes its 16 elements and stores
  * them rowwise as one 16-byte word and into a shared tile; then thread j gathers column j's 16
  * codes (the tile's rows are 16 consecutive rows of the expert's transpose) and stores them as
  * one 16-byte word. One byte per thread strided by the expert's padded rows, as a plain
  * transposed store would write, costs a memory transaction per byte. */
 template <int XD, int OD, bool VEC>
-__global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
-  if (a.skip && *a.skip) return;
-  __shared__ Where w;
+__device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) {
   __shared__ __align__(16) uint8_t tile[TILE_ROWS][CHUNK];
-  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
-  if (threadIdx.x == 0) {
-    locate(a, prow0, -1, &w);
-    if (blockIdx.x == 0 && !w.ok && a.bad_split) *a.bad_split = 1;
-    /* an expert without rows has no tile: block 0 gives it the CPU's zero amax */
-    if (blockIdx.x == 0 && w.ok && a.current && a.amax)
-      for (int e = 0; e < a.num; e++)
-        if ((a.splits ? (int64_t)a.splits[e] : a.rows_each) == 0)
-          a.amax[(int64_t)e * a.amax_stride] = 0.0f;
-  }
-  __syncthreads();
-  if (!w.ok || w.e < 0) return;
   const int e = w.e;
   const int64_t P0 = w.P, p = w.p, r0 = prow0 - P0;
-  const float acc = a.current ? bits_f32(a.work[4 * e]) : 0.0f;
+  /* volatile: in the one-launch kernel other blocks wrote the word during this launch */
+  const float acc =
+      a.current ? bits_f32(*static_cast<const volatile uint32_t *>(a.work + 4 * e)) : 0.0f;
   const float sc = a.current ? scale_rule(acc, a.fp8_max, a.power_2_scale, a.eps) : a.scale[4 * e];
   const int64_t cols = a.cols;
   const int tr = threadIdx.x / 8, seg = threadIdx.x % 8;
@@ -310,7 +313,69 @@ __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
       if (a.amax) a.amax[(int64_t)e * a.amax_stride] = acc;
       a.work[4 * e] = 0u;
       a.work[4 * e + 1] = 0u;
+      a.work[4 * e + 2] = 0u;
     }
+  }
+}
+
+template <int XD, int OD, bool VEC>
+__global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
+  if (a.skip && *a.skip) return;
+  __shared__ Where w;
+  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
+  if (threadIdx.x == 0) {
+    locate(a, prow0, -1, &w);
+    if (blockIdx.x == 0 && !w.ok && a.bad_split) *a.bad_split = 1;
+    if (blockIdx.x == 0 && w.ok) zero_empty_amaxes(a);
+  }
+  __syncthreads();
+  if (w.ok && w.e >= 0) cast_tile<XD, OD, VEC>(a, w, prow0);
+}
+
+/* Current scaling in one launch: tickets, taken in the order blocks start, 0..n-1 are the amax
+ * tiles of the n padded tiles and n..2n-1 their casts; a cast waits until every amax tile of
+ * its expert has counted itself in work[4 e + 2]. Those tiles hold smaller tickets, so they
+ * have started, and none of them waits: the kernel cannot deadlock however few blocks are
+ * resident. Casts start while the last experts' maxima are still read. The last block to
+ * finish sets the tickets back to zero. */
+template <int XD, int OD, bool VEC>
+__global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
+  if (a.skip && *a.skip) return;
+  __shared__ Where w;
+  __shared__ int64_t prow0;
+  __shared__ int role; /* 0 amax, 1 cast, -1 none */
+  if (threadIdx.x == 0) {
+    const int64_t t = atomicAdd(a.tickets, 1u);
+    int64_t n = 0;
+    walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
+                [&](int, int64_t, int64_t, int64_t p) { n += p / TILE_ROWS; });
+    role = t < n ? 0 : t < 2 * n ? 1 : -1;
+    prow0 = (role == 1 ? t - n : t) * TILE_ROWS;
+    locate(a, role < 0 ? 0 : prow0, -1, &w);
+    if (blockIdx.x == 0 && !w.ok && a.bad_split) *a.bad_split = 1;
+    if (blockIdx.x == 0 && w.ok) zero_empty_amaxes(a);
+    if (role == 1 && w.ok && w.e >= 0) {
+      const volatile uint32_t *done = a.work + 4 * w.e + 2;
+      while (*done < (uint32_t)(w.p / TILE_ROWS))
+        __nanosleep(256);
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (role >= 0 && w.ok && w.e >= 0) {
+    if (role == 0) {
+      amax_tile<XD, VEC>(a, w, prow0);
+      if (threadIdx.x == 0) {
+        __threadfence(); /* the maximum lands before the count */
+        atomicAdd(a.work + 4 * w.e + 2, 1u);
+      }
+    } else {
+      cast_tile<XD, OD, VEC>(a, w, prow0);
+    }
+  }
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(a.tickets + 1, 1u) == gridDim.x - 1) a.tickets[0] = a.tickets[1] = 0u;
   }
 }
 
@@ -352,6 +417,7 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   a.dbias_dtype = q->dbias_dtype;
   a.dbias_accumulate = q->dbias_accumulate;
   a.work = q->work;
+  a.tickets = q->tickets;
   a.act = q->act;
   a.act_kind = q->act_kind;
   a.act_forward = q->act_forward;
@@ -363,10 +429,13 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
     const bool vec = a.cols % 16 == 0 && (a.xs || aligned(a.x, 16)) && aligned(a.data, 16);
     cudaError_t e = with_bool(vec, [&](auto v) {
       constexpr bool VEC = decltype(v)::value;
-      if (a.current) LKC_LAUNCH((k_amax<XD, VEC>), tiles, THREADS, 0, st, a);
+      const bool one = a.current && a.tickets && (a.data || a.col_data || a.amax);
+      if (a.current && !one) LKC_LAUNCH((k_amax<XD, VEC>), tiles, THREADS, 0, st, a);
       return with_fp8_dtype(q->out.dtype, [&](auto od) {
         constexpr int OD = decltype(od)::value;
-        if (a.data || a.col_data || a.amax)
+        if (one)
+          LKC_LAUNCH((k_amax_cast<XD, OD, VEC>), 2 * tiles, THREADS, 0, st, a);
+        else if (a.data || a.col_data || a.amax)
           LKC_LAUNCH((k_cast<XD, OD, VEC>), tiles, THREADS, 0, st, a);
         return cudaGetLastError();
       });

@@ -74,6 +74,8 @@ static void fill_random(unsigned char *buf, int64_t n, int dtype, std::mt19937_6
   }
 }
 
+static bool two_launches = false; /* current scaling without the one-launch kernel's tickets */
+
 static void run_case(const Case &c, uint64_t seed) {
   const int num = c.num, align = 16;
   const bool weights = c.splits.empty();
@@ -109,7 +111,8 @@ static void run_case(const Case &c, uint64_t seed) {
     s.col.assign((size_t)(cap * cols), 0xEE);
     s.sinv.assign(sb, 0);
     s.csinv.assign(sb, 0);
-    s.state.assign((size_t)(12 * num + num * hist) * 4, 0);
+    /* + the one-launch kernel's two tickets (current scaling), checked zero after as the rest */
+    s.state.assign((size_t)(12 * num + num * hist + 2) * 4, 0);
     float *st = (float *)s.state.data();
     for (int e = 0; e < num; e++) {
       st[4 * e] = 1.0f + 0.25f * (float)e;      /* delayed scales, one per expert */
@@ -139,6 +142,8 @@ static void run_case(const Case &c, uint64_t seed) {
     a.scale = st;
     a.amax = c.kind == LUTRA_QUANT_DELAYED ? st + 12 * num : st + 8 * num;
     a.work = (uint32_t *)(st + 8 * num + 1);
+    if (c.kind == LUTRA_QUANT_CURRENT && !two_launches)
+      a.tickets = (uint32_t *)(st + 12 * num + num * hist);
     a.out = lutra_grouped_fp8{s.data.data(), s.sinv.data(),        s.col.data(), s.csinv.data(),
                               c.out_dtype,   LUTRA_SCALING_TENSOR, align,        0};
     a.dbias = c.dbias ? s.dbias_ptr.data() : nullptr;
@@ -421,6 +426,17 @@ int main() {
   uint64_t seed = 1;
   for (const Case &c : cases)
     run_case(c, seed++);
+  /* current scaling as two launches (no tickets: k_amax, then k_cast), as a caller without the
+   * ticket words gets it */
+  two_launches = true;
+  for (const Case &c : cases)
+    if (c.kind == LUTRA_QUANT_CURRENT && !c.act) {
+      const std::string name = std::string(c.name) + ", two launches";
+      Case two = c;
+      two.name = name.c_str();
+      run_case(two, seed++);
+    }
+  two_launches = false;
   const std::vector<int32_t> mx_splits = {7, 0, 40, 1, 33};
   const std::vector<BlockCase> block_cases = {
       {"mxfp8 e4m3 bf16 tokens + dbias", LUTRA_QUANT_MXFP8, LUTRA_BF16, LUTRA_E4M3, 5, 160, 32,

@@ -165,6 +165,9 @@ static inline unsigned atomicExch(unsigned *p, unsigned v) {
   *p = v;
   return o;
 }
+static inline void __nanosleep(unsigned) {
+  std::this_thread::yield();
+}
 static inline void __threadfence() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
 }

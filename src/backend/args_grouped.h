@@ -44,7 +44,10 @@ typedef struct lutra_grouped_quant_args {
    * max|x|; delayed: max-accumulated into when amax is not NULL) */
   float *scale;
   float *amax;
-  uint32_t *work; /* current scaling: 2 zero words per expert at work[4 e] (current_scale) */
+  uint32_t *work; /* current scaling: 3 zero words per expert at work[4 e] (current_scale) */
+  /* current scaling on CUDA: 2 zero words, the one-launch cast's tile tickets (left zero);
+   * NULL: the amax pass and the cast are two launches */
+  uint32_t *tickets;
   lutra_grouped_fp8 out;
   /* the bias gradient of each expert's rows: dbias[e] [cols] (+= when dbias_accumulate) */
   void *const *dbias; /* backend memory [num], or NULL */

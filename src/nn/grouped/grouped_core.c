@@ -63,7 +63,9 @@ static int role_build(grouped_linear *g, const lutra_quantizer_spec *s, grouped_
   memset(r, 0, sizeof *r);
   r->spec = *s;
   if (s->kind != LUTRA_QUANT_DELAYED && s->kind != LUTRA_QUANT_CURRENT) return LUTRA_OK;
-  const int64_t n = g->num, h = history_of(s), floats = 12 * n + n * h;
+  /* current scaling: two more words, the tickets of the CUDA cast (quant_args) */
+  const int64_t n = g->num, h = history_of(s),
+                floats = 12 * n + n * h + (s->kind == LUTRA_QUANT_CURRENT ? 2 : 0);
   float *host = calloc((size_t)floats, sizeof(float));
   if (!host) return lutra_error(LUTRA_ENOMEM, fn, "cannot allocate scaling state");
   for (int64_t e = 0; e < n; e++)

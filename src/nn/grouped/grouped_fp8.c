@@ -141,6 +141,7 @@ static lutra_grouped_quant_args quant_args(const grouped_linear *g, const groupe
     a.amax = r->state + 8 * n;
     a.amax_stride = 4;
     a.work = (uint32_t *)(r->state + 8 * n + 1);
+    a.tickets = (uint32_t *)(r->state + 12 * n);
   }
   return a;
 }
