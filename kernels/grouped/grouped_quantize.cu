@@ -61,7 +61,7 @@ struct GroupedQuant : GroupedRows {
   int amax_stride;
   void *const *dbias;
   int dbias_dtype, dbias_accumulate;
-  uint32_t *work; /* current scaling: expert e's accumulator and tile counts at work[4 e] */
+  uint32_t *work;    /* current scaling: expert e's accumulator and tile counts at work[4 e] */
   uint32_t *tickets; /* current scaling, one launch (k_amax_cast) */
   /* lutra_grouped_quant_args.act: the values quantized are lkact::act_value's of the rows */
   const void *act;
@@ -122,9 +122,7 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
 /* 16 elements as loaded, undecoded: the fast paths (VEC, no activation) issue the next chunk's
  * loads before the current chunk is encoded, so a thread keeps two 16-byte (f32: four) loads in
  * flight instead of waiting on each. */
-template <int XD> struct Raw16 {
-  uint4 w[XD == LUTRA_F32 ? 4 : 2];
-};
+template <int XD> struct Raw16 { uint4 w[XD == LUTRA_F32 ? 4 : 2]; };
 
 /* row r of the block's expert from column c (VEC), or zeros past its s rows and its columns */
 template <int XD>
@@ -138,8 +136,8 @@ __device__ __forceinline__ void load_raw(const GroupedQuant &a, const Where &w, 
   }
   const void *base = a.xs ? a.xs[w.e] : a.x;
   const int64_t i = (a.xs ? r : w.R + r) * a.cols + c;
-  const uint4 *p = reinterpret_cast<const uint4 *>(static_cast<const char *>(base) +
-                                                   i * elem_size<XD>());
+  const uint4 *p =
+      reinterpret_cast<const uint4 *>(static_cast<const char *>(base) + i * elem_size<XD>());
   LKC_UNROLL
   for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++)
     q.w[k] = p[k];
@@ -246,8 +244,8 @@ __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) 
       m = fmaxf(m, fabsf(v[k]));
     if (a.act_out && r0 + tr < w.s) /* the activation's output, kept for the backward */
       LKC_UNROLL
-      for (int k = 0; k < 16; k++)
-        if (c + k < cols) st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
+    for (int k = 0; k < 16; k++)
+      if (c + k < cols) st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
     const uint4 q = encode16<OD>(v, sc);
     if (c < cols) {
       uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
