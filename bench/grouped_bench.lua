@@ -15,6 +15,8 @@
 --          device) at tokens 16384, 4096 -> 4096 and 1024 -> 4096, 8 and 64 experts, balanced
 --          and skewed routing, bf16 and FP8 current scaling, against one dense GEMM of the same
 --          FLOPs (an nn.Linear of [16384, in] -> out: one cuBLASLt matmul).
+--   step   a training step (forward, the weights quantized in the call, + backward) at the gemm
+--          part's shapes, bf16 against FP8 delayed and current, medians of alternating rounds.
 --   fp8    where an FP8 grouped forward's time goes: the same shapes timed with the weights
 --          quantized every call (as in gemm), with the FP8 weights cached (is_first_microbatch
 --          false: input cast + GEMM), under delayed scaling with cached weights (one cast pass,
@@ -41,7 +43,8 @@ local function parse(argv)
   local argparse = require("lutra.cli").argparse("grouped_bench.lua")
   local p = argparse("grouped_bench.lua", "GroupedLinear host time per call beside its raw "
                      .. "launches, and grouped GEMM throughput beside one dense GEMM.")
-  p:option("--part", "which benchmarks", "all"):choices({ "host", "gemm", "fp8", "all" })
+  p:option("--part", "which benchmarks", "all")
+   :choices({ "host", "gemm", "fp8", "step", "all" })
   p:option("--rows", "rows per expert (host part)", "16", tonumber)
   p:option("--in", "input features (host part)", "64", tonumber)
   p:option("--out", "output features (host part)", "64", tonumber)
@@ -462,6 +465,50 @@ local function fp8_part()
   end
 end
 
+-- A GroupedLinear training step (forward with the experts' weights quantized in the call, as
+-- after every optimizer step, then backward: dgrad and wgrad) per mode: us per step, medians of
+-- 5 rounds alternating the modes, and BF16's step over each FP8 step (issue 43's target: 1.3x)
+local function step_part()
+  if not CUDA then return end
+  local T = T_GPU
+  table_head("GroupedLinear training step (forward + backward, tokens 16384, device splits; "
+             .. "weights quantized every step)",
+             { "experts", "in -> out", "routing", "bf16 us", "delayed us", "current us",
+               "bf16 / delayed", "bf16 / current" })
+  local scopes = { delayed = lutra.autocast { recipe = recipes.delayed() },
+                   current = lutra.autocast { recipe = recipes.current() } }
+  for _, shape in ipairs(GPU_SHAPES) do
+    local K, N = shape[1], shape[2]
+    local x = lutra.tensor({ T, K }, "bf16", DEV):randn(5)
+    local dy = lutra.tensor({ T, N }, "bf16", DEV):randn(6)
+    for _, E in ipairs { 8, 64 } do
+      with_grouped(E, K, N, function(g)
+        for _, skew in ipairs { false, true } do
+          local sp = lutra.from_table(random_splits(E, T, skew, 9), { E }, "i32", DEV)
+          local fns = {
+            bf16 = function() g:forward(x, sp); g:backward(dy) end,
+            delayed = function() scopes.delayed:run(function() g:forward(x, sp, true) end)
+                                 g:backward(dy) end,
+            current = function() scopes.current:run(function() g:forward(x, sp, true) end)
+                                 g:backward(dy) end,
+          }
+          local t = { bf16 = {}, delayed = {}, current = {} }
+          for r = 1, o.quick and 2 or 5 do
+            for _, m in ipairs { "bf16", "delayed", "current" } do
+              t[m][r] = timing.time_per_call(DEV, fns[m], o.quick and 2 or 5, 1)
+            end
+          end
+          local b, d, c = median(t.bf16), median(t.delayed), median(t.current)
+          print(string.format("| %d | %d -> %d | %s | %.0f | %.0f | %.0f | %.2f | %.2f |", E, K,
+                              N, skew and "skewed" or "balanced", b * 1e6, d * 1e6, c * 1e6,
+                              b / d, b / c))
+        end
+      end)
+    end
+  end
+end
+
 if o.part == "host" or o.part == "all" then host_part() end
 if o.part == "gemm" or o.part == "all" then gemm_part() end
 if o.part == "fp8" or o.part == "all" then fp8_part() end
+if o.part == "step" or o.part == "all" then step_part() end
