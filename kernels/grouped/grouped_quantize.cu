@@ -226,7 +226,10 @@ __device__ void zero_empty_amaxes(const GroupedQuant &a) {
  * transposed store would write, costs a memory transaction per byte. */
 template <int XD, int OD, bool VEC>
 __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) {
-  __shared__ __align__(16) uint8_t tile[TILE_ROWS][CHUNK];
+  /* two tiles, alternating by chunk: a chunk's codes go into one while the previous chunk's
+   * are still gathered from the other, so one barrier per chunk orders both */
+  __shared__ __align__(16) uint8_t tiles[2][TILE_ROWS][CHUNK];
+  int buf = 0;
   const int e = w.e;
   const int64_t P0 = w.P, p = w.p, r0 = prow0 - P0;
   /* volatile: in the one-launch kernel other blocks wrote the word during this launch */
@@ -242,11 +245,14 @@ __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) 
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
       m = fmaxf(m, fabsf(v[k]));
-    if (a.act_out && r0 + tr < w.s) /* the activation's output, kept for the backward */
+    if (a.act_out && r0 + tr < w.s) { /* the activation's output, kept for the backward */
       LKC_UNROLL
-    for (int k = 0; k < 16; k++)
-      if (c + k < cols) st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
+      for (int k = 0; k < 16; k++)
+        if (c + k < cols) st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
+    }
     const uint4 q = encode16<OD>(v, sc);
+    uint8_t(&tile)[TILE_ROWS][CHUNK] = tiles[buf];
+    buf ^= 1;
     if (c < cols) {
       uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
       if (row && VEC) {
@@ -269,7 +275,6 @@ __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) 
       *reinterpret_cast<uint4 *>(a.col_data + P0 * cols + cc * p + r0) =
           make_uint4(wd[0], wd[1], wd[2], wd[3]);
     }
-    __syncthreads(); /* the tile is refilled by the next chunk */
   };
   bool fast = false; /* the next chunk's loads issued before this one's codes (Raw16) */
   if constexpr (VEC) {
