@@ -1,14 +1,17 @@
 /* GroupedLinear's split quantization on the device (the CPU reference is
  * src/backend/cpu/grouped_cpu.c): every expert's rows of one matrix, or every expert's weight,
  * quantized with the expert's own scale in a constant number of launches whatever the number of
- * experts (delayed scaling: one; current scaling: two), the row counts read from device memory
- * and each expert padded with zero rows to the packed layout of src/backend/grouped_layout.h
- * inside the kernels:
+ * experts (one; current scaling without ticket words: two), the row counts read from device
+ * memory and each expert padded with zero rows to the packed layout of
+ * src/backend/grouped_layout.h inside the kernels:
  *   k_amax   current scaling: max|x| of each expert (16-row tiles, one atomic per tile) into the
- *            expert's two work words, which are zero between calls
+ *            expert's work words, which are zero between calls
+ *   k_amax_cast  current scaling in one launch: k_amax's tiles, then k_cast's, each cast waiting
+ *            for its expert's maxima (tile tickets, below)
  *   k_cast   the FP8 codes, rowwise and each expert's transpose, of 16-row tiles (padding rows
  *            encode zero) in chunks of 128 columns: 16-byte loads, 16-byte rowwise stores, and
- *            the transpose gathered in shared memory into one 16-byte store per column; an
+ *            the transpose gathered in shared memory into one 16-byte store per column (the
+ *            next chunk's loads issued before the current chunk is encoded); an
  *            expert's first tile writes its scale_inv (and its scale), its last (current
  *            scaling) publishes the amax and zeroes the work words again
  *   k_dbias  each expert's column sums in double, rows in order (the CPU's bias_grad order)
