@@ -2,7 +2,7 @@
 # One batched build-test-bench cycle on the lent GPU machine (see DEVELOPERS' notes):
 #   source .devkit/enter.sh && bash tools/gpu-check.sh [steps...]
 # steps: build cpu-specs gpu-specs sanitizer example bench norm-bench norm-ab host moe grouped
-# dist prenorm probe ncu ncu-norm grouped-profile gpt gpt-profile (default: build cpu-specs gpu-specs sanitizer example bench
+# dist prenorm probe ncu ncu-norm grouped-profile grouped-quant gpt gpt-profile (default: build cpu-specs gpu-specs sanitizer example bench
 # norm-bench host moe). Logs go to $OUT.
 set -uo pipefail
 # The device tool brings back only a handful of files from $OUT: the logs are written to
@@ -169,6 +169,23 @@ if has grouped; then
   fi
   timeout 200 python3 bench/torch_grouped.py > "$OUT/torch-grouped.log" 2>&1
   note "torch grouped bench exit $?"
+fi
+if has grouped-quant; then
+  # issue 43's weight quantization and training step: the quantization's time against a device
+  # copy (bench/probes/grouped_weight_quant.lua), each kernel's time and DRAM bytes (ncu), and
+  # the step bf16 against FP8 (bench/grouped_bench.lua --part step)
+  for s in "64 1024 4096" "8 4096 4096" "64 4096 4096"; do
+    timeout 90 luajit bench/probes/grouped_weight_quant.lua $s >> "$OUT/grouped-quant.md" 2>&1
+  done
+  note "grouped quant: $(grep -c '^| [0-9]' "$OUT/grouped-quant.md") rows"
+  summary+=("$(grep '^| [0-9]' "$OUT/grouped-quant.md")")
+  NCU=1 timeout 120 ncu --clock-control none -k regex:"k_amax|k_cast" --metrics \
+    gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+    luajit bench/probes/grouped_weight_quant.lua 64 1024 4096 > "$OUT/grouped-quant-ncu.txt" 2>&1
+  note "grouped quant ncu exit $?"
+  timeout 200 luajit bench/grouped_bench.lua --part step > "$OUT/grouped-step.md" 2>&1
+  note "grouped step exit $?"
+  summary+=("$(grep '^| [0-9]' "$OUT/grouped-step.md")")
 fi
 if has grouped-profile; then
   # where a GroupedLinear forward's host time goes (bench/profile_grouped.lua under gperftools'

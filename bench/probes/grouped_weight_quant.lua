@@ -20,7 +20,7 @@ local each = math.floor(T / E)
 for e = 1, E do splits[e] = each end
 splits[E] = T - (E - 1) * each
 local sp = lutra.from_table(splits, { E }, "i32", DEV)
-local src = lutra.tensor({ E * K, N }, "bf16", DEV):randn(3)
+local src = lutra.tensor({ E * K, N }, "bf16", DEV):fill(0.5) -- a device fill: randn draws on the host
 local dst = lutra.tensor({ E * K, N }, "bf16", DEV)
 local scopes = {
   current = lutra.autocast { recipe = lutra.recipe.current {} },
