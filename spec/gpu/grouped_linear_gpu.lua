@@ -70,6 +70,20 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
       bound = 1e-4, what = "40 experts, delayed" })
   end)
 
+  -- current scaling's one-launch cast (kernels/grouped/grouped_quantize.cu, k_amax_cast) with
+  -- far more tiles than the device holds at once (40000 rows: ~5000 blocks for the input's cast
+  -- and as many for the output gradient's): casts wait for their experts' maxima while later
+  -- maxima are still read; every scale and code must still be the CPU's
+  test("FP8 current scaling, more tiles than resident blocks: the one-launch cast", function()
+    local ref, dev = pair { seed = 81 }
+    S.assert_grouped_steps(ref, dev, {
+      steps = 2, rows = 40000, in_ = IN, out = OUT, dtype = "bf16",
+      recipe = function() return R.current {} end,
+      splits = function(step) return random_splits(NUM, 40000, 810 + step) end,
+      seeds = function(step) return 83 * step, 89 * step end,
+      bound = 1e-4, what = "40000 rows, current" })
+  end)
+
   -- the forward reads the caller's device splits in place and its GEMM keeps the copy the
   -- backward reads: splits overwritten between the two must not reach the backward
   for _, case in ipairs { { name = "bf16" },
