@@ -152,11 +152,11 @@ describe("command lines (lua-argparse)", function()
   it("bench/grouped_bench.lua and bench/moe_permute.lua: their options, defaults and refusals",
      function()
     check("bench/grouped_bench.lua", {
-      "--part {host,gemm,fp8,all}", "(default: all)", "--rows", "(default: 16)", "--in", "--out",
-      "(default: 64)", "--batches", "(default: 15)", "--calls", "(default: 200)", "--quick",
+      "--part {host,gemm,fp8,step,all}", "(default: all)", "--rows", "(default: 16)", "--in",
+      "--out", "(default: 64)", "--batches", "(default: 15)", "--calls", "(default: 200)", "--quick",
       "--floors-lib", "(default: build/libhost_floors.so)", "--device {cuda,cpu}",
       "(default: cuda)" }, {
-      ["--part both"] = "must be one of 'host', 'gemm', 'fp8', 'all'",
+      ["--part both"] = "must be one of 'host', 'gemm', 'fp8', 'step', 'all'",
       ["--calls x"] = "malformed argument 'x'",
       ["--device gpu"] = "must be one of 'cuda', 'cpu'",
       ["--row 8"] = "unknown option '--row'",

@@ -78,10 +78,21 @@ struct Where {
   int64_t R, P, s, p; /* its rows before it, padded rows before it, rows, padded rows */
 };
 
-/* the expert holding padded row prow (e_fixed < 0), or expert e_fixed */
+/* the expert holding padded row prow (e_fixed < 0), or expert e_fixed. Without splits (the
+ * weights: rows_each rows each) that is arithmetic, no walk over the experts. */
 __device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *w) {
   int64_t P = 0;
   w->e = -1;
+  if (!a.splits) {
+    const int64_t s = a.rows_each, p = lutra_grouped_roundup(s, a.align);
+    w->ok = s >= 0;
+    const int64_t e = e_fixed >= 0 ? e_fixed : p > 0 ? prow / p : a.num;
+    if (w->ok && e >= 0 && e < a.num) {
+      w->e = (int)e;
+      w->R = e * s, w->P = e * p, w->s = s, w->p = p;
+    }
+    return;
+  }
   w->ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
                       [&](int e, int64_t r, int64_t s, int64_t p) {
                         if (w->e < 0 && (e_fixed >= 0 ? e == e_fixed : prow < P + p)) {
@@ -352,9 +363,12 @@ __global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
   __shared__ int role; /* 0 amax, 1 cast, -1 none */
   if (threadIdx.x == 0) {
     const int64_t t = atomicAdd(a.tickets, 1u);
-    int64_t n = 0;
-    walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
-                [&](int, int64_t, int64_t, int64_t p) { n += p / TILE_ROWS; });
+    int64_t n = 0; /* the padded tiles */
+    if (!a.splits)
+      n = a.rows_each >= 0 ? a.num * lutra_grouped_roundup(a.rows_each, a.align) / TILE_ROWS : 0;
+    else
+      walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
+                  [&](int, int64_t, int64_t, int64_t p) { n += p / TILE_ROWS; });
     role = t < n ? 0 : t < 2 * n ? 1 : -1;
     prow0 = (role == 1 ? t - n : t) * TILE_ROWS;
     locate(a, role < 0 ? 0 : prow0, -1, &w);

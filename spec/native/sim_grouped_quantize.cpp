@@ -84,7 +84,8 @@ static void run_case(const Case &c, uint64_t seed) {
     total += s;
   if (weights) total = (int64_t)num * c.rows_each;
   if (c.bad) total += 3; /* the splits do not sum to the rows */
-  const int64_t cols = c.cols, cap = weights ? total : lutra_grouped_rows_cap(total, num, align);
+  const int64_t cols = c.cols, cap = weights ? num * lutra_grouped_roundup(c.rows_each, align)
+                                             : lutra_grouped_rows_cap(total, num, align);
   const size_t es = c.x_dtype == LUTRA_F32 ? 4 : 2;
   std::mt19937_64 rng(seed);
   /* x: the rows, or an activation's output gradient (gated: half the columns); act: its input
@@ -376,6 +377,18 @@ int main() {
        16,
        {},
        32,
+       false,
+       false,
+       false},
+      /* weights of 40 rows: each padded to 48, the expert found by arithmetic (no splits) */
+      {"current e4m3 bf16 weights, 40 rows each",
+       LUTRA_QUANT_CURRENT,
+       LUTRA_BF16,
+       LUTRA_E4M3,
+       5,
+       144,
+       {},
+       40,
        false,
        false,
        false},
