@@ -136,7 +136,10 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
 /* 16 elements as loaded, undecoded: the fast paths (VEC, no activation) issue the next chunk's
  * loads before the current chunk is encoded, so a thread keeps two 16-byte (f32: four) loads in
  * flight instead of waiting on each. */
-template <int XD> struct Raw16 { uint4 w[XD == LUTRA_F32 ? 4 : 2]; };
+template <int XD> struct Raw16 {
+  static constexpr int N = XD == LUTRA_F32 ? 4 : 2; /* 16-byte words */
+  uint4 w[N];
+};
 
 /* row r of the block's expert from column c (VEC), or zeros past its s rows and its columns */
 template <int XD>
@@ -144,7 +147,7 @@ __device__ __forceinline__ void load_raw(const GroupedQuant &a, const Where &w, 
                                          int64_t c, Raw16<XD> &q) {
   if (r >= w.s || c >= a.cols) {
     LKC_UNROLL
-    for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++)
+    for (int k = 0; k < Raw16<XD>::N; k++)
       q.w[k] = make_uint4(0u, 0u, 0u, 0u);
     return;
   }
@@ -153,13 +156,13 @@ __device__ __forceinline__ void load_raw(const GroupedQuant &a, const Where &w, 
   const uint4 *p =
       reinterpret_cast<const uint4 *>(static_cast<const char *>(base) + i * elem_size<XD>());
   LKC_UNROLL
-  for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++)
+  for (int k = 0; k < Raw16<XD>::N; k++)
     q.w[k] = p[k];
 }
 
 template <int XD> __device__ __forceinline__ void decode_raw(const Raw16<XD> &q, float (&v)[16]) {
   LKC_UNROLL
-  for (int k = 0; k < (int)(sizeof q.w / sizeof q.w[0]); k++) {
+  for (int k = 0; k < Raw16<XD>::N; k++) {
     const uint32_t u[4] = {q.w[k].x, q.w[k].y, q.w[k].z, q.w[k].w};
     LKC_UNROLL
     for (int j = 0; j < 4; j++) {
