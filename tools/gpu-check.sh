@@ -183,6 +183,11 @@ if has grouped-quant; then
     gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
     luajit bench/probes/grouped_weight_quant.lua 64 1024 4096 > "$OUT/grouped-quant-ncu.txt" 2>&1
   note "grouped quant ncu exit $?"
+  for m in bf16 delayed; do # the step's kernels, 64 experts of 4096 -> 4096 (two steps each)
+    timeout 120 ncu --clock-control none --metrics gpu__time_duration.sum \
+      luajit bench/probes/grouped_step_kernels.lua $m > "$OUT/grouped-step-kernels-$m.txt" 2>&1
+    note "grouped step kernels ($m) exit $?"
+  done
   timeout 200 luajit bench/grouped_bench.lua --part step > "$OUT/grouped-step.md" 2>&1
   note "grouped step exit $?"
   summary+=("$(grep '^| [0-9]' "$OUT/grouped-step.md")")

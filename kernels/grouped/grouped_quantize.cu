@@ -8,10 +8,11 @@
  *            expert's work words, which are zero between calls
  *   k_amax_cast  current scaling in one launch: k_amax's tiles, then k_cast's, each cast waiting
  *            for its expert's maxima (tile tickets, below)
- *   k_cast   the FP8 codes, rowwise and each expert's transpose, of 16-row tiles (padding rows
- *            encode zero) in chunks of 128 columns: 16-byte loads, 16-byte rowwise stores, and
- *            the transpose gathered in shared memory into one 16-byte store per column (the
- *            next chunk's loads issued before the current chunk is encoded); an
+ *   k_cast   the FP8 codes, rowwise and each expert's transpose, of 16-row tiles (64 for
+ *            weights whose padded rows allow it; padding rows encode zero) in chunks of 128
+ *            columns: 16-byte loads, 16-byte rowwise stores, and the transpose gathered in
+ *            shared memory into 16-byte stores per column (the next chunk's loads issued
+ *            before the current chunk is encoded); an
  *            expert's first tile writes its scale_inv (and its scale), its last (current
  *            scaling) publishes the amax and zeroes the work words again
  *   k_dbias  each expert's column sums in double, rows in order (the CPU's bias_grad order)
@@ -236,16 +237,74 @@ __device__ void zero_empty_amaxes(const GroupedQuant &a) {
         a.amax[(int64_t)e * a.amax_stride] = 0.0f;
 }
 
-/* The codes of a 16-row tile, chunk by chunk: each thread encodes its 16 elements and stores
- * them rowwise as one 16-byte word and into a shared tile; then thread j gathers column j's 16
- * codes (the tile's rows are 16 consecutive rows of the expert's transpose) and stores them as
- * one 16-byte word. One byte per thread strided by the expert's padded rows, as a plain
- * transposed store would write, costs a memory transaction per byte. */
-template <int XD, int OD, bool VEC>
+/* The transpose of a shared 16-row tile's chunk (16 consecutive rows of the expert's transpose
+ * per column): thread j gathers column j's 16 codes into one 16-byte store. One byte per thread
+ * strided by the expert's padded rows, as a plain transposed store would write, would cost a
+ * memory transaction per byte; a 16-byte store still writes half of a 32-byte sector, whose other
+ * half comes from the next tile's block, often too late to merge in L2. */
+__device__ __forceinline__ void store_transpose16(const uint8_t (&tile)[TILE_ROWS][CHUNK],
+                                                  uint8_t *dst, int64_t col0, int64_t cols,
+                                                  int64_t p) {
+  const int64_t cc = col0 + threadIdx.x;
+  if (cc >= cols) return;
+  uint32_t wd[4];
+  LKC_UNROLL
+  for (int j = 0; j < 4; j++)
+    wd[j] = (uint32_t)tile[4 * j][threadIdx.x] | ((uint32_t)tile[4 * j + 1][threadIdx.x] << 8) |
+            ((uint32_t)tile[4 * j + 2][threadIdx.x] << 16) |
+            ((uint32_t)tile[4 * j + 3][threadIdx.x] << 24);
+  *reinterpret_cast<uint4 *>(dst + cc * p) = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+}
+
+/* Where 16-byte word s of row r of a 64-row shared tile lies: rows of group g = r / 16 have
+ * their words rotated by 2 g (word q of 4 bytes at q ^ 8 g), so that store_transpose64's warp
+ * loads, four row groups at once, hit 32 different banks. */
+__device__ __forceinline__ int swizzled16(int r, int s) {
+  return s ^ (2 * (r / TILE_ROWS));
+}
+
+/* The transpose of a shared 64-row tile's chunk: thread (q, g) takes columns 4q..4q+3 of row
+ * group g, 16 four-byte loads and four 4x4 byte transposes (byte_perm), and the four threads of
+ * a quad write those columns' 64 bytes (two whole sectors each) together. */
+__device__ __forceinline__ void store_transpose64(const uint8_t (&tile)[64][CHUNK], uint8_t *dst,
+                                                  int64_t col0, int64_t cols, int64_t p) {
+  const int q = threadIdx.x / 4, g = threadIdx.x % 4;
+  const int64_t cq = col0 + 4 * q;
+  if (cq >= cols) return; /* cols % 16 == 0: a quad is whole or past the end */
+  const uint32_t *tw = reinterpret_cast<const uint32_t *>(&tile[0][0]);
+  const int wi = q ^ (8 * g); /* swizzled16's rotation, in four-byte words */
+  uint32_t col[4][4];         /* [column][four rows] */
+  LKC_UNROLL
+  for (int k = 0; k < 4; k++) {
+    const uint32_t *x = tw + (g * TILE_ROWS + 4 * k) * (CHUNK / 4) + wi;
+    const uint32_t x0 = x[0], x1 = x[CHUNK / 4], x2 = x[CHUNK / 2], x3 = x[3 * CHUNK / 4];
+    const uint32_t t0 = __byte_perm(x0, x1, 0x5140), t1 = __byte_perm(x0, x1, 0x7362);
+    const uint32_t t2 = __byte_perm(x2, x3, 0x5140), t3 = __byte_perm(x2, x3, 0x7362);
+    col[0][k] = __byte_perm(t0, t2, 0x5410);
+    col[1][k] = __byte_perm(t0, t2, 0x7632);
+    col[2][k] = __byte_perm(t1, t3, 0x5410);
+    col[3][k] = __byte_perm(t1, t3, 0x7632);
+  }
+  LKC_UNROLL
+  for (int j = 0; j < 4; j++)
+    *reinterpret_cast<uint4 *>(dst + (cq + j) * p + 16 * g) =
+        make_uint4(col[j][0], col[j][1], col[j][2], col[j][3]);
+}
+
+/* The codes of a TR-row tile (TR = 16, or 64 where every expert's padded rows are a multiple of
+ * 64: the weights, as a rule), chunk by chunk: each thread encodes 16 elements of each of its
+ * TR / 16 rows and stores them rowwise as 16-byte words and into a shared tile, from which the
+ * transpose is written (store_transpose16 / 64). */
+template <int XD, int OD, bool VEC, int TR>
 __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) {
+  constexpr int G = TR / TILE_ROWS; /* 16-row groups: thread t holds row t / 8 of each */
+  /* wide tiles are for 16-byte rows without an activation (the launcher's choice): the other
+   * paths are not compiled for them */
+  constexpr bool NARROW = TR == TILE_ROWS;
+  static_assert(TR == TILE_ROWS || (TR == 64 && VEC), "16-row tiles, or 64 of 16-byte rows");
   /* two tiles, alternating by chunk: a chunk's codes go into one while the previous chunk's
    * are still gathered from the other, so one barrier per chunk orders both */
-  __shared__ __align__(16) uint8_t tiles[2][TILE_ROWS][CHUNK];
+  __shared__ __align__(16) uint8_t tiles[2][TR][CHUNK];
   int buf = 0;
   const int e = w.e;
   const int64_t P0 = w.P, p = w.p, r0 = prow0 - P0;
@@ -256,64 +315,71 @@ __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) 
   const int64_t cols = a.cols;
   const int tr = threadIdx.x / 8, seg = threadIdx.x % 8;
   float m = 0.0f;
-  /* one chunk of 16 elements per thread, loaded into v */
-  auto cast_chunk = [&](int64_t c0, const float(&v)[16]) {
+  /* one chunk: 16 elements of each of the thread's rows, loaded into v[g] */
+  auto cast_chunk = [&](int64_t c0, const float(&v)[G][16]) {
     const int64_t c = c0 + seg * 16;
+    uint8_t(&tile)[TR][CHUNK] = tiles[buf];
+    buf ^= 1;
     LKC_UNROLL
-    for (int k = 0; k < 16; k++)
-      m = fmaxf(m, fabsf(v[k]));
-    if (a.act_out && r0 + tr < w.s) { /* the activation's output, kept for the backward */
+    for (int g = 0; g < G; g++) {
+      const int64_t r = r0 + g * TILE_ROWS + tr;
       LKC_UNROLL
       for (int k = 0; k < 16; k++)
-        if (c + k < cols) st<XD>(a.act_out, (w.R + r0 + tr) * cols + c + k, v[k]);
-    }
-    const uint4 q = encode16<OD>(v, sc);
-    uint8_t(&tile)[TILE_ROWS][CHUNK] = tiles[buf];
-    buf ^= 1;
-    if (c < cols) {
-      uint8_t *row = a.data ? a.data + (P0 + r0 + tr) * cols + c : nullptr;
-      if (row && VEC) {
-        *reinterpret_cast<uint4 *>(row) = q;
-      } else if (row) {
-        for (int k = 0; k < 16 && c + k < cols; k++)
-          row[k] = (uint8_t)byte_of(q, k);
+        m = fmaxf(m, fabsf(v[g][k]));
+      if (NARROW && a.act_out && r < w.s) { /* the activation's output, kept for the backward */
+        LKC_UNROLL
+        for (int k = 0; k < 16; k++)
+          if (c + k < cols) st<XD>(a.act_out, (w.R + r) * cols + c + k, v[g][k]);
       }
-      *reinterpret_cast<uint4 *>(&tile[tr][seg * 16]) = q;
+      const uint4 q = encode16<OD>(v[g], sc);
+      if (c < cols) {
+        uint8_t *row = a.data ? a.data + (P0 + r) * cols + c : nullptr;
+        if (row && VEC) {
+          *reinterpret_cast<uint4 *>(row) = q;
+        } else if (row) {
+          for (int k = 0; k < 16 && c + k < cols; k++)
+            row[k] = (uint8_t)byte_of(q, k);
+        }
+        const int tr_g = g * TILE_ROWS + tr;
+        reinterpret_cast<uint4 *>(&tile[tr_g][0])[NARROW ? seg : swizzled16(tr_g, seg)] = q;
+      }
     }
     __syncthreads();
-    const int64_t cc = c0 + threadIdx.x;
-    if (a.col_data && cc < cols) { /* 16-byte aligned: P0, p and r0 are multiples of 16 */
-      uint32_t wd[4];
-      LKC_UNROLL
-      for (int j = 0; j < 4; j++)
-        wd[j] = (uint32_t)tile[4 * j][threadIdx.x] | ((uint32_t)tile[4 * j + 1][threadIdx.x] << 8) |
-                ((uint32_t)tile[4 * j + 2][threadIdx.x] << 16) |
-                ((uint32_t)tile[4 * j + 3][threadIdx.x] << 24);
-      *reinterpret_cast<uint4 *>(a.col_data + P0 * cols + cc * p + r0) =
-          make_uint4(wd[0], wd[1], wd[2], wd[3]);
+    if (a.col_data) { /* 16-byte aligned: P0, p and r0 are multiples of 16 */
+      uint8_t *dst = a.col_data + P0 * cols + r0;
+      if constexpr (NARROW)
+        store_transpose16(tile, dst, c0, cols, p);
+      else
+        store_transpose64(tile, dst, c0, cols, p);
     }
   };
   bool fast = false; /* the next chunk's loads issued before this one's codes (Raw16) */
   if constexpr (VEC) {
-    fast = !a.act;
+    fast = !NARROW || !a.act;
     if (fast) {
-      Raw16<XD> next;
-      load_raw<XD>(a, w, r0 + tr, seg * 16, next);
+      Raw16<XD> next[G];
+      LKC_UNROLL
+      for (int g = 0; g < G; g++)
+        load_raw<XD>(a, w, r0 + g * TILE_ROWS + tr, seg * 16, next[g]);
       for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
-        const Raw16<XD> cur = next;
-        load_raw<XD>(a, w, r0 + tr, c0 + CHUNK + seg * 16, next);
-        float v[16];
-        decode_raw<XD>(cur, v);
+        float v[G][16];
+        LKC_UNROLL
+        for (int g = 0; g < G; g++) {
+          const Raw16<XD> cur = next[g];
+          load_raw<XD>(a, w, r0 + g * TILE_ROWS + tr, c0 + CHUNK + seg * 16, next[g]);
+          decode_raw<XD>(cur, v[g]);
+        }
         cast_chunk(c0, v);
       }
     }
   }
-  if (!fast)
-    for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
-      float v[16];
-      load_seg<XD, VEC>(a, w, r0 + tr, c0 + seg * 16, v);
-      cast_chunk(c0, v);
-    }
+  if constexpr (NARROW)
+    if (!fast)
+      for (int64_t c0 = 0; c0 < cols; c0 += CHUNK) {
+        float v[G][16];
+        load_seg<XD, VEC>(a, w, r0 + tr, c0 + seg * 16, v[0]);
+        cast_chunk(c0, v);
+      }
   if (!a.current && a.amax) { /* delayed scaling: this step's amax slot, max-accumulated */
     __shared__ float red[32];
     m = block_max(m, red);
@@ -329,7 +395,7 @@ __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) 
   }
   if (a.current) { /* the expert's last tile to finish publishes the amax, clears the words */
     __threadfence();
-    if (atomicAdd(a.work + 4 * e + 1, 1u) == (unsigned)(p / TILE_ROWS) - 1) {
+    if (atomicAdd(a.work + 4 * e + 1, 1u) == (unsigned)(p / TR) - 1) {
       if (a.amax) a.amax[(int64_t)e * a.amax_stride] = acc;
       a.work[4 * e] = 0u;
       a.work[4 * e + 1] = 0u;
@@ -338,27 +404,27 @@ __device__ void cast_tile(const GroupedQuant &a, const Where &w, int64_t prow0) 
   }
 }
 
-template <int XD, int OD, bool VEC>
+template <int XD, int OD, bool VEC, int TR>
 __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
   if (a.skip && *a.skip) return;
   __shared__ Where w;
-  const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
+  const int64_t prow0 = (int64_t)blockIdx.x * TR;
   if (threadIdx.x == 0) {
     locate(a, prow0, -1, &w);
     if (blockIdx.x == 0 && !w.ok && a.bad_split) *a.bad_split = 1;
     if (blockIdx.x == 0 && w.ok) zero_empty_amaxes(a);
   }
   __syncthreads();
-  if (w.ok && w.e >= 0) cast_tile<XD, OD, VEC>(a, w, prow0);
+  if (w.ok && w.e >= 0) cast_tile<XD, OD, VEC, TR>(a, w, prow0);
 }
 
 /* Current scaling in one launch: tickets, taken in the order blocks start, 0..n-1 are the amax
- * tiles of the n padded tiles and n..2n-1 their casts; a cast waits until every amax tile of
- * its expert has counted itself in work[4 e + 2]. Those tiles hold smaller tickets, so they
- * have started, and none of them waits: the kernel cannot deadlock however few blocks are
- * resident. Casts start while the last experts' maxima are still read. The last block to
+ * tiles of the n padded 16-row tiles and n..n+n*16/TR-1 the casts of TR-row tiles; a cast waits
+ * until every amax tile of its expert has counted itself in work[4 e + 2]. Those tiles hold smaller
+ * tickets, so they have started, and none of them waits: the kernel cannot deadlock however few
+ * blocks are resident. Casts start while the last experts' maxima are still read. The last block to
  * finish sets the tickets back to zero. */
-template <int XD, int OD, bool VEC>
+template <int XD, int OD, bool VEC, int TR>
 __global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
   if (a.skip && *a.skip) return;
   __shared__ Where w;
@@ -372,8 +438,9 @@ __global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
     else
       walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
                   [&](int, int64_t, int64_t, int64_t p) { n += p / TILE_ROWS; });
-    role = t < n ? 0 : t < 2 * n ? 1 : -1;
-    prow0 = (role == 1 ? t - n : t) * TILE_ROWS;
+    const int64_t casts = n * TILE_ROWS / TR; /* TR > 16: every expert's p is a multiple */
+    role = t < n ? 0 : t < n + casts ? 1 : -1;
+    prow0 = role == 1 ? (t - n) * TR : t * TILE_ROWS;
     locate(a, role < 0 ? 0 : prow0, -1, &w);
     if (blockIdx.x == 0 && !w.ok && a.bad_split) *a.bad_split = 1;
     if (blockIdx.x == 0 && w.ok) zero_empty_amaxes(a);
@@ -393,7 +460,7 @@ __global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
         atomicAdd(a.work + 4 * w.e + 2, 1u);
       }
     } else {
-      cast_tile<XD, OD, VEC>(a, w, prow0);
+      cast_tile<XD, OD, VEC, TR>(a, w, prow0);
     }
   }
   if (threadIdx.x == 0) {
@@ -446,20 +513,36 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   a.act_forward = q->act_forward;
   a.act_out = q->act_out;
   const unsigned tiles = grid_for(rows_cap, TILE_ROWS, 0x7FFFFFFF);
+  /* 64-row cast tiles where no tile can straddle two experts: the weights (no splits) whose
+   * padded rows are a multiple of 64, read with 16-byte loads */
+  const bool wide = !a.splits && a.rows_each > 0 &&
+                    lutra_grouped_roundup(a.rows_each, a.align) % 64 == 0 && !a.act;
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;
     /* the weights (xs) are the module's own allocations; a token matrix may be a view */
     const bool vec = a.cols % 16 == 0 && (a.xs || aligned(a.x, 16)) && aligned(a.data, 16);
+    const bool one = a.current && a.tickets && (a.data || a.col_data || a.amax);
+    const bool cast = a.data || a.col_data || a.amax;
     cudaError_t e = with_bool(vec, [&](auto v) {
       constexpr bool VEC = decltype(v)::value;
-      const bool one = a.current && a.tickets && (a.data || a.col_data || a.amax);
       if (a.current && !one) LKC_LAUNCH((k_amax<XD, VEC>), tiles, THREADS, 0, st, a);
       return with_fp8_dtype(q->out.dtype, [&](auto od) {
         constexpr int OD = decltype(od)::value;
-        if (one)
-          LKC_LAUNCH((k_amax_cast<XD, OD, VEC>), 2 * tiles, THREADS, 0, st, a);
-        else if (a.data || a.col_data || a.amax)
-          LKC_LAUNCH((k_cast<XD, OD, VEC>), tiles, THREADS, 0, st, a);
+        if constexpr (VEC) {
+          if (wide) {
+            const unsigned casts = grid_for(rows_cap, 64, 0x7FFFFFFF);
+            if (one)
+              LKC_LAUNCH((k_amax_cast<XD, OD, VEC, 64>), tiles + casts, THREADS, 0, st, a);
+            else if (cast)
+              LKC_LAUNCH((k_cast<XD, OD, VEC, 64>), casts, THREADS, 0, st, a);
+            return cudaGetLastError();
+          }
+        }
+        if (one) {
+          LKC_LAUNCH((k_amax_cast<XD, OD, VEC, TILE_ROWS>), 2 * tiles, THREADS, 0, st, a);
+        } else if (cast) {
+          LKC_LAUNCH((k_cast<XD, OD, VEC, TILE_ROWS>), tiles, THREADS, 0, st, a);
+        }
         return cudaGetLastError();
       });
     });
