@@ -66,12 +66,40 @@ constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4; /* two code tiles (double buffe
 /* ---- an activation inside the cast (MODE_CAST_ACT): act_value of act_cast.cuh ---- */
 using lkact::act_value;
 
-/* the 16 values of row r from column c (zeros outside the matrix), and their act_out stores */
-template <int XD>
+/* the 16 values of row r from column c (zeros outside the matrix), and their act_out stores.
+ * VEC and a kind without a gate: 16-byte loads of the pre-activation (and dy), the kind switched
+ * on once for the 16, the operations of act_value element by element; act_value's per-element
+ * loads and switch otherwise. */
+template <int XD, bool VEC>
 __device__ __forceinline__ void act_unit(const TileArgs &a, int64_t r, int64_t c, float (&v)[16]) {
+  const int kind = a.act_kind;
+  const bool gated =
+      kind == LUTRA_ACT_SWIGLU || kind == LUTRA_ACT_GEGLU || kind == LUTRA_ACT_REGLU;
+  if (VEC && !gated && r < a.rows && c < a.cols) { /* cols % 16 == 0: all 16 are in */
+    float x[16], d[16];
+    ldv<XD, 16>(a.act, r * a.cols + c, x);
+    if (!a.act_forward) ldv<XD, 16>(a.x, r * a.cols + c, d);
+    lkc::act_dispatch(
+        kind,
+        [&](auto act) {
 #pragma unroll
-  for (int k = 0; k < 16; k++)
-    v[k] = (r < a.rows && c + k < a.cols) ? act_value<XD>(a, r, c + k) : 0.0f;
+          for (int k = 0; k < 16; k++)
+            v[k] = lkact::round_to<XD>(a.act_forward ? decltype(act)::f(x[k])
+                                                     : lkc::fmul(d[k], decltype(act)::df(x[k])));
+          return 0;
+        },
+        [&] {
+#pragma unroll
+          for (int k = 0; k < 16; k++)
+            v[k] = lkact::round_to<XD>(a.act_forward ? lkc::ActGeluErf::f(x[k])
+                                                     : lkc::fmul(d[k], lkc::ActGeluErf::df(x[k])));
+          return 0;
+        });
+  } else {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      v[k] = (r < a.rows && c + k < a.cols) ? act_value<XD>(a, r, c + k) : 0.0f;
+  }
   if (a.act_out && r < a.rows) {
 #pragma unroll
     for (int k = 0; k < 16; k++)
@@ -176,7 +204,7 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
 #pragma unroll
     for (int q = 0; q < 2; q++) {
       if (ACT)
-        act_unit<XD>(a, r0 + lr + 32 * q, c, v[q]);
+        act_unit<XD, VEC>(a, r0 + lr + 32 * q, c, v[q]);
       else
         unpack<XD>(next[q], v[q]);
     }
