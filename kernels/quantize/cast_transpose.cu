@@ -73,8 +73,7 @@ using lkact::act_value;
 template <int XD, bool VEC>
 __device__ __forceinline__ void act_unit(const TileArgs &a, int64_t r, int64_t c, float (&v)[16]) {
   const int kind = a.act_kind;
-  const bool gated =
-      kind == LUTRA_ACT_SWIGLU || kind == LUTRA_ACT_GEGLU || kind == LUTRA_ACT_REGLU;
+  const bool gated = kind == LUTRA_ACT_SWIGLU || kind == LUTRA_ACT_GEGLU || kind == LUTRA_ACT_REGLU;
   if (VEC && !gated && r < a.rows && c < a.cols) { /* cols % 16 == 0: all 16 are in */
     float x[16], d[16];
     ldv<XD, 16>(a.act, r * a.cols + c, x);
@@ -132,20 +131,26 @@ __global__ void __launch_bounds__(T64_THREADS)
   work[1] = 0u;
 }
 
-/* The block that completed tile column tc (its tiles' partials are all written): dbias[c] (+)=
- * the sum over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order
- * fixed by the shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running
- * sums, added in order, then the two halves), so results repeat bit for bit whichever block
- * comes last. Called by all T64_THREADS threads of that block. */
+/* Tile column tc's bias gradient, once all its tiles' partials are written: dbias[c] (+)= the
+ * sum over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order fixed by
+ * the shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running sums, added
+ * in order, then the two halves), so results repeat bit for bit. Called by all T64_THREADS
+ * threads of a block of k_dbias_strips. */
 __device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
   __shared__ double half_sum[64];
   const int cc = t & 63, half = t >> 6;
   const int64_t col = tc * 64 + cc;
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   if (col < a.cols) {
-    /* __ldcg: other blocks' partials, read from L2 */
-    for (int64_t y = half; y < a.tiles_r; y += 2)
-      acc[(y >> 1) & 3] += static_cast<double>(__ldcg(a.dbias_partial + y * a.cols + col));
+    /* __ldcg: k_tile64's partials, read from L2 */
+    /* rows y0 + 2 i go to acc[i] (i = (y >> 1) & 3), four steps unrolled so that 16 loads are
+     * in flight while the sums keep their order */
+#pragma unroll 4
+    for (int64_t y0 = half; y0 < a.tiles_r; y0 += 8)
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        if (y0 + 2 * i < a.tiles_r)
+          acc[i] += static_cast<double>(__ldcg(a.dbias_partial + (y0 + 2 * i) * a.cols + col));
   }
   const double part = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   if (half == 1) half_sum[cc] = part;
@@ -157,8 +162,15 @@ __device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
     total += half_sum[cc];
     lkc::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
   }
-  if (t == 0) a.dbias_count[tc] = 0;
-  __syncthreads(); /* half_sum is free again */
+}
+
+/* After k_tile64 (same stream): block tc reduces tile column tc's partials. A second launch
+ * instead of the last tile of each column reducing it: that needed every tile to fence its
+ * partials and count itself before going on (a fence and two barriers a tile), which held the
+ * cast to a third of its bandwidth. */
+__global__ void __launch_bounds__(T64_THREADS) k_dbias_strips(TileArgs a) {
+  if (a.skip && *a.skip) return;
+  dbias_reduce_strip(a, blockIdx.x, threadIdx.x);
 }
 
 /* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15
@@ -339,18 +351,8 @@ __global__ void __launch_bounds__(T64_THREADS, XD == LUTRA_F32 ? 4 : 5) k_tile64
       /* dsum is rewritten only after the next tile's first barrier, which this thread passes
        * after reading it here */
       if (a.dbias_partial) {
+        /* reduced by k_dbias_strips after this kernel */
         if (rb == 0 && col < a.cols) a.dbias_partial[tr * a.cols + col] = colsum + dsum[cc];
-        /* the last tile of a column to finish reduces it (the pattern of CUDA's
-         * threadFenceReduction sample): every partial write is made visible before the count */
-        __shared__ bool strip_done;
-        __threadfence();
-        __syncthreads();
-        if (t == 0) strip_done = atomicAdd(a.dbias_count + tc, 1u) == a.tiles_r - 1;
-        __syncthreads();
-        if (strip_done) {
-          __threadfence();
-          dbias_reduce_strip(a, tc, t);
-        }
       }
       /* each thread writes 16 contiguous bytes: 4 lanes cover the 64 bytes of one transposed
        * row of the tile, a warp 8 rows per store */
@@ -397,14 +399,16 @@ cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mod
 /* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */
 cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
   if (q->dbias) {
-    if (!a.col_data || !q->dbias_scratch || !q->dbias_count) return cudaErrorInvalidValue;
+    if (!a.col_data || !q->dbias_scratch) return cudaErrorInvalidValue;
     a.dbias_partial = q->dbias_scratch;
-    a.dbias_count = q->dbias_count;
     a.dbias = q->dbias;
     a.dbias_dtype = q->dbias_dtype;
     a.dbias_accumulate = q->dbias_accumulate;
   }
-  return launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
+  cudaError_t e = launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
+  if (e != cudaSuccess || !q->dbias) return e;
+  LKC_LAUNCH(k_dbias_strips, (unsigned)a.tiles_c, T64_THREADS, 0, s, a);
+  return cudaGetLastError();
 }
 
 } // namespace

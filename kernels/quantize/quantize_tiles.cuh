@@ -53,11 +53,9 @@ struct TileArgs {
   int64_t rows, cols;
   int64_t tiles_r, tiles_c, ntiles;
   /* bias gradient of x (tile64 kernels with a columnwise output only): per 64-row tile, f32
-   * column sums written to dbias_partial[tile_row][col]; dbias_count[tile_col] counts the tiles
-   * of a tile column done, and the block that completes one reduces its 64 columns into dbias
-   * (dbias_reduce_strip) and zeroes the count again for the next launch */
+   * column sums written to dbias_partial[tile_row][col], reduced into dbias by a second launch
+   * (k_dbias_strips) */
   float *dbias_partial;
-  uint32_t *dbias_count;
   void *dbias;
   int dbias_dtype, dbias_accumulate;
   /* per-tensor cast */

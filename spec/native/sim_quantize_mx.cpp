@@ -20,13 +20,6 @@
 static int64_t min(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
-/* the dbias reduction of k_tile64 (never run here: MXFP8 takes no bias gradient) only has to
- * link */
-extern "C" cudaError_t lk_dbias_reduce(const float *, int64_t, int64_t, void *, int, int,
-                                       const int32_t *, cudaStream_t) {
-  return cudaErrorNotSupported;
-}
-
 /* the three in one translation unit: their file-local (anonymous namespace) names must differ */
 #include "quantize/cast_transpose.cu"
 #include "quantize/cast_transpose_16bit.cu"
@@ -202,6 +195,48 @@ static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, 
   }
 }
 
+/* The bias gradient beside the cast (k_tile64's f32 tile column sums, then k_dbias_strips'
+ * double sums over the tiles) against the column sums of x in double: the sums' orders differ,
+ * so within 1e-5 of the column's magnitude sum; a row left out or counted twice is far outside. */
+static void run_dbias_case(int64_t rows, int64_t cols, bool accumulate, uint32_t seed) {
+  std::vector<unsigned char> x = make_input(LUTRA_F32, rows, cols, 0, seed);
+  const float *xf = reinterpret_cast<const float *>(x.data());
+  std::vector<uint8_t> data((size_t)(rows * cols)), col((size_t)(rows * cols));
+  std::vector<float> scratch((size_t)lutra_dbias_scratch_floats(rows, cols), -1.0f);
+  std::vector<float> db((size_t)cols, accumulate ? 0.5f : -7.0f);
+  float scale = 2.0f, amax = 0.0f, sinv[2];
+  lutra_quant_args q = input_args(x, LUTRA_F32, LUTRA_E5M2, rows, cols);
+  q.data = data.data();
+  q.col_data = col.data();
+  q.scale = &scale;
+  q.amax = &amax;
+  q.scale_inv = &sinv[0];
+  q.col_scale_inv = &sinv[1];
+  q.dbias = db.data();
+  q.dbias_dtype = LUTRA_F32;
+  q.dbias_accumulate = accumulate;
+  q.dbias_scratch = scratch.data();
+  checks++;
+  if (lkc::cast_transpose(&q, nullptr) != cudaSuccess) {
+    printf("FAIL dbias %lldx%lld: the launcher refused\n", (long long)rows, (long long)cols);
+    failures++;
+    return;
+  }
+  for (int64_t c = 0; c < cols; c++) {
+    double sum = accumulate ? 0.5 : 0.0, mag = accumulate ? 0.5 : 0.0;
+    for (int64_t r = 0; r < rows; r++) {
+      sum += xf[r * cols + c];
+      mag += fabs(xf[r * cols + c]);
+    }
+    if (!(fabs(db[(size_t)c] - sum) <= 1e-5 * mag + 1e-30)) {
+      printf("FAIL dbias %lldx%lld accumulate %d: column %lld sim %.9g expected %.9g\n",
+             (long long)rows, (long long)cols, accumulate, (long long)c, db[(size_t)c], sum);
+      failures++;
+      return;
+    }
+  }
+}
+
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");
   const int64_t shapes[][2] = {{32, 32},   {64, 96},  {96, 160},  {128, 64},
@@ -231,6 +266,11 @@ int main(int argc, char **argv) {
         run_cast_case(xd, od, s[0], s[1], true, INFINITY, 1, seed++);
         run_cast_case(xd, od, s[0], s[1], true, 0.0f, 1, seed++);
       }
+  /* tile rows past 8 and not a multiple of 8 (the reduction's unrolled steps), partial tiles */
+  const int64_t dbias_shapes[][2] = {{64, 64}, {1088, 192}, {600, 80}, {48, 16}};
+  for (auto &s : dbias_shapes)
+    for (bool acc : {false, true})
+      run_dbias_case(s[0], s[1], acc, seed++);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }
