@@ -43,14 +43,12 @@ typedef struct lutra_quant_args {
   /* bias gradient of x, computed with the quantization (TransformerEngine's quantize_dbias):
    * dbias[c] (+= when dbias_accumulate) sum_r x[r, c], rounded once into dbias_dtype. The CPU
    * sums in double; a fused CUDA kernel sums each 64-row tile in f32 into dbias_scratch
-   * (lutra_dbias_scratch_floats(rows, cols) floats the backend provides) and the tiles in
-   * double, in the same launch. */
+   * (lutra_dbias_scratch_floats(rows, cols) floats the backend provides) and a second launch
+   * the tiles in double. */
   void *dbias;
   int32_t dbias_dtype;
   int32_t dbias_accumulate;
   float *dbias_scratch;
-  uint32_t *dbias_count; /* zeroed, one per 64 columns: lutra_dbias_counters(cols) (the kernel
-                            counts the tiles of each column strip done, and zeroes it again) */
   /* GELU's backward fused in front (TransformerEngine's dgelu + cast + transpose + dbias): when
    * not NULL, the matrix quantized (and summed into dbias, and max'ed into amax) is
    * x * gelu'(act), in f32, where act is the GELU's input (x's dtype and shape): x is then the
@@ -90,9 +88,6 @@ LUTRA_ARGS_NO_PADDING_END
 /* partial column sums kept by a fused quantize + bias gradient: one row per 64-row tile */
 static inline int64_t lutra_dbias_scratch_floats(int64_t rows, int64_t cols) {
   return (rows + 63) / 64 * cols;
-}
-static inline int64_t lutra_dbias_counters(int64_t cols) {
-  return (cols + 63) / 64;
 }
 
 LUTRA_ARGS_NO_PADDING_BEGIN

@@ -38,12 +38,10 @@ typedef struct stream_state {
   bool own; /* the thread's own stream (else a caller's, from lutra_cuda_set_stream) */
   void *workspace;
   size_t workspace_bytes;
-  lk_scratch reduce;    /* bias-gradient and loss partials (kernels.h) */
-  void *reduce_block;   /* the one allocation behind reduce */
-  float *dbias;         /* fused quantize + bias gradient: column partial sums */
-  int64_t dbias_floats; /* ... and the per-strip tile counts the kernel leaves at zero */
-  uint32_t *dbias_count;
-  int64_t dbias_counters;
+  lk_scratch reduce;  /* bias-gradient and loss partials (kernels.h) */
+  void *reduce_block; /* the one allocation behind reduce */
+  float *dbias;       /* fused quantize + bias gradient: column partial sums */
+  int64_t dbias_floats;
   float *norm_stats; /* the fused norm + FP8 cast's row statistics when none are kept */
   int64_t norm_stat_floats;
   /* the kernel launchers' cached graphs, one cache per launcher: their keys hold this stream's
@@ -199,7 +197,7 @@ static cudaError_t state_init(stream_state *st) {
 static void state_release(stream_state *st, cudaStream_t on) {
   for (int i = 0; i < LUTRA_LAUNCHERS; i++)
     if (st->launches[i]) st->release_launches(st->launches[i]);
-  void *ptrs[] = {st->workspace, st->reduce_block, st->dbias, st->dbias_count, st->norm_stats};
+  void *ptrs[] = {st->workspace, st->reduce_block, st->dbias, st->norm_stats};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
     if (ptrs[i]) cudaFreeAsync(ptrs[i], on);
   free(st);
@@ -420,10 +418,7 @@ int lutra_cuda_dbias_scratch(int64_t rows, int64_t cols, lutra_quant_args *q) {
   stream_state *st = cur_state();
   TRY(grow_scratch((void **)&st->dbias, &st->dbias_floats, lutra_dbias_scratch_floats(rows, cols),
                    sizeof(float), false));
-  TRY(grow_scratch((void **)&st->dbias_count, &st->dbias_counters, lutra_dbias_counters(cols),
-                   sizeof(uint32_t), true));
   q->dbias_scratch = st->dbias;
-  q->dbias_count = st->dbias_count;
   return LUTRA_OK;
 }
 

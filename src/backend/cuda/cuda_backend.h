@@ -34,7 +34,7 @@ const struct lk_scratch *lutra_cuda_reduce_scratch(void);
 /* The GEMM workspace of this thread's stream, grown to bytes (the table's gemm_workspace). */
 int lutra_cuda_workspace(size_t bytes, void **ptr, size_t *have);
 /* The fused quantize + bias gradient's scratch of this thread's stream, grown for a rows x cols
- * input, into q (dbias_scratch, dbias_count). */
+ * input, into q (dbias_scratch). */
 int lutra_cuda_dbias_scratch(int64_t rows, int64_t cols, lutra_quant_args *q);
 /* Room for the row statistics (mean, rstd) of a rows-row fused norm + FP8 cast that keeps none:
  * its tile path computes them first (kernels/norm_quantize.cu). Grown like the bias-gradient
