@@ -31,13 +31,17 @@ template <int XD> __device__ __forceinline__ float round_to(float v) {
   return lkc::half_value<XD>(lkc::half_bits<XD>(v));
 }
 
+/* a kind whose input is two halves, a gate and a linear part */
+__device__ __forceinline__ bool act_gated(int k) {
+  return k == LUTRA_ACT_SWIGLU || k == LUTRA_ACT_GEGLU || k == LUTRA_ACT_REGLU;
+}
+
 /* A: any args struct with act, x (dy, the backward's), cols (the matrix quantized), act_kind and
  * act_forward as lutra_quant_args has them; r is a row of the whole matrix. */
 template <int XD, class A> __device__ float act_value(const A &a, int64_t r, int64_t c) {
   const int k = a.act_kind;
-  const bool gated = k == LUTRA_ACT_SWIGLU || k == LUTRA_ACT_GEGLU || k == LUTRA_ACT_REGLU;
   float v;
-  if (!gated) {
+  if (!act_gated(k)) {
     const float x = lkc::ld<XD>(a.act, r * a.cols + c);
     v = a.act_forward ? act_f(k, x) : lkc::fmul(lkc::ld<XD>(a.x, r * a.cols + c), act_df(k, x));
   } else if (a.act_forward) { /* act [rows, 2 cols]: gate, then linear half */
@@ -52,6 +56,25 @@ template <int XD, class A> __device__ float act_value(const A &a, int64_t r, int
               : lkc::fmul(d, act_f(k, g));
   }
   return round_to<XD>(v);
+}
+
+/* act_value of elements c .. c + 15 of row r for a kind without a gate, all inside the matrix
+ * and 16-byte aligned: 16-byte loads and the kind switched on once, then act_value's operations
+ * element by element (the same bits). Per element, loads and switch cost the cast most of its
+ * bandwidth. */
+template <int XD, class A>
+__device__ __forceinline__ void act_values16(const A &a, int64_t r, int64_t c, float (&v)[16]) {
+  float x[16], d[16] = {};
+  lkc::ldv<XD, 16>(a.act, r * a.cols + c, x);
+  if (!a.act_forward) lkc::ldv<XD, 16>(a.x, r * a.cols + c, d);
+  auto each = [&](auto act) {
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      v[k] = round_to<XD>(a.act_forward ? decltype(act)::f(x[k])
+                                        : lkc::fmul(d[k], decltype(act)::df(x[k])));
+    return 0;
+  };
+  lkc::act_dispatch(a.act_kind, each, [&] { return each(lkc::ActGeluErf()); });
 }
 
 } // namespace lkact

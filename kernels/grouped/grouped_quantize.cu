@@ -81,34 +81,11 @@ struct Where {
   int64_t R, P, s, p; /* its rows before it, padded rows before it, rows, padded rows */
 };
 
-/* the expert holding padded row prow (e_fixed < 0), or expert e_fixed. Without splits (the
- * weights: rows_each rows each) that is arithmetic, no walk over the experts. */
-__device__ void locate(const GroupedQuant &a, int64_t prow, int e_fixed, Where *w) {
-  int64_t P = 0;
-  w->e = -1;
-  if (!a.splits) {
-    const int64_t s = a.rows_each, p = lutra_grouped_roundup(s, a.align);
-    w->ok = s >= 0;
-    const int64_t e = e_fixed >= 0 ? e_fixed : p > 0 ? prow / p : a.num;
-    if (w->ok && e >= 0 && e < a.num) {
-      w->e = (int)e;
-      w->R = e * s, w->P = e * p, w->s = s, w->p = p;
-    }
-    return;
-  }
-  w->ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
-                      [&](int e, int64_t r, int64_t s, int64_t p) {
-                        if (w->e < 0 && (e_fixed >= 0 ? e == e_fixed : prow < P + p)) {
-                          w->e = e;
-                          w->R = r, w->P = P, w->s = s, w->p = p;
-                        }
-                        P += p;
-                      });
-}
-
-/* the experts of the G 16-row groups from padded row prow0 (e = -1, no rows: past the last
- * expert), in one walk over the splits, or by arithmetic without them (the weights) */
-template <int G> __device__ void locate_groups(const GroupedQuant &a, int64_t prow0, Where *w) {
+/* Where the G 16-row groups from padded row prow0 lie: each group's expert (e = -1, no rows:
+ * past the last expert), found in one walk over the splits, or by arithmetic without them (the
+ * weights: rows_each rows each); with e_fixed >= 0 (G = 1), expert e_fixed itself. */
+template <int G>
+__device__ void locate(const GroupedQuant &a, int64_t prow0, Where *w, int e_fixed = -1) {
   auto take = [&](int g, int e, int64_t R, int64_t P, int64_t s, int64_t p) {
     w[g].e = e;
     w[g].R = R, w[g].P = P, w[g].s = s, w[g].p = p;
@@ -120,7 +97,7 @@ template <int G> __device__ void locate_groups(const GroupedQuant &a, int64_t pr
     const int64_t s = a.rows_each, p = lutra_grouped_roundup(s, a.align);
     ok = s >= 0;
     for (int g = 0; g < G; g++) {
-      const int64_t e = p > 0 ? (prow0 + g * TILE_ROWS) / p : a.num;
+      const int64_t e = e_fixed >= 0 ? e_fixed : p > 0 ? (prow0 + g * TILE_ROWS) / p : a.num;
       if (ok && e < a.num) take(g, (int)e, e * s, e * p, s, p);
     }
   } else {
@@ -128,7 +105,9 @@ template <int G> __device__ void locate_groups(const GroupedQuant &a, int64_t pr
     ok = walk_splits(a.splits, a.rows_each, a.total_rows, a.num, a.align,
                      [&](int e, int64_t r, int64_t s, int64_t p) {
                        for (int g = 0; g < G; g++)
-                         if (w[g].e < 0 && prow0 + g * TILE_ROWS < P + p) take(g, e, r, P, s, p);
+                         if (w[g].e < 0 &&
+                             (e_fixed >= 0 ? e == e_fixed : prow0 + g * TILE_ROWS < P + p))
+                           take(g, e, r, P, s, p);
                        P += p;
                      });
   }
@@ -138,8 +117,9 @@ template <int G> __device__ void locate_groups(const GroupedQuant &a, int64_t pr
 
 /* 16 consecutive elements of row r of the block's expert from column c, zero past its s rows
  * and past the last column; VEC: the row starts are 16-byte aligned and cols % 16 == 0. With a
- * fused activation the elements are act(x) (kernels/activation/act_cast.cuh), one by one: a gated
- * kind reads two columns of x per element, which no 16-byte load covers. */
+ * fused activation the elements are act(x) (kernels/activation/act_cast.cuh): 16 at once for a
+ * kind without a gate (VEC), else one by one (a gated kind reads two columns of x per element,
+ * which no 16-byte load covers). */
 template <int XD, bool VEC>
 __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, int64_t r,
                                          int64_t c, float (&v)[16]) {
@@ -149,7 +129,11 @@ __device__ __forceinline__ void load_seg(const GroupedQuant &a, const Where &w, 
       v[k] = 0.0f;
     return;
   }
-  if (a.act) { /* token rows only */
+  if (a.act) { /* token rows only; VEC: cols % 16 == 0, so all 16 are in */
+    if (VEC && !lkact::act_gated(a.act_kind)) {
+      lkact::act_values16<XD>(a, w.R + r, c, v);
+      return;
+    }
     LKC_UNROLL
     for (int k = 0; k < 16; k++)
       v[k] = c + k < a.cols ? lkact::act_value<XD>(a, w.R + r, c + k) : 0.0f;
@@ -230,7 +214,7 @@ template <int XD, bool VEC> __global__ void __launch_bounds__(THREADS) k_amax(Gr
   if (a.skip && *a.skip) return;
   __shared__ Where w;
   const int64_t prow0 = (int64_t)blockIdx.x * TILE_ROWS;
-  if (threadIdx.x == 0) locate(a, prow0, -1, &w);
+  if (threadIdx.x == 0) locate<1>(a, prow0, &w);
   __syncthreads();
   if (w.ok && w.e >= 0) amax_tile<XD, VEC>(a, w, prow0); /* uniform per block */
 }
@@ -384,7 +368,7 @@ __global__ void __launch_bounds__(THREADS) k_cast(GroupedQuant a) {
   __shared__ Where w[TR / TILE_ROWS];
   const int64_t prow0 = (int64_t)blockIdx.x * TR;
   if (threadIdx.x == 0) {
-    locate_groups<TR / TILE_ROWS>(a, prow0, w);
+    locate<TR / TILE_ROWS>(a, prow0, w);
     if (blockIdx.x == 0 && !w[0].ok && a.bad_split) *a.bad_split = 1;
     if (blockIdx.x == 0 && w[0].ok) zero_empty_amaxes(a);
   }
@@ -419,9 +403,9 @@ __global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
     role = t < n ? 0 : t < n + casts ? 1 : -1;
     prow0 = role == 1 ? (t - n) * TR : t * TILE_ROWS;
     if (role == 1)
-      locate_groups<G>(a, prow0, w);
+      locate<G>(a, prow0, w);
     else
-      locate(a, role < 0 ? 0 : prow0, -1, &w[0]);
+      locate<1>(a, role < 0 ? 0 : prow0, w);
     if (blockIdx.x == 0 && !w[0].ok && a.bad_split) *a.bad_split = 1;
     if (blockIdx.x == 0 && w[0].ok) zero_empty_amaxes(a);
     if (role == 1 && w[0].ok)
@@ -454,7 +438,7 @@ __global__ void __launch_bounds__(THREADS) k_amax_cast(GroupedQuant a) {
 template <int XD> __global__ void __launch_bounds__(128) k_dbias(GroupedQuant a) {
   if (a.skip && *a.skip) return;
   __shared__ Where w;
-  if (threadIdx.x == 0) locate(a, 0, (int)blockIdx.y, &w);
+  if (threadIdx.x == 0) locate<1>(a, 0, &w, (int)blockIdx.y);
   __syncthreads();
   const int64_t c = (int64_t)blockIdx.x * 128 + threadIdx.x;
   if (c >= a.cols || !w.ok) return;
@@ -500,7 +484,8 @@ extern "C" cudaError_t lk_grouped_quantize(const lutra_grouped_quant_args *q, in
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     constexpr int XD = decltype(xd)::value;
     /* the weights (xs) are the module's own allocations; a token matrix may be a view */
-    const bool vec = a.cols % 16 == 0 && (a.xs || aligned(a.x, 16)) && aligned(a.data, 16);
+    const bool vec =
+        a.cols % 16 == 0 && (a.xs || aligned(a.x, 16)) && aligned(a.data, 16) && aligned(a.act, 16);
     const bool one = a.current && a.tickets && (a.data || a.col_data || a.amax);
     const bool cast = a.data || a.col_data || a.amax;
     cudaError_t e = with_bool(vec, [&](auto v) {

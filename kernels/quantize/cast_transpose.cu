@@ -66,34 +66,12 @@ constexpr int CODE_SMEM = 2 * 64 * CODE_LDW * 4; /* two code tiles (double buffe
 /* ---- an activation inside the cast (MODE_CAST_ACT): act_value of act_cast.cuh ---- */
 using lkact::act_value;
 
-/* the 16 values of row r from column c (zeros outside the matrix), and their act_out stores.
- * VEC and a kind without a gate: 16-byte loads of the pre-activation (and dy), the kind switched
- * on once for the 16, the operations of act_value element by element; act_value's per-element
- * loads and switch otherwise. */
+/* the 16 values of row r from column c (zeros outside the matrix), and their act_out stores:
+ * act_values16 where VEC allows it (a kind without a gate), act_value element by element else */
 template <int XD, bool VEC>
 __device__ __forceinline__ void act_unit(const TileArgs &a, int64_t r, int64_t c, float (&v)[16]) {
-  const int kind = a.act_kind;
-  const bool gated = kind == LUTRA_ACT_SWIGLU || kind == LUTRA_ACT_GEGLU || kind == LUTRA_ACT_REGLU;
-  if (VEC && !gated && r < a.rows && c < a.cols) { /* cols % 16 == 0: all 16 are in */
-    float x[16], d[16];
-    ldv<XD, 16>(a.act, r * a.cols + c, x);
-    if (!a.act_forward) ldv<XD, 16>(a.x, r * a.cols + c, d);
-    lkc::act_dispatch(
-        kind,
-        [&](auto act) {
-#pragma unroll
-          for (int k = 0; k < 16; k++)
-            v[k] = lkact::round_to<XD>(a.act_forward ? decltype(act)::f(x[k])
-                                                     : lkc::fmul(d[k], decltype(act)::df(x[k])));
-          return 0;
-        },
-        [&] {
-#pragma unroll
-          for (int k = 0; k < 16; k++)
-            v[k] = lkact::round_to<XD>(a.act_forward ? lkc::ActGeluErf::f(x[k])
-                                                     : lkc::fmul(d[k], lkc::ActGeluErf::df(x[k])));
-          return 0;
-        });
+  if (VEC && !lkact::act_gated(a.act_kind) && r < a.rows && c < a.cols) {
+    lkact::act_values16<XD>(a, r, c, v); /* cols % 16 == 0: all 16 are in */
   } else {
 #pragma unroll
     for (int k = 0; k < 16; k++)
@@ -131,15 +109,17 @@ __global__ void __launch_bounds__(T64_THREADS)
   work[1] = 0u;
 }
 
-/* Tile column tc's bias gradient, once all its tiles' partials are written: dbias[c] (+)= the
- * sum over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order fixed by
- * the shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running sums, added
- * in order, then the two halves), so results repeat bit for bit. Called by all T64_THREADS
- * threads of a block of k_dbias_strips. */
-__device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
+/* After k_tile64 (same stream), block tc: tile column tc's bias gradient, dbias[c] (+)= the sum
+ * over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order fixed by the
+ * shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running sums, added in
+ * order, then the two halves), so results repeat bit for bit. A launch of its own: the last
+ * tile of each column reducing it in k_tile64 needed every tile to fence its partials and count
+ * itself before going on (a fence and two barriers a tile). */
+__global__ void __launch_bounds__(T64_THREADS) k_dbias_strips(TileArgs a) {
+  if (a.skip && *a.skip) return;
   __shared__ double half_sum[64];
-  const int cc = t & 63, half = t >> 6;
-  const int64_t col = tc * 64 + cc;
+  const int cc = threadIdx.x & 63, half = threadIdx.x >> 6;
+  const int64_t col = (int64_t)blockIdx.x * 64 + cc;
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   if (col < a.cols) {
     /* __ldcg: k_tile64's partials, read from L2 */
@@ -162,15 +142,6 @@ __device__ void dbias_reduce_strip(const TileArgs &a, int64_t tc, int t) {
     total += half_sum[cc];
     lkc::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
   }
-}
-
-/* After k_tile64 (same stream): block tc reduces tile column tc's partials. A second launch
- * instead of the last tile of each column reducing it: that needed every tile to fence its
- * partials and count itself before going on (a fence and two barriers a tile), which held the
- * cast to a third of its bandwidth. */
-__global__ void __launch_bounds__(T64_THREADS) k_dbias_strips(TileArgs a) {
-  if (a.skip && *a.skip) return;
-  dbias_reduce_strip(a, blockIdx.x, threadIdx.x);
 }
 
 /* Thread t of the block holds rows lr and lr + 32 of the tile, columns 16 cq .. 16 cq + 15

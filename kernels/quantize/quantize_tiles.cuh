@@ -277,7 +277,7 @@ __device__ __forceinline__ void transpose4x4(const uint32_t (&w)[4], uint32_t (&
  * of them, and their atomics queued on one address cost measurable bandwidth (docs/lab/).
  * A template so that it is instantiated after the including file's own functions: ptxas lays out
  * static shared memory in definition order, and k_tile64 keeps the layout (and so the code) it
- * was measured with, dbias_reduce_strip's buffer first. */
+ * was measured with. */
 template <typename Args>
 __device__ __forceinline__ void cast_finish(const Args &a, float m_loc, float s) {
   const int t = threadIdx.x;
