@@ -1,6 +1,7 @@
 """One step's GPU time per kernel from Nsight Compute's raw CSV (bench/gpt_profile.lua's run):
   python3 bench/ncu_kernels.py --steps N FILE.csv [FILE2.csv]
-Kernels are named without their template arguments and parameter lists; each name's time and
+Kernels are named without their template arguments (--args keeps them: a template's instances
+apart) and parameter lists; each name's time and
 launches are summed over the run and divided by --steps (a kernel launched fewer times than
 --steps, the set-up's, is left out). With two files (bf16 and FP8, say) their columns stand
 side by side."""
@@ -10,7 +11,7 @@ import csv
 import re
 
 
-def load(path):
+def load(path, args=False):
     rows = list(csv.reader(open(path)))
     head = next(i for i, r in enumerate(rows) if "Kernel Name" in r)
     names = rows[head]
@@ -20,15 +21,17 @@ def load(path):
     out = []
     for r in rows[head + 2:]:
         try:
-            out.append((short(r[k]), float(r[t].replace(",", "")) * scale))
+            out.append((short(r[k], args), float(r[t].replace(",", "")) * scale))
         except (ValueError, IndexError):
             pass
     return out
 
 
-def short(name):
-    """the kernel's name without namespaces' template arguments or parameters"""
+def short(name, args=False):
+    """the kernel's name without namespaces' template arguments (unless args) or parameters"""
     name = re.sub(r"\(.*$", "", name.replace("(anonymous namespace)::", ""))
+    if args:
+        return re.sub(r"^void ", "", name).strip()[:100]
     depth, out = 0, []
     for ch in name:
         depth += ch == "<"
@@ -50,9 +53,10 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--args", action="store_true", help="keep template arguments")
     p.add_argument("files", nargs="+")
     a = p.parse_args()
-    runs = [per_step(load(f), a.steps) for f in a.files]
+    runs = [per_step(load(f, a.args), a.steps) for f in a.files]
     names = sorted(set().union(*runs), key=lambda k: -max(r.get(k, (0, 0))[0] for r in runs))
     head = " | ".join(f"{f} us | launches" for f in a.files)
     print(f"| kernel | {head} |")

@@ -109,38 +109,39 @@ __global__ void __launch_bounds__(T64_THREADS)
   work[1] = 0u;
 }
 
-/* After k_tile64 (same stream), block tc: tile column tc's bias gradient, dbias[c] (+)= the sum
- * over tile rows of dbias_partial[y][c] for its 64 columns, in double, in an order fixed by the
- * shape alone (thread (cc, half) takes rows half, half + 2, ... into 4 running sums, added in
- * order, then the two halves), so results repeat bit for bit. A launch of its own: the last
+/* After k_tile64 (same stream): the bias gradient, dbias[c] (+)= the sum over tile rows y of
+ * dbias_partial[y][c], in double, in an order fixed by the shape alone, so results repeat bit for
+ * bit. A block takes DB_COLS columns (one 32-byte sector of each partial row) with DB_GROUPS row
+ * groups: thread (c, g) sums rows g, g + DB_GROUPS, ... into 4 running sums (row y into acc[(y /
+ * DB_GROUPS) & 3]), added in order, then the groups are added pairwise in shared memory (a fixed
+ * tree). Many short walks rather than one thread walking every tile row of a column: the
+ * partials come from L2 and each walk is bound by its latency. A launch of its own: the last
  * tile of each column reducing it in k_tile64 needed every tile to fence its partials and count
  * itself before going on (a fence and two barriers a tile). */
-__global__ void __launch_bounds__(T64_THREADS) k_dbias_strips(TileArgs a) {
+constexpr int DB_COLS = 8, DB_GROUPS = 32, DB_THREADS = DB_COLS * DB_GROUPS;
+__global__ void __launch_bounds__(DB_THREADS) k_dbias_strips(TileArgs a) {
   if (a.skip && *a.skip) return;
-  __shared__ double half_sum[64];
-  const int cc = threadIdx.x & 63, half = threadIdx.x >> 6;
-  const int64_t col = (int64_t)blockIdx.x * 64 + cc;
+  __shared__ double group_sum[DB_GROUPS][DB_COLS];
+  const int c = threadIdx.x % DB_COLS, g = threadIdx.x / DB_COLS;
+  const int64_t col = (int64_t)blockIdx.x * DB_COLS + c;
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   if (col < a.cols) {
-    /* __ldcg: k_tile64's partials, read from L2 */
-    /* rows y0 + 2 i go to acc[i] (i = (y >> 1) & 3), four steps unrolled so that 16 loads are
-     * in flight while the sums keep their order */
+    /* __ldcg: k_tile64's partials, read from L2; four steps unrolled, their sums in order */
 #pragma unroll 4
-    for (int64_t y0 = half; y0 < a.tiles_r; y0 += 8)
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-        if (y0 + 2 * i < a.tiles_r)
-          acc[i] += static_cast<double>(__ldcg(a.dbias_partial + (y0 + 2 * i) * a.cols + col));
+    for (int64_t y = g, i = 0; y < a.tiles_r; y += DB_GROUPS, i++)
+      acc[i & 3] += static_cast<double>(__ldcg(a.dbias_partial + y * a.cols + col));
   }
-  const double part = (acc[0] + acc[1]) + (acc[2] + acc[3]);
-  if (half == 1) half_sum[cc] = part;
+  group_sum[g][c] = (acc[0] + acc[1]) + (acc[2] + acc[3]);
   __syncthreads();
-  if (half == 0 && col < a.cols) {
-    double total =
+#pragma unroll
+  for (int half = DB_GROUPS / 2; half > 0; half /= 2) {
+    if (g < half) group_sum[g][c] += group_sum[g + half][c];
+    __syncthreads();
+  }
+  if (g == 0 && col < a.cols) {
+    const double before =
         a.dbias_accumulate ? static_cast<double>(lkc::ld_rt(a.dbias, a.dbias_dtype, col)) : 0.0;
-    total += part;
-    total += half_sum[cc];
-    lkc::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(total));
+    lkc::st_rt(a.dbias, a.dbias_dtype, col, static_cast<float>(before + group_sum[0][c]));
   }
 }
 
@@ -367,8 +368,10 @@ cudaError_t launch_tile64(const TileArgs &a, int x_dtype, int out_dtype, int mod
   });
 }
 
-/* a tile64 quantization, with its bias gradient reduced inside the kernel when one is asked */
-cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
+/* A tiled quantization launched by `launch` (k_tile64's or k_cast16's, which set a.tiles_r),
+ * and its bias gradient, when one is asked, reduced from the tiles' partials after it */
+template <class Launch>
+cudaError_t with_dbias(const lutra_quant_args *q, TileArgs &a, cudaStream_t s, Launch launch) {
   if (q->dbias) {
     if (!a.col_data || !q->dbias_scratch) return cudaErrorInvalidValue;
     a.dbias_partial = q->dbias_scratch;
@@ -376,10 +379,15 @@ cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode
     a.dbias_dtype = q->dbias_dtype;
     a.dbias_accumulate = q->dbias_accumulate;
   }
-  cudaError_t e = launch_tile64(a, q->x_dtype, q->out_dtype, mode, s);
+  cudaError_t e = launch();
   if (e != cudaSuccess || !q->dbias) return e;
-  LKC_LAUNCH(k_dbias_strips, (unsigned)a.tiles_c, T64_THREADS, 0, s, a);
+  LKC_LAUNCH(k_dbias_strips, (unsigned)((a.cols + DB_COLS - 1) / DB_COLS), DB_THREADS, 0, s, a);
   return cudaGetLastError();
+}
+
+/* a tile64 quantization, with its bias gradient when one is asked */
+cudaError_t launch_tile64_dbias(const lutra_quant_args *q, TileArgs &a, int mode, cudaStream_t s) {
+  return with_dbias(q, a, s, [&] { return launch_tile64(a, q->x_dtype, q->out_dtype, mode, s); });
 }
 
 } // namespace
@@ -398,7 +406,11 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.act_kind = q->act_kind ? q->act_kind : LUTRA_ACT_GELU_TANH;
   a.act_forward = q->act_forward;
   a.act_out = q->act_out;
-  if (!q->act && t128_ok(q, a, 16)) return launch_t128(a, q->x_dtype, q->out_dtype, false, s);
+  /* the activation's cast stays on k_tile64: its values' arithmetic (GELU's gradient: expf and
+   * an IEEE division an element) bounds it, not its bandwidth, and k_tile64's occupancy serves
+   * that better than k_cast16's two blocks an SM (192 against 221-229 us at [16384, 3072]) */
+  if (!q->act && t128_ok(q, a, 16))
+    return with_dbias(q, a, s, [&] { return launch_t128(a, q->x_dtype, q->out_dtype, false, s); });
   return launch_tile64_dbias(q, a, MODE_CAST, s);
 }
 
@@ -416,7 +428,7 @@ extern "C" cudaError_t lk_quantize_mxfp8(const lutra_quant_args *q, cudaStream_t
   TileArgs a = tile_args(q, 64);
   block_outputs(a, q, row_out, col_out);
   a.max_rcp = 1.0f / (q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f);
-  if (t128_ok(q, a, 32)) return launch_t128(a, q->x_dtype, q->out_dtype, true, s);
+  if (!q->dbias && t128_ok(q, a, 32)) return launch_t128(a, q->x_dtype, q->out_dtype, true, s);
   return launch_tile64_dbias(q, a, MODE_MX, s);
 }
 

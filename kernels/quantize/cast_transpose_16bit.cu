@@ -35,7 +35,11 @@ namespace {
 constexpr int MX_THREADS = 256;
 constexpr int MX_T = 128;                               /* tile rows and columns */
 constexpr int MX_SMEM = 2 * MX_T * MX_T + 2 * 4 * MX_T; /* code tiles, then scales: 33 KiB */
-static_assert(MX_SMEM <= 48 * 1024, "k_mx16 launches without raising its shared memory limit");
+/* k_cast16: the code tiles, then its 4 row bands' column sums (a bias gradient) where the scales
+ * sit in k_mx16's */
+constexpr int CAST16_SMEM = 2 * MX_T * MX_T + 4 * MX_T * 4;
+static_assert(MX_SMEM <= 48 * 1024 && CAST16_SMEM <= 48 * 1024,
+              "k_mx16 and k_cast16 launch without raising their shared memory limit");
 
 /* magnitude bit patterns of the two 16-bit values of w; SAFE: NaNs as 0, as fmaxf drops them.
  * For non-negative 16-bit floats the integer order is the value order, infinity included. */
@@ -264,6 +268,39 @@ __device__ __forceinline__ void mx_norm(const TileArgs &a, int64_t r, int64_t c,
   }
 }
 
+/* The bias gradient's partial of the tile (dbias_partial[tile row][column], the f32 column sums
+ * of its 128 rows; k_dbias_strips adds them up after the kernel): a thread sums its 8 rows, the
+ * 4 lanes of one column band (h) add theirs by shuffles, and lanes h = 0 leave the sums of their
+ * 32-row band in band_sums[band][column] for mx_dbias_store. Every lane of the warp takes part. */
+template <int XD>
+__device__ __forceinline__ void mx_dbias_bands(const uint4 (&x)[8], int tr, int tc,
+                                               float *band_sums) {
+  float cs[8];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    cs[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      cs[j] += value16<XD>(word_of(x[i], j >> 1), j & 1);
+    cs[j] += __shfl_xor_sync(FULL_MASK, cs[j], 8);
+    cs[j] += __shfl_xor_sync(FULL_MASK, cs[j], 16);
+  }
+  if (((tr >> 3) & 3) == 0) {
+    float4 *d = reinterpret_cast<float4 *>(band_sums + MX_T * (tr >> 5) + tc);
+    d[0] = make_float4(cs[0], cs[1], cs[2], cs[3]);
+    d[1] = make_float4(cs[4], cs[5], cs[6], cs[7]);
+  }
+}
+
+/* after the barrier that follows mx_dbias_bands: threads 0..127 add the 4 bands of their column */
+__device__ __forceinline__ void mx_dbias_store(const TileArgs &a, int t, int64_t r0, int64_t c0,
+                                               const float *band_sums) {
+  if (t >= MX_T || c0 + t >= a.cols) return;
+  const float sum = (band_sums[t] + band_sums[MX_T + t]) +
+                    (band_sums[2 * MX_T + t] + band_sums[3 * MX_T + t]);
+  a.dbias_partial[(r0 / MX_T) * a.cols + c0 + t] = sum;
+}
+
 /* Both code tiles of sm to memory: 8 lanes per 128-byte line, a warp stores 4 whole lines per
  * instruction */
 __device__ __forceinline__ void mx_store_codes(const TileArgs &a, int t, int64_t r0, int64_t c0,
@@ -415,9 +452,11 @@ template <int XD, int OD, bool NORM>
 __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
   if (a.skip && *a.skip) return;
   const MxSmem sm = mx_smem();
+  float *band_sums = reinterpret_cast<float *>(sm.rs); /* [4][128]: bias gradient */
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
   const int tr = 32 * (warp & 3) + 8 * h, tc = 64 * (warp >> 2) + 8 * k;
   const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
+  const bool dbias = a.dbias_partial != nullptr;
   const float s = *a.scale;
   /* a product is NaN only for a NaN or an infinite factor */
   const bool s_special = !(fabsf(s) <= FLT_MAX_F);
@@ -429,6 +468,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
     uint4 x[8];
     const bool in = mx_load<XD>(a, r0 + tr, c0 + tc, x);
     if (NORM && in) mx_norm<XD>(a, r0 + tr, c0 + tc, x);
+    if (dbias) mx_dbias_bands<XD>(x, tr, tc, band_sums);
     constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
     const bool special = s_special || mx_top<XD>(x) >= INF;
     if (a.amax && in) m_loc = fmaxf(m_loc, cast_amax<XD>(x, special));
@@ -453,6 +493,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
     }
     __syncthreads();
     mx_store_codes(a, t, r0, c0, sm, row_out, col_out);
+    if (dbias) mx_dbias_store(a, t, r0, c0, band_sums);
     __syncthreads(); /* the shared tiles are free for the next tile */
   }
 
@@ -465,17 +506,18 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
 
 bool lkq::t128_ok(const lutra_quant_args *q, const TileArgs &a, int64_t multiple) {
   const int64_t tiles_r = (q->rows + MX_T - 1) / MX_T, tiles_c = (q->cols + MX_T - 1) / MX_T;
-  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && !q->dbias &&
-         q->rows % multiple == 0 && q->cols % multiple == 0 && aligned(a.x, 16) &&
-         aligned(a.data, 16) && aligned(a.col_data, 16) && tiles_r * tiles_c < UINT32_MAX;
+  return (q->x_dtype == LUTRA_BF16 || q->x_dtype == LUTRA_F16) && q->rows % multiple == 0 &&
+         q->cols % multiple == 0 && aligned(a.x, 16) && aligned(a.data, 16) &&
+         aligned(a.col_data, 16) && tiles_r * tiles_c < UINT32_MAX;
 }
 
 /* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile; the NORM kernels where
  * a.norm.rstd is set */
-cudaError_t lkq::launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cudaStream_t s) {
+cudaError_t lkq::launch_t128(TileArgs &a, int x_dtype, int out_dtype, bool mx, cudaStream_t s) {
   a.tiles_r = (a.rows + MX_T - 1) / MX_T;
   a.tiles_c = (a.cols + MX_T - 1) / MX_T;
   a.ntiles = a.tiles_r * a.tiles_c;
+  if (a.act || (mx && a.dbias_partial)) return cudaErrorInvalidValue;
   const unsigned grid = grid_for(a.ntiles, 1, INT32_MAX);
   const bool bf16 = x_dtype == LUTRA_BF16;
   return with_fp8_dtype(out_dtype, [&](auto od) {
@@ -484,7 +526,7 @@ cudaError_t lkq::launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cu
       constexpr bool N = decltype(norm)::value;
       const auto K = mx ? (bf16 ? k_mx16<LUTRA_BF16, OD, N> : k_mx16<LUTRA_F16, OD, N>)
                         : (bf16 ? k_cast16<LUTRA_BF16, OD, N> : k_cast16<LUTRA_F16, OD, N>);
-      LKC_LAUNCH(K, grid, MX_THREADS, MX_SMEM, s, a);
+      LKC_LAUNCH(K, grid, MX_THREADS, mx ? MX_SMEM : CAST16_SMEM, s, a);
       return cudaGetLastError();
     });
   });

@@ -334,11 +334,12 @@ inline void block_outputs(TileArgs &a, const lutra_quant_args *q, bool row_out, 
 
 /* k_mx16 (MXFP8) and k_cast16 (the per-tensor cast + transpose) take 16-bit inputs whose dims are
  * multiples of `multiple` (32 for MXFP8 blocks; 16 for the cast: a thread's 8x8 values all in or
- * all out, whole 16-byte chunks stored), 16-byte aligned buffers and no bias gradient; the rest
- * go through k_tile64 */
+ * all out, whole 16-byte chunks stored) and 16-byte aligned buffers; the rest go through
+ * k_tile64. Neither takes an activation (k_tile64's MODE_CAST_ACT does); k_cast16 takes a bias
+ * gradient (its partials in a.dbias_partial, one row of them per 128 rows), k_mx16 none. */
 bool t128_ok(const lutra_quant_args *q, const TileArgs &a, int64_t multiple);
-/* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile */
-cudaError_t launch_t128(TileArgs a, int x_dtype, int out_dtype, bool mx, cudaStream_t s);
+/* k_mx16 (mx) or k_cast16 over a bf16 / f16 x, a block per 128x128 tile (a's tile fields set) */
+cudaError_t launch_t128(TileArgs &a, int x_dtype, int out_dtype, bool mx, cudaStream_t s);
 
 /* ---- the norm-fused tile kernels (lk_norm_quantize) ------------------------------------------ */
 

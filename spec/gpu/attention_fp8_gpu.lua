@@ -15,7 +15,9 @@
 --   the device's bf16 path (cuDNN's BF16 flash attention, within 1e-4 / 1e-3 of f32:
 --     spec/gpu/attention_gpu.lua): the same bounds (the triangle inequality, with room);
 --   the CPU's FP8 emulation (src/backend/cpu/attention_fp8_cpu.c, the same codes in, the same
---     scales): forward 5e-3, backward 2e-2. Not bit for bit: cuDNN's flash kernels sum in f32 in
+--     scales): forward 5e-3, backward 3e-2 (each side about 1e-2 from f32, and where their dS
+--     roundings flip apart the two errors add: the hybrid recipe's dq was seen 2.1e-2 from the
+--     emulation, seed 1796543785, a step whose dq was within bounds of f32). Not bit for bit: cuDNN's flash kernels sum in f32 in
 --     their own order (an FP8 rounding flips where a value sits near a boundary) and may round at
 --     other points than cudnn-frontend's reference graph the emulation follows (e.g. the
 --     unnormalized exp(s - running max) rather than P), of the same size: at most about two
@@ -39,7 +41,7 @@ local DEV, REF = S.DEV, S.REF
 local function test(name, fn) S.test(it, name, fn) end
 
 local FWD_F32, BWD_F32 = 1e-2, 4e-2
-local FWD_EMU, BWD_EMU = 5e-3, 2e-2
+local FWD_EMU, BWD_EMU = 5e-3, 3e-2
 local fresh = require("spec.support.fresh_random").new()
 local SEED = fresh.seed
 local function seed() return fresh.int(1, 2 ^ 30) end

@@ -195,42 +195,107 @@ static void run_cast_case(int xd, int od, int64_t rows, int64_t cols, bool row, 
   }
 }
 
-/* The bias gradient beside the cast (k_tile64's f32 tile column sums, then k_dbias_strips'
- * double sums over the tiles) against the column sums of x in double: the sums' orders differ,
- * so within 1e-5 of the column's magnitude sum; a row left out or counted twice is far outside. */
-static void run_dbias_case(int64_t rows, int64_t cols, bool accumulate, uint32_t seed) {
-  std::vector<unsigned char> x = make_input(LUTRA_F32, rows, cols, 0, seed);
-  const float *xf = reinterpret_cast<const float *>(x.data());
-  std::vector<uint8_t> data((size_t)(rows * cols)), col((size_t)(rows * cols));
+/* The cast's fusions (lkc::cast_transpose with an activation and / or a bias gradient: k_cast16
+ * for 16-bit inputs whose dims are multiples of 16 and a kind without a gate, k_tile64 otherwise)
+ * against their definition: the values quantized are F = act_value (act_cast.cuh, element by
+ * element) or x itself, cast by lutra_cpu_cast; codes, amax and act_out bit for bit, and the bias
+ * gradient against F's column sums in double: the sums' orders differ, so within 1e-5 of the
+ * column's magnitude sum (a row left out or counted twice is far outside). */
+static void run_fused_case(int xd, int od, int64_t rows, int64_t cols, int act_kind, bool forward,
+                           bool dbias, bool accumulate, uint32_t seed) {
+  const int64_t n = rows * cols;
+  const int esz = xd == LUTRA_F32 ? 4 : 2;
+  std::vector<unsigned char> x = make_input(xd, rows, cols, 0, seed);
+  std::vector<unsigned char> pre = make_input(xd, rows, cols, 0, seed + 7777);
+  std::vector<unsigned char> f = x; /* F, the values quantized */
+  std::vector<double> fv((size_t)n);
+  lutra_quant_args a = input_args(x, xd, od, rows, cols);
+  if (act_kind) {
+    a.act = pre.data();
+    a.act_kind = act_kind;
+    a.act_forward = forward;
+    if (forward) a.x = nullptr;
+  }
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t r = i / cols, c = i % cols;
+    float v;
+    if (!act_kind)
+      v = xd == LUTRA_F32 ? lkc::ld<LUTRA_F32>(x.data(), i)
+          : xd == LUTRA_BF16 ? lkc::ld<LUTRA_BF16>(x.data(), i) : lkc::ld<LUTRA_F16>(x.data(), i);
+    else
+      v = xd == LUTRA_F32 ? lkact::act_value<LUTRA_F32>(a, r, c)
+          : xd == LUTRA_BF16 ? lkact::act_value<LUTRA_BF16>(a, r, c)
+                             : lkact::act_value<LUTRA_F16>(a, r, c);
+    fv[(size_t)i] = v;
+    if (xd == LUTRA_F32)
+      memcpy(&f[(size_t)(i * 4)], &v, 4);
+    else {
+      const uint16_t h = to16(xd, v);
+      memcpy(&f[(size_t)(i * 2)], &h, 2);
+    }
+  }
+  Outs o[2];
+  std::vector<unsigned char> act_out((size_t)(n * esz + 16), 0xCD);
   std::vector<float> scratch((size_t)lutra_dbias_scratch_floats(rows, cols), -1.0f);
   std::vector<float> db((size_t)cols, accumulate ? 0.5f : -7.0f);
-  float scale = 2.0f, amax = 0.0f, sinv[2];
-  lutra_quant_args q = input_args(x, LUTRA_F32, LUTRA_E5M2, rows, cols);
-  q.data = data.data();
-  q.col_data = col.data();
-  q.scale = &scale;
-  q.amax = &amax;
-  q.scale_inv = &sinv[0];
-  q.col_scale_inv = &sinv[1];
-  q.dbias = db.data();
-  q.dbias_dtype = LUTRA_F32;
-  q.dbias_accumulate = accumulate;
-  q.dbias_scratch = scratch.data();
+  float scale = 2.0f, amax[2], sinv[2][2];
+  for (int d = 0; d < 2; d++) {
+    o[d].data.assign((size_t)n, 0xCD);
+    o[d].col.assign((size_t)n, 0xCD);
+    amax[d] = 0.0f;
+    lutra_quant_args q = d == 0 ? input_args(f, xd, od, rows, cols) : a;
+    q.data = o[d].data.data();
+    q.col_data = o[d].col.data();
+    q.scale = &scale;
+    q.amax = &amax[d];
+    q.scale_inv = &sinv[d][0];
+    q.col_scale_inv = &sinv[d][1];
+    if (d == 1) {
+      if (act_kind) q.act_out = act_out.data();
+      if (dbias) {
+        q.dbias = db.data();
+        q.dbias_dtype = LUTRA_F32;
+        q.dbias_accumulate = accumulate;
+        q.dbias_scratch = scratch.data();
+      }
+    }
+    const int rc = d == 0 ? cpu::lutra_cpu_cast(&q) : (int)lkc::cast_transpose(&q, nullptr);
+    if (rc != 0) {
+      printf("FAIL fused rc %d (device %d)\n", rc, d);
+      failures++;
+      return;
+    }
+  }
   checks++;
-  if (lkc::cast_transpose(&q, nullptr) != cudaSuccess) {
-    printf("FAIL dbias %lldx%lld: the launcher refused\n", (long long)rows, (long long)cols);
+  char what[160];
+  snprintf(what, sizeof what, "fused x%d od%d %lldx%lld act %d forward %d dbias %d accumulate %d",
+           xd, od, (long long)rows, (long long)cols, act_kind, forward, dbias, accumulate);
+  if (!same_bytes(what, "codes", o[0].data, o[1].data) ||
+      !same_bytes(what, "col codes", o[0].col, o[1].col))
+    return;
+  if (act_kind && memcmp(act_out.data(), f.data(), (size_t)(n * esz)) != 0) {
+    printf("FAIL %s: act_out differs from the activation's values\n", what);
     failures++;
     return;
   }
-  for (int64_t c = 0; c < cols; c++) {
+  if (memcmp(amax, amax + 1, sizeof amax[0]) != 0) {
+    printf("FAIL %s: amax cpu %g sim %g\n", what, amax[0], amax[1]);
+    failures++;
+    return;
+  }
+  for (int64_t c = 0; dbias && c < cols; c++) {
     double sum = accumulate ? 0.5 : 0.0, mag = accumulate ? 0.5 : 0.0;
     for (int64_t r = 0; r < rows; r++) {
-      sum += xf[r * cols + c];
-      mag += fabs(xf[r * cols + c]);
+      sum += fv[(size_t)(r * cols + c)];
+      mag += fabs(fv[(size_t)(r * cols + c)]);
     }
-    if (!(fabs(db[(size_t)c] - sum) <= 1e-5 * mag + 1e-30)) {
-      printf("FAIL dbias %lldx%lld accumulate %d: column %lld sim %.9g expected %.9g\n",
-             (long long)rows, (long long)cols, accumulate, (long long)c, db[(size_t)c], sum);
+    /* (f16 inputs hold infinities: their sums are infinite or NaN on both sides) */
+    const bool ok = std::isnan(sum) ? std::isnan(db[(size_t)c])
+                    : std::isinf(sum) ? db[(size_t)c] == sum
+                                      : fabs(db[(size_t)c] - sum) <= 1e-5 * mag + 1e-30;
+    if (!ok) {
+      printf("FAIL %s: dbias column %lld sim %.9g expected %.9g\n", what, (long long)c,
+             db[(size_t)c], sum);
       failures++;
       return;
     }
@@ -266,11 +331,20 @@ int main(int argc, char **argv) {
         run_cast_case(xd, od, s[0], s[1], true, INFINITY, 1, seed++);
         run_cast_case(xd, od, s[0], s[1], true, 0.0f, 1, seed++);
       }
-  /* tile rows past 8 and not a multiple of 8 (the reduction's unrolled steps), partial tiles */
-  const int64_t dbias_shapes[][2] = {{64, 64}, {1088, 192}, {600, 80}, {48, 16}};
-  for (auto &s : dbias_shapes)
-    for (bool acc : {false, true})
-      run_dbias_case(s[0], s[1], acc, seed++);
+  /* the fusions: bias gradients over tile rows past the reduction's 32 groups and its unrolled
+   * steps, partial tiles (k_tile64) and whole ones (k_cast16), every kind without a gate */
+  const int64_t fused_shapes[][2] = {{64, 64}, {1088, 192}, {600, 80}, {48, 16}, {4480, 48}};
+  for (int xd : {LUTRA_F32, LUTRA_BF16, LUTRA_F16})
+    for (auto &s : fused_shapes) {
+      if (quick && s[0] * s[1] > 250000) continue;
+      for (bool acc : {false, true})
+        run_fused_case(xd, LUTRA_E5M2, s[0], s[1], 0, false, true, acc, seed++);
+      run_fused_case(xd, LUTRA_E5M2, s[0], s[1], LUTRA_ACT_GELU_TANH, false, true, false, seed++);
+      run_fused_case(xd, LUTRA_E4M3, s[0], s[1], LUTRA_ACT_GELU_TANH, true, false, false, seed++);
+    }
+  for (int kind = LUTRA_ACT_GELU_TANH; kind <= LUTRA_ACT_GELU_ERF; kind++)
+    for (bool forward : {false, true})
+      run_fused_case(LUTRA_BF16, LUTRA_E4M3, 256, 144, kind, forward, !forward, false, seed++);
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }
