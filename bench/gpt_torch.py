@@ -119,7 +119,7 @@ def run(name, c, build, args):
             with te.autocast(enabled=recipe is not None, recipe=recipe):
                 loss = fwd(idx, tgt)
         else:
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=dev == "cuda"):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
                 loss = fwd(idx, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)

@@ -140,10 +140,14 @@ bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data
                 bool vec) {
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
   /* per-tensor: the row-resident kernels (one pass over x, rowwise only or both copies) are
-   * faster where they take the rows (docs/lab/); wider rows of a large matrix take the tiles */
+   * faster where they take the rows (docs/lab/); a large matrix takes the tiles where its rows
+   * are wider than they hold, or so narrow that most of a row's threads would idle (GPT-2's 768
+   * columns, both copies: the staged kernel 60 us against the statistics' warps + k_cast16) */
+  const bool narrow = row_stats_by_warps<8>(n.hidden);
   return vec &&
-         (scaling != LUTRA_SCALING_TENSOR || (col_data && n.hidden > kResident * kRowThreads &&
-                                              n.rows * n.hidden >= kTileMinTensorElems)) &&
+         (scaling != LUTRA_SCALING_TENSOR ||
+          (col_data && (n.hidden > kResident * kRowThreads || narrow) &&
+           n.rows * n.hidden >= kTileMinTensorElems)) &&
          (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rows > 0 &&
          n.hidden % multiple == 0 &&
          (n.rows % multiple == 0 || (scaling == LUTRA_SCALING_BLOCK_1D && !col_data)) &&
@@ -182,7 +186,8 @@ cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, 
     t.cast_scale_inv = static_cast<float *>(p.scale_inv);
     t.cast_col_scale_inv = static_cast<float *>(p.col_scale_inv);
   }
-  LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, kStatRows)), kRowThreads, 0, s, n,
+  const int64_t stat_rows = row_stats_rows<8>(n.hidden); /* vec16 of a 16-bit dtype */
+  LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, stat_rows)), kRowThreads, 0, s, n,
              p.skip);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -242,7 +247,9 @@ cudaError_t launch(const Params &p, int scaling, int out_dtype, bool vec, cudaSt
             auto sk = vec ? row_stats_kernel<DT, vec16<DT>()>(n.hidden)
                           : row_stats_kernel<DT, 1>(n.hidden);
             if (sk) {
-              LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, kStatRows)), kRowThreads,
+              const int64_t stat_rows =
+                  vec ? row_stats_rows<vec16<DT>()>(n.hidden) : row_stats_rows<1>(n.hidden);
+              LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, stat_rows)), kRowThreads,
                          0, s, n, p.skip);
               const cudaError_t e = cudaGetLastError();
               if (e != cudaSuccess) return e;

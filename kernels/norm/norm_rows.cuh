@@ -434,13 +434,6 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2)
   }
 }
 
-/* k_row_stats for rows of h columns, or nullptr where they exceed kResident elements a thread */
-template <int DT, int V>
-auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
-  return with_resident_chunks<V, void (*)(lutra_norm_args, const int32_t *)>(
-      h, [](auto nc) { return k_row_stats<DT, V, decltype(nc)::value>; });
-}
-
 /* norm_fwd's statistics of row o (kernels/norm/norm.cu) computed by one warp: lane l stands for
  * norm_fwd's threads l, l + 32, ..., l + 224 (kRowThreads of them in all), keeps each one's
  * f32 sum over its chunks in that thread's order, and adds the virtual threads' warp sums in
@@ -488,6 +481,40 @@ __device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, i
   const float h = static_cast<float>(a.hidden);
   mean = a.rms ? 0.0f : fdiv(warp_row_sum<DT, V>(a, o, lane, 0.0f, false), h);
   rstd = row_rstd(a, warp_row_sum<DT, V>(a, o, lane, mean, true));
+}
+
+/* k_row_stats for rows narrower than one chunk of V a thread: a warp a row (row_stats, the same
+ * bits), kRowWarps rows a block. k_row_stats's block per row leaves most of its threads idle
+ * there (96 of 256 at 768 columns) and pays a block reduction per row. */
+template <int DT, int V>
+__global__ void __launch_bounds__(kRowThreads)
+    k_row_stats_warps(lutra_norm_args a, const int32_t *skip) {
+  if (skip && *skip) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  if (r >= a.rows) return;
+  float mean, rstd;
+  row_stats<DT, V>(a, r * a.hidden, lane, mean, rstd);
+  if (lane == 0) keep_stats(a, r, mean, rstd);
+}
+
+/* whether row_stats_kernel(h) is the warp-a-row kernel */
+template <int V> bool row_stats_by_warps(int64_t h) {
+  return h < static_cast<int64_t>(kRowThreads) * V;
+}
+
+/* rows a block of row_stats_kernel(h) takes */
+template <int V> int64_t row_stats_rows(int64_t h) {
+  return row_stats_by_warps<V>(h) ? kRowWarps : kStatRows;
+}
+
+/* The row statistics kernel for rows of h columns (k_row_stats_warps for narrow rows, else
+ * k_row_stats), or nullptr where they exceed kResident elements a thread */
+template <int DT, int V>
+auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
+  if (row_stats_by_warps<V>(h)) return k_row_stats_warps<DT, V>;
+  return with_resident_chunks<V, void (*)(lutra_norm_args, const int32_t *)>(
+      h, [](auto nc) { return k_row_stats<DT, V, decltype(nc)::value>; });
 }
 
 } // namespace

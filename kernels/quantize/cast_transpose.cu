@@ -109,15 +109,15 @@ __global__ void __launch_bounds__(T64_THREADS)
   work[1] = 0u;
 }
 
-/* After k_tile64 (same stream): the bias gradient, dbias[c] (+)= the sum over tile rows y of
- * dbias_partial[y][c], in double, in an order fixed by the shape alone, so results repeat bit for
- * bit. A block takes DB_COLS columns (one 32-byte sector of each partial row) with DB_GROUPS row
- * groups: thread (c, g) sums rows g, g + DB_GROUPS, ... into 4 running sums (row y into acc[(y /
- * DB_GROUPS) & 3]), added in order, then the groups are added pairwise in shared memory (a fixed
- * tree). Many short walks rather than one thread walking every tile row of a column: the
- * partials come from L2 and each walk is bound by its latency. A launch of its own: the last
- * tile of each column reducing it in k_tile64 needed every tile to fence its partials and count
- * itself before going on (a fence and two barriers a tile). */
+/* After the tile cast (k_tile64 or k_cast16, same stream): the bias gradient, dbias[c] (+)= the sum
+ * over tile rows y of dbias_partial[y][c], in double, in an order fixed by the shape alone, so
+ * results repeat bit for bit. A block takes DB_COLS columns (one 32-byte sector of each partial
+ * row) with DB_GROUPS row groups: thread (c, g) sums rows g, g + DB_GROUPS, ... into 4 running sums
+ * (row y into acc[(y / DB_GROUPS) & 3]), added in order, then the groups are added pairwise in
+ * shared memory (a fixed tree). Many short walks rather than one thread walking every tile row of a
+ * column: the partials come from L2 and each walk is bound by its latency. A launch of its own: the
+ * last tile of each column reducing it in the cast needed every tile to fence its partials and
+ * count itself before going on (a fence and two barriers a tile). */
 constexpr int DB_COLS = 8, DB_GROUPS = 32, DB_THREADS = DB_COLS * DB_GROUPS;
 __global__ void __launch_bounds__(DB_THREADS) k_dbias_strips(TileArgs a) {
   if (a.skip && *a.skip) return;
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(DB_THREADS) k_dbias_strips(TileArgs a) {
   const int64_t col = (int64_t)blockIdx.x * DB_COLS + c;
   double acc[4] = {0.0, 0.0, 0.0, 0.0};
   if (col < a.cols) {
-    /* __ldcg: k_tile64's partials, read from L2; four steps unrolled, their sums in order */
+    /* __ldcg: the cast's partials, read from L2; four steps unrolled, their sums in order */
 #pragma unroll 4
     for (int64_t y = g, i = 0; y < a.tiles_r; y += DB_GROUPS, i++)
       acc[i & 3] += static_cast<double>(__ldcg(a.dbias_partial + y * a.cols + col));

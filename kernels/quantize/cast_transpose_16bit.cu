@@ -296,8 +296,8 @@ __device__ __forceinline__ void mx_dbias_bands(const uint4 (&x)[8], int tr, int 
 __device__ __forceinline__ void mx_dbias_store(const TileArgs &a, int t, int64_t r0, int64_t c0,
                                                const float *band_sums) {
   if (t >= MX_T || c0 + t >= a.cols) return;
-  const float sum = (band_sums[t] + band_sums[MX_T + t]) +
-                    (band_sums[2 * MX_T + t] + band_sums[3 * MX_T + t]);
+  const float sum =
+      (band_sums[t] + band_sums[MX_T + t]) + (band_sums[2 * MX_T + t] + band_sums[3 * MX_T + t]);
   a.dbias_partial[(r0 / MX_T) * a.cols + c0 + t] = sum;
 }
 

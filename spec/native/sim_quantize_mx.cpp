@@ -220,10 +220,11 @@ static void run_fused_case(int xd, int od, int64_t rows, int64_t cols, int act_k
     const int64_t r = i / cols, c = i % cols;
     float v;
     if (!act_kind)
-      v = xd == LUTRA_F32 ? lkc::ld<LUTRA_F32>(x.data(), i)
-          : xd == LUTRA_BF16 ? lkc::ld<LUTRA_BF16>(x.data(), i) : lkc::ld<LUTRA_F16>(x.data(), i);
+      v = xd == LUTRA_F32    ? lkc::ld<LUTRA_F32>(x.data(), i)
+          : xd == LUTRA_BF16 ? lkc::ld<LUTRA_BF16>(x.data(), i)
+                             : lkc::ld<LUTRA_F16>(x.data(), i);
     else
-      v = xd == LUTRA_F32 ? lkact::act_value<LUTRA_F32>(a, r, c)
+      v = xd == LUTRA_F32    ? lkact::act_value<LUTRA_F32>(a, r, c)
           : xd == LUTRA_BF16 ? lkact::act_value<LUTRA_BF16>(a, r, c)
                              : lkact::act_value<LUTRA_F16>(a, r, c);
     fv[(size_t)i] = v;
@@ -290,7 +291,7 @@ static void run_fused_case(int xd, int od, int64_t rows, int64_t cols, int act_k
       mag += fabs(fv[(size_t)(r * cols + c)]);
     }
     /* (f16 inputs hold infinities: their sums are infinite or NaN on both sides) */
-    const bool ok = std::isnan(sum) ? std::isnan(db[(size_t)c])
+    const bool ok = std::isnan(sum)   ? std::isnan(db[(size_t)c])
                     : std::isinf(sum) ? db[(size_t)c] == sum
                                       : fabs(db[(size_t)c] - sum) <= 1e-5 * mag + 1e-30;
     if (!ok) {
