@@ -407,8 +407,8 @@ cudaError_t lkc::cast_transpose(const lutra_quant_args *q, cudaStream_t s) {
   a.act_forward = q->act_forward;
   a.act_out = q->act_out;
   /* the activation's cast stays on k_tile64: its values' arithmetic (GELU's gradient: expf and
-   * an IEEE division an element) bounds it, not its bandwidth, and k_tile64's occupancy serves
-   * that better than k_cast16's two blocks an SM (192 against 221-229 us at [16384, 3072]) */
+   * an IEEE division an element) bounds it, not its bandwidth, and neither k_cast16's tiles nor
+   * more k_tile64 blocks an SM made it faster (measured: the commit that added this) */
   if (!q->act && t128_ok(q, a, 16))
     return with_dbias(q, a, s, [&] { return launch_t128(a, q->x_dtype, q->out_dtype, false, s); });
   return launch_tile64_dbias(q, a, MODE_CAST, s);
