@@ -141,9 +141,8 @@ bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
   /* per-tensor: the row-resident kernels (one pass over x, rowwise only or both copies) are
    * faster where they take the rows (docs/lab/); a large matrix takes the tiles where its rows
-   * are wider than they hold, or so narrow that most of a row's threads would idle (measured at
-   * GPT-2's 768 columns, both copies: the staged kernel at 1.4x the statistics' warps + k_cast16)
-   */
+   * are wider than they hold, or so narrow that most of a row's threads would idle (at GPT-2's
+   * 768 columns, both copies, the staged kernel took 1.4x the statistics' warps + k_cast16) */
   const bool narrow = row_stats_by_warps<8>(n.hidden);
   return vec &&
          (scaling != LUTRA_SCALING_TENSOR ||
