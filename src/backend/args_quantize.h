@@ -42,9 +42,9 @@ typedef struct lutra_quant_args {
   int32_t pad;
   /* bias gradient of x, computed with the quantization (TransformerEngine's quantize_dbias):
    * dbias[c] (+= when dbias_accumulate) sum_r x[r, c], rounded once into dbias_dtype. The CPU
-   * sums in double; a fused CUDA kernel sums each 64-row tile in f32 into dbias_scratch
-   * (lutra_dbias_scratch_floats(rows, cols) floats the backend provides) and a second launch
-   * the tiles in double. */
+   * sums in double; a fused CUDA kernel sums each tile (64 rows, or 128 for k_cast16's) in f32
+   * into dbias_scratch (lutra_dbias_scratch_floats(rows, cols) floats the backend provides) and
+   * a second launch the tiles in double. */
   void *dbias;
   int32_t dbias_dtype;
   int32_t dbias_accumulate;
