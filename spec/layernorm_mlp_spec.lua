@@ -129,26 +129,48 @@ describe("nn.LayerNormMLP", function()
 end)
 
 describe("nn.Residual", function()
-  it("y = x + m(x), dx = dy + m's input gradient, bit for bit (one f32 sum rounded once)", function()
+  -- the Linear's GEMM adds x (its epilogue's C): y = x W^T + b + x in f32, rounded once. An f32
+  -- Linear with the same (exactly widened) weights gives the f32 value before that rounding, so
+  -- a bf16 sum rounded twice (the product first) fails it. The Linear's dgrad adds nothing: dx is
+  -- the element-wise sum of dy and its input gradient.
+  it("y = x + m(x) in m's GEMM, dx = dy + m's input gradient, bit for bit (one rounding)", function()
     for _, dtype in ipairs { "f32", "bf16" } do
       local lin = nn.Linear(16, 16, { dtype = dtype })
+      local wide = nn.Linear(16, 16)
+      for i, q in ipairs(lin:parameters()) do wide:parameters()[i].value:copy(q.value) end
       local r = nn.Residual(lin)
       assert.are.equal("residual", r:kind())
       assert.are.equal(2, #r:parameters())
       local x = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
       local dy = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
       local y = r:forward(x):to_table()
-      local h = lin:forward(x):to_table()
+      local h = wide:forward(lutra.tensor({ 8, 16 }):copy(x)):to_table()
       local dx = r:backward(dy):to_table()
       local dh = lin:backward(dy):to_table()
       local xv, dyv = x:to_table(), dy:to_table()
-      local function rounded(v) return lutra.tensor({ 1 }, dtype):set({ v }):to_table()[1] end
+      local function rounded(v)
+        local f32 = lutra.tensor({ 1 }):set({ v })
+        return lutra.tensor({ 1 }, dtype):copy(f32):to_table()[1]
+      end
       for i = 1, #y do
         assert.are.equal(rounded(xv[i] + h[i]), y[i], dtype .. " y[" .. i .. "]")
         assert.are.equal(rounded(dyv[i] + dh[i]), dx[i], dtype .. " dx[" .. i .. "]")
       end
       assert.is_nil(r:backward(dy, false))
     end
+  end)
+
+  -- applied to its own output, the Residual cannot hand the GEMM its input as C and as D: it sums
+  -- after the module, as the plain composition does
+  it("applied to its own output: the same values as the plain composition", function()
+    local lin = nn.Linear(8, 8)
+    local r = nn.Residual(lin)
+    local x = lutra.tensor({ 4, 8 }):randn(math.random(1, 2 ^ 30))
+    local y1 = r:forward(x)
+    local want = {}
+    local y1v, h = y1:to_table(), lin:forward(lutra.tensor({ 4, 8 }):copy(y1)):to_table()
+    for i = 1, #y1v do want[i] = lutra.tensor({ 1 }):set({ y1v[i] + h[i] }):to_table()[1] end
+    assert.are.same(want, r:forward(r:forward(x)):to_table())
   end)
 
   it("keeps the wrapped module alive, and outputs keep their owner alive (GC)", function()

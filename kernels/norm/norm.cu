@@ -131,6 +131,19 @@ __device__ __forceinline__ void dx_coefficients(const lutra_norm_args &a, float 
   });
 }
 
+/* dx[V] at element i, with the residual's gradient a.dx_add added in f32 before the rounding */
+template <int DT, int V>
+__device__ __forceinline__ void store_dx(const lutra_norm_args &a, int64_t i, float (&dx)[V]) {
+  if (a.dx_add) {
+    float r[V];
+    ldv<DT, V>(a.dx_add, i, r);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      dx[k] = fadd(dx[k], r[k]);
+  }
+  stv<DT, V>(a.dx, i, dx);
+}
+
 template <int DT, int PDT, int V>
 __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
   __shared__ RowRed red;
@@ -154,7 +167,7 @@ __global__ void __launch_bounds__(kRowThreads) norm_dx(lutra_norm_args a) {
 #pragma unroll
     for (int k = 0; k < V; k++)
       dx[k] = fmul(fsub(dxhat[k], fadd(fmul(xhat[k], c1), c2)), rstd);
-    stv<DT, V>(a.dx, o + c, dx);
+    store_dx<DT, V>(a, o + c, dx);
   }
 }
 
@@ -411,7 +424,7 @@ cudaError_t lk_layernorm_forward(const lutra_norm_args *a, cudaStream_t s) {
 cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *scratch,
                                   cudaStream_t s) {
   if (bad(a) || !a->dy || !a->rstd || (!a->rms && (!a->mean || !a->dbeta)) || !a->dgamma ||
-      !scratch || 2 * a->hidden > LK_BIAS_PARTIALS)
+      (a->dx_add && !a->dx) || !scratch || 2 * a->hidden > LK_BIAS_PARTIALS)
     return cudaErrorInvalidValue;
   return with_float_dtype(a->dtype, [&](auto t) {
     constexpr int DT = decltype(t)::value;
@@ -424,7 +437,8 @@ cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *sc
         if (done || e != cudaSuccess) return e;
         return backward_wide<DT, PDT, V>(a, scratch, s);
       };
-      const bool vec = vec_ok<DT>(a, a->x, a->dy) && (!a->dx || aligned(a->dx, 16));
+      const bool vec = vec_ok<DT>(a, a->x, a->dy) && (!a->dx || aligned(a->dx, 16)) &&
+                       (!a->dx_add || aligned(a->dx_add, 16));
       if (vec) return run(std::integral_constant<int, vec16<DT>()>());
       return run(std::integral_constant<int, 1>());
     });

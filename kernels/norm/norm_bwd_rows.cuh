@@ -165,7 +165,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 #pragma unroll
         for (int k = 0; k < V; k++)
           dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rc);
-        stv<DT, V>(a.dx, r * h + c, dx);
+        store_dx<DT, V>(a, r * h + c, dx);
       }
     }
     if constexpr (S == 0) {

@@ -103,9 +103,12 @@ static void run_norm(int dt, int pdt, const Shape &s, bool rms, bool zc, uint32_
   Bytes x = values(dt, n, 0.5f, 2.0f, rng), dy = values(dt, n, 0.0f, 1.0f, rng);
   Bytes g = values(pdt, s.hidden, zc ? 0.0f : 1.0f, 0.3f, rng);
   Bytes b = values(pdt, s.hidden, 0.0f, 0.3f, rng);
+  /* a residual's gradient added to dx in every other case (lutra_norm_args.dx_add) */
+  const bool add = (seed >> 1) & 1;
+  Bytes res = values(dt, n, 0.0f, 1.0f, rng);
   char what[160];
-  snprintf(what, sizeof what, "%s dt%d pdt%d [%lld, %lld]%s", rms ? "rmsnorm" : "layernorm", dt,
-           pdt, (long long)s.rows, (long long)s.hidden, zc ? " zc" : "");
+  snprintf(what, sizeof what, "%s dt%d pdt%d [%lld, %lld]%s%s", rms ? "rmsnorm" : "layernorm", dt,
+           pdt, (long long)s.rows, (long long)s.hidden, zc ? " zc" : "", add ? " +dx_add" : "");
   Bytes y[2], mean[2], rstd[2], dx[2], dg[3], db[3];
   for (int d = 0; d < 2; d++) {
     y[d].assign((size_t)(n * sim_esize(dt)), 0xCD);
@@ -145,6 +148,7 @@ static void run_norm(int dt, int pdt, const Shape &s, bool rms, bool zc, uint32_
     a.rstd = reinterpret_cast<float *>(rstd[0].data());
     a.dy = dy.data();
     a.dx = d < 2 ? dx[d].data() : nullptr;
+    a.dx_add = add && d < 2 ? res.data() : nullptr;
     a.dgamma = dg[d].data();
     a.dbeta = rms ? nullptr : db[d].data();
     const int rc = d == 0 ? cpu::lutra_cpu_layernorm_backward(&a)

@@ -39,14 +39,18 @@ typedef struct lutra_gemm_plan {
   void *backend_plan;     /* descriptors and algorithm (CUDA); NULL on CPU */
 } lutra_gemm_plan;
 
-/* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate), then the epilogue
- * (lutra_gemm_epilogue in lutra.h; the front has checked its combination rules). */
+/* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate) (+ C), then the
+ * epilogue (lutra_gemm_epilogue in lutra.h; the front has checked its combination rules). */
 typedef struct lutra_gemm_args {
   lutra_gemm_operand a, b;
   void *d;
   int32_t d_dtype;
   int32_t accumulate;
   int64_t m, n, k;
+  /* an addend [m, n] in d_dtype (a residual), not D's buffer: D = op(B) op(A) + bias + C in f32,
+   * rounded once (cuBLASLt's C with beta 1; the CPU adds it after the bias). NULL: none. Only
+   * with epilogue NONE and without accumulate; its plans are accumulate's (key.accumulate 1) */
+  const void *c;
   const void *bias;
   int32_t bias_dtype;
   int32_t epilogue; /* LUTRA_EPILOGUE_* */

@@ -30,6 +30,9 @@ typedef struct lutra_norm_args {
    * NULL for RMSNorm), overwritten; the column sums are deterministic (a fixed order) */
   const void *dy;
   void *dx, *dgamma, *dbeta;
+  /* backward: [rows, hidden] in dtype, added to dx in f32 before its one rounding (the gradient
+   * of a residual around the norm's module); NULL: none */
+  const void *dx_add;
 } lutra_norm_args;
 
 /* ---- the norm writing a GEMM's FP8 input (src/backend/cpu/norm_quantize_cpu.c,

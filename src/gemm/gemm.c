@@ -336,6 +336,23 @@ static int check_epilogue(const lutra_gemm_epilogue *epi, const lutra_tensor *a,
   return LUTRA_OK;
 }
 
+/* An addend C (lutra_gemm_op.c): D's shape and dtype, its own buffer, no activation after it. */
+static int check_addend(const lutra_tensor *c, const lutra_tensor *d, int kind, bool accumulate,
+                        const char *fn) {
+  CHECK_ARG(kind == LUTRA_EPILOGUE_NONE && !accumulate,
+            "an addend C needs epilogue NONE and no accumulate (D = op(B) op(A) + bias + C)");
+  CHECK_ARG(c->dtype == d->dtype && c->scaling == LUTRA_SCALING_NONE,
+            "the addend C is %s, D is %s: they must match", lutra_dtype_name(c->dtype),
+            lutra_dtype_name(d->dtype));
+  CHECK_ARG(c->numel == d->numel && lutra_cols(c) == lutra_cols(d),
+            "the addend C is %lldx%lld, D is %lldx%lld", (long long)lutra_rows(c),
+            (long long)lutra_cols(c), (long long)lutra_rows(d), (long long)lutra_cols(d));
+  CHECK_ARG(c->device == d->device, "the addend C is on another device than D");
+  CHECK_ARG(c->numel == 0 || (c->data && c->data != d->data),
+            "the addend C must have data of its own (not D's)");
+  return LUTRA_OK;
+}
+
 int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   const lutra_tensor *a = op->a, *b = op->b, *bias = op->bias;
   lutra_tensor *d = op->d;
@@ -375,6 +392,7 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
     CHECK_ARG(bias->device == d->device, "bias is on another device");
   }
   TRY(check_epilogue(epi, a, b, d, bias, accumulate, fp8a, m, n, fn));
+  if (op->c) TRY(check_addend(op->c, d, epi->kind, accumulate, fn));
   const lutra_backend *be;
   TRY(lutra_backend_get(d->device, &be, fn));
 
@@ -390,6 +408,7 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   g.d = d->data;
   g.d_dtype = d->dtype;
   g.accumulate = accumulate != 0;
+  g.c = op->c ? op->c->data : NULL;
   g.m = m;
   g.n = n;
   g.k = ka;
@@ -415,7 +434,7 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   k.b_scaling = b->scaling;
   k.transa = g.a.trans;
   k.transb = g.b.trans;
-  k.accumulate = g.accumulate;
+  k.accumulate = g.accumulate || g.c; /* C beside D: the same plan, beta 1 */
   k.fast_accum = op->fast_accum;
   k.device = d->device;
   k.epilogue = g.epilogue;

@@ -12,6 +12,7 @@ typedef struct lutra_gemm_op {
   const lutra_tensor *a, *b;
   lutra_tensor *d;
   const lutra_tensor *bias;            /* NULL: none */
+  const lutra_tensor *c;               /* lutra_gemm_args.c: an addend of D's shape; NULL: none */
   const lutra_gemm_epilogue *epilogue; /* NULL: LUTRA_EPILOGUE_NONE */
   bool transa, transb;
   bool accumulate;

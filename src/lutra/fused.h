@@ -76,7 +76,10 @@ LUTRA_API int lutra_layernorm_mlp_new(const lutra_layernorm_mlp_desc *d, lutra_m
 LUTRA_API int lutra_layernorm_mlp_fusions(const lutra_module *m, int *forward, int *backward);
 
 /* Residual: y = x + m(x) (m's output must have x's dtype and shape); backward: dx = dy + m's
- * input gradient. It holds a reference to m; its parameters are m's. */
+ * input gradient. It holds a reference to m; its parameters are m's. The sums are made by m's
+ * last kernel where m has one that can (a Linear's, LayerNormMLP's or MultiheadAttention's
+ * forward GEMM takes x as its epilogue's C; a LayerNorm-first module's norm backward adds dy),
+ * in f32 and rounded once, else by an element-wise sum after m. */
 LUTRA_API int lutra_residual_new(lutra_module *m, lutra_module **out);
 
 #ifdef __cplusplus

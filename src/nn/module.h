@@ -11,6 +11,8 @@
 
 #include <stdbool.h>
 
+enum { LUTRA_PASS_FORWARD = 0, LUTRA_PASS_BACKWARD = 1 };
+
 /* Fusion as a protocol. A module says what its forward can end in (an activation run in its
  * GEMM's epilogue), what its backward can start from (the gradient of that activation's output,
  * d-activation still to apply), and whether its backward can apply an activation's derivative
@@ -49,6 +51,15 @@ typedef struct lutra_fusion_ops {
   bool (*starts_with_act)(const lutra_module *m, int act);
   int (*forward_from_act)(lutra_module *m, const lutra_tensor *pre, const lutra_forward_args *a,
                           int act, lutra_tensor **y, const lutra_tensor **act_y, bool *fused);
+  /* a Residual around the module (nn/residual.c): arms its next pass (LUTRA_PASS_FORWARD or
+   * _BACKWARD, whichever entry above runs it) to add r by its last kernel and write the sum into
+   * out (the Residual's tensor, r's shape and dtype): the forward y = m(x) + r, r the module's
+   * input (a Linear's GEMM: its epilogue's C), the backward dx + r, r the gradient passing the
+   * module by (a norm's backward kernel); rounded once. The pass returns out where it added, its
+   * own output otherwise (r not added: another shape, or not its last step). A module with
+   * children arms the child whose kernel ends the pass. r NULL disarms. Returns whether anything
+   * was armed. */
+  bool (*arm_residual)(lutra_module *m, int pass, const lutra_tensor *r, lutra_tensor *out);
 } lutra_fusion_ops;
 
 /* What a checkpoint asks of a module. A module with children names none of its own parameters
@@ -152,6 +163,13 @@ static inline int lutra_module_activation(const lutra_module *m) {
 }
 static inline const lutra_fusion_ops *lutra_module_fusion(const lutra_module *m) {
   return m->ops->fusion;
+}
+
+/* lutra_fusion_ops.arm_residual where m has it, else false */
+static inline bool lutra_module_arm_residual(lutra_module *m, int pass, const lutra_tensor *r,
+                                             lutra_tensor *out) {
+  const lutra_fusion_ops *fu = m->ops->fusion;
+  return fu && fu->arm_residual && fu->arm_residual(m, pass, r, out);
 }
 
 /* whether m or a module under it (through its checkpoint children) reads the splits of

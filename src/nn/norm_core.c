@@ -122,21 +122,39 @@ int lutra_norm_core_check_saved(const lutra_norm_core *c, const char *fn) {
   return LUTRA_OK;
 }
 
+/* whether the backward can write dx + r into out: both of the input's shape and dtype, apart */
+static bool takes_residual(const lutra_norm_core *c, const lutra_tensor *r,
+                           const lutra_tensor *out) {
+  const lutra_tensor *t[2] = {r, out};
+  for (int i = 0; i < 2; i++)
+    if (t[i]->dtype != c->x->dtype || t[i]->device != c->d.device ||
+        t[i]->scaling != LUTRA_SCALING_NONE || !lutra_same_shape(t[i], c->x))
+      return false;
+  return r->data != out->data || r->numel == 0;
+}
+
 int lutra_norm_core_backward(lutra_norm_core *c, const lutra_tensor *dy, lutra_tensor **dx,
                              const char *fn) {
+  const lutra_tensor *r = c->residual;
+  lutra_tensor *out = c->residual_out;
+  c->residual = NULL;
+  c->residual_out = NULL;
   TRY(lutra_norm_core_check_saved(c, fn));
   CHECK_ARG(dy->dtype == c->d.dtype && dy->numel == c->x->numel && dy->device == c->d.device,
             "the norm's output gradient does not match its input");
-  if (dx)
+  const bool adds = r && dx && takes_residual(c, r, out);
+  if (dx && !adds)
     TRY(lutra_tensor_cache_get(
         &c->dx_cache, PLAIN_TENSOR(c->x->dtype, c->x->ndim, c->x->shape, c->d.device), &c->dx, fn));
+  lutra_tensor *target = adds ? out : c->dx;
   lutra_norm_args na = lutra_norm_core_args(c, c->x);
   na.dy = dy->data;
-  na.dx = dx ? c->dx->data : NULL;
+  na.dx = dx ? target->data : NULL;
+  na.dx_add = adds ? r->data : NULL;
   na.dgamma = c->wgrad->data;
   na.dbeta = c->bgrad ? c->bgrad->data : NULL;
   TRY(c->be->layernorm_backward(&na));
-  if (dx) *dx = c->dx;
+  if (dx) *dx = target;
   return LUTRA_OK;
 }
 

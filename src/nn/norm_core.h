@@ -21,6 +21,10 @@ typedef struct lutra_norm_core {
   lutra_tensor *y, *dx, *mean, *rstd;          /* from the caches below */
   const lutra_tensor *x; /* held (lutra_tensor_hold) from a grad forward until the next */
   bool forward_done;
+  /* armed by a Residual around the module for its next backward (lutra_fusion_ops.arm_residual):
+   * dx + residual written into residual_out by the norm's kernel; taken (cleared) by it */
+  const lutra_tensor *residual;
+  lutra_tensor *residual_out;
   lutra_tensor_cache y_cache, dx_cache, mean_cache, rstd_cache;
 } lutra_norm_core;
 
@@ -42,7 +46,8 @@ int lutra_norm_core_run(lutra_norm_core *c, const lutra_tensor *x, bool grad, co
 /* That the last forward kept its input for a backward and the input is not freed. */
 int lutra_norm_core_check_saved(const lutra_norm_core *c, const char *fn);
 /* Backward of the last forward from dy (y's gradient): dgamma, dbeta, and *dx when dx is not
- * NULL. */
+ * NULL (an armed residual added into residual_out where it matches the input: *dx is then that
+ * tensor). */
 int lutra_norm_core_backward(lutra_norm_core *c, const lutra_tensor *dy, lutra_tensor **dx,
                              const char *fn);
 int lutra_norm_core_num_params(const lutra_norm_core *c);

@@ -1,7 +1,10 @@
 /* Residual: y = x + m(x), the pre-norm block's skip connection; backward dx = dy + m's input
- * gradient. One element-wise sum per direction (backend add); the output and input-gradient
- * buffers are reused while the shape stays. */
+ * gradient. Each sum is made by m's own last kernel where m can (lutra_fusion_ops.arm_residual:
+ * a Linear's GEMM adds x as its epilogue's C, a norm's backward adds dy), in f32 and rounded
+ * once, else by an element-wise sum (backend add) after it. The output and input-gradient
+ * buffers are the Residual's, reused while the shape stays. */
 #include "backend/device.h"
+#include "core/dtype.h"
 #include "core/error.h"
 #include "core/object.h"
 #include "nn/module.h"
@@ -29,13 +32,31 @@ static int sum_into(residual *r, lutra_tensor **slot, const lutra_tensor *a, con
   return LUTRA_OK;
 }
 
+/* Arms the inner module's pass to write t + its result into *slot (sized like t here): not for
+ * a t of no plain float dtype (sum_into refuses it after the pass), nor one that is *slot
+ * itself (a Residual given its own last output). Returns whether the module took it. */
+static int arm(residual *r, int pass, const lutra_tensor *t, lutra_tensor **slot, bool *armed,
+               const char *fn) {
+  *armed = false;
+  if (!lutra_dtype_is_float(t->dtype) || t->scaling != LUTRA_SCALING_NONE) return LUTRA_OK;
+  TRY(lutra_tensor_ensure(slot, PLAIN_TENSOR(t->dtype, t->ndim, t->shape, t->device), fn));
+  if ((*slot)->data == t->data && t->numel > 0) return LUTRA_OK;
+  *armed = lutra_module_arm_residual(r->inner, pass, t, *slot);
+  return LUTRA_OK;
+}
+
 static int res_forward(lutra_module *m, const lutra_tensor *x, const lutra_forward_args *a,
                        lutra_tensor **y) {
   static const char fn[] = "lutra_residual_forward";
   residual *r = (residual *)m;
+  bool armed;
+  TRY(arm(r, LUTRA_PASS_FORWARD, x, &r->y, &armed, fn));
   lutra_tensor *h;
-  TRY(r->inner->ops->forward(r->inner, x, a, &h));
-  TRY(sum_into(r, &r->y, x, h, fn));
+  int st = r->inner->ops->forward(r->inner, x, a, &h);
+  /* a pass that failed, or never reached the armed kernel, must not leave it armed */
+  if (armed) lutra_module_arm_residual(r->inner, LUTRA_PASS_FORWARD, NULL, NULL);
+  TRY(st);
+  if (!(armed && h == r->y)) TRY(sum_into(r, &r->y, x, h, fn)); /* else the module added x */
   r->forward_done = true;
   *y = r->y;
   return LUTRA_OK;
@@ -47,10 +68,14 @@ static int res_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   CHECK_STATE(r->forward_done, "backward called before forward");
   CHECK_ARG(lutra_same_shape(dy, r->y) && dy->dtype == r->y->dtype,
             "grad_output shape or dtype does not match the forward output");
+  bool armed = false;
+  if (dx) TRY(arm(r, LUTRA_PASS_BACKWARD, dy, &r->dx, &armed, fn));
   lutra_tensor *g = NULL;
-  TRY(r->inner->ops->backward(r->inner, dy, dx ? &g : NULL));
+  int st = r->inner->ops->backward(r->inner, dy, dx ? &g : NULL);
+  if (armed) lutra_module_arm_residual(r->inner, LUTRA_PASS_BACKWARD, NULL, NULL);
+  TRY(st);
   if (!dx) return LUTRA_OK;
-  TRY(sum_into(r, &r->dx, dy, g, fn));
+  if (!(armed && g == r->dx)) TRY(sum_into(r, &r->dx, dy, g, fn)); /* else the module added dy */
   *dx = r->dx;
   return LUTRA_OK;
 }

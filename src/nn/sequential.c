@@ -121,6 +121,16 @@ static int seq_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   return LUTRA_OK;
 }
 
+/* a Residual's sums: the forward's by the last module, the backward's by the first */
+static bool seq_arm_residual(lutra_module *m, int pass, const lutra_tensor *r, lutra_tensor *out) {
+  const sequential *s = (const sequential *)m;
+  if (s->count == 0) return false;
+  return lutra_module_arm_residual(s->mods[pass == LUTRA_PASS_FORWARD ? s->count - 1 : 0], pass, r,
+                                   out);
+}
+static const lutra_fusion_ops seq_fusion = {.activation = LUTRA_ACT_NONE,
+                                            .arm_residual = seq_arm_residual};
+
 static int seq_num_params(const lutra_module *m) {
   return ((const sequential *)m)->params.count;
 }
@@ -167,6 +177,7 @@ static const lutra_module_ops seq_ops = {
     .num_params = seq_num_params,
     .param = seq_param,
     .release = seq_release,
+    .fusion = &seq_fusion,
     .checkpoint = &seq_checkpoint,
 };
 

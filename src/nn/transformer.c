@@ -98,6 +98,14 @@ static int block_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor 
   lutra_module *body = ((block *)m)->body;
   return body->ops->backward(body, dy, dx);
 }
+/* a Residual around a MultiheadAttention: its projection's GEMM adds the input, its QKV norm's
+ * backward the gradient (the body arms them) */
+static bool block_arm_residual(lutra_module *m, int pass, const lutra_tensor *r,
+                               lutra_tensor *out) {
+  return lutra_module_arm_residual(((block *)m)->body, pass, r, out);
+}
+static const lutra_fusion_ops block_fusion = {.activation = LUTRA_ACT_NONE,
+                                              .arm_residual = block_arm_residual};
 static int block_num_params(const lutra_module *m) {
   const lutra_module *body = ((const block *)m)->body;
   return body->ops->num_params(body);
@@ -135,6 +143,7 @@ static const lutra_module_ops mha_ops = {
     .num_params = block_num_params,
     .param = block_param,
     .release = block_release,
+    .fusion = &block_fusion,
     .checkpoint = &block_checkpoint,
 };
 static const lutra_module_ops layer_ops = {
@@ -144,6 +153,7 @@ static const lutra_module_ops layer_ops = {
     .num_params = block_num_params,
     .param = block_param,
     .release = block_release,
+    .fusion = &block_fusion,
     .checkpoint = &block_checkpoint,
 };
 

@@ -1,6 +1,6 @@
 /* GEMM on the CPU: operands upcast to f32 in the caller's workspace, then one cblas_sgemm.
  *
- * D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n] on every row) (+ D_old if accumulate),
+ * D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n] on every row) (+ D_old if accumulate) (+ C),
  * row-major, op(X) = X^T when X.trans. Operands are passed to BLAS in their stored layout with
  * the matching CblasTrans flag; nothing is transposed explicitly. Everything is computed in f32
  * and rounded once into D's dtype at the end. lutra_cpu_gemm never allocates: the plan says
@@ -336,6 +336,9 @@ int lutra_cpu_gemm(const lutra_gemm_args *g) {
         row[j] += lutra_elem_load(bias_after, g->bias_dtype, j);
     }
   }
+  if (g->c) /* the addend after the bias, in f32, rounded once with the rest below */
+    for (int64_t i = 0; i < mn; i++)
+      df[i] += lutra_elem_load(g->c, g->d_dtype, i);
   TRY(apply_epilogue(g, df));
 
   if (g->d_dtype != LUTRA_F32)

@@ -25,11 +25,13 @@ static int check_args(const lutra_norm_args *a, bool backward, const char *fn) {
   CHECK_ARG(a->rows >= 0 && a->hidden > 0, "bad shape [%lld, %lld]", (long long)a->rows,
             (long long)a->hidden);
   CHECK_ARG(a->x && a->gamma && (a->rms || a->beta), "x, gamma or beta is NULL");
-  if (backward)
+  if (backward) {
     CHECK_ARG(a->dy && a->rstd && (a->rms || a->mean) && a->dgamma && (a->rms || a->dbeta),
               "dy, the saved statistics, dgamma or dbeta is NULL");
-  else
+    CHECK_ARG(!a->dx_add || a->dx, "dx_add is given without dx");
+  } else {
     CHECK_ARG(a->y, "y is NULL");
+  }
   return LUTRA_OK;
 }
 
@@ -146,8 +148,8 @@ static void column_sums(const lutra_norm_args *a) {
   }
 }
 
-/* dx = rstd (dxhat - xhat c1 - c2), dxhat = dy g, c1 = mean(dxhat xhat), c2 = mean(dxhat)
- * (RMSNorm: c2 = 0, xhat = x rstd); dgamma = sum_r dy xhat, dbeta = sum_r dy. */
+/* dx = rstd (dxhat - xhat c1 - c2) (+ dx_add), dxhat = dy g, c1 = mean(dxhat xhat), c2 =
+ * mean(dxhat) (RMSNorm: c2 = 0, xhat = x rstd); dgamma = sum_r dy xhat, dbeta = sum_r dy. */
 int lutra_cpu_layernorm_backward(const lutra_norm_args *a) {
   static const char fn[] = "lutra_cpu_layernorm_backward";
   TRY(check_args(a, true, fn));
@@ -163,7 +165,9 @@ int lutra_cpu_layernorm_backward(const lutra_norm_args *a) {
       float dxhat = lutra_elem_load(a->dy, a->dtype, o + c) * gamma_at(a, c);
       float t = xhat * c1;
       t = t + c2;
-      lutra_elem_store(a->dx, a->dtype, o + c, (dxhat - t) * rstd);
+      float dx = (dxhat - t) * rstd;
+      if (a->dx_add) dx += lutra_elem_load(a->dx_add, a->dtype, o + c);
+      lutra_elem_store(a->dx, a->dtype, o + c, dx);
     }
   }
   column_sums(a);

@@ -103,7 +103,7 @@ int lutra_cuda_gemm(const lutra_gemm_args *g);
 typedef struct lutra_gemm_call {
   const void *a, *b;
   void *d;
-  const void *bias, *aux, *dbias, *a_scale, *b_scale;
+  const void *addend, *bias, *aux, *dbias, *a_scale, *b_scale;
   void *workspace;
   cudaStream_t stream;
   float beta;
@@ -121,7 +121,7 @@ int lutra_call_graphs_run(lutra_call_graphs **slot, int kind, const void *key, s
                           cudaStream_t stream, int (*issue)(void *), void *ctx, const char *fn);
 void lutra_call_graphs_free(lutra_call_graphs *g);
 void lutra_cuda_call_graphs_free(void *g); /* the backend table's call_graphs_free */
-_Static_assert(sizeof(lutra_gemm_call) == 10 * sizeof(void *) + 2 * sizeof(int32_t),
+_Static_assert(sizeof(lutra_gemm_call) == 11 * sizeof(void *) + 2 * sizeof(int32_t),
                "lutra_gemm_call has padding bytes: its keys are memcmp'd");
 /* graphs cached now and calls served by them so far, of one kind (process-wide) */
 void lutra_call_graphs_stats(int kind, int64_t *graphs, int64_t *launches);

@@ -481,6 +481,7 @@ typedef struct matmul_call {
   cuda_plan *c;
   const lutra_gemm_args *g;
   const void *a, *b;
+  const void *addend; /* cuBLASLt's C, or NULL: C is D */
   void *d;
   char *ws;
   cudaStream_t s;
@@ -507,10 +508,11 @@ static int issue_matmul(void *ctx) {
                                                            &g->bias, sizeof g->bias),
                             fn, "setting the bias pointer"));
   if (c->lt_epilogue) TRY(set_epilogue_pointers(c, g, fn));
-  const float alpha = 1.0f, beta = g->accumulate ? 1.0f : 0.0f;
+  const float alpha = 1.0f, beta = g->accumulate || g->c ? 1.0f : 0.0f;
   return lutra_cublas_status(cublasLtMatmul(lutra_cuda_lt(), c->op, &alpha, m->a, c->la, m->b,
-                                            c->lb, &beta, m->d, c->ld, m->d, c->ld, &c->algo, m->ws,
-                                            LUTRA_CUDA_WORKSPACE - 256, m->s),
+                                            c->lb, &beta, m->addend ? m->addend : m->d, c->ld, m->d,
+                                            c->ld, &c->algo, m->ws, LUTRA_CUDA_WORKSPACE - 256,
+                                            m->s),
                              fn, "cublasLtMatmul");
 }
 
@@ -533,15 +535,18 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
   }
   cudaStream_t s = lutra_cuda_stream();
   void *d = g->d;
+  const void *addend = g->c;
   int d_dtype = g->d_dtype;
   if (c->stage_d) {
     d = ws + LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0);
     d_dtype = LUTRA_F32;
-    if (g->accumulate)
-      TRY(lutra_cuda_status(lk_convert(g->d, g->d_dtype, d, LUTRA_F32, g->m * g->n, s), fn,
-                            "staging D"));
+    if (g->accumulate || addend) /* the staged D starts as the addend: in place from there */
+      TRY(lutra_cuda_status(
+          lk_convert(addend ? addend : g->d, g->d_dtype, d, LUTRA_F32, g->m * g->n, s), fn,
+          "staging D"));
+    addend = NULL;
   }
-  matmul_call m = {.c = c, .g = g, .a = a, .b = b, .d = d, .ws = ws, .s = s};
+  matmul_call m = {.c = c, .g = g, .a = a, .b = b, .addend = addend, .d = d, .ws = ws, .s = s};
   if (c->dequantize || c->stage_d) {
     TRY(issue_matmul(&m)); /* more than one GEMM call's work: not cached */
   } else {
@@ -556,7 +561,8 @@ int lutra_cuda_gemm(const lutra_gemm_args *g) {
         .b_scale = c->fp8_scales ? g->b.scale_inv : NULL,
         .workspace = ws,
         .stream = s,
-        .beta = g->accumulate ? 1.0f : 0.0f,
+        .addend = addend,
+        .beta = g->accumulate || g->c ? 1.0f : 0.0f,
     };
     TRY(lutra_call_graphs_run(&c->graphs, LUTRA_CALLS_GEMM, &key, sizeof key, s, issue_matmul, &m,
                               fn));

@@ -105,6 +105,21 @@ static int lnl_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   return lnl_backward_op(m, &(lutra_linear_backward_op){.dy = dy}, dx);
 }
 
+/* a Residual's sums: the forward's in the Linear core's GEMM (not the column-parallel one: its
+ * output is a shard), the backward's in the norm's kernel */
+static bool lnl_arm_residual(lutra_module *m, int pass, const lutra_tensor *r, lutra_tensor *out) {
+  layernorm_linear *l = (layernorm_linear *)m;
+  if (pass == LUTRA_PASS_FORWARD) {
+    if (l->parallel) return false;
+    l->lin.residual = r;
+    l->lin.residual_out = out;
+  } else {
+    l->norm.residual = r;
+    l->norm.residual_out = out;
+  }
+  return true;
+}
+
 static bool lnl_ends_in(const lutra_module *m, int act) {
   (void)m;
   return lutra_linear_core_ends_in(act);
@@ -148,6 +163,7 @@ static const lutra_fusion_ops lnl_fusion = {
     .forward_ending_in = lnl_forward_act,
     .starts_from_act_grad = lnl_starts_from_act_grad,
     .backward_from_act_grad = lnl_backward_from_act_grad,
+    .arm_residual = lnl_arm_residual,
 };
 
 /* Checkpoint names: "norm.weight" (and, for LayerNorm, "norm.bias"), then the Linear's "weight"

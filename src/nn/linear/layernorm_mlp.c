@@ -28,6 +28,13 @@ static int mlp_backward(lutra_module *m, const lutra_tensor *dy, lutra_tensor **
   lutra_module *c = ((layernorm_mlp *)m)->chain;
   return c->ops->backward(c, dy, dx);
 }
+/* a Residual's sums: FC2's GEMM forward, the norm's kernel backward (the chain arms them) */
+static bool mlp_arm_residual(lutra_module *m, int pass, const lutra_tensor *r, lutra_tensor *out) {
+  return lutra_module_arm_residual(((layernorm_mlp *)m)->chain, pass, r, out);
+}
+static const lutra_fusion_ops mlp_fusion = {.activation = LUTRA_ACT_NONE,
+                                            .arm_residual = mlp_arm_residual};
+
 static int mlp_num_params(const lutra_module *m) {
   const lutra_module *c = ((const layernorm_mlp *)m)->chain;
   return c->ops->num_params(c);
@@ -133,6 +140,7 @@ static const lutra_module_ops mlp_ops = {
     .num_params = mlp_num_params,
     .param = mlp_param,
     .release = mlp_release,
+    .fusion = &mlp_fusion,
     .checkpoint = &mlp_checkpoint,
 };
 

@@ -41,6 +41,15 @@ static int linear_forward(lutra_module *m, const lutra_tensor *x, const lutra_fo
   return linear_forward_act(m, x, a, LUTRA_ACT_NONE, y, NULL);
 }
 
+/* a Residual's sum in the forward GEMM (its C); the dgrad GEMM adds none yet */
+static bool linear_arm_residual(lutra_module *m, int pass, const lutra_tensor *r,
+                                lutra_tensor *out) {
+  if (pass != LUTRA_PASS_FORWARD) return false;
+  core_of(m)->residual = r;
+  core_of(m)->residual_out = out;
+  return true;
+}
+
 static int linear_backward_op(lutra_module *m, const lutra_linear_backward_op *op,
                               lutra_tensor **dx, bool *dact_fused) {
   RANGE_PUSH("lutra.linear.backward");
@@ -117,6 +126,7 @@ static const lutra_fusion_ops linear_fusion = {
     .backward_into_act = linear_backward_into_act,
     .starts_with_act = linear_starts_with_act,
     .forward_from_act = linear_forward_from_act,
+    .arm_residual = linear_arm_residual,
 };
 
 static int linear_quantizers(lutra_module *m, const lutra_recipe *build_for,

@@ -60,7 +60,8 @@ static const lutra_gemm_epilogue *forward_epilogue(lutra_linear_core *c, int act
  * instructions. */
 static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lutra_quantize_op *xop,
                                                  int first_microbatch,
-                                                 const lutra_gemm_epilogue *epi, const char *fn) {
+                                                 const lutra_gemm_epilogue *epi, lutra_tensor *d,
+                                                 const lutra_tensor *add, const char *fn) {
   /* an inference forward (xop->rowwise_only) quantizes no columnwise copies: only the dgrad and
    * wgrad GEMMs read them. Not under the device flag, whose skipped casts keep the codes of the
    * tensor quantized last, which must then be the full one. */
@@ -129,8 +130,9 @@ static __attribute__((noinline)) int forward_fp8(lutra_linear_core *c, const lut
   return lutra_gemm_run(
       &(lutra_gemm_op){.a = c->wq,
                        .b = c->xq,
-                       .d = c->y,
+                       .d = d,
                        .bias = c->skip_forward_bias ? NULL : c->bias,
+                       .c = add,
                        .epilogue = epi,
                        .transa = true,
                        .fast_accum = !c->forward_options.use_split_accumulator[LUTRA_GEMM_FPROP]},
@@ -178,12 +180,33 @@ bool lutra_linear_core_ends_in(int act) {
   return act == LUTRA_ACT_GELU_TANH; /* cuBLASLt's GELU epilogues are the tanh form */
 }
 
+/* whether the forward's GEMM can add the residual r into out (lutra_linear_core_forward_adding):
+ * r and out of its output's shape and dtype, no gathered rows */
+static bool takes_residual(const lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *r,
+                           const lutra_tensor *out) {
+  if (c->gather_rows > 1 || r->device != c->device || r->data == out->data) return false;
+  const lutra_tensor *t[2] = {r, out};
+  for (int i = 0; i < 2; i++) {
+    if (t[i]->dtype != c->dtype || t[i]->ndim != x->ndim || t[i]->scaling != LUTRA_SCALING_NONE)
+      return false;
+    for (int d = 0; d < x->ndim; d++)
+      if (t[i]->shape[d] != (d == x->ndim - 1 ? c->out : x->shape[d])) return false;
+  }
+  return true;
+}
+
 /* The forward of x (the module's input), or, when pre is not NULL, of act_in(pre): x is then
  * c->act_y, the activation's output, written here unless the FP8 input cast forms it (*fused).
+ * An armed residual (c->residual) is taken: the GEMM writes x W^T + b + residual into
+ * c->residual_out where takes_residual says it can, else the output goes to c->y as always.
  * Inlined into its two callers: every forward runs it. */
 static inline __attribute__((always_inline)) int
 forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pre, int act_in,
              const lutra_forward_args *a, int act, lutra_tensor **y, bool *fused, const char *fn) {
+  const lutra_tensor *add = c->residual;
+  lutra_tensor *into = c->residual_out;
+  c->residual = NULL;
+  c->residual_out = NULL;
   TRY(check_input(c, x, fn));
   CHECK_ARG(act == LUTRA_ACT_NONE || lutra_linear_core_ends_in(act),
             "the forward cannot end in activation %d", act);
@@ -211,6 +234,9 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
     TRY(lutra_tensor_cache_get(&c->pre_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device),
                                &c->pre, fn));
   if (pre && !fuse_in) TRY(lutra_linear_run_act(c->be, pre, act_in, c->act_y, fn));
+  const bool adds = add && act == LUTRA_ACT_NONE && takes_residual(c, x, add, into);
+  lutra_tensor *d = adds ? into : c->y;
+  if (!adds) add = NULL;
   lutra_gemm_epilogue epi_store;
   const lutra_gemm_epilogue *epi = forward_epilogue(c, act, grad, &epi_store);
   if (fp8) {
@@ -229,7 +255,7 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
                                 .act_out = hp ? c->act_y : NULL,
                                 .rowwise_only = !grad};
     }
-    TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, fn));
+    TRY(forward_fp8(c, &xop, a->is_first_microbatch, epi, d, add, fn));
   } else {
     if (calibrate) TRY(observe(c, x, fn));
     /* the CPU inference forward's packed weight, [in, out], multiplied untransposed */
@@ -237,8 +263,9 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
     if (packed) TRY(lutra_linear_pack(c, fn));
     TRY(lutra_gemm_run(&(lutra_gemm_op){.a = packed ? c->packed : c->weight,
                                         .b = x,
-                                        .d = c->y,
+                                        .d = d,
                                         .bias = c->skip_forward_bias ? NULL : c->bias,
+                                        .c = add,
                                         .epilogue = epi,
                                         .transa = !packed,
                                         .bias_first = packed},
@@ -258,7 +285,7 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
                         uses_delayed(lutra_linear_core_roles(c, r)) &&
                         lutra_autocast_claim_backward_trigger();
   if (fused) *fused = fuse_in;
-  *y = c->y;
+  *y = d;
   return LUTRA_OK;
 }
 

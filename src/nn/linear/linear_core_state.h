@@ -48,6 +48,11 @@ typedef struct lutra_linear_core {
   /* set by a producer that wrote the next forward's FP8 input itself (LayerNormLinear's norm,
    * through lutra_linear_core_input_quantizer's quantizer): that forward uses it as it is */
   lutra_tensor *given_xq;
+  /* armed by a Residual around the module for its next forward (lutra_fusion_ops.arm_residual):
+   * the forward GEMM adds residual (its epilogue's C) and writes residual_out; taken (cleared)
+   * by that forward */
+  const lutra_tensor *residual;
+  lutra_tensor *residual_out;
   /* the forward GEMM adds no bias (a row-parallel shard off rank 0: the bias goes in once, before
    * the output's reduction); its gradient is computed as always */
   bool skip_forward_bias;
