@@ -131,7 +131,8 @@ end
 
 --- nn.Residual: y = x + m(x); its backward gives dx = dy + m's input gradient; its parameters
 -- are m's (it holds a reference to m). Where m's last kernel can, it makes the sum (a Linear's
--- GEMM adds x in its epilogue, a norm's backward adds dy): one rounding, no launch of its own.
+-- GEMM adds x in its epilogue, a norm's backward or a Linear's dgrad GEMM adds dy): one
+-- rounding, no launch of its own.
 -- @param m a module whose output has its input's shape
 -- @return the module
 function M.Residual(m)

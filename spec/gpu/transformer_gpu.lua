@@ -48,35 +48,39 @@ describe("nn.TransformerLayer on " .. DEV .. " against the CPU in f32", function
     end)
   end
 
-  -- the Residual's sums are made by FC2's GEMM (x as its epilogue's C) and by the norm's backward
-  -- (dy added to dx): a step of Residual(m) launches what a step of m does. Its values against
-  -- the sums after m (lutra.add): the two differ by a bf16 rounding of m's output (NMSE ~1e-6).
-  test("nn.Residual around LayerNormMLP adds no launch, and sums as lutra.add does", function()
-    if DEV == "cpu" then return end -- launches: CUDA graphs' nodes
-    local mlp = nn.LayerNormMLP(256, 512, { dtype = "bf16", device = DEV, seed = seed() })
-    local res = nn.Residual(mlp)
-    local _, x = input_pair({ 96, 256 })
-    local _, dy = input_pair({ 96, 256 })
-    local function nodes(step)
-      local g = lutra.graph.capture(step, { warmup = 1 })
-      local n = g:info()
-      g:destroy()
-      return n
-    end
-    local alone = nodes(function()
-      mlp:forward(x)
-      mlp:backward(dy)
+  -- the Residual's sums are made by the last GEMM (x as its epilogue's C) and by the norm's
+  -- backward or the dgrad GEMM (dy added to dx): a step of Residual(m) launches what m's does.
+  -- Its values against the sums after m (lutra.add): the two differ by a bf16 rounding of m's
+  -- output (NMSE ~1e-6).
+  for _, kind in ipairs { "LayerNormMLP", "Linear" } do
+    test("nn.Residual around " .. kind .. " adds no launch, and sums as lutra.add does", function()
+      if DEV == "cpu" then return end -- launches: CUDA graphs' nodes
+      local mlp = kind == "Linear" and nn.Linear(256, 256, { dtype = "bf16", device = DEV })
+                  or nn.LayerNormMLP(256, 512, { dtype = "bf16", device = DEV, seed = seed() })
+      local res = nn.Residual(mlp)
+      local _, x = input_pair({ 96, 256 })
+      local _, dy = input_pair({ 96, 256 })
+      local function nodes(step)
+        local g = lutra.graph.capture(step, { warmup = 1 })
+        local n = g:info()
+        g:destroy()
+        return n
+      end
+      local alone = nodes(function()
+        mlp:forward(x)
+        mlp:backward(dy)
+      end)
+      local wrapped = nodes(function()
+        res:forward(x)
+        res:backward(dy)
+      end)
+      assert.are.equal(alone, wrapped, "launches of a " .. kind .. " step and of its Residual's")
+      local y = lutra.tensor({ 96, 256 }, "bf16", DEV):copy(res:forward(x))
+      local dx = lutra.tensor({ 96, 256 }, "bf16", DEV):copy(res:backward(dy))
+      check_nmse(y, lutra.add(x, mlp:forward(x)), 1e-5, "y")
+      check_nmse(dx, lutra.add(dy, mlp:backward(dy)), 1e-5, "dx")
     end)
-    local wrapped = nodes(function()
-      res:forward(x)
-      res:backward(dy)
-    end)
-    assert.are.equal(alone, wrapped, "launches of a LayerNormMLP step and of its Residual's")
-    local y = lutra.tensor({ 96, 256 }, "bf16", DEV):copy(res:forward(x))
-    local dx = lutra.tensor({ 96, 256 }, "bf16", DEV):copy(res:backward(dy))
-    check_nmse(y, lutra.add(x, mlp:forward(x)), 1e-5, "y")
-    check_nmse(dx, lutra.add(dy, mlp:backward(dy)), 1e-5, "dx")
-  end)
+  end
 
   test("a captured forward + backward replays to the eager step's bits", function()
     if DEV == "cpu" then return end -- CUDA graphs need cuda

@@ -55,10 +55,10 @@ typedef struct lutra_fusion_ops {
    * _BACKWARD, whichever entry above runs it) to add r by its last kernel and write the sum into
    * out (the Residual's tensor, r's shape and dtype): the forward y = m(x) + r, r the module's
    * input (a Linear's GEMM: its epilogue's C), the backward dx + r, r the gradient passing the
-   * module by (a norm's backward kernel); rounded once. The pass returns out where it added, its
-   * own output otherwise (r not added: another shape, or not its last step). A module with
-   * children arms the child whose kernel ends the pass. r NULL disarms. Returns whether anything
-   * was armed. */
+   * module by (a norm's backward kernel, a Linear's dgrad GEMM); rounded once. The pass returns out
+   * where it added, its own output otherwise (r not added: another shape, or not its last step). A
+   * module with children arms the child whose kernel ends the pass. r NULL disarms. Returns whether
+   * anything was armed. */
   bool (*arm_residual)(lutra_module *m, int pass, const lutra_tensor *r, lutra_tensor *out);
 } lutra_fusion_ops;
 

@@ -1,8 +1,8 @@
 /* Residual: y = x + m(x), the pre-norm block's skip connection; backward dx = dy + m's input
  * gradient. Each sum is made by m's own last kernel where m can (lutra_fusion_ops.arm_residual:
- * a Linear's GEMM adds x as its epilogue's C, a norm's backward adds dy), in f32 and rounded
- * once, else by an element-wise sum (backend add) after it. The output and input-gradient
- * buffers are the Residual's, reused while the shape stays. */
+ * a Linear's GEMM adds x as its epilogue's C, a norm's backward or a dgrad GEMM adds dy), in f32
+ * and rounded once, else by an element-wise sum (backend add) after it. The output and
+ * input-gradient buffers are the Residual's, reused while the shape stays. */
 #include "backend/device.h"
 #include "core/dtype.h"
 #include "core/error.h"

@@ -41,12 +41,17 @@ static int linear_forward(lutra_module *m, const lutra_tensor *x, const lutra_fo
   return linear_forward_act(m, x, a, LUTRA_ACT_NONE, y, NULL);
 }
 
-/* a Residual's sum in the forward GEMM (its C); the dgrad GEMM adds none yet */
+/* a Residual's sums: the forward GEMM's C, the dgrad GEMM's C */
 static bool linear_arm_residual(lutra_module *m, int pass, const lutra_tensor *r,
                                 lutra_tensor *out) {
-  if (pass != LUTRA_PASS_FORWARD) return false;
-  core_of(m)->residual = r;
-  core_of(m)->residual_out = out;
+  lutra_linear_core *c = core_of(m);
+  if (pass == LUTRA_PASS_FORWARD) {
+    c->residual = r;
+    c->residual_out = out;
+  } else {
+    c->grad_residual = r;
+    c->grad_residual_out = out;
+  }
   return true;
 }
 

@@ -180,17 +180,18 @@ bool lutra_linear_core_ends_in(int act) {
   return act == LUTRA_ACT_GELU_TANH; /* cuBLASLt's GELU epilogues are the tanh form */
 }
 
-/* whether the forward's GEMM can add the residual r into out (lutra_linear_core_forward_adding):
- * r and out of its output's shape and dtype, no gathered rows */
+/* whether a GEMM can add the residual r into out: r and out of x's shape with its last dim
+ * width (the forward's output: out; the dgrad's: in) and the module's dtype, apart, and no
+ * gathered rows */
 static bool takes_residual(const lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *r,
-                           const lutra_tensor *out) {
-  if (c->gather_rows > 1 || r->device != c->device || r->data == out->data) return false;
+                           const lutra_tensor *out, int64_t width) {
+  if (!r || c->gather_rows > 1 || r->device != c->device || r->data == out->data) return false;
   const lutra_tensor *t[2] = {r, out};
   for (int i = 0; i < 2; i++) {
     if (t[i]->dtype != c->dtype || t[i]->ndim != x->ndim || t[i]->scaling != LUTRA_SCALING_NONE)
       return false;
     for (int d = 0; d < x->ndim; d++)
-      if (t[i]->shape[d] != (d == x->ndim - 1 ? c->out : x->shape[d])) return false;
+      if (t[i]->shape[d] != (d == x->ndim - 1 ? width : x->shape[d])) return false;
   }
   return true;
 }
@@ -234,7 +235,7 @@ forward_impl(lutra_linear_core *c, const lutra_tensor *x, const lutra_tensor *pr
     TRY(lutra_tensor_cache_get(&c->pre_cache, PLAIN_TENSOR(c->dtype, x->ndim, shape, c->device),
                                &c->pre, fn));
   if (pre && !fuse_in) TRY(lutra_linear_run_act(c->be, pre, act_in, c->act_y, fn));
-  const bool adds = add && act == LUTRA_ACT_NONE && takes_residual(c, x, add, into);
+  const bool adds = act == LUTRA_ACT_NONE && takes_residual(c, x, add, into, c->out);
   lutra_tensor *d = adds ? into : c->y;
   if (!adds) add = NULL;
   lutra_gemm_epilogue epi_store;
@@ -318,7 +319,8 @@ static const lutra_tensor *act_input(const lutra_linear_core *c, int act) {
 }
 
 static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op, lutra_tensor *bg,
-                        lutra_tensor *wgrad_out, bool wgrad_adds, bool dx_wanted, const char *fn) {
+                        lutra_tensor *wgrad_out, bool wgrad_adds, lutra_tensor *dx_out,
+                        const lutra_tensor *dx_add, const char *fn) {
   lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   lutra_tensor *dyq;
   /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
@@ -348,10 +350,11 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
     if (mc) TRY(lutra_autocast_note_backward(mc, c->device, fn));
   }
   const int32_t *split = c->forward_options.use_split_accumulator;
-  if (dx_wanted)
+  if (dx_out)
     TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wqc ? c->wqc : c->wq,
                                         .b = dyq,
-                                        .d = c->dx,
+                                        .d = dx_out,
+                                        .c = dx_add,
                                         .fast_accum = !split[LUTRA_GEMM_DGRAD]},
                        fn));
   return lutra_gemm_run(&(lutra_gemm_op){.a = c->xqc ? c->xqc : c->xq,
@@ -403,6 +406,16 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     TRY(lutra_tensor_cache_get(&c->dx_cache, PLAIN_TENSOR(c->dtype, c->x->ndim, xshape, c->device),
                                &c->dx, fn));
   }
+  /* an armed residual's gradient: the dgrad GEMM adds it (its C) where it matches dx and no
+   * activation's derivative is applied in that GEMM's epilogue */
+  const lutra_tensor *dx_add =
+      dx && !op->dact_pre && !c->forward_gathered &&
+              takes_residual(c, c->x, c->grad_residual, c->grad_residual_out, c->in)
+          ? c->grad_residual
+          : NULL;
+  lutra_tensor *dx_out = !dx ? NULL : dx_add ? c->grad_residual_out : c->dx;
+  c->grad_residual = NULL;
+  c->grad_residual_out = NULL;
   lutra_tensor *wgrad_out = c->accumulate_main_grad ? c->weight_main_grad : c->wgrad;
   const bool accumulate = c->accumulate_main_grad;
   lutra_tensor *bg = !c->has_bias ? NULL : accumulate ? c->bias_main_grad : c->bgrad;
@@ -414,7 +427,7 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   const lutra_tensor *w_src = c->weight, *x_src = c->x;
   if (over == LUTRA_BACKWARD_DEQUANTIZED) TRY(dequantized_operands(c, &w_src, &x_src, fn));
   if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT] && over == LUTRA_BACKWARD_FP8) {
-    TRY(backward_fp8(c, op, bg, wgrad_out, wgrad_adds, dx != NULL, fn));
+    TRY(backward_fp8(c, op, bg, wgrad_out, wgrad_adds, dx_out, dx_add, fn));
     bg = NULL;
   } else {
     const lutra_tensor *pre = op->dact_pre;
@@ -423,7 +436,8 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
     lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
     if (dx)
       TRY(lutra_gemm_run(
-          &(lutra_gemm_op){.a = w_src, .b = dy, .d = c->dx, .epilogue = fuse_dact ? &dgelu : NULL},
+          &(lutra_gemm_op){
+              .a = w_src, .b = dy, .d = dx_out, .c = dx_add, .epilogue = fuse_dact ? &dgelu : NULL},
           fn));
     if (dact_fused) *dact_fused = fuse_dact;
     /* the wgrad GEMM reads dy already: its BGRADB epilogue sums it into the bias gradient
@@ -457,7 +471,7 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   if (lutra_tie_wrote(c->tie, &c->forward_at, tie_adds)) lutra_dist_grad_ready(wgrad_out);
   if (c->has_bias) lutra_dist_grad_ready(accumulate ? c->bias_main_grad : c->bgrad);
   c->backward_done = true;
-  if (dx) *dx = c->dx;
+  if (dx) *dx = dx_out;
   return LUTRA_OK;
 }
 

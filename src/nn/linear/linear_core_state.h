@@ -53,6 +53,9 @@ typedef struct lutra_linear_core {
    * by that forward */
   const lutra_tensor *residual;
   lutra_tensor *residual_out;
+  /* and for its next backward: the dgrad GEMM adds grad_residual into grad_residual_out */
+  const lutra_tensor *grad_residual;
+  lutra_tensor *grad_residual_out;
   /* the forward GEMM adds no bias (a row-parallel shard off rank 0: the bias goes in once, before
    * the output's reduction); its gradient is computed as always */
   bool skip_forward_bias;
