@@ -55,9 +55,9 @@ describe("nn.TransformerLayer on " .. DEV .. " against the CPU in f32", function
   for _, kind in ipairs { "LayerNormMLP", "Linear" } do
     test("nn.Residual around " .. kind .. " adds no launch, and sums as lutra.add does", function()
       if DEV == "cpu" then return end -- launches: CUDA graphs' nodes
-      local mlp = kind == "Linear" and nn.Linear(256, 256, { dtype = "bf16", device = DEV })
-                  or nn.LayerNormMLP(256, 512, { dtype = "bf16", device = DEV, seed = seed() })
-      local res = nn.Residual(mlp)
+      local m = kind == "Linear" and nn.Linear(256, 256, { dtype = "bf16", device = DEV })
+                or nn.LayerNormMLP(256, 512, { dtype = "bf16", device = DEV, seed = seed() })
+      local res = nn.Residual(m)
       local _, x = input_pair({ 96, 256 })
       local _, dy = input_pair({ 96, 256 })
       local function nodes(step)
@@ -67,8 +67,8 @@ describe("nn.TransformerLayer on " .. DEV .. " against the CPU in f32", function
         return n
       end
       local alone = nodes(function()
-        mlp:forward(x)
-        mlp:backward(dy)
+        m:forward(x)
+        m:backward(dy)
       end)
       local wrapped = nodes(function()
         res:forward(x)
@@ -77,8 +77,8 @@ describe("nn.TransformerLayer on " .. DEV .. " against the CPU in f32", function
       assert.are.equal(alone, wrapped, "launches of a " .. kind .. " step and of its Residual's")
       local y = lutra.tensor({ 96, 256 }, "bf16", DEV):copy(res:forward(x))
       local dx = lutra.tensor({ 96, 256 }, "bf16", DEV):copy(res:backward(dy))
-      check_nmse(y, lutra.add(x, mlp:forward(x)), 1e-5, "y")
-      check_nmse(dx, lutra.add(dy, mlp:backward(dy)), 1e-5, "dx")
+      check_nmse(y, lutra.add(x, m:forward(x)), 1e-5, "y")
+      check_nmse(dx, lutra.add(dy, m:backward(dy)), 1e-5, "dx")
     end)
   end
 
