@@ -13,10 +13,11 @@
 --   host        host time per call of a forward and a forward + backward (DotProductAttention
 --               at B 1, T 128, H 4, D 64 and a TransformerLayer of hidden 256 on it, shapes
 --               where the GPU keeps up with the host) beside the replay
---               floor: the same call captured from the stream lutra runs on and its launches
+--               floor: the same call captured from a stream of the floors' and its launches
 --               (cuDNN's kernels and memsets) issued again raw from this process
 --               (bench/host_replay.cu in build/libhost_floors.so), batches alternating, so the
---               ratio (lutra / floor) is measured on the same core in the same seconds. Target
+--               ratio (lutra / floor) is measured on the same core in the same seconds; lutra
+--               timed on its own stream (--caller-stream: on the floors' stream). Target
 --               1.15x. Without the library the floor is left out. A repeated call is the
 --               launch of its cached graph (call_graphs.c), and so is its floor then; with
 --               LUTRA_GEMM_GRAPHS=0 lutra runs cuDNN's execute every call and the floor is
@@ -29,6 +30,7 @@
 --     bench/host_floors.cu bench/host_replay.cu -o build/libhost_floors.so -lcublasLt -lcuda
 --   LUA_PATH="lua/?.lua;lua/?/init.lua;;" luajit bench/attention_bench.lua [--dtype bf16|f16]
 --     [--part throughput|host|all] [--reps 20] [--batches 15] [--calls 20] [--quick]
+--     [--caller-stream]
 --     [--floors-lib build/libhost_floors.so] [--out FILE.md] [--device cuda|cpu]
 -- --device cpu: tiny shapes on the CPU backend in f32, a smoke test of the script.
 -- PyTorch at the same shapes: python3 bench/attention_torch.py.
@@ -48,6 +50,8 @@ local function parse(argv)
   p:option("--batches", "timed batches per host figure", "15", tonumber)
   p:option("--calls", "calls per timed host batch", "20", tonumber)
   p:flag("--quick", "fewer repetitions and batches")
+  p:flag("--caller-stream", "host part: time lutra on the replay floors' stream (a caller's) "
+         .. "instead of its own"):target("caller_stream")
   p:option("--floors-lib", "bench/host_floors.cu's library", "build/libhost_floors.so")
    :target("floors-lib")
   p:option("--out", "also write the tables to this markdown file")
@@ -158,7 +162,7 @@ local function load_replay()
   end
   if lib.hf_replay_stream(stream_box) ~= 0 then return end
   hf, replay_stream = lib, stream_box[0]
-  lutra.cuda_set_stream(replay_stream) -- lutra, its capture and the floor on one stream
+  lutra.cuda_set_stream(replay_stream) -- lutra's captured calls and the floors on one stream
 end
 
 -- fn captured (after warm-up calls: its plan, workspace and outputs exist) and its launches
@@ -184,8 +188,13 @@ local function replay_floor(fn, what)
     hf.hf_replay_free(SLOT)
     return nil
   end
-  local launches = string.format("%d kernels, %d memsets", tonumber(counts_box[0]),
-                                 tonumber(counts_box[2]))
+  -- what the call issued: lutra's cached calls are graph launches (one each), the rest raw
+  local parts = {}
+  for i, name in ipairs { "kernels", "copies", "memsets", "graph launches" } do
+    local n = tonumber(counts_box[i - 1])
+    if n > 0 then parts[#parts + 1] = string.format("%d %s", n, name) end
+  end
+  local launches = #parts > 0 and table.concat(parts, ", ") or "none"
   return function()
     if hf.hf_replay_issue(SLOT, 1) ~= 0 then
       error("attention_bench.lua: hf_replay_issue failed")
@@ -218,10 +227,24 @@ local HOST_SHAPE = CUDA and { name = "host", B = 1, T = 128, H = 4, Hkv = 4, D =
                    or SHAPES[1]
 local HOST_LAYER = { hidden = 256, ffn = 1024, heads = 4 }
 
+-- The floor is captured from the replay stream, lutra's calls are timed on lutra's own stream,
+-- as a user's calls run by default: on a caller's stream, which someone else may be capturing,
+-- each cached call also asks the stream's capture status (call_graphs.c); --caller-stream
+-- times that path.
 local function host_rows(rows, what, calls)
   for _, c in ipairs(calls) do
     local floor, launches = replay_floor(c[2], c[1])
+    local own = replay_stream and not o.caller_stream
+    if own then
+      sync()
+      lutra.cuda_set_stream(nil)
+      for _ = 1, 3 do c[2]() end -- the own stream's cached calls made
+    end
     local t, f = host_time(c[2], floor)
+    if own then
+      sync()
+      lutra.cuda_set_stream(replay_stream)
+    end
     if floor then hf.hf_replay_free(SLOT) end
     rows[#rows + 1] = string.format("| %s | %s | %.1f | %s | %s | %s |", what, c[1], t * 1e6,
                                     f and string.format("%.1f", f * 1e6) or "n/a",

@@ -54,6 +54,8 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include <cub/block/block_scan.cuh>
+
 #include <stdint.h>
 
 /* The file's own code lives in a named namespace, not an anonymous one: for a __global__
@@ -202,29 +204,45 @@ __device__ __forceinline__ float scale16(const void *p, int e) {
   return static_cast<const float *>(p)[16 * e];
 }
 
+constexpr int kSetupThreads = 256;
+
+/* The row offsets R (token rows) and P (rows padded to align) of every expert: each thread sums
+ * a run of consecutive experts, one block-wide scan places the runs (a single thread walking 64
+ * experts waits on 64 dependent global round trips before the GEMM may start). */
 template <class C> __global__ void k_setup(Setup s, Arrays<C> a) {
   using EA = typename C::ElementA;
   using EB = typename C::ElementB;
   using ED = typename C::ElementD;
-  __shared__ int ok;
+  using Scan = cub::BlockScan<long long, kSetupThreads>;
+  __shared__ typename Scan::TempStorage scan;
+  const int per = (s.num + kSetupThreads - 1) / kSetupThreads;
+  const int e0 = min((int)threadIdx.x * per, s.num), e1 = min(e0 + per, s.num);
+  long long r = 0, p = 0;
+  int negative = 0;
+  for (int e = e0; e < e1; e++) {
+    const long long n = s.splits[e];
+    if (s.save_splits) s.save_splits[e] = static_cast<int32_t>(n);
+    negative |= n < 0;
+    r += n < 0 ? 0 : n;
+    p += n < 0 ? 0 : (n + s.align - 1) / s.align * s.align;
+  }
+  long long r_total;
+  Scan(scan).ExclusiveSum(r, r, r_total);
+  __syncthreads(); /* the scan's storage is reused */
+  Scan(scan).ExclusiveSum(p, p);
+  for (int e = e0; e < e1; e++) {
+    const long long n = s.splits[e] < 0 ? 0 : s.splits[e];
+    r += n;
+    p += (n + s.align - 1) / s.align * s.align;
+    s.R[e + 1] = r;
+    s.P[e + 1] = p;
+  }
+  if (threadIdx.x == 0) s.R[0] = s.P[0] = 0;
+  const int ok = !__syncthreads_or(negative) && r_total == s.total_rows;
   if (threadIdx.x == 0) {
-    int64_t r = 0, p = 0;
-    ok = 1;
-    s.R[0] = s.P[0] = 0;
-    for (int e = 0; e < s.num; e++) {
-      const int64_t n = s.splits[e];
-      if (s.save_splits) s.save_splits[e] = static_cast<int32_t>(n);
-      if (n < 0) ok = 0;
-      r += n < 0 ? 0 : n;
-      p += n < 0 ? 0 : (n + s.align - 1) / s.align * s.align;
-      s.R[e + 1] = r;
-      s.P[e + 1] = p;
-    }
-    if (r != s.total_rows) ok = 0;
     *s.ok = ok;
     if (!ok && s.bad_split) *s.bad_split = 1;
   }
-  __syncthreads();
   const int64_t in = s.in, out = s.out;
   for (int e = threadIdx.x; e < s.num; e += blockDim.x) {
     const int64_t R = s.R[e], P = s.P[e], n = s.R[e + 1] - R;
@@ -388,7 +406,7 @@ cudaError_t run(const Setup &s, void *scratch, float beta, void *workspace, size
   if (!kBuilt) return cudaErrorNotSupported;
   if (C::kBias && beta != 0.0f) return cudaErrorNotSupported; /* its epilogue reads no C */
   const Arrays<C> a = arrays_of<C>(scratch, s.num, s.in, s.out);
-  k_setup<C><<<1, 256, 0, st>>>(s, a);
+  k_setup<C><<<1, kSetupThreads, 0, st>>>(s, a);
   cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   static thread_local Cached<C> cache[kCacheSlots];

@@ -37,6 +37,10 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
     { name = "bf16 into main_grad", amg = true },
     { name = "FP8 delayed scaling", recipe = function() return R.delayed { amax_history_len = 4 } end },
     { name = "FP8 current scaling", recipe = function() return R.current {} end },
+    { name = "FP8 delayed scaling without bias", bias = false,
+      recipe = function() return R.delayed { amax_history_len = 4 } end },
+    { name = "FP8 delayed scaling, E4M3 gradients", bias = false,
+      recipe = function() return R.delayed { amax_history_len = 4, fp8_format = "e4m3" } end },
     { name = "FP8 current scaling into main_grad", amg = true,
       recipe = function() return R.current {} end },
   }
@@ -68,6 +72,21 @@ describe("nn.GroupedLinear on " .. DEV .. " against " .. REF, function()
       splits = function(step) return random_splits(num, 400, 700 + step) end,
       seeds = function(step) return 31 * step, 37 * step end,
       bound = 1e-4, what = "40 experts, delayed" })
+  end)
+
+  -- more experts than the GEMM setup kernel's threads (kernels/grouped/grouped_gemm_sm90.cu:
+  -- each thread sums a run of experts before one block-wide scan places the runs), many empty
+  test("300 experts: the row offsets of runs of experts", function()
+    local num = 300
+    local a = { dtype = "bf16", seed = 75 }
+    local ref = hold(nn.GroupedLinear(num, 16, 32, a))
+    a.device = DEV
+    local dev = hold(nn.GroupedLinear(num, 16, 32, a))
+    S.assert_grouped_steps(ref, dev, {
+      steps = 2, rows = 700, in_ = 16, out = 32, dtype = "bf16",
+      splits = function(step) return random_splits(num, 700, 750 + step) end,
+      seeds = function(step) return 41 * step, 43 * step end,
+      check = true, bound = 1e-4, what = "300 experts" })
   end)
 
   -- current scaling's one-launch cast (kernels/grouped/grouped_quantize.cu, k_amax_cast) with
