@@ -27,14 +27,17 @@ end
 function M.run(script, ...)
   local log, loop_log = os.tmpname(), os.tmpname()
   os.remove(loop_log) -- the script creates it at its loop
-  local cmd = string.format("LUTRA_JIT_LOOP_LOG=%s %s -jv=%s %s %s 2>&1", loop_log, LUAJIT, log,
-                            script, table.concat({ ... }, " "))
+  -- the child finds lutra as this process does: busted's --lpath sets package.path here, not the
+  -- LUA_PATH a child inherits (make test sets both; a bare `busted --lpath` only the first)
+  local lua_path = "'" .. package.path:gsub("'", "'\\''") .. "'"
+  local cmd = string.format("LUA_PATH=%s LUTRA_JIT_LOOP_LOG=%s %s -jv=%s %s %s 2>&1", lua_path,
+                            loop_log, LUAJIT, log, script, table.concat({ ... }, " "))
   local p = assert(io.popen(cmd))
   local out = p:read("*a")
   p:close()
   os.remove(log)
   local f = io.open(loop_log)
-  assert(f, script .. " did not switch the trace log at its loop (LUTRA_JIT_LOOP_LOG)")
+  assert(f, script .. " did not switch the trace log at its loop (LUTRA_JIT_LOOP_LOG):\n" .. out)
   local trace = f:read("*a")
   f:close()
   os.remove(loop_log)
