@@ -4,9 +4,10 @@
  *
  * Per-tensor scaling with rows of up to 8192 elements takes the row-resident kernels
  * (kernels/norm/norm_quantize_rows.cuh: one pass over x, both copies' codes from it). Block
- * scaling, and per-tensor scaling with both copies of a large matrix of wider rows, take the tile
- * path where there is room for the rows' statistics (launch_tiles below: the statistics, then the
- * quantizer's own tile kernel normalizing as it loads). Elsewhere (block scaling of f32 or
+ * scaling, per-tensor current scaling with both copies, and per-tensor scaling with both copies
+ * of a large matrix of wider rows, take the tile path where there is room for the rows'
+ * statistics (launch_tiles below: the statistics (with max|y| and the scale, current scaling),
+ * then the quantizer's own tile kernel normalizing as it loads). Elsewhere (block scaling of f32 or
  * unaligned inputs, per-tensor rows wider than 8192 elements) the tile kernel of
  * norm_quantize_tile.cuh. */
 #include "common/elements.cuh"
@@ -137,16 +138,17 @@ constexpr int64_t kTileMinTensorElems = LK_TILE_MIN_TENSOR_ELEMS;
 /* whether a call suits the tile path, the statistics' room aside (lk_norm_quantize_tiles):
  * data / col_data the rowwise / columnwise codes asked for */
 bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data, int scaling,
-                bool vec) {
+                bool vec, bool current) {
   const int64_t multiple = scaling == LUTRA_SCALING_MXFP8 ? 32 : 16;
   /* per-tensor: the row-resident kernels (one pass over x, rowwise only or both copies) are
    * faster where they take the rows (docs/lab/); a large matrix takes the tiles where its rows
    * are wider than they hold, or so narrow that most of a row's threads would idle (at GPT-2's
-   * 768 columns, both copies, the staged kernel took 1.4x the statistics' warps + k_cast16) */
+   * 768 columns, both copies, the staged kernel took 1.4x the statistics' warps + k_cast16), or
+   * under current scaling, whose first pass reads x anyway (the statistics come with max|y|) */
   const bool narrow = row_stats_by_warps<8>(n.hidden);
   return vec &&
          (scaling != LUTRA_SCALING_TENSOR ||
-          (col_data && (n.hidden > kResident * kRowThreads || narrow) &&
+          (col_data && (n.hidden > kResident * kRowThreads || narrow || current) &&
            n.rows * n.hidden >= kTileMinTensorElems)) &&
          (n.dtype == LUTRA_BF16 || n.dtype == LUTRA_F16) && n.rows > 0 &&
          n.hidden % multiple == 0 &&
@@ -156,13 +158,27 @@ bool tiles_suit(const lutra_norm_args &n, const void *data, const void *col_data
          cdiv<int64_t>(n.rows, 128) * cdiv<int64_t>(n.hidden, 128) < UINT32_MAX;
 }
 
-cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, cudaStream_t s) {
+/* current scaling's first pass on the tile path (k_row_stats_amax), or nullptr */
+void (*stats_amax_kernel(const lutra_norm_args &n))(Params) {
+  const bool f32 = n.param_dtype == LUTRA_F32;
+  if (n.dtype == LUTRA_BF16)
+    return f32 ? row_stats_amax_kernel<LUTRA_BF16, LUTRA_F32, vec16<LUTRA_BF16>()>(n.hidden)
+               : row_stats_amax_kernel<LUTRA_BF16, LUTRA_BF16, vec16<LUTRA_BF16>()>(n.hidden);
+  return f32 ? row_stats_amax_kernel<LUTRA_F16, LUTRA_F32, vec16<LUTRA_F16>()>(n.hidden)
+             : row_stats_amax_kernel<LUTRA_F16, LUTRA_BF16, vec16<LUTRA_F16>()>(n.hidden);
+}
+
+cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, bool current,
+                         cudaStream_t s) {
   const lutra_norm_args &n = p.n;
-  const bool ok = n.rstd && (n.rms || n.mean) && tiles_suit(n, p.data, p.col_data, scaling, vec);
-  auto sk = !ok                     ? nullptr
+  const bool ok = n.rstd && (n.rms || n.mean) &&
+                  tiles_suit(n, p.data, p.col_data, scaling, vec, current) &&
+                  (n.param_dtype == LUTRA_F32 || n.param_dtype == LUTRA_BF16);
+  auto sk = !ok || current          ? nullptr
             : n.dtype == LUTRA_BF16 ? row_stats_kernel<LUTRA_BF16, vec16<LUTRA_BF16>()>(n.hidden)
                                     : row_stats_kernel<LUTRA_F16, vec16<LUTRA_F16>()>(n.hidden);
-  if (!sk) return cudaErrorNotSupported;
+  auto ak = ok && current ? stats_amax_kernel(n) : nullptr;
+  if (!sk && !ak) return cudaErrorNotSupported;
   lkq::TileArgs t;
   memset(&t, 0, sizeof t);
   t.x = n.x;
@@ -182,13 +198,16 @@ cudaError_t launch_tiles(const Params &p, int scaling, int out_dtype, bool vec, 
             n.zero_centered_gamma};
   if (scaling == LUTRA_SCALING_TENSOR) {
     t.scale = p.scale;
-    t.amax = p.amax;
+    t.amax = current ? nullptr : p.amax; /* current: the first pass writes amax and scale */
     t.cast_scale_inv = static_cast<float *>(p.scale_inv);
     t.cast_col_scale_inv = static_cast<float *>(p.col_scale_inv);
   }
   const int64_t stat_rows = row_stats_rows<8>(n.hidden); /* vec16 of a 16-bit dtype */
-  LKC_LAUNCH(sk, static_cast<unsigned>(cdiv<int64_t>(n.rows, stat_rows)), kRowThreads, 0, s, n,
-             p.skip);
+  const unsigned stat_grid = static_cast<unsigned>(cdiv<int64_t>(n.rows, stat_rows));
+  if (ak)
+    LKC_LAUNCH(ak, stat_grid, kRowThreads, 0, s, p);
+  else
+    LKC_LAUNCH(sk, stat_grid, kRowThreads, 0, s, n, p.skip);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   if (scaling == LUTRA_SCALING_BLOCK_1D) return lkq::launch_block_norm(t, n.dtype, out_dtype, s);
@@ -290,9 +309,9 @@ bool bad(const lutra_norm_quant_args *a) {
 } // namespace
 
 extern "C" int lk_norm_quantize_tiles(const lutra_norm_quant_args *a) {
-  return a && !bad(a) && !a->current &&
+  return a && !bad(a) &&
          tiles_suit(a->norm, a->quant.data, a->quant.col_data, a->scaling,
-                    vec_ok(&a->norm, a->norm.dtype));
+                    vec_ok(&a->norm, a->norm.dtype), a->current);
 }
 
 extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStream_t s) {
@@ -315,10 +334,11 @@ extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStre
   p.write_tensor_inv = a->scaling == LUTRA_SCALING_TENSOR;
   /* one vector width for both passes of current scaling: the same statistics in each */
   const bool vec = vec_ok(&a->norm, a->norm.dtype);
-  /* per-tensor current scaling keeps its two passes of this file's kernels: the statistics and
-   * max|y| in one, the codes in the other */
-  if (!a->current) {
-    const cudaError_t e = launch_tiles(p, a->scaling, q.out_dtype, vec, s);
+  p.work = a->work;
+  /* per-tensor current scaling takes two passes: the statistics and max|y| in one, the codes in
+   * the other (on the tiles, else this file's row kernels) */
+  {
+    const cudaError_t e = launch_tiles(p, a->scaling, q.out_dtype, vec, a->current, s);
     if (e != cudaErrorNotSupported) return e;
   }
   if (a->scaling == LUTRA_SCALING_TENSOR && a->current) {

@@ -124,6 +124,96 @@ __device__ __forceinline__ void finish_rows(const Params &p, float m, float *fre
   if (p.write_tensor_inv && blockIdx.x == 0 && threadIdx.x == 0) write_tensor_inv(p, s);
 }
 
+/* max|y| over row r's chunks (held as x, normalized in place: y as the forward computes it,
+ * rounded into the activation dtype as stored), gamma and beta read per chunk (L1 hits) */
+template <int DT, int PDT, int V, int NC>
+__device__ __forceinline__ float resident_row_amax(const lutra_norm_args &a, float (&x)[NC][V],
+                                                   float mean, float rstd, bool vec, float m) {
+  const bool beta = !a.rms;
+#pragma unroll
+  for (int j = 0; j < NC; j++) {
+    const int64_t c = col<V>(j);
+    if (c >= a.hidden) continue;
+    float g[V], b[V], v[V];
+    uint32_t w[kPackedWords<V>];
+    load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+    normalize<V>(x[j], mean, rstd, g, b, beta);
+    round_chunk<DT, V>(x[j], v, w);
+#pragma unroll
+    for (int k = 0; k < V; k++)
+      m = fmaxf(m, fabsf(v[k]));
+  }
+  return m;
+}
+
+/* Current scaling's first pass on the tile path (launch_tiles): k_row_stats's statistics (kept in
+ * a.mean / a.rstd for the tile kernel) and max|y| into the arrival protocol, whose last block
+ * writes amax and the scale the tile kernel then reads. The rows kernels' amax pass computes the
+ * same maximum; this one reads x at the statistics kernel's rate (a block per kStatRows rows). */
+template <int DT, int PDT, int V, int NC>
+__global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2) k_row_stats_amax(Params p) {
+  if (p.skip && *p.skip) return; /* uniform: before any barrier */
+  __shared__ RowRed red;
+  __shared__ float fred[32];
+  const lutra_norm_args &a = p.n;
+  const int64_t h = a.hidden, r0 = static_cast<int64_t>(blockIdx.x) * kStatRows;
+  const int64_t r1 = imin<int64_t>(a.rows, r0 + kStatRows);
+  const bool vec = params_vec<V>(a, !a.rms);
+  Raw<DT, V> cur[NC] = {}, nxt[NC] = {};
+  if (r0 < r1) load_row<DT, V, NC>(a.x, r0 * h, h, cur);
+  float m = -INFINITY;
+  for (int64_t r = r0; r < r1; r++) {
+    float x[NC][V], mean, rstd;
+    resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
+    m = resident_row_amax<DT, PDT, V, NC>(a, x, mean, rstd, vec, m);
+#pragma unroll
+    for (int j = 0; j < NC; j++)
+      cur[j] = nxt[j];
+  }
+  m = lkc::block_max(m, fred);
+  if (threadIdx.x == 0) tensor_amax_arrive(p, m);
+}
+
+/* The same for rows narrower than one chunk of V a thread (k_row_stats_warps: a warp a row,
+ * kRowWarps rows a block); each lane reads its chunks of the row again (L1 hits) for y */
+template <int DT, int PDT, int V>
+__global__ void __launch_bounds__(kRowThreads) k_row_stats_amax_warps(Params p) {
+  if (p.skip && *p.skip) return; /* uniform: before any barrier */
+  __shared__ float fred[32];
+  const lutra_norm_args &a = p.n;
+  const int lane = threadIdx.x & 31;
+  const int64_t h = a.hidden, r = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
+  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
+  float m = -INFINITY;
+  if (r < a.rows) {
+    float mean, rstd;
+    row_stats<DT, V>(a, r * h, lane, mean, rstd);
+    if (lane == 0) keep_stats(a, r, mean, rstd);
+    for (int64_t c = static_cast<int64_t>(lane) * V; c < h; c += 32 * V) {
+      float x[V], g[V], b[V], v[V];
+      uint32_t w[kPackedWords<V>];
+      ldv<DT, V>(a.x, r * h + c, x);
+      load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+      normalize<V>(x, mean, rstd, g, b, beta);
+      round_chunk<DT, V>(x, v, w);
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        m = fmaxf(m, fabsf(v[k]));
+    }
+  }
+  m = lkc::block_max(m, fred);
+  if (threadIdx.x == 0) tensor_amax_arrive(p, m);
+}
+
+/* current scaling's first pass for the tile path's rows of h columns (the two kernels above as
+ * row_stats_kernel picks the statistics' kernel), or nullptr where the rows exceed kResident
+ * elements a thread */
+template <int DT, int PDT, int V> auto row_stats_amax_kernel(int64_t h) -> void (*)(Params) {
+  if (row_stats_by_warps<V>(h)) return k_row_stats_amax_warps<DT, PDT, V>;
+  return with_resident_chunks<V, void (*)(Params)>(
+      h, [](auto nc) { return k_row_stats_amax<DT, PDT, V, decltype(nc)::value>; });
+}
+
 /* The columnwise codes of staged rows g0 .. g0 + n of the tile rows ([kQRows][h] bytes, row i
  * of the group at staged + i h) into col_data ([h][rows]): whole 16-byte column runs where the
  * group is kQRows rows of a matrix whose rows are a multiple of kQRows, else byte by byte. */

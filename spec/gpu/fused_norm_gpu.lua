@@ -60,6 +60,13 @@ for _, rc in ipairs(RECIPES) do
         -- per-tensor's row-resident kernel with 64 and 128 KB of staged columnwise codes
         shapes[#shapes + 1] = { 48, 4096 }
         shapes[#shapes + 1] = { 16, 8192 }
+        -- 16-bit matrices of 4M elements and more take the tile path (the statistics, with
+        -- max|y| under current scaling, then the quantizer's tiles): rows of 4096 (current
+        -- scaling's) and narrow rows (both recipes')
+        if dtype == "bf16" then
+          shapes[#shapes + 1] = { 1024, 4096 }
+          shapes[#shapes + 1] = { 5472, 768 }
+        end
       end
       for _, shape in ipairs(shapes) do
         local name = string.format("%s %s %s [%d, %d]", rc.name, rms and "RMSNorm" or "LayerNorm",

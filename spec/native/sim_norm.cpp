@@ -288,7 +288,8 @@ static void run_fused(int dt, int pdt, int od, const Shape &s, bool rms, int sca
 }
 
 int main(int argc, char **argv) {
-  /* ARGS: quick (fewer cases), then optionally norm, fused, tensor or tiles (only those) */
+  /* ARGS: quick (fewer cases), then optionally norm, fused, tensor, current or tiles (only
+   * those) */
   const bool quick = argc > 1 && !strcmp(argv[1], "quick");
   const char *only = argc > 2 ? argv[2] : "";
   setvbuf(stdout, nullptr, _IOLBF, 0); /* progress shows while it runs */
@@ -304,7 +305,7 @@ int main(int argc, char **argv) {
   for (int dt : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
     for (int pdt : {LUTRA_F32, LUTRA_BF16})
       for (const Shape &s : norm_shapes) {
-        if (!strcmp(only, "fused")) continue;
+        if (!strcmp(only, "fused") || !strcmp(only, "current")) continue;
         if (quick && (s.hidden > 2100 || pdt == LUTRA_BF16) && dt != LUTRA_BF16) continue;
         for (int rms = 0; rms < 2; rms++) {
           const bool zc = (seed & 3) == 0;
@@ -321,15 +322,23 @@ int main(int argc, char **argv) {
     for (int od : {LUTRA_E4M3, LUTRA_E5M2})
       for (const Shape &s : fused_shapes) {
         if (!strcmp(only, "norm")) continue;
-        /* tensor: per-tensor scaling only; tiles: MXFP8 and 1x128 only */
-        const bool tensor = strcmp(only, "tiles") != 0, tiles = strcmp(only, "tensor") != 0;
+        /* tensor: per-tensor scaling only; current: its current scaling only; tiles: MXFP8 and
+         * 1x128 only */
+        const bool current_only = !strcmp(only, "current");
+        const bool tensor = strcmp(only, "tiles") != 0,
+                   tiles = strcmp(only, "tensor") != 0 && !current_only;
         if (quick && (od == LUTRA_E5M2 || dt == LUTRA_F32) && s.rows * s.hidden > 7000) continue;
         const int pdt = (seed & 1) ? LUTRA_F32 : LUTRA_BF16;
         for (int rms = 0; rms < 2; rms++) {
           if (tensor) {
-            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, true, true, seed++);
-            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, false, false, seed++);
-            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, true, true, true, false, seed++);
+            if (!current_only) {
+              run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, true, true, seed++);
+              run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, false, true, false, false,
+                        seed++);
+            }
+            /* current: both copies, with y in every other case */
+            const bool cur_y = seed & 1;
+            run_fused(dt, pdt, od, s, rms, LUTRA_SCALING_TENSOR, true, true, true, cur_y, seed++);
           }
           if (!tiles) continue;
           if (s.hidden % 32 == 0 && s.rows % 32 == 0)

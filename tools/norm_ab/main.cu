@@ -32,6 +32,8 @@ static const int64_t R = 16384, H = 4096, N = R * H;
 struct Buffers {
   void *y, *dx, *dgamma, *dbeta, *data, *col;
   float *mean, *rstd, *scale_inv, *col_scale_inv, *amax;
+  float *cur_scale; /* current scaling's scale, which its first pass writes */
+  uint32_t *work;   /* current scaling's arrival words (zero between calls) */
 };
 
 static void *dev(size_t bytes) {
@@ -49,6 +51,9 @@ static Buffers make_buffers() {
   /* room for every layout's scales (block scaling: at most a byte or a float per 32 codes) */
   b.scale_inv = (float *)dev(N / 8), b.col_scale_inv = (float *)dev(N / 8);
   b.amax = (float *)dev(16);
+  b.cur_scale = (float *)dev(16);
+  b.work = (uint32_t *)dev(16);
+  CK(cudaMemset(b.work, 0, 16));
   return b;
 }
 
@@ -67,7 +72,7 @@ static lutra_norm_args norm_args(const Buffers &b, bool rms) {
   return a;
 }
 
-enum Kind { FWD, BWD, QUANT_ROW, QUANT_BOTH, QUANT_MX, QUANT_BLOCK };
+enum Kind { FWD, BWD, QUANT_ROW, QUANT_BOTH, QUANT_CURRENT, QUANT_MX, QUANT_BLOCK };
 struct Case {
   const char *name;
   Kind kind;
@@ -90,6 +95,10 @@ static cudaError_t run(bool cand, const Case &c, Buffers &b) {
   q.quant.data = b.data, q.quant.scale_inv = b.scale_inv;
   if (c.kind != QUANT_ROW) q.quant.col_data = b.col, q.quant.col_scale_inv = b.col_scale_inv;
   q.quant.scale = scale, q.quant.amax = b.amax;
+  if (c.kind == QUANT_CURRENT) {
+    q.current = 1, q.fp8_max = 448.0f, q.work = b.work;
+    q.quant.scale = b.cur_scale;
+  }
   q.scaling = c.kind == QUANT_MX      ? LUTRA_SCALING_MXFP8
               : c.kind == QUANT_BLOCK ? LUTRA_SCALING_BLOCK_1D
                                       : LUTRA_SCALING_TENSOR;
@@ -134,6 +143,7 @@ static int check(const Case &c, Buffers &bb, Buffers &bc) {
       if (!c.rms) bad += compare("mean", bb.mean, bc.mean, R * 4);
     } else {
       bad += compare("amax", bb.amax, bc.amax, 4);
+      if (c.kind == QUANT_CURRENT) bad += compare("scale", bb.cur_scale, bc.cur_scale, 4);
     }
   }
   return bad;
@@ -207,6 +217,7 @@ int main(int argc, char **argv) {
       {"LayerNorm + FP8 delayed, rowwise", QUANT_ROW, false, 3},
       {"LayerNorm + FP8 delayed, rowwise + columnwise", QUANT_BOTH, false, 4},
       {"RMSNorm + FP8 delayed, rowwise + columnwise", QUANT_BOTH, true, 4},
+      {"LayerNorm + FP8 current, rowwise + columnwise", QUANT_CURRENT, false, 6},
       {"LayerNorm + MXFP8, rowwise + columnwise", QUANT_MX, false, 4 + 1.0 / 16},
       {"LayerNorm + FP8 1x128 blocks, rowwise + columnwise", QUANT_BLOCK, false, 4 + 1.0 / 16},
   };
