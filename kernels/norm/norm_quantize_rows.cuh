@@ -148,8 +148,9 @@ __device__ __forceinline__ float resident_row_amax(const lutra_norm_args &a, flo
 
 /* Current scaling's first pass on the tile path (launch_tiles): k_row_stats's statistics (kept in
  * a.mean / a.rstd for the tile kernel) and max|y| into the arrival protocol, whose last block
- * writes amax and the scale the tile kernel then reads. The rows kernels' amax pass computes the
- * same maximum; this one reads x at the statistics kernel's rate (a block per kStatRows rows). */
+ * writes amax and the scale the tile kernel then reads (the rows kernels' amax pass computes the
+ * same maximum). A block per kStatRows rows, one row's loads in flight during the previous row's
+ * reductions and max|y|. */
 template <int DT, int PDT, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2) k_row_stats_amax(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
