@@ -337,14 +337,11 @@ extern "C" cudaError_t lk_norm_quantize(const lutra_norm_quant_args *a, cudaStre
   p.work = a->work;
   /* per-tensor current scaling takes two passes: the statistics and max|y| in one, the codes in
    * the other (on the tiles, else this file's row kernels) */
-  {
-    const cudaError_t e = launch_tiles(p, a->scaling, q.out_dtype, vec, a->current, s);
-    if (e != cudaErrorNotSupported) return e;
-  }
+  const cudaError_t tiles = launch_tiles(p, a->scaling, q.out_dtype, vec, a->current, s);
+  if (tiles != cudaErrorNotSupported) return tiles;
   if (a->scaling == LUTRA_SCALING_TENSOR && a->current) {
     Params first = p;
     first.amax_pass = 1;
-    first.work = a->work;
     first.data = first.col_data = nullptr;
     first.write_tensor_inv = 0;
     const cudaError_t e = launch(first, a->scaling, q.out_dtype, vec, s);

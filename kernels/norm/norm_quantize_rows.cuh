@@ -124,25 +124,20 @@ __device__ __forceinline__ void finish_rows(const Params &p, float m, float *fre
   if (p.write_tensor_inv && blockIdx.x == 0 && threadIdx.x == 0) write_tensor_inv(p, s);
 }
 
-/* max|y| over row r's chunks (held as x, normalized in place: y as the forward computes it,
- * rounded into the activation dtype as stored), gamma and beta read per chunk (L1 hits) */
-template <int DT, int PDT, int V, int NC>
-__device__ __forceinline__ float resident_row_amax(const lutra_norm_args &a, float (&x)[NC][V],
-                                                   float mean, float rstd, bool vec, float m) {
+/* max(m, max|y|) over the V values x of columns c .. c + V (normalized in place: y as the forward
+ * computes it, rounded into the activation dtype as stored), gamma and beta read here (L1 hits) */
+template <int DT, int PDT, int V>
+__device__ __forceinline__ float chunk_amax(const lutra_norm_args &a, float (&x)[V], int64_t c,
+                                            float mean, float rstd, bool vec, float m) {
   const bool beta = !a.rms;
+  float g[V], b[V], v[V];
+  uint32_t w[kPackedWords<V>];
+  load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
+  normalize<V>(x, mean, rstd, g, b, beta);
+  round_chunk<DT, V>(x, v, w);
 #pragma unroll
-  for (int j = 0; j < NC; j++) {
-    const int64_t c = col<V>(j);
-    if (c >= a.hidden) continue;
-    float g[V], b[V], v[V];
-    uint32_t w[kPackedWords<V>];
-    load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
-    normalize<V>(x[j], mean, rstd, g, b, beta);
-    round_chunk<DT, V>(x[j], v, w);
-#pragma unroll
-    for (int k = 0; k < V; k++)
-      m = fmaxf(m, fabsf(v[k]));
-  }
+  for (int k = 0; k < V; k++)
+    m = fmaxf(m, fabsf(v[k]));
   return m;
 }
 
@@ -166,10 +161,11 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2) k_row_stats_
   for (int64_t r = r0; r < r1; r++) {
     float x[NC][V], mean, rstd;
     resident_row<DT, V, NC>(a, r, r1, cur, nxt, x, red, mean, rstd);
-    m = resident_row_amax<DT, PDT, V, NC>(a, x, mean, rstd, vec, m);
 #pragma unroll
-    for (int j = 0; j < NC; j++)
+    for (int j = 0; j < NC; j++) {
+      if (col<V>(j) < h) m = chunk_amax<DT, PDT, V>(a, x[j], col<V>(j), mean, rstd, vec, m);
       cur[j] = nxt[j];
+    }
   }
   m = lkc::block_max(m, fred);
   if (threadIdx.x == 0) tensor_amax_arrive(p, m);
@@ -184,22 +180,16 @@ __global__ void __launch_bounds__(kRowThreads) k_row_stats_amax_warps(Params p) 
   const lutra_norm_args &a = p.n;
   const int lane = threadIdx.x & 31;
   const int64_t h = a.hidden, r = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
-  const bool beta = !a.rms, vec = params_vec<V>(a, beta);
+  const bool vec = params_vec<V>(a, !a.rms);
   float m = -INFINITY;
   if (r < a.rows) {
     float mean, rstd;
     row_stats<DT, V>(a, r * h, lane, mean, rstd);
     if (lane == 0) keep_stats(a, r, mean, rstd);
     for (int64_t c = static_cast<int64_t>(lane) * V; c < h; c += 32 * V) {
-      float x[V], g[V], b[V], v[V];
-      uint32_t w[kPackedWords<V>];
+      float x[V];
       ldv<DT, V>(a.x, r * h + c, x);
-      load_param_chunk<PDT, V>(a, beta, vec, c, g, b);
-      normalize<V>(x, mean, rstd, g, b, beta);
-      round_chunk<DT, V>(x, v, w);
-#pragma unroll
-      for (int k = 0; k < V; k++)
-        m = fmaxf(m, fabsf(v[k]));
+      m = chunk_amax<DT, PDT, V>(a, x, c, mean, rstd, vec, m);
     }
   }
   m = lkc::block_max(m, fred);
