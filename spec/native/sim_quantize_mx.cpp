@@ -1,10 +1,10 @@
-/* Runs the tiled quantizers' MXFP8 kernels and their per-tensor cast + transpose
- * (kernels/quantize/cast_transpose.cu, kernels/quantize/cast_transpose_16bit.cu) on the CPU, one
- * std::thread per CUDA thread, and compares every output byte with the CPU backend
- * (lutra_cpu_quantize_mxfp8, lutra_cpu_cast): for checking the kernels' indexing, shuffles and
- * barriers on a machine without a GPU. FP8 conversions take
- * common/codec.cuh's integer path here (the host has no cvt instruction), so the hardware
- * conversions themselves are left to the GPU specs.
+/* Runs the tiled quantizers' MXFP8 kernels, their per-tensor cast + transpose
+ * (kernels/quantize/cast_transpose.cu, kernels/quantize/cast_transpose_16bit.cu) and Float8 block
+ * scaling (kernels/quantize/quantize_block.cu) on the CPU, one std::thread per CUDA thread, and
+ * compares every output byte with the CPU backend (lutra_cpu_quantize_mxfp8, lutra_cpu_cast,
+ * lutra_cpu_quantize_block): for checking the kernels' indexing, shuffles and barriers on a
+ * machine without a GPU. FP8 conversions take common/codec.cuh's integer path here (the host has
+ * no cvt instruction), so the hardware conversions themselves are left to the GPU specs.
  *
  *   make CUDA=0 && make sim-mx    (build/sim_quantize_mx, run by the target) */
 #include "sim_harness.h"
@@ -149,6 +149,57 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
   char what[160];
   snprintf(what, sizeof what, "mxfp8 x%d od%d %lldx%lld row %d col %d special %d skip %d", xd, od,
            (long long)rows, (long long)cols, row, col, special, skip);
+  for (int f = 0; f < 4; f++)
+    if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
+}
+
+/* Float8 block scaling (lk_quantize_block: 1x128 blocks or 128x128 tiles, f32 scales) against
+ * lutra_cpu_quantize_block. Scale buffers as lutra.h lays them out (block_dim 1: [cols / 128
+ * blocks][roundup(rows, 4)] and [row blocks][roundup(cols, 4)]; 2: [tile rows][roundup(tile cols,
+ * 4)] and its transpose), all of them 0xCD first: the padding entries must stay as allocated on
+ * both devices. */
+static void run_block_case(int xd, int od, int dim, int64_t rows, int64_t cols, bool row, bool col,
+                           int special, int p2, float eps, int skip, uint32_t seed) {
+  const int64_t n = rows * cols, rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+  const int64_t nsc = dim == 1 ? cb * ((rows + 3) / 4 * 4) : rb * ((cb + 3) / 4 * 4);
+  const int64_t ncsc = dim == 1 ? rb * ((cols + 3) / 4 * 4) : cb * ((rb + 3) / 4 * 4);
+  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
+  Outs o[2];
+  for (int d = 0; d < 2; d++) {
+    o[d].data.assign(row ? (size_t)n : 0, 0xCD);
+    o[d].sc.assign(row ? (size_t)nsc * 4 : 0, 0xCD);
+    o[d].col.assign(col ? (size_t)n : 0, 0xCD);
+    o[d].csc.assign(col ? (size_t)ncsc * 4 : 0, 0xCD);
+  }
+  int32_t skipv = skip;
+  for (int d = 0; d < 2; d++) {
+    lutra_quant_args q = input_args(x, xd, od, rows, cols);
+    q.block_dim = dim;
+    q.power_2_scale = p2;
+    q.amax_epsilon = eps;
+    if (row) {
+      q.data = o[d].data.data();
+      q.scale_inv = o[d].sc.data();
+    }
+    if (col) {
+      q.col_data = o[d].col.data();
+      q.col_scale_inv = o[d].csc.data();
+    }
+    q.skip = skip >= 0 ? &skipv : nullptr;
+    const int rc = d == 0 ? cpu::lutra_cpu_quantize_block(&q) : (int)lk_quantize_block(&q, nullptr);
+    if (rc != 0) {
+      printf("FAIL block rc %d (device %d)\n", rc, d);
+      failures++;
+      return;
+    }
+  }
+  checks++;
+  const char *names[] = {"codes", "scales", "col codes", "col scales"};
+  std::vector<uint8_t> Outs::*fields[] = {&Outs::data, &Outs::sc, &Outs::col, &Outs::csc};
+  char what[200];
+  snprintf(what, sizeof what,
+           "block%d x%d od%d %lldx%lld row %d col %d special %d p2 %d eps %g skip %d", dim, xd, od,
+           (long long)rows, (long long)cols, row, col, special, p2, eps, skip);
   for (int f = 0; f < 4; f++)
     if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
 }
@@ -346,6 +397,23 @@ int main(int argc, char **argv) {
   for (int kind = LUTRA_ACT_GELU_TANH; kind <= LUTRA_ACT_GELU_ERF; kind++)
     for (bool forward : {false, true})
       run_fused_case(LUTRA_BF16, LUTRA_E4M3, 256, 144, kind, forward, !forward, false, seed++);
+  /* Float8 block scaling: dims multiples of 16 (k_block16 for 16-bit inputs) and not (k_block),
+   * partial tiles included */
+  const int64_t block_shapes[][2] = {{128, 128}, {16, 16}, {48, 80},  {144, 272}, {256, 384},
+                                     {416, 352}, {20, 36}, {96, 100}, {130, 200}};
+  for (int xd : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
+    for (int od : {LUTRA_E4M3, LUTRA_E5M2})
+      for (int dim : {1, 2})
+        for (auto &s : block_shapes) {
+          if (quick && s[0] * s[1] > 40000) continue;
+          for (int special = 0; special < 5; special++)
+            run_block_case(xd, od, dim, s[0], s[1], true, true, special, special & 1,
+                           special == 2 ? 1e-3f : 0.0f, -1, seed++);
+          run_block_case(xd, od, dim, s[0], s[1], true, false, 1, 0, 0.0f, -1, seed++);
+          run_block_case(xd, od, dim, s[0], s[1], false, true, 1, 1, 0.0f, -1, seed++);
+          run_block_case(xd, od, dim, s[0], s[1], true, true, 0, 1, 0.5f, 0, seed++);
+          run_block_case(xd, od, dim, s[0], s[1], true, true, 1, 0, 0.0f, 1, seed++);
+        }
   printf("%d passed, %d failed\n", checks - failures, failures);
   return failures != 0;
 }
