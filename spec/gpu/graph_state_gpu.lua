@@ -8,7 +8,7 @@
 --     (fused and fallback bias-gradient paths);
 --   - Linear with is_first_microbatch "device" and lutra.set_skip_weight_update;
 --   - AdamW with the step counter on the device: five steps equal the CPU's within the
---     optimizer tolerance of modules_gpu.lua (f32 NMSE <= 1e-10, bf16 <= 1e-5), also with more
+--     optimizer tolerance of module_steps_gpu.lua (f32 NMSE <= 1e-10, bf16 <= 1e-5), also with more
 --     tensors than one launch takes (the counter advances once per step, on the last launch).
 -- On cuda only (pending in the LUTRA_TEST_DEVICE=cpu smoke test, which cannot capture): the same
 -- forward and AdamW step captured in a CUDA graph (lutra.graph) and replayed, against eager
