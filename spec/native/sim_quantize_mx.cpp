@@ -113,20 +113,25 @@ static lutra_quant_args input_args(const std::vector<unsigned char> &x, int xd, 
   return q;
 }
 
-static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool col, int special,
-                     int skip, uint32_t seed) {
-  const int64_t n = rows * cols;
-  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
+/* One scaled quantization (MXFP8 or block scaling) on both devices, the CPU first, into outputs
+ * filled with 0xCD (sc_bytes / csc_bytes of scales: padding entries must stay as allocated), its
+ * four outputs then compared byte for byte. set puts the quantization's own fields into q. */
+template <class Set, class CpuFn, class DevFn>
+static void run_scaled(const std::vector<unsigned char> &x, int xd, int od, int64_t rows,
+                       int64_t cols, bool row, bool col, size_t sc_bytes, size_t csc_bytes,
+                       int skip, Set set, CpuFn cpu_fn, DevFn dev_fn, const char *what) {
+  const size_t n = (size_t)(rows * cols);
   Outs o[2];
   for (int d = 0; d < 2; d++) {
-    o[d].data.assign(row ? (size_t)n : 0, 0xCD);
-    o[d].sc.assign(row ? (size_t)(rows * (cols / 32)) : 0, 0xCD);
-    o[d].col.assign(col ? (size_t)n : 0, 0xCD);
-    o[d].csc.assign(col ? (size_t)(cols * (rows / 32)) : 0, 0xCD);
+    o[d].data.assign(row ? n : 0, 0xCD);
+    o[d].sc.assign(row ? sc_bytes : 0, 0xCD);
+    o[d].col.assign(col ? n : 0, 0xCD);
+    o[d].csc.assign(col ? csc_bytes : 0, 0xCD);
   }
   int32_t skipv = skip;
   for (int d = 0; d < 2; d++) {
     lutra_quant_args q = input_args(x, xd, od, rows, cols);
+    set(q);
     if (row) {
       q.data = o[d].data.data();
       q.scale_inv = o[d].sc.data();
@@ -136,9 +141,9 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
       q.col_scale_inv = o[d].csc.data();
     }
     q.skip = skip >= 0 ? &skipv : nullptr;
-    const int rc = d == 0 ? cpu::lutra_cpu_quantize_mxfp8(&q) : (int)lk_quantize_mxfp8(&q, nullptr);
+    const int rc = d == 0 ? cpu_fn(&q) : (int)dev_fn(&q, nullptr);
     if (rc != 0) {
-      printf("FAIL rc %d (device %d)\n", rc, d);
+      printf("FAIL %s: rc %d (device %d)\n", what, rc, d);
       failures++;
       return;
     }
@@ -146,62 +151,43 @@ static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool 
   checks++;
   const char *names[] = {"codes", "scales", "col codes", "col scales"};
   std::vector<uint8_t> Outs::*fields[] = {&Outs::data, &Outs::sc, &Outs::col, &Outs::csc};
+  for (int f = 0; f < 4; f++)
+    if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
+}
+
+static void run_case(int xd, int od, int64_t rows, int64_t cols, bool row, bool col, int special,
+                     int skip, uint32_t seed) {
   char what[160];
   snprintf(what, sizeof what, "mxfp8 x%d od%d %lldx%lld row %d col %d special %d skip %d", xd, od,
            (long long)rows, (long long)cols, row, col, special, skip);
-  for (int f = 0; f < 4; f++)
-    if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
+  run_scaled(
+      make_input(xd, rows, cols, special, seed), xd, od, rows, cols, row, col,
+      (size_t)(rows * (cols / 32)), (size_t)(cols * (rows / 32)), skip, [](lutra_quant_args &) {},
+      cpu::lutra_cpu_quantize_mxfp8, lk_quantize_mxfp8, what);
 }
 
 /* Float8 block scaling (lk_quantize_block: 1x128 blocks or 128x128 tiles, f32 scales) against
  * lutra_cpu_quantize_block. Scale buffers as lutra.h lays them out (block_dim 1: [cols / 128
  * blocks][roundup(rows, 4)] and [row blocks][roundup(cols, 4)]; 2: [tile rows][roundup(tile cols,
- * 4)] and its transpose), all of them 0xCD first: the padding entries must stay as allocated on
- * both devices. */
+ * 4)] and its transpose). */
 static void run_block_case(int xd, int od, int dim, int64_t rows, int64_t cols, bool row, bool col,
                            int special, int p2, float eps, int skip, uint32_t seed) {
-  const int64_t n = rows * cols, rb = (rows + 127) / 128, cb = (cols + 127) / 128;
+  const int64_t rb = (rows + 127) / 128, cb = (cols + 127) / 128;
   const int64_t nsc = dim == 1 ? cb * ((rows + 3) / 4 * 4) : rb * ((cb + 3) / 4 * 4);
   const int64_t ncsc = dim == 1 ? rb * ((cols + 3) / 4 * 4) : cb * ((rb + 3) / 4 * 4);
-  std::vector<unsigned char> x = make_input(xd, rows, cols, special, seed);
-  Outs o[2];
-  for (int d = 0; d < 2; d++) {
-    o[d].data.assign(row ? (size_t)n : 0, 0xCD);
-    o[d].sc.assign(row ? (size_t)nsc * 4 : 0, 0xCD);
-    o[d].col.assign(col ? (size_t)n : 0, 0xCD);
-    o[d].csc.assign(col ? (size_t)ncsc * 4 : 0, 0xCD);
-  }
-  int32_t skipv = skip;
-  for (int d = 0; d < 2; d++) {
-    lutra_quant_args q = input_args(x, xd, od, rows, cols);
-    q.block_dim = dim;
-    q.power_2_scale = p2;
-    q.amax_epsilon = eps;
-    if (row) {
-      q.data = o[d].data.data();
-      q.scale_inv = o[d].sc.data();
-    }
-    if (col) {
-      q.col_data = o[d].col.data();
-      q.col_scale_inv = o[d].csc.data();
-    }
-    q.skip = skip >= 0 ? &skipv : nullptr;
-    const int rc = d == 0 ? cpu::lutra_cpu_quantize_block(&q) : (int)lk_quantize_block(&q, nullptr);
-    if (rc != 0) {
-      printf("FAIL block rc %d (device %d)\n", rc, d);
-      failures++;
-      return;
-    }
-  }
-  checks++;
-  const char *names[] = {"codes", "scales", "col codes", "col scales"};
-  std::vector<uint8_t> Outs::*fields[] = {&Outs::data, &Outs::sc, &Outs::col, &Outs::csc};
   char what[200];
   snprintf(what, sizeof what,
            "block%d x%d od%d %lldx%lld row %d col %d special %d p2 %d eps %g skip %d", dim, xd, od,
            (long long)rows, (long long)cols, row, col, special, p2, eps, skip);
-  for (int f = 0; f < 4; f++)
-    if (!same_bytes(what, names[f], o[0].*fields[f], o[1].*fields[f])) return;
+  run_scaled(
+      make_input(xd, rows, cols, special, seed), xd, od, rows, cols, row, col, (size_t)nsc * 4,
+      (size_t)ncsc * 4, skip,
+      [&](lutra_quant_args &q) {
+        q.block_dim = dim;
+        q.power_2_scale = p2;
+        q.amax_epsilon = eps;
+      },
+      cpu::lutra_cpu_quantize_block, lk_quantize_block, what);
 }
 
 /* The per-tensor cast + transpose (lkc::cast_transpose: k_cast16 for 16-bit inputs whose dims
