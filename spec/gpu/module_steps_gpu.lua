@@ -1,5 +1,5 @@
--- GPU training pieces against the CPU backend: Sequential, SGD and AdamW steps (bf16 parameters
--- with f32 masters), delayed-scaling update counts under autocast, and device-mismatch errors (the
+-- GPU training pieces against the CPU backend: SGD and AdamW steps (bf16 parameters with f32
+-- masters), delayed-scaling update counts under autocast, and device-mismatch errors (the
 -- modules themselves: spec/gpu/modules_gpu.lua; the shared checks: spec/gpu/modules_support.lua).
 --
 -- Every case runs the same module on both devices from the same parameters (initialized on the

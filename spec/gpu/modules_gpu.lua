@@ -1,7 +1,8 @@
 -- GPU modules and losses against the CPU backend: GELU, MSE and softmax cross-entropy (value and
 -- gradient), nn.Linear under every recipe with f32 and bf16 parameters (y, dx, dW, db; weight
--- caching across micro-batches; main_grad accumulation). Optimizers, autocast with modules and
--- device errors: spec/gpu/module_steps_gpu.lua; the shared checks: spec/gpu/modules_support.lua.
+-- caching across micro-batches; main_grad accumulation) and a Sequential step. Optimizers,
+-- autocast with modules and device errors: spec/gpu/module_steps_gpu.lua; the shared checks:
+-- spec/gpu/modules_support.lua.
 --
 -- Every case runs the same module on both devices from the same parameters (initialized on the
 -- host from the seed: checked bit-identical) and the same inputs, and compares the results in
