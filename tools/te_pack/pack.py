@@ -87,10 +87,9 @@ def pip_download(names, dest, tag):
 
 
 def find_file(dest, dist, version, suffix):
-    norm = re.sub(r"[-_.]+", "_", dist).lower()
-    hits = sorted(f for f in os.listdir(dest) if f.lower().startswith(f"{norm}-{version}-")
-                  and f.endswith(suffix)) if suffix == ".whl" else \
-        sorted(f for f in os.listdir(dest) if f.lower() == f"{norm}-{version}{suffix}")
+    """The one wheel (suffix .whl) of dist==version in dest."""
+    prefix = re.sub(r"[-_.]+", "_", dist).lower() + f"-{version}-"
+    hits = sorted(f for f in os.listdir(dest) if f.lower().startswith(prefix) and f.endswith(suffix))
     if len(hits) != 1:
         sys.exit(f"expected one {dist} {version} {suffix} in {dest}, found {hits}")
     return os.path.join(dest, hits[0])
