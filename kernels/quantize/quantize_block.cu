@@ -4,7 +4,7 @@
  * written together in distinct banks; a thread then takes 32 consecutive rows of one column and
  * stores the transposed row's 32 codes with two 16-byte stores. */
 #include "common/scale.cuh"
-#include "quantize_tiles.cuh"
+#include "tiles16.cuh"
 
 using namespace lkc;
 using namespace lkq;
@@ -164,6 +164,218 @@ cudaError_t launch_block(const TileArgs &a, cudaStream_t s) {
   return cudaGetLastError();
 }
 
+/* ---- k_block16: bf16 / f16 inputs on the 128x128 tiles of tiles16.cuh ------------------------
+ * The tile stays in registers as loaded (k_block stages it as f32 and reads it twice). 1x128
+ * blocks: a row's 128 columns are 8 lanes of two warps (w, w ^ 4), a column's 128 rows 4 lanes of
+ * four warps (w & 3 = 0..3); each warp reduces its part by shuffles, as 16-bit magnitudes two
+ * rows or columns to a word, and the parts meet in shared memory. 128x128 tiles: one block max;
+ * the column codes are the row codes transposed in registers. Both code tiles leave as whole
+ * 128-byte lines, the scales of a tile's 128 rows (columns) as one coalesced store. Scales by
+ * k_block's rule (scale_rule of the block's f32 amax, NaNs left out). */
+constexpr int B16_SMEM = 2 * MX_T * MX_T      /* code tiles */
+                         + (2 + 4) * MX_T * 2 /* row parts [2][128], column parts [4][128] */
+                         + 2 * MX_T * 4;      /* row and column scale_inv [128] each */
+static_assert(B16_SMEM <= 48 * 1024, "k_block16 launches without raising its shared memory limit");
+
+/* the largest 16-bit magnitude of the two halves of w */
+__device__ __forceinline__ uint32_t top_half(uint32_t w) {
+  return __vmaxu2(w, w >> 16) & 0xFFFFu;
+}
+
+/* the largest magnitude of the thread's values, NaNs left out (as mx_top, which counts them) */
+template <int XD> __device__ __forceinline__ uint32_t top_safe(const uint4 (&x)[8]) {
+  uint32_t m = 0u;
+#pragma unroll
+  for (int i = 0; i < 8; i++)
+    m = __vmaxu2(m, __vmaxu2(__vmaxu2(mag2<XD, true>(x[i].x), mag2<XD, true>(x[i].y)),
+                             __vmaxu2(mag2<XD, true>(x[i].z), mag2<XD, true>(x[i].w))));
+  return top_half(m);
+}
+
+/* The thread's parts of the 1x128 amaxes: rows tr .. tr + 7 over the warp's 64 columns (lanes k
+ * = 0 write them to row_part[w >> 2]), columns tc .. tc + 7 over the warp's 32 rows (lanes h = 0
+ * to col_part[w & 3]); 16-bit magnitudes, row (column) 2p in the low half of word p */
+template <int XD, bool SAFE>
+__device__ __forceinline__ void b16_parts(const uint4 (&x)[8], bool row_out, bool col_out, int tr,
+                                          int tc, uint16_t *row_part, uint16_t *col_part) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (row_out) {
+    uint32_t rm[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+      uint32_t m[2];
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        const uint4 &u = x[2 * p + q];
+        m[q] = __vmaxu2(__vmaxu2(mag2<XD, SAFE>(u.x), mag2<XD, SAFE>(u.y)),
+                        __vmaxu2(mag2<XD, SAFE>(u.z), mag2<XD, SAFE>(u.w)));
+      }
+      uint32_t v = __vmaxu2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
+      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 1));
+      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 2));
+      rm[p] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 4));
+    }
+    if ((lane & 7) == 0)
+      *reinterpret_cast<uint4 *>(row_part + MX_T * (warp >> 2) + tr) =
+          make_uint4(rm[0], rm[1], rm[2], rm[3]);
+  }
+  if (col_out) {
+    uint32_t cm[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      uint32_t v = mag2<XD, SAFE>(word_of(x[0], j));
+#pragma unroll
+      for (int i = 1; i < 8; i++)
+        v = __vmaxu2(v, mag2<XD, SAFE>(word_of(x[i], j)));
+      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 8));
+      cm[j] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 16));
+    }
+    if ((lane >> 3) == 0)
+      *reinterpret_cast<uint4 *>(col_part + MX_T * (warp & 3) + tc) =
+          make_uint4(cm[0], cm[1], cm[2], cm[3]);
+  }
+}
+
+/* the 8 amaxes (16-bit magnitudes) of lines l .. l + 7 from n parts of 128 lines each */
+__device__ __forceinline__ void b16_amax(const uint16_t *part, int n, int l, uint32_t (&m)[4]) {
+  uint4 u = *reinterpret_cast<const uint4 *>(part + l);
+  for (int q = 1; q < n; q++) {
+    const uint4 v = *reinterpret_cast<const uint4 *>(part + MX_T * q + l);
+    u = make_uint4(__vmaxu2(u.x, v.x), __vmaxu2(u.y, v.y), __vmaxu2(u.z, v.z), __vmaxu2(u.w, v.w));
+  }
+  m[0] = u.x, m[1] = u.y, m[2] = u.z, m[3] = u.w;
+}
+
+template <int XD> __device__ __forceinline__ float b16_scale(const TileArgs &a, uint32_t m16) {
+  return scale_rule(value16<XD>(m16, 0), a.fp8_max, a.power_2_scale, a.eps);
+}
+
+template <int XD, int OD, int DIM, bool NORM>
+__global__ void __launch_bounds__(MX_THREADS, 2) k_block16(TileArgs a) {
+  if (a.skip && *a.skip) return;
+  const MxSmem sm = mx_smem();
+  uint16_t *row_part = reinterpret_cast<uint16_t *>(sm.rs), *col_part = row_part + 2 * MX_T;
+  float *row_inv = reinterpret_cast<float *>(col_part + 4 * MX_T), *col_inv = row_inv + MX_T;
+  __shared__ float red[32];
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = lane & 7, h = lane >> 3;
+  const int tr = 32 * (warp & 3) + 8 * h, tc = 64 * (warp >> 2) + 8 * k;
+  const bool row_out = a.data != nullptr, col_out = a.col_data != nullptr;
+  float *sc = static_cast<float *>(a.scale_inv), *csc = static_cast<float *>(a.col_scale_inv);
+  /* scale row strides as k_block's */
+  const int64_t sc_ld = DIM == 1 ? (a.rows + 3) / 4 * 4 : (a.tiles_c + 3) / 4 * 4;
+  const int64_t csc_ld = DIM == 1 ? (a.cols + 3) / 4 * 4 : (a.tiles_r + 3) / 4 * 4;
+  constexpr uint32_t INF = XD == LUTRA_BF16 ? 0x7F80u : 0x7C00u;
+
+  for (uint32_t tile = blockIdx.x; tile < (uint32_t)a.ntiles; tile += gridDim.x) {
+    int64_t r0, c0;
+    mx_tile_origin(a, tile, r0, c0);
+    const int64_t tile_r = r0 / MX_T, tile_c = c0 / MX_T;
+    uint4 x[8];
+    const bool in = mx_load<XD>(a, r0 + tr, c0 + tc, x);
+    if (NORM && in) mx_norm<XD>(a, r0 + tr, c0 + tc, x);
+    /* a warp holding a NaN (or an infinity) takes the magnitudes that leave NaNs out */
+    const bool special = mx_top<XD>(x) >= INF;
+    uint2 w[8];
+    if (DIM == 2) {
+      const uint32_t top = __any_sync(FULL_MASK, special) ? top_safe<XD>(x) : mx_top<XD>(x);
+      const float s =
+          scale_rule(block_max(value16<XD>(top, 0), red), a.fp8_max, a.power_2_scale, a.eps);
+      if (t == 0) {
+        const float inv = div_x86(1.0f, s);
+        if (row_out) sc[tile_r * sc_ld + tile_c] = inv;
+        if (col_out) csc[tile_c * csc_ld + tile_r] = inv;
+      }
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+          v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
+        w[i] = encode8<OD>(v, s);
+      }
+      if (row_out)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+          *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
+                                     8 * (k & 1)) = w[i];
+      if (col_out) {
+        uint2 wt[8];
+        transpose8x8(w, wt);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+          *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + j) + 16 * mx_cb_chunk(tc + j, tr >> 4) +
+                                     8 * (h & 1)) = wt[j];
+      }
+    } else {
+      if (__any_sync(FULL_MASK, special))
+        b16_parts<XD, true>(x, row_out, col_out, tr, tc, row_part, col_part);
+      else
+        b16_parts<XD, false>(x, row_out, col_out, tr, tc, row_part, col_part);
+      __syncthreads();
+      if (row_out) {
+        uint32_t m[4];
+        b16_amax(row_part, 2, tr, m);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+          const float s = b16_scale<XD>(a, (m[i >> 1] >> (16 * (i & 1))) & 0xFFFFu);
+          if (k == 0 && warp < 4) row_inv[tr + i] = div_x86(1.0f, s);
+          float v[8];
+#pragma unroll
+          for (int j = 0; j < 8; j++)
+            v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
+          *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
+                                     8 * (k & 1)) = encode8<OD>(v, s);
+        }
+      }
+      if (col_out) {
+        uint32_t m[4];
+        b16_amax(col_part, 4, tc, m);
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+          const float s = b16_scale<XD>(a, (m[jj >> 1] >> (16 * (jj & 1))) & 0xFFFFu);
+          if (h == 0 && (warp & 3) == 0) col_inv[tc + jj] = div_x86(1.0f, s);
+          float v[8];
+#pragma unroll
+          for (int i = 0; i < 8; i++)
+            v[i] = value16<XD>(word_of(x[i], jj >> 1), jj & 1);
+          *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + jj) + 16 * mx_cb_chunk(tc + jj, tr >> 4) +
+                                     8 * (h & 1)) = encode8<OD>(v, s);
+        }
+      }
+    }
+    __syncthreads();
+
+    mx_store_codes(a, t, r0, c0, sm, row_out, col_out);
+    if (DIM == 1) { /* threads 0..127 a row's scale, 128..255 a column's */
+      const int line = t & (MX_T - 1);
+      if (t < MX_T) {
+        if (row_out && r0 + line < a.rows) sc[tile_c * sc_ld + r0 + line] = row_inv[line];
+      } else if (col_out && c0 + line < a.cols) {
+        csc[tile_r * csc_ld + c0 + line] = col_inv[line];
+      }
+    }
+    __syncthreads(); /* the shared tiles and parts are free for the next tile */
+  }
+}
+
+/* k_block16's conditions: 16-bit x, rows and cols multiples of 16 (a thread's 8x8 values all in
+ * or all out, whole 16-byte chunks stored), 16-byte aligned buffers */
+bool b16_ok(const TileArgs &a, int x_dtype) {
+  return (x_dtype == LUTRA_BF16 || x_dtype == LUTRA_F16) && a.rows % 16 == 0 && a.cols % 16 == 0 &&
+         aligned(a.x, 16) && aligned(a.data, 16) && aligned(a.col_data, 16) &&
+         ((a.rows + MX_T - 1) / MX_T) * ((a.cols + MX_T - 1) / MX_T) < UINT32_MAX;
+}
+
+template <int XD, int OD, int DIM, bool NORM>
+cudaError_t launch_block16(TileArgs a, cudaStream_t s) {
+  a.tiles_r = (a.rows + MX_T - 1) / MX_T;
+  a.tiles_c = (a.cols + MX_T - 1) / MX_T;
+  a.ntiles = a.tiles_r * a.tiles_c;
+  constexpr auto K = k_block16<XD, OD, DIM, NORM>;
+  LKC_LAUNCH(K, grid_for(a.ntiles, 1, INT32_MAX), MX_THREADS, B16_SMEM, s, a);
+  return cudaGetLastError();
+}
+
 } // namespace
 
 /* ---- launcher -------------------------------------------------------------------------------- */
@@ -182,8 +394,17 @@ extern "C" cudaError_t lk_quantize_block(const lutra_quant_args *q, cudaStream_t
   a.fp8_max = q->out_dtype == LUTRA_E4M3 ? 448.0f : 57344.0f;
   a.eps = q->amax_epsilon;
   a.power_2_scale = q->power_2_scale;
-  const bool vec = vec_ok(a);
   const int dim = q->block_dim;
+  if (b16_ok(a, q->x_dtype))
+    return with_fp8_dtype(q->out_dtype, [&](auto od) {
+      constexpr int OD = decltype(od)::value;
+      if (q->x_dtype == LUTRA_BF16)
+        return dim == 1 ? launch_block16<LUTRA_BF16, OD, 1, false>(a, s)
+                        : launch_block16<LUTRA_BF16, OD, 2, false>(a, s);
+      return dim == 1 ? launch_block16<LUTRA_F16, OD, 1, false>(a, s)
+                      : launch_block16<LUTRA_F16, OD, 2, false>(a, s);
+    });
+  const bool vec = vec_ok(a);
   return with_float_dtype(q->x_dtype, [&](auto xd) {
     return with_fp8_dtype(q->out_dtype, [&](auto od) {
       return with_bool(vec, [&](auto v) {
@@ -202,8 +423,12 @@ cudaError_t lkq::launch_block_norm(TileArgs a, int x_dtype, int out_dtype, cudaS
   a.tiles_r = (a.rows + 127) / 128;
   a.tiles_c = (a.cols + 127) / 128;
   a.ntiles = a.tiles_r * a.tiles_c;
+  const bool b16 = b16_ok(a, x_dtype);
   return with_fp8_dtype(out_dtype, [&](auto od) {
     constexpr int OD = decltype(od)::value;
+    if (b16)
+      return x_dtype == LUTRA_BF16 ? launch_block16<LUTRA_BF16, OD, 1, true>(a, s)
+                                   : launch_block16<LUTRA_F16, OD, 1, true>(a, s);
     return x_dtype == LUTRA_BF16 ? launch_block<LUTRA_BF16, OD, 1, true, true>(a, s)
                                  : launch_block<LUTRA_F16, OD, 1, true, true>(a, s);
   });
