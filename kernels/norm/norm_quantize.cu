@@ -122,11 +122,11 @@ bool vec_ok(const lutra_norm_args *a, int dt) {
 }
 
 /* The statistics from the row-resident kernel, then the quantizer's own tile kernel normalizing
- * each tile as it loads it (lkq::NormIn): k_cast16 (per-tensor), k_mx16 (MXFP8), k_block (1x128).
- * Those read x once more but run near the quantizer's rate, where this file's tile kernel, which
- * stages f32 values through shared memory, and the staged per-tensor kernel ran at a fraction of
- * it (docs/lab/). Taken where there is room for the statistics (rows' mean and rstd given:
- * kept for backward, or the CUDA backend's scratch), a columnwise copy or block scaling is
+ * each tile as it loads it (lkq::NormIn): k_cast16 (per-tensor), k_mx16 (MXFP8), k_block16 /
+ * k_block (1x128). Those read x once more but run near the quantizer's rate, where this file's tile
+ * kernel, which stages f32 values through shared memory, and the staged per-tensor kernel ran at a
+ * fraction of it (docs/lab/). Taken where there is room for the statistics (rows' mean and rstd
+ * given: kept for backward, or the CUDA backend's scratch), a columnwise copy or block scaling is
  * asked for, x is 16-bit, every buffer is
  * 16-byte aligned and the dims suit the quantizer's vector path; returns cudaErrorNotSupported
  * (having launched nothing) elsewhere. */

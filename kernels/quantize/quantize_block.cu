@@ -1,4 +1,5 @@
-/* Float8BlockScaling: 1x128 blocks or 128x128 tiles with f32 scales (k_block, 128x128 tiles). For
+/* Float8BlockScaling: 1x128 blocks or 128x128 tiles with f32 scales: k_block16 (below) for bf16 /
+ * f16 inputs on tiles16.cuh's tiles, k_block (128x128 tiles) for the rest. In k_block, for
  * the columnwise output the tile goes through shared memory as f32, rows padded to 132 floats: a
  * multiple of 4 keeps the 16-byte stores aligned, and the 4-word skew puts the 4 rows x 2 units
  * written together in distinct banks; a thread then takes 32 consecutive rows of one column and

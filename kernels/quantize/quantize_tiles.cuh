@@ -343,8 +343,9 @@ cudaError_t launch_t128(TileArgs &a, int x_dtype, int out_dtype, bool mx, cudaSt
 
 /* ---- the norm-fused tile kernels (lk_norm_quantize) ------------------------------------------ */
 
-/* k_block's 1x128 blocks over a.norm's output of a bf16 / f16 x (quantize_block.cu); the vector
- * path's conditions (vec_ok) and 16-byte aligned gamma and beta, else cudaErrorInvalidValue.
+/* 1x128 blocks over a.norm's output of a bf16 / f16 x (quantize_block.cu: k_block16 where its
+ * conditions hold, else k_block); the vector path's conditions (vec_ok) and 16-byte aligned
+ * gamma and beta, else cudaErrorInvalidValue.
  * launch_t128 takes a.norm the same way (its NORM kernels where a.norm.rstd is set). */
 cudaError_t launch_block_norm(TileArgs a, int x_dtype, int out_dtype, cudaStream_t s);
 
