@@ -39,38 +39,11 @@ constexpr int CAST16_SMEM = 2 * MX_T * MX_T + 4 * MX_T * 4;
 static_assert(MX_SMEM <= 48 * 1024 && CAST16_SMEM <= 48 * 1024,
               "k_mx16 and k_cast16 launch without raising their shared memory limit");
 
-/* The rowwise (rm) and columnwise (cm) block amaxes as 16-bit magnitudes: rm[p] those of rows
- * 2p, 2p + 1, cm[j] those of columns 2j, 2j + 1 of the thread's 8 (two rows' values share a
- * shuffle). Every lane of the warp takes part. */
+/* The rowwise (rm) and columnwise (cm) 1x32 block amaxes (tile_amax: rows over 4 lanes) */
 template <int XD, bool SAFE>
 __device__ __forceinline__ void mx_amax(const uint4 (&x)[8], bool row_out, bool col_out,
                                         uint32_t (&rm)[4], uint32_t (&cm)[4]) {
-  if (row_out) {
-#pragma unroll
-    for (int p = 0; p < 4; p++) {
-      uint32_t m[2];
-#pragma unroll
-      for (int q = 0; q < 2; q++) {
-        const uint4 &u = x[2 * p + q];
-        m[q] = __vmaxu2(__vmaxu2(mag2<XD, SAFE>(u.x), mag2<XD, SAFE>(u.y)),
-                        __vmaxu2(mag2<XD, SAFE>(u.z), mag2<XD, SAFE>(u.w)));
-      }
-      uint32_t v = __vmaxu2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
-      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 1));
-      rm[p] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 2));
-    }
-  }
-  if (col_out) {
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      uint32_t v = mag2<XD, SAFE>(word_of(x[0], j));
-#pragma unroll
-      for (int i = 1; i < 8; i++)
-        v = __vmaxu2(v, mag2<XD, SAFE>(word_of(x[i], j)));
-      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 8));
-      cm[j] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 16));
-    }
-  }
+  tile_amax<XD, SAFE, 4>(x, row_out, col_out, rm, cm);
 }
 
 /* E8M0 scale and its reciprocal for a block amax m (16-bit magnitude). Without SAFE every value

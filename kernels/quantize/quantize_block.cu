@@ -178,21 +178,6 @@ constexpr int B16_SMEM = 2 * MX_T * MX_T      /* code tiles */
                          + 2 * MX_T * 4;      /* row and column scale_inv [128] each */
 static_assert(B16_SMEM <= 48 * 1024, "k_block16 launches without raising its shared memory limit");
 
-/* the largest 16-bit magnitude of the two halves of w */
-__device__ __forceinline__ uint32_t top_half(uint32_t w) {
-  return __vmaxu2(w, w >> 16) & 0xFFFFu;
-}
-
-/* the largest magnitude of the thread's values, NaNs left out (as mx_top, which counts them) */
-template <int XD> __device__ __forceinline__ uint32_t top_safe(const uint4 (&x)[8]) {
-  uint32_t m = 0u;
-#pragma unroll
-  for (int i = 0; i < 8; i++)
-    m = __vmaxu2(m, __vmaxu2(__vmaxu2(mag2<XD, true>(x[i].x), mag2<XD, true>(x[i].y)),
-                             __vmaxu2(mag2<XD, true>(x[i].z), mag2<XD, true>(x[i].w))));
-  return top_half(m);
-}
-
 /* The thread's parts of the 1x128 amaxes: rows tr .. tr + 7 over the warp's 64 columns (lanes k
  * = 0 write them to row_part[w >> 2]), columns tc .. tc + 7 over the warp's 32 rows (lanes h = 0
  * to col_part[w & 3]); 16-bit magnitudes, row (column) 2p in the low half of word p */
@@ -200,41 +185,14 @@ template <int XD, bool SAFE>
 __device__ __forceinline__ void b16_parts(const uint4 (&x)[8], bool row_out, bool col_out, int tr,
                                           int tc, uint16_t *row_part, uint16_t *col_part) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (row_out) {
-    uint32_t rm[4];
-#pragma unroll
-    for (int p = 0; p < 4; p++) {
-      uint32_t m[2];
-#pragma unroll
-      for (int q = 0; q < 2; q++) {
-        const uint4 &u = x[2 * p + q];
-        m[q] = __vmaxu2(__vmaxu2(mag2<XD, SAFE>(u.x), mag2<XD, SAFE>(u.y)),
-                        __vmaxu2(mag2<XD, SAFE>(u.z), mag2<XD, SAFE>(u.w)));
-      }
-      uint32_t v = __vmaxu2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
-      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 1));
-      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 2));
-      rm[p] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 4));
-    }
-    if ((lane & 7) == 0)
-      *reinterpret_cast<uint4 *>(row_part + MX_T * (warp >> 2) + tr) =
-          make_uint4(rm[0], rm[1], rm[2], rm[3]);
-  }
-  if (col_out) {
-    uint32_t cm[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-      uint32_t v = mag2<XD, SAFE>(word_of(x[0], j));
-#pragma unroll
-      for (int i = 1; i < 8; i++)
-        v = __vmaxu2(v, mag2<XD, SAFE>(word_of(x[i], j)));
-      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 8));
-      cm[j] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 16));
-    }
-    if ((lane >> 3) == 0)
-      *reinterpret_cast<uint4 *>(col_part + MX_T * (warp & 3) + tc) =
-          make_uint4(cm[0], cm[1], cm[2], cm[3]);
-  }
+  uint32_t rm[4], cm[4];
+  tile_amax<XD, SAFE, 8>(x, row_out, col_out, rm, cm);
+  if (row_out && (lane & 7) == 0)
+    *reinterpret_cast<uint4 *>(row_part + MX_T * (warp >> 2) + tr) =
+        make_uint4(rm[0], rm[1], rm[2], rm[3]);
+  if (col_out && (lane >> 3) == 0)
+    *reinterpret_cast<uint4 *>(col_part + MX_T * (warp & 3) + tc) =
+        make_uint4(cm[0], cm[1], cm[2], cm[3]);
 }
 
 /* the 8 amaxes (16-bit magnitudes) of lines l .. l + 7 from n parts of 128 lines each */
@@ -278,7 +236,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_block16(TileArgs a) {
     const bool special = mx_top<XD>(x) >= INF;
     uint2 w[8];
     if (DIM == 2) {
-      const uint32_t top = __any_sync(FULL_MASK, special) ? top_safe<XD>(x) : mx_top<XD>(x);
+      const uint32_t top = __any_sync(FULL_MASK, special) ? mx_top<XD, true>(x) : mx_top<XD>(x);
       const float s =
           scale_rule(block_max(value16<XD>(top, 0), red), a.fp8_max, a.power_2_scale, a.eps);
       if (t == 0) {

@@ -36,6 +36,43 @@ template <int XD> __device__ __forceinline__ float value16(uint32_t w, int s) {
   return __half2float(__ushort_as_half((unsigned short)(w >> (16 * s))));
 }
 
+/* Block amaxes as 16-bit magnitudes from the thread's 8x8 values: rm[p] those of rows 2p, 2p + 1
+ * over ROW_LANES lanes along the row (8 ROW_LANES columns), cm[j] those of columns 2j, 2j + 1
+ * over the warp's 32 rows (lanes h = 0..3); two lines' values share a shuffle. Every lane of the
+ * warp takes part. */
+template <int XD, bool SAFE, int ROW_LANES>
+__device__ __forceinline__ void tile_amax(const uint4 (&x)[8], bool row_out, bool col_out,
+                                          uint32_t (&rm)[4], uint32_t (&cm)[4]) {
+  if (row_out) {
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+      uint32_t m[2];
+#pragma unroll
+      for (int q = 0; q < 2; q++) {
+        const uint4 &u = x[2 * p + q];
+        m[q] = __vmaxu2(__vmaxu2(mag2<XD, SAFE>(u.x), mag2<XD, SAFE>(u.y)),
+                        __vmaxu2(mag2<XD, SAFE>(u.z), mag2<XD, SAFE>(u.w)));
+      }
+      uint32_t v = __vmaxu2(__byte_perm(m[0], m[1], 0x5410), __byte_perm(m[0], m[1], 0x7632));
+#pragma unroll
+      for (int o = 1; o < ROW_LANES; o *= 2)
+        v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, o));
+      rm[p] = v;
+    }
+  }
+  if (col_out) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      uint32_t v = mag2<XD, SAFE>(word_of(x[0], j));
+#pragma unroll
+      for (int i = 1; i < 8; i++)
+        v = __vmaxu2(v, mag2<XD, SAFE>(word_of(x[i], j)));
+      v = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 8));
+      cm[j] = __vmaxu2(v, __shfl_xor_sync(FULL_MASK, v, 16));
+    }
+  }
+}
+
 /* codes of v[k] * s as encode16 */
 template <int OD> __device__ __forceinline__ uint2 encode8(const float (&v)[8], float s) {
   float p[8];
@@ -141,13 +178,15 @@ __device__ __forceinline__ void mx_tile_origin(const TileArgs &a, uint32_t tile,
   c0 = (int64_t)(tile - ty * (uint32_t)a.tiles_c) * MX_T;
 }
 
-/* the largest 16-bit magnitude of x (both halves of each word; a NaN counts above infinity) */
-template <int XD> __device__ __forceinline__ uint32_t mx_top(const uint4 (&x)[8]) {
+/* the largest 16-bit magnitude of x (both halves of each word): a NaN counts above infinity, or
+ * with SAFE not at all (as fmaxf leaves NaNs out) */
+template <int XD, bool SAFE = false>
+__device__ __forceinline__ uint32_t mx_top(const uint4 (&x)[8]) {
   uint32_t top = 0u;
 #pragma unroll
   for (int i = 0; i < 8; i++)
-    top = __vmaxu2(top, __vmaxu2(__vmaxu2(mag2<XD, false>(x[i].x), mag2<XD, false>(x[i].y)),
-                                 __vmaxu2(mag2<XD, false>(x[i].z), mag2<XD, false>(x[i].w))));
+    top = __vmaxu2(top, __vmaxu2(__vmaxu2(mag2<XD, SAFE>(x[i].x), mag2<XD, SAFE>(x[i].y)),
+                                 __vmaxu2(mag2<XD, SAFE>(x[i].z), mag2<XD, SAFE>(x[i].w))));
   return __vmaxu2(top, top >> 16) & 0xFFFFu;
 }
 
