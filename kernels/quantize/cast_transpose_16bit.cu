@@ -294,20 +294,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
       cast_encode<XD, OD, true>(x, s, w);
     else
       cast_encode<XD, OD, false>(x, s, w);
-    if (row_out) {
-#pragma unroll
-      for (int i = 0; i < 8; i++)
-        *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
-                                   8 * (k & 1)) = w[i];
-    }
-    if (col_out) {
-      uint2 wt[8];
-      transpose8x8(w, wt);
-#pragma unroll
-      for (int j = 0; j < 8; j++)
-        *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + j) + 16 * mx_cb_chunk(tc + j, tr >> 4) +
-                                   8 * (h & 1)) = wt[j];
-    }
+    stage_codes(sm, w, row_out, col_out, tr, tc);
     __syncthreads();
     mx_store_codes(a, t, r0, c0, sm, row_out, col_out);
     if (dbias) mx_dbias_store(a, t, r0, c0, band_sums);

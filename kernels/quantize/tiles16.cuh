@@ -209,6 +209,26 @@ __device__ __forceinline__ void transpose8x8(const uint2 (&w)[8], uint2 (&out)[8
   }
 }
 
+/* One scale's codes of the thread's 8x8 values (w[i]: row tr + i's 8, from column tc) into sm:
+ * the rowwise tile as they are, the columnwise tile transposed in registers */
+__device__ __forceinline__ void stage_codes(const MxSmem &sm, const uint2 (&w)[8], bool row_out,
+                                            bool col_out, int tr, int tc) {
+  if (row_out) {
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+      *reinterpret_cast<uint2 *>(sm.rb + MX_T * (tr + i) + 16 * mx_rb_chunk(tr + i, tc >> 4) +
+                                 8 * ((tc >> 3) & 1)) = w[i];
+  }
+  if (col_out) {
+    uint2 wt[8];
+    transpose8x8(w, wt);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      *reinterpret_cast<uint2 *>(sm.cb + MX_T * (tc + j) + 16 * mx_cb_chunk(tc + j, tr >> 4) +
+                                 8 * ((tr >> 3) & 1)) = wt[j];
+  }
+}
+
 } // namespace
 
 #endif
