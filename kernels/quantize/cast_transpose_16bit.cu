@@ -253,18 +253,6 @@ template <int XD> __device__ __forceinline__ float cast_amax(const uint4 (&x)[8]
   return top ? value16<XD>(top - 1u, 0) : -INFINITY;
 }
 
-template <int XD, int OD, bool SAFE>
-__device__ __forceinline__ void cast_encode(const uint4 (&x)[8], float s, uint2 (&w)[8]) {
-#pragma unroll
-  for (int i = 0; i < 8; i++) {
-    float v[8];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-      v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
-    w[i] = encode8<OD>(v, s);
-  }
-}
-
 template <int XD, int OD, bool NORM>
 __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
   if (a.skip && *a.skip) return;
@@ -290,10 +278,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_cast16(TileArgs a) {
     const bool special = s_special || mx_top<XD>(x) >= INF;
     if (a.amax && in) m_loc = fmaxf(m_loc, cast_amax<XD>(x, special));
     uint2 w[8];
-    if (__any_sync(FULL_MASK, special))
-      cast_encode<XD, OD, true>(x, s, w);
-    else
-      cast_encode<XD, OD, false>(x, s, w);
+    encode_rows<XD, OD>(x, s, w);
     stage_codes(sm, w, row_out, col_out, tr, tc);
     __syncthreads();
     mx_store_codes(a, t, r0, c0, sm, row_out, col_out);

@@ -244,14 +244,7 @@ __global__ void __launch_bounds__(MX_THREADS, 2) k_block16(TileArgs a) {
         if (row_out) sc[tile_r * sc_ld + tile_c] = inv;
         if (col_out) csc[tile_c * csc_ld + tile_r] = inv;
       }
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-          v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
-        w[i] = encode8<OD>(v, s);
-      }
+      encode_rows<XD, OD>(x, s, w);
       stage_codes(sm, w, row_out, col_out, tr, tc);
     } else {
       if (__any_sync(FULL_MASK, special))

@@ -86,6 +86,19 @@ template <int OD> __device__ __forceinline__ uint2 encode8(const float (&v)[8], 
   return make_uint2(w[0], w[1]);
 }
 
+/* codes of a thread's 8x8 part of the tile, every value times one scale s: row i of x as w[i] */
+template <int XD, int OD>
+__device__ __forceinline__ void encode_rows(const uint4 (&x)[8], float s, uint2 (&w)[8]) {
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    float v[8];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+      v[j] = value16<XD>(word_of(x[i], j >> 1), j & 1);
+    w[i] = encode8<OD>(v, s);
+  }
+}
+
 /* The tile's shared memory: rb[128][128] rowwise codes, cb[128][128] the transposed tile's codes
  * (row cc = column cc of the tile), rs[4][128] rowwise scales (block b of row r at rs[128 b + r]),
  * cs[4][128] columnwise scales (block b of column c at cs[128 b + c]). The 16-byte chunks of a
