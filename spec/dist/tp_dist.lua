@@ -27,6 +27,11 @@ local function from(vals, shape)
   return t
 end
 
+-- bitwise only where both sides ran the same computation at the same shapes, or a reduction lutra
+-- does itself in a fixed order (the bias gradient's f64 column sums): a GEMM of a shard against
+-- the unsharded GEMM is within NMSE 1e-12, because OpenBLAS picks its kernels by the matrix
+-- shape and some of them sum in another order (seen with 0.3.21's Zen kernels on an AMD EPYC:
+-- a column shard's y differed from the unsharded y in its last bits)
 local function same(got, want, bitwise, what)
   assert.are.equal(#want, #got, what .. ": sizes")
   if bitwise then
@@ -85,14 +90,14 @@ describe("dist tensor-parallel Linear", function()
         local dx = par:backward(dy)
         local col = mode == "column"
         if col then
-          same(y:to_table(), block(y_ref, OUT, 0, R, o0, o1), true, "y")
+          same(y:to_table(), block(y_ref, OUT, 0, R, o0, o1), false, "y")
           local dxw = sp and block(dx_ref, IN, s0, s1, 0, IN) or dx_ref
           same(dx:to_table(), dxw, false, "dx")
         else
           same(y:to_table(), sp and block(y_ref, OUT, s0, s1, 0, OUT) or y_ref, false, "y")
-          same(dx:to_table(), block(dx_ref, IN, 0, R, i0, i1), true, "dx")
+          same(dx:to_table(), block(dx_ref, IN, 0, R, i0, i1), false, "dx")
         end
-        same(pp[1].grad:to_table(), block(dW, IN, o0, o1, i0, i1), true, "dW")
+        same(pp[1].grad:to_table(), block(dW, IN, o0, o1, i0, i1), false, "dW")
         local dbw = {}
         for i = b0 + 1, b1 do dbw[#dbw + 1] = dB[i] end
         same(pp[2].grad:to_table(), dbw, true, "dbias")
