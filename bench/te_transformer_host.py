@@ -18,6 +18,14 @@ import torch.nn.functional as F
 
 from attention_torch import host_median  # the same method as the SDPA rows
 
+# TransformerEngine is imported before any CUDA work: once PyTorch has run a cuDNN op (the SDPA
+# of the PyTorch block) with the cuDNN of its wheel, TE's loader would add the system's cuDNN
+# beside it and fail on a symbol of the other version (seen on the GPU machine's image).
+try:
+    import transformer_engine.pytorch as te
+except ImportError as e:
+    te, TE_MISSING = None, e
+
 B, T, H, D = 1, 128, 4, 64
 HIDDEN, FFN = 256, 1024
 
@@ -64,10 +72,8 @@ def main():
     print("|---|---|---:|")
     rows_of(f"PyTorch block by hand (hidden {HIDDEN}, ffn {FFN}, H {H}, B {B}, T {T})",
             Block().to(dev, bf16), (x,), dx, a.calls, a.batches)
-    try:
-        import transformer_engine.pytorch as te
-    except ImportError as e:
-        print(f"| TransformerEngine | - | not installed ({e}) |")
+    if te is None:
+        print(f"| TransformerEngine | - | not installed ({TE_MISSING}) |")
         return
     layer = te.TransformerLayer(HIDDEN, FFN, H, layernorm_epsilon=1e-5, hidden_dropout=0.0,
                                 attention_dropout=0.0, self_attn_mask_type="causal",
