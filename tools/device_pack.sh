@@ -2,7 +2,8 @@
 # Prepare one GPU call from the development VM: CUDA libraries built here for sm_90 (this tree's
 # HEAD and any other revisions, each in a git worktree under build/device-pack/), the device
 # kit without what a run does not need, and what the benches load beside the library.
-#   bash tools/device_pack.sh [REV...]         (from the repository root; REV: e.g. a base to
+#   bash tools/device_pack.sh [REV...]         (from the repository root; HEAD's commit, not
+#                                             uncommitted changes; REV: e.g. a base to
 #                                             time a change against; HEAD is always built)
 # Writes (all ignored by git; carry what the call needs):
 #   .dk/                        the device kit (../shared/tools/device-kit) minus its -dev
@@ -27,7 +28,9 @@ mkdir -p "$PACK"
 step() { echo "=== [device_pack] $*"; }
 
 build_rev() { # REV NAME: a worktree at REV, its library built and packed as NAME
-  local rev=$1 name=$2 wt=$ROOT/$PACK/wt-$2
+  # REV resolved here: inside the worktree, "HEAD" would name the worktree's own last checkout
+  local rev name=$2 wt=$ROOT/$PACK/wt-$2
+  rev=$(git -C "$ROOT" rev-parse --verify "$1^{commit}")
   [ -d "$wt" ] || git worktree add --detach "$wt" "$rev" > /dev/null
   git -C "$wt" checkout -q --detach "$rev"
   if [ "$name" != head ] && [ -d "$ROOT/$PACK/wt-head/build" ] && [ ! -d "$wt/build" ]; then
