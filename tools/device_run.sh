@@ -50,12 +50,15 @@ lib() { # NAME -> the library's path (an error line where it is missing)
   echo "/tmp/libs/$1/liblutra.so"
 }
 # the specs that build a C driver against ./liblutra.so (spec/support/threads_check.lua) link
-# the library under test there: ./liblutra.so a link to it (a library built in this tree stays)
+# the library under test there: ./liblutra.so(.0) links to it (a library built in this tree stays)
 use() { # NAME: LUTRA_LIB and ./liblutra.so
   local p
   p=$(lib "$1") || return 1
   export LUTRA_LIB=$p
-  if [ -L liblutra.so ] || [ ! -e liblutra.so ]; then ln -sf "$p" liblutra.so; fi
+  if [ -L liblutra.so ] || [ ! -e liblutra.so ]; then
+    ln -sf "$p" liblutra.so
+    ln -sf "$p" liblutra.so.0 # the soname, which the driver loads through its rpath
+  fi
 }
 passes() { grep -E 'successes' "$1" | tail -1; }
 TE_PID=
