@@ -16,7 +16,8 @@
 #   te-install                   TE into /tmp/site on cores 2-15 (in the background: the steps
 #                                after it run on cores 0-1 until a te-* step waits for it)
 #   te-host                      bench/te_transformer_host.py
-#   te-norms                     TE's norm kernels (.te/te_kernels.py norms, where carried)
+#   te-norms                     TE's norm kernels (.te/te_kernels.py norms: the anchors'
+#                                script, ../shared/anchors/te_kernels.py, copied into .te/)
 #   te-cast                      tools/te_pack/te_cast_check.py
 # Example: bash tools/device_run.sh spec=spec/gpu/fused_norm_gpu.lua norms=base,head suite
 set -uo pipefail
