@@ -20,6 +20,8 @@
 -- --breakdown CONFIG: instead, the GPU time of each piece of an eager step (embeddings, layers,
 -- head, loss, AdamW), a synchronization around each: where a step's milliseconds go; one table
 -- per entry of --recipes.
+-- --recipes takes lutra.recipe names as the example runs them (the first and last layer and the
+-- LM head in BF16), NAME+head (the LM head in FP8 too) and NAME+all (every layer and the head).
 -- --device cpu: a tiny config in f32, a smoke test of the script.
 package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
@@ -41,7 +43,8 @@ local function parse(argv)
   local argparse = require("lutra.cli").argparse("gpt_bench.lua")
   local p = argparse("gpt_bench.lua", "A GPT training step: tokens/s, MFU, memory, host time.")
   p:option("--configs", "comma-separated: small, gpt2, tiny", "small,gpt2")
-  p:option("--recipes", "comma-separated: none and lutra.recipe names (delayed, current, ...)",
+  p:option("--recipes", "comma-separated: none and lutra.recipe names (delayed, current, ...); "
+           .. "NAME+head: the LM head in FP8 too, NAME+all: every layer and the head",
            "none,delayed")
   p:option("--builds", "comma-separated: eager, graph", "eager,graph")
   p:option("--warmup", "steps before timing", "5", tonumber)
@@ -77,13 +80,24 @@ local function random_tokens(c)
   return x, y
 end
 
+-- FP8 for the model as a --recipes entry asks: NAME (the middle layers, the model's default),
+-- NAME+head (and the LM head), NAME+all (every layer and the head)
+local function set_recipe(gpt, recipe)
+  if recipe == "none" then return end
+  local named, extent = recipe:match("^([^+]+)%+?(%a*)$")
+  if not named or not (extent == "" or extent == "head" or extent == "all") then
+    error("gpt_bench.lua: recipe " .. recipe .. " is not NAME, NAME+head or NAME+all", 0)
+  end
+  local scope = lutra.autocast { recipe = lutra.recipe.named(named) }
+  local all = extent == "all"
+  gpt:set_fp8(scope, all and 1 or nil, all and #gpt.layers or nil, extent ~= "")
+end
+
 local function run(name, c, build, recipe)
   lutra.manual_seed(0)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
                           seq = c.seq, dtype = DTYPE, device = DEV })
-  if recipe ~= "none" then
-    gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(recipe) })
-  end
+  set_recipe(gpt, recipe)
   local loss = lutra.nn.CrossEntropyLoss()
   local opt = lutra.optim.AdamW(gpt.all, ADAMW)
   local x, y = random_tokens(c)
@@ -130,9 +144,7 @@ local function breakdown(name, recipe)
   lutra.manual_seed(0)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
                           seq = c.seq, dtype = DTYPE, device = DEV })
-  if recipe ~= "none" then
-    gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(recipe) })
-  end
+  set_recipe(gpt, recipe)
   local loss = lutra.nn.CrossEntropyLoss()
   local opt = lutra.optim.AdamW(gpt.all, ADAMW)
   local x, y = random_tokens(c)
@@ -145,7 +157,7 @@ local function breakdown(name, recipe)
     { "layers forward", function()
       for _, layer in ipairs(gpt.layers) do h = layer:forward(h, opts) end
     end },
-    { "final norm + head forward", function() h = gpt.head:forward(gpt.norm:forward(h, opts)) end },
+    { "final norm + head forward", function() h = gpt:head_forward(h, opts) end },
     { "loss forward + backward", function()
       loss:forward(h, y)
       d = loss:backward()

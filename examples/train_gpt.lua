@@ -1,7 +1,7 @@
 -- Trains a small decoder-only GPT on Shakespeare's plays (bytes or GPT-2's BPE), then samples.
 --   luajit examples/train_gpt.lua [--dim 128] [--layers 4] [--heads 4] [--seq 64] [--batch 16]
 --          [--steps 600] [--lr 0.003] [--positions learned|rope] [--device cpu|cuda]
---          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--sample 300]
+--          [--dtype f32|bf16] [--recipe none|delayed|current|...] [--fp8-head] [--sample 300]
 --          [--temperature 0.8] [--top-k 40] [--seed 1] [--tokens bytes|gpt2]
 --          [--checkpoint FILE [--save-every 200] [--resume] [--stop-after N]] [--accum 1]
 --          [--moe EXPERTS:TOP_K]
@@ -42,6 +42,7 @@ local function parse(argv)
   p:option("--recipe", "FP8 recipe of the TransformerLayers' Linears (the first and the last "
            .. "layer stay in the model's dtype, as TransformerEngine advises)", "none")
    :choices({ "none", "delayed", "current", "mxfp8", "block", "rowwise", "nvfp4" })
+  p:flag("--fp8-head", "with --recipe: the LM head in FP8 too (default: in the model's dtype)")
   p:option("--every", "print progress every N steps", "50", tonumber)
   p:option("--val-batches", "validation batches per evaluation", "20", tonumber)
   p:option("--sample", "tokens to sample at the end", "300", tonumber)
@@ -90,7 +91,7 @@ local gpt = model.new({ vocab = V, dim = d, layers = opt.layers, heads = opt.hea
                         positions = opt.positions, moe = opt.moe, dtype = dtype,
                         device = opt.device })
 local recipe = lutra.recipe.named(opt.recipe)
-if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }) end
+if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }, nil, nil, opt.fp8_head) end
 local loss = nn.CrossEntropyLoss()
 -- the lr schedule and the gradient clipping run inside the optimizer's step (on the device)
 local optimizer = lutra.optim.AdamW(gpt.all, {

@@ -106,6 +106,44 @@ describe("examples/gpt/model", function()
     assert.are.equal(6 * (n - 5 * 8) + 12 * 2 * 5 * 8, gpt:flops_per_token())
   end)
 
+  it("runs the LM head in FP8 when set_fp8 asks for it, and only then", function()
+    -- ||a - b||^2 / ||b||^2
+    local function nmse(a, b)
+      local x, y, num, den = a:to_table(), b:to_table(), 0, 0
+      for i = 1, #y do
+        num = num + (x[i] - y[i]) ^ 2
+        den = den + y[i] ^ 2
+      end
+      return num / den
+    end
+    local ids, targets = random_ids(2, 8, 32, SEED + 5), random_ids(2, 8, 32, SEED + 6)
+    -- the same weights and batch, every layer in FP8 (current scaling), the head as asked
+    local function run(head)
+      lutra.manual_seed(SEED)
+      local gpt = model.new({ vocab = 32, dim = 16, layers = 2, heads = 2, seq = 8,
+                              dtype = "f32", device = "cpu" })
+      gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named("current") }, 1, 2, head)
+      local loss = nn.CrossEntropyLoss()
+      local logits = gpt:forward(ids, true)
+      loss:forward(logits, targets)
+      gpt:backward(loss:backward())
+      return gpt, logits, gpt.tok:parameters()[1].grad
+    end
+    local plain, logits0, grad0 = run(false)
+    local fp8, logits1, grad1 = run(true)
+    assert.is_false(plain.fp8_head)
+    assert.is_true(fp8.fp8_head)
+    -- E4M3 operands (3 mantissa bits: relative rounding up to 2^-4, ~1e-3 in NMSE) in the head's
+    -- forward; E5M2 gradients (2^-3) in its backward, the tied weight's gradient also summing
+    -- the lookup's exact part
+    local fwd, bwd = nmse(logits1, logits0), nmse(grad1, grad0)
+    assert.is_true(fwd > 0 and fwd < 1e-2, string.format("logits NMSE %.3g (seed %d)", fwd, SEED))
+    assert.is_true(bwd > 0 and bwd < 5e-2, string.format("grad NMSE %.3g (seed %d)", bwd, SEED))
+    -- without a scope the head stays out, whatever head says
+    fp8:set_fp8(nil, nil, nil, true)
+    assert.is_false(fp8.fp8_head)
+  end)
+
   it("keeps the first and last layers out of the FP8 scope by default", function()
     lutra.manual_seed(SEED)
     local gpt = model.new({ vocab = 11, dim = 8, layers = 4, heads = 2, seq = 5, dtype = "f32",

@@ -19,6 +19,9 @@
 #   te-norms                     TE's norm kernels (.te/te_kernels.py norms: the anchors'
 #                                script, ../shared/anchors/te_kernels.py, copied into .te/)
 #   te-cast                      tools/te_pack/te_cast_check.py
+#   sh=FILE[@NAME]               bash FILE with this environment and NAME's library (LUTRA_LIB,
+#                                ./liblutra.so); its output in sh-FILE.log, $LOGS exported for
+#                                files of its own (a probe that no step above runs)
 # Example: bash tools/device_run.sh spec=spec/gpu/fused_norm_gpu.lua norms=base,head suite
 set -uo pipefail
 OUT=${OUT:-/tmp/lutra-out}
@@ -106,6 +109,11 @@ for step in "$@"; do
       use "$name" || continue
       timeout 150 luajit bench/attention_bench.lua --part host > "$LOGS/attn-host-$name.log" 2>&1
       summary "attention host ($name): rc $?" ;;
+    sh=*)
+      use "$name" || continue
+      log=$LOGS/sh-$(basename "$arg" .sh).log
+      LOGS=$LOGS timeout "${SH_TIMEOUT:-300}" bash "$arg" > "$log" 2>&1
+      summary "sh $arg ($name): rc $?" ;;
     te-install)
       if [ -d /tmp/site/transformer_engine ]; then summary "te: already installed"; else
         MAX_JOBS=14 taskset -c 2-15 bash tools/te_pack/install.sh "$LOGS/te-install.log" \

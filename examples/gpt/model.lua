@@ -64,12 +64,16 @@ end
 
 --- FP8: the TransformerLayers from first to last (default: all but the first and the last, as
 -- TransformerEngine advises for the layers nearest the data and the loss; all of them when
--- there are fewer than 3) run inside scope (a lutra.autocast); nil turns FP8 off.
-function GPT:set_fp8(scope, first, last)
+-- there are fewer than 3) run inside scope (a lutra.autocast); nil turns FP8 off. head = true
+-- runs the LM head inside it too (default false, for the same reason: its GEMMs are a quarter
+-- of GPT-2 124M's FLOPs, and its gradient, the logits' softmax less the targets, the widest
+-- tensor of the step).
+function GPT:set_fp8(scope, first, last, head)
   local n = #self.layers
   self.fp8 = scope
   self.fp8_first = first or (n >= 3 and 2 or 1)
   self.fp8_last = last or (n >= 3 and n - 1 or n)
+  self.fp8_head = scope ~= nil and head == true
 end
 
 --- Logits {B, T, vocab} of ids {B, T} (i32); grad = false keeps nothing for backward.
@@ -86,7 +90,18 @@ function GPT:forward(ids, grad)
     h = self.layers[i]:forward(h, opts)
     if scope and i == self.fp8_last then scope:exit() end
   end
-  return self.head:forward(self.norm:forward(h, opts), opts)
+  return self:head_forward(h, opts)
+end
+
+--- The final norm and the LM head: logits of the last layer's output h (inside the FP8 scope
+-- when set_fp8 put the head there).
+function GPT:head_forward(h, opts)
+  h = self.norm:forward(h, opts)
+  if not self.fp8_head then return self.head:forward(h, opts) end
+  self.fp8:enter()
+  local logits = self.head:forward(h, opts)
+  self.fp8:exit()
+  return logits
 end
 
 --- Backward from the gradient of the logits into every parameter's gradient.
