@@ -7,8 +7,8 @@
 -- with GELUs between, the last one named "head"; a fixed random teacher gives the normalized
 -- regression targets); --model gpt is examples/gpt/model.lua's GPT (width --hidden, --layers
 -- TransformerLayers, 4 heads, --seq tokens, --batch sequences) on Shakespeare's bytes (the
--- corpus of examples/train_gpt.lua), its first and last layers outside FP8, the final loss the
--- validation loss. Each is trained with AdamW from the same initial weights on the same batches
+-- corpus of examples/train_gpt.lua), its first and last layers outside FP8 (and its LM head, unless
+-- the recipe's entry says fp8_head = true), the final loss the validation loss. Each is trained with AdamW from the same initial weights on the same batches
 -- under every recipe. Written to --out:
 --   loss.csv     step, then one column per recipe: the loss of every step
 --   scales.csv   recipe, step, layer, role, scale, amax: every --trace-every steps, for the
@@ -128,7 +128,7 @@ local function mlp_task(recipe)
 end
 
 local gpt_data
-local function gpt_task(recipe)
+local function gpt_task(recipe, entry)
   local corpus, model = require("corpus"), require("model")
   gpt_data = gpt_data or { corpus.split(corpus.byte_tokens(corpus.load()), 0.1) }
   local train, val = gpt_data[1], gpt_data[2]
@@ -136,7 +136,7 @@ local function gpt_task(recipe)
   local gpt = model.new({ vocab = 256, dim = opt.hidden, layers = opt.layers, heads = 4,
                           seq = opt.seq, dtype = opt.device == "cuda" and "bf16" or "f32",
                           device = opt.device })
-  if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }) end
+  if recipe then gpt:set_fp8(lutra.autocast { recipe = recipe }, nil, nil, entry.fp8_head) end
   local loss = nn.CrossEntropyLoss()
   local optimizer = lutra.optim.AdamW(gpt.all, { lr = opt.lr, weight_decay = 0.1 })
   local batches = corpus.batches(train, opt.batch, opt.seq, 1)
@@ -168,7 +168,7 @@ end
 
 local function run(entry)
   local recipe = entry.recipe and entry.recipe(lutra) or nil
-  local task = (opt.model == "gpt" and gpt_task or mlp_task)(recipe)
+  local task = (opt.model == "gpt" and gpt_task or mlp_task)(recipe, entry)
   local losses, scales = {}, {}
   local t0 = lutra.now()
   for step = 1, opt.steps do

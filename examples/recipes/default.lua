@@ -1,6 +1,7 @@
 -- Recipes for examples/recipe_lab.lua: a list of {name = ..., recipe = function(lutra) ... end}
 -- (recipe nil: no FP8, the f32 reference the others are compared with; the first entry without
--- a recipe is that reference). Copy this file, change or add entries, and run
+-- a recipe is that reference; fp8_head = true: --model gpt runs its LM head in FP8 too). Copy
+-- this file, change or add entries, and run
 --   luajit examples/recipe_lab.lua --recipes my_recipes.lua
 return {
   { name = "f32" },
