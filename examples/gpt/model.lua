@@ -65,9 +65,10 @@ end
 --- FP8: the TransformerLayers from first to last (default: all but the first and the last, as
 -- TransformerEngine advises for the layers nearest the data and the loss; all of them when
 -- there are fewer than 3) run inside scope (a lutra.autocast); nil turns FP8 off. head = true
--- runs the LM head inside it too (default false, for the same reason: its GEMMs are a quarter
--- of GPT-2 124M's FLOPs, and its gradient, the logits' softmax less the targets, the widest
--- tensor of the step).
+-- runs the LM head inside it too (default false, as TransformerEngine keeps it: the head is the
+-- layer nearest the loss; it is also about a quarter of GPT-2 124M's FLOPs). The head enters the
+-- scope again after the layers' exit: its quantizers take their delayed update at that exit, the
+-- layers' at theirs, each once a step.
 function GPT:set_fp8(scope, first, last, head)
   local n = #self.layers
   self.fp8 = scope
