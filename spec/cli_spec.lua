@@ -108,6 +108,21 @@ describe("command lines (lua-argparse)", function()
     assert(out:find("| built-in delayed |", 1, true) and out:find("| Lua rule |", 1, true), out)
   end)
 
+  it("bench/gpt_bench.lua: --recipes takes NAME, NAME+head and NAME+all, and refuses others",
+     function()
+    -- the breakdown's tables on the cpu (the tiny config): one a recipe, its name in the title
+    local ok, out = run("bench/gpt_bench.lua --device cpu --breakdown tiny "
+                        .. "--recipes delayed+head,current+all")
+    assert(ok, out)
+    assert(out:find("# tiny delayed+head:", 1, true) and out:find("# tiny current+all:", 1, true),
+           out)
+    assert(out:find("| final norm + head forward |", 1, true), out)
+    local bad_ok, bad = run("bench/gpt_bench.lua --device cpu --breakdown tiny "
+                            .. "--recipes delayed+tail 2>&1")
+    assert.is_false(bad_ok, bad)
+    assert(bad:find("recipe delayed+tail is not NAME, NAME+head or NAME+all", 1, true), bad)
+  end)
+
   it("train_moe.lua: its options, defaults and refusals", function()
     check("examples/train_moe.lua", {
       "--experts {grouped,linear}", "(default: grouped)",

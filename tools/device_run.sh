@@ -13,6 +13,9 @@
 #   norms=NAME[,NAME...]         norm_throughput 16384 4096, the libraries alternating, 3 rounds
 #   grouped=NAME[,NAME...]       grouped_bench.lua --part fp8 --quick, alternating, 2 rounds
 #   attn-host[@NAME]             attention_bench.lua --part host
+#   gpt[@NAME]                   GPT-2 124M steps (gpt_bench.lua, graph: bf16, FP8 delayed, with
+#                                the LM head in FP8 too, every layer and the head) beside
+#                                gpt_torch.py's torch.compile builds, then the FP8 breakdowns
 #   te-install                   TE into /tmp/site on cores 2-15 (in the background: the steps
 #                                after it run on cores 0-1 until a te-* step waits for it)
 #   te-host                      bench/te_transformer_host.py
@@ -114,6 +117,17 @@ for step in "$@"; do
       log=$LOGS/sh-$(basename "$arg" .sh).log
       LOGS=$LOGS timeout "${SH_TIMEOUT:-300}" bash "$arg" > "$log" 2>&1
       summary "sh $arg ($name): rc $?" ;;
+    gpt | gpt@*)
+      use "$name" || continue
+      timeout 150 luajit bench/gpt_bench.lua --configs gpt2 --builds graph --warmup 3 --steps 10 \
+        --reps 5 --recipes none,delayed,delayed+head,delayed+all > "$LOGS/gpt-$name.md" 2>&1
+      summary "gpt bench ($name): rc $?"
+      timeout 300 python3 bench/gpt_torch.py --configs gpt2 --builds compile,compile-cg --warmup 3 \
+        > "$LOGS/gpt-torch.md" 2>&1
+      summary "gpt torch: rc $?"
+      timeout 150 luajit bench/gpt_bench.lua --breakdown gpt2 --recipes delayed,delayed+head \
+        > "$LOGS/gpt-breakdown-$name.md" 2>&1
+      summary "gpt breakdown ($name): rc $?" ;;
     te-install)
       if [ -d /tmp/site/transformer_engine ]; then summary "te: already installed"; else
         MAX_JOBS=14 taskset -c 2-15 bash tools/te_pack/install.sh "$LOGS/te-install.log" \

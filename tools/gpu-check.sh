@@ -226,7 +226,7 @@ fi
 if has gpt; then
   # the GPT figures (issue 42): lutra's steps, PyTorch's builds and the bf16 loss parity, one
   # machine; LUTRA_DATA must hold the corpus (build/data/shakespeare.txt, carried)
-  timeout 200 luajit bench/gpt_bench.lua --configs small,gpt2 --recipes none,delayed \
+  timeout 240 luajit bench/gpt_bench.lua --configs small,gpt2 --recipes none,delayed,delayed+head \
     --builds graph --warmup 3 --steps 10 --reps 5 > "$OUT/gpt-lutra.md" 2>&1
   note "gpt bench exit $?"
   timeout 300 python3 bench/gpt_torch.py --configs small,gpt2 --builds compile,compile-cg \
@@ -236,7 +236,7 @@ if has gpt; then
     > "$OUT/gpt-parity.log" 2>&1 &&
     timeout 120 python3 bench/gpt_torch.py --parity /tmp/gpt-parity >> "$OUT/gpt-parity.log" 2>&1
   note "gpt parity exit $?: $(tail -1 "$OUT/gpt-parity.log")"
-  timeout 120 luajit bench/gpt_bench.lua --breakdown gpt2 --recipes none,delayed \
+  timeout 150 luajit bench/gpt_bench.lua --breakdown gpt2 --recipes none,delayed,delayed+head \
     > "$OUT/gpt-breakdown.md" 2>&1
   note "gpt breakdown exit $?"
 fi
