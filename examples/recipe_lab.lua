@@ -7,9 +7,10 @@
 -- with GELUs between, the last one named "head"; a fixed random teacher gives the normalized
 -- regression targets); --model gpt is examples/gpt/model.lua's GPT (width --hidden, --layers
 -- TransformerLayers, 4 heads, --seq tokens, --batch sequences) on Shakespeare's bytes (the
--- corpus of examples/train_gpt.lua), its first and last layers outside FP8 (and its LM head, unless
--- the recipe's entry says fp8_head = true), the final loss the validation loss. Each is trained with AdamW from the same initial weights on the same batches
--- under every recipe. Written to --out:
+-- corpus of examples/train_gpt.lua), its first and last layers outside FP8 (and its LM head,
+-- unless the recipe's entry says fp8_head = true), the final loss the validation loss. Each is
+-- trained with AdamW from the same initial weights on the same batches under every recipe.
+-- Written to --out:
 --   loss.csv     step, then one column per recipe: the loss of every step
 --   scales.csv   recipe, step, layer, role, scale, amax: every --trace-every steps, for the
 --                quantizers with one scale (gpt: each FP8 layer's output projection; delayed
