@@ -84,8 +84,9 @@ end
 -- NAME+head (and the LM head), NAME+all (every layer and the head)
 local function set_recipe(gpt, recipe)
   if recipe == "none" then return end
-  local named, extent = recipe:match("^([^+]+)%+?(%a*)$")
-  if not named or not (extent == "" or extent == "head" or extent == "all") then
+  local named, extent = recipe:match("^([^+]+)%+(%a+)$")
+  if not named then named, extent = recipe, "" end
+  if named:find("+", 1, true) or not (extent == "" or extent == "head" or extent == "all") then
     error("gpt_bench.lua: recipe " .. recipe .. " is not NAME, NAME+head or NAME+all", 0)
   end
   local scope = lutra.autocast { recipe = lutra.recipe.named(named) }
