@@ -137,6 +137,8 @@ local function run(name, c, build, recipe)
   return row
 end
 
+local function gib(bytes) return bytes and string.format("%.2f", bytes / 2 ^ 30) or "-" end
+
 -- GPU time of each piece of an eager step (a synchronization around each; median of 5 steps)
 -- and the launches it issues (the nodes of a CUDA graph captured from it: kernels, memsets,
 -- copies; cuda only)
@@ -155,9 +157,7 @@ local function breakdown(name, recipe)
     { "embeddings forward", function()
       h = gpt.tok:forward(x, opts):add_(gpt.pos:forward(gpt:positions(c.batch, c.seq), opts))
     end },
-    { "layers forward", function()
-      for _, layer in ipairs(gpt.layers) do h = layer:forward(h, opts) end
-    end },
+    { "layers forward", function() h = gpt:layers_forward(h, opts) end },
     { "final norm + head forward", function() h = gpt:head_forward(h, opts) end },
     { "loss forward + backward", function()
       loss:forward(h, y)
@@ -173,21 +173,24 @@ local function breakdown(name, recipe)
     end },
     { "AdamW step", function() opt:step() end },
   }
-  local times = {}
+  local times, held, peaks = {}, {}, {}
   for rep = 1, 7 do
     for k, piece in ipairs(pieces) do
       lutra.synchronize(DEV)
+      lutra.device_memory(DEV, true)
       local t0 = lutra.now()
       piece[2]()
       lutra.synchronize(DEV)
       times[k] = times[k] or {}
       if rep > 2 then table.insert(times[k], (lutra.now() - t0) * 1e3) end -- 2 warm-up steps
+      held[k], peaks[k] = lutra.device_memory(DEV)
     end
   end
-  print(string.format("# %s%s: each piece of an eager step, GPU ms (median of 5) and launches",
-                      name, recipe == "none" and "" or " " .. recipe))
-  print("| piece | ms | launches |")
-  print("|---|---:|---:|")
+  print(string.format("# %s%s: each piece of an eager step, GPU ms (median of 5), launches, "
+                      .. "device memory lutra holds after it and at most during it (GiB, last "
+                      .. "step)", name, recipe == "none" and "" or " " .. recipe))
+  print("| piece | ms | launches | GiB after | GiB peak |")
+  print("|---|---:|---:|---:|---:|")
   local total_ms, total_nodes = 0, 0
   for k, piece in ipairs(pieces) do
     local nodes = "-"
@@ -199,9 +202,10 @@ local function breakdown(name, recipe)
     end
     local ms = (timing.median(times[k]))
     total_ms = total_ms + ms
-    print(string.format("| %s | %.3f | %s |", piece[1], ms, tostring(nodes)))
+    print(string.format("| %s | %.3f | %s | %s | %s |", piece[1], ms, tostring(nodes),
+                        gib(held[k]), gib(peaks[k])))
   end
-  print(string.format("| total | %.3f | %d |", total_ms, total_nodes))
+  print(string.format("| total | %.3f | %d | | |", total_ms, total_nodes))
 end
 if o.breakdown then
   for _, recipe in ipairs(split(o.recipes)) do breakdown(o.breakdown, recipe) end

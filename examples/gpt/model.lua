@@ -85,13 +85,18 @@ function GPT:forward(ids, grad)
     local b, t = tonumber(ids.shape[0]), tonumber(ids.shape[1])
     h:add_(self.pos:forward(self:positions(b, t), opts))
   end
+  return self:head_forward(self:layers_forward(h, opts), opts)
+end
+
+--- The TransformerLayers on h, the FP8 ones (set_fp8) inside the scope.
+function GPT:layers_forward(h, opts)
   local scope = self.fp8
   for i = 1, #self.layers do
     if scope and i == self.fp8_first then scope:enter() end
     h = self.layers[i]:forward(h, opts)
     if scope and i == self.fp8_last then scope:exit() end
   end
-  return self:head_forward(h, opts)
+  return h
 end
 
 --- The final norm and the LM head: logits of the last layer's output h (inside the FP8 scope
