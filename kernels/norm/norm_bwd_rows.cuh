@@ -38,6 +38,9 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
   };
   constexpr int kBeta = NC * V * kRowThreads;
   constexpr int esz = DT == LUTRA_F32 ? 4 : 2;
+  /* RMSNorm has no dbeta and no mean term: its column sums, their doubles and the row's second
+   * sum are skipped (a uniform branch) */
+  const bool beta = !a.rms;
   const int64_t h = a.hidden, rb = blockIdx.x, rpb = cdiv<int64_t>(a.rows, nrb);
   const int64_t r0 = imin<int64_t>(a.rows, rb * rpb), r1 = imin<int64_t>(a.rows, r0 + rpb);
   /* the stages (bwd_stage_bytes each) S of them after the doubles, the barriers after those */
@@ -72,7 +75,8 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 #pragma unroll
     for (int k = 0; k < V; k++) {
       sg[j][k] = sb[j][k] = 0.0f;
-      acc[slot(j, k)] = acc[kBeta + slot(j, k)] = 0.0;
+      acc[slot(j, k)] = 0.0;
+      if (beta) acc[kBeta + slot(j, k)] = 0.0;
     }
   }
   if constexpr (S > 0) __syncthreads(); /* the barriers' init seen by every thread */
@@ -85,7 +89,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
         const int64_t c = col<V>(j) + k;
         if (FULL || c < h) {
           acc[slot(j, k)] += sg[j][k];
-          acc[kBeta + slot(j, k)] += sb[j][k];
+          if (beta) acc[kBeta + slot(j, k)] += sb[j][k];
         }
         sg[j][k] = sb[j][k] = 0.0f;
       }
@@ -132,8 +136,9 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
         dxhat[j][k] = fmul(dy[k], g[j][k]);
         if (!in) continue;
         sg[j][k] = fadd(sg[j][k], fmul(dy[k], xhat[j][k]));
-        sb[j][k] = fadd(sb[j][k], dy[k]);
         s[0] = fadd(s[0], fmul(dxhat[j][k], xhat[j][k]));
+        if (!beta) continue;
+        sb[j][k] = fadd(sb[j][k], dy[k]);
         s[1] = fadd(s[1], dxhat[j][k]);
       }
     }
@@ -144,9 +149,15 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
     float c1 = 0.0f, c2 = 0.0f;
     if (a.dx) {
       /* its barrier: every thread's reads of the stage done */
-      row_reduce_all<2>(s, parts, half);
+      if (beta) {
+        row_reduce_all<2>(s, parts, half);
+        c2 = fdiv(s[1], static_cast<float>(h));
+      } else {
+        float s0[1] = {s[0]};
+        row_reduce_all<1>(s0, parts, half);
+        s[0] = s0[0];
+      }
       c1 = fdiv(s[0], static_cast<float>(h));
-      c2 = a.rms ? 0.0f : fdiv(s[1], static_cast<float>(h));
     } else if constexpr (S > 0) {
       __syncthreads();
     }
