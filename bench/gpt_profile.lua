@@ -22,6 +22,7 @@ local function parse(argv)
   local p = argparse("gpt_profile.lua", "Eager GPT training steps for a kernel profiler.")
   p:option("--config", "small, gpt2 or tiny", "gpt2"):choices({ "small", "gpt2", "tiny" })
   p:option("--recipe", "none or a lutra.recipe name (delayed, current, ...)", "none")
+  p:flag("--fp8-head", "the LM head in FP8 too (GPT:set_fp8's head)")
   p:option("--steps", "training steps", "2", tonumber)
   p:option("--device", "cuda or cpu (a smoke test of the script)", "cuda")
       :choices({ "cuda", "cpu" })
@@ -36,7 +37,7 @@ local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads =
                         seq = c.seq, dtype = o.device == "cuda" and "bf16" or "f32",
                         device = o.device })
 if o.recipe ~= "none" then
-  gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(o.recipe) })
+  gpt:set_fp8(lutra.autocast { recipe = lutra.recipe.named(o.recipe) }, nil, nil, o.fp8_head)
 end
 local loss = lutra.nn.CrossEntropyLoss()
 -- gpt_bench.lua's optimizer
