@@ -17,7 +17,11 @@ def load(path, args=False):
     names = rows[head]
     k, t = names.index("Kernel Name"), names.index("gpu__time_duration.sum")
     unit = rows[head + 1][t]
-    scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3}.get(unit, 1.0)
+    # Nsight Compute names the unit either way (nsecond or ns, by version)
+    scales = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3}
+    if unit not in scales:
+        raise SystemExit(f"ncu_kernels.py: unknown time unit {unit!r} in {path}")
+    scale = scales[unit]
     out = []
     for r in rows[head + 2:]:
         try:
