@@ -94,7 +94,14 @@ local function set_recipe(gpt, recipe)
   gpt:set_fp8(scope, all and 1 or nil, all and #gpt.layers or nil, extent ~= "")
 end
 
+-- the previous run's model, optimizer and graph freed first: each row's peak memory its own
+local function release_previous()
+  collectgarbage()
+  collectgarbage()
+end
+
 local function run(name, c, build, recipe)
+  release_previous()
   lutra.manual_seed(0)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
                           seq = c.seq, dtype = DTYPE, device = DEV })
@@ -144,6 +151,7 @@ local function gib(bytes) return bytes and string.format("%.2f", bytes / 2 ^ 30)
 -- copies; cuda only)
 local function breakdown(name, recipe)
   local c = CONFIGS[name] or error("gpt_bench.lua: unknown config " .. name)
+  release_previous()
   lutra.manual_seed(0)
   local gpt = model.new({ vocab = c.vocab, dim = c.dim, layers = c.layers, heads = c.heads,
                           seq = c.seq, dtype = DTYPE, device = DEV })
