@@ -24,7 +24,10 @@
  *     memory by the bulk copy engine, each row of x and dy with its mean and rstd, kBwdStages
  *     rows ahead (kernels/common/bulk_rows.cuh): loaded one row ahead into registers instead, each
  *     row waited at the hand-over of the next row's loads (docs/lab/, "The norm backward's
- *     rows staged"). Older devices and unaligned rows keep the register loads.
+ *     rows staged"). Older devices and unaligned rows keep the register loads. Rows of at most
+ *     kNarrowWarps warps' chunks (256 bf16 columns) take norm_bwd_narrow instead
+ *     (kernels/norm/norm_bwd_narrow.cuh): several rows a block, a few warps each, dx's bits the
+ *     same.
  * The forward's row statistics' divisions and square root run in warp 0 alone (row_reduce's fin);
  * the row-resident backward's sums reach every warp after one barrier (row_reduce_all).
  * The sums were double once (FP64 adds and an f32 -> f64 conversion per element, the latter at a
@@ -353,6 +356,8 @@ cudaError_t backward_rows(const lutra_norm_args *a, const lk_scratch *scratch, c
   return cudaGetLastError();
 }
 
+#include "norm_bwd_narrow.cuh"
+
 /* the row blocks of the wider rows' backward: double partials */
 int64_t wide_row_blocks(int64_t rows, int64_t hidden) {
   const int64_t fit = LK_BIAS_PARTIALS / (2 * hidden);
@@ -433,7 +438,9 @@ cudaError_t lk_layernorm_backward(const lutra_norm_args *a, const lk_scratch *sc
       auto run = [&](auto v) {
         constexpr int V = decltype(v)::value;
         bool done = false;
-        const cudaError_t e = backward_rows<DT, PDT, V>(a, scratch, s, done);
+        cudaError_t e = backward_narrow<DT, PDT, V>(a, scratch, s, done);
+        if (done || e != cudaSuccess) return e;
+        e = backward_rows<DT, PDT, V>(a, scratch, s, done);
         if (done || e != cudaSuccess) return e;
         return backward_wide<DT, PDT, V>(a, scratch, s);
       };
