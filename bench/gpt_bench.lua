@@ -94,10 +94,18 @@ local function set_recipe(gpt, recipe)
   gpt:set_fp8(scope, all and 1 or nil, all and #gpt.layers or nil, extent ~= "")
 end
 
--- the previous run's model, optimizer and graph freed first: each row's peak memory its own
+-- the previous run's model, optimizer and graph freed first: each row's peak memory its own.
+-- A full collection runs the finalizers of what is unreachable, and what those objects hold
+-- goes in a later one: collect until the device memory lutra holds stops falling (two fixed
+-- collections left a whole model held in one process of four).
 local function release_previous()
-  collectgarbage()
-  collectgarbage()
+  local held = math.huge
+  for _ = 1, 16 do
+    collectgarbage()
+    local now = lutra.device_memory(DEV) or 0
+    if now >= held then break end
+    held = now
+  end
 end
 
 local function run(name, c, build, recipe)
@@ -114,9 +122,9 @@ local function run(name, c, build, recipe)
     gpt:backward(loss:backward())
     opt:step()
   end
-  local issue, nodes = step, "-"
+  local issue, nodes, g = step, "-", nil
   if build == "graph" then
-    local g = lutra.graph.capture(step, { warmup = 2 })
+    g = lutra.graph.capture(step, { warmup = 2 })
     issue = function() g:replay() end
     nodes = tostring((g:info()))
   end
@@ -141,6 +149,7 @@ local function run(name, c, build, recipe)
                             timing.median(host), loss:value(), nodes)
   print(row)
   io.stdout:flush()
+  if g then g:destroy() end -- its memory back now, not at a later collection
   return row
 end
 
@@ -239,8 +248,6 @@ for _, name in ipairs(DEV == "cpu" and { "tiny" } or split(o.configs)) do
         print(row)
       end
       rows[#rows + 1] = row
-      collectgarbage()
-      collectgarbage()
     end
   end
 end
