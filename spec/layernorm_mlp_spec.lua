@@ -159,6 +159,41 @@ describe("nn.Residual", function()
     end
   end)
 
+  -- around a norm, the norm's backward kernel adds dy (dx_add): dx = LN'(dy) + dy in f32, rounded
+  -- once; an f32 norm with the same (exactly widened) parameters and inputs gives the f32 values
+  -- before that rounding. The forward's sum is the Residual's own (x + y, y rounded first).
+  it("around a norm: dx = dy + the norm's input gradient in its kernel, bit for bit", function()
+    for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
+      for _, dtype in ipairs { "f32", "bf16" } do
+        local norm = nn[kind](16, { dtype = dtype })
+        local wide = nn[kind](16)
+        for i, q in ipairs(norm:parameters()) do
+          q.value:randn(math.random(1, 2 ^ 30), 1, 0.5)
+          wide:parameters()[i].value:copy(q.value)
+        end
+        local r = nn.Residual(norm)
+        local x = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
+        local dy = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
+        local y = r:forward(x):to_table()
+        local h = lutra.tensor({ 8, 16 }, dtype):copy(norm:forward(x)):to_table()
+        local dx = r:backward(dy):to_table()
+        wide:forward(lutra.tensor({ 8, 16 }):copy(x))
+        local dh = wide:backward(lutra.tensor({ 8, 16 }):copy(dy)):to_table()
+        local xv, dyv = x:to_table(), dy:to_table()
+        local function rounded(v)
+          local f32 = lutra.tensor({ 1 }):set({ v })
+          return lutra.tensor({ 1 }, dtype):copy(f32):to_table()[1]
+        end
+        local what = kind .. " " .. dtype
+        for i = 1, #y do
+          assert.are.equal(rounded(xv[i] + h[i]), y[i], what .. " y[" .. i .. "]")
+          assert.are.equal(rounded(dyv[i] + dh[i]), dx[i], what .. " dx[" .. i .. "]")
+        end
+        assert.is_nil(r:backward(dy, false))
+      end
+    end
+  end)
+
   -- applied to its own output, the Residual cannot hand the GEMM its input as C and as D: it sums
   -- after the module, as the plain composition does
   it("applied to its own output: the same values as the plain composition", function()

@@ -78,9 +78,9 @@ LUTRA_API int lutra_layernorm_mlp_fusions(const lutra_module *m, int *forward, i
 /* Residual: y = x + m(x) (m's output must have x's dtype and shape); backward: dx = dy + m's
  * input gradient. It holds a reference to m; its parameters are m's. The sums are made by m's
  * last kernel where m has one that can (a Linear's, LayerNormMLP's or MultiheadAttention's
- * forward GEMM takes x as its epilogue's C; the norm backward of a LayerNorm-first module, or the
- * dgrad GEMM of a Linear-first one, adds dy),
- * in f32 and rounded once, else by an element-wise sum after m. */
+ * forward GEMM takes x as its epilogue's C; the backward kernel of a norm or of a
+ * LayerNorm-first module's norm, or the dgrad GEMM of a Linear-first one, adds dy), in f32 and
+ * rounded once, else by an element-wise sum after m. */
 LUTRA_API int lutra_residual_new(lutra_module *m, lutra_module **out);
 
 #ifdef __cplusplus

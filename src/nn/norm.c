@@ -59,6 +59,19 @@ static void norm_release(lutra_module *m) {
   lutra_norm_core_release(&((norm *)m)->core);
 }
 
+/* A Residual around the norm: its backward's sum (dx + dy) made by the norm's backward kernel
+ * (the core's dx_add), in f32 and rounded once; the forward's x + y stays the Residual's
+ * element-wise sum, the forward kernel taking no addend. */
+static bool norm_arm_residual(lutra_module *m, int pass, const lutra_tensor *r, lutra_tensor *out) {
+  if (pass != LUTRA_PASS_BACKWARD) return false;
+  lutra_norm_core *c = &((norm *)m)->core;
+  c->residual = r;
+  c->residual_out = out;
+  return true;
+}
+static const lutra_fusion_ops norm_fusion = {.activation = LUTRA_ACT_NONE,
+                                             .arm_residual = norm_arm_residual};
+
 /* a leaf: "weight" (gamma) and, for LayerNorm, "bias" (beta), as torch names them; no FP8 */
 static const lutra_checkpoint_ops norm_checkpoint = {0};
 
@@ -67,7 +80,7 @@ static const lutra_checkpoint_ops norm_checkpoint = {0};
   {                                                                                                \
     .kind = kind_name, .forward = norm_forward, .backward = norm_backward,                         \
     .num_params = norm_num_params, .param = norm_param, .release = norm_release,                   \
-    .checkpoint = &norm_checkpoint,                                                                \
+    .checkpoint = &norm_checkpoint, .fusion = &norm_fusion,                                        \
   }
 static const lutra_module_ops layernorm_ops = NORM_OPS("layernorm");
 static const lutra_module_ops rmsnorm_ops = NORM_OPS("rmsnorm");
