@@ -129,6 +129,29 @@ describe("nn.LayerNormMLP", function()
 end)
 
 describe("nn.Residual", function()
+  -- Runs r forward and backward on fresh [8, 16] inputs of dtype and checks y = x + h and
+  -- dx = dy + dh bit for bit, each sum rounded once into dtype: h = h_of(x) (a table of values),
+  -- dh the input gradient of wide (an f32 twin of the wrapped module) at the widened inputs.
+  local function check_sums(r, wide, dtype, what, h_of)
+    local x = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
+    local dy = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
+    local y = r:forward(x):to_table()
+    local h = h_of(x)
+    local dx = r:backward(dy):to_table()
+    wide:forward(lutra.tensor({ 8, 16 }):copy(x))
+    local dh = wide:backward(lutra.tensor({ 8, 16 }):copy(dy)):to_table()
+    local xv, dyv = x:to_table(), dy:to_table()
+    local function rounded(v)
+      local f32 = lutra.tensor({ 1 }):set({ v })
+      return lutra.tensor({ 1 }, dtype):copy(f32):to_table()[1]
+    end
+    for i = 1, #y do
+      assert.are.equal(rounded(xv[i] + h[i]), y[i], what .. " y[" .. i .. "]")
+      assert.are.equal(rounded(dyv[i] + dh[i]), dx[i], what .. " dx[" .. i .. "]")
+    end
+    assert.is_nil(r:backward(dy, false))
+  end
+
   -- the Linear's GEMMs add x and dy (their epilogue's C): y = x W^T + b + x and dx = dy W + dy
   -- in f32, rounded once. An f32 Linear with the same (exactly widened) weights gives the f32
   -- values before that rounding, so a bf16 sum rounded twice (the product first) fails it.
@@ -140,28 +163,15 @@ describe("nn.Residual", function()
       local r = nn.Residual(lin)
       assert.are.equal("residual", r:kind())
       assert.are.equal(2, #r:parameters())
-      local x = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
-      local dy = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
-      local y = r:forward(x):to_table()
-      local h = wide:forward(lutra.tensor({ 8, 16 }):copy(x)):to_table()
-      local dx = r:backward(dy):to_table()
-      local dh = wide:backward(lutra.tensor({ 8, 16 }):copy(dy)):to_table()
-      local xv, dyv = x:to_table(), dy:to_table()
-      local function rounded(v)
-        local f32 = lutra.tensor({ 1 }):set({ v })
-        return lutra.tensor({ 1 }, dtype):copy(f32):to_table()[1]
-      end
-      for i = 1, #y do
-        assert.are.equal(rounded(xv[i] + h[i]), y[i], dtype .. " y[" .. i .. "]")
-        assert.are.equal(rounded(dyv[i] + dh[i]), dx[i], dtype .. " dx[" .. i .. "]")
-      end
-      assert.is_nil(r:backward(dy, false))
+      check_sums(r, wide, dtype, dtype, function(x)
+        return wide:forward(lutra.tensor({ 8, 16 }):copy(x)):to_table()
+      end)
     end
   end)
 
   -- around a norm, the norm's backward kernel adds dy (dx_add): dx = LN'(dy) + dy in f32, rounded
-  -- once; an f32 norm with the same (exactly widened) parameters and inputs gives the f32 values
-  -- before that rounding. The forward's sum is the Residual's own (x + y, y rounded first).
+  -- once (a bf16 sum rounded twice fails it). The forward's sum is the Residual's own: x + y, y
+  -- rounded into dtype first.
   it("around a norm: dx = dy + the norm's input gradient in its kernel, bit for bit", function()
     for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
       for _, dtype in ipairs { "f32", "bf16" } do
@@ -171,25 +181,9 @@ describe("nn.Residual", function()
           q.value:randn(math.random(1, 2 ^ 30), 1, 0.5)
           wide:parameters()[i].value:copy(q.value)
         end
-        local r = nn.Residual(norm)
-        local x = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
-        local dy = lutra.tensor({ 8, 16 }, dtype):randn(math.random(1, 2 ^ 30))
-        local y = r:forward(x):to_table()
-        local h = lutra.tensor({ 8, 16 }, dtype):copy(norm:forward(x)):to_table()
-        local dx = r:backward(dy):to_table()
-        wide:forward(lutra.tensor({ 8, 16 }):copy(x))
-        local dh = wide:backward(lutra.tensor({ 8, 16 }):copy(dy)):to_table()
-        local xv, dyv = x:to_table(), dy:to_table()
-        local function rounded(v)
-          local f32 = lutra.tensor({ 1 }):set({ v })
-          return lutra.tensor({ 1 }, dtype):copy(f32):to_table()[1]
-        end
-        local what = kind .. " " .. dtype
-        for i = 1, #y do
-          assert.are.equal(rounded(xv[i] + h[i]), y[i], what .. " y[" .. i .. "]")
-          assert.are.equal(rounded(dyv[i] + dh[i]), dx[i], what .. " dx[" .. i .. "]")
-        end
-        assert.is_nil(r:backward(dy, false))
+        check_sums(nn.Residual(norm), wide, dtype, kind .. " " .. dtype, function(x)
+          return lutra.tensor({ 8, 16 }, dtype):copy(norm:forward(x)):to_table()
+        end)
       end
     end
   end)
