@@ -228,4 +228,25 @@ describe("nn.Residual on " .. DEV, function()
       end
     end
   end)
+
+  -- around a norm the backward's sum is the norm kernel's (dx_add): the row kernels of every
+  -- width class (a warp a row up to 256 columns, a block a row beyond), and the scalar path
+  test("around a norm: dx + dy in the norm's backward kernel, the CPU's bit for bit", function()
+    for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
+      for _, dtype in ipairs { "f32", "bf16" } do
+        for _, shape in ipairs { { 96, 256 }, { 96, 768 }, { 33, 4096 }, { 7, 13 } } do
+          local out = {}
+          for i, dev in ipairs { REF, DEV } do
+            local r = hold(nn.Residual(nn[kind](shape[2], { dtype = dtype, device = dev })))
+            local x = lutra.tensor(shape, dtype, dev):randn(shape[2] + 7)
+            local dy = lutra.tensor(shape, dtype, dev):randn(shape[2] + 8)
+            out[i] = { S.keep(r:forward(x)), r:backward(dy) }
+          end
+          local what = kind .. " " .. dtype .. " " .. shape[1] .. "x" .. shape[2]
+          S.assert_same_tensor(out[2][1], out[1][1], what .. " y")
+          S.assert_same_tensor(out[2][2], out[1][2], what .. " dx")
+        end
+      end
+    end
+  end)
 end)
