@@ -122,6 +122,10 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
       mn = a.rms ? 0.0f : a.mean[r + 1];
       rn = a.rstd[r + 1];
     }
+    /* the residual's gradient for this row's dx, loaded now so that its latency passes under
+     * the row's sums and their barriers instead of before each store */
+    Raw<DT, V> addc[NC] = {};
+    if (a.dx && a.dx_add) load_row<DT, V, NC, FULL>(a.dx_add, r * h, h, addc);
     float xhat[NC][V], dxhat[NC][V];
     float s[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -176,7 +180,14 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 #pragma unroll
         for (int k = 0; k < V; k++)
           dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rc);
-        store_dx<DT, V>(a, r * h + c, dx);
+        if (a.dx_add) {
+          float add[V];
+          unraw<DT, V>(addc[j], add);
+#pragma unroll
+          for (int k = 0; k < V; k++)
+            dx[k] = fadd(dx[k], add[k]);
+        }
+        stv<DT, V>(a.dx, r * h + c, dx);
       }
     }
     if constexpr (S == 0) {
