@@ -212,19 +212,24 @@ describe("nn.LayerNormLinear on " .. DEV .. ": the fused path is taken", functio
 end)
 
 describe("nn.Residual on " .. DEV, function()
+  -- make(hidden, dtype, dev) wrapped in a Residual on the reference and on DEV: y and dx the same
+  local function check_residual(make, dtype, shape, what)
+    local out = {}
+    for i, dev in ipairs { REF, DEV } do
+      local r = hold(nn.Residual(make(shape[2], dtype, dev)))
+      local x = lutra.tensor(shape, dtype, dev):randn(shape[2] + 5)
+      local dy = lutra.tensor(shape, dtype, dev):randn(shape[2] + 6)
+      out[i] = { S.keep(r:forward(x)), r:backward(dy) }
+    end
+    what = what .. " " .. dtype .. " " .. shape[1] .. "x" .. shape[2]
+    S.assert_same_tensor(out[2][1], out[1][1], what .. " y")
+    S.assert_same_tensor(out[2][2], out[1][2], what .. " dx")
+  end
+
   test("the sum is the CPU's bit for bit (one f32 addition rounded once)", function()
     for _, dtype in ipairs { "f32", "bf16", "f16" } do
       for _, shape in ipairs { { 64, 256 }, { 7, 13 } } do -- vector and scalar paths
-        local out = {}
-        for i, dev in ipairs { REF, DEV } do
-          local r = hold(nn.Residual(nn.ReLU()))
-          local x = lutra.tensor(shape, dtype, dev):randn(shape[2] + 5)
-          local dy = lutra.tensor(shape, dtype, dev):randn(shape[2] + 6)
-          out[i] = { S.keep(r:forward(x)), r:backward(dy) }
-        end
-        local what = dtype .. " " .. shape[1] .. "x" .. shape[2]
-        S.assert_same_tensor(out[2][1], out[1][1], what .. " y")
-        S.assert_same_tensor(out[2][2], out[1][2], what .. " dx")
+        check_residual(function() return nn.ReLU() end, dtype, shape, "ReLU")
       end
     end
   end)
@@ -233,18 +238,10 @@ describe("nn.Residual on " .. DEV, function()
   -- width class (a warp a row up to 256 columns, a block a row beyond), and the scalar path
   test("around a norm: dx + dy in the norm's backward kernel, the CPU's bit for bit", function()
     for _, kind in ipairs { "LayerNorm", "RMSNorm" } do
+      local function make(h, dtype, dev) return nn[kind](h, { dtype = dtype, device = dev }) end
       for _, dtype in ipairs { "f32", "bf16" } do
         for _, shape in ipairs { { 96, 256 }, { 96, 768 }, { 33, 4096 }, { 7, 13 } } do
-          local out = {}
-          for i, dev in ipairs { REF, DEV } do
-            local r = hold(nn.Residual(nn[kind](shape[2], { dtype = dtype, device = dev })))
-            local x = lutra.tensor(shape, dtype, dev):randn(shape[2] + 7)
-            local dy = lutra.tensor(shape, dtype, dev):randn(shape[2] + 8)
-            out[i] = { S.keep(r:forward(x)), r:backward(dy) }
-          end
-          local what = kind .. " " .. dtype .. " " .. shape[1] .. "x" .. shape[2]
-          S.assert_same_tensor(out[2][1], out[1][1], what .. " y")
-          S.assert_same_tensor(out[2][2], out[1][2], what .. " dx")
+          check_residual(make, dtype, shape, kind)
         end
       end
     end
