@@ -25,9 +25,9 @@
  *     rows ahead (kernels/common/bulk_rows.cuh): loaded one row ahead into registers instead, each
  *     row waited at the hand-over of the next row's loads (docs/lab/, "The norm backward's
  *     rows staged"). Older devices and unaligned rows keep the register loads. Rows of at most
- *     kNarrowWarps warps' chunks (256 bf16 columns) take norm_bwd_narrow instead
- *     (kernels/norm/norm_bwd_narrow.cuh): several rows a block, a few warps each, dx's bits the
- *     same.
+ *     kNarrowChunks chunks a lane (1024 bf16 columns) take norm_bwd_narrow instead
+ *     (kernels/norm/norm_bwd_narrow.cuh): a warp a row, several rows a block, no barrier a row,
+ *     dx's bits the same.
  * The forward's row statistics' divisions and square root run in warp 0 alone (row_reduce's fin);
  * the row-resident backward's sums reach every warp after one barrier (row_reduce_all).
  * The sums were double once (FP64 adds and an f32 -> f64 conversion per element, the latter at a
@@ -134,17 +134,27 @@ __device__ __forceinline__ void dx_coefficients(const lutra_norm_args &a, float 
   });
 }
 
-/* dx[V] at element i, with the residual's gradient a.dx_add added in f32 before the rounding */
+/* dx[V] at element i stored, plus add (the residual's gradient at i as loaded: a.dx_add's) in f32
+ * before the rounding where the caller passes one */
 template <int DT, int V>
-__device__ __forceinline__ void store_dx(const lutra_norm_args &a, int64_t i, float (&dx)[V]) {
-  if (a.dx_add) {
+__device__ __forceinline__ void store_dx_plus(const lutra_norm_args &a, int64_t i, float (&dx)[V],
+                                              const Raw<DT, V> *add) {
+  if (add) {
     float r[V];
-    ldv<DT, V>(a.dx_add, i, r);
+    unraw<DT, V>(*add, r);
 #pragma unroll
     for (int k = 0; k < V; k++)
       dx[k] = fadd(dx[k], r[k]);
   }
   stv<DT, V>(a.dx, i, dx);
+}
+
+/* dx[V] at element i, with the residual's gradient a.dx_add loaded here and added */
+template <int DT, int V>
+__device__ __forceinline__ void store_dx(const lutra_norm_args &a, int64_t i, float (&dx)[V]) {
+  Raw<DT, V> add{};
+  if (a.dx_add) add = raw_at<DT, V>(a.dx_add, i);
+  store_dx_plus<DT, V>(a, i, dx, a.dx_add ? &add : nullptr);
 }
 
 template <int DT, int PDT, int V>

@@ -180,14 +180,7 @@ __global__ void __launch_bounds__(kRowThreads, bwd_blocks_per_sm<DT, V, NC>())
 #pragma unroll
         for (int k = 0; k < V; k++)
           dx[k] = fmul(fsub(dxhat[j][k], fadd(fmul(xhat[j][k], c1), c2)), rc);
-        if (a.dx_add) {
-          float add[V];
-          unraw<DT, V>(addc[j], add);
-#pragma unroll
-          for (int k = 0; k < V; k++)
-            dx[k] = fadd(dx[k], add[k]);
-        }
-        stv<DT, V>(a.dx, r * h + c, dx);
+        store_dx_plus<DT, V>(a, r * h + c, dx, a.dx_add ? &addc[j] : nullptr);
       }
     }
     if constexpr (S == 0) {

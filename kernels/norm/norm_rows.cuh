@@ -99,6 +99,18 @@ template <int V> __device__ __forceinline__ int64_t col(int j) {
 template <int DT, int V> struct Raw { uint4 q; };
 template <int DT> struct Raw<DT, 1> { float f; };
 
+/* the V elements from element i as loaded (load_row's, at a chunk of the caller's choosing) */
+template <int DT, int V> __device__ __forceinline__ Raw<DT, V> raw_at(const void *p, int64_t i) {
+  Raw<DT, V> r;
+  if constexpr (V == 1) {
+    r.f = ld<DT>(p, i);
+  } else {
+    constexpr int esz = DT == LUTRA_F32 ? 4 : 2;
+    r.q = *reinterpret_cast<const uint4 *>(static_cast<const char *>(p) + i * esz);
+  }
+  return r;
+}
+
 /* FULL (the kernels' template flag): every thread's NC chunks lie inside the row (hidden is
  * NC V kRowThreads), so no column check is compiled */
 template <int DT, int V, int NC, bool FULL = false>

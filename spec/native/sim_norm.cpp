@@ -297,10 +297,11 @@ int main(int argc, char **argv) {
    * to eight chunks per thread (row-resident, 8192 bf16 columns the widest), wider rows (the
    * fallback kernels), one row, and enough rows for several backward row blocks with several
    * f32 groups each; rows that fill the threads' chunks (the kernels' FULL: 16-bit 2048 and
-   * 4096, f32 1024) over several pairs a block and an odd last row */
-  const Shape norm_shapes[] = {{3, 64},   {7, 77},   {70, 520},  {33, 2056}, {5, 4100}, {1, 4096},
-                               {1, 9},    {700, 64}, {130, 264}, {17, 8192}, {3, 8200}, {2, 12288},
-                               {9, 1030}, {4, 2500}, {37, 2048}, {11, 4096}, {27, 1024}};
+   * 4096, f32 1024) over several pairs a block and an odd last row; the narrow backward's one to
+   * four chunks a lane (64, 264, 520 or 768, 1024 bf16 columns) */
+  const Shape norm_shapes[] = {{3, 64},   {7, 77},   {70, 520},  {33, 2056}, {5, 4100},  {1, 4096},
+                               {1, 9},    {700, 64}, {130, 264}, {17, 8192}, {3, 8200},  {2, 12288},
+                               {9, 1030}, {4, 2500}, {37, 2048}, {11, 4096}, {27, 1024}, {50, 768}};
   uint32_t seed = 1;
   for (int dt : {LUTRA_BF16, LUTRA_F16, LUTRA_F32})
     for (int pdt : {LUTRA_F32, LUTRA_BF16})
