@@ -3,10 +3,13 @@
 -- kernel's GPU time is listed; bench/ncu_kernels.py sums them per kernel and per step:
 --   ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
 --     luajit bench/gpt_profile.lua --config gpt2 --recipe delayed --steps 2 > K.csv
---   python3 bench/ncu_kernels.py --steps 2 K.csv
+--   (the same with --steps 1 > K1.csv)
+--   python3 bench/ncu_kernels.py --steps 2 K.csv --base K1.csv --base-steps 1
 -- (tools/gpu-check.sh gpt-profile runs both, bf16 and FP8 delayed.) The first step builds the
--- plans (host work only); every step launches the same kernels, so the sums over the steps
--- divided by --steps are one step's, set-up kernels (the weights' initialization) aside.
+-- plans (host work only); every step launches the same kernels. The set-up's kernels (weights
+-- and gradients initialized, the optimizer's f32 master copies) come before the first step:
+-- the one-step run subtracted leaves the second step's alone (without it they are counted in,
+-- ~0.7 ms a GPT-2 step).
 package.path = "examples/gpt/?.lua;" .. package.path
 local lutra = require("lutra")
 local model = require("model")

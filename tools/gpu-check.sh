@@ -241,15 +241,19 @@ if has gpt; then
   note "gpt breakdown exit $?"
 fi
 if has gpt-profile; then
-  # one eager GPT-2 step's GPU time per kernel, bf16 beside FP8 delayed (Nsight Compute)
+  # one eager GPT-2 step's GPU time per kernel, bf16 beside FP8 delayed (Nsight Compute); the
+  # one-step runs are subtracted: what is left is the second step's alone, set-up's kernels out
   for r in none delayed; do
-    timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
-      luajit bench/gpt_profile.lua --config gpt2 --recipe $r --steps 2 \
-      > "$OUT/gpt-kernels-$r.csv" 2> "$OUT/gpt-kernels-$r.err"
-    note "gpt profile $r exit $?"
+    for n in 1 2; do
+      timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+        luajit bench/gpt_profile.lua --config gpt2 --recipe $r --steps $n \
+        > "$OUT/gpt-kernels-$r-$n.csv" 2> "$OUT/gpt-kernels-$r-$n.err"
+      note "gpt profile $r ($n steps) exit $?"
+    done
   done
-  python3 bench/ncu_kernels.py --steps 2 "$OUT/gpt-kernels-none.csv" \
-    "$OUT/gpt-kernels-delayed.csv" > "$OUT/gpt-kernels.md" 2>&1
+  python3 bench/ncu_kernels.py --steps 2 "$OUT/gpt-kernels-none-2.csv" \
+    "$OUT/gpt-kernels-delayed-2.csv" --base "$OUT/gpt-kernels-none-1.csv" \
+    "$OUT/gpt-kernels-delayed-1.csv" --base-steps 1 > "$OUT/gpt-kernels.md" 2>&1
   summary+=("$(cat "$OUT/gpt-kernels.md")")
 fi
 printf '%s\n' "${summary[@]}" | tee "$OUT/summary.txt"
