@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(kRowThreads, NC *V <= 16 ? 4 : 2) k_row_stats_
 }
 
 /* The same for rows narrower than one chunk of V a thread (k_row_stats_warps: a warp a row,
- * kRowWarps rows a block); each lane reads its chunks of the row again (L1 hits) for y */
-template <int DT, int PDT, int V>
+ * kRowWarps rows a block); y's amax from the chunks row_stats_resident loaded */
+template <int DT, int PDT, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads) k_row_stats_amax_warps(Params p) {
   if (p.skip && *p.skip) return; /* uniform: before any barrier */
   __shared__ float fred[32];
@@ -183,13 +183,13 @@ __global__ void __launch_bounds__(kRowThreads) k_row_stats_amax_warps(Params p) 
   const bool vec = params_vec<V>(a, !a.rms);
   float m = -INFINITY;
   if (r < a.rows) {
-    float mean, rstd;
-    row_stats<DT, V>(a, r * h, lane, mean, rstd);
+    float x[NC][V], mean, rstd;
+    row_stats_resident<DT, V, NC>(a, r * h, lane, x, mean, rstd);
     if (lane == 0) keep_stats(a, r, mean, rstd);
-    for (int64_t c = static_cast<int64_t>(lane) * V; c < h; c += 32 * V) {
-      float x[V];
-      ldv<DT, V>(a.x, r * h + c, x);
-      m = chunk_amax<DT, PDT, V>(a, x, c, mean, rstd, vec, m);
+#pragma unroll
+    for (int g = 0; g < NC; g++) {
+      const int64_t c = (static_cast<int64_t>(lane) + 32 * g) * V;
+      if (c < h) m = chunk_amax<DT, PDT, V>(a, x[g], c, mean, rstd, vec, m);
     }
   }
   m = lkc::block_max(m, fred);
@@ -200,7 +200,9 @@ __global__ void __launch_bounds__(kRowThreads) k_row_stats_amax_warps(Params p) 
  * row_stats_kernel picks the statistics' kernel), or nullptr where the rows exceed kResident
  * elements a thread */
 template <int DT, int PDT, int V> auto row_stats_amax_kernel(int64_t h) -> void (*)(Params) {
-  if (row_stats_by_warps<V>(h)) return k_row_stats_amax_warps<DT, PDT, V>;
+  if (row_stats_by_warps<V>(h))
+    return with_lane_chunks<V, void (*)(Params)>(
+        h, [](auto nc) { return k_row_stats_amax_warps<DT, PDT, V, decltype(nc)::value>; });
   return with_resident_chunks<V, void (*)(Params)>(
       h, [](auto nc) { return k_row_stats_amax<DT, PDT, V, decltype(nc)::value>; });
 }

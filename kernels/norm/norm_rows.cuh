@@ -495,19 +495,77 @@ __device__ __forceinline__ void row_stats(const lutra_norm_args &a, int64_t o, i
   rstd = row_rstd(a, warp_row_sum<DT, V>(a, o, lane, mean, true));
 }
 
-/* k_row_stats for rows narrower than one chunk of V a thread: a warp a row (row_stats, the same
- * bits), kRowWarps rows a block. k_row_stats's block per row leaves most of its threads idle
- * there (96 of 256 at 768 columns) and pays a block reduction per row. */
-template <int DT, int V>
+/* row_stats for rows of at most NC chunks a lane (32 NC V columns): the chunks are loaded once
+ * and both sums taken from registers, the groups without columns skipped (their warp sums are
+ * 0.0, and adding 0.0 to a sum that started at +0.0 changes nothing): the same bits with one
+ * read of the row and no shuffles for empty groups. x[g] is lane's chunk l + 32 g (zeros where
+ * it lies past the row), kept for a caller that needs the values again. */
+template <int DT, int V, int NC>
+__device__ __forceinline__ void row_stats_resident(const lutra_norm_args &a, int64_t o, int lane,
+                                                   float (&x)[NC][V], float &mean, float &rstd) {
+  const int64_t h = a.hidden;
+#pragma unroll
+  for (int g = 0; g < NC; g++) {
+    const int64_t j = (static_cast<int64_t>(lane) + 32 * g) * V;
+    if (j < h) {
+      ldv<DT, V>(a.x, o + j, x[g]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        x[g][k] = 0.0f;
+    }
+  }
+  float r = 0.0f;
+#pragma unroll
+  for (int g = 0; g < NC; g++) {
+    if (32 * g * V >= h) break; /* uniform across the warp */
+    float s = 0.0f;
+    if ((static_cast<int64_t>(lane) + 32 * g) * V < h)
+#pragma unroll
+      for (int k = 0; k < V; k++)
+        s = fadd(s, x[g][k]);
+    r = fadd(r, warp_sum(s));
+  }
+  mean = a.rms ? 0.0f : fdiv(r, static_cast<float>(h));
+  r = 0.0f;
+#pragma unroll
+  for (int g = 0; g < NC; g++) {
+    if (32 * g * V >= h) break;
+    float s = 0.0f;
+    if ((static_cast<int64_t>(lane) + 32 * g) * V < h)
+#pragma unroll
+      for (int k = 0; k < V; k++) {
+        const float d = a.rms ? x[g][k] : fsub(x[g][k], mean);
+        s = fadd(s, fmul(d, d));
+      }
+    r = fadd(r, warp_sum(s));
+  }
+  rstd = row_rstd(a, r);
+}
+
+/* k_row_stats for rows narrower than one chunk of V a thread: a warp a row (row_stats_resident,
+ * the same bits), kRowWarps rows a block. k_row_stats's block per row leaves most of its threads
+ * idle there (96 of 256 at 768 columns) and pays a block reduction per row. */
+template <int DT, int V, int NC>
 __global__ void __launch_bounds__(kRowThreads)
     k_row_stats_warps(lutra_norm_args a, const int32_t *skip) {
   if (skip && *skip) return;
   const int lane = threadIdx.x & 31;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowWarps + (threadIdx.x >> 5);
   if (r >= a.rows) return;
-  float mean, rstd;
-  row_stats<DT, V>(a, r * a.hidden, lane, mean, rstd);
+  float x[NC][V], mean, rstd;
+  row_stats_resident<DT, V, NC>(a, r * a.hidden, lane, x, mean, rstd);
   if (lane == 0) keep_stats(a, r, mean, rstd);
+}
+
+/* f(std::integral_constant<int, NC>) for a narrow row's chunks a lane (1, 2, 4 or 8: h below
+ * kRowThreads V columns takes at most 8) */
+template <int V, class R, class F> R with_lane_chunks(int64_t h, F &&f) {
+  const int64_t nc = cdiv<int64_t>(h, 32 * V);
+  if (nc <= 1) return f(std::integral_constant<int, 1>());
+  if (nc <= 2) return f(std::integral_constant<int, 2>());
+  if (nc <= 4) return f(std::integral_constant<int, 4>());
+  return f(std::integral_constant<int, 8>());
 }
 
 /* whether row_stats_kernel(h) is the warp-a-row kernel */
@@ -524,8 +582,11 @@ template <int V> int64_t row_stats_rows(int64_t h) {
  * k_row_stats), or nullptr where they exceed kResident elements a thread */
 template <int DT, int V>
 auto row_stats_kernel(int64_t h) -> void (*)(lutra_norm_args, const int32_t *) {
-  if (row_stats_by_warps<V>(h)) return k_row_stats_warps<DT, V>;
-  return with_resident_chunks<V, void (*)(lutra_norm_args, const int32_t *)>(
+  using K = void (*)(lutra_norm_args, const int32_t *);
+  if (row_stats_by_warps<V>(h))
+    return with_lane_chunks<V, K>(
+        h, [](auto nc) { return k_row_stats_warps<DT, V, decltype(nc)::value>; });
+  return with_resident_chunks<V, K>(
       h, [](auto nc) { return k_row_stats<DT, V, decltype(nc)::value>; });
 }
 

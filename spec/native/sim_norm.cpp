@@ -316,10 +316,12 @@ int main(int argc, char **argv) {
       }
   /* per-tensor: the row-resident kernel (whole 16-row column runs when rows is a multiple of
    * 16, byte runs otherwise; the scalar path at hidden 1030; rows that fill every thread's
-   * chunks, the kernels' FULL, at 2048, 4096 and 8192), and above 8192 columns the tiles */
-  const Shape fused_shapes[] = {{32, 64},   {64, 96},   {96, 320},  {160, 136}, {37, 72},
-                                {131, 40},  {45, 50},   {1, 64},    {32, 4096}, {17, 2048},
-                                {16, 8192}, {33, 1030}, {16, 12288}};
+   * chunks, the kernels' FULL, at 2048, 4096 and 8192), and above 8192 columns the tiles;
+   * narrow rows (768, 1536: four and eight chunks a lane of the statistics' warps) take the
+   * tiles too */
+  const Shape fused_shapes[] = {{32, 64},   {64, 96},   {96, 320},   {160, 136}, {37, 72},
+                                {131, 40},  {45, 50},   {1, 64},     {32, 4096}, {17, 2048},
+                                {16, 8192}, {33, 1030}, {16, 12288}, {48, 768},  {32, 1536}};
   for (int dt : {LUTRA_BF16, LUTRA_F32})
     for (int od : {LUTRA_E4M3, LUTRA_E5M2})
       for (const Shape &s : fused_shapes) {
