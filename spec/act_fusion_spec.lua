@@ -1,7 +1,8 @@
 -- Every activation kind fused into its FP8 neighbours' casts by Sequential(Linear, act, Linear),
 -- on the CPU backend (the reference), against the same modules run one by one:
 --   forward   act inside the cast of the second Linear's FP8 input (quantize(act(x)) in one pass)
---   backward  act' (+ the bias gradient) inside the first Linear's grad_output cast
+--   backward  act' (+ the bias gradient) inside the first Linear's grad_output cast (the tanh
+--             GELU's in the second Linear's dgrad GEMM epilogue instead)
 -- The fused casts form each value with the activation's own formula and round it into the
 -- module's dtype as the activation's kernel stores it, so every result is bit for bit the
 -- unfused composition's, for f32 and bf16 and every recipe (the per-tensor recipes fuse; MXFP8 and
@@ -111,9 +112,9 @@ describe("activation fusion into the FP8 casts (every kind, every recipe)", func
           -- forward: the tanh GELU always runs in the GEMM's epilogue; the other kinds inside the
           -- second Linear's input cast where the recipe's input quantizer takes an activation
           local want_fwd = (kind.epilogue or rec.fuses or rec.fuses_forward_only) and 1 or 0
-          -- backward: act' inside the first Linear's grad_output cast (delayed scaling), or, for
-          -- the tanh GELU in high precision (no grad_output quantizer), in the second Linear's
-          -- dgrad GEMM epilogue
+          -- backward: act' inside the first Linear's grad_output cast (the per-tensor recipes;
+          -- the tanh GELU's in the second Linear's dgrad GEMM epilogue instead), or, for the tanh
+          -- GELU without a grad_output quantizer, in that dgrad GEMM epilogue too
           local want_bwd = (rec.fuses or (kind.epilogue and rec.fuses_forward_only)) and 1 or 0
           assert.are.same({ want_fwd, want_bwd }, { fwd, bwd }, "fusions (forward, backward)")
         end)

@@ -1,6 +1,8 @@
 -- Sequential's Linear+GELU fusion (GELU in the forward GEMM's epilogue, gelu' in the next
--- Linear's dgrad GEMM, or in the FP8 grad_output cast of the Linear before the GELU with delayed
--- scaling) against the same modules run one by one, on the CPU backend (the
+-- Linear's dgrad GEMM, FP8 with per-tensor scaling or not; on CUDA, where cuBLASLt has no FP8
+-- DGELU, in the FP8 grad_output cast of the Linear before the GELU) against the same modules
+-- run one by one, on
+-- the CPU backend (the
 -- reference): f32 results within 1e-6 relative (the same f32 operations in another order of
 -- calls), bf16 within 2^-7 (one rounding instead of two). Fresh random inputs each run.
 local lutra = require("lutra")
@@ -38,7 +40,7 @@ end
 describe("Sequential Linear+GELU fusion", function()
   for _, dt in ipairs { "f32", "bf16" } do
     it("matches the modules run one by one (" .. dt .. ")", function()
-      local N, IN, H, OUT = 32, 48, 64, 16
+      local N, IN, H, OUT = 32, 64, 96, 32
       local seq, chain, parts = pair(dt, IN, H, OUT)
       local seed = math.random(1, 2 ^ 30)
       local x = lutra.tensor({ N, IN }, dt):randn(seed)
@@ -60,8 +62,8 @@ describe("Sequential Linear+GELU fusion", function()
     end)
   end
 
-  it("keeps the GELU's own backward where the dgrad GEMM is FP8 and the cast takes no gelu'", function()
-    -- (the per-tensor recipes put gelu' into the first Linear's grad_output cast: MXFP8's does not)
+  it("keeps the GELU's own backward where the dgrad GEMM is block-scaled FP8 and the cast takes no gelu'", function()
+    -- (per-tensor scaling puts gelu' into the FP8 dgrad GEMM's epilogue: MXFP8's does not)
     local seq = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
     local x = lutra.tensor({ 32, 32 }, "f32"):randn(3)
     local dy = lutra.tensor({ 32, 32 }, "f32"):randn(4)
@@ -71,34 +73,38 @@ describe("Sequential Linear+GELU fusion", function()
     assert.are.same({ 1, 0 }, { seq:fusions() })
   end)
 
-  it("puts gelu' into the FP8 grad_output cast with delayed scaling, as the modules one by one", function()
-    -- f32: the fused cast quantizes the same f32 products the GELU's backward would store
-    local N, IN, H, OUT = 32, 48, 64, 16
-    local seq, chain, parts = pair("f32", IN, H, OUT)
-    local seed = math.random(1, 2 ^ 30)
-    local x = lutra.tensor({ N, IN }, "f32"):randn(seed)
-    local dy = lutra.tensor({ N, OUT }, "f32"):randn(seed + 1)
-    local y1, y2, dx1, dx2
-    lutra.autocast { recipe = R.delayed {} }:run(function() y1 = seq:forward(x) end)
-    dx1 = seq:backward(dy)
-    assert.are.same({ 1, 1 }, { seq:fusions() })
-    lutra.autocast { recipe = R.delayed {} }:run(function()
-      local h = x
-      for i = 1, #chain do h = chain[i]:forward(h) end
-      y2 = h
-    end)
-    dx2 = dy
-    for i = #chain, 1, -1 do dx2 = chain[i]:backward(dx2) end
-    assert.is_true(max_rel_diff(y1, y2) <= 1e-6, "forward output")
-    assert.is_true(max_rel_diff(dx1, dx2) <= 1e-6, "input gradient")
-    for _, m in ipairs { 1, 3 } do
-      local pa, pb = parts[m]:parameters(), chain[m]:parameters()
-      for j = 1, 2 do
-        local d = max_rel_diff(pa[j].grad, pb[j].grad)
-        assert.is_true(d <= 1e-6, string.format("module %d param %d grad: %.3g", m, j, d))
+  for _, case in ipairs { { "delayed", R.delayed }, { "current", R.current } } do
+    it("puts gelu' into the FP8 dgrad GEMM's epilogue under " .. case[1]
+       .. " scaling, as the modules one by one", function()
+      -- f32: the epilogue multiplies the same f32 products the GELU's backward would read
+      local recipe = case[2]
+      local N, IN, H, OUT = 32, 64, 96, 32
+      local seq, chain, parts = pair("f32", IN, H, OUT)
+      local seed = math.random(1, 2 ^ 30)
+      local x = lutra.tensor({ N, IN }, "f32"):randn(seed)
+      local dy = lutra.tensor({ N, OUT }, "f32"):randn(seed + 1)
+      local y1, y2, dx1, dx2
+      lutra.autocast { recipe = recipe {} }:run(function() y1 = seq:forward(x) end)
+      dx1 = seq:backward(dy)
+      assert.are.same({ 1, 1 }, { seq:fusions() })
+      lutra.autocast { recipe = recipe {} }:run(function()
+        local h = x
+        for i = 1, #chain do h = chain[i]:forward(h) end
+        y2 = h
+      end)
+      dx2 = dy
+      for i = #chain, 1, -1 do dx2 = chain[i]:backward(dx2) end
+      assert.is_true(max_rel_diff(y1, y2) <= 1e-6, "forward output")
+      assert.is_true(max_rel_diff(dx1, dx2) <= 1e-6, "input gradient")
+      for _, m in ipairs { 1, 3 } do
+        local pa, pb = parts[m]:parameters(), chain[m]:parameters()
+        for j = 1, 2 do
+          local d = max_rel_diff(pa[j].grad, pb[j].grad)
+          assert.is_true(d <= 1e-6, string.format("module %d param %d grad: %.3g", m, j, d))
+        end
       end
-    end
-  end)
+    end)
+  end
 
   it("fuses only Linear directly followed by GELU, and refuses fusions() on other modules", function()
     local seq = nn.Sequential(nn.GELU(), nn.Linear(16, 16), nn.Linear(16, 16), nn.GELU())

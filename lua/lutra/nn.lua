@@ -381,8 +381,9 @@ function Module:destroy() check(C.lutra_module_destroy(self)) end
 local fusion_box = ffi.new("int[2]")
 --- How many activations the last forward and backward ran inside a neighbour, with no kernel
 -- of their own: a GEMM epilogue (the tanh GELU: GELU_AUX in forward, DGELU in the next
--- Linear's dgrad) or an FP8 cast (every kind, delayed scaling: act inside the next Linear's
--- input cast, act' inside the previous Linear's grad_output cast).
+-- Linear's dgrad, an FP8 one with per-tensor scaling too where its GEMM runs DGELU) or an FP8
+-- cast (every kind, per-tensor scaling: act inside the next Linear's input cast, act' inside the
+-- previous Linear's grad_output cast).
 -- @return forward, backward: counts
 function Sequential:fusions()
   check(C.lutra_sequential_fusions(self, fusion_box, fusion_box + 1))

@@ -1,7 +1,8 @@
 -- GEMM epilogues (lutra.gemm_ex) on the GPU against the CPU backend: GELU, GELU_AUX, DGELU,
 -- DGELU_BGRAD and BGRADB, with and without bias / accumulate where they apply, in layouts TN, NN
 -- and NT, for f32 and bf16 (and mixed) operands and outputs, and FP8 operands with GELU_AUX and
--- a bias (TransformerEngine's FP8 fprop). The CPU backend is the reference
+-- a bias (TransformerEngine's FP8 fprop), GELU, DGELU and DGELU_BGRAD (the FP8 MLP's dgrad).
+-- The CPU backend is the reference
 -- (spec/gemm_epilogue_spec.lua checks it against double); both devices get the same inputs
 -- (random tensors are generated on the host from the seed) and every output we create (D, aux,
 -- dbias) is poisoned with NaN first, so an element nobody writes shows up as non-finite.
@@ -174,8 +175,10 @@ describe("GEMM epilogue refusals on " .. DEV, function()
 end)
 
 describe("GEMM epilogues on " .. DEV .. " (FP8 operands)", function()
-  -- TE's FP8 fprop: GELU_AUX with a bf16 bias; the operands are quantized on both devices (the
-  -- codes are checked bit-identical by ops_gpu.lua), NN and NT through the columnwise copies.
+  -- TE's FP8 fprop: GELU_AUX with a bf16 bias, and the FP8 MLP's dgrad: DGELU (+ BGRAD); the
+  -- operands are quantized on both devices (the codes are checked bit-identical by ops_gpu.lua),
+  -- NN and NT through the columnwise copies. The dbias of DGELU_BGRAD: D's bounds (its sums of
+  -- the same values, f32 against double).
   local KINDS = {
     { name = "current (per-tensor)", make = function() return R.current() end },
     { name = "mxfp8 (dequantized to bf16)", make = function() return R.mxfp8 { fp8_format = "hybrid" } end },
@@ -184,7 +187,7 @@ describe("GEMM epilogues on " .. DEV .. " (FP8 operands)", function()
   for _, kind in ipairs(KINDS) do
     for _, lname in ipairs(LAYOUT_ORDER) do
       local L = LAYOUTS[lname]
-      test(string.format("%s, %s: GELU_AUX + bias and GELU, f32 and bf16 D", kind.name, lname),
+      test(string.format("%s, %s: GELU_AUX + bias, GELU, DGELU(_BGRAD), f32 and bf16 D", kind.name, lname),
            function()
         local r = kind.make()
         for si, s in ipairs(SHAPES) do
@@ -200,13 +203,14 @@ describe("GEMM epilogues on " .. DEV .. " (FP8 operands)", function()
           local ga, gb = qBa:quantize(Ba), qBb:quantize(Bb)
           for _, ddt in ipairs { "f32", "bf16" } do
             for _, c in ipairs { { kind = "gelu_aux", bias = true, bias_dtype = "bf16" },
-                                 { kind = "gelu" } } do
-              local Da, auxa = epilogue_on(REF, fa, L.ta, ga, L.tb, m, n, ddt, c, seed + 20)
-              local Db, auxb = epilogue_on(DEV, fb, L.ta, gb, L.tb, m, n, ddt, c, seed + 20)
+                                 { kind = "gelu" }, { kind = "dgelu" }, { kind = "dgelu_bgrad" } } do
+              local Da, auxa, dba = epilogue_on(REF, fa, L.ta, ga, L.tb, m, n, ddt, c, seed + 20)
+              local Db, auxb, dbb = epilogue_on(DEV, fb, L.ta, gb, L.tb, m, n, ddt, c, seed + 20)
               local what = string.format("%s %s %dx%dx%d %s D: %s", kind.name, lname, m, n, k,
                                          ddt, case_name(c))
               assert_nmse(Db, Da, ddt == "f32" and 2e-6 or 2e-5, what .. " D")
               if auxa then assert_nmse(auxb, auxa, ddt == "f32" and 1e-6 or 2e-5, what .. " aux") end
+              if dba then assert_nmse(dbb, dba, ddt == "f32" and 2e-6 or 2e-5, what .. " dbias") end
             end
           end
         end

@@ -37,6 +37,9 @@ typedef struct lutra_gemm_plan {
   lutra_gemm_key key;
   size_t workspace_bytes; /* scratch the backend needs for this shape */
   void *backend_plan;     /* descriptors and algorithm (CUDA); NULL on CPU */
+  /* the key's epilogue runs in kernels after the GEMM (CUDA, where cuBLASLt has no algorithm
+   * with it), not inside it as cuBLASLt's and the CPU's own */
+  bool epilogue_after;
 } lutra_gemm_plan;
 
 /* D [m, n] = op(B) [m, k] @ op(A) [k, n] (+ bias [n]) (+ D if accumulate) (+ C), then the

@@ -290,10 +290,8 @@ static int check_epilogue(const lutra_gemm_epilogue *epi, const lutra_tensor *a,
             name);
   CHECK_ARG(!bias || kind <= LUTRA_EPILOGUE_GELU_AUX,
             "epilogue %s takes no bias (only NONE, GELU and GELU_AUX add one)", name);
-  CHECK_ARG(!fp8 || kind <= LUTRA_EPILOGUE_GELU_AUX,
-            "epilogue %s needs f32, bf16 or f16 operands (FP8 operands run NONE, GELU and GELU_AUX "
-            "only)",
-            name);
+  CHECK_ARG(!fp8 || kind != LUTRA_EPILOGUE_BGRADB,
+            "epilogue %s needs f32, bf16 or f16 operands (its bias gradient sums op(B))", name);
   if (!wants_aux) {
     CHECK_ARG(!epi->aux, "epilogue %s takes no aux tensor", name);
   } else {
@@ -442,6 +440,10 @@ int lutra_gemm_run(const lutra_gemm_op *op, const char *fn) {
   k.dbias_dtype = g.dbias_dtype;
   k.deterministic = lutra_deterministic_on();
   TRY(plan_for(be, &k, &g.plan, fn));
+  if (op->epilogue_declined) {
+    *op->epilogue_declined = g.plan->epilogue_after;
+    if (g.plan->epilogue_after) return LUTRA_OK;
+  }
   if (be->gemm_workspace) {
     /* the plan may have been made on another of this thread's streams */
     TRY(be->gemm_workspace(g.plan->workspace_bytes, &g.workspace, &g.workspace_bytes));

@@ -18,6 +18,9 @@ typedef struct lutra_gemm_op {
   bool accumulate;
   bool fast_accum; /* FP8: no split accumulator (TransformerEngine's fprop setting) */
   bool bias_first; /* lutra_gemm_args.bias_first (backend/args_gemm.h) */
+  /* non-NULL: the epilogue only inside the GEMM; where the plan would run it in kernels after
+   * the GEMM, nothing runs and *epilogue_declined is set (else cleared) */
+  bool *epilogue_declined;
 } lutra_gemm_op;
 
 /* Checks the op (shapes, dtypes, devices, the epilogue's rules), finds or makes its plan and runs

@@ -41,9 +41,9 @@ LUTRA_API int lutra_gemm(const lutra_tensor *a, int transa, const lutra_tensor *
  * - accumulate only with NONE and BGRADB: the GELU epilogues would apply to D_old + P.
  * - bias only with NONE, GELU, GELU_AUX (DGELU_BGRAD and BGRADB write dbias through
  *   cuBLASLt's bias pointer).
- * - FP8 operands with NONE, GELU, GELU_AUX (TE's FP8 fprop runs GELU_AUX_BIAS); DGELU,
- *   DGELU_BGRAD and BGRADB take f32/bf16/f16 operands (TE's FP8 backward computes dgelu and
- *   dbias in the cast of grad_output, not in the GEMM). */
+ * - FP8 operands with every kind but BGRADB (its bias gradient sums op(B), which must then be
+ *   f32/bf16/f16): TE's FP8 fprop runs GELU_AUX_BIAS; lutra's FP8 MLP backward runs DGELU in
+ *   the dgrad GEMM where cuBLASLt has it. */
 enum {
   LUTRA_EPILOGUE_NONE = 0,
   LUTRA_EPILOGUE_GELU = 1,

@@ -5,8 +5,10 @@
  * the GELU in its epilogue, the pre-activation kept for backward), and the module right after
  * such an activation applies its derivative in its own backward (a Linear: in the dgrad GEMM),
  * so the activation costs no pass over memory of its own in either direction, as in
- * TransformerEngine's LayerNormMLP. Where that backward cannot (an FP8 dgrad GEMM), the producer
- * may start its backward from the activation's output gradient (a Linear under a per-tensor FP8
+ * TransformerEngine's LayerNormMLP (whose FP8 backward puts the derivative in a cast instead;
+ * lutra's FP8 dgrad GEMM with per-tensor scaling takes DGELU where cuBLASLt's plan has it). Where
+ * that backward cannot (a block-scaled FP8 GEMM, or a plan without DGELU), the producer may
+ * start its backward from the activation's output gradient (a Linear under a per-tensor FP8
  * recipe: act' inside its grad_output cast); else the activation's own backward runs.
  * An activation its producer cannot end in (every kind but the tanh GELU, which cuBLASLt's
  * epilogues have) is run by the module after it instead, inside the cast of that module's FP8

@@ -371,6 +371,7 @@ int lutra_cuda_gemm_plan(lutra_gemm_plan *p) {
         k->deterministic ? " without a split-K reduction (the determinism switch is on)" : "");
   }
   p->backend_plan = c;
+  p->epilogue_after = k->epilogue != LUTRA_EPILOGUE_NONE && !c->lt_epilogue;
   p->workspace_bytes = LUTRA_CUDA_WORKSPACE + (c->dequantize ? c->a_bytes + c->b_bytes : 0) +
                        (c->stage_d ? c->d_bytes : 0);
   log_plan(k, c);

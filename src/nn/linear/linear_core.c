@@ -320,7 +320,7 @@ static const lutra_tensor *act_input(const lutra_linear_core *c, int act) {
 
 static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op, lutra_tensor *bg,
                         lutra_tensor *wgrad_out, bool wgrad_adds, lutra_tensor *dx_out,
-                        const lutra_tensor *dx_add, const char *fn) {
+                        const lutra_tensor *dx_add, bool *dact_fused, const char *fn) {
   lutra_quantizer *qg = c->q[LUTRA_ROLE_GRAD_OUTPUT];
   lutra_tensor *dyq;
   /* the bias gradient comes out of the grad_output cast, which reads dy anyway */
@@ -350,13 +350,28 @@ static int backward_fp8(lutra_linear_core *c, const lutra_linear_backward_op *op
     if (mc) TRY(lutra_autocast_note_backward(mc, c->device, fn));
   }
   const int32_t *split = c->forward_options.use_split_accumulator;
-  if (dx_out)
-    TRY(lutra_gemm_run(&(lutra_gemm_op){.a = c->wqc ? c->wqc : c->wq,
-                                        .b = dyq,
-                                        .d = dx_out,
-                                        .c = dx_add,
-                                        .fast_accum = !split[LUTRA_GEMM_DGRAD]},
-                       fn));
+  /* per-tensor scaling: the activation's derivative in the dgrad GEMM's epilogue where the GEMM
+   * itself runs it (cuBLASLt's DGELU on FP8 operands); else the plain GEMM, and the producer
+   * applies it in its grad_output cast (lutra_linear_core_starts_from_act_grad). Block-scaled
+   * recipes keep the activation's own backward (their casts take no derivative). */
+  const lutra_tensor *pre = op->dact_pre, *wq = c->wqc ? c->wqc : c->wq;
+  bool fuse_dact = dx_out && pre && op->dact_act == LUTRA_ACT_GELU_TANH && pre->dtype == c->dtype &&
+                   lutra_same_shape(pre, dx_out) && wq->scaling == LUTRA_SCALING_TENSOR &&
+                   dyq->scaling == LUTRA_SCALING_TENSOR;
+  lutra_gemm_epilogue dgelu = {.kind = LUTRA_EPILOGUE_DGELU, .aux = (lutra_tensor *)pre};
+  lutra_gemm_op dgrad = {
+      .a = wq, .b = dyq, .d = dx_out, .c = dx_add, .fast_accum = !split[LUTRA_GEMM_DGRAD]};
+  if (fuse_dact) {
+    bool declined;
+    dgrad.epilogue = &dgelu;
+    dgrad.epilogue_declined = &declined;
+    TRY(lutra_gemm_run(&dgrad, fn));
+    fuse_dact = !declined;
+    dgrad.epilogue = NULL;
+    dgrad.epilogue_declined = NULL;
+  }
+  if (dx_out && !fuse_dact) TRY(lutra_gemm_run(&dgrad, fn));
+  if (dact_fused) *dact_fused = fuse_dact;
   return lutra_gemm_run(&(lutra_gemm_op){.a = c->xqc ? c->xqc : c->xq,
                                          .b = dyqc,
                                          .d = wgrad_out,
@@ -427,7 +442,7 @@ int lutra_linear_core_backward(lutra_linear_core *c, const lutra_linear_backward
   const lutra_tensor *w_src = c->weight, *x_src = c->x;
   if (over == LUTRA_BACKWARD_DEQUANTIZED) TRY(dequantized_operands(c, &w_src, &x_src, fn));
   if (c->forward_fp8 && c->q[LUTRA_ROLE_GRAD_OUTPUT] && over == LUTRA_BACKWARD_FP8) {
-    TRY(backward_fp8(c, op, bg, wgrad_out, wgrad_adds, dx_out, dx_add, fn));
+    TRY(backward_fp8(c, op, bg, wgrad_out, wgrad_adds, dx_out, dx_add, dact_fused, fn));
     bg = NULL;
   } else {
     const lutra_tensor *pre = op->dact_pre;
