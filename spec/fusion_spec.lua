@@ -62,7 +62,8 @@ describe("Sequential Linear+GELU fusion", function()
     end)
   end
 
-  it("keeps the GELU's own backward where the dgrad GEMM is block-scaled FP8 and the cast takes no gelu'", function()
+  it("keeps the GELU's own backward where the dgrad GEMM is block-scaled FP8 (no gelu' in the cast)",
+     function()
     -- (per-tensor scaling puts gelu' into the FP8 dgrad GEMM's epilogue: MXFP8's does not)
     local seq = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32))
     local x = lutra.tensor({ 32, 32 }, "f32"):randn(3)

@@ -301,7 +301,8 @@ describe("lutra.gemm_ex epilogues (CPU, against double references)", function()
         lutra.gemm_ex(fa, L.ta, fb, L.tb, D, { epilogue = "dgelu_bgrad", aux = pre, dbias = db })
         local D2 = lutra.tensor({ m, n }, ddt):fill(0 / 0)
         lutra.gemm_ex(fa, L.ta, fb, L.tb, D2, { epilogue = "dgelu", aux = pre })
-        assert.are.equal(D:bytes(), D2:bytes(), lname .. " " .. ddt .. ": DGELU and DGELU_BGRAD's D")
+        assert.are.equal(D:bytes(), D2:bytes(),
+                         lname .. " " .. ddt .. ": DGELU and DGELU_BGRAD's D")
         local p, s = ref_gemm(av, bv, L, m, n, k)
         local rel = round_rel(ddt)
         local ref, tol, col, col_tol = {}, {}, {}, {}
@@ -316,7 +317,8 @@ describe("lutra.gemm_ex epilogues (CPU, against double references)", function()
           col[j] = col[j] + ref[i]
           col_tol[j] = col_tol[j] + ftol
         end
-        for j = 1, n do col_tol[j] = col_tol[j] + (ddt == "bf16" and BF16_REL or 2 ^ -23) * math.abs(col[j]) end
+        local drel = ddt == "bf16" and BF16_REL or 2 ^ -23
+        for j = 1, n do col_tol[j] = col_tol[j] + drel * math.abs(col[j]) end
         local what = string.format("FP8 %s %s", lname, ddt)
         check_close(D:to_table(), ref, tol, what .. " D")
         check_close(db:to_table(), col, col_tol, what .. " dbias")
@@ -451,7 +453,8 @@ describe("lutra.gemm_ex refusals", function()
     local before = d:bytes()
     expect_error(function()
       lutra.gemm_ex(fa, true, fb, false, d, { epilogue = "bgradb", dbias = lutra.tensor({ 32 }) })
-    end, "lutra_gemm_ex", "epilogue BGRADB needs f32, bf16 or f16 operands (its bias gradient sums op(B))")
+    end, "lutra_gemm_ex",
+       "epilogue BGRADB needs f32, bf16 or f16 operands (its bias gradient sums op(B))")
     assert.are.equal(before, d:bytes())
     -- GELU with FP8 operands runs
     lutra.gemm_ex(fa, true, fb, false, d, { epilogue = "gelu" })

@@ -32,7 +32,8 @@ if arg[2] ~= "mlp" then
       lutra.gemm_ex(Wq, false, dyq, false, D, { epilogue = "dgelu", aux = pre })
     end },
     { "dgrad GEMM + DGELU_BGRAD", function()
-      lutra.gemm_ex(Wq, false, dyq, false, D, { epilogue = "dgelu_bgrad", aux = pre, dbias = dbias })
+      lutra.gemm_ex(Wq, false, dyq, false, D,
+                    { epilogue = "dgelu_bgrad", aux = pre, dbias = dbias })
     end },
     { "grad_output cast + bias gradient", function() qg:quantize_dbias(D, dbias) end },
     { "grad_output cast", function() qg:quantize(D) end },
@@ -45,7 +46,8 @@ if arg[2] ~= "mlp" then
 end
 
 local nn = lutra.nn
-local seq = nn.Sequential(nn.Linear(K, N, { dtype = "bf16", device = DEVICE, seed = 31 }), nn.GELU(),
+local seq = nn.Sequential(nn.Linear(K, N, { dtype = "bf16", device = DEVICE, seed = 31 }),
+                          nn.GELU(),
                           nn.Linear(N, K, { dtype = "bf16", device = DEVICE, seed = 32 }))
 local x = lutra.tensor({ M, K }, "bf16", DEVICE):randn(7)
 local g = lutra.tensor({ M, K }, "bf16", DEVICE):randn(8)

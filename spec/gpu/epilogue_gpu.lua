@@ -187,7 +187,8 @@ describe("GEMM epilogues on " .. DEV .. " (FP8 operands)", function()
   for _, kind in ipairs(KINDS) do
     for _, lname in ipairs(LAYOUT_ORDER) do
       local L = LAYOUTS[lname]
-      test(string.format("%s, %s: GELU_AUX + bias, GELU, DGELU(_BGRAD), f32 and bf16 D", kind.name, lname),
+      test(string.format("%s, %s: GELU_AUX + bias, GELU, DGELU(_BGRAD), f32 and bf16 D",
+                         kind.name, lname),
            function()
         local r = kind.make()
         for si, s in ipairs(SHAPES) do
@@ -203,7 +204,8 @@ describe("GEMM epilogues on " .. DEV .. " (FP8 operands)", function()
           local ga, gb = qBa:quantize(Ba), qBb:quantize(Bb)
           for _, ddt in ipairs { "f32", "bf16" } do
             for _, c in ipairs { { kind = "gelu_aux", bias = true, bias_dtype = "bf16" },
-                                 { kind = "gelu" }, { kind = "dgelu" }, { kind = "dgelu_bgrad" } } do
+                                 { kind = "gelu" }, { kind = "dgelu" },
+                                 { kind = "dgelu_bgrad" } } do
               local Da, auxa, dba = epilogue_on(REF, fa, L.ta, ga, L.tb, m, n, ddt, c, seed + 20)
               local Db, auxb, dbb = epilogue_on(DEV, fb, L.ta, gb, L.tb, m, n, ddt, c, seed + 20)
               local what = string.format("%s %s %dx%dx%d %s D: %s", kind.name, lname, m, n, k,
