@@ -1,8 +1,8 @@
 -- Every activation kind fused into its FP8 neighbours' casts by Sequential(Linear, act, Linear),
 -- on the CPU backend (the reference), against the same modules run one by one:
 --   forward   act inside the cast of the second Linear's FP8 input (quantize(act(x)) in one pass)
---   backward  act' (+ the bias gradient) inside the first Linear's grad_output cast (the tanh
---             GELU's in the second Linear's dgrad GEMM epilogue instead)
+--   backward  act' (+ the bias gradient) inside the first Linear's grad_output cast (per-tensor
+--             scaling puts the tanh GELU's in the second Linear's dgrad GEMM epilogue instead)
 -- The fused casts form each value with the activation's own formula and round it into the
 -- module's dtype as the activation's kernel stores it, so every result is bit for bit the
 -- unfused composition's, for f32 and bf16 and every recipe (the per-tensor recipes fuse; MXFP8 and
